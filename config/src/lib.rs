@@ -1,0 +1,475 @@
+//! Typed ketch settings.
+//!
+//! Settings come from three layers, each overriding the one before: a TOML
+//! file (`--config`), environment variables `KETCH_<SECTION>_<KEY>` and
+//! command-line flags. The layers are merged as TOML tables and deserialized
+//! once, so every layer gets the same validation: an unknown key is an error
+//! that names it, and a duration is written like `500ms`, `5s` or `1m`.
+//!
+//! [`topic`] holds the Kafka topic configs ketch accepts and enforces.
+
+pub mod duration;
+pub mod topic;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+pub use duration::Duration;
+
+/// Why settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("invalid settings ({origin}): {message}")]
+    Invalid { origin: String, message: String },
+    #[error("environment variable {name}: {message}")]
+    Env { name: String, message: String },
+    #[error("invalid setting {key}: {message}")]
+    Value { key: String, message: String },
+}
+
+/// All of ketch's settings. Every field has a default; see `docs/configuration.md`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub broker: BrokerSettings,
+    pub redis: RedisSettings,
+    pub http: HttpSettings,
+    pub topics: TopicsSettings,
+    pub fetch: FetchSettings,
+    pub log: LogSettings,
+}
+
+/// The Kafka listener and this gateway's identity.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerSettings {
+    /// Node id reported in Metadata. Until gateway membership exists every
+    /// gateway must be given its own id.
+    pub id: i32,
+    /// Address the Kafka listener binds.
+    pub listen: SocketAddr,
+    /// Host clients are told to connect to; defaults to the listen host, or
+    /// `127.0.0.1` when listening on an unspecified address.
+    pub advertised_host: Option<String>,
+    /// Port clients are told to connect to; defaults to the listen port.
+    pub advertised_port: Option<u16>,
+    /// Largest request frame accepted; larger frames close the connection.
+    pub max_request_bytes: u32,
+    /// Requests processed concurrently on one connection (answered in order).
+    pub max_inflight_requests: usize,
+    /// How long shutdown waits for in-flight requests before exiting anyway.
+    pub shutdown_timeout: Duration,
+    /// Cluster id reported in Metadata and DescribeCluster.
+    pub cluster_id: String,
+}
+
+/// How ketch reaches Redis.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]`.
+    pub url: String,
+    /// Prefix of every key ketch writes.
+    pub namespace: String,
+    /// Longest wait for one Redis command before the request fails with a
+    /// retriable error.
+    pub command_timeout: Duration,
+    /// Longest wait to open a connection.
+    pub connect_timeout: Duration,
+}
+
+/// The HTTP listener (`/health`, `/ready`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    pub listen: SocketAddr,
+}
+
+/// Topic creation defaults.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicsSettings {
+    /// Create a topic on first Metadata or Produce that names it.
+    pub auto_create: bool,
+    /// Partitions of an automatically created topic, and of CreateTopics
+    /// with `num_partitions = -1`.
+    pub default_partitions: i32,
+    /// Largest partition count a topic may have.
+    pub max_partitions: i32,
+    /// Broker-level default of the `max.message.bytes` topic config.
+    pub max_message_bytes: i32,
+}
+
+/// Fetch behaviour.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FetchSettings {
+    /// Upper bound on a client's `max_wait_ms`.
+    pub max_wait: Duration,
+    /// How long a cross-gateway wake-up subscription outlives its last waiter.
+    pub subscription_linger: Duration,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// `tracing` filter, e.g. `info` or `ketch_gateway=debug,info`.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            id: 0,
+            listen: "0.0.0.0:9092".parse().expect("valid default address"),
+            advertised_host: None,
+            advertised_port: None,
+            max_request_bytes: 100 * 1024 * 1024,
+            max_inflight_requests: 32,
+            shutdown_timeout: Duration::from_secs(30),
+            cluster_id: "ketch".to_owned(),
+        }
+    }
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            namespace: "ketch".to_owned(),
+            command_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9644".parse().expect("valid default address"),
+        }
+    }
+}
+
+impl Default for TopicsSettings {
+    fn default() -> Self {
+        Self {
+            auto_create: true,
+            default_partitions: 1,
+            max_partitions: 10_000,
+            max_message_bytes: 1_048_588,
+        }
+    }
+}
+
+impl Default for FetchSettings {
+    fn default() -> Self {
+        Self {
+            max_wait: Duration::from_secs(30),
+            subscription_linger: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            level: "info".to_owned(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            broker: BrokerSettings::default(),
+            redis: RedisSettings::default(),
+            http: HttpSettings::default(),
+            topics: TopicsSettings::default(),
+            fetch: FetchSettings::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+/// The environment variable prefix.
+pub const ENV_PREFIX: &str = "KETCH_";
+
+/// Builds [`Settings`] from the three layers.
+#[derive(Debug, Default)]
+pub struct Loader {
+    table: toml::Table,
+}
+
+impl Loader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Layer a TOML file.
+    pub fn file(mut self, path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError::Invalid {
+            origin: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        merge(&mut self.table, table);
+        Ok(self)
+    }
+
+    /// Layer every `KETCH_<SECTION>_<KEY>` variable of `vars`. The section is
+    /// the part before the first underscore, the key the rest, lower-cased.
+    pub fn env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        for (name, value) in vars {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let rest = rest.to_ascii_lowercase();
+            let Some((section, key)) = rest.split_once('_') else {
+                return Err(ConfigError::Env {
+                    name,
+                    message: "expected KETCH_<SECTION>_<KEY>".to_owned(),
+                });
+            };
+            if section.is_empty() || key.is_empty() {
+                return Err(ConfigError::Env {
+                    name,
+                    message: "expected KETCH_<SECTION>_<KEY>".to_owned(),
+                });
+            }
+            self = self.set(section, key, &value);
+        }
+        Ok(self)
+    }
+
+    /// Layer one value, typed as TOML when it parses as a TOML value
+    /// (`true`, `42`) and as a string otherwise.
+    pub fn set(mut self, section: &str, key: &str, value: &str) -> Self {
+        let value = parse_scalar(value);
+        let entry = self
+            .table
+            .entry(section.to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(t) = entry {
+            t.insert(key.to_owned(), value);
+        } else {
+            *entry = toml::Value::Table(toml::Table::from_iter([(key.to_owned(), value)]));
+        }
+        self
+    }
+
+    /// Layer `section.key=value` strings (the `--set` flag).
+    pub fn assignments<'a>(mut self, items: impl IntoIterator<Item = &'a str>) -> Result<Self, ConfigError> {
+        for item in items {
+            let invalid = |message: &str| ConfigError::Value {
+                key: item.to_owned(),
+                message: message.to_owned(),
+            };
+            let (path, value) = item
+                .split_once('=')
+                .ok_or_else(|| invalid("expected section.key=value"))?;
+            let (section, key) = path
+                .split_once('.')
+                .ok_or_else(|| invalid("expected section.key=value"))?;
+            self = self.set(section.trim(), key.trim(), value.trim());
+        }
+        Ok(self)
+    }
+
+    /// Deserialize and validate the merged layers.
+    pub fn load(self) -> Result<Settings, ConfigError> {
+        let settings: Settings =
+            Settings::deserialize(toml::Value::Table(self.table)).map_err(|e| ConfigError::Invalid {
+                origin: "merged file, environment and flags".to_owned(),
+                message: e.to_string(),
+            })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+}
+
+impl Settings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: &str| {
+            Err(ConfigError::Value {
+                key: key.to_owned(),
+                message: message.to_owned(),
+            })
+        };
+        if self.broker.id < 0 {
+            return bad("broker.id", "must be >= 0");
+        }
+        if self.broker.max_request_bytes < 1024 {
+            return bad("broker.max_request_bytes", "must be at least 1024");
+        }
+        if self.broker.max_inflight_requests == 0 {
+            return bad("broker.max_inflight_requests", "must be at least 1");
+        }
+        if self.topics.default_partitions < 1 || self.topics.default_partitions > self.topics.max_partitions {
+            return bad(
+                "topics.default_partitions",
+                "must be between 1 and topics.max_partitions",
+            );
+        }
+        if self.topics.max_message_bytes < 0 {
+            return bad("topics.max_message_bytes", "must be >= 0");
+        }
+        if self.redis.namespace.is_empty() || self.redis.namespace.contains(['{', '}', ' ']) {
+            return bad("redis.namespace", "must be non-empty, without braces or spaces");
+        }
+        if !self.redis.url.starts_with("redis://") && !self.redis.url.starts_with("rediss://") {
+            return bad("redis.url", "must start with redis:// or rediss://");
+        }
+        Ok(())
+    }
+
+    /// The host clients are told to connect to.
+    pub fn advertised_host(&self) -> String {
+        match &self.broker.advertised_host {
+            Some(host) => host.clone(),
+            None if self.broker.listen.ip().is_unspecified() => "127.0.0.1".to_owned(),
+            None => self.broker.listen.ip().to_string(),
+        }
+    }
+
+    /// The port clients are told to connect to.
+    pub fn advertised_port(&self) -> u16 {
+        self.broker.advertised_port.unwrap_or(self.broker.listen.port())
+    }
+}
+
+fn parse_scalar(text: &str) -> toml::Value {
+    match format!("v = {text}").parse::<toml::Table>() {
+        Ok(mut t) => match t.remove("v") {
+            Some(v @ (toml::Value::Boolean(_) | toml::Value::Integer(_) | toml::Value::Float(_))) => v,
+            _ => toml::Value::String(text.to_owned()),
+        },
+        Err(_) => toml::Value::String(text.to_owned()),
+    }
+}
+
+fn merge(into: &mut toml::Table, from: toml::Table) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(toml::Value::Table(existing)), toml::Value::Table(incoming)) => merge(existing, incoming),
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config file in the temp directory, removed on drop.
+    struct TempFile(std::path::PathBuf);
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn file(text: &str) -> TempFile {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("ketch-config-{}-{n}.toml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        TempFile(path)
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let s = Loader::new().load().unwrap();
+        assert_eq!(s.broker.listen.to_string(), "0.0.0.0:9092");
+        assert_eq!(s.redis.url, "redis://127.0.0.1:6379");
+        assert_eq!(s.http.listen.to_string(), "127.0.0.1:9644");
+        assert_eq!(s.broker.max_request_bytes, 100 * 1024 * 1024);
+        assert!(s.topics.auto_create);
+        assert_eq!(s.advertised_host(), "127.0.0.1");
+        assert_eq!(s.advertised_port(), 9092);
+    }
+
+    #[test]
+    fn file_env_and_flags_override_in_order() {
+        let f = file("[broker]\nid = 3\nlisten = \"127.0.0.1:1000\"\n[fetch]\nmax_wait = \"2s\"\n");
+        let s = Loader::new()
+            .file(&f.0)
+            .unwrap()
+            .env([
+                ("KETCH_BROKER_LISTEN".to_owned(), "127.0.0.1:2000".to_owned()),
+                ("KETCH_TOPICS_AUTO_CREATE".to_owned(), "false".to_owned()),
+                ("PATH".to_owned(), "/bin".to_owned()),
+            ])
+            .unwrap()
+            .set("broker", "advertised_port", "3000")
+            .load()
+            .unwrap();
+        assert_eq!(s.broker.id, 3);
+        assert_eq!(s.broker.listen.port(), 2000);
+        assert!(!s.topics.auto_create);
+        assert_eq!(s.fetch.max_wait, Duration::from_secs(2));
+        assert_eq!(s.advertised_port(), 3000);
+    }
+
+    #[test]
+    fn unknown_key_in_file_is_named() {
+        let f = file("[broker]\nlisten_adress = \"127.0.0.1:1\"\n");
+        let err = Loader::new().file(&f.0).unwrap().load().unwrap_err().to_string();
+        assert!(err.contains("listen_adress"), "{err}");
+        let f = file("[brokers]\nid = 1\n");
+        let err = Loader::new().file(&f.0).unwrap().load().unwrap_err().to_string();
+        assert!(err.contains("brokers"), "{err}");
+    }
+
+    #[test]
+    fn unknown_env_key_is_named() {
+        let err = Loader::new()
+            .env([("KETCH_REDIS_URLL".to_owned(), "redis://x".to_owned())])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("urll"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_key() {
+        let err = Loader::new()
+            .set("fetch", "max_wait", "5 parsecs")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_wait") || err.contains("parsecs"), "{err}");
+        let err = Loader::new()
+            .set("topics", "default_partitions", "0")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("topics.default_partitions"), "{err}");
+        let err = Loader::new().assignments(["nodot=1"]).unwrap_err().to_string();
+        assert!(err.contains("nodot"), "{err}");
+    }
+}
