@@ -1,1 +1,111 @@
-//! placeholder
+//! ketch-storage: the Redis tier.
+//!
+//! Every partition is a Redis Stream holding one entry per Kafka record
+//! batch, with its metadata, time index and wake-up channel under one hash
+//! tag (DESIGN §3). [`Store`] is the one seam the gateway talks to: topics,
+//! append, read, offsets. It knows record-batch bytes but nothing else of the
+//! Kafka wire protocol.
+
+pub mod batch;
+pub mod error;
+pub mod keys;
+mod log;
+mod topics;
+pub mod wake;
+
+use std::sync::Arc;
+
+use redis::aio::ConnectionManager;
+
+pub use error::{Result, StorageError};
+pub use keys::Keys;
+pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
+pub use topics::{Topic, validate_topic_name};
+pub use wake::WakeHub;
+
+/// Connection settings of the storage layer.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub url: String,
+    pub namespace: String,
+    pub command_timeout: std::time::Duration,
+    pub connect_timeout: std::time::Duration,
+    /// How long a wake-up subscription outlives its last waiter.
+    pub subscription_linger: std::time::Duration,
+}
+
+impl StoreConfig {
+    pub fn from_settings(settings: &ketch_config::Settings) -> Self {
+        Self {
+            url: settings.redis.url.clone(),
+            namespace: settings.redis.namespace.clone(),
+            command_timeout: settings.redis.command_timeout.get(),
+            connect_timeout: settings.redis.connect_timeout.get(),
+            subscription_linger: settings.fetch.subscription_linger.get(),
+        }
+    }
+}
+
+/// Handle to the Redis tier; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    conn: ConnectionManager,
+    keys: Keys,
+    wake: WakeHub,
+    topics: Arc<topics::TopicCache>,
+    scripts: Arc<Scripts>,
+}
+
+struct Scripts {
+    append: redis::Script,
+    delete_records: redis::Script,
+    replace_topic: redis::Script,
+}
+
+impl Store {
+    /// Creates the store. Never fails because Redis is down: connections are
+    /// made on first use and re-made after a failure, so a gateway started
+    /// before Redis serves as soon as Redis is up.
+    pub fn new(config: &StoreConfig) -> Result<Self> {
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.command_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(std::time::Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+        let wake = WakeHub::start(client, config.subscription_linger, config.connect_timeout);
+        Ok(Self {
+            conn,
+            keys: Keys::new(&config.namespace),
+            wake,
+            topics: Arc::new(topics::TopicCache::default()),
+            scripts: Arc::new(Scripts {
+                append: redis::Script::new(include_str!("scripts/append.lua")),
+                delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),
+                replace_topic: redis::Script::new(include_str!("scripts/add_partitions.lua")),
+            }),
+        })
+    }
+
+    /// Checks that Redis answers.
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    /// The wake-up hub fetches wait on.
+    pub fn wake(&self) -> &WakeHub {
+        &self.wake
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub(crate) fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+}

@@ -1,0 +1,46 @@
+//! Errors of the Redis tier.
+
+use crate::batch::BatchError;
+
+/// Why a storage operation failed. The gateway maps each to a Kafka error code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// Redis could not be reached, timed out or refused the command for a
+    /// reason that can heal (LOADING, READONLY, OOM, …). Retriable.
+    #[error("redis unavailable: {0}")]
+    Unavailable(String),
+    /// The topic or partition does not exist.
+    #[error("unknown topic or partition")]
+    UnknownTopicOrPartition,
+    /// The topic already exists.
+    #[error("topic already exists")]
+    TopicExists,
+    /// The offset is outside the partition's log.
+    #[error("offset out of range (log start {log_start}, high watermark {high_watermark})")]
+    OffsetOutOfRange { log_start: i64, high_watermark: i64 },
+    /// The batch was refused; nothing was stored.
+    #[error("corrupt record batch: {0}")]
+    Corrupt(#[from] BatchError),
+    /// A concurrent change won a race (e.g. two CreatePartitions at once).
+    #[error("concurrent modification: {0}")]
+    Conflict(String),
+    /// Stored data that ketch cannot read (a bug or a foreign writer).
+    #[error("unreadable stored data: {0}")]
+    Data(String),
+}
+
+impl From<redis::RedisError> for StorageError {
+    fn from(e: redis::RedisError) -> Self {
+        StorageError::Unavailable(e.to_string())
+    }
+}
+
+impl StorageError {
+    /// Whether the client should retry.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, StorageError::Unavailable(_) | StorageError::Conflict(_))
+    }
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;

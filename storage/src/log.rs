@@ -1,0 +1,359 @@
+//! A partition's log: append, read, offsets, time lookups, DeleteRecords.
+//!
+//! Stream entry ids are `<last_offset>-<record_count>`, so `XRANGE log X +`
+//! starts at the batch holding offset X and the id alone gives the batch's
+//! offset range. Offsets are assigned by `scripts/append.lua`, atomically,
+//! so any number of gateways appending to one partition get dense offsets.
+
+use bytes::Bytes;
+use redis::Value;
+
+use crate::batch::{self, BatchHeader, Records};
+use crate::topics::Topic;
+use crate::{Result, StorageError, Store};
+
+/// Kafka's `index.interval.bytes`: bytes between two time index entries.
+const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
+/// Stream entries read per XRANGE at first; doubled while more are wanted.
+const FIRST_READ_COUNT: usize = 32;
+const MAX_READ_COUNT: usize = 1024;
+
+/// Where a batch landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub base_offset: i64,
+    pub log_start_offset: i64,
+}
+
+/// A partition's offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub log_start_offset: i64,
+    pub high_watermark: i64,
+}
+
+/// One partition to read.
+#[derive(Debug, Clone)]
+pub struct ReadRequest {
+    pub offset: i64,
+    /// Stop reading once this many bytes are gathered (the batch that
+    /// crosses the limit is included; the caller decides whether to send it).
+    pub max_bytes: usize,
+}
+
+/// What a read found.
+#[derive(Debug, Clone, Default)]
+pub struct ReadPartition {
+    pub offsets: Option<PartitionOffsets>,
+    /// Whole batches, base offsets patched, in offset order.
+    pub batches: Vec<Bytes>,
+}
+
+impl Store {
+    /// Appends one validated batch; wakes fetches waiting on the partition.
+    pub async fn append(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        batch: &Bytes,
+        header: &BatchHeader,
+    ) -> Result<AppendOutcome> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let reply: Vec<i64> = self
+            .scripts
+            .append
+            .key(&keys.meta)
+            .key(&keys.log)
+            .key(&keys.times)
+            .arg(&batch[..])
+            .arg(header.record_count)
+            .arg(header.max_timestamp)
+            .arg(&keys.wake)
+            .arg(TIME_INDEX_INTERVAL_BYTES)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match reply[..] {
+            [base_offset, log_start_offset] => {
+                self.wake.notify(&keys.wake);
+                Ok(AppendOutcome {
+                    base_offset,
+                    log_start_offset,
+                })
+            }
+            [-1] => Err(StorageError::UnknownTopicOrPartition),
+            _ => Err(StorageError::Data(format!("append script replied {reply:?}"))),
+        }
+    }
+
+    /// The partition's log start offset and high watermark.
+    pub async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let meta: Value = redis::cmd("HMGET")
+            .arg(&keys.meta)
+            .arg("next_offset")
+            .arg("log_start")
+            .query_async(&mut self.conn())
+            .await?;
+        parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)
+    }
+
+    /// Reads whole batches from `request.offset` on. Fails with
+    /// [`StorageError::OffsetOutOfRange`] below the log start or past the
+    /// high watermark; at the high watermark it returns no batches.
+    pub async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let mut out = ReadPartition::default();
+        let mut next = request.offset;
+        let mut count = FIRST_READ_COUNT;
+        let mut bytes = 0usize;
+        loop {
+            // XRANGE first, then meta: the high watermark returned is never
+            // below an offset returned.
+            let (entries, meta): (Value, Value) = redis::pipe()
+                .cmd("XRANGE")
+                .arg(&keys.log)
+                .arg(next)
+                .arg("+")
+                .arg("COUNT")
+                .arg(count)
+                .cmd("HMGET")
+                .arg(&keys.meta)
+                .arg("next_offset")
+                .arg("log_start")
+                .query_async(&mut self.conn())
+                .await?;
+            let offsets = parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)?;
+            if out.offsets.is_none()
+                && (request.offset < offsets.log_start_offset || request.offset > offsets.high_watermark)
+            {
+                return Err(StorageError::OffsetOutOfRange {
+                    log_start: offsets.log_start_offset,
+                    high_watermark: offsets.high_watermark,
+                });
+            }
+            out.offsets = Some(offsets);
+            let entries = stream_entries(entries)?;
+            let got = entries.len();
+            for entry in entries {
+                next = entry.last_offset + 1;
+                bytes += entry.batch.len();
+                out.batches.push(entry.batch);
+            }
+            if got < count || bytes >= request.max_bytes {
+                return Ok(out);
+            }
+            count = (count * 2).min(MAX_READ_COUNT);
+        }
+    }
+
+    /// The earliest offset whose record timestamp is ≥ `timestamp`, with
+    /// that record's timestamp; `None` when no record is that late.
+    pub async fn offset_for_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        timestamp: i64,
+    ) -> Result<Option<(i64, i64)>> {
+        let offsets = self.offsets(topic, partition).await?;
+        let keys = self.partition_keys(topic, partition);
+        // The last index entry whose running max is below the target: no
+        // record before it, nor in its batch, can qualify.
+        let below: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
+            .arg(&keys.times)
+            .arg(format!("({timestamp}"))
+            .arg("-inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await?;
+        let start = below
+            .first()
+            .and_then(|(offset, _)| offset.parse::<i64>().ok())
+            .unwrap_or(0)
+            .max(offsets.log_start_offset);
+        self.scan_for(topic, partition, start, offsets, |ts| ts >= timestamp)
+            .await
+    }
+
+    /// The offset and timestamp of the record with the largest timestamp
+    /// (the first such record), for ListOffsets `-3`.
+    pub async fn max_timestamp(&self, topic: &Topic, partition: i32) -> Result<Option<(i64, i64)>> {
+        let offsets = self.offsets(topic, partition).await?;
+        let keys = self.partition_keys(topic, partition);
+        let (max_ts, batch_offset): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(&keys.meta)
+            .arg("max_ts")
+            .arg("max_ts_offset")
+            .query_async(&mut self.conn())
+            .await?;
+        let (Some(max_ts), Some(batch_offset)) = (max_ts, batch_offset) else {
+            return Ok(None);
+        };
+        if batch_offset < offsets.log_start_offset {
+            // The record with the largest timestamp was deleted; scan what is left.
+            let mut best: Option<(i64, i64)> = None;
+            self.scan_for(topic, partition, offsets.log_start_offset, offsets, |ts| {
+                if best.is_none_or(|(_, b)| ts > b) {
+                    best = Some((0, ts));
+                }
+                false
+            })
+            .await?;
+            let Some((_, ts)) = best else { return Ok(None) };
+            return self
+                .scan_for(topic, partition, offsets.log_start_offset, offsets, |t| t == ts)
+                .await;
+        }
+        self.scan_for(topic, partition, batch_offset, offsets, |ts| ts == max_ts)
+            .await
+    }
+
+    /// Scans records from `start` and returns the first whose timestamp
+    /// satisfies `pred`.
+    async fn scan_for(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        start: i64,
+        offsets: PartitionOffsets,
+        mut pred: impl FnMut(i64) -> bool,
+    ) -> Result<Option<(i64, i64)>> {
+        let keys = self.partition_keys(topic, partition);
+        let mut next = start;
+        while next < offsets.high_watermark {
+            let entries: Value = redis::cmd("XRANGE")
+                .arg(&keys.log)
+                .arg(next)
+                .arg("+")
+                .arg("COUNT")
+                .arg(FIRST_READ_COUNT)
+                .query_async(&mut self.conn())
+                .await?;
+            let entries = stream_entries(entries)?;
+            if entries.is_empty() {
+                break;
+            }
+            for entry in entries {
+                next = entry.last_offset + 1;
+                let base = entry.last_offset - i64::from(entry.record_count) + 1;
+                let mut records = Records::of_batch(&entry.batch)?;
+                while let Some(record) = records.next_record()? {
+                    let offset = base + i64::from(record.offset_delta);
+                    if offset >= start && pred(record.timestamp) {
+                        return Ok(Some((offset, record.timestamp)));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Moves the log start offset to `offset` (`-1`: the high watermark) and
+    /// drops the batches wholly below it. Returns the new low watermark.
+    pub async fn delete_records(&self, topic: &Topic, partition: i32, offset: i64) -> Result<i64> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let reply: Vec<i64> = self
+            .scripts
+            .delete_records
+            .key(&keys.meta)
+            .key(&keys.log)
+            .key(&keys.times)
+            .arg(offset)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match reply[..] {
+            [0, low_watermark] => Ok(low_watermark),
+            [-1] => Err(StorageError::UnknownTopicOrPartition),
+            [-2, high_watermark] => Err(StorageError::OffsetOutOfRange {
+                log_start: 0,
+                high_watermark,
+            }),
+            _ => Err(StorageError::Data(format!(
+                "delete_records script replied {reply:?}"
+            ))),
+        }
+    }
+}
+
+/// One stream entry: a batch, its base offset already patched.
+struct Entry {
+    last_offset: i64,
+    record_count: i32,
+    batch: Bytes,
+}
+
+fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
+    let fields: Vec<Option<i64>> =
+        redis::from_redis_value(meta).map_err(|e| StorageError::Data(format!("partition meta: {e}")))?;
+    match fields[..] {
+        [Some(high_watermark), Some(log_start_offset)] => Ok(Some(PartitionOffsets {
+            log_start_offset,
+            high_watermark,
+        })),
+        _ => Ok(None),
+    }
+}
+
+/// Parses an XRANGE reply, patching each batch's header in place.
+fn stream_entries(reply: Value) -> Result<Vec<Entry>> {
+    let bad = |what: &str| StorageError::Data(format!("stream entry: {what}"));
+    let Value::Array(items) = reply else {
+        return Err(bad("XRANGE reply is not an array"));
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(mut pair) = item else {
+            return Err(bad("entry is not an array"));
+        };
+        if pair.len() != 2 {
+            return Err(bad("entry is not [id, fields]"));
+        }
+        let fields = pair.pop().expect("two elements");
+        let id = pair.pop().expect("two elements");
+        let Value::BulkString(id) = id else {
+            return Err(bad("id is not a string"));
+        };
+        let id = std::str::from_utf8(&id).map_err(|_| bad("id is not UTF-8"))?;
+        let (last, count) = id.split_once('-').ok_or_else(|| bad("id has no '-'"))?;
+        let last_offset: i64 = last.parse().map_err(|_| bad("id offset"))?;
+        let record_count: i32 = count.parse().map_err(|_| bad("id count"))?;
+        let Value::Array(fields) = fields else {
+            return Err(bad("fields are not an array"));
+        };
+        let mut batch = None;
+        let mut it = fields.into_iter();
+        while let (Some(name), Some(value)) = (it.next(), it.next()) {
+            if let (Value::BulkString(name), Value::BulkString(value)) = (name, value)
+                && name == b"b"
+            {
+                batch = Some(value);
+            }
+        }
+        let batch = batch.ok_or_else(|| bad("no b field"))?;
+        if batch.len() < batch::HEADER_LEN {
+            return Err(bad("batch shorter than its header"));
+        }
+        let mut batch = batch;
+        batch::patch_header(&mut batch, last_offset - i64::from(record_count) + 1, 0);
+        entries.push(Entry {
+            last_offset,
+            record_count,
+            batch: Bytes::from(batch),
+        });
+    }
+    Ok(entries)
+}

@@ -1,0 +1,307 @@
+//! The topic registry: `ketch:topics`, a hash of topic name → JSON record.
+//!
+//! A topic's partition keys are named by its id, not its name, so a deleted
+//! and re-created topic never sees old data; and the append script refuses a
+//! partition whose `meta` key is gone, so a gateway holding a stale cached
+//! record cannot write into a deleted topic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::keys::{PartitionKeys, default_tag};
+use crate::{Result, StorageError, Store};
+
+/// How long a cached topic record is trusted before it is read again.
+const CACHE_TTL: Duration = Duration::from_secs(2);
+
+/// A topic as stored in `ketch:topics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topic {
+    #[serde(skip)]
+    pub name: String,
+    pub id: Uuid,
+    /// Per-partition hash tags; the partition count is their number.
+    pub tags: Vec<String>,
+    /// Topic config overrides (defaults are not stored).
+    pub configs: BTreeMap<String, String>,
+}
+
+impl Topic {
+    pub fn partitions(&self) -> i32 {
+        self.tags.len() as i32
+    }
+
+    pub fn has_partition(&self, partition: i32) -> bool {
+        partition >= 0 && (partition as usize) < self.tags.len()
+    }
+
+    pub fn config(&self, name: &str) -> Option<&str> {
+        self.configs.get(name).map(String::as_str)
+    }
+
+    fn decode(name: &str, json: &str) -> Result<Self> {
+        let mut topic: Topic = serde_json::from_str(json)
+            .map_err(|e| StorageError::Data(format!("topic record of {name}: {e}")))?;
+        topic.name = name.to_owned();
+        Ok(topic)
+    }
+
+    fn encode(&self) -> String {
+        serde_json::to_string(self).expect("topic record serializes")
+    }
+}
+
+/// Kafka's rules for topic names: 1–249 characters of `[a-zA-Z0-9._-]`, not
+/// `.` or `..`.
+pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() {
+        return Err("Topic name is empty".to_owned());
+    }
+    if name == "." || name == ".." {
+        return Err(format!("Topic name cannot be \"{name}\""));
+    }
+    if name.len() > 249 {
+        return Err(format!(
+            "Topic name is {} characters long, the limit is 249",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "Topic name {name:?} contains {c:?}; legal characters are [a-zA-Z0-9._-]"
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+pub(crate) struct TopicCache {
+    by_name: RwLock<HashMap<String, (Arc<Topic>, Instant)>>,
+    by_id: RwLock<HashMap<Uuid, Arc<Topic>>>,
+}
+
+impl TopicCache {
+    fn get(&self, name: &str) -> Option<Arc<Topic>> {
+        let map = self.by_name.read().expect("topic cache lock");
+        map.get(name)
+            .filter(|(_, at)| at.elapsed() < CACHE_TTL)
+            .map(|(t, _)| t.clone())
+    }
+
+    fn put(&self, topic: Arc<Topic>) {
+        self.by_id
+            .write()
+            .expect("topic cache lock")
+            .insert(topic.id, topic.clone());
+        self.by_name
+            .write()
+            .expect("topic cache lock")
+            .insert(topic.name.clone(), (topic, Instant::now()));
+    }
+
+    fn forget(&self, name: &str) {
+        if let Some((topic, _)) = self.by_name.write().expect("topic cache lock").remove(name) {
+            self.by_id.write().expect("topic cache lock").remove(&topic.id);
+        }
+    }
+}
+
+impl Store {
+    /// The topic named `name`, from a short-lived cache.
+    pub async fn topic(&self, name: &str) -> Result<Option<Arc<Topic>>> {
+        if let Some(topic) = self.topics.get(name) {
+            return Ok(Some(topic));
+        }
+        self.topic_fresh(name).await
+    }
+
+    /// The topic named `name`, read from Redis now.
+    pub async fn topic_fresh(&self, name: &str) -> Result<Option<Arc<Topic>>> {
+        let json: Option<String> = self.conn().hget(self.keys.topics(), name).await?;
+        match json {
+            None => {
+                self.topics.forget(name);
+                Ok(None)
+            }
+            Some(json) => {
+                let topic = Arc::new(Topic::decode(name, &json)?);
+                self.topics.put(topic.clone());
+                Ok(Some(topic))
+            }
+        }
+    }
+
+    /// Every topic, read from Redis now, sorted by name.
+    pub async fn all_topics(&self) -> Result<Vec<Arc<Topic>>> {
+        let all: Vec<(String, String)> = self.conn().hgetall(self.keys.topics()).await?;
+        let mut topics = Vec::with_capacity(all.len());
+        for (name, json) in all {
+            let topic = Arc::new(Topic::decode(&name, &json)?);
+            self.topics.put(topic.clone());
+            topics.push(topic);
+        }
+        topics.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(topics)
+    }
+
+    /// The topic whose id is `id`.
+    pub async fn topic_by_id(&self, id: Uuid) -> Result<Option<Arc<Topic>>> {
+        let cached = self
+            .topics
+            .by_id
+            .read()
+            .expect("topic cache lock")
+            .get(&id)
+            .cloned();
+        if let Some(topic) = cached
+            && self.topics.get(&topic.name).is_some()
+        {
+            return Ok(Some(topic));
+        }
+        Ok(self.all_topics().await?.into_iter().find(|t| t.id == id))
+    }
+
+    /// The keys of one partition.
+    pub fn partition_keys(&self, topic: &Topic, partition: i32) -> PartitionKeys {
+        self.keys.partition(&topic.tags[partition as usize])
+    }
+
+    /// Creates a topic. The partitions' metadata is written first and the
+    /// topic record last (with HSETNX), so a crash in between leaves only
+    /// unreachable keys, and of two gateways creating one topic exactly one
+    /// wins; the loser gets [`StorageError::TopicExists`].
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>> {
+        let id = Uuid::new_v4();
+        let topic = Topic {
+            name: name.to_owned(),
+            id,
+            tags: (0..partitions).map(|p| default_tag(&id, p)).collect(),
+            configs,
+        };
+        if self.topic_fresh(name).await?.is_some() {
+            return Err(StorageError::TopicExists);
+        }
+        self.init_partitions(&topic, 0).await?;
+        let created: bool = self
+            .conn()
+            .hset_nx(self.keys.topics(), name, topic.encode())
+            .await?;
+        if !created {
+            self.drop_partitions(&topic, 0).await?;
+            return Err(StorageError::TopicExists);
+        }
+        let topic = Arc::new(topic);
+        self.topics.put(topic.clone());
+        Ok(topic)
+    }
+
+    /// Deletes a topic: the record first (clients stop seeing it), then
+    /// every partition's keys.
+    pub async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
+        let topic = self
+            .topic_fresh(name)
+            .await?
+            .ok_or(StorageError::UnknownTopicOrPartition)?;
+        let removed: i64 = self.conn().hdel(self.keys.topics(), name).await?;
+        self.topics.forget(name);
+        if removed == 0 {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        self.drop_partitions(&topic, 0).await?;
+        Ok(topic)
+    }
+
+    /// Grows a topic to `total` partitions.
+    pub async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
+        let mut grown = topic.clone();
+        grown
+            .tags
+            .extend((topic.partitions()..total).map(|p| default_tag(&topic.id, p)));
+        self.init_partitions(&grown, topic.partitions()).await?;
+        let replaced: i32 = self
+            .scripts
+            .replace_topic
+            .key(self.keys.topics())
+            .arg(&topic.name)
+            .arg(topic.encode())
+            .arg(grown.encode())
+            .invoke_async(&mut self.conn())
+            .await?;
+        if replaced == 0 {
+            self.drop_partitions(&grown, topic.partitions()).await?;
+            self.topics.forget(&topic.name);
+            return Err(StorageError::Conflict(format!(
+                "topic {} changed meanwhile",
+                topic.name
+            )));
+        }
+        let grown = Arc::new(grown);
+        self.topics.put(grown.clone());
+        Ok(grown)
+    }
+
+    async fn init_partitions(&self, topic: &Topic, from: i32) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for p in from..topic.partitions() {
+            let keys = self.partition_keys(topic, p);
+            pipe.hset_multiple(
+                &keys.meta,
+                &[("next_offset", 0), ("log_start", 0), ("local_start", 0)],
+            )
+            .ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn drop_partitions(&self, topic: &Topic, from: i32) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for p in from..topic.partitions() {
+            let keys = self.partition_keys(topic, p);
+            pipe.del(&[&keys.meta, &keys.log, &keys.times]).ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn()).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_kafka_rules() {
+        assert!(validate_topic_name("orders.v1_x-2").is_ok());
+        for bad in ["", ".", "..", "a b", "ü", "a/b"] {
+            assert!(validate_topic_name(bad).is_err(), "{bad}");
+        }
+        assert!(validate_topic_name(&"a".repeat(249)).is_ok());
+        assert!(validate_topic_name(&"a".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn record_round_trips_without_the_name() {
+        let t = Topic {
+            name: "t".into(),
+            id: Uuid::new_v4(),
+            tags: vec!["x:0".into()],
+            configs: BTreeMap::from([("retention.ms".into(), "1".into())]),
+        };
+        let back = Topic::decode("t", &t.encode()).unwrap();
+        assert_eq!(back, t);
+        assert!(!t.encode().contains("\"name\""));
+    }
+}

@@ -1,0 +1,469 @@
+//! Wake-ups for long-polling fetches.
+//!
+//! A fetch with nothing to return registers a [`Watch`] on the wake-up
+//! channels of its partitions and sleeps until one fires or `max_wait_ms`
+//! passes. Appends through this gateway wake it in-process; appends through
+//! another gateway reach it through Redis sharded pub/sub (`SPUBLISH` in the
+//! append script, `SSUBSCRIBE` here). A channel is subscribed while someone
+//! waits on it and for `linger` after, so a consumer long-polling in a loop
+//! does not subscribe and unsubscribe on every fetch. Nothing here polls
+//! Redis.
+//!
+//! redis-rs offers `SSUBSCRIBE` only on cluster connections, so this module
+//! speaks the few RESP2 frames of pub/sub itself over one dedicated socket.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc, watch};
+
+/// Largest pub/sub payload accepted from Redis (ours are a few bytes).
+const MAX_FRAME_BULK: usize = 64 * 1024;
+
+/// Fans wake-ups out to waiting fetches; cheap to clone.
+#[derive(Clone)]
+pub struct WakeHub {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    commands: mpsc::UnboundedSender<Command>,
+    /// Bumped whenever a subscription is confirmed or lost.
+    confirmations: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    channels: HashMap<String, Channel>,
+    next_waiter: u64,
+}
+
+#[derive(Default)]
+struct Channel {
+    waiters: HashMap<u64, Arc<Notify>>,
+    subscribed: bool,
+    idle_since: Option<Instant>,
+}
+
+enum Command {
+    Subscribe(String),
+}
+
+/// A registration on some channels; dropping it unregisters.
+pub struct Watch {
+    hub: WakeHub,
+    id: u64,
+    channels: Vec<String>,
+    notify: Arc<Notify>,
+}
+
+impl Watch {
+    /// Completes at the next wake-up on any of the channels (or at once if
+    /// one fired since the watch was made).
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Waits until Redis confirmed the subscription of every channel, so an
+    /// append on another gateway after this returns is sure to wake us.
+    /// Returns false if that did not happen within `timeout` (Redis down):
+    /// the caller then relies on in-process wake-ups and its deadline.
+    pub async fn subscribed(&self, timeout: Duration) -> bool {
+        let mut confirmations = self.hub.inner.confirmations.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.hub.all_subscribed(&self.channels) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, confirmations.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return self.hub.all_subscribed(&self.channels),
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut state = self.hub.inner.state.lock().expect("wake state lock");
+        for name in &self.channels {
+            if let Some(channel) = state.channels.get_mut(name) {
+                channel.waiters.remove(&self.id);
+                if channel.waiters.is_empty() {
+                    channel.idle_since = Some(Instant::now());
+                }
+            }
+        }
+    }
+}
+
+impl WakeHub {
+    /// Starts the hub and its subscriber task.
+    pub fn start(client: redis::Client, linger: Duration, connect_timeout: Duration) -> Self {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let hub = Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                commands,
+                confirmations: watch::Sender::new(0),
+            }),
+        };
+        let subscriber = Subscriber {
+            hub: hub.clone(),
+            client,
+            linger,
+            connect_timeout,
+        };
+        tokio::spawn(subscriber.run(rx));
+        hub
+    }
+
+    /// Registers interest in `channels`.
+    pub fn watch(&self, channels: Vec<String>) -> Watch {
+        let notify = Arc::new(Notify::new());
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        let id = state.next_waiter;
+        state.next_waiter += 1;
+        for name in &channels {
+            let channel = state.channels.entry(name.clone()).or_insert_with(|| {
+                let _ = self.inner.commands.send(Command::Subscribe(name.clone()));
+                Channel::default()
+            });
+            channel.waiters.insert(id, notify.clone());
+            channel.idle_since = None;
+        }
+        drop(state);
+        Watch {
+            hub: self.clone(),
+            id,
+            channels,
+            notify,
+        }
+    }
+
+    /// Wakes every watch on `channel`.
+    pub fn notify(&self, channel: &str) {
+        let state = self.inner.state.lock().expect("wake state lock");
+        if let Some(channel) = state.channels.get(channel) {
+            for waiter in channel.waiters.values() {
+                waiter.notify_one();
+            }
+        }
+    }
+
+    fn all_subscribed(&self, channels: &[String]) -> bool {
+        let state = self.inner.state.lock().expect("wake state lock");
+        channels
+            .iter()
+            .all(|c| state.channels.get(c).is_some_and(|c| c.subscribed))
+    }
+
+    fn set_subscribed(&self, channel: &str, subscribed: bool) {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        if let Some(c) = state.channels.get_mut(channel) {
+            c.subscribed = subscribed;
+        }
+        drop(state);
+        self.inner.confirmations.send_modify(|n| *n += 1);
+    }
+
+    /// After the subscriber lost its connection: nothing is subscribed, and
+    /// every waiter re-checks the log in case it missed a wake-up.
+    fn connection_lost(&self) {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        for channel in state.channels.values_mut() {
+            channel.subscribed = false;
+            for waiter in channel.waiters.values() {
+                waiter.notify_one();
+            }
+        }
+        drop(state);
+        self.inner.confirmations.send_modify(|n| *n += 1);
+    }
+
+    /// Channels idle for longer than `linger`, removed from the state.
+    fn take_idle(&self, linger: Duration) -> Vec<String> {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        let idle: Vec<String> = state
+            .channels
+            .iter()
+            .filter(|(_, c)| c.waiters.is_empty() && c.idle_since.is_some_and(|t| t.elapsed() >= linger))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &idle {
+            state.channels.remove(name);
+        }
+        idle
+    }
+
+    fn channel_names(&self) -> Vec<String> {
+        self.inner
+            .state
+            .lock()
+            .expect("wake state lock")
+            .channels
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    fn is_wanted(&self, channel: &str) -> bool {
+        self.inner
+            .state
+            .lock()
+            .expect("wake state lock")
+            .channels
+            .contains_key(channel)
+    }
+}
+
+/// The task that holds the pub/sub connection.
+struct Subscriber {
+    hub: WakeHub,
+    client: redis::Client,
+    linger: Duration,
+    connect_timeout: Duration,
+}
+
+/// A pub/sub frame from Redis.
+#[derive(Debug)]
+enum Frame {
+    Confirm { kind: Vec<u8>, channel: String },
+    Message { channel: String },
+    Error(String),
+    Other,
+}
+
+impl Subscriber {
+    async fn run(self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.connect().await {
+                Ok(stream) => {
+                    backoff = Duration::from_millis(50);
+                    if let Err(e) = self.serve(stream, &mut commands).await {
+                        tracing::warn!(error = %e, "wake-up subscription connection lost");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot open wake-up subscription connection"),
+            }
+            if commands.is_closed() {
+                return;
+            }
+            self.hub.connection_lost();
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn connect(&self) -> std::io::Result<TcpStream> {
+        let info = self.client.get_connection_info();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return Err(std::io::Error::other(
+                "wake-ups support plain TCP redis:// URLs only",
+            ));
+        };
+        let mut stream =
+            tokio::time::timeout(self.connect_timeout, TcpStream::connect((host.as_str(), *port)))
+                .await
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+        stream.set_nodelay(true)?;
+        if let Some(password) = info.redis_settings().password() {
+            let mut args = vec!["AUTH"];
+            if let Some(user) = info.redis_settings().username() {
+                args.push(user);
+            }
+            args.push(password);
+            stream.write_all(&encode(&args)).await?;
+            let mut reader = BufReader::new(&mut stream);
+            let mut line = String::new();
+            reader.read_line(&mut line).await?;
+            if !line.starts_with('+') {
+                return Err(std::io::Error::other(format!("AUTH refused: {}", line.trim())));
+            }
+        }
+        Ok(stream)
+    }
+
+    async fn serve(
+        &self,
+        stream: TcpStream,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+    ) -> std::io::Result<()> {
+        let (read, mut write) = stream.into_split();
+        let (frames_tx, mut frames) = mpsc::channel(1024);
+        let reader = tokio::spawn(async move {
+            let mut read = BufReader::new(read);
+            loop {
+                let frame = read_frame(&mut read).await;
+                let failed = frame.is_err();
+                if frames_tx.send(frame).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let _abort_reader = AbortOnDrop(reader);
+        // Queued commands are superseded by the full resubscription below.
+        while commands.try_recv().is_ok() {}
+        for channel in self.hub.channel_names() {
+            write.write_all(&encode(&["SSUBSCRIBE", &channel])).await?;
+        }
+        let mut sweep = tokio::time::interval((self.linger / 2).max(Duration::from_millis(100)));
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Command::Subscribe(channel)) => {
+                        if self.hub.is_wanted(&channel) {
+                            write.write_all(&encode(&["SSUBSCRIBE", &channel])).await?;
+                        }
+                    }
+                    None => return Ok(()),
+                },
+                frame = frames.recv() => match frame {
+                    Some(Ok(frame)) => self.handle(frame),
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(std::io::Error::other("reader stopped")),
+                },
+                _ = sweep.tick() => {
+                    for channel in self.hub.take_idle(self.linger) {
+                        write.write_all(&encode(&["SUNSUBSCRIBE", &channel])).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    fn handle(&self, frame: Frame) {
+        match frame {
+            Frame::Message { channel } => self.hub.notify(&channel),
+            Frame::Confirm { kind, channel } => {
+                if kind.eq_ignore_ascii_case(b"ssubscribe") {
+                    self.hub.set_subscribed(&channel, true);
+                }
+            }
+            Frame::Error(e) => tracing::warn!(error = %e, "redis refused a wake-up subscription"),
+            Frame::Other => {}
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Reads one RESP2 pub/sub frame: an array of bulk strings and integers, or
+/// an error line.
+async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<Frame> {
+    let line = read_line(r).await?;
+    match line.as_bytes().first() {
+        Some(b'*') => {
+            let n: usize = parse_len(&line[1..])?;
+            let mut items = Vec::with_capacity(n.min(8));
+            for _ in 0..n {
+                items.push(read_item(r).await?);
+            }
+            Ok(match items.as_slice() {
+                [Some(kind), Some(channel), ..] if kind.eq_ignore_ascii_case(b"smessage") => Frame::Message {
+                    channel: String::from_utf8_lossy(channel).into_owned(),
+                },
+                [Some(kind), Some(channel), _] => Frame::Confirm {
+                    kind: kind.clone(),
+                    channel: String::from_utf8_lossy(channel).into_owned(),
+                },
+                _ => Frame::Other,
+            })
+        }
+        Some(b'-') => Ok(Frame::Error(line[1..].to_owned())),
+        Some(b'+' | b':') => Ok(Frame::Other),
+        _ => Err(std::io::Error::other(format!("unexpected RESP line {line:?}"))),
+    }
+}
+
+async fn read_item<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let line = read_line(r).await?;
+    match line.as_bytes().first() {
+        Some(b'$') => {
+            if &line[1..] == "-1" {
+                return Ok(None);
+            }
+            let len = parse_len(&line[1..])?;
+            if len > MAX_FRAME_BULK {
+                return Err(std::io::Error::other("pub/sub payload too large"));
+            }
+            let mut buf = vec![0; len + 2];
+            r.read_exact(&mut buf).await?;
+            buf.truncate(len);
+            Ok(Some(buf))
+        }
+        Some(b':') => Ok(Some(line[1..].as_bytes().to_vec())),
+        _ => Err(std::io::Error::other(format!("unexpected RESP item {line:?}"))),
+    }
+}
+
+async fn read_line<R: tokio::io::AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<String> {
+    let mut line = String::new();
+    let n = (&mut *r).take(MAX_FRAME_BULK as u64).read_line(&mut line).await?;
+    if n == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "redis closed the connection",
+        ));
+    }
+    Ok(line.trim_end().to_owned())
+}
+
+fn parse_len(text: &str) -> std::io::Result<usize> {
+    text.parse()
+        .map_err(|_| std::io::Error::other(format!("bad RESP length {text:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn parses_pubsub_frames() {
+        let wire = b"*3\r\n$10\r\nssubscribe\r\n$5\r\nk:{a}\r\n:1\r\n*3\r\n$8\r\nsmessage\r\n$5\r\nk:{a}\r\n$1\r\n7\r\n-ERR nope\r\n";
+        let mut r = BufReader::new(&wire[..]);
+        assert!(
+            matches!(read_frame(&mut r).await.unwrap(), Frame::Confirm { channel, .. } if channel == "k:{a}")
+        );
+        assert!(
+            matches!(read_frame(&mut r).await.unwrap(), Frame::Message { channel } if channel == "k:{a}")
+        );
+        assert!(matches!(read_frame(&mut r).await.unwrap(), Frame::Error(e) if e == "ERR nope"));
+        assert!(read_frame(&mut r).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_local_notify_wakes_a_watch_made_before_it() {
+        let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
+        let hub = WakeHub::start(client, Duration::from_secs(1), Duration::from_millis(10));
+        let watch = hub.watch(vec!["c".into()]);
+        hub.notify("c");
+        tokio::time::timeout(Duration::from_secs(1), watch.notified())
+            .await
+            .unwrap();
+        assert!(!watch.subscribed(Duration::from_millis(20)).await);
+    }
+}
