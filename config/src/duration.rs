@@ -62,7 +62,7 @@ impl fmt::Display for Duration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
         for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-            if ms != 0 && ms % size == 0 {
+            if ms != 0 && ms.is_multiple_of(size) {
                 return write!(f, "{}{unit}", ms / size);
             }
         }

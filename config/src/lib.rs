@@ -33,7 +33,7 @@ pub enum ConfigError {
 }
 
 /// All of ketch's settings. Every field has a default; see `docs/configuration.md`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub broker: BrokerSettings,
@@ -195,18 +195,6 @@ impl Default for LogSettings {
     }
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            broker: BrokerSettings::default(),
-            redis: RedisSettings::default(),
-            http: HttpSettings::default(),
-            topics: TopicsSettings::default(),
-            fetch: FetchSettings::default(),
-            log: LogSettings::default(),
-        }
-    }
-}
 
 /// The environment variable prefix.
 pub const ENV_PREFIX: &str = "KETCH_";

@@ -1,1 +1,75 @@
-//! placeholder
+//! ketch-gateway: the Kafka listener, the Kafka APIs and the HTTP endpoints.
+//!
+//! [`run`] starts both listeners and serves until the shutdown signal fires,
+//! then lets in-flight requests finish. The `ketch` binary (`main.rs`) only
+//! parses settings and calls it; tests may run it in-process.
+
+pub mod api;
+pub mod http;
+pub mod server;
+
+use std::sync::Arc;
+
+use ketch_config::Settings;
+use ketch_storage::{Store, StoreConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// What every request handler can reach.
+pub struct Context {
+    pub settings: Settings,
+    pub store: Store,
+    /// This gateway's node id and advertised address.
+    pub node: Node,
+}
+
+/// A gateway as clients see it in Metadata.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: i32,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Context {
+    pub fn new(settings: Settings) -> anyhow::Result<Self> {
+        let store = Store::new(&StoreConfig::from_settings(&settings))?;
+        let node = Node {
+            id: settings.broker.id,
+            host: settings.advertised_host(),
+            port: settings.advertised_port(),
+        };
+        Ok(Self {
+            settings,
+            store,
+            node,
+        })
+    }
+}
+
+/// Binds both listeners, serves until `shutdown` turns true, then waits for
+/// in-flight requests (at most `broker.shutdown_timeout`).
+pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let kafka = TcpListener::bind(settings.broker.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {} (broker.listen): {e}", settings.broker.listen))?;
+    let http = TcpListener::bind(settings.http.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {} (http.listen): {e}", settings.http.listen))?;
+    let ctx = Arc::new(Context::new(settings)?);
+    tracing::info!(
+        kafka = %ctx.settings.broker.listen,
+        http = %ctx.settings.http.listen,
+        advertised = %format!("{}:{}", ctx.node.host, ctx.node.port),
+        node_id = ctx.node.id,
+        redis = %ctx.settings.redis.url,
+        "ketch serving"
+    );
+    if let Err(e) = ctx.store.ping().await {
+        tracing::warn!(error = %e, "redis is not reachable yet; serving retriable errors until it is");
+    }
+    let http_task = tokio::spawn(http::serve(http, ctx.clone(), shutdown.clone()));
+    server::serve(kafka, ctx, shutdown).await;
+    http_task.abort();
+    Ok(())
+}

@@ -1,1 +1,150 @@
-fn main() {}
+//! The `ketch` binary.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use ketch_config::{Loader, LogFormat, Settings};
+use tokio::sync::watch;
+
+/// jemalloc maps memory with MAP_NORESERVE where the kernel overcommits, so
+/// an absurd capacity read off the wire by the protocol decoder (it sizes
+/// arrays from their length fields) reserves address space instead of
+/// aborting the process; the decode then fails on the missing bytes and
+/// frees it. See docs/architecture.md, "Untrusted lengths".
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// ketch — a Kafka-protocol gateway that keeps every partition in a Redis Stream.
+#[derive(Debug, Parser)]
+#[command(name = "ketch", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the Kafka protocol (and HTTP health endpoints).
+    ///
+    /// Settings are layered: defaults, then the TOML file given with
+    /// --config, then KETCH_<SECTION>_<KEY> environment variables (for
+    /// example KETCH_REDIS_URL, KETCH_TOPICS_AUTO_CREATE), then these flags.
+    /// Every key is listed in docs/configuration.md.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// TOML settings file. An unknown key in it is an error.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Kafka listener address [broker.listen; default 0.0.0.0:9092].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Host advertised to clients in Metadata [broker.advertised_host; default: the listen host, or 127.0.0.1].
+    #[arg(long, value_name = "HOST")]
+    advertised_host: Option<String>,
+    /// Port advertised to clients [broker.advertised_port; default: the listen port].
+    #[arg(long, value_name = "PORT")]
+    advertised_port: Option<u16>,
+    /// Redis URL, redis://[user:password@]host:port[/db] [redis.url; default redis://127.0.0.1:6379].
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// HTTP listener for /health and /ready [http.listen; default 127.0.0.1:9644].
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<String>,
+    /// This gateway's node id [broker.id; default 0].
+    #[arg(long, value_name = "ID")]
+    node_id: Option<i32>,
+    /// Any other setting, as section.key=value (repeatable), e.g.
+    /// --set topics.auto_create=false --set fetch.max_wait=10s.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    set: Vec<String>,
+}
+
+impl ServeArgs {
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let mut loader = Loader::new();
+        if let Some(path) = &self.config {
+            loader = loader.file(path)?;
+        }
+        loader = loader.env(std::env::vars())?;
+        loader = loader.assignments(self.set.iter().map(String::as_str))?;
+        let flags: [(&str, &str, Option<String>); 6] = [
+            ("broker", "listen", self.listen.clone()),
+            ("broker", "advertised_host", self.advertised_host.clone()),
+            (
+                "broker",
+                "advertised_port",
+                self.advertised_port.map(|p| p.to_string()),
+            ),
+            ("redis", "url", self.redis_url.clone()),
+            ("http", "listen", self.http_listen.clone()),
+            ("broker", "id", self.node_id.map(|id| id.to_string())),
+        ];
+        for (section, key, value) in flags {
+            if let Some(value) = value {
+                loader = loader.set(section, key, &value);
+            }
+        }
+        Ok(loader.load()?)
+    }
+}
+
+fn init_logging(settings: &Settings) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.log.level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match settings.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let Command::Serve(args) = cli.command;
+    let settings = match args.settings() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("ketch: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    init_logging(&settings);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(serve(settings)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("ketch: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received; shutting down");
+        let _ = stop_tx.send(true);
+    });
+    ketch_gateway::run(settings, stop_rx).await?;
+    tracing::info!("ketch stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

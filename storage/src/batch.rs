@@ -410,8 +410,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// (timestamp, key, value) of a test record.
+    type TestRecord<'a> = (i64, Option<&'a [u8]>, Option<&'a [u8]>);
+
     /// Builds an uncompressed v2 batch (test helper).
-    pub(crate) fn build_batch(records: &[(i64, Option<&[u8]>, Option<&[u8]>)]) -> Vec<u8> {
+    pub(crate) fn build_batch(records: &[TestRecord]) -> Vec<u8> {
         let base_ts = records.first().map_or(0, |r| r.0);
         let max_ts = records.iter().map(|r| r.0).max().unwrap_or(0);
         let mut body = Vec::new();

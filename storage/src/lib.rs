@@ -89,9 +89,15 @@ impl Store {
         })
     }
 
-    /// Checks that Redis answers.
+    /// Checks that Redis answers. A failed command makes the connection
+    /// manager reconnect, so one failure is followed by one more try: the
+    /// first probe after Redis comes back already succeeds.
     pub async fn ping(&self) -> Result<()> {
         let mut conn = self.conn.clone();
+        let first: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
+        if first.is_ok() {
+            return Ok(());
+        }
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         Ok(())
     }

@@ -29,6 +29,8 @@ pub struct AppendOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionOffsets {
     pub log_start_offset: i64,
+    /// First offset still in Redis (equal to the log start until tiering).
+    pub local_start_offset: i64,
     pub high_watermark: i64,
 }
 
@@ -98,6 +100,7 @@ impl Store {
             .arg(&keys.meta)
             .arg("next_offset")
             .arg("log_start")
+            .arg("local_start")
             .query_async(&mut self.conn())
             .await?;
         parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)
@@ -129,6 +132,7 @@ impl Store {
                 .arg(&keys.meta)
                 .arg("next_offset")
                 .arg("log_start")
+                .arg("local_start")
                 .query_async(&mut self.conn())
                 .await?;
             let offsets = parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)?;
@@ -300,8 +304,9 @@ fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
     let fields: Vec<Option<i64>> =
         redis::from_redis_value(meta).map_err(|e| StorageError::Data(format!("partition meta: {e}")))?;
     match fields[..] {
-        [Some(high_watermark), Some(log_start_offset)] => Ok(Some(PartitionOffsets {
+        [Some(high_watermark), Some(log_start_offset), local_start] => Ok(Some(PartitionOffsets {
             log_start_offset,
+            local_start_offset: local_start.unwrap_or(log_start_offset),
             high_watermark,
         })),
         _ => Ok(None),

@@ -415,7 +415,7 @@ async fn read_item<R: tokio::io::AsyncRead + Unpin>(
             buf.truncate(len);
             Ok(Some(buf))
         }
-        Some(b':') => Ok(Some(line[1..].as_bytes().to_vec())),
+        Some(b':') => Ok(Some(line.as_bytes()[1..].to_vec())),
         _ => Err(std::io::Error::other(format!("unexpected RESP item {line:?}"))),
     }
 }

@@ -1,0 +1,178 @@
+//! CreatePartitions (API key 37, versions 0–3): grows topics to a larger
+//! partition count; every new partition lives on this node.
+//! Spec: KIP-195 (CreatePartitions).
+
+use futures::future::join_all;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse, RequestHeader};
+use ketch_config::TopicsSettings;
+
+use super::create_topics::{Failure, unique_by};
+use super::str_bytes;
+use crate::Context;
+
+pub async fn handle(
+    ctx: &Context,
+    _header: &RequestHeader,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let validate_only = req.validate_only;
+    let topics = unique_by(req.topics, |t| t.name.clone());
+    let results = join_all(topics.into_iter().map(|(name, topic)| async move {
+        let outcome = match topic {
+            Some(topic) => grow(ctx, &topic, validate_only).await,
+            None => Err(Failure::duplicate("name")),
+        };
+        let result = CreatePartitionsTopicResult::default().with_name(name);
+        match outcome {
+            Ok(()) => result,
+            Err(failure) => result
+                .with_error_code(failure.code)
+                .with_error_message(failure.message.map(str_bytes)),
+        }
+    }))
+    .await;
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+async fn grow(ctx: &Context, request: &CreatePartitionsTopic, validate_only: bool) -> Result<(), Failure> {
+    let name = request.name.as_str();
+    // Read fresh, not cached: storage replaces the record only if it is unchanged.
+    let topic = match ctx.store.topic_fresh(name).await {
+        Ok(Some(topic)) => topic,
+        Ok(None) => {
+            return Err(Failure::new(
+                ResponseError::UnknownTopicOrPartition,
+                format!("The topic '{name}' does not exist."),
+            ));
+        }
+        Err(e) => return Err(Failure::storage(&e)),
+    };
+    check(&ctx.settings.topics, ctx.node.id, topic.partitions(), request)?;
+    if validate_only {
+        return Ok(());
+    }
+    ctx.store
+        .add_partitions(&topic, request.count)
+        .await
+        .map_err(|e| Failure::storage(&e))?;
+    tracing::info!(topic = name, partitions = request.count, "added partitions");
+    Ok(())
+}
+
+/// Whether a topic with `current` partitions may grow as `request` asks.
+fn check(
+    settings: &TopicsSettings,
+    node_id: i32,
+    current: i32,
+    request: &CreatePartitionsTopic,
+) -> Result<(), Failure> {
+    let count = request.count;
+    let invalid = |message: String| Err(Failure::new(ResponseError::InvalidPartitions, message));
+    if count < current {
+        return invalid(format!(
+            "Topic currently has {current} partitions, which is higher than the requested {count}."
+        ));
+    }
+    if count == current {
+        return invalid(format!("Topic already has {current} partitions."));
+    }
+    if count > settings.max_partitions {
+        return invalid(format!(
+            "Number of partitions {count} exceeds the limit of {} (topics.max_partitions).",
+            settings.max_partitions
+        ));
+    }
+    let Some(assignments) = &request.assignments else {
+        return Ok(());
+    };
+    let added = count - current;
+    let invalid_assignment =
+        |message: String| Err(Failure::new(ResponseError::InvalidReplicaAssignment, message));
+    if assignments.len() != added as usize {
+        return invalid_assignment(format!(
+            "Attempted to add {added} additional partition(s), but only {} assignment(s) were specified.",
+            assignments.len()
+        ));
+    }
+    match assignments
+        .iter()
+        .find(|a| !matches!(&a.broker_ids[..], [only] if **only == node_id))
+    {
+        Some(a) => invalid_assignment(format!(
+            "ketch places every partition on node {node_id} alone, not on brokers {:?}",
+            a.broker_ids
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsAssignment;
+    use kafka_protocol::messages::{BrokerId, TopicName};
+
+    use super::*;
+
+    fn request(count: i32, assignments: Option<Vec<&[i32]>>) -> CreatePartitionsTopic {
+        let assignment = |brokers: &[i32]| {
+            CreatePartitionsAssignment::default()
+                .with_broker_ids(brokers.iter().map(|&b| BrokerId(b)).collect())
+        };
+        CreatePartitionsTopic::default()
+            .with_name(TopicName(str_bytes("t")))
+            .with_count(count)
+            .with_assignments(assignments.map(|a| a.into_iter().map(assignment).collect()))
+    }
+
+    fn code(result: Result<(), Failure>) -> i16 {
+        result.expect_err("should fail").code
+    }
+
+    #[test]
+    fn the_count_must_grow_within_the_limit() {
+        let settings = TopicsSettings {
+            max_partitions: 8,
+            ..TopicsSettings::default()
+        };
+        let shrink = check(&settings, 0, 3, &request(2, None)).unwrap_err();
+        assert_eq!(shrink.code, ResponseError::InvalidPartitions.code());
+        assert_eq!(
+            shrink.message.as_deref(),
+            Some("Topic currently has 3 partitions, which is higher than the requested 2.")
+        );
+        assert_eq!(
+            code(check(&settings, 0, 3, &request(3, None))),
+            ResponseError::InvalidPartitions.code()
+        );
+        assert_eq!(
+            code(check(&settings, 0, 3, &request(9, None))),
+            ResponseError::InvalidPartitions.code()
+        );
+        assert_eq!(check(&settings, 0, 3, &request(8, None)), Ok(()));
+    }
+
+    #[test]
+    fn assignments_cover_each_new_partition_and_name_this_node() {
+        let settings = TopicsSettings::default();
+        assert_eq!(
+            check(&settings, 4, 1, &request(3, Some(vec![&[4], &[4]]))),
+            Ok(())
+        );
+        let invalid = ResponseError::InvalidReplicaAssignment.code();
+        assert_eq!(
+            code(check(&settings, 4, 1, &request(3, Some(vec![&[4]])))),
+            invalid
+        );
+        assert_eq!(
+            code(check(&settings, 4, 1, &request(3, Some(vec![&[4], &[5]])))),
+            invalid
+        );
+        assert_eq!(
+            code(check(&settings, 4, 1, &request(3, Some(vec![&[4], &[4, 5]])))),
+            invalid
+        );
+    }
+}

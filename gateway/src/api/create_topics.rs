@@ -1,0 +1,442 @@
+//! CreateTopics (API key 19, versions 2–7): checks each topic as a Kafka
+//! controller would, then creates it in the topic registry.
+//! Spec: KIP-4 (admin requests), KIP-464 (`-1` defaults), KIP-525 (configs in the response).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+
+use futures::future::join_all;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::create_topics_request::{
+    CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig,
+};
+use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, RequestHeader, TopicName};
+use ketch_config::TopicsSettings;
+use ketch_storage::StorageError;
+use uuid::Uuid;
+
+use super::describe_configs::topic_configs;
+use super::{error_code, str_bytes};
+use crate::Context;
+
+/// A per-topic failure: the Kafka error code and the message sent with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub code: i16,
+    pub message: Option<String>,
+}
+
+impl Failure {
+    pub(crate) fn new(error: ResponseError, message: impl Into<String>) -> Self {
+        Self {
+            code: error.code(),
+            message: Some(message.into()),
+        }
+    }
+
+    pub(crate) fn storage(e: &StorageError) -> Self {
+        Self {
+            code: error_code(e),
+            message: Some(e.to_string()),
+        }
+    }
+
+    pub(crate) fn duplicate(what: &str) -> Self {
+        Self::new(ResponseError::InvalidRequest, format!("Duplicate topic {what}."))
+    }
+}
+
+/// The request's items in order, one per key: a key given more than once
+/// maps to `None`, which Kafka answers once with INVALID_REQUEST.
+pub(crate) fn unique_by<T, K: Eq + Hash + Clone>(
+    items: Vec<T>,
+    key: impl Fn(&T) -> K,
+) -> Vec<(K, Option<T>)> {
+    let mut out: Vec<(K, Option<T>)> = Vec::with_capacity(items.len());
+    let mut position: HashMap<K, usize> = HashMap::new();
+    for item in items {
+        let k = key(&item);
+        match position.get(&k) {
+            Some(&i) => out[i].1 = None,
+            None => {
+                position.insert(k.clone(), out.len());
+                out.push((k, Some(item)));
+            }
+        }
+    }
+    out
+}
+
+/// A topic that passed every check.
+struct Created {
+    id: Uuid,
+    partitions: i32,
+    configs: BTreeMap<String, String>,
+}
+
+pub async fn handle(ctx: &Context, header: &RequestHeader, req: CreateTopicsRequest) -> CreateTopicsResponse {
+    let version = header.request_api_version;
+    let validate_only = req.validate_only;
+    let topics = unique_by(req.topics, |t| t.name.clone());
+    let results = join_all(topics.into_iter().map(|(name, topic)| async move {
+        let outcome = match topic {
+            Some(topic) => create(ctx, topic, validate_only).await,
+            None => Err(Failure::duplicate("name")),
+        };
+        topic_result(&ctx.settings.topics, version, name, outcome)
+    }))
+    .await;
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+async fn create(ctx: &Context, topic: CreatableTopic, validate_only: bool) -> Result<Created, Failure> {
+    let name = topic.name.as_str();
+    ketch_storage::validate_topic_name(name)
+        .map_err(|m| Failure::new(ResponseError::InvalidTopicException, m))?;
+    // Read fresh, not cached: a topic another gateway just deleted may be re-created.
+    // Existence is checked first, as Kafka does, so "create unless it exists"
+    // callers get TOPIC_ALREADY_EXISTS whatever else their request says.
+    match ctx.store.topic_fresh(name).await {
+        Ok(None) => {}
+        Ok(Some(_)) => return Err(already_exists(name)),
+        Err(e) => return Err(Failure::storage(&e)),
+    }
+    let partitions = partition_count(&ctx.settings.topics, ctx.node.id, &topic)?;
+    let configs = overrides(&topic.configs)?;
+    if validate_only {
+        return Ok(Created {
+            id: Uuid::nil(),
+            partitions,
+            configs,
+        });
+    }
+    match ctx.store.create_topic(name, partitions, configs).await {
+        Ok(created) => {
+            tracing::info!(topic = name, partitions, "created topic");
+            Ok(Created {
+                id: created.id,
+                partitions,
+                configs: created.configs.clone(),
+            })
+        }
+        Err(StorageError::TopicExists) => Err(already_exists(name)),
+        Err(e) => Err(Failure::storage(&e)),
+    }
+}
+
+fn already_exists(name: &str) -> Failure {
+    Failure::new(
+        ResponseError::TopicAlreadyExists,
+        format!("Topic '{name}' already exists."),
+    )
+}
+
+/// The partition count a topic asks for, from `num_partitions` or from a
+/// manual assignment, which may only place partitions on this node.
+fn partition_count(settings: &TopicsSettings, node_id: i32, topic: &CreatableTopic) -> Result<i32, Failure> {
+    let count = if topic.assignments.is_empty() {
+        if topic.replication_factor != -1 && topic.replication_factor != 1 {
+            return Err(Failure::new(
+                ResponseError::InvalidReplicationFactor,
+                "ketch stores data in Redis; replication factor must be 1 or -1",
+            ));
+        }
+        match topic.num_partitions {
+            -1 => settings.default_partitions,
+            n if n < 1 => {
+                return Err(Failure::new(
+                    ResponseError::InvalidPartitions,
+                    "Number of partitions was set to an invalid non-positive value.",
+                ));
+            }
+            n => n,
+        }
+    } else {
+        check_assignments(node_id, topic)?;
+        topic.assignments.len() as i32
+    };
+    if count > settings.max_partitions {
+        return Err(Failure::new(
+            ResponseError::InvalidPartitions,
+            format!(
+                "Number of partitions {count} exceeds the limit of {} (topics.max_partitions).",
+                settings.max_partitions
+            ),
+        ));
+    }
+    Ok(count)
+}
+
+fn check_assignments(node_id: i32, topic: &CreatableTopic) -> Result<(), Failure> {
+    for (field, value) in [
+        ("numPartitions", topic.num_partitions),
+        ("replicationFactor", topic.replication_factor.into()),
+    ] {
+        if value != -1 {
+            return Err(Failure::new(
+                ResponseError::InvalidRequest,
+                format!("A manual partition assignment was specified, but {field} was not set to -1."),
+            ));
+        }
+    }
+    let mut indexes: Vec<i32> = topic.assignments.iter().map(|a| a.partition_index).collect();
+    indexes.sort_unstable();
+    if indexes
+        .iter()
+        .zip(0..)
+        .any(|(&index, expected)| index != expected)
+    {
+        return Err(Failure::new(
+            ResponseError::InvalidReplicaAssignment,
+            "partitions should be a consecutive 0-based integer sequence",
+        ));
+    }
+    match topic.assignments.iter().find(|a| !is_this_node(node_id, a)) {
+        Some(a) => Err(Failure::new(
+            ResponseError::InvalidReplicaAssignment,
+            format!(
+                "ketch places every partition on node {node_id} alone; partition {} lists brokers {:?}",
+                a.partition_index, a.broker_ids
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn is_this_node(node_id: i32, assignment: &CreatableReplicaAssignment) -> bool {
+    matches!(&assignment.broker_ids[..], [only] if **only == node_id)
+}
+
+/// The requested config overrides, validated and normalized.
+fn overrides(configs: &[CreatableTopicConfig]) -> Result<BTreeMap<String, String>, Failure> {
+    let pairs = configs
+        .iter()
+        .map(|c| match &c.value {
+            Some(value) => Ok((c.name.as_str(), value.as_str())),
+            None => Err(Failure::new(
+                ResponseError::InvalidConfig,
+                format!("Null value not supported for topic configs: {}", c.name.as_str()),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    ketch_config::topic::validate_topic_configs(pairs)
+        .map_err(|m| Failure::new(ResponseError::InvalidConfig, m))
+}
+
+fn topic_result(
+    settings: &TopicsSettings,
+    version: i16,
+    name: TopicName,
+    outcome: Result<Created, Failure>,
+) -> CreatableTopicResult {
+    let result = CreatableTopicResult::default().with_name(name);
+    let created = match outcome {
+        Ok(created) => created,
+        Err(failure) => {
+            return result
+                .with_error_code(failure.code)
+                .with_error_message(failure.message.map(str_bytes));
+        }
+    };
+    let result = result.with_topic_id(created.id).with_error_message(None);
+    if version < 5 {
+        return result;
+    }
+    let configs = topic_configs(settings, &created.configs)
+        .into_iter()
+        .map(|config| {
+            let current = config.current();
+            CreatableTopicConfigs::default()
+                .with_name(str_bytes(config.name))
+                .with_value(Some(str_bytes(current.value.clone())))
+                .with_read_only(config.read_only)
+                .with_config_source(current.source)
+                .with_is_sensitive(false)
+        });
+    result
+        .with_num_partitions(created.partitions)
+        .with_replication_factor(1)
+        .with_configs(Some(configs.collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::messages::BrokerId;
+
+    use super::*;
+
+    fn topic(num_partitions: i32, replication_factor: i16) -> CreatableTopic {
+        CreatableTopic::default()
+            .with_name(TopicName(str_bytes("t")))
+            .with_num_partitions(num_partitions)
+            .with_replication_factor(replication_factor)
+    }
+
+    fn assigned(index: i32, brokers: &[i32]) -> CreatableReplicaAssignment {
+        CreatableReplicaAssignment::default()
+            .with_partition_index(index)
+            .with_broker_ids(brokers.iter().map(|&b| BrokerId(b)).collect())
+    }
+
+    fn code(result: Result<i32, Failure>) -> i16 {
+        result.expect_err("should fail").code
+    }
+
+    #[test]
+    fn minus_one_means_the_default_partition_count() {
+        let settings = TopicsSettings {
+            default_partitions: 3,
+            ..TopicsSettings::default()
+        };
+        assert_eq!(partition_count(&settings, 0, &topic(-1, -1)), Ok(3));
+        assert_eq!(partition_count(&settings, 0, &topic(5, 1)), Ok(5));
+    }
+
+    #[test]
+    fn partition_count_must_be_positive_and_within_the_limit() {
+        let settings = TopicsSettings {
+            max_partitions: 10,
+            ..TopicsSettings::default()
+        };
+        let invalid = ResponseError::InvalidPartitions.code();
+        assert_eq!(code(partition_count(&settings, 0, &topic(0, 1))), invalid);
+        assert_eq!(code(partition_count(&settings, 0, &topic(-2, 1))), invalid);
+        assert_eq!(code(partition_count(&settings, 0, &topic(11, 1))), invalid);
+        assert_eq!(partition_count(&settings, 0, &topic(10, 1)), Ok(10));
+    }
+
+    #[test]
+    fn replication_factor_must_be_one_or_default() {
+        let settings = TopicsSettings::default();
+        let failure = partition_count(&settings, 0, &topic(1, 3)).unwrap_err();
+        assert_eq!(failure.code, ResponseError::InvalidReplicationFactor.code());
+        assert!(failure.message.unwrap().contains("Redis"));
+        assert_eq!(code(partition_count(&settings, 0, &topic(1, 0))), failure.code);
+    }
+
+    #[test]
+    fn manual_assignments_set_the_count_and_must_name_this_node() {
+        let settings = TopicsSettings::default();
+        let good = topic(-1, -1).with_assignments(vec![assigned(1, &[7]), assigned(0, &[7])]);
+        assert_eq!(partition_count(&settings, 7, &good), Ok(2));
+        let other_node = topic(-1, -1).with_assignments(vec![assigned(0, &[8])]);
+        assert_eq!(
+            code(partition_count(&settings, 7, &other_node)),
+            ResponseError::InvalidReplicaAssignment.code()
+        );
+        let two_replicas = topic(-1, -1).with_assignments(vec![assigned(0, &[7, 7])]);
+        assert_eq!(
+            code(partition_count(&settings, 7, &two_replicas)),
+            ResponseError::InvalidReplicaAssignment.code()
+        );
+        let gap = topic(-1, -1).with_assignments(vec![assigned(0, &[7]), assigned(2, &[7])]);
+        assert_eq!(
+            code(partition_count(&settings, 7, &gap)),
+            ResponseError::InvalidReplicaAssignment.code()
+        );
+        let twice = topic(-1, -1).with_assignments(vec![assigned(0, &[7]), assigned(0, &[7])]);
+        assert_eq!(
+            code(partition_count(&settings, 7, &twice)),
+            ResponseError::InvalidReplicaAssignment.code()
+        );
+    }
+
+    #[test]
+    fn manual_assignments_require_minus_one_counts() {
+        let settings = TopicsSettings::default();
+        for (partitions, factor) in [(1, -1), (-1, 1)] {
+            let t = topic(partitions, factor).with_assignments(vec![assigned(0, &[0])]);
+            assert_eq!(
+                code(partition_count(&settings, 0, &t)),
+                ResponseError::InvalidRequest.code()
+            );
+        }
+    }
+
+    #[test]
+    fn configs_are_validated_and_null_values_refused() {
+        let config = |name: &'static str, value: Option<&'static str>| {
+            CreatableTopicConfig::default()
+                .with_name(str_bytes(name))
+                .with_value(value.map(str_bytes))
+        };
+        let ok = overrides(&[config("retention.ms", Some("1000"))]).unwrap();
+        assert_eq!(ok.get("retention.ms").map(String::as_str), Some("1000"));
+        for bad in [config("retention.ms", None), config("no.such.config", Some("1"))] {
+            assert_eq!(
+                overrides(&[bad]).unwrap_err().code,
+                ResponseError::InvalidConfig.code()
+            );
+        }
+    }
+
+    #[test]
+    fn results_encode_in_every_supported_version() {
+        use bytes::BytesMut;
+        use kafka_protocol::protocol::Encodable;
+
+        let settings = TopicsSettings::default();
+        for version in 2..=7 {
+            let created = Created {
+                id: Uuid::new_v4(),
+                partitions: 3,
+                configs: BTreeMap::new(),
+            };
+            let results = vec![
+                topic_result(&settings, version, TopicName(str_bytes("a")), Ok(created)),
+                topic_result(
+                    &settings,
+                    version,
+                    TopicName(str_bytes("b")),
+                    Err(Failure::duplicate("name")),
+                ),
+            ];
+            let response = CreateTopicsResponse::default().with_topics(results);
+            assert!(
+                response.encode(&mut BytesMut::new(), version).is_ok(),
+                "version {version}"
+            );
+        }
+    }
+
+    #[test]
+    fn v5_results_describe_the_created_topic() {
+        let overrides = BTreeMap::from([("retention.ms".to_owned(), "1000".to_owned())]);
+        let created = Created {
+            id: Uuid::new_v4(),
+            partitions: 3,
+            configs: overrides,
+        };
+        let result = topic_result(
+            &TopicsSettings::default(),
+            5,
+            TopicName(str_bytes("a")),
+            Ok(created),
+        );
+        assert_eq!(
+            (
+                result.error_code,
+                result.num_partitions,
+                result.replication_factor
+            ),
+            (0, 3, 1)
+        );
+        let configs = result.configs.unwrap();
+        assert_eq!(configs.len(), ketch_config::topic::TOPIC_CONFIGS.len());
+        let retention = configs
+            .iter()
+            .find(|c| c.name.as_str() == "retention.ms")
+            .unwrap();
+        assert_eq!(
+            (retention.value.as_deref(), retention.config_source),
+            (Some("1000"), 1)
+        );
+    }
+
+    #[test]
+    fn a_name_given_twice_is_answered_once_without_its_topic() {
+        let unique = unique_by(vec![("a", 1), ("b", 2), ("a", 3)], |(name, _)| *name);
+        assert_eq!(unique, vec![("a", None), ("b", Some(("b", 2)))]);
+    }
+}

@@ -1,0 +1,68 @@
+//! DeleteRecords (API key 21, versions 0–2): moves each partition's log
+//! start offset forward (`-1`: to the high watermark) and drops the batches
+//! wholly below it. Spec: KIP-107 (DeleteRecords).
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+use kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
+};
+use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, RequestHeader};
+use ketch_storage::Topic;
+
+use super::{ensure_partition, error_code, resolve_topic};
+use crate::Context;
+
+/// Kafka's `DeleteRecordsResponse.INVALID_LOW_WATERMARK`, sent with every error.
+const INVALID_LOW_WATERMARK: i64 = -1;
+
+pub async fn handle(
+    ctx: &Context,
+    _header: &RequestHeader,
+    req: DeleteRecordsRequest,
+) -> DeleteRecordsResponse {
+    let topics = join_all(req.topics.into_iter().map(|topic| delete_in_topic(ctx, topic))).await;
+    DeleteRecordsResponse::default().with_topics(topics)
+}
+
+async fn delete_in_topic(ctx: &Context, request: DeleteRecordsTopic) -> DeleteRecordsTopicResult {
+    let topic = resolve_topic(ctx, &request.name, false).await;
+    let partitions = request
+        .partitions
+        .into_iter()
+        .map(|p| delete_in_partition(ctx, topic.clone(), p));
+    let partitions = join_all(partitions).await;
+    DeleteRecordsTopicResult::default()
+        .with_name(request.name)
+        .with_partitions(partitions)
+}
+
+async fn delete_in_partition(
+    ctx: &Context,
+    topic: Result<Arc<Topic>, i16>,
+    request: DeleteRecordsPartition,
+) -> DeleteRecordsPartitionResult {
+    let result = DeleteRecordsPartitionResult::default().with_partition_index(request.partition_index);
+    match truncate(ctx, topic, &request).await {
+        Ok(low_watermark) => result.with_low_watermark(low_watermark),
+        Err(code) => result
+            .with_low_watermark(INVALID_LOW_WATERMARK)
+            .with_error_code(code),
+    }
+}
+
+/// The partition's new low watermark.
+async fn truncate(
+    ctx: &Context,
+    topic: Result<Arc<Topic>, i16>,
+    request: &DeleteRecordsPartition,
+) -> Result<i64, i16> {
+    let partition = request.partition_index;
+    let topic = ensure_partition(ctx, topic?, partition).await?;
+    ctx.store
+        .delete_records(&topic, partition, request.offset)
+        .await
+        .map_err(|e| error_code(&e))
+}

@@ -1,0 +1,75 @@
+//! DescribeCluster (API key 60, versions 0–2): the cluster id and the
+//! brokers clients may bootstrap from; this gateway answers as the whole
+//! cluster and as its controller. Spec: KIP-700, KIP-919 (endpoint types).
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kafka_protocol::messages::{BrokerId, DescribeClusterRequest, DescribeClusterResponse, RequestHeader};
+
+use super::str_bytes;
+use crate::Context;
+
+/// Kafka's `EndpointType.BROKER`; ketch serves no controller endpoint.
+const BROKER_ENDPOINT: i8 = 1;
+
+/// Kafka's `AclOperation` codes of the operations on a cluster resource.
+const CLUSTER_OPERATIONS: [i32; 7] = [
+    5,  // CREATE
+    7,  // ALTER
+    8,  // DESCRIBE
+    9,  // CLUSTER_ACTION
+    10, // DESCRIBE_CONFIGS
+    11, // ALTER_CONFIGS
+    12, // IDEMPOTENT_WRITE
+];
+
+/// Kafka's "authorized operations were not requested" marker.
+const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
+
+pub fn handle(
+    ctx: &Context,
+    _header: &RequestHeader,
+    req: DescribeClusterRequest,
+) -> DescribeClusterResponse {
+    let response = DescribeClusterResponse::default().with_endpoint_type(req.endpoint_type);
+    if req.endpoint_type != BROKER_ENDPOINT {
+        let message = format!(
+            "ketch serves only broker endpoints (type 1), not type {}",
+            req.endpoint_type
+        );
+        return response
+            .with_error_code(ResponseError::UnsupportedEndpointType.code())
+            .with_error_message(Some(str_bytes(message)));
+    }
+    let this_node = DescribeClusterBroker::default()
+        .with_broker_id(BrokerId(ctx.node.id))
+        .with_host(str_bytes(ctx.node.host.clone()))
+        .with_port(i32::from(ctx.node.port));
+    // Without an authorizer every operation is allowed, as in Kafka.
+    let operations = if req.include_cluster_authorized_operations {
+        authorized_operations()
+    } else {
+        OPERATIONS_NOT_REQUESTED
+    };
+    response
+        .with_cluster_id(str_bytes(ctx.settings.broker.cluster_id.clone()))
+        .with_controller_id(BrokerId(ctx.node.id))
+        .with_brokers(vec![this_node])
+        .with_cluster_authorized_operations(operations)
+}
+
+/// The bitfield of [`CLUSTER_OPERATIONS`]: bit n set for operation code n.
+fn authorized_operations() -> i32 {
+    CLUSTER_OPERATIONS.iter().fold(0, |bits, op| bits | (1 << op))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorized_operations_match_kafka_without_an_authorizer() {
+        // What a Kafka broker without an authorizer reports for the cluster.
+        assert_eq!(authorized_operations(), 0b1_1111_1010_0000);
+    }
+}

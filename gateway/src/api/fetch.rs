@@ -1,0 +1,246 @@
+//! Fetch (v4–v18): read whole batches from each partition within the byte
+//! limits (KIP-74), and long-poll for `min_bytes` up to `max_wait_ms`.
+//!
+//! Waiting never polls Redis: the fetch registers on its partitions' wake-up
+//! channels (in-process for local appends, sharded pub/sub for appends made
+//! by other gateways), re-reads once the registration is confirmed, then
+//! sleeps until woken or the deadline. Fetch sessions (KIP-227) are not
+//! kept: session id 0 tells clients to send full requests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::fetch_request::FetchTopic;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHeader};
+use ketch_storage::{ReadPartition, ReadRequest, StorageError, Topic};
+use tokio::time::Instant;
+
+use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id};
+use crate::Context;
+
+/// One partition of the request, resolved.
+struct Target {
+    topic: Result<Arc<Topic>, i16>,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+}
+
+pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest) -> FetchResponse {
+    let version = header.request_api_version;
+    if version >= 7 && request.session_id != 0 {
+        return FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
+    }
+    let read_committed = request.isolation_level == 1;
+    let max_bytes = usize::try_from(request.max_bytes).unwrap_or(0);
+    let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
+    let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0))
+        .min(ctx.settings.fetch.max_wait.get());
+    let deadline = Instant::now() + max_wait;
+
+    let mut topics = Vec::with_capacity(request.topics.len());
+    for fetch_topic in &request.topics {
+        topics.push(resolve(ctx, version, fetch_topic).await);
+    }
+
+    let mut watch = None;
+    loop {
+        let reads = read_all(ctx, &topics).await;
+        let (responses, bytes, any_error) =
+            assemble(&request.topics, &topics, reads, max_bytes, read_committed);
+        if bytes >= min_bytes || any_error || Instant::now() >= deadline {
+            return FetchResponse::default().with_responses(responses);
+        }
+        match &watch {
+            None => {
+                let channels = wake_channels(ctx, &topics);
+                if channels.is_empty() {
+                    tokio::time::sleep_until(deadline).await;
+                    continue;
+                }
+                let w = ctx.store.wake().watch(channels);
+                w.subscribed(deadline.saturating_duration_since(Instant::now()))
+                    .await;
+                watch = Some(w);
+            }
+            Some(w) => {
+                tokio::select! {
+                    _ = w.notified() => {}
+                    _ = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn resolve(ctx: &Context, version: i16, fetch_topic: &FetchTopic) -> Vec<Target> {
+    let topic = if version >= 13 {
+        resolve_topic_id(ctx, fetch_topic.topic_id).await
+    } else {
+        resolve_topic(ctx, &fetch_topic.topic, false).await
+    };
+    let mut targets = Vec::with_capacity(fetch_topic.partitions.len());
+    for p in &fetch_topic.partitions {
+        let topic = match &topic {
+            Ok(t) => ensure_partition(ctx, t.clone(), p.partition).await,
+            Err(code) => Err(*code),
+        };
+        targets.push(Target {
+            topic,
+            partition: p.partition,
+            offset: p.fetch_offset,
+            max_bytes: usize::try_from(p.partition_max_bytes).unwrap_or(0),
+        });
+    }
+    targets
+}
+
+fn wake_channels(ctx: &Context, topics: &[Vec<Target>]) -> Vec<String> {
+    topics
+        .iter()
+        .flatten()
+        .filter_map(|t| {
+            t.topic
+                .as_ref()
+                .ok()
+                .map(|topic| ctx.store.partition_keys(topic, t.partition).wake)
+        })
+        .collect()
+}
+
+type ReadResult = Result<ReadPartition, StorageError>;
+
+async fn read_all(ctx: &Context, topics: &[Vec<Target>]) -> Vec<Vec<Option<ReadResult>>> {
+    let reads = topics.iter().map(|targets| {
+        futures::future::join_all(targets.iter().map(|t| async move {
+            let topic = t.topic.as_ref().ok()?;
+            let request = ReadRequest {
+                offset: t.offset,
+                max_bytes: t.max_bytes,
+            };
+            Some(ctx.store.read(topic, t.partition, &request).await)
+        }))
+    });
+    futures::future::join_all(reads).await
+}
+
+/// Builds the response within the byte limits; returns it with the bytes it
+/// carries and whether any partition failed.
+fn assemble(
+    requested: &[FetchTopic],
+    topics: &[Vec<Target>],
+    reads: Vec<Vec<Option<ReadResult>>>,
+    max_bytes: usize,
+    read_committed: bool,
+) -> (Vec<FetchableTopicResponse>, usize, bool) {
+    let mut total = 0usize;
+    let mut any_error = false;
+    let mut responses = Vec::with_capacity(requested.len());
+    for ((fetch_topic, targets), reads) in requested.iter().zip(topics).zip(reads) {
+        let mut partitions = Vec::with_capacity(targets.len());
+        for (target, read) in targets.iter().zip(reads) {
+            let data = PartitionData::default()
+                .with_partition_index(target.partition)
+                .with_high_watermark(-1)
+                .with_last_stable_offset(-1)
+                .with_log_start_offset(-1)
+                .with_preferred_read_replica(BrokerId(-1));
+            let data = match (&target.topic, read) {
+                (Err(code), _) => {
+                    any_error = true;
+                    data.with_error_code(*code)
+                }
+                (Ok(_), Some(Ok(read))) => {
+                    let offsets = read.offsets.expect("a successful read has offsets");
+                    let records = take_batches(read.batches, target.max_bytes, max_bytes, &mut total);
+                    data.with_high_watermark(offsets.high_watermark)
+                        .with_last_stable_offset(offsets.high_watermark)
+                        .with_log_start_offset(offsets.log_start_offset)
+                        .with_aborted_transactions(read_committed.then(Vec::new))
+                        .with_records(Some(records))
+                }
+                (Ok(_), Some(Err(e))) => {
+                    any_error = true;
+                    let data = data.with_error_code(error_code(&e));
+                    match e {
+                        StorageError::OffsetOutOfRange {
+                            log_start,
+                            high_watermark,
+                        } => data
+                            .with_high_watermark(high_watermark)
+                            .with_last_stable_offset(high_watermark)
+                            .with_log_start_offset(log_start),
+                        _ => data,
+                    }
+                }
+                (Ok(_), None) => data.with_error_code(ResponseError::UnknownServerError.code()),
+            };
+            partitions.push(data);
+        }
+        responses.push(
+            FetchableTopicResponse::default()
+                .with_topic(fetch_topic.topic.clone())
+                .with_topic_id(fetch_topic.topic_id)
+                .with_partitions(partitions),
+        );
+    }
+    (responses, total, any_error)
+}
+
+/// Takes whole batches while they fit the partition and response limits;
+/// the first batch of the response is taken whatever its size (KIP-74).
+fn take_batches(batches: Vec<Bytes>, partition_max: usize, response_max: usize, total: &mut usize) -> Bytes {
+    let mut taken: Vec<Bytes> = Vec::new();
+    let mut size = 0usize;
+    for batch in batches {
+        let fits = size + batch.len() <= partition_max && *total + batch.len() <= response_max;
+        if !(fits || *total == 0) {
+            break;
+        }
+        size += batch.len();
+        *total += batch.len();
+        taken.push(batch);
+    }
+    match taken.len() {
+        0 => Bytes::new(),
+        1 => taken.pop().expect("one batch"),
+        _ => {
+            let mut buf = BytesMut::with_capacity(size);
+            for batch in taken {
+                buf.extend_from_slice(&batch);
+            }
+            buf.freeze()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batches(sizes: &[usize]) -> Vec<Bytes> {
+        sizes.iter().map(|&n| Bytes::from(vec![0u8; n])).collect()
+    }
+
+    #[test]
+    fn the_first_batch_of_a_response_is_taken_even_when_too_large() {
+        let mut total = 0;
+        assert_eq!(take_batches(batches(&[500, 10]), 100, 100, &mut total).len(), 500);
+        assert_eq!(total, 500);
+    }
+
+    #[test]
+    fn batches_stop_at_the_partition_and_response_limits() {
+        let mut total = 0;
+        assert_eq!(
+            take_batches(batches(&[40, 40, 40]), 100, 1000, &mut total).len(),
+            80
+        );
+        assert_eq!(take_batches(batches(&[40, 40]), 100, 150, &mut total).len(), 40);
+        assert_eq!(total, 120);
+        assert_eq!(take_batches(batches(&[40]), 100, 150, &mut total).len(), 0);
+    }
+}

@@ -1,0 +1,154 @@
+//! ListOffsets (API key 2, versions 1–8): per partition, the earliest (-2)
+//! or latest (-1) offset, the offset of the largest timestamp (-3, KIP-734),
+//! or the first offset at or after a timestamp. Spec: KIP-79, KIP-734.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, RequestHeader};
+use ketch_storage::Topic;
+
+use super::{ensure_partition, error_code, resolve_topic};
+use crate::Context;
+
+const LATEST_TIMESTAMP: i64 = -1;
+const EARLIEST_TIMESTAMP: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+/// KIP-405 (v8): the first offset still in the local tier (Redis).
+const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+
+/// Every partition has leader epoch 0: this node leads it and never hands it over.
+const LEADER_EPOCH: i32 = 0;
+
+pub async fn handle(ctx: &Context, header: &RequestHeader, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    let leader_epoch = leader_epoch(header.request_api_version);
+    // `isolation_level` does not matter: without transactions the last
+    // stable offset is the high watermark.
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|topic| list_topic(ctx, topic, leader_epoch));
+    let topics = join_all(topics).await;
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+async fn list_topic(ctx: &Context, request: ListOffsetsTopic, leader_epoch: i32) -> ListOffsetsTopicResponse {
+    let topic = resolve_topic(ctx, &request.name, false).await;
+    let partitions = request
+        .partitions
+        .into_iter()
+        .map(|p| list_partition(ctx, topic.clone(), p, leader_epoch));
+    let partitions = join_all(partitions).await;
+    ListOffsetsTopicResponse::default()
+        .with_name(request.name)
+        .with_partitions(partitions)
+}
+
+async fn list_partition(
+    ctx: &Context,
+    topic: Result<Arc<Topic>, i16>,
+    request: ListOffsetsPartition,
+    leader_epoch: i32,
+) -> ListOffsetsPartitionResponse {
+    let found = lookup(ctx, topic, request.partition_index, request.timestamp).await;
+    partition_response(request.partition_index, found, leader_epoch)
+}
+
+/// The leader epoch to report: versions before 4 have no such field, and
+/// the encoder refuses one set there.
+fn leader_epoch(version: i16) -> i32 {
+    if version >= 4 { LEADER_EPOCH } else { -1 }
+}
+
+fn partition_response(
+    partition: i32,
+    found: Result<Option<(i64, i64)>, i16>,
+    leader_epoch: i32,
+) -> ListOffsetsPartitionResponse {
+    let response = ListOffsetsPartitionResponse::default().with_partition_index(partition);
+    match found {
+        Ok(Some((offset, timestamp))) => response
+            .with_offset(offset)
+            .with_timestamp(timestamp)
+            .with_leader_epoch(leader_epoch),
+        // No record that late: offset and timestamp stay -1, as in Kafka.
+        Ok(None) => response,
+        Err(code) => response.with_error_code(code),
+    }
+}
+
+/// The (offset, timestamp) that answers `timestamp`, if any.
+async fn lookup(
+    ctx: &Context,
+    topic: Result<Arc<Topic>, i16>,
+    partition: i32,
+    timestamp: i64,
+) -> Result<Option<(i64, i64)>, i16> {
+    let topic = ensure_partition(ctx, topic?, partition).await?;
+    let found = match timestamp {
+        EARLIEST_TIMESTAMP => ctx
+            .store
+            .offsets(&topic, partition)
+            .await
+            .map(|o| Some((o.log_start_offset, -1))),
+        LATEST_TIMESTAMP => ctx
+            .store
+            .offsets(&topic, partition)
+            .await
+            .map(|o| Some((o.high_watermark, -1))),
+        EARLIEST_LOCAL_TIMESTAMP => ctx
+            .store
+            .offsets(&topic, partition)
+            .await
+            .map(|o| Some((o.local_start_offset, -1))),
+        MAX_TIMESTAMP => ctx.store.max_timestamp(&topic, partition).await,
+        t if t >= 0 => ctx.store.offset_for_timestamp(&topic, partition, t).await,
+        _ => return Err(ResponseError::InvalidRequest.code()),
+    };
+    found.map_err(|e| error_code(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use kafka_protocol::protocol::Encodable;
+
+    use super::*;
+
+    #[test]
+    fn answers_encode_in_every_supported_version() {
+        for version in 1..=8 {
+            let partitions = vec![
+                partition_response(0, Ok(Some((42, -1))), leader_epoch(version)),
+                partition_response(1, Ok(None), leader_epoch(version)),
+                partition_response(
+                    2,
+                    Err(ResponseError::UnknownTopicOrPartition.code()),
+                    leader_epoch(version),
+                ),
+            ];
+            let topic = ListOffsetsTopicResponse::default().with_partitions(partitions);
+            let response = ListOffsetsResponse::default().with_topics(vec![topic]);
+            assert!(
+                response.encode(&mut BytesMut::new(), version).is_ok(),
+                "version {version}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unanswerable_timestamp_leaves_offset_and_timestamp_unset() {
+        let none = partition_response(3, Ok(None), 0);
+        assert_eq!(
+            (none.offset, none.timestamp, none.leader_epoch, none.error_code),
+            (-1, -1, -1, 0)
+        );
+        let found = partition_response(3, Ok(Some((7, 1_000))), 0);
+        assert_eq!((found.offset, found.timestamp, found.leader_epoch), (7, 1_000, 0));
+    }
+}

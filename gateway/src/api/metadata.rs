@@ -1,0 +1,91 @@
+//! Metadata: brokers, topics and partitions (auto-creating topics when
+//! `topics.auto_create` is on and the client allows it, KIP-361).
+//!
+//! Until gateway membership exists, a gateway reports itself as the only
+//! broker and the leader of every partition; storage is shared, so any
+//! gateway serves any partition.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, RequestHeader, TopicName};
+use ketch_storage::Topic;
+
+use super::{error_code, resolve_topic, resolve_topic_id, str_bytes};
+use crate::Context;
+
+pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequest) -> MetadataResponse {
+    let version = header.request_api_version;
+    let auto_create = version < 4 || request.allow_auto_topic_creation;
+    let wants_all = match &request.topics {
+        None => true,
+        Some(topics) => version == 0 && topics.is_empty(),
+    };
+    let topics = if wants_all {
+        match ctx.store.all_topics().await {
+            Ok(all) => all.iter().map(|t| describe(ctx, t)).collect(),
+            Err(e) => {
+                error_code(&e);
+                Vec::new()
+            }
+        }
+    } else {
+        let requested = request.topics.unwrap_or_default();
+        let lookups = requested.into_iter().map(|t| async move {
+            let result = match &t.name {
+                Some(name) => resolve_topic(ctx, name, auto_create).await,
+                None => resolve_topic_id(ctx, t.topic_id).await,
+            };
+            match result {
+                Ok(topic) => describe(ctx, &topic),
+                Err(code) => MetadataResponseTopic::default()
+                    .with_name(t.name.clone())
+                    .with_topic_id(t.topic_id)
+                    .with_error_code(retriable_when_storage(code))
+                    .with_topic_authorized_operations(i32::MIN),
+            }
+        });
+        futures::future::join_all(lookups).await
+    };
+    MetadataResponse::default()
+        .with_brokers(vec![
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(ctx.node.id))
+                .with_host(str_bytes(ctx.node.host.clone()))
+                .with_port(i32::from(ctx.node.port)),
+        ])
+        .with_cluster_id(Some(str_bytes(ctx.settings.broker.cluster_id.clone())))
+        .with_controller_id(BrokerId(ctx.node.id))
+        .with_topics(topics)
+        .with_cluster_authorized_operations(i32::MIN)
+}
+
+/// Metadata clients retry LEADER_NOT_AVAILABLE; use it while Redis is away.
+fn retriable_when_storage(code: i16) -> i16 {
+    if code == ResponseError::KafkaStorageError.code() {
+        ResponseError::LeaderNotAvailable.code()
+    } else {
+        code
+    }
+}
+
+fn describe(ctx: &Context, topic: &Topic) -> MetadataResponseTopic {
+    let node = BrokerId(ctx.node.id);
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(str_bytes(topic.name.clone()))))
+        .with_topic_id(topic.id)
+        .with_topic_authorized_operations(i32::MIN)
+        .with_partitions(
+            (0..topic.partitions())
+                .map(|p| {
+                    MetadataResponsePartition::default()
+                        .with_partition_index(p)
+                        .with_leader_id(node)
+                        .with_leader_epoch(0)
+                        .with_replica_nodes(vec![node])
+                        .with_isr_nodes(vec![node])
+                })
+                .collect(),
+        )
+}

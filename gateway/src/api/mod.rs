@@ -1,0 +1,159 @@
+//! Kafka APIs, one module each: a function from (context, header, request)
+//! to response. This module routes requests and holds what they share:
+//! the supported versions table, error-code mapping and topic resolution.
+//!
+//! Spec: the Kafka protocol guide (<https://kafka.apache.org/protocol>) and
+//! the message schemas `kafka-protocol` 0.18 is generated from (Kafka 4.1).
+
+pub mod api_versions;
+pub mod create_partitions;
+pub mod create_topics;
+pub mod delete_records;
+pub mod delete_topics;
+pub mod describe_cluster;
+pub mod describe_configs;
+pub mod fetch;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+
+use std::sync::Arc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseKind};
+use kafka_protocol::protocol::StrBytes;
+use ketch_storage::{StorageError, Topic};
+
+use crate::Context;
+
+/// Every API ketch serves and the versions whose semantics it implements.
+/// ApiVersions advertises exactly these; anything else closes the connection.
+pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 13),
+    (ApiKey::Fetch, 4, 18),
+    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::Metadata, 0, 13),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeCluster, 0, 2),
+];
+
+/// The (min, max) versions ketch supports for `key`, if any.
+pub fn supported_versions(key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED_APIS
+        .iter()
+        .find(|(k, ..)| *k == key)
+        .map(|(_, min, max)| (*min, *max))
+}
+
+/// Runs one request. `None` means no response is sent (acks=0 produce).
+pub async fn handle(ctx: &Context, header: &RequestHeader, request: RequestKind) -> Option<ResponseKind> {
+    let response = match request {
+        RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(ctx, header, r)),
+        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, header, r).await),
+        RequestKind::Produce(r) => ResponseKind::Produce(produce::handle(ctx, header, r).await?),
+        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(ctx, header, r).await),
+        RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(ctx, header, r).await),
+        RequestKind::CreateTopics(r) => {
+            ResponseKind::CreateTopics(create_topics::handle(ctx, header, r).await)
+        }
+        RequestKind::DeleteTopics(r) => {
+            ResponseKind::DeleteTopics(delete_topics::handle(ctx, header, r).await)
+        }
+        RequestKind::CreatePartitions(r) => {
+            ResponseKind::CreatePartitions(create_partitions::handle(ctx, header, r).await)
+        }
+        RequestKind::DescribeConfigs(r) => {
+            ResponseKind::DescribeConfigs(describe_configs::handle(ctx, header, r).await)
+        }
+        RequestKind::DescribeCluster(r) => {
+            ResponseKind::DescribeCluster(describe_cluster::handle(ctx, header, r))
+        }
+        RequestKind::DeleteRecords(r) => {
+            ResponseKind::DeleteRecords(delete_records::handle(ctx, header, r).await)
+        }
+        other => {
+            // Unreachable: the server refuses unsupported API keys before decoding.
+            tracing::error!(request = ?std::mem::discriminant(&other), "no handler for a supported API");
+            return None;
+        }
+    };
+    Some(response)
+}
+
+/// The Kafka error code for a storage failure.
+pub fn error_code(e: &StorageError) -> i16 {
+    let error = match e {
+        StorageError::Unavailable(_) => ResponseError::KafkaStorageError,
+        StorageError::UnknownTopicOrPartition => ResponseError::UnknownTopicOrPartition,
+        StorageError::TopicExists => ResponseError::TopicAlreadyExists,
+        StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        StorageError::Corrupt(_) => ResponseError::CorruptMessage,
+        StorageError::Conflict(_) => ResponseError::ReassignmentInProgress,
+        StorageError::Data(_) => ResponseError::UnknownServerError,
+        _ => ResponseError::UnknownServerError,
+    };
+    if matches!(e, StorageError::Unavailable(_) | StorageError::Data(_)) {
+        tracing::warn!(error = %e, "storage error");
+    }
+    error.code()
+}
+
+/// Looks a topic up by name, creating it when `auto_create` allows.
+/// Errors are Kafka error codes.
+pub async fn resolve_topic(ctx: &Context, name: &str, auto_create: bool) -> Result<Arc<Topic>, i16> {
+    if let Some(topic) = ctx.store.topic(name).await.map_err(|e| error_code(&e))? {
+        return Ok(topic);
+    }
+    if !auto_create || !ctx.settings.topics.auto_create {
+        return Err(ResponseError::UnknownTopicOrPartition.code());
+    }
+    if ketch_storage::validate_topic_name(name).is_err() {
+        return Err(ResponseError::InvalidTopicException.code());
+    }
+    let partitions = ctx.settings.topics.default_partitions;
+    match ctx.store.create_topic(name, partitions, Default::default()).await {
+        Ok(topic) => {
+            tracing::info!(topic = name, partitions, "auto-created topic");
+            Ok(topic)
+        }
+        // Another gateway created it meanwhile.
+        Err(StorageError::TopicExists) => match ctx.store.topic_fresh(name).await {
+            Ok(Some(topic)) => Ok(topic),
+            Ok(None) => Err(ResponseError::UnknownTopicOrPartition.code()),
+            Err(e) => Err(error_code(&e)),
+        },
+        Err(e) => Err(error_code(&e)),
+    }
+}
+
+/// Looks a topic up by id (the request versions that address topics by id).
+pub async fn resolve_topic_id(ctx: &Context, id: uuid::Uuid) -> Result<Arc<Topic>, i16> {
+    match ctx.store.topic_by_id(id).await {
+        Ok(Some(topic)) => Ok(topic),
+        Ok(None) => Err(ResponseError::UnknownTopicId.code()),
+        Err(e) => Err(error_code(&e)),
+    }
+}
+
+/// A topic's partition as a partition of a freshly read record, refreshing
+/// the cached record once when the partition is beyond it (another gateway
+/// may have added partitions).
+pub async fn ensure_partition(ctx: &Context, topic: Arc<Topic>, partition: i32) -> Result<Arc<Topic>, i16> {
+    if topic.has_partition(partition) {
+        return Ok(topic);
+    }
+    match ctx.store.topic_fresh(&topic.name).await {
+        Ok(Some(fresh)) if fresh.id == topic.id && fresh.has_partition(partition) => Ok(fresh),
+        Ok(_) => Err(ResponseError::UnknownTopicOrPartition.code()),
+        Err(e) => Err(error_code(&e)),
+    }
+}
+
+pub fn str_bytes(s: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(s.into())
+}

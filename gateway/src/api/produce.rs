@@ -1,0 +1,130 @@
+//! Produce (v3–v13): validate each partition's record batch and append it
+//! verbatim.
+//!
+//! A batch is checked before anything reaches Redis (bounds, magic 2,
+//! CRC-32C, record count; see `ketch_storage::batch`), so a rejected batch
+//! leaves no trace. Partitions are appended concurrently. acks=0 gets no
+//! response; acks=1 and acks=all are answered once the append script ran
+//! (replica waits for acks=all arrive with issue #6).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::produce_request::TopicProduceData;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
+use ketch_storage::Topic;
+use ketch_storage::batch::{BatchError, validate_produce_batch};
+
+use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id, str_bytes};
+use crate::Context;
+
+pub async fn handle(
+    ctx: &Context,
+    header: &RequestHeader,
+    request: ProduceRequest,
+) -> Option<ProduceResponse> {
+    let acks = request.acks;
+    let by_id = header.request_api_version >= 13;
+    let topics = request
+        .topic_data
+        .into_iter()
+        .map(|data| produce_topic(ctx, acks, by_id, data));
+    let responses = futures::future::join_all(topics).await;
+    if acks == 0 {
+        return None;
+    }
+    Some(ProduceResponse::default().with_responses(responses))
+}
+
+async fn produce_topic(
+    ctx: &Context,
+    acks: i16,
+    by_id: bool,
+    data: TopicProduceData,
+) -> TopicProduceResponse {
+    let topic = if !matches!(acks, -1..=1) {
+        Err(ResponseError::InvalidRequiredAcks.code())
+    } else if by_id {
+        resolve_topic_id(ctx, data.topic_id).await
+    } else {
+        resolve_topic(ctx, &data.name, true).await
+    };
+    let partitions = data.partition_data.into_iter().map(|p| {
+        let topic = topic.clone();
+        async move {
+            let response = PartitionProduceResponse::default()
+                .with_index(p.index)
+                .with_base_offset(-1)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1);
+            let topic = match topic {
+                Ok(topic) => topic,
+                Err(code) => return response.with_error_code(code),
+            };
+            match produce_partition(ctx, topic, p.index, p.records).await {
+                Ok((base_offset, log_start)) => response
+                    .with_base_offset(base_offset)
+                    .with_log_start_offset(log_start),
+                Err((code, message)) => response
+                    .with_error_code(code)
+                    .with_error_message(message.map(str_bytes)),
+            }
+        }
+    });
+    TopicProduceResponse::default()
+        .with_name(data.name)
+        .with_topic_id(data.topic_id)
+        .with_partition_responses(futures::future::join_all(partitions).await)
+}
+
+type PartitionError = (i16, Option<String>);
+
+async fn produce_partition(
+    ctx: &Context,
+    topic: Arc<Topic>,
+    partition: i32,
+    records: Option<Bytes>,
+) -> Result<(i64, i64), PartitionError> {
+    let topic = ensure_partition(ctx, topic, partition)
+        .await
+        .map_err(|code| (code, None))?;
+    let Some(batch) = records.filter(|r| !r.is_empty()) else {
+        return Err((
+            ResponseError::InvalidRecord.code(),
+            Some("no record batch".to_owned()),
+        ));
+    };
+    let max_bytes = topic
+        .config("max.message.bytes")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(ctx.settings.topics.max_message_bytes as usize);
+    if batch.len() > max_bytes {
+        return Err((
+            ResponseError::MessageTooLarge.code(),
+            Some(format!(
+                "batch of {} bytes exceeds max.message.bytes {max_bytes}",
+                batch.len()
+            )),
+        ));
+    }
+    let header = validate_produce_batch(&batch).map_err(|e| {
+        tracing::debug!(topic = %topic.name, partition, error = %e, "rejected record batch");
+        (batch_error_code(&e), Some(e.to_string()))
+    })?;
+    let outcome = ctx
+        .store
+        .append(&topic, partition, &batch, &header)
+        .await
+        .map_err(|e| (error_code(&e), Some(e.to_string())))?;
+    Ok((outcome.base_offset, outcome.log_start_offset))
+}
+
+fn batch_error_code(e: &BatchError) -> i16 {
+    match e {
+        BatchError::MultipleBatches | BatchError::Transactional => ResponseError::InvalidRecord.code(),
+        BatchError::Magic(_) => ResponseError::UnsupportedForMessageFormat.code(),
+        _ => ResponseError::CorruptMessage.code(),
+    }
+}

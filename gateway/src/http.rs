@@ -1,0 +1,33 @@
+//! The HTTP listener: `/health` (the process is alive) and `/ready`
+//! (Redis answers).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::Context;
+
+pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    let app = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .with_state(ctx);
+    let stop = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+        tracing::error!(error = %e, "http listener failed");
+    }
+}
+
+async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
+    match ctx.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+    }
+}
