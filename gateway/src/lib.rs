@@ -21,6 +21,8 @@ pub struct Context {
     pub store: Store,
     /// This gateway's node id and advertised address.
     pub node: Node,
+    /// Turns true when the gateway shuts down; long waits end early.
+    pub shutdown: watch::Receiver<bool>,
 }
 
 /// A gateway as clients see it in Metadata.
@@ -32,7 +34,7 @@ pub struct Node {
 }
 
 impl Context {
-    pub fn new(settings: Settings) -> anyhow::Result<Self> {
+    pub fn new(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
         let store = Store::new(&StoreConfig::from_settings(&settings))?;
         let node = Node {
             id: settings.broker.id,
@@ -43,6 +45,7 @@ impl Context {
             settings,
             store,
             node,
+            shutdown,
         })
     }
 }
@@ -56,7 +59,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let http = TcpListener::bind(settings.http.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} (http.listen): {e}", settings.http.listen))?;
-    let ctx = Arc::new(Context::new(settings)?);
+    let ctx = Arc::new(Context::new(settings, shutdown.clone())?);
     tracing::info!(
         kafka = %ctx.settings.broker.listen,
         http = %ctx.settings.http.listen,

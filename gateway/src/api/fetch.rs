@@ -47,18 +47,22 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
     }
 
     let mut watch = None;
+    let mut shutdown = ctx.shutdown.clone();
     loop {
         let reads = read_all(ctx, &topics).await;
         let (responses, bytes, any_error) =
             assemble(&request.topics, &topics, reads, max_bytes, read_committed);
-        if bytes >= min_bytes || any_error || Instant::now() >= deadline {
+        if bytes >= min_bytes || any_error || Instant::now() >= deadline || *shutdown.borrow() {
             return FetchResponse::default().with_responses(responses);
         }
         match &watch {
             None => {
                 let channels = wake_channels(ctx, &topics);
                 if channels.is_empty() {
-                    tokio::time::sleep_until(deadline).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => {}
+                    }
                     continue;
                 }
                 let w = ctx.store.wake().watch(channels);
@@ -70,6 +74,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
                 tokio::select! {
                     _ = w.notified() => {}
                     _ = tokio::time::sleep_until(deadline) => {}
+                    _ = shutdown.wait_for(|stop| *stop) => {}
                 }
             }
         }
