@@ -195,7 +195,6 @@ impl Default for LogSettings {
     }
 }
 
-
 /// The environment variable prefix.
 pub const ENV_PREFIX: &str = "KETCH_";
 

@@ -128,23 +128,21 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Installed before the listeners open, so a signal that arrives as soon
+    // as ketch logs "serving" already shuts it down gracefully.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        wait_for_signal().await;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
         tracing::info!("signal received; shutting down");
         let _ = stop_tx.send(true);
     });
     ketch_gateway::run(settings, stop_rx).await?;
     tracing::info!("ketch stopped");
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

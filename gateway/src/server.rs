@@ -92,6 +92,7 @@ async fn connection(
     let (pending_tx, pending_rx) = mpsc::channel::<Pending>(ctx.settings.broker.max_inflight_requests);
     let writer = tokio::spawn(write_responses(write, pending_rx));
     let max = ctx.settings.broker.max_request_bytes;
+    let mut sequencer = api::produce::Sequencer::default();
     let result = loop {
         let frame = tokio::select! {
             frame = read_frame(&mut read, max) => frame,
@@ -113,13 +114,17 @@ async fn connection(
                 continue;
             }
         };
+        let turns = match &request.1 {
+            RequestKind::Produce(produce) => sequencer.turns(produce),
+            _ => api::produce::Turns::default(),
+        };
         let ctx = ctx.clone();
         let handle = tokio::spawn(async move {
             let (header, body) = request;
             let version = header.request_api_version;
             let correlation_id = header.correlation_id;
             let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-            let response = api::handle(&ctx, &header, body).await?;
+            let response = api::handle(&ctx, &header, body, turns).await?;
             match encode_response(api_key, version, correlation_id, &response) {
                 Ok(bytes) => Some(bytes),
                 Err(e) => {

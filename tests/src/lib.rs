@@ -1,1 +1,469 @@
-//! End-to-end test support.
+//! End-to-end test support: a real `redis-server` on a loopback port, the real
+//! `ketch` binary, and Kafka clients pointed at it (rdkafka, and raw
+//! kafka-protocol frames in [`raw`] for what a well-behaved client never sends).
+//!
+//! Every test starts its own Redis and its own gateway; nothing is shared.
+
+pub mod batch;
+pub mod raw;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::FutureProducer;
+
+/// How long a process may take to become ready.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// A topic name no other test uses: `prefix-<random hex>`.
+pub fn unique_topic(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+/// A tokio runtime for the async parts of a test (rdkafka futures, admin).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Lines a child process wrote, kept so a failing test can show them.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<String>>);
+
+impl LogBuffer {
+    fn push(&self, line: &str) {
+        let mut buf = self.0.lock().expect("log buffer");
+        buf.push_str(line);
+        buf.push('\n');
+    }
+
+    fn contents(&self) -> String {
+        self.0.lock().expect("log buffer").clone()
+    }
+}
+
+/// Reads `pipe` line by line into `log` until it closes, and sends the first
+/// line containing `marker` on `ready`. Draining continues after the marker so
+/// the child never blocks on a full pipe.
+fn drain<R: Read + Send + 'static>(
+    pipe: R,
+    log: LogBuffer,
+    marker: Option<&'static str>,
+) -> mpsc::Receiver<()> {
+    let (ready, ready_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = false;
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { break };
+            log.push(&line);
+            if !seen && marker.is_some_and(|m| line.contains(m)) {
+                seen = true;
+                let _ = ready.send(());
+            }
+        }
+    });
+    ready_rx
+}
+
+/// Waits for the marker line, failing early if the process exits first.
+fn await_ready(child: &mut Child, ready: &mpsc::Receiver<()>, log: &LogBuffer, what: &str) {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        match ready.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) => return,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().ok();
+                panic!(
+                    "{what} exited before it was ready ({status:?}); output:\n{}",
+                    log.contents()
+                );
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited before it was ready ({status}); output:\n{}",
+                log.contents()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready after {START_TIMEOUT:?}; output:\n{}",
+            log.contents()
+        );
+    }
+}
+
+/// A `redis-server` on a loopback port, without persistence; killed on drop.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    log: LogBuffer,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it accepts connections.
+    pub fn start() -> Self {
+        let mut server = Self::reserve();
+        server.start_again();
+        server
+    }
+
+    /// A free port where no server runs yet; [`RedisServer::start_again`]
+    /// starts one there.
+    pub fn reserve() -> Self {
+        Self {
+            port: free_port(),
+            child: None,
+            log: LogBuffer::default(),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "redis-server is already running");
+        let port = self.port.to_string();
+        let mut child = Command::new(redis_server_path())
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn redis-server (apt-get install redis-server)");
+        let ready = drain(
+            child.stdout.take().expect("stdout"),
+            self.log.clone(),
+            Some("Ready to accept connections"),
+        );
+        drain(child.stderr.take().expect("stderr"), self.log.clone(), None);
+        await_ready(&mut child, &ready, &self.log, "redis-server");
+        self.child = Some(child);
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A synchronous connection for inspecting what ketch stored.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to redis-server")
+    }
+
+    /// The hash tags of a topic's partitions, from its `ketch:topics` record.
+    pub fn topic_tags(&self, topic: &str) -> Vec<String> {
+        let json: Option<String> = redis::cmd("HGET")
+            .arg("ketch:topics")
+            .arg(topic)
+            .query(&mut self.connection())
+            .expect("HGET ketch:topics");
+        let json = json.unwrap_or_else(|| panic!("topic {topic} is not in ketch:topics"));
+        let record: serde_json::Value = serde_json::from_str(&json).expect("topic record is JSON");
+        record["tags"]
+            .as_array()
+            .unwrap_or_else(|| panic!("topic record has no tags: {json}"))
+            .iter()
+            .map(|t| t.as_str().expect("tag is a string").to_owned())
+            .collect()
+    }
+
+    /// Number of entries (batches) in a partition's stream.
+    pub fn stream_len(&self, topic: &str, partition: usize) -> i64 {
+        let tag = &self.topic_tags(topic)[partition];
+        redis::cmd("XLEN")
+            .arg(format!("ketch:{{{tag}}}:log"))
+            .query(&mut self.connection())
+            .expect("XLEN")
+    }
+
+    /// `next_offset` from a partition's meta hash (absent counts as 0).
+    pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
+        let tag = &self.topic_tags(topic)[partition];
+        let next: Option<i64> = redis::cmd("HGET")
+            .arg(format!("ketch:{{{tag}}}:meta"))
+            .arg("next_offset")
+            .query(&mut self.connection())
+            .expect("HGET meta next_offset");
+        next.unwrap_or(0)
+    }
+
+    /// Output so far, for failure messages.
+    pub fn output(&self) -> String {
+        self.log.contents()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn redis_server_path() -> PathBuf {
+    std::env::var_os("REDIS_SERVER").map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
+}
+
+/// Path of the `ketch` binary: `$KETCH_BIN`, else the workspace's debug build.
+pub fn ketch_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("KETCH_BIN") {
+        return PathBuf::from(path);
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/ketch");
+    assert!(
+        path.exists(),
+        "{} does not exist: build it first: cargo build -p ketch-gateway",
+        path.display()
+    );
+    path
+}
+
+/// A running `ketch serve`; killed on drop (its log is printed if the test
+/// is failing).
+pub struct Ketch {
+    child: Option<Child>,
+    kafka_port: u16,
+    http_port: u16,
+    log: LogBuffer,
+    exit: Option<ExitStatus>,
+}
+
+impl Ketch {
+    /// Starts the gateway against `redis_url` on free ports and waits for its
+    /// "ketch serving" line. `extra_args` go after the generated flags, e.g.
+    /// `["--node-id", "2", "--set", "topics.auto_create=false"]`.
+    pub fn start(redis_url: &str, extra_args: &[&str]) -> Self {
+        let kafka_port = free_port();
+        let http_port = free_port();
+        let listen = format!("127.0.0.1:{kafka_port}");
+        let http = format!("127.0.0.1:{http_port}");
+        let mut child = Command::new(ketch_bin())
+            .arg("serve")
+            .args(["--listen", &listen, "--advertised-host", "127.0.0.1"])
+            .args(["--advertised-port", &kafka_port.to_string()])
+            .args(["--redis-url", redis_url, "--http-listen", &http])
+            .args(extra_args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ketch");
+        let log = LogBuffer::default();
+        let ready = drain(
+            child.stderr.take().expect("stderr"),
+            log.clone(),
+            Some("ketch serving"),
+        );
+        await_ready(&mut child, &ready, &log, "ketch");
+        Self {
+            child: Some(child),
+            kafka_port,
+            http_port,
+            log,
+            exit: None,
+        }
+    }
+
+    /// `127.0.0.1:<kafka port>`, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.kafka_port)
+    }
+
+    pub fn kafka_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.kafka_port))
+    }
+
+    /// GET `path` on the HTTP listener: (status, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect to http listener");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("read timeout");
+        write!(
+            stream,
+            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read response");
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+        (status, body)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("ketch is running").id()
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            self.exit = child.wait().ok();
+        }
+    }
+
+    /// Sends SIGTERM (graceful shutdown); see [`Ketch::wait_exit`].
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits up to `timeout` for the process to exit and returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while let Some(child) = self.child.as_mut() {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                self.exit = Some(status);
+                break;
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.exit
+    }
+
+    /// The gateway's log so far.
+    pub fn output(&self) -> String {
+        self.log.contents()
+    }
+
+    /// rdkafka client settings pointed at this gateway.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", self.bootstrap())
+            .set("broker.address.family", "v4")
+            .set("socket.timeout.ms", "15000");
+        config
+    }
+
+    /// A producer that batches (linger 5 ms, 1 MiB batches) and fails a
+    /// message after 30 s.
+    pub fn producer(&self) -> FutureProducer {
+        self.producer_with(&[])
+    }
+
+    pub fn producer_with(&self, settings: &[(&str, &str)]) -> FutureProducer {
+        let mut config = self.client_config();
+        config
+            .set("linger.ms", "5")
+            .set("batch.size", "1048576")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "1048576")
+            .set("message.timeout.ms", "30000");
+        for (k, v) in settings {
+            config.set(*k, *v);
+        }
+        config.create().expect("create producer")
+    }
+
+    /// A consumer for `assign()` only: no group membership, no commits.
+    pub fn consumer(&self) -> BaseConsumer {
+        self.consumer_with(&[])
+    }
+
+    pub fn consumer_with(&self, settings: &[(&str, &str)]) -> BaseConsumer {
+        let mut config = self.client_config();
+        config
+            .set("group.id", unique_topic("ketch-tests"))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("auto.offset.reset", "error");
+        for (k, v) in settings {
+            config.set(*k, *v);
+        }
+        config.create().expect("create consumer")
+    }
+
+    pub fn admin(&self) -> AdminClient<DefaultClientContext> {
+        self.client_config().create().expect("create admin client")
+    }
+
+    /// Creates `topic` with `partitions` partitions through CreateTopics.
+    pub fn create_topic(&self, rt: &tokio::runtime::Runtime, topic: &str, partitions: i32) {
+        let admin = self.admin();
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = rt
+            .block_on(admin.create_topics([&new], &opts))
+            .expect("CreateTopics request");
+        for result in results {
+            result.unwrap_or_else(|(name, code)| panic!("create topic {name}: {code:?}"));
+        }
+    }
+}
+
+impl Drop for Ketch {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- ketch (port {}) log ----\n{}",
+                self.kafka_port,
+                self.output()
+            );
+        }
+    }
+}
+
+/// The `q` quantile (0..=1) of `samples`, which it sorts.
+pub fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort();
+    let rank = ((samples.len() as f64) * q).ceil() as usize;
+    samples[rank.clamp(1, samples.len()) - 1]
+}

@@ -51,11 +51,18 @@ pub fn supported_versions(key: ApiKey) -> Option<(i16, i16)> {
 }
 
 /// Runs one request. `None` means no response is sent (acks=0 produce).
-pub async fn handle(ctx: &Context, header: &RequestHeader, request: RequestKind) -> Option<ResponseKind> {
+/// `turns` orders a produce request's appends after its connection's
+/// earlier ones (see [`produce::Sequencer`]).
+pub async fn handle(
+    ctx: &Context,
+    header: &RequestHeader,
+    request: RequestKind,
+    turns: produce::Turns,
+) -> Option<ResponseKind> {
     let response = match request {
         RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(ctx, header, r)),
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, header, r).await),
-        RequestKind::Produce(r) => ResponseKind::Produce(produce::handle(ctx, header, r).await?),
+        RequestKind::Produce(r) => ResponseKind::Produce(produce::handle(ctx, header, r, turns).await?),
         RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(ctx, header, r).await),
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(ctx, header, r).await),
         RequestKind::CreateTopics(r) => {

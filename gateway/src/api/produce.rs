@@ -6,7 +6,15 @@
 //! leaves no trace. Partitions are appended concurrently. acks=0 gets no
 //! response; acks=1 and acks=all are answered once the append script ran
 //! (replica waits for acks=all arrive with issue #6).
+//!
+//! Kafka appends one connection's produce requests in the order they were
+//! sent, and clients with several requests in flight rely on it. Requests
+//! are handled concurrently, so a [`Sequencer`] per connection hands each
+//! partition of each request a [`Turn`]: its append starts once the same
+//! partition's append from the previous request on the connection is done.
+//! Different partitions never wait for each other.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,21 +24,78 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
 use ketch_storage::Topic;
 use ketch_storage::batch::{BatchError, validate_produce_batch};
+use tokio::sync::oneshot;
 
 use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id, str_bytes};
 use crate::Context;
+
+/// A partition of a produce request, as the sequencer keys it: topic name
+/// (or id, from v13), partition.
+type PartitionKey = (String, uuid::Uuid, i32);
+
+/// Orders one connection's appends per partition.
+#[derive(Default)]
+pub struct Sequencer {
+    previous: HashMap<PartitionKey, oneshot::Receiver<()>>,
+}
+
+/// One partition's place in its connection's order.
+pub struct Turn {
+    previous: Option<oneshot::Receiver<()>>,
+    /// Dropped when this partition's append is done, letting the next one go.
+    _done: oneshot::Sender<()>,
+}
+
+impl Turn {
+    async fn wait(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            let _ = previous.await;
+        }
+    }
+}
+
+/// The turns of every partition of one request.
+#[derive(Default)]
+pub struct Turns(HashMap<PartitionKey, Turn>);
+
+impl Sequencer {
+    /// Takes the turns of `request`; call in the order requests arrive.
+    pub fn turns(&mut self, request: &ProduceRequest) -> Turns {
+        let mut turns = Turns::default();
+        for topic in &request.topic_data {
+            for partition in &topic.partition_data {
+                let key = (topic.name.0.to_string(), topic.topic_id, partition.index);
+                let (done, next) = oneshot::channel();
+                let previous = self.previous.insert(key.clone(), next);
+                turns.0.insert(
+                    key,
+                    Turn {
+                        previous,
+                        _done: done,
+                    },
+                );
+            }
+        }
+        turns
+    }
+}
 
 pub async fn handle(
     ctx: &Context,
     header: &RequestHeader,
     request: ProduceRequest,
+    mut turns: Turns,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
     let by_id = header.request_api_version >= 13;
-    let topics = request
-        .topic_data
-        .into_iter()
-        .map(|data| produce_topic(ctx, acks, by_id, data));
+    let topics = request.topic_data.into_iter().map(|data| {
+        let turns: Vec<Option<Turn>> = data
+            .partition_data
+            .iter()
+            .map(|p| turns.0.remove(&(data.name.0.to_string(), data.topic_id, p.index)))
+            .collect();
+        produce_topic(ctx, acks, by_id, data, turns)
+    });
     let responses = futures::future::join_all(topics).await;
     if acks == 0 {
         return None;
@@ -43,6 +108,7 @@ async fn produce_topic(
     acks: i16,
     by_id: bool,
     data: TopicProduceData,
+    turns: Vec<Option<Turn>>,
 ) -> TopicProduceResponse {
     let topic = if !matches!(acks, -1..=1) {
         Err(ResponseError::InvalidRequiredAcks.code())
@@ -51,9 +117,12 @@ async fn produce_topic(
     } else {
         resolve_topic(ctx, &data.name, true).await
     };
-    let partitions = data.partition_data.into_iter().map(|p| {
+    let partitions = data.partition_data.into_iter().zip(turns).map(|(p, mut turn)| {
         let topic = topic.clone();
         async move {
+            if let Some(turn) = &mut turn {
+                turn.wait().await;
+            }
             let response = PartitionProduceResponse::default()
                 .with_index(p.index)
                 .with_base_offset(-1)

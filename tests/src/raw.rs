@@ -1,0 +1,271 @@
+//! Raw Kafka protocol over a blocking TCP socket: requests encoded with the
+//! `kafka-protocol` crate, sent as size-prefixed frames, and responses decoded
+//! with the header version the API and version call for. Tests use it for
+//! what rdkafka would never send (corrupt frames, hand-made batches) and for
+//! exact error codes.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse,
+    RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+
+/// Produce version used by the raw tests.
+pub const PRODUCE_VERSION: i16 = 9;
+/// Fetch version used by the raw tests.
+pub const FETCH_VERSION: i16 = 12;
+
+/// Kafka error codes the tests look for.
+pub mod code {
+    pub const NONE: i16 = 0;
+    pub const OFFSET_OUT_OF_RANGE: i16 = 1;
+    pub const CORRUPT_MESSAGE: i16 = 2;
+    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub const UNSUPPORTED_VERSION: i16 = 35;
+    /// Codes Kafka clients retry: what a gateway must answer while Redis is
+    /// unreachable (DESIGN §9).
+    pub const RETRIABLE: &[i16] = &[
+        5,  // LEADER_NOT_AVAILABLE
+        6,  // NOT_LEADER_OR_FOLLOWER
+        7,  // REQUEST_TIMED_OUT
+        19, // NOT_ENOUGH_REPLICAS
+        20, // NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        56, // KAFKA_STORAGE_ERROR
+    ];
+}
+
+pub fn topic_name(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_owned()))
+}
+
+/// One client connection speaking the Kafka protocol.
+pub struct KafkaConn {
+    stream: TcpStream,
+    correlation_id: i32,
+}
+
+impl KafkaConn {
+    pub fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).expect("connect to ketch");
+        stream.set_nodelay(true).expect("nodelay");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("read timeout");
+        Self {
+            stream,
+            correlation_id: 0,
+        }
+    }
+
+    /// The correlation id of the last frame built.
+    pub fn last_correlation_id(&self) -> i32 {
+        self.correlation_id
+    }
+
+    pub fn set_read_timeout(&self, timeout: Duration) {
+        self.stream.set_read_timeout(Some(timeout)).expect("read timeout");
+    }
+
+    /// The whole frame (size prefix included) for `request` at `version`,
+    /// with the next correlation id.
+    pub fn frame<R: Request>(&mut self, version: i16, request: &R) -> Vec<u8> {
+        self.correlation_id += 1;
+        encode_frame(self.correlation_id, version, request)
+    }
+
+    /// Sends `bytes` exactly as given.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    pub fn shutdown_write(&self) {
+        self.stream.shutdown(Shutdown::Write).expect("shutdown write");
+    }
+
+    /// Sends `request` and waits for its response.
+    pub fn request<R: Request>(&mut self, version: i16, request: &R) -> R::Response {
+        self.send(version, request);
+        self.receive::<R>(version)
+    }
+
+    /// Sends `request` without waiting; pair with [`KafkaConn::receive`].
+    pub fn send<R: Request>(&mut self, version: i16, request: &R) {
+        let frame = self.frame(version, request);
+        self.send_raw(&frame).expect("send request");
+    }
+
+    /// Reads the response to the last request sent (of type `R`).
+    pub fn receive<R: Request>(&mut self, version: i16) -> R::Response {
+        let (correlation_id, response) = self.receive_next::<R>(version);
+        assert_eq!(correlation_id, self.correlation_id, "correlation id");
+        response
+    }
+
+    /// Reads the next response, assumed to be to an `R` request, with its
+    /// correlation id (for pipelined requests).
+    pub fn receive_next<R: Request>(&mut self, version: i16) -> (i32, R::Response) {
+        let mut frame = Bytes::from(self.read_frame().expect("read response frame"));
+        let header = ResponseHeader::decode(&mut frame, R::Response::header_version(version))
+            .expect("response header");
+        let response = R::Response::decode(&mut frame, version).expect("decode response");
+        (header.correlation_id, response)
+    }
+
+    /// One size-prefixed frame, without its size.
+    pub fn read_frame(&mut self) -> io::Result<Vec<u8>> {
+        let mut size = [0u8; 4];
+        self.stream.read_exact(&mut size)?;
+        let size = i32::from_be_bytes(size);
+        assert!((0..64 << 20).contains(&size), "response frame size {size}");
+        let mut frame = vec![0u8; size as usize];
+        self.stream.read_exact(&mut frame)?;
+        Ok(frame)
+    }
+
+    /// True when the server closes the connection (EOF or reset) within
+    /// `timeout` without sending anything; panics if it answers instead.
+    pub fn closed_within(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 1024];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.stream.set_read_timeout(Some(left)).expect("read timeout");
+            match self.stream.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(n) => panic!(
+                    "expected the connection to be closed, got {n} bytes: {:?}",
+                    &buf[..n]
+                ),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return false;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// A size-prefixed request frame.
+pub fn encode_frame<R: Request>(correlation_id: i32, version: i16, request: &R) -> Vec<u8> {
+    let header = RequestHeader::default()
+        .with_request_api_key(R::KEY)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str("ketch-tests")));
+    let mut body = BytesMut::new();
+    header
+        .encode(&mut body, R::header_version(version))
+        .expect("encode header");
+    request.encode(&mut body, version).expect("encode request");
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as i32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// A Produce request (acks 1) carrying `batch` for one partition.
+pub fn produce_request(topic: &str, partition: i32, batch: Vec<u8>) -> ProduceRequest {
+    ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(topic_name(topic))
+                .with_partition_data(vec![
+                    PartitionProduceData::default()
+                        .with_index(partition)
+                        .with_records(Some(Bytes::from(batch))),
+                ]),
+        ])
+}
+
+/// (error code, base offset) of the single partition in a Produce response.
+pub fn produce_result(response: &ProduceResponse) -> (i16, i64) {
+    let partition = &response.responses[0].partition_responses[0];
+    (partition.error_code, partition.base_offset)
+}
+
+/// Produces one batch and returns (error code, base offset).
+pub fn produce(conn: &mut KafkaConn, topic: &str, partition: i32, batch: Vec<u8>) -> (i16, i64) {
+    let response = conn.request(PRODUCE_VERSION, &produce_request(topic, partition, batch));
+    produce_result(&response)
+}
+
+/// A Fetch v12 request for one partition.
+pub fn fetch_request(topic: &str, partition: i32, offset: i64, max_wait_ms: i32) -> FetchRequest {
+    FetchRequest::default()
+        .with_replica_id((-1).into())
+        .with_max_wait_ms(max_wait_ms)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_isolation_level(0)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(topic_name(topic))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(partition)
+                        .with_fetch_offset(offset)
+                        .with_current_leader_epoch(-1)
+                        .with_last_fetched_epoch(-1)
+                        .with_log_start_offset(-1)
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ])
+}
+
+/// (error code, high watermark, records) of the single partition in a Fetch
+/// response.
+pub fn fetch_result(response: &FetchResponse) -> (i16, i64, Option<Bytes>) {
+    assert_eq!(response.error_code, code::NONE, "fetch top-level error");
+    let partition = &response.responses[0].partitions[0];
+    (
+        partition.error_code,
+        partition.high_watermark,
+        partition.records.clone(),
+    )
+}
+
+/// Creates a topic through a raw CreateTopics v5 request and returns the
+/// topic's error code.
+pub fn create_topic(conn: &mut KafkaConn, topic: &str, partitions: i32) -> i16 {
+    let request = CreateTopicsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![
+            CreatableTopic::default()
+                .with_name(topic_name(topic))
+                .with_num_partitions(partitions)
+                .with_replication_factor(1),
+        ]);
+    let response: CreateTopicsResponse = conn.request(5, &request);
+    response.topics[0].error_code
+}
+
+/// Record count of an uncompressed or compressed v2 batch sequence (sums the
+/// recordsCount fields).
+pub fn count_records(mut records: &[u8]) -> i64 {
+    let mut total = 0;
+    while records.len() >= 61 {
+        let length = i32::from_be_bytes(records[8..12].try_into().expect("4 bytes")) as usize;
+        if records.len() < 12 + length {
+            break; // a partial batch at the end of a fetch response
+        }
+        total += i64::from(i32::from_be_bytes(records[57..61].try_into().expect("4 bytes")));
+        records = &records[12 + length..];
+    }
+    total
+}

@@ -1,0 +1,310 @@
+//! Admin APIs as Kafka clients use them: ApiVersions, CreateTopics (with
+//! validate_only, replication factor, configs), DeleteTopics,
+//! CreatePartitions, DescribeConfigs (rdkafka AdminClient) and DeleteRecords.
+
+use std::time::Duration;
+
+use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, DeleteRecordsRequest, ListOffsetsRequest};
+use kafka_protocol::protocol::StrBytes;
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use rdkafka::admin::{
+    AdminOptions, ConfigSource, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
+};
+use rdkafka::consumer::Consumer;
+use rdkafka::error::RDKafkaErrorCode;
+
+fn start() -> (RedisServer, Ketch) {
+    let redis = RedisServer::start();
+    // No auto-create: a topic exists only if an admin request made it.
+    let ketch = Ketch::start(&redis.url(), &["--set", "topics.auto_create=false"]);
+    (redis, ketch)
+}
+
+fn opts() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
+}
+
+fn topic_exists(redis: &RedisServer, topic: &str) -> bool {
+    redis::cmd("HEXISTS")
+        .arg("ketch:topics")
+        .arg(topic)
+        .query(&mut redis.connection())
+        .expect("HEXISTS")
+}
+
+fn partition_count(ketch: &Ketch, topic: &str) -> usize {
+    let metadata = ketch
+        .consumer()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    metadata.topics()[0].partitions().len()
+}
+
+#[test]
+fn api_versions_advertises_the_implemented_apis_within_codec_range() {
+    let (_redis, ketch) = start();
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    let response = conn.request(3, &request);
+    assert_eq!(response.error_code, code::NONE);
+    for advertised in &response.api_keys {
+        let key = ApiKey::try_from(advertised.api_key).expect("a known API key");
+        let codec = key.valid_versions();
+        assert!(
+            codec.min <= advertised.min_version && advertised.max_version <= codec.max,
+            "{key:?} advertised {}..{} outside kafka-protocol's {codec}",
+            advertised.min_version,
+            advertised.max_version
+        );
+    }
+    let required = [
+        (ApiKey::Produce, 3),
+        (ApiKey::Fetch, 12),
+        (ApiKey::ListOffsets, 1),
+        (ApiKey::Metadata, 1),
+        (ApiKey::ApiVersions, 3),
+        (ApiKey::CreateTopics, 2),
+        (ApiKey::DeleteTopics, 1),
+        (ApiKey::DeleteRecords, 0),
+        (ApiKey::DescribeConfigs, 1),
+        (ApiKey::CreatePartitions, 0),
+        (ApiKey::DescribeCluster, 0),
+    ];
+    for (key, at_least) in required {
+        let advertised = response
+            .api_keys
+            .iter()
+            .find(|k| k.api_key == key as i16)
+            .unwrap_or_else(|| panic!("{key:?} not advertised"));
+        assert!(
+            advertised.max_version >= at_least,
+            "{key:?} max {}",
+            advertised.max_version
+        );
+    }
+}
+
+#[test]
+fn create_topics_validate_only_creates_nothing() {
+    let (redis, ketch) = start();
+    let rt = runtime();
+    let topic = unique_topic("validate");
+    let new = NewTopic::new(&topic, 3, TopicReplication::Fixed(1));
+    let results = rt
+        .block_on(ketch.admin().create_topics([&new], &opts().validate_only(true)))
+        .expect("CreateTopics");
+    assert_eq!(results, vec![Ok(topic.clone())]);
+    assert!(!topic_exists(&redis, &topic));
+
+    let results = rt
+        .block_on(ketch.admin().create_topics([&new], &opts()))
+        .expect("CreateTopics");
+    assert_eq!(results, vec![Ok(topic.clone())]);
+    assert!(topic_exists(&redis, &topic));
+    assert_eq!(partition_count(&ketch, &topic), 3);
+
+    let results = rt
+        .block_on(ketch.admin().create_topics([&new], &opts()))
+        .expect("CreateTopics");
+    assert_eq!(results, vec![Err((topic, RDKafkaErrorCode::TopicAlreadyExists))]);
+}
+
+#[test]
+fn create_topics_rejects_each_bad_topic_on_its_own() {
+    let (redis, ketch) = start();
+    let rt = runtime();
+    let replicated = unique_topic("replicated");
+    let unknown_config = unique_topic("unknown-config");
+    let bad_value = unique_topic("bad-value");
+    let good = unique_topic("good");
+    let topics = [
+        NewTopic::new(&replicated, 1, TopicReplication::Fixed(3)),
+        NewTopic::new(&unknown_config, 1, TopicReplication::Fixed(1)).set("no.such.config", "1"),
+        NewTopic::new(&bad_value, 1, TopicReplication::Fixed(1)).set("retention.ms", "soon"),
+        NewTopic::new(&good, 1, TopicReplication::Fixed(1)).set("retention.ms", "3600000"),
+    ];
+    let results = rt
+        .block_on(ketch.admin().create_topics(&topics, &opts()))
+        .expect("CreateTopics");
+    assert_eq!(
+        results,
+        vec![
+            Err((replicated.clone(), RDKafkaErrorCode::InvalidReplicationFactor)),
+            Err((unknown_config.clone(), RDKafkaErrorCode::InvalidConfig)),
+            Err((bad_value.clone(), RDKafkaErrorCode::InvalidConfig)),
+            Ok(good.clone()),
+        ]
+    );
+    for rejected in [&replicated, &unknown_config, &bad_value] {
+        assert!(!topic_exists(&redis, rejected), "{rejected} was created");
+    }
+    assert!(topic_exists(&redis, &good));
+}
+
+#[test]
+fn delete_topics_removes_the_topic() {
+    let (redis, ketch) = start();
+    let rt = runtime();
+    let topic = unique_topic("doomed");
+    ketch.create_topic(&rt, &topic, 2);
+    let results = rt
+        .block_on(ketch.admin().delete_topics(&[&topic], &opts()))
+        .expect("DeleteTopics");
+    assert_eq!(results, vec![Ok(topic.clone())]);
+    assert!(!topic_exists(&redis, &topic));
+
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let batch = batch::encode(&[Record::value(1, b"x")]);
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, batch).0,
+        code::UNKNOWN_TOPIC_OR_PARTITION
+    );
+
+    let results = rt
+        .block_on(ketch.admin().delete_topics(&[&topic], &opts()))
+        .expect("DeleteTopics");
+    assert_eq!(
+        results,
+        vec![Err((topic, RDKafkaErrorCode::UnknownTopicOrPartition))]
+    );
+}
+
+#[test]
+fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
+    let (redis, ketch) = start();
+    let rt = runtime();
+    let topic = unique_topic("growing");
+    ketch.create_topic(&rt, &topic, 1);
+    let results = rt
+        .block_on(
+            ketch
+                .admin()
+                .create_partitions(&[NewPartitions::new(&topic, 4)], &opts()),
+        )
+        .expect("CreatePartitions");
+    assert_eq!(results, vec![Ok(topic.clone())]);
+    assert_eq!(redis.topic_tags(&topic).len(), 4);
+    assert_eq!(partition_count(&ketch, &topic), 4);
+
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let batch = batch::encode(&[Record::value(1, b"new partition")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 3, batch), (code::NONE, 0));
+
+    let results = rt
+        .block_on(
+            ketch
+                .admin()
+                .create_partitions(&[NewPartitions::new(&topic, 2)], &opts()),
+        )
+        .expect("CreatePartitions");
+    assert_eq!(
+        results,
+        vec![Err((topic.clone(), RDKafkaErrorCode::InvalidPartitions))]
+    );
+    assert_eq!(redis.topic_tags(&topic).len(), 4);
+}
+
+#[test]
+fn describe_configs_reports_overrides_and_defaults_with_their_source() {
+    let (_redis, ketch) = start();
+    let rt = runtime();
+    let topic = unique_topic("described");
+    let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("retention.ms", "3600000");
+    let results = rt
+        .block_on(ketch.admin().create_topics([&new], &opts()))
+        .expect("CreateTopics");
+    assert_eq!(results, vec![Ok(topic.clone())]);
+
+    let results = rt
+        .block_on(
+            ketch
+                .admin()
+                .describe_configs([&ResourceSpecifier::Topic(&topic)], &opts()),
+        )
+        .expect("DescribeConfigs");
+    let resource = results
+        .into_iter()
+        .next()
+        .expect("one resource")
+        .expect("described");
+    let retention = resource.get("retention.ms").expect("retention.ms listed");
+    assert_eq!(retention.value.as_deref(), Some("3600000"));
+    assert_eq!(retention.source, ConfigSource::DynamicTopic);
+    assert!(!retention.is_default);
+    let cleanup = resource.get("cleanup.policy").expect("cleanup.policy listed");
+    assert_eq!(cleanup.value.as_deref(), Some("delete"));
+    assert!(cleanup.is_default, "{cleanup:?}");
+    assert_ne!(cleanup.source, ConfigSource::DynamicTopic);
+}
+
+#[test]
+fn delete_records_moves_the_log_start_offset() {
+    let (_redis, ketch) = start();
+    let topic = unique_topic("trimmed");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    for n in 0..3 {
+        let records: Vec<Record> = (0..10).map(|i| Record::value(i, b"r")).collect();
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&records)),
+            (code::NONE, n * 10)
+        );
+    }
+
+    let request = DeleteRecordsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(raw::topic_name(&topic))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(15),
+                ]),
+        ]);
+    let response = conn.request(2, &request);
+    let partition = &response.topics[0].partitions[0];
+    assert_eq!((partition.error_code, partition.low_watermark), (code::NONE, 15));
+
+    let earliest = ListOffsetsRequest::default()
+        .with_replica_id((-1).into())
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(raw::topic_name(&topic))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_current_leader_epoch(-1)
+                        .with_timestamp(-2),
+                ]),
+        ]);
+    let response = conn.request(7, &earliest);
+    let partition = &response.topics[0].partitions[0];
+    assert_eq!((partition.error_code, partition.offset), (code::NONE, 15));
+
+    let watermarks = ketch
+        .consumer()
+        .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+        .expect("watermarks");
+    assert_eq!(watermarks, (15, 30));
+
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 100));
+    assert_eq!(
+        raw::fetch_result(&response).0,
+        code::OFFSET_OUT_OF_RANGE,
+        "fetch below the log start"
+    );
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 15, 100));
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 30));
+    assert!(
+        records.as_deref().map_or(0, raw::count_records) >= 15,
+        "records from 15 on"
+    );
+}

@@ -1,0 +1,257 @@
+//! Malformed input (DESIGN §9): a bad frame closes its connection, a bad
+//! batch is refused with CORRUPT_MESSAGE and leaves nothing in Redis, an
+//! unsupported version gets the standard answer — and the server keeps
+//! serving everyone else.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, StrBytes};
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, unique_topic};
+use rdkafka::consumer::Consumer;
+
+const MAX_REQUEST_BYTES: i32 = 100 * 1024 * 1024;
+
+struct Setup {
+    redis: RedisServer,
+    ketch: Ketch,
+    topic: String,
+}
+
+fn setup() -> Setup {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("bad-input");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(ketch.kafka_addr()), &topic, 1),
+        code::NONE
+    );
+    Setup { redis, ketch, topic }
+}
+
+impl Setup {
+    fn conn(&self) -> KafkaConn {
+        KafkaConn::connect(self.ketch.kafka_addr())
+    }
+
+    /// The server still serves a well-behaved client, and the partition is
+    /// untouched: nothing stored, the next append gets offset 0.
+    fn assert_unharmed(&self) {
+        let metadata = self
+            .ketch
+            .consumer()
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+            .expect("a fresh rdkafka client gets metadata");
+        assert_eq!(metadata.topics()[0].partitions().len(), 1);
+        assert_eq!(
+            self.redis.stream_len(&self.topic, 0),
+            0,
+            "XLEN of the partition stream"
+        );
+        assert_eq!(self.redis.next_offset(&self.topic, 0), 0, "meta next_offset");
+        let (error, offset) = raw::produce(&mut self.conn(), &self.topic, 0, valid_batch());
+        assert_eq!(
+            (error, offset),
+            (code::NONE, 0),
+            "a valid batch after the bad input"
+        );
+    }
+
+    /// Produces `batch` (acks 1) and returns the partition's error code.
+    fn produce_error(&self, batch: Vec<u8>) -> i16 {
+        raw::produce(&mut self.conn(), &self.topic, 0, batch).0
+    }
+}
+
+fn valid_batch() -> Vec<u8> {
+    batch::encode(&[
+        Record::value(1_000, b"one"),
+        Record {
+            timestamp: 1_001,
+            key: Some(b"k".to_vec()),
+            value: Some(b"two".to_vec()),
+            headers: vec![("h".to_owned(), Some(b"v".to_vec()))],
+        },
+    ])
+}
+
+fn api_versions_frame(conn: &mut KafkaConn) -> Vec<u8> {
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    conn.frame(3, &request)
+}
+
+fn set_i16(frame: &mut [u8], at: usize, value: i16) {
+    frame[at..at + 2].copy_from_slice(&value.to_be_bytes());
+}
+
+/// Frame layout: size i32, then the header: api key i16 at 4, version i16 at 6.
+const API_KEY_AT: usize = 4;
+const API_VERSION_AT: usize = 6;
+
+#[test]
+fn oversized_frame_closes_the_connection() {
+    let s = setup();
+    let mut conn = s.conn();
+    let mut frame = (MAX_REQUEST_BYTES + 1).to_be_bytes().to_vec();
+    frame.extend_from_slice(&[0u8; 64]);
+    conn.send_raw(&frame).expect("send");
+    assert!(
+        conn.closed_within(Duration::from_secs(10)),
+        "connection still open"
+    );
+    s.assert_unharmed();
+}
+
+#[test]
+fn negative_frame_size_closes_the_connection() {
+    let s = setup();
+    let mut conn = s.conn();
+    conn.send_raw(&i32::MIN.to_be_bytes()).expect("send");
+    assert!(
+        conn.closed_within(Duration::from_secs(10)),
+        "connection still open"
+    );
+    s.assert_unharmed();
+}
+
+#[test]
+fn truncated_frame_closes_the_connection() {
+    let s = setup();
+    let mut conn = s.conn();
+    let mut frame = conn.frame(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&s.topic, 0, valid_batch()),
+    );
+    let declared = frame.len() as i32 - 4 + 100;
+    frame[..4].copy_from_slice(&declared.to_be_bytes());
+    conn.send_raw(&frame).expect("send");
+    conn.shutdown_write();
+    assert!(
+        conn.closed_within(Duration::from_secs(10)),
+        "connection still open"
+    );
+    s.assert_unharmed();
+}
+
+#[test]
+fn unknown_api_key_closes_the_connection() {
+    let s = setup();
+    let mut conn = s.conn();
+    let mut frame = api_versions_frame(&mut conn);
+    set_i16(&mut frame, API_KEY_AT, 9999);
+    conn.send_raw(&frame).expect("send");
+    assert!(
+        conn.closed_within(Duration::from_secs(10)),
+        "connection still open"
+    );
+    s.assert_unharmed();
+}
+
+#[test]
+fn unsupported_produce_version_closes_the_connection() {
+    let s = setup();
+    let mut conn = s.conn();
+    let mut frame = conn.frame(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&s.topic, 0, valid_batch()),
+    );
+    set_i16(&mut frame, API_VERSION_AT, 99);
+    conn.send_raw(&frame).expect("send");
+    assert!(
+        conn.closed_within(Duration::from_secs(10)),
+        "connection still open"
+    );
+    s.assert_unharmed();
+}
+
+#[test]
+fn unsupported_api_versions_version_gets_a_v0_unsupported_version_answer() {
+    let s = setup();
+    let mut conn = s.conn();
+    let mut frame = api_versions_frame(&mut conn);
+    let correlation_id = i32::from_be_bytes(frame[8..12].try_into().unwrap());
+    set_i16(&mut frame, API_VERSION_AT, 99);
+    conn.send_raw(&frame).expect("send");
+    let mut response = Bytes::from(conn.read_frame().expect("an answer, not a closed connection"));
+    // Kafka answers an ApiVersions it cannot parse with header v0 and body v0.
+    let header = ResponseHeader::decode(&mut response, 0).expect("header v0");
+    assert_eq!(header.correlation_id, correlation_id);
+    let body = ApiVersionsResponse::decode(&mut response, 0).expect("ApiVersions v0 body");
+    assert_eq!(body.error_code, code::UNSUPPORTED_VERSION);
+    assert!(
+        body.api_keys.iter().any(|k| k.api_key == 18),
+        "the answer lists ApiVersions' own versions so the client can retry: {body:?}"
+    );
+    // The connection stays usable for a supported version.
+    let response: ApiVersionsResponse = conn.request(
+        3,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+            .with_client_software_version(StrBytes::from_static_str("0")),
+    );
+    assert_eq!(response.error_code, code::NONE);
+    s.assert_unharmed();
+}
+
+#[test]
+fn batch_with_wrong_crc_is_corrupt_message() {
+    let s = setup();
+    let mut bad = valid_batch();
+    bad[batch::CRC_AT] ^= 0x01;
+    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    s.assert_unharmed();
+}
+
+#[test]
+fn batch_with_a_flipped_payload_bit_is_corrupt_message() {
+    let s = setup();
+    let mut bad = valid_batch();
+    let last = bad.len() - 1;
+    bad[last] ^= 0x40;
+    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    s.assert_unharmed();
+}
+
+#[test]
+fn batch_length_longer_than_the_bytes_sent_is_corrupt_message() {
+    let s = setup();
+    let mut bad = valid_batch();
+    let lie = bad.len() as i32 - 12 + 100;
+    bad[batch::LENGTH_AT..batch::LENGTH_AT + 4].copy_from_slice(&lie.to_be_bytes());
+    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    s.assert_unharmed();
+}
+
+#[test]
+fn batch_length_shorter_than_the_bytes_sent_is_corrupt_message() {
+    let s = setup();
+    let mut bad = valid_batch();
+    let lie = bad.len() as i32 - 12 - 5;
+    bad[batch::LENGTH_AT..batch::LENGTH_AT + 4].copy_from_slice(&lie.to_be_bytes());
+    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    s.assert_unharmed();
+}
+
+#[test]
+fn batch_length_of_i32_max_is_corrupt_message() {
+    let s = setup();
+    let mut bad = valid_batch();
+    bad[batch::LENGTH_AT..batch::LENGTH_AT + 4].copy_from_slice(&i32::MAX.to_be_bytes());
+    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    s.assert_unharmed();
+}
+
+#[test]
+fn record_count_of_two_to_the_31_is_corrupt_message() {
+    let s = setup();
+    let mut bad = valid_batch();
+    bad[batch::COUNT_AT..batch::COUNT_AT + 4].copy_from_slice(&0x8000_0000u32.to_be_bytes());
+    batch::fix_crc(&mut bad); // only the count is wrong
+    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    s.assert_unharmed();
+}

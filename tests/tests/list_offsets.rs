@@ -1,0 +1,155 @@
+//! ListOffsets gives Kafka's answers: by timestamp T, the earliest offset
+//! whose record timestamp is ≥ T (end of log when there is none), whether
+//! timestamps rise or not and however records are grouped into batches;
+//! earliest and latest as the watermarks.
+
+use std::time::Duration;
+
+use kafka_protocol::messages::ListOffsetsRequest;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, unique_topic};
+use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
+
+const B: i64 = 1_600_000_000_000;
+/// Record timestamps by offset; not monotonic, with a repeated value.
+const TIMESTAMPS: [i64; 7] = [
+    B + 1000,
+    B + 2000,
+    B + 1500,
+    B + 3000,
+    B + 3000,
+    B + 2500,
+    B + 4000,
+];
+/// How each partition groups the records into batches.
+const LAYOUTS: [&[usize]; 3] = [&[1, 1, 1, 1, 1, 1, 1], &[7], &[3, 3, 1]];
+
+fn kafka_answer(t: i64) -> Offset {
+    TIMESTAMPS
+        .iter()
+        .position(|&ts| ts >= t)
+        .map_or(Offset::End, |o| Offset::Offset(o as i64))
+}
+
+#[test]
+fn offsets_for_times_finds_the_first_record_at_or_after_t() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("times");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        raw::create_topic(&mut conn, &topic, LAYOUTS.len() as i32),
+        code::NONE
+    );
+
+    for (partition, layout) in LAYOUTS.iter().enumerate() {
+        let mut offset = 0;
+        for &size in *layout {
+            let records: Vec<Record> = (offset..offset + size)
+                .map(|o| Record::value(TIMESTAMPS[o], format!("record {o}").as_bytes()))
+                .collect();
+            let (error, base) = raw::produce(&mut conn, &topic, partition as i32, batch::encode(&records));
+            assert_eq!(
+                (error, base),
+                (code::NONE, offset as i64),
+                "partition {partition}"
+            );
+            offset += size;
+        }
+    }
+
+    let consumer = ketch.consumer();
+    let queries = [
+        B - 1_000_000, // before the log
+        B + 1000,      // equal to the first record's
+        B + 1200,      // between two timestamps
+        B + 1500,      // equal to a record that follows a later one
+        B + 2000,
+        B + 2200,
+        B + 2500,
+        B + 3000, // equal to two records
+        B + 3500,
+        B + 4000, // equal to the last
+        B + 4001, // after the log
+    ];
+    for t in queries {
+        let mut request = TopicPartitionList::new();
+        for partition in 0..LAYOUTS.len() as i32 {
+            request
+                .add_partition_offset(&topic, partition, Offset::Offset(t))
+                .expect("partition");
+        }
+        let answer = consumer
+            .offsets_for_times(request, Duration::from_secs(10))
+            .expect("offsets_for_times");
+        for partition in 0..LAYOUTS.len() as i32 {
+            let got = answer
+                .find_partition(&topic, partition)
+                .expect("partition in answer");
+            got.error().expect("no partition error");
+            assert_eq!(
+                got.offset(),
+                kafka_answer(t),
+                "T = B+{} on partition {partition} (batches {:?})",
+                t - B,
+                LAYOUTS[partition as usize]
+            );
+        }
+    }
+
+    for partition in 0..LAYOUTS.len() as i32 {
+        let watermarks = consumer
+            .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+            .expect("watermarks");
+        assert_eq!(watermarks, (0, TIMESTAMPS.len() as i64), "partition {partition}");
+    }
+}
+
+#[test]
+fn list_offsets_special_timestamps() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("special");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let records: Vec<Record> = TIMESTAMPS.iter().map(|&ts| Record::value(ts, b"v")).collect();
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, batch::encode(&records[..4])).0,
+        code::NONE
+    );
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, batch::encode(&records[4..])).0,
+        code::NONE
+    );
+
+    let list = |conn: &mut KafkaConn, timestamp: i64| {
+        let request = ListOffsetsRequest::default()
+            .with_replica_id((-1).into())
+            .with_topics(vec![
+                ListOffsetsTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        ListOffsetsPartition::default()
+                            .with_partition_index(0)
+                            .with_current_leader_epoch(-1)
+                            .with_timestamp(timestamp),
+                    ]),
+            ]);
+        let response = conn.request(7, &request);
+        let p = &response.topics[0].partitions[0];
+        (p.error_code, p.offset, p.timestamp)
+    };
+    assert_eq!(list(&mut conn, -2).0, code::NONE);
+    assert_eq!(list(&mut conn, -2).1, 0, "earliest");
+    assert_eq!(list(&mut conn, -1).1, TIMESTAMPS.len() as i64, "latest");
+    assert_eq!(list(&mut conn, -3), (code::NONE, 6, B + 4000), "max timestamp");
+    assert_eq!(
+        list(&mut conn, B + 2200),
+        (code::NONE, 3, B + 3000),
+        "by timestamp"
+    );
+    assert_eq!(list(&mut conn, B + 9999).1, -1, "after the log");
+}

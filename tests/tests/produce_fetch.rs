@@ -1,0 +1,130 @@
+//! Produce acks and Fetch limits at the wire level: acks=0 is never
+//! answered, acks=all is; a fetch returns whole batches within max_bytes /
+//! partition_max_bytes, and always at least one batch.
+
+use kafka_protocol::messages::{ApiVersionsRequest, FetchRequest, ProduceRequest};
+use kafka_protocol::protocol::StrBytes;
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, unique_topic};
+
+fn start() -> (RedisServer, Ketch, KafkaConn, String) {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("wire");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    (redis, ketch, conn, topic)
+}
+
+#[test]
+fn acks_zero_is_not_answered_and_acks_all_is() {
+    let (_redis, _ketch, mut conn, topic) = start();
+    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(1, b"fire and forget")]));
+    conn.send(raw::PRODUCE_VERSION, &request.with_acks(0));
+    // The next response on the connection must answer the next request:
+    // `receive` checks the correlation id.
+    let versions = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    assert_eq!(conn.request(3, &versions).error_code, code::NONE);
+
+    // The acks=0 batch was stored all the same (the fetch waits for it).
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 5_000));
+    let (error, _, records) = raw::fetch_result(&response);
+    assert_eq!(error, code::NONE);
+    assert_eq!(records.as_deref().map_or(0, raw::count_records), 1);
+
+    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(2, b"durable")]));
+    let response = conn.request(raw::PRODUCE_VERSION, &request.with_acks(-1));
+    assert_eq!(raw::produce_result(&response), (code::NONE, 1));
+}
+
+#[test]
+fn pipelined_produce_requests_are_appended_in_request_order() {
+    // Kafka appends the requests of one connection in the order they were
+    // sent; a producer without idempotence relies on it for ordering when it
+    // has several requests in flight.
+    const IN_FLIGHT: usize = 200;
+    let (_redis, _ketch, mut conn, topic) = start();
+    let mut frames = Vec::new();
+    for n in 0..IN_FLIGHT {
+        let records: Vec<Record> = (0..5)
+            .map(|i| Record::value(i, format!("{n}").as_bytes()))
+            .collect();
+        frames.extend(conn.frame(
+            raw::PRODUCE_VERSION,
+            &raw::produce_request(&topic, 0, batch::encode(&records)),
+        ));
+    }
+    let first_correlation_id = conn.last_correlation_id() - IN_FLIGHT as i32 + 1;
+    conn.send_raw(&frames).expect("send pipelined requests");
+    let mut offsets = Vec::with_capacity(IN_FLIGHT);
+    for n in 0..IN_FLIGHT {
+        let (correlation_id, response) = conn.receive_next::<ProduceRequest>(raw::PRODUCE_VERSION);
+        assert_eq!(
+            correlation_id,
+            first_correlation_id + n as i32,
+            "responses in request order"
+        );
+        let (error, base_offset) = raw::produce_result(&response);
+        assert_eq!(error, code::NONE);
+        offsets.push(base_offset);
+    }
+    let misplaced: Vec<(usize, i64)> = offsets
+        .iter()
+        .enumerate()
+        .filter(|&(n, &offset)| offset != n as i64 * 5)
+        .map(|(n, &offset)| (n, offset))
+        .collect();
+    assert!(
+        misplaced.is_empty(),
+        "{} of {IN_FLIGHT} pipelined batches appended out of request order; first (request, base offset): {:?}",
+        misplaced.len(),
+        &misplaced[..misplaced.len().min(5)]
+    );
+}
+
+/// Five batches of ten 1000-byte records (a little over 10 kB each).
+fn five_batches(conn: &mut KafkaConn, topic: &str) -> usize {
+    let mut size = 0;
+    for n in 0..5 {
+        let records: Vec<Record> = (0..10).map(|i| Record::value(i, &[b'x'; 1000])).collect();
+        let batch = batch::encode(&records);
+        size = batch.len();
+        assert_eq!(raw::produce(conn, topic, 0, batch), (code::NONE, n * 10));
+    }
+    size
+}
+
+fn fetched_records(conn: &mut KafkaConn, request: &FetchRequest) -> (i64, usize) {
+    let response = conn.request(raw::FETCH_VERSION, request);
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 50));
+    let records = records.unwrap_or_default();
+    (raw::count_records(&records), records.len())
+}
+
+#[test]
+fn fetch_returns_whole_batches_within_the_byte_limits() {
+    let (_redis, _ketch, mut conn, topic) = start();
+    let batch_size = five_batches(&mut conn, &topic);
+
+    // Everything fits.
+    let (count, _) = fetched_records(&mut conn, &raw::fetch_request(&topic, 0, 0, 100));
+    assert_eq!(count, 50);
+
+    // A partition limit of one byte still returns the first whole batch.
+    let mut request = raw::fetch_request(&topic, 0, 0, 100);
+    request.topics[0].partitions[0].partition_max_bytes = 1;
+    assert_eq!(fetched_records(&mut conn, &request), (10, batch_size));
+
+    // Room for two and a half batches: two whole ones.
+    let mut request = raw::fetch_request(&topic, 0, 0, 100);
+    request.max_bytes = (batch_size * 5 / 2) as i32;
+    assert_eq!(fetched_records(&mut conn, &request), (20, 2 * batch_size));
+
+    // From the middle of a batch: that batch is returned from its start.
+    let (count, _) = fetched_records(&mut conn, &raw::fetch_request(&topic, 0, 45, 100));
+    assert_eq!(count, 10);
+}

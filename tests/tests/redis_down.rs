@@ -1,0 +1,105 @@
+//! Redis unreachable at start: ketch still starts, says it is not ready,
+//! answers Kafka requests with retriable errors, and serves normally once
+//! Redis appears — without a restart.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use kafka_protocol::messages::MetadataRequest;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use rdkafka::consumer::Consumer;
+use rdkafka::message::Message;
+use rdkafka::producer::FutureRecord;
+use rdkafka::{Offset, TopicPartitionList};
+
+#[test]
+fn ketch_started_before_redis_serves_once_redis_is_up() {
+    let mut redis = RedisServer::reserve();
+    let ketch = Ketch::start(&redis.url(), &[]);
+
+    assert_eq!(ketch.http_get("/health").0, 200, "/health while Redis is down");
+    assert_eq!(ketch.http_get("/ready").0, 503, "/ready while Redis is down");
+
+    let topic = unique_topic("late-redis");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let metadata = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(raw::topic_name(&topic))),
+        ]))
+        .with_allow_auto_topic_creation(true);
+    let asked = Instant::now();
+    let response = conn.request(9, &metadata);
+    let metadata_error = response.topics[0].error_code;
+    assert!(
+        code::RETRIABLE.contains(&metadata_error),
+        "Metadata while Redis is down: error {metadata_error} is not retriable (after {:?})",
+        asked.elapsed()
+    );
+    let asked = Instant::now();
+    let (produce_error, _) = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(1, b"early")]));
+    assert!(
+        code::RETRIABLE.contains(&produce_error),
+        "Produce while Redis is down: error {produce_error} is not retriable (after {:?})",
+        asked.elapsed()
+    );
+
+    eprintln!("while Redis is down: Metadata error {metadata_error}, Produce error {produce_error}");
+
+    redis.start_again();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = ketch.http_get("/ready");
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/ready still {status} {body:?} 30 s after Redis started"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+
+    // The connection opened while Redis was down works now.
+    let (error, offset) = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(1, b"first")]));
+    assert_eq!((error, offset), (code::NONE, 0));
+
+    // And so does a real client.
+    let rt = runtime();
+    let producer = ketch.producer();
+    let values: Vec<String> = (1..=10).map(|i| format!("after redis came up {i}")).collect();
+    let deliveries: Vec<_> = values
+        .iter()
+        .map(|v| {
+            let record: FutureRecord<'_, (), String> = FutureRecord::to(&topic).partition(0).payload(v);
+            producer.send_result(record).map_err(|(e, _)| e).expect("enqueue")
+        })
+        .collect();
+    for result in rt.block_on(join_all(deliveries)) {
+        result
+            .expect("delivery future")
+            .map_err(|(e, _)| e)
+            .expect("delivered");
+    }
+
+    let consumer = ketch.consumer();
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(&topic, 0, Offset::Offset(0))
+        .expect("assign");
+    consumer.assign(&assignment).expect("assign");
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 1 + values.len() {
+        assert!(Instant::now() < deadline, "consumed only {got:?}");
+        if let Some(message) = consumer.poll(Duration::from_millis(500)) {
+            let message = message.expect("consume");
+            got.push(String::from_utf8(message.payload().expect("value").to_vec()).expect("utf-8"));
+        }
+    }
+    assert_eq!(got[0], "first");
+    assert_eq!(got[1..], values[..]);
+}

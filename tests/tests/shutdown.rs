@@ -1,0 +1,55 @@
+//! Graceful shutdown: on SIGTERM the in-flight request still gets its answer
+//! and the process exits 0.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::FetchRequest;
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, unique_topic};
+
+#[test]
+fn sigterm_answers_the_parked_fetch_then_exits_zero() {
+    let redis = RedisServer::start();
+    let mut ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("shutdown");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+
+    // A long poll on an empty partition: it parks for up to 5 s.
+    conn.send(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 5_000));
+    // Nothing observable marks the fetch as parked; let it arrive.
+    thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    ketch.terminate();
+
+    let response = conn.receive::<FetchRequest>(raw::FETCH_VERSION);
+    let answered = signalled.elapsed();
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!(
+        (error, high_watermark),
+        (code::NONE, 0),
+        "the parked fetch's answer"
+    );
+    assert_eq!(records.as_deref().map_or(0, raw::count_records), 0);
+
+    let status = ketch
+        .wait_exit(Duration::from_secs(20))
+        .expect("ketch still running 20 s after SIGTERM");
+    assert!(status.success(), "exit status {status}");
+    eprintln!(
+        "fetch answered {answered:?} after SIGTERM; exited {:?} after",
+        signalled.elapsed()
+    );
+}
+
+#[test]
+fn sigterm_when_idle_exits_zero() {
+    let redis = RedisServer::start();
+    let mut ketch = Ketch::start(&redis.url(), &[]);
+    ketch.terminate();
+    let status = ketch
+        .wait_exit(Duration::from_secs(20))
+        .expect("ketch still running 20 s after SIGTERM");
+    assert!(status.success(), "exit status {status}");
+}
