@@ -255,3 +255,38 @@ fn record_count_of_two_to_the_31_is_corrupt_message() {
     assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
     s.assert_unharmed();
 }
+
+/// The protocol decoder sizes arrays from their length fields: a 30-byte
+/// Produce claiming 2^31-1 topics must not take the process down.
+#[test]
+fn array_length_of_i32_max_closes_the_connection_and_the_server_survives() {
+    let s = setup();
+    for (version, count) in [
+        (3i16, i32::MAX.to_be_bytes().to_vec()),
+        (9, vec![0xff, 0xff, 0xff, 0xff, 0x0f]),
+    ] {
+        let mut conn = s.conn();
+        let mut request = Vec::new();
+        request.extend_from_slice(&0i16.to_be_bytes()); // Produce
+        request.extend_from_slice(&version.to_be_bytes());
+        request.extend_from_slice(&7i32.to_be_bytes()); // correlation id
+        request.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+        if version >= 9 {
+            request.push(0); // header tagged fields
+            request.push(0); // null transactional id (compact)
+        } else {
+            request.extend_from_slice(&(-1i16).to_be_bytes()); // null transactional id
+        }
+        request.extend_from_slice(&1i16.to_be_bytes()); // acks
+        request.extend_from_slice(&1000i32.to_be_bytes()); // timeout
+        request.extend_from_slice(&count); // topic_data length, then nothing
+        let mut frame = (request.len() as i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&request);
+        conn.send_raw(&frame).expect("send");
+        assert!(
+            conn.closed_within(Duration::from_secs(10)),
+            "connection still open (v{version})"
+        );
+    }
+    s.assert_unharmed();
+}
