@@ -9,6 +9,7 @@
 //! [`topic`] holds the Kafka topic configs ketch accepts and enforces.
 
 pub mod duration;
+mod lenient;
 pub mod topic;
 
 use std::net::SocketAddr;
@@ -55,6 +56,7 @@ pub struct BrokerSettings {
     pub listen: SocketAddr,
     /// Host clients are told to connect to; defaults to the listen host, or
     /// `127.0.0.1` when listening on an unspecified address.
+    #[serde(deserialize_with = "lenient::optional_string")]
     pub advertised_host: Option<String>,
     /// Port clients are told to connect to; defaults to the listen port.
     pub advertised_port: Option<u16>,
@@ -65,6 +67,7 @@ pub struct BrokerSettings {
     /// How long shutdown waits for in-flight requests before exiting anyway.
     pub shutdown_timeout: Duration,
     /// Cluster id reported in Metadata and DescribeCluster.
+    #[serde(deserialize_with = "lenient::string")]
     pub cluster_id: String,
 }
 
@@ -75,6 +78,7 @@ pub struct RedisSettings {
     /// `redis://[user:password@]host:port[/db]`.
     pub url: String,
     /// Prefix of every key ketch writes.
+    #[serde(deserialize_with = "lenient::string")]
     pub namespace: String,
     /// Longest wait for one Redis command before the request fails with a
     /// retriable error.
@@ -429,6 +433,22 @@ mod tests {
         let f = file("[brokers]\nid = 1\n");
         let err = Loader::new().file(&f.0).unwrap().load().unwrap_err().to_string();
         assert!(err.contains("brokers"), "{err}");
+    }
+
+    #[test]
+    fn a_numeric_looking_env_value_still_sets_a_string_key() {
+        let s = Loader::new()
+            .env([
+                ("KETCH_BROKER_CLUSTER_ID".to_owned(), "123".to_owned()),
+                ("KETCH_REDIS_NAMESPACE".to_owned(), "7".to_owned()),
+                ("KETCH_BROKER_ADVERTISED_HOST".to_owned(), "10".to_owned()),
+            ])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(s.broker.cluster_id, "123");
+        assert_eq!(s.redis.namespace, "7");
+        assert_eq!(s.broker.advertised_host.as_deref(), Some("10"));
     }
 
     #[test]

@@ -278,7 +278,13 @@ impl Ketch {
         let http_port = free_port();
         let listen = format!("127.0.0.1:{kafka_port}");
         let http = format!("127.0.0.1:{http_port}");
-        let mut child = Command::new(ketch_bin())
+        let mut command = Command::new(ketch_bin());
+        // ketch reads every KETCH_* variable as a setting: keep the test
+        // runner's (KETCH_BIN, a developer's KETCH_REDIS_URL) out of it.
+        for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("KETCH_")) {
+            command.env_remove(name);
+        }
+        let mut child = command
             .arg("serve")
             .args(["--listen", &listen, "--advertised-host", "127.0.0.1"])
             .args(["--advertised-port", &kafka_port.to_string()])

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Run every ketch test: formatting, clippy, the Rust unit and end-to-end
+# tests, and the Python / kcat client tests in tests/python.
+#
+# Installs what the tests need when it is missing (redis-server, kcat and a C
+# toolchain with apt-get; pytest, confluent-kafka and kafka-python with pip).
+# Starts no shared Redis: every test starts its own redis-server on a free
+# port. Respects CARGO_TARGET_DIR. Exits non-zero if any step fails.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        echo "test.sh: need root to run: $*  (no sudo available)" >&2
+        return 1
+    fi
+}
+
+# --- prerequisites --------------------------------------------------------
+
+install_prerequisites() {
+    local missing=()
+    command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+    command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+    # rdkafka-sys compiles librdkafka (C, configure + make) for the Rust tests.
+    if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
+        missing+=(build-essential)
+    fi
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "installing ${missing[*]} with apt-get"
+        as_root apt-get update || return 1
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" || return 1
+    fi
+
+    local modules=()
+    python3 -c 'import pytest' 2>/dev/null || modules+=(pytest)
+    python3 -c 'import confluent_kafka' 2>/dev/null || modules+=(confluent-kafka)
+    python3 -c 'import kafka' 2>/dev/null || modules+=(kafka-python)
+    if [ "${#modules[@]}" -gt 0 ]; then
+        log "installing ${modules[*]} with pip"
+        if ! python3 -m pip install -q "${modules[@]}"; then
+            # Debian's python refuses system-wide installs (PEP 668) without this.
+            python3 -m pip install -q --break-system-packages "${modules[@]}" || return 1
+        fi
+    fi
+}
+
+# --- steps ----------------------------------------------------------------
+
+# The binary `cargo build` makes; the Rust and Python end-to-end tests run it.
+target_dir="${CARGO_TARGET_DIR:-target}"
+case "$target_dir" in
+    /*) ;;
+    *) target_dir="$PWD/$target_dir" ;;
+esac
+export KETCH_BIN="$target_dir/debug/ketch"
+
+results=()
+failed=0
+
+step() {
+    local name="$1"
+    shift
+    log "$name"
+    local start=$SECONDS
+    if "$@"; then
+        results+=("ok    $name ($((SECONDS - start))s)")
+    else
+        results+=("FAIL  $name ($((SECONDS - start))s)")
+        failed=1
+    fi
+}
+
+skip() {
+    results+=("skip  $1 (no ketch binary built: $KETCH_BIN)")
+}
+
+step "install prerequisites" install_prerequisites
+step "cargo fmt --all --check" cargo fmt --all --check
+step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+step "cargo build -p ketch-gateway" cargo build -p ketch-gateway
+# The end-to-end tests need a binary built from this tree, not a stale one.
+if [[ "${results[-1]}" == ok* ]] && [ -x "$KETCH_BIN" ]; then
+    step "cargo test --workspace" cargo test --workspace --no-fail-fast -- --test-threads=2
+    step "python and kcat tests (pytest tests/python)" python3 -m pytest -q tests/python
+else
+    failed=1
+    skip "cargo test --workspace"
+    skip "python and kcat tests (pytest tests/python)"
+fi
+
+printf '\n==> summary (KETCH_BIN=%s)\n' "$KETCH_BIN"
+printf '    %s\n' "${results[@]}"
+if [ "$failed" -ne 0 ]; then
+    printf '\nFAILED\n'
+    exit 1
+fi
+printf '\nall tests passed\n'
