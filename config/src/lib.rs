@@ -327,8 +327,8 @@ impl Settings {
         if self.redis.namespace.is_empty() || self.redis.namespace.contains(['{', '}', ' ']) {
             return bad("redis.namespace", "must be non-empty, without braces or spaces");
         }
-        if !self.redis.url.starts_with("redis://") && !self.redis.url.starts_with("rediss://") {
-            return bad("redis.url", "must start with redis:// or rediss://");
+        if !self.redis.url.starts_with("redis://") {
+            return bad("redis.url", "must start with redis:// (TLS is not supported yet)");
         }
         Ok(())
     }
