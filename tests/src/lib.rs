@@ -435,6 +435,19 @@ impl Ketch {
         config.create().expect("create consumer")
     }
 
+    /// A consumer assigned to `partitions` of `topic`, each from `offset`.
+    pub fn consumer_at(&self, topic: &str, partitions: &[i32], offset: i64) -> BaseConsumer {
+        let consumer = self.consumer();
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for &partition in partitions {
+            assignment
+                .add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
+                .expect("assign");
+        }
+        rdkafka::consumer::Consumer::assign(&consumer, &assignment).expect("assign");
+        consumer
+    }
+
     pub fn admin(&self) -> AdminClient<DefaultClientContext> {
         self.client_config().create().expect("create admin client")
     }

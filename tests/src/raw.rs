@@ -130,6 +130,14 @@ impl KafkaConn {
         Ok(frame)
     }
 
+    /// Panics unless the server closes the connection within 10 s.
+    pub fn assert_closed(&mut self) {
+        assert!(
+            self.closed_within(Duration::from_secs(10)),
+            "connection still open"
+        );
+    }
+
     /// True when the server closes the connection (EOF or reset) within
     /// `timeout` without sending anything; panics if it answers instead.
     pub fn closed_within(&mut self, timeout: Duration) -> bool {

@@ -100,10 +100,7 @@ fn oversized_frame_closes_the_connection() {
     let mut frame = (MAX_REQUEST_BYTES + 1).to_be_bytes().to_vec();
     frame.extend_from_slice(&[0u8; 64]);
     conn.send_raw(&frame).expect("send");
-    assert!(
-        conn.closed_within(Duration::from_secs(10)),
-        "connection still open"
-    );
+    conn.assert_closed();
     s.assert_unharmed();
 }
 
@@ -112,10 +109,7 @@ fn negative_frame_size_closes_the_connection() {
     let s = setup();
     let mut conn = s.conn();
     conn.send_raw(&i32::MIN.to_be_bytes()).expect("send");
-    assert!(
-        conn.closed_within(Duration::from_secs(10)),
-        "connection still open"
-    );
+    conn.assert_closed();
     s.assert_unharmed();
 }
 
@@ -131,10 +125,7 @@ fn truncated_frame_closes_the_connection() {
     frame[..4].copy_from_slice(&declared.to_be_bytes());
     conn.send_raw(&frame).expect("send");
     conn.shutdown_write();
-    assert!(
-        conn.closed_within(Duration::from_secs(10)),
-        "connection still open"
-    );
+    conn.assert_closed();
     s.assert_unharmed();
 }
 
@@ -145,10 +136,7 @@ fn unknown_api_key_closes_the_connection() {
     let mut frame = api_versions_frame(&mut conn);
     set_i16(&mut frame, API_KEY_AT, 9999);
     conn.send_raw(&frame).expect("send");
-    assert!(
-        conn.closed_within(Duration::from_secs(10)),
-        "connection still open"
-    );
+    conn.assert_closed();
     s.assert_unharmed();
 }
 
@@ -162,10 +150,7 @@ fn unsupported_produce_version_closes_the_connection() {
     );
     set_i16(&mut frame, API_VERSION_AT, 99);
     conn.send_raw(&frame).expect("send");
-    assert!(
-        conn.closed_within(Duration::from_secs(10)),
-        "connection still open"
-    );
+    conn.assert_closed();
     s.assert_unharmed();
 }
 

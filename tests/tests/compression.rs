@@ -5,10 +5,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
-use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::FutureRecord;
-use rdkafka::{Offset, TopicPartitionList};
 
 const RECORDS: usize = 3_000;
 
@@ -51,12 +49,7 @@ fn round_trip(codec: &str) {
         at[offset] = i;
     }
 
-    let consumer = ketch.consumer();
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(&topic, 0, Offset::Offset(0))
-        .expect("assign");
-    consumer.assign(&assignment).expect("assign");
+    let consumer = ketch.consumer_at(&topic, &[0], 0);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut next = 0usize;
     while next < RECORDS {

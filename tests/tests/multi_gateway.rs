@@ -15,7 +15,6 @@ use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, RedisServer, quantile, unique_topic};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 
 const WRITERS_PER_GATEWAY: usize = 2;
 const BATCHES_PER_WRITER: usize = 150;
@@ -80,12 +79,7 @@ fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
     assert_eq!(expected_base, total);
 
     // Every acknowledged record is readable at its offset.
-    let consumer = a.consumer();
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(&topic, 0, Offset::Offset(0))
-        .expect("assign");
-    consumer.assign(&assignment).expect("assign");
+    let consumer = a.consumer_at(&topic, &[0], 0);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut next = 0i64;
     while next < total {

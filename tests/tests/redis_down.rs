@@ -11,10 +11,8 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
-use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::FutureRecord;
-use rdkafka::{Offset, TopicPartitionList};
 
 #[test]
 fn ketch_started_before_redis_serves_once_redis_is_up() {
@@ -85,12 +83,7 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
             .expect("delivered");
     }
 
-    let consumer = ketch.consumer();
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(&topic, 0, Offset::Offset(0))
-        .expect("assign");
-    consumer.assign(&assignment).expect("assign");
+    let consumer = ketch.consumer_at(&topic, &[0], 0);
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while got.len() < 1 + values.len() {
