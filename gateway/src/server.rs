@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -21,10 +21,9 @@ use tokio::task::JoinSet;
 use crate::Context;
 use crate::api;
 
-/// Bytes read from the socket at a time while a frame arrives; a frame's
-/// buffer grows with the bytes actually received, never from its length
-/// field alone.
-const READ_CHUNK: usize = 64 * 1024;
+/// The most a frame's length field alone may make us allocate; a larger
+/// frame's buffer grows to its full size only once this much has arrived.
+const FIRST_ALLOCATION: usize = 1024 * 1024;
 
 /// Accepts connections until `shutdown`, then waits for every connection to
 /// finish its in-flight requests (bounded by `broker.shutdown_timeout`).
@@ -182,9 +181,13 @@ async fn read_frame<R: AsyncReadExt + Unpin>(
         return Err(ConnectionError::FrameTooLarge(i64::from(size), max));
     }
     let size = size as usize;
-    let mut buf = BytesMut::with_capacity(size.min(READ_CHUNK));
+    // Trust the length up to FIRST_ALLOCATION; past that, only once that
+    // much has actually arrived (one reallocation at most).
+    let mut buf = BytesMut::with_capacity(size.min(FIRST_ALLOCATION));
     while buf.len() < size {
-        buf.reserve((size - buf.len()).min(READ_CHUNK));
+        if buf.len() == buf.capacity() {
+            buf.reserve(size - buf.len());
+        }
         let wanted = size - buf.len();
         let n = read.read_buf(&mut (&mut buf).limit(wanted)).await?;
         if n == 0 {
@@ -241,9 +244,14 @@ pub fn encode_response(
     api_key: ApiKey,
     version: i16,
     correlation_id: i32,
-    body: &kafka_protocol::messages::ResponseKind,
+    body: &ResponseKind,
 ) -> anyhow::Result<Bytes> {
-    let mut buf = BytesMut::with_capacity(64);
+    // Fetch responses carry the record bytes: size the buffer once.
+    let body_size = match body {
+        ResponseKind::Fetch(fetch) => fetch.compute_size(version).unwrap_or(0),
+        _ => 0,
+    };
+    let mut buf = BytesMut::with_capacity(64 + body_size);
     buf.put_i32(0);
     ResponseHeader::default()
         .with_correlation_id(correlation_id)

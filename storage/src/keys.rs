@@ -25,6 +25,7 @@ impl Keys {
             meta: format!("{}:{{{tag}}}:meta", self.ns),
             log: format!("{}:{{{tag}}}:log", self.ns),
             times: format!("{}:{{{tag}}}:times", self.ns),
+            staging: format!("{}:{{{tag}}}:staging", self.ns),
             wake: format!("{}:{{{tag}}}:wake", self.ns),
         }
     }
@@ -36,6 +37,8 @@ pub struct PartitionKeys {
     pub meta: String,
     pub log: String,
     pub times: String,
+    /// The log's name while an append's XADD runs (see scripts/append.lua).
+    pub staging: String,
     pub wake: String,
 }
 

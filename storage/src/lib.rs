@@ -53,6 +53,7 @@ pub struct Store {
     keys: Keys,
     wake: WakeHub,
     topics: Arc<topics::TopicCache>,
+    appenders: Arc<log::Appenders>,
     scripts: Arc<Scripts>,
 }
 
@@ -81,6 +82,7 @@ impl Store {
             keys: Keys::new(&config.namespace),
             wake,
             topics: Arc::new(topics::TopicCache::default()),
+            appenders: Arc::new(log::Appenders::default()),
             scripts: Arc::new(Scripts {
                 append: redis::Script::new(include_str!("scripts/append.lua")),
                 delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),

@@ -5,18 +5,75 @@
 //! offset range. Offsets are assigned by `scripts/append.lua`, atomically,
 //! so any number of gateways appending to one partition get dense offsets.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use redis::Value;
 
 use crate::batch::{self, BatchHeader, Records};
+use crate::keys::PartitionKeys;
 use crate::topics::Topic;
 use crate::{Result, StorageError, Store};
 
 /// Kafka's `index.interval.bytes`: bytes between two time index entries.
 const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
-/// Stream entries read per XRANGE at first; doubled while more are wanted.
-const FIRST_READ_COUNT: usize = 32;
+/// Stream entries read per XRANGE when nothing is known of the partition's
+/// batch sizes; afterwards the count is sized from the bytes wanted and the
+/// average batch seen, so a fetch does not pull megabytes it then drops.
+const FIRST_READ_COUNT: usize = 8;
 const MAX_READ_COUNT: usize = 1024;
+/// Reserve attempts before an append gives up (another gateway kept
+/// appending to the same partition in between).
+const MAX_APPEND_ATTEMPTS: usize = 16;
+
+/// Entries to ask XRANGE for to gather `bytes` (one more than the average
+/// suggests, since the batch that crosses the limit is read too).
+fn entries_for(bytes: usize, average_batch: Option<usize>) -> usize {
+    match average_batch {
+        Some(average) if average > 0 => (bytes / average + 2).clamp(1, MAX_READ_COUNT),
+        _ => FIRST_READ_COUNT,
+    }
+}
+
+/// Per-partition state of this gateway: append turns with the next offset
+/// each expects, and the average batch size reads have seen.
+#[derive(Default)]
+pub(crate) struct Appenders {
+    partitions: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<i64>>>>>,
+    batch_sizes: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+impl Appenders {
+    fn batch_size_hint(&self, meta_key: &str) -> Option<usize> {
+        self.batch_sizes
+            .lock()
+            .expect("batch sizes lock")
+            .get(meta_key)
+            .copied()
+    }
+
+    fn learn_batch_size(&self, meta_key: &str, average: usize) {
+        let mut sizes = self.batch_sizes.lock().expect("batch sizes lock");
+        match sizes.get_mut(meta_key) {
+            // A moving average: batch sizes drift with the producers' load.
+            Some(size) => *size = (*size * 3 + average) / 4,
+            None => {
+                sizes.insert(meta_key.to_owned(), average);
+            }
+        }
+    }
+
+    fn slot(&self, meta_key: &str) -> Arc<tokio::sync::Mutex<Option<i64>>> {
+        let mut partitions = self.partitions.lock().expect("appenders lock");
+        if let Some(slot) = partitions.get(meta_key) {
+            return slot.clone();
+        }
+        let slot = Arc::new(tokio::sync::Mutex::new(None));
+        partitions.insert(meta_key.to_owned(), slot.clone());
+        slot
+    }
+}
 
 /// Where a batch landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +110,12 @@ pub struct ReadPartition {
 
 impl Store {
     /// Appends one validated batch; wakes fetches waiting on the partition.
+    ///
+    /// Appends through this gateway to one partition take turns (a lock per
+    /// partition) and predict the next offset from the last append, so the
+    /// reserve step of `scripts/append.lua` normally agrees at once; after
+    /// another gateway appended, it answers with the real next offset and
+    /// the append is retried.
     pub async fn append(
         &self,
         topic: &Topic,
@@ -64,30 +127,91 @@ impl Store {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
-        let reply: Vec<i64> = self
-            .scripts
-            .append
-            .key(&keys.meta)
-            .key(&keys.log)
-            .key(&keys.times)
-            .arg(&batch[..])
-            .arg(header.record_count)
+        let slot = self.appenders.slot(&keys.meta);
+        let mut next = slot.lock().await;
+        for _ in 0..MAX_APPEND_ATTEMPTS {
+            let expected = next.unwrap_or(-1);
+            let reserve = match self.try_append(&keys, expected, batch, header).await {
+                Ok(reserve) => reserve,
+                Err(e) => {
+                    *next = None;
+                    if is_noscript(&e) {
+                        self.load_append_script().await?;
+                        continue;
+                    }
+                    return Err(e.into());
+                }
+            };
+            match reserve[..] {
+                [base_offset, log_start_offset] if base_offset >= 0 => {
+                    *next = Some(base_offset + i64::from(header.record_count));
+                    self.wake.notify(&keys.wake);
+                    return Ok(AppendOutcome {
+                        base_offset,
+                        log_start_offset,
+                    });
+                }
+                [-1] => {
+                    *next = None;
+                    return Err(StorageError::UnknownTopicOrPartition);
+                }
+                [-2, actual] => *next = Some(actual),
+                _ => return Err(StorageError::Data(format!("append script replied {reserve:?}"))),
+            }
+        }
+        Err(StorageError::Conflict(format!(
+            "partition {partition} of {} kept moving under {MAX_APPEND_ATTEMPTS} append attempts",
+            topic.name
+        )))
+    }
+
+    /// One MULTI/EXEC of reserve, XADD, finish; returns the reserve reply.
+    async fn try_append(
+        &self,
+        keys: &PartitionKeys,
+        expected: i64,
+        batch: &Bytes,
+        header: &BatchHeader,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let sha = self.scripts.append.get_hash();
+        let count = header.record_count;
+        let last = expected.max(0) + i64::from(count) - 1;
+        let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging];
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("EVALSHA")
+            .arg(sha)
+            .arg(script_keys.len())
+            .arg(&script_keys)
+            .arg("reserve")
+            .arg(expected)
+            .arg(count)
             .arg(header.max_timestamp)
             .arg(&keys.wake)
             .arg(TIME_INDEX_INTERVAL_BYTES)
-            .invoke_async(&mut self.conn())
-            .await?;
-        match reply[..] {
-            [base_offset, log_start_offset] => {
-                self.wake.notify(&keys.wake);
-                Ok(AppendOutcome {
-                    base_offset,
-                    log_start_offset,
-                })
-            }
-            [-1] => Err(StorageError::UnknownTopicOrPartition),
-            _ => Err(StorageError::Data(format!("append script replied {reply:?}"))),
-        }
+            .arg(batch.len())
+            .cmd("XADD")
+            .arg(&keys.staging)
+            .arg("NOMKSTREAM")
+            .arg(format!("{last}-{count}"))
+            .arg("b")
+            .arg(&batch[..])
+            .arg("t")
+            .arg(header.max_timestamp)
+            .ignore()
+            .cmd("EVALSHA")
+            .arg(sha)
+            .arg(script_keys.len())
+            .arg(&script_keys)
+            .arg("finish")
+            .ignore();
+        let (reserve,): (Vec<i64>,) = pipe.query_async(&mut self.conn()).await?;
+        Ok(reserve)
+    }
+
+    async fn load_append_script(&self) -> Result<()> {
+        self.scripts.append.load_async(&mut self.conn()).await?;
+        Ok(())
     }
 
     /// The partition's log start offset and high watermark.
@@ -116,7 +240,8 @@ impl Store {
         let keys = self.partition_keys(topic, partition);
         let mut out = ReadPartition::default();
         let mut next = request.offset;
-        let mut count = FIRST_READ_COUNT;
+        let hint = self.appenders.batch_size_hint(&keys.meta);
+        let mut count = entries_for(request.max_bytes, hint);
         let mut bytes = 0usize;
         loop {
             // XRANGE first, then meta: the high watermark returned is never
@@ -152,10 +277,17 @@ impl Store {
                 bytes += entry.batch.len();
                 out.batches.push(entry.batch);
             }
+            if !out.batches.is_empty() {
+                self.appenders
+                    .learn_batch_size(&keys.meta, bytes / out.batches.len());
+            }
             if got < count || bytes >= request.max_bytes {
                 return Ok(out);
             }
-            count = (count * 2).min(MAX_READ_COUNT);
+            let average = bytes / out.batches.len();
+            count = entries_for(request.max_bytes - bytes, Some(average))
+                .max(count * 2)
+                .min(MAX_READ_COUNT);
         }
     }
 
@@ -291,6 +423,13 @@ impl Store {
             ))),
         }
     }
+}
+
+/// Redis lost its script cache (restart, SCRIPT FLUSH); EXEC reports the
+/// EVALSHA's error inside its reply.
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        || e.to_string().contains("NOSCRIPT")
 }
 
 /// One stream entry: a batch, its base offset already patched.

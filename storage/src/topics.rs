@@ -271,7 +271,8 @@ impl Store {
         let mut pipe = redis::pipe();
         for p in from..topic.partitions() {
             let keys = self.partition_keys(topic, p);
-            pipe.del(&[&keys.meta, &keys.log, &keys.times]).ignore();
+            pipe.del(&[&keys.meta, &keys.log, &keys.times, &keys.staging])
+                .ignore();
         }
         pipe.query_async::<()>(&mut self.conn()).await?;
         Ok(())
