@@ -21,7 +21,7 @@ pub use error::{Result, StorageError};
 pub use keys::Keys;
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use topics::{Topic, validate_topic_name};
-pub use wake::WakeHub;
+pub use wake::{Fired, WakeHub};
 
 /// Connection settings of the storage layer.
 #[derive(Debug, Clone)]

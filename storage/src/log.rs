@@ -23,6 +23,9 @@ const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
 /// average batch seen, so a fetch does not pull megabytes it then drops.
 const FIRST_READ_COUNT: usize = 8;
 const MAX_READ_COUNT: usize = 1024;
+/// Batches up to this size pass through the append script in one call:
+/// below it, Lua hashing the bytes costs less than a separate XADD.
+const INLINE_BATCH_BYTES: usize = 4096;
 /// Reserve attempts before an append gives up (another gateway kept
 /// appending to the same partition in between).
 const MAX_APPEND_ATTEMPTS: usize = 16;
@@ -165,7 +168,10 @@ impl Store {
         )))
     }
 
-    /// One MULTI/EXEC of reserve, XADD, finish; returns the reserve reply.
+    /// One attempt; returns the reserve reply. A batch up to
+    /// [`INLINE_BATCH_BYTES`] goes through the script in one call; a larger
+    /// one is staged around a plain XADD in MULTI/EXEC, so Redis does not
+    /// hash its bytes in Lua.
     async fn try_append(
         &self,
         keys: &PartitionKeys,
@@ -175,21 +181,31 @@ impl Store {
     ) -> redis::RedisResult<Vec<i64>> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
-        let last = expected.max(0) + i64::from(count) - 1;
         let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging];
+        let reserve = |mode: &str| {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(sha)
+                .arg(script_keys.len())
+                .arg(&script_keys)
+                .arg(mode)
+                .arg(expected)
+                .arg(count)
+                .arg(header.max_timestamp)
+                .arg(&keys.wake)
+                .arg(TIME_INDEX_INTERVAL_BYTES)
+                .arg(batch.len());
+            cmd
+        };
+        if batch.len() <= INLINE_BATCH_BYTES {
+            return reserve("inline")
+                .arg(&batch[..])
+                .query_async(&mut self.conn())
+                .await;
+        }
+        let last = expected.max(0) + i64::from(count) - 1;
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .cmd("EVALSHA")
-            .arg(sha)
-            .arg(script_keys.len())
-            .arg(&script_keys)
-            .arg("reserve")
-            .arg(expected)
-            .arg(count)
-            .arg(header.max_timestamp)
-            .arg(&keys.wake)
-            .arg(TIME_INDEX_INTERVAL_BYTES)
-            .arg(batch.len())
+            .add_command(reserve("reserve"))
             .cmd("XADD")
             .arg(&keys.staging)
             .arg("NOMKSTREAM")

@@ -13,7 +13,9 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::keys::{PartitionKeys, default_tag};
+use std::borrow::Cow;
+
+use crate::keys::{Keys, PartitionKeys, default_tag};
 use crate::{Result, StorageError, Store};
 
 /// How long a cached topic record is trusted before it is read again.
@@ -29,6 +31,10 @@ pub struct Topic {
     pub tags: Vec<String>,
     /// Topic config overrides (defaults are not stored).
     pub configs: BTreeMap<String, String>,
+    /// Each partition's key names, made once when the record is read (the
+    /// hot paths would otherwise format them on every request).
+    #[serde(skip)]
+    keys: Vec<PartitionKeys>,
 }
 
 impl Topic {
@@ -49,6 +55,11 @@ impl Topic {
             .map_err(|e| StorageError::Data(format!("topic record of {name}: {e}")))?;
         topic.name = name.to_owned();
         Ok(topic)
+    }
+
+    fn with_keys(mut self, keys: &Keys) -> Self {
+        self.keys = self.tags.iter().map(|tag| keys.partition(tag)).collect();
+        self
     }
 
     fn encode(&self) -> String {
@@ -132,7 +143,7 @@ impl Store {
                 Ok(None)
             }
             Some(json) => {
-                let topic = Arc::new(Topic::decode(name, &json)?);
+                let topic = Arc::new(Topic::decode(name, &json)?.with_keys(&self.keys));
                 self.topics.put(topic.clone());
                 Ok(Some(topic))
             }
@@ -144,7 +155,7 @@ impl Store {
         let all: Vec<(String, String)> = self.conn().hgetall(self.keys.topics()).await?;
         let mut topics = Vec::with_capacity(all.len());
         for (name, json) in all {
-            let topic = Arc::new(Topic::decode(&name, &json)?);
+            let topic = Arc::new(Topic::decode(&name, &json)?.with_keys(&self.keys));
             self.topics.put(topic.clone());
             topics.push(topic);
         }
@@ -170,8 +181,11 @@ impl Store {
     }
 
     /// The keys of one partition.
-    pub fn partition_keys(&self, topic: &Topic, partition: i32) -> PartitionKeys {
-        self.keys.partition(&topic.tags[partition as usize])
+    pub fn partition_keys<'a>(&self, topic: &'a Topic, partition: i32) -> Cow<'a, PartitionKeys> {
+        match topic.keys.get(partition as usize) {
+            Some(keys) => Cow::Borrowed(keys),
+            None => Cow::Owned(self.keys.partition(&topic.tags[partition as usize])),
+        }
     }
 
     /// Creates a topic. The partitions' metadata is written first and the
@@ -190,7 +204,9 @@ impl Store {
             id,
             tags: (0..partitions).map(|p| default_tag(&id, p)).collect(),
             configs,
-        };
+            keys: Vec::new(),
+        }
+        .with_keys(&self.keys);
         if self.topic_fresh(name).await?.is_some() {
             return Err(StorageError::TopicExists);
         }
@@ -300,6 +316,7 @@ mod tests {
             id: Uuid::new_v4(),
             tags: vec!["x:0".into()],
             configs: BTreeMap::from([("retention.ms".into(), "1".into())]),
+            keys: Vec::new(),
         };
         let back = Topic::decode("t", &t.encode()).unwrap();
         assert_eq!(back, t);

@@ -44,7 +44,7 @@ struct State {
 
 #[derive(Default)]
 struct Channel {
-    waiters: HashMap<u64, Arc<Notify>>,
+    waiters: HashMap<u64, Arc<Waiter>>,
     subscribed: bool,
     idle_since: Option<Instant>,
 }
@@ -53,19 +53,75 @@ enum Command {
     Subscribe(String),
 }
 
+/// One watch's wake-up signal and what woke it.
+#[derive(Default)]
+struct Waiter {
+    notify: Notify,
+    fired: Mutex<Fired>,
+}
+
+/// The channels that fired since a watch last looked.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum Fired {
+    #[default]
+    Nothing,
+    Channels(Vec<String>),
+    /// A wake-up may have been missed (the subscription was lost): re-check all.
+    All,
+}
+
+impl Fired {
+    fn add(&mut self, channel: &str) {
+        match self {
+            Fired::Nothing => *self = Fired::Channels(vec![channel.to_owned()]),
+            Fired::Channels(channels) if !channels.iter().any(|c| c == channel) => {
+                channels.push(channel.to_owned())
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether `channel` is among those that fired.
+    pub fn includes(&self, channel: &str) -> bool {
+        match self {
+            Fired::Nothing => false,
+            Fired::Channels(channels) => channels.iter().any(|c| c == channel),
+            Fired::All => true,
+        }
+    }
+}
+
+impl Waiter {
+    fn wake(&self, channel: Option<&str>) {
+        let mut fired = self.fired.lock().expect("fired lock");
+        match channel {
+            Some(channel) => fired.add(channel),
+            None => *fired = Fired::All,
+        }
+        drop(fired);
+        self.notify.notify_one();
+    }
+}
+
 /// A registration on some channels; dropping it unregisters.
 pub struct Watch {
     hub: WakeHub,
     id: u64,
     channels: Vec<String>,
-    notify: Arc<Notify>,
+    waiter: Arc<Waiter>,
 }
 
 impl Watch {
     /// Completes at the next wake-up on any of the channels (or at once if
     /// one fired since the watch was made).
     pub async fn notified(&self) {
-        self.notify.notified().await;
+        self.waiter.notify.notified().await;
+    }
+
+    /// The channels that fired since the last call, so a fetch re-reads only
+    /// the partitions that changed.
+    pub fn take_fired(&self) -> Fired {
+        std::mem::take(&mut *self.waiter.fired.lock().expect("fired lock"))
     }
 
     /// Waits until Redis confirmed the subscription of every channel, so an
@@ -124,7 +180,7 @@ impl WakeHub {
 
     /// Registers interest in `channels`.
     pub fn watch(&self, channels: Vec<String>) -> Watch {
-        let notify = Arc::new(Notify::new());
+        let waiter = Arc::new(Waiter::default());
         let mut state = self.inner.state.lock().expect("wake state lock");
         let id = state.next_waiter;
         state.next_waiter += 1;
@@ -133,7 +189,7 @@ impl WakeHub {
                 let _ = self.inner.commands.send(Command::Subscribe(name.clone()));
                 Channel::default()
             });
-            channel.waiters.insert(id, notify.clone());
+            channel.waiters.insert(id, waiter.clone());
             channel.idle_since = None;
         }
         drop(state);
@@ -141,16 +197,16 @@ impl WakeHub {
             hub: self.clone(),
             id,
             channels,
-            notify,
+            waiter,
         }
     }
 
     /// Wakes every watch on `channel`.
     pub fn notify(&self, channel: &str) {
         let state = self.inner.state.lock().expect("wake state lock");
-        if let Some(channel) = state.channels.get(channel) {
-            for waiter in channel.waiters.values() {
-                waiter.notify_one();
+        if let Some(waiters) = state.channels.get(channel) {
+            for waiter in waiters.waiters.values() {
+                waiter.wake(Some(channel));
             }
         }
     }
@@ -178,7 +234,7 @@ impl WakeHub {
         for channel in state.channels.values_mut() {
             channel.subscribed = false;
             for waiter in channel.waiters.values() {
-                waiter.notify_one();
+                waiter.wake(None);
             }
         }
         drop(state);

@@ -15,7 +15,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHeader};
-use ketch_storage::{ReadPartition, ReadRequest, StorageError, Topic};
+use ketch_storage::{Fired, ReadPartition, ReadRequest, StorageError, Topic};
 use tokio::time::Instant;
 
 use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id};
@@ -48,14 +48,14 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
 
     let mut watch = None;
     let mut shutdown = ctx.shutdown.clone();
+    let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new()).await;
     loop {
-        let reads = read_all(ctx, &topics).await;
         let (responses, bytes, any_error) =
-            assemble(&request.topics, &topics, reads, max_bytes, read_committed);
+            assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
         if bytes >= min_bytes || any_error || Instant::now() >= deadline || *shutdown.borrow() {
             return FetchResponse::default().with_responses(responses);
         }
-        match &watch {
+        let fired = match &watch {
             None => {
                 let channels = wake_channels(ctx, &topics);
                 if channels.is_empty() {
@@ -69,6 +69,8 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
                 w.subscribed(deadline.saturating_duration_since(Instant::now()))
                     .await;
                 watch = Some(w);
+                // Appends between the first read and the subscription.
+                Fired::All
             }
             Some(w) => {
                 tokio::select! {
@@ -76,8 +78,10 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
                     _ = tokio::time::sleep_until(deadline) => {}
                     _ = shutdown.wait_for(|stop| *stop) => {}
                 }
+                w.take_fired()
             }
-        }
+        };
+        reads = read_all(ctx, &topics, &fired, reads).await;
     }
 }
 
@@ -111,25 +115,42 @@ fn wake_channels(ctx: &Context, topics: &[Vec<Target>]) -> Vec<String> {
             t.topic
                 .as_ref()
                 .ok()
-                .map(|topic| ctx.store.partition_keys(topic, t.partition).wake)
+                .map(|topic| ctx.store.partition_keys(topic, t.partition).wake.clone())
         })
         .collect()
 }
 
 type ReadResult = Result<ReadPartition, StorageError>;
 
-async fn read_all(ctx: &Context, topics: &[Vec<Target>]) -> Vec<Vec<Option<ReadResult>>> {
+/// Reads the partitions whose wake-up channel fired; the others keep their
+/// `previous` result (they had nothing to return, and nothing changed).
+async fn read_all(
+    ctx: &Context,
+    topics: &[Vec<Target>],
+    fired: &Fired,
+    previous: Vec<Vec<Option<ReadResult>>>,
+) -> Vec<Vec<Option<ReadResult>>> {
+    let mut previous = previous.into_iter();
     let reads = topics.iter().map(|targets| {
-        futures::future::join_all(targets.iter().map(|t| async move {
-            let topic = t.topic.as_ref().ok()?;
-            let request = ReadRequest {
-                offset: t.offset,
-                max_bytes: t.max_bytes,
-            };
-            Some(ctx.store.read(topic, t.partition, &request).await)
-        }))
+        let mut kept = previous.next().unwrap_or_default().into_iter();
+        let partitions = targets.iter().map(|t| {
+            let kept = kept.next().flatten();
+            async move {
+                let topic = t.topic.as_ref().ok()?;
+                let changed = fired.includes(&ctx.store.partition_keys(topic, t.partition).wake);
+                if !changed && let Some(kept) = kept {
+                    return Some(kept);
+                }
+                let request = ReadRequest {
+                    offset: t.offset,
+                    max_bytes: t.max_bytes,
+                };
+                Some(ctx.store.read(topic, t.partition, &request).await)
+            }
+        });
+        futures::future::join_all(partitions.collect::<Vec<_>>())
     });
-    futures::future::join_all(reads).await
+    futures::future::join_all(reads.collect::<Vec<_>>()).await
 }
 
 /// Builds the response within the byte limits; returns it with the bytes it
@@ -137,7 +158,7 @@ async fn read_all(ctx: &Context, topics: &[Vec<Target>]) -> Vec<Vec<Option<ReadR
 fn assemble(
     requested: &[FetchTopic],
     topics: &[Vec<Target>],
-    reads: Vec<Vec<Option<ReadResult>>>,
+    reads: &[Vec<Option<ReadResult>>],
     max_bytes: usize,
     read_committed: bool,
 ) -> (Vec<FetchableTopicResponse>, usize, bool) {
@@ -160,7 +181,7 @@ fn assemble(
                 }
                 (Ok(_), Some(Ok(read))) => {
                     let offsets = read.offsets.expect("a successful read has offsets");
-                    let records = take_batches(read.batches, target.max_bytes, max_bytes, &mut total);
+                    let records = take_batches(&read.batches, target.max_bytes, max_bytes, &mut total);
                     data.with_high_watermark(offsets.high_watermark)
                         .with_last_stable_offset(offsets.high_watermark)
                         .with_log_start_offset(offsets.log_start_offset)
@@ -169,15 +190,15 @@ fn assemble(
                 }
                 (Ok(_), Some(Err(e))) => {
                     any_error = true;
-                    let data = data.with_error_code(error_code(&e));
+                    let data = data.with_error_code(error_code(e));
                     match e {
                         StorageError::OffsetOutOfRange {
                             log_start,
                             high_watermark,
                         } => data
-                            .with_high_watermark(high_watermark)
-                            .with_last_stable_offset(high_watermark)
-                            .with_log_start_offset(log_start),
+                            .with_high_watermark(*high_watermark)
+                            .with_last_stable_offset(*high_watermark)
+                            .with_log_start_offset(*log_start),
                         _ => data,
                     }
                 }
@@ -197,7 +218,7 @@ fn assemble(
 
 /// Takes whole batches while they fit the partition and response limits;
 /// the first batch of the response is taken whatever its size (KIP-74).
-fn take_batches(batches: Vec<Bytes>, partition_max: usize, response_max: usize, total: &mut usize) -> Bytes {
+fn take_batches(batches: &[Bytes], partition_max: usize, response_max: usize, total: &mut usize) -> Bytes {
     let mut taken: Vec<Bytes> = Vec::new();
     let mut size = 0usize;
     for batch in batches {
@@ -207,7 +228,7 @@ fn take_batches(batches: Vec<Bytes>, partition_max: usize, response_max: usize, 
         }
         size += batch.len();
         *total += batch.len();
-        taken.push(batch);
+        taken.push(batch.clone());
     }
     match taken.len() {
         0 => Bytes::new(),
@@ -233,7 +254,10 @@ mod tests {
     #[test]
     fn the_first_batch_of_a_response_is_taken_even_when_too_large() {
         let mut total = 0;
-        assert_eq!(take_batches(batches(&[500, 10]), 100, 100, &mut total).len(), 500);
+        assert_eq!(
+            take_batches(&batches(&[500, 10]), 100, 100, &mut total).len(),
+            500
+        );
         assert_eq!(total, 500);
     }
 
@@ -241,11 +265,11 @@ mod tests {
     fn batches_stop_at_the_partition_and_response_limits() {
         let mut total = 0;
         assert_eq!(
-            take_batches(batches(&[40, 40, 40]), 100, 1000, &mut total).len(),
+            take_batches(&batches(&[40, 40, 40]), 100, 1000, &mut total).len(),
             80
         );
-        assert_eq!(take_batches(batches(&[40, 40]), 100, 150, &mut total).len(), 40);
+        assert_eq!(take_batches(&batches(&[40, 40]), 100, 150, &mut total).len(), 40);
         assert_eq!(total, 120);
-        assert_eq!(take_batches(batches(&[40]), 100, 150, &mut total).len(), 0);
+        assert_eq!(take_batches(&batches(&[40]), 100, 150, &mut total).len(), 0);
     }
 }

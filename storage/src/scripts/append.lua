@@ -1,4 +1,6 @@
--- Appends one record batch to a partition, in two steps around an XADD:
+-- Appends one record batch to a partition. A small batch is passed in and
+-- stored by one call (mode 'inline'); a large one is stored in two steps
+-- around an XADD:
 --
 --   MULTI
 --   EVALSHA append 4 meta times log staging  reserve <expected> <count> <max_ts> <wake> <interval> <size>
@@ -21,14 +23,16 @@
 -- KEYS[2] ketch:{TAG}:times    sparse time index: score = running max timestamp, member = base offset
 -- KEYS[3] ketch:{TAG}:log      stream, one entry per batch, id <last_offset>-<record_count>
 -- KEYS[4] ketch:{TAG}:staging  the log's name during the XADD
--- ARGV[1] 'reserve' or 'finish'
--- reserve: ARGV[2] expected next offset (-1: unknown), ARGV[3] record count,
---          ARGV[4] max timestamp (ms), ARGV[5] wake-up channel,
+-- ARGV[1] 'reserve', 'inline' or 'finish'
+-- reserve, inline: ARGV[2] expected next offset (-1: unknown), ARGV[3] record
+--          count, ARGV[4] max timestamp (ms), ARGV[5] wake-up channel,
 --          ARGV[6] time index interval in bytes, ARGV[7] batch size in bytes
+-- inline:  ARGV[8] the batch bytes (small batches only: they get hashed)
 --
--- Reply of reserve: {base_offset, log_start_offset} when the XADD will store
--- the batch; {-1} when the partition does not exist; {-2, next_offset} when
--- the expected offset was wrong (retry with next_offset).
+-- Reply of reserve and inline: {base_offset, log_start_offset} when the
+-- batch is (inline) or will be (reserve) stored; {-1} when the partition
+-- does not exist; {-2, next_offset} when the expected offset was wrong
+-- (retry with next_offset).
 -- Reply of finish: 1 when the log was renamed back, else 0.
 if ARGV[1] == 'finish' then
   if redis.call('EXISTS', KEYS[4]) == 1 then
@@ -50,13 +54,17 @@ local count = tonumber(ARGV[3])
 local ts = tonumber(ARGV[4])
 local size = tonumber(ARGV[7])
 
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  -- First batch: create the empty stream the XADD will need.
-  redis.call('XADD', KEYS[3], '0-1', 'x', '')
-  redis.call('XDEL', KEYS[3], '0-1')
-  redis.call('XSETID', KEYS[3], '0-0')
+if ARGV[1] == 'inline' then
+  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[8], 't', ARGV[4])
+else
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    -- First batch: create the empty stream the staged XADD needs.
+    redis.call('XADD', KEYS[3], '0-1', 'x', '')
+    redis.call('XDEL', KEYS[3], '0-1')
+    redis.call('XSETID', KEYS[3], '0-0')
+  end
+  redis.call('RENAME', KEYS[3], KEYS[4])
 end
-redis.call('RENAME', KEYS[3], KEYS[4])
 
 local idx_bytes = tonumber(meta[4] or '0') + size
 local max_ts = tonumber(meta[3] or '-1')
