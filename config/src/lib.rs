@@ -117,6 +117,9 @@ pub struct FetchSettings {
     pub max_wait: Duration,
     /// How long a cross-gateway wake-up subscription outlives its last waiter.
     pub subscription_linger: Duration,
+    /// Upper bound on the record bytes of one Fetch response (Kafka's
+    /// broker-side `fetch.max.bytes`); bounds the memory a fetch holds.
+    pub max_response_bytes: usize,
 }
 
 /// Logging.
@@ -186,6 +189,7 @@ impl Default for FetchSettings {
         Self {
             max_wait: Duration::from_secs(30),
             subscription_linger: Duration::from_secs(30),
+            max_response_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -320,6 +324,9 @@ impl Settings {
                 "topics.default_partitions",
                 "must be between 1 and topics.max_partitions",
             );
+        }
+        if self.fetch.max_response_bytes < 1024 {
+            return bad("fetch.max_response_bytes", "must be at least 1024");
         }
         if self.topics.max_message_bytes < 0 {
             return bad("topics.max_message_bytes", "must be >= 0");

@@ -108,6 +108,10 @@ pub struct Watch {
     hub: WakeHub,
     id: u64,
     channels: Vec<String>,
+    /// Channels not yet subscribed when the watch was made: an append
+    /// through another gateway before the subscription is confirmed wakes
+    /// no one, so their partitions must be read again once it is.
+    unconfirmed: Vec<String>,
     waiter: Arc<Waiter>,
 }
 
@@ -122,6 +126,17 @@ impl Watch {
     /// the partitions that changed.
     pub fn take_fired(&self) -> Fired {
         std::mem::take(&mut *self.waiter.fired.lock().expect("fired lock"))
+    }
+
+    /// What may have changed unseen up to now: the channels that fired, and
+    /// those that were not subscribed when the watch was made. Call once,
+    /// after [`Watch::subscribed`].
+    pub fn take_fired_since_start(&self) -> Fired {
+        let mut fired = self.take_fired();
+        for channel in &self.unconfirmed {
+            fired.add(channel);
+        }
+        fired
     }
 
     /// Waits until Redis confirmed the subscription of every channel, so an
@@ -184,6 +199,7 @@ impl WakeHub {
         let mut state = self.inner.state.lock().expect("wake state lock");
         let id = state.next_waiter;
         state.next_waiter += 1;
+        let mut unconfirmed = Vec::new();
         for name in &channels {
             let channel = state.channels.entry(name.clone()).or_insert_with(|| {
                 let _ = self.inner.commands.send(Command::Subscribe(name.clone()));
@@ -191,12 +207,16 @@ impl WakeHub {
             });
             channel.waiters.insert(id, waiter.clone());
             channel.idle_since = None;
+            if !channel.subscribed {
+                unconfirmed.push(name.clone());
+            }
         }
         drop(state);
         Watch {
             hub: self.clone(),
             id,
             channels,
+            unconfirmed,
             waiter,
         }
     }

@@ -35,7 +35,9 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
         return FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
     }
     let read_committed = request.isolation_level == 1;
-    let max_bytes = usize::try_from(request.max_bytes).unwrap_or(0);
+    let max_bytes = usize::try_from(request.max_bytes)
+        .unwrap_or(0)
+        .min(ctx.settings.fetch.max_response_bytes);
     let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
     let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0))
         .min(ctx.settings.fetch.max_wait.get());
@@ -46,40 +48,35 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
         topics.push(resolve(ctx, version, fetch_topic).await);
     }
 
-    let mut watch = None;
+    // Register for wake-ups before the first read, so an append between the
+    // read and the wait is not missed; a fetch that cannot wait needs none.
+    let channels = wake_channels(ctx, &topics);
+    let may_wait = min_bytes > 0 && !max_wait.is_zero() && !channels.is_empty();
+    let watch = may_wait.then(|| ctx.store.wake().watch(channels));
+    let mut confirmed = false;
     let mut shutdown = ctx.shutdown.clone();
     let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new()).await;
     loop {
         let (responses, bytes, any_error) =
             assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
-        if bytes >= min_bytes || any_error || Instant::now() >= deadline || *shutdown.borrow() {
+        let Some(w) = watch
+            .as_ref()
+            .filter(|_| bytes < min_bytes && !any_error && Instant::now() < deadline && !*shutdown.borrow())
+        else {
             return FetchResponse::default().with_responses(responses);
-        }
-        let fired = match &watch {
-            None => {
-                let channels = wake_channels(ctx, &topics);
-                if channels.is_empty() {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(deadline) => {}
-                        _ = shutdown.wait_for(|stop| *stop) => {}
-                    }
-                    continue;
-                }
-                let w = ctx.store.wake().watch(channels);
-                w.subscribed(deadline.saturating_duration_since(Instant::now()))
-                    .await;
-                watch = Some(w);
-                // Appends between the first read and the subscription.
-                Fired::All
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let fired = if confirmed {
+            tokio::select! {
+                _ = w.notified() => {}
+                _ = tokio::time::sleep(remaining) => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
             }
-            Some(w) => {
-                tokio::select! {
-                    _ = w.notified() => {}
-                    _ = tokio::time::sleep_until(deadline) => {}
-                    _ = shutdown.wait_for(|stop| *stop) => {}
-                }
-                w.take_fired()
-            }
+            w.take_fired()
+        } else {
+            confirmed = true;
+            w.subscribed(remaining).await;
+            w.take_fired_since_start()
         };
         reads = read_all(ctx, &topics, &fired, reads).await;
     }

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Turn one run-baseline.sh result directory into a Markdown summary.
+
+Usage: benchmark/summarize.py benchmark/results/<date>  > summary.md
+
+Every figure comes from the JSON files ketch-bench wrote in that run; the
+targets of issue #3 are checked as ratios of figures measured side by side.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+WORKLOADS = [
+    "1-topic-1-partition-1kb",
+    "1-topic-16-partitions-1kb",
+    "1-topic-16-partitions-100b",
+    "1-topic-3-partitions-100b-3producers",
+    "1-topic-100-partitions-1kb",
+]
+
+
+def load(directory, name):
+    path = directory / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def cpu_us(result, name=None):
+    """Server CPU per record in microseconds, for one process or all."""
+    server = result["server"]
+    records = result_records(result)
+    if not records:
+        return None
+    seconds = sum(p["cpu_s"] for p in server["processes"] if name is None or p["name"] == name)
+    return seconds * 1e6 / records
+
+
+def result_records(result):
+    r = result["results"]
+    if "throughput" in r:
+        return r["throughput"]["records"]
+    return r["acked"]
+
+
+def peak_rss(result, name):
+    # The gateway's process may run from a renamed binary (ketch-before).
+    for p in result["server"]["processes"]:
+        if p["name"].startswith(name):
+            return p["peak_rss_mib"]
+    return None
+
+
+def fmt(value, digits=0):
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def check(ok):
+    return "met" if ok else "**missed**"
+
+
+def main():
+    directory = Path(sys.argv[1])
+    out = []
+    env = directory / "environment.txt"
+    if env.exists():
+        out.append("```\n" + env.read_text().strip() + "\n```\n")
+
+    out.append("## Through ketch (acks=all, no compression, random payload, unlimited rate)\n")
+    out.append(
+        "| workload | records | produce rec/s | produce MiB/s | send→ack p99 ms | consume rec/s "
+        "| server CPU µs/rec (ketch+redis) | ketch peak RSS MiB | Redis B/rec |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = {}
+    for w in WORKLOADS:
+        p = load(directory, f"produce-{w}.json")
+        c = load(directory, f"consume-{w}.json")
+        if p is None:
+            continue
+        rows[w] = (p, c)
+        t = p["results"]["throughput"]
+        out.append(
+            f"| {w} | {fmt(t['records'])} | {fmt(t['records_per_s'])} | {fmt(t['mib_per_s'], 1)} "
+            f"| {fmt(p['results']['latency']['p99_ms'], 1)} "
+            f"| {fmt(c['results']['throughput']['records_per_s']) if c else '–'} "
+            f"| {fmt(cpu_us(p), 2)} | {fmt(peak_rss(p, 'ketch'), 1)} "
+            f"| {fmt(p['redis_memory']['bytes_per_record'])} |"
+        )
+
+    out.append("\n## Direct Redis: one XADD per record, pipelined 1000 deep\n")
+    out.append("| record size | connections | records | rec/s | MiB/s | redis CPU µs/rec | Redis B/rec |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|")
+    direct = {}
+    for size in ["1KB", "100B"]:
+        for clients in [1, 4]:
+            x = load(directory, f"xadd-{size}-{clients}.json")
+            if x is None:
+                continue
+            direct[(size, clients)] = x
+            t = x["results"]["throughput"]
+            out.append(
+                f"| {size} | {clients} | {fmt(t['records'])} | {fmt(t['records_per_s'])} "
+                f"| {fmt(t['mib_per_s'], 1)} | {fmt(cpu_us(x, 'redis-server'), 2)} "
+                f"| {fmt(x['redis_memory']['bytes_per_record'])} |"
+            )
+
+    rt = load(directory, "roundtrip-10k-1kb.json")
+    if rt:
+        r = rt["results"]
+        out.append("\n## Fixed rate: 10,000 records/s of 1 KiB, 16 partitions, linger.ms=0\n")
+        out.append("| acked | matched | missing | duplicates | produce p50 / p99 / max ms | end-to-end p50 / p99 / max ms |")
+        out.append("|---:|---:|---:|---:|---|---|")
+        pl, el = r["produce"]["latency"], r["end_to_end_latency"]
+        out.append(
+            f"| {fmt(r['acked'])} | {fmt(r['matched'])} | {fmt(r['missing'])} | {fmt(r['duplicates'])} "
+            f"| {pl['p50_ms']:.2f} / {pl['p99_ms']:.2f} / {pl['max_ms']:.2f} "
+            f"| {el['p50_ms']:.2f} / {el['p99_ms']:.2f} / {el['max_ms']:.2f} |"
+        )
+
+    out.append("\n## Targets (issue #3), each a ratio measured in this run\n")
+    out.append("| target | measured | |")
+    out.append("|---|---|---|")
+    key = "1-topic-16-partitions-1kb"
+    direct_1k = [direct[k] for k in direct if k[0] == "1KB"]
+    if key in rows and direct_1k:
+        p, c = rows[key]
+        best = max(direct_1k, key=lambda x: x["results"]["throughput"]["records_per_s"])
+        ratio = p["results"]["throughput"]["records_per_s"] / best["results"]["throughput"]["records_per_s"]
+        out.append(
+            f"| 1 KiB × 16 partitions, acks=all: ketch produce ≥ 1.5× the best direct XADD run "
+            f"(stretch 2×) | {ratio:.2f}× | {check(ratio >= 1.5)} |"
+        )
+        cheapest = min(cpu_us(x, "redis-server") for x in direct_1k)
+        cpu_ratio = cpu_us(p) / cheapest
+        out.append(
+            f"| server CPU per record (ketch + redis) ≤ ¼ of redis CPU per record direct "
+            f"| {cpu_us(p):.2f} / {cheapest:.2f} µs = {cpu_ratio:.2f} | {check(cpu_ratio <= 0.25)} |"
+        )
+        if c:
+            cr = c["results"]["throughput"]["records_per_s"] / p["results"]["throughput"]["records_per_s"]
+            out.append(f"| consume ≥ produce (same data) | {cr:.2f}× | {check(cr >= 1.0)} |")
+        peak = max(peak_rss(r[0], "ketch") or 0 for r in rows.values())
+        out.append(
+            f"| ketch peak RSS ≤ 100 MiB (VmHWM since start, whole run) | {peak:.1f} MiB | {check(peak <= 100)} |"
+        )
+        for size, wl in [("1KB", key), ("100B", "1-topic-16-partitions-100b")]:
+            xs = [direct[k] for k in direct if k[0] == size]
+            if wl in rows and xs:
+                ours = rows[wl][0]["redis_memory"]["bytes_per_record"]
+                theirs = min(x["redis_memory"]["bytes_per_record"] for x in xs)
+                out.append(
+                    f"| Redis memory per {size} record below direct | {ours:,.0f} vs {theirs:,.0f} B "
+                    f"({ours / theirs:.2f}×) | {check(ours < theirs)} |"
+                )
+    if rt:
+        pl, el = rt["results"]["produce"]["latency"], rt["results"]["end_to_end_latency"]
+        out.append(f"| 10k rec/s: produce p99 ≤ 5 ms | {pl['p99_ms']:.2f} ms | {check(pl['p99_ms'] <= 5)} |")
+        out.append(f"| 10k rec/s: end-to-end p99 ≤ 10 ms | {el['p99_ms']:.2f} ms | {check(el['p99_ms'] <= 10)} |")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
