@@ -147,8 +147,10 @@ impl Store {
             };
             match reserve[..] {
                 [base_offset, log_start_offset] if base_offset >= 0 => {
-                    *next = Some(base_offset + i64::from(header.record_count));
-                    self.wake.notify(&keys.wake);
+                    let next_offset = base_offset + i64::from(header.record_count);
+                    *next = Some(next_offset);
+                    self.wake
+                        .appended(&keys.wake, Some(next_offset), Some(log_start_offset));
                     return Ok(AppendOutcome {
                         base_offset,
                         log_start_offset,

@@ -47,6 +47,31 @@ struct Channel {
     waiters: HashMap<u64, Arc<Waiter>>,
     subscribed: bool,
     idle_since: Option<Instant>,
+    /// Bumped at every confirmed subscription: what was read under an older
+    /// one may have missed appends.
+    generation: u64,
+    /// The partition's offsets as last seen while subscribed.
+    known: Option<Known>,
+}
+
+/// What this gateway knows of a partition while subscribed to its channel.
+/// Every append anywhere publishes its new next offset on the channel, so
+/// the largest next offset seen since the subscription was confirmed never
+/// runs ahead of the log; when it equals a fetch's offset the partition has
+/// nothing for that fetch, and Redis need not be asked.
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    next_offset: i64,
+    log_start: Option<i64>,
+}
+
+impl Known {
+    fn saw(&mut self, next_offset: i64, log_start: Option<i64>) {
+        self.next_offset = self.next_offset.max(next_offset);
+        if let Some(log_start) = log_start {
+            self.log_start = Some(self.log_start.map_or(log_start, |l| l.max(log_start)));
+        }
+    }
 }
 
 enum Command {
@@ -223,12 +248,60 @@ impl WakeHub {
 
     /// Wakes every watch on `channel`.
     pub fn notify(&self, channel: &str) {
-        let state = self.inner.state.lock().expect("wake state lock");
-        if let Some(waiters) = state.channels.get(channel) {
-            for waiter in waiters.waiters.values() {
+        self.appended(channel, None, None);
+    }
+
+    /// An append made the partition's next offset `next_offset` (and its
+    /// log start `log_start`, when known): remember it, wake the watches.
+    pub fn appended(&self, channel: &str, next_offset: Option<i64>, log_start: Option<i64>) {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        if let Some(entry) = state.channels.get_mut(channel) {
+            if entry.subscribed
+                && let Some(next_offset) = next_offset
+            {
+                entry
+                    .known
+                    .get_or_insert_with(Known::default)
+                    .saw(next_offset, log_start);
+            }
+            for waiter in entry.waiters.values() {
                 waiter.wake(Some(channel));
             }
         }
+    }
+
+    /// The subscription generation of `channel`, if it is subscribed: pass
+    /// it to [`WakeHub::observe`] with what a read started now returns.
+    pub fn generation(&self, channel: &str) -> Option<u64> {
+        let state = self.inner.state.lock().expect("wake state lock");
+        state
+            .channels
+            .get(channel)
+            .filter(|c| c.subscribed)
+            .map(|c| c.generation)
+    }
+
+    /// Records offsets read from Redis by a read that started under
+    /// `generation`; ignored if the subscription lapsed since.
+    pub fn observe(&self, channel: &str, generation: u64, next_offset: i64, log_start: i64) {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        if let Some(entry) = state.channels.get_mut(channel)
+            && entry.subscribed
+            && entry.generation == generation
+        {
+            entry
+                .known
+                .get_or_insert_with(Known::default)
+                .saw(next_offset, Some(log_start));
+        }
+    }
+
+    /// The partition's log start offset when it is known to hold nothing at
+    /// or after `offset` (its next offset is `offset`).
+    pub fn known_empty_at(&self, channel: &str, offset: i64) -> Option<i64> {
+        let state = self.inner.state.lock().expect("wake state lock");
+        let known = state.channels.get(channel).filter(|c| c.subscribed)?.known?;
+        (known.next_offset == offset).then_some(known.log_start).flatten()
     }
 
     fn all_subscribed(&self, channels: &[String]) -> bool {
@@ -242,6 +315,8 @@ impl WakeHub {
         let mut state = self.inner.state.lock().expect("wake state lock");
         if let Some(c) = state.channels.get_mut(channel) {
             c.subscribed = subscribed;
+            c.generation += 1;
+            c.known = None;
         }
         drop(state);
         self.inner.confirmations.send_modify(|n| *n += 1);
@@ -253,6 +328,7 @@ impl WakeHub {
         let mut state = self.inner.state.lock().expect("wake state lock");
         for channel in state.channels.values_mut() {
             channel.subscribed = false;
+            channel.known = None;
             for waiter in channel.waiters.values() {
                 waiter.wake(None);
             }
@@ -308,8 +384,14 @@ struct Subscriber {
 /// A pub/sub frame from Redis.
 #[derive(Debug)]
 enum Frame {
-    Confirm { kind: Vec<u8>, channel: String },
-    Message { channel: String },
+    Confirm {
+        kind: Vec<u8>,
+        channel: String,
+    },
+    Message {
+        channel: String,
+        next_offset: Option<i64>,
+    },
     Error(String),
     Other,
 }
@@ -415,7 +497,7 @@ impl Subscriber {
 
     fn handle(&self, frame: Frame) {
         match frame {
-            Frame::Message { channel } => self.hub.notify(&channel),
+            Frame::Message { channel, next_offset } => self.hub.appended(&channel, next_offset, None),
             Frame::Confirm { kind, channel } => {
                 if kind.eq_ignore_ascii_case(b"ssubscribe") {
                     self.hub.set_subscribed(&channel, true);
@@ -457,9 +539,14 @@ async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut BufReader<R>) -> st
                 items.push(read_item(r).await?);
             }
             Ok(match items.as_slice() {
-                [Some(kind), Some(channel), ..] if kind.eq_ignore_ascii_case(b"smessage") => Frame::Message {
-                    channel: String::from_utf8_lossy(channel).into_owned(),
-                },
+                [Some(kind), Some(channel), payload] if kind.eq_ignore_ascii_case(b"smessage") => {
+                    Frame::Message {
+                        channel: String::from_utf8_lossy(channel).into_owned(),
+                        next_offset: payload
+                            .as_deref()
+                            .and_then(|p| std::str::from_utf8(p).ok()?.parse().ok()),
+                    }
+                }
                 [Some(kind), Some(channel), _] => Frame::Confirm {
                     kind: kind.clone(),
                     channel: String::from_utf8_lossy(channel).into_owned(),
@@ -525,7 +612,7 @@ mod tests {
             matches!(read_frame(&mut r).await.unwrap(), Frame::Confirm { channel, .. } if channel == "k:{a}")
         );
         assert!(
-            matches!(read_frame(&mut r).await.unwrap(), Frame::Message { channel } if channel == "k:{a}")
+            matches!(read_frame(&mut r).await.unwrap(), Frame::Message { channel, next_offset: Some(7) } if channel == "k:{a}")
         );
         assert!(matches!(read_frame(&mut r).await.unwrap(), Frame::Error(e) if e == "ERR nope"));
         assert!(read_frame(&mut r).await.is_err());

@@ -15,7 +15,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHeader};
-use ketch_storage::{Fired, ReadPartition, ReadRequest, StorageError, Topic};
+use ketch_storage::{Fired, PartitionOffsets, ReadPartition, ReadRequest, StorageError, Topic};
 use tokio::time::Instant;
 
 use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id};
@@ -134,20 +134,44 @@ async fn read_all(
             let kept = kept.next().flatten();
             async move {
                 let topic = t.topic.as_ref().ok()?;
-                let changed = fired.includes(&ctx.store.partition_keys(topic, t.partition).wake);
-                if !changed && let Some(kept) = kept {
+                let wake = &ctx.store.partition_keys(topic, t.partition).wake;
+                if !fired.includes(wake)
+                    && let Some(kept) = kept
+                {
                     return Some(kept);
                 }
-                let request = ReadRequest {
-                    offset: t.offset,
-                    max_bytes: t.max_bytes,
-                };
-                Some(ctx.store.read(topic, t.partition, &request).await)
+                Some(read_partition(ctx, topic, t, wake).await)
             }
         });
         futures::future::join_all(partitions.collect::<Vec<_>>())
     });
     futures::future::join_all(reads.collect::<Vec<_>>()).await
+}
+
+/// Reads one partition, unless this gateway knows it holds nothing at the
+/// fetch offset (see `ketch_storage::wake`); feeds what it reads back.
+async fn read_partition(ctx: &Context, topic: &Topic, target: &Target, wake: &str) -> ReadResult {
+    let hub = ctx.store.wake();
+    if let Some(log_start_offset) = hub.known_empty_at(wake, target.offset) {
+        return Ok(ReadPartition {
+            offsets: Some(PartitionOffsets {
+                log_start_offset,
+                local_start_offset: log_start_offset,
+                high_watermark: target.offset,
+            }),
+            batches: Vec::new(),
+        });
+    }
+    let generation = hub.generation(wake);
+    let request = ReadRequest {
+        offset: target.offset,
+        max_bytes: target.max_bytes,
+    };
+    let read = ctx.store.read(topic, target.partition, &request).await;
+    if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {
+        hub.observe(wake, generation, o.high_watermark, o.log_start_offset);
+    }
+    read
 }
 
 /// Builds the response within the byte limits; returns it with the bytes it
