@@ -6,7 +6,8 @@
 #      consume the same data), acks=all, no compression;
 #   3. the direct-Redis baseline: the same number of same-size records written
 #      straight into a Redis stream, one XADD per record, pipelined;
-#   4. fixed-rate latency: 10,000 records/s of 1 KiB, produce and end-to-end.
+#   4. fixed-rate latency: 10,000 records/s of 1 KiB, produce and end-to-end,
+#      with the producer's linger.ms at 0 and at 1.
 #
 # Redis is flushed before each measurement, so its memory delta belongs to
 # that measurement alone. Raw JSON results go to benchmark/results/<date>/,
@@ -104,11 +105,13 @@ for size in 1KB 100B; do
     done
 done
 
-flush
-log "fixed rate: 10,000 records/s of 1 KiB for $LATENCY_DURATION, linger.ms=0"
-"$BENCH" roundtrip --bootstrap-server "$BOOTSTRAP" --workload 1-topic-16-partitions-1kb \
-    --topic "bench-latency-$run_id" --create-topic --rate 10000 --duration "$LATENCY_DURATION" \
-    --linger-ms 0 "${common[@]}" --result-file "$OUT/roundtrip-10k-1kb.json" >/dev/null
+for linger in 0 1; do
+    flush
+    log "fixed rate: 10,000 records/s of 1 KiB for $LATENCY_DURATION, linger.ms=$linger"
+    "$BENCH" roundtrip --bootstrap-server "$BOOTSTRAP" --workload 1-topic-16-partitions-1kb \
+        --topic "bench-latency-$linger-$run_id" --create-topic --rate 10000 --duration "$LATENCY_DURATION" \
+        --linger-ms "$linger" "${common[@]}" --result-file "$OUT/roundtrip-10k-1kb-linger$linger.json" >/dev/null
+done
 
 {
     echo "host: $(uname -srm), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"

@@ -55,7 +55,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
     let watch = may_wait.then(|| ctx.store.wake().watch(channels));
     let mut confirmed = false;
     let mut shutdown = ctx.shutdown.clone();
-    let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new()).await;
+    let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes).await;
     loop {
         let (responses, bytes, any_error) =
             assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
@@ -78,7 +78,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
             w.subscribed(remaining).await;
             w.take_fired_since_start()
         };
-        reads = read_all(ctx, &topics, &fired, reads).await;
+        reads = read_all(ctx, &topics, &fired, reads, max_bytes).await;
     }
 }
 
@@ -121,36 +121,52 @@ type ReadResult = Result<ReadPartition, StorageError>;
 
 /// Reads the partitions whose wake-up channel fired; the others keep their
 /// `previous` result (they had nothing to return, and nothing changed).
+/// Partitions are read in request order against the response's byte
+/// budget, as a Kafka broker does, so a fetch never pulls from Redis what it
+/// cannot send; partitions past the budget get only their offsets.
 async fn read_all(
     ctx: &Context,
     topics: &[Vec<Target>],
     fired: &Fired,
     previous: Vec<Vec<Option<ReadResult>>>,
+    max_bytes: usize,
 ) -> Vec<Vec<Option<ReadResult>>> {
     let mut previous = previous.into_iter();
-    let reads = topics.iter().map(|targets| {
+    let mut budget = max_bytes;
+    let mut reads = Vec::with_capacity(topics.len());
+    for targets in topics {
         let mut kept = previous.next().unwrap_or_default().into_iter();
-        let partitions = targets.iter().map(|t| {
+        let mut results = Vec::with_capacity(targets.len());
+        for target in targets {
             let kept = kept.next().flatten();
-            async move {
-                let topic = t.topic.as_ref().ok()?;
-                let wake = &ctx.store.partition_keys(topic, t.partition).wake;
-                if !fired.includes(wake)
-                    && let Some(kept) = kept
-                {
-                    return Some(kept);
-                }
-                Some(read_partition(ctx, topic, t, wake).await)
+            let Ok(topic) = target.topic.as_ref() else {
+                results.push(None);
+                continue;
+            };
+            let wake = &ctx.store.partition_keys(topic, target.partition).wake;
+            let result = match kept {
+                Some(kept) if !fired.includes(wake) => kept,
+                _ => read_partition(ctx, topic, target, wake, budget).await,
+            };
+            if let Ok(read) = &result {
+                budget = budget.saturating_sub(read.batches.iter().map(Bytes::len).sum());
             }
-        });
-        futures::future::join_all(partitions.collect::<Vec<_>>())
-    });
-    futures::future::join_all(reads.collect::<Vec<_>>()).await
+            results.push(Some(result));
+        }
+        reads.push(results);
+    }
+    reads
 }
 
 /// Reads one partition, unless this gateway knows it holds nothing at the
 /// fetch offset (see `ketch_storage::wake`); feeds what it reads back.
-async fn read_partition(ctx: &Context, topic: &Topic, target: &Target, wake: &str) -> ReadResult {
+async fn read_partition(
+    ctx: &Context,
+    topic: &Topic,
+    target: &Target,
+    wake: &str,
+    budget: usize,
+) -> ReadResult {
     let hub = ctx.store.wake();
     if let Some(log_start_offset) = hub.known_empty_at(wake, target.offset) {
         return Ok(ReadPartition {
@@ -162,10 +178,17 @@ async fn read_partition(ctx: &Context, topic: &Topic, target: &Target, wake: &st
             batches: Vec::new(),
         });
     }
+    if budget == 0 {
+        let offsets = ctx.store.offsets(topic, target.partition).await?;
+        return Ok(ReadPartition {
+            offsets: Some(offsets),
+            batches: Vec::new(),
+        });
+    }
     let generation = hub.generation(wake);
     let request = ReadRequest {
         offset: target.offset,
-        max_bytes: target.max_bytes,
+        max_bytes: target.max_bytes.min(budget),
     };
     let read = ctx.store.read(topic, target.partition, &request).await;
     if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {
