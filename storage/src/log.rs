@@ -355,18 +355,19 @@ impl Store {
             return Ok(None);
         };
         if batch_offset < offsets.log_start_offset {
-            // The record with the largest timestamp was deleted; scan what is left.
-            let mut best: Option<(i64, i64)> = None;
+            // The record with the largest timestamp was deleted: find the
+            // largest of what is left, then its first record.
+            let mut largest: Option<i64> = None;
             self.scan_for(topic, partition, offsets.log_start_offset, offsets, |ts| {
-                if best.is_none_or(|(_, b)| ts > b) {
-                    best = Some((0, ts));
-                }
+                largest = Some(largest.map_or(ts, |l| l.max(ts)));
                 false
             })
             .await?;
-            let Some((_, ts)) = best else { return Ok(None) };
+            let Some(largest) = largest else { return Ok(None) };
             return self
-                .scan_for(topic, partition, offsets.log_start_offset, offsets, |t| t == ts)
+                .scan_for(topic, partition, offsets.log_start_offset, offsets, |ts| {
+                    ts == largest
+                })
                 .await;
         }
         self.scan_for(topic, partition, batch_offset, offsets, |ts| ts == max_ts)

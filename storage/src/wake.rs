@@ -200,14 +200,7 @@ impl Drop for Watch {
 impl WakeHub {
     /// Starts the hub and its subscriber task.
     pub fn start(client: redis::Client, linger: Duration, connect_timeout: Duration) -> Self {
-        let (commands, rx) = mpsc::unbounded_channel();
-        let hub = Self {
-            inner: Arc::new(Inner {
-                state: Mutex::new(State::default()),
-                commands,
-                confirmations: watch::Sender::new(0),
-            }),
-        };
+        let (hub, rx) = Self::detached();
         let subscriber = Subscriber {
             hub: hub.clone(),
             client,
@@ -216,6 +209,19 @@ impl WakeHub {
         };
         tokio::spawn(subscriber.run(rx));
         hub
+    }
+
+    /// A hub without its subscriber task, and the commands meant for it.
+    fn detached() -> (Self, mpsc::UnboundedReceiver<Command>) {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let hub = Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                commands,
+                confirmations: watch::Sender::new(0),
+            }),
+        };
+        (hub, rx)
     }
 
     /// Registers interest in `channels`.
@@ -244,11 +250,6 @@ impl WakeHub {
             unconfirmed,
             waiter,
         }
-    }
-
-    /// Wakes every watch on `channel`.
-    pub fn notify(&self, channel: &str) {
-        self.appended(channel, None, None);
     }
 
     /// An append made the partition's next offset `next_offset` (and its
@@ -623,10 +624,52 @@ mod tests {
         let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
         let hub = WakeHub::start(client, Duration::from_secs(1), Duration::from_millis(10));
         let watch = hub.watch(vec!["c".into()]);
-        hub.notify("c");
+        hub.appended("c", None, None);
         tokio::time::timeout(Duration::from_secs(1), watch.notified())
             .await
             .unwrap();
         assert!(!watch.subscribed(Duration::from_millis(20)).await);
+    }
+
+    #[tokio::test]
+    async fn a_watch_learns_which_channels_fired() {
+        let (hub, _commands) = WakeHub::detached();
+        let watch = hub.watch(vec!["c".into(), "d".into()]);
+        hub.appended("c", Some(5), None);
+        let fired = watch.take_fired();
+        assert!(fired.includes("c") && !fired.includes("d"), "{fired:?}");
+        assert_eq!(watch.take_fired(), Fired::Nothing);
+        // Not yet subscribed when the watch was made: both may have missed appends.
+        let since_start = watch.take_fired_since_start();
+        assert!(since_start.includes("c") && since_start.includes("d"));
+    }
+
+    #[tokio::test]
+    async fn known_offsets_need_a_confirmed_subscription_and_never_go_back() {
+        let (hub, _commands) = WakeHub::detached();
+        let _watch = hub.watch(vec!["c".into()]);
+        hub.appended("c", Some(5), Some(0));
+        assert_eq!(hub.known_empty_at("c", 5), None, "not subscribed yet");
+        hub.set_subscribed("c", true);
+        let generation = hub.generation("c").unwrap();
+        hub.observe("c", generation, 5, 0);
+        assert_eq!(hub.known_empty_at("c", 5), Some(0));
+        hub.appended("c", Some(7), None);
+        assert_eq!(hub.known_empty_at("c", 5), None);
+        hub.observe("c", generation, 6, 0);
+        assert_eq!(
+            hub.known_empty_at("c", 7),
+            Some(0),
+            "an older read does not move it back"
+        );
+        hub.connection_lost();
+        assert_eq!(hub.known_empty_at("c", 7), None);
+        hub.set_subscribed("c", true);
+        hub.observe("c", generation, 7, 0);
+        assert_eq!(
+            hub.known_empty_at("c", 7),
+            None,
+            "a read from an older subscription is ignored"
+        );
     }
 }
