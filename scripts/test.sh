@@ -85,7 +85,7 @@ skip() {
 step "install prerequisites" install_prerequisites
 step "cargo fmt --all --check" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
-step "cargo build -p ketch-gateway" cargo build -p ketch-gateway
+step "cargo build -p ketch-gateway -p ketch-bench" cargo build -p ketch-gateway -p ketch-bench
 # The end-to-end tests need a binary built from this tree, not a stale one.
 if [[ "${results[-1]}" == ok* ]] && [ -x "$KETCH_BIN" ]; then
     step "cargo test --workspace" cargo test --workspace --no-fail-fast -- --test-threads=2

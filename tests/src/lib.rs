@@ -259,6 +259,17 @@ pub fn ketch_bin() -> PathBuf {
     path
 }
 
+/// The `ketch-bench` binary built beside `ketch`.
+pub fn ketch_bench_bin() -> PathBuf {
+    let path = ketch_bin().with_file_name("ketch-bench");
+    assert!(
+        path.exists(),
+        "{} does not exist: build it first: cargo build -p ketch-bench",
+        path.display()
+    );
+    path
+}
+
 /// A running `ketch serve`; killed on drop (its log is printed if the test
 /// is failing).
 pub struct Ketch {

@@ -1,0 +1,116 @@
+//! ketch-bench against a real ketch and Redis: the benchmark client works
+//! end to end, and its roundtrip accounts for every acknowledged record.
+
+use std::process::Command;
+
+use ketch_tests::{Ketch, RedisServer, ketch_bench_bin, unique_topic};
+
+/// Runs ketch-bench with `args` and `--output json`; returns its exit
+/// success and the result object.
+fn bench(args: &[&str]) -> (bool, serde_json::Value) {
+    let output = Command::new(ketch_bench_bin())
+        .args(args)
+        .args(["--output", "json", "--quiet"])
+        .output()
+        .expect("run ketch-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let result = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "ketch-bench printed no JSON ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.success(), result)
+}
+
+#[test]
+fn producer_consumer_and_roundtrip_account_for_every_record() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let bootstrap = ketch.bootstrap();
+    let topic = unique_topic("bench");
+
+    let (ok, produced) = bench(&[
+        "producer",
+        "--bootstrap-server",
+        &bootstrap,
+        "--topic",
+        &topic,
+        "--create-topic",
+        "--partitions",
+        "4",
+        "--records",
+        "5000",
+        "--record-size",
+        "200B",
+    ]);
+    assert!(ok, "{produced}");
+    assert_eq!(produced["results"]["throughput"]["records"], 5000);
+    assert_eq!(produced["results"]["records_failed"], 0);
+
+    let (ok, consumed) = bench(&[
+        "consumer",
+        "--bootstrap-server",
+        &bootstrap,
+        "--topic",
+        &topic,
+        "--from",
+        "beginning",
+        "--records",
+        "5000",
+        "--validate",
+        "checksum",
+    ]);
+    assert!(ok, "{consumed}");
+    assert_eq!(consumed["results"]["throughput"]["records"], 5000);
+    assert_eq!(consumed["results"]["invalid"], 0, "{consumed}");
+
+    let roundtrip_topic = unique_topic("bench-rt");
+    let (ok, roundtrip) = bench(&[
+        "roundtrip",
+        "--bootstrap-server",
+        &bootstrap,
+        "--topic",
+        &roundtrip_topic,
+        "--create-topic",
+        "--partitions",
+        "4",
+        "--rate",
+        "2000",
+        "--duration",
+        "2s",
+        "--record-size",
+        "100B",
+    ]);
+    assert!(ok, "{roundtrip}");
+    let r = &roundtrip["results"];
+    assert!(r["acked"].as_u64().unwrap() >= 3000, "{r}");
+    assert_eq!(r["matched"], r["acked"], "{r}");
+    for count in ["missing", "duplicates", "invalid"] {
+        assert_eq!(r[count], 0, "{count}: {r}");
+    }
+}
+
+#[test]
+fn redis_xadd_writes_one_stream_entry_per_record() {
+    let redis = RedisServer::start();
+    let (ok, result) = bench(&[
+        "redis-xadd",
+        "--redis-url",
+        &redis.url(),
+        "--stream",
+        "bench:baseline",
+        "--records",
+        "3000",
+        "--record-size",
+        "1KB",
+        "--pipeline",
+        "500",
+    ]);
+    assert!(ok, "{result}");
+    let len: i64 = redis::cmd("XLEN")
+        .arg("bench:baseline")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(len, 3000);
+}
