@@ -277,3 +277,24 @@ pub fn count_records(mut records: &[u8]) -> i64 {
     }
     total
 }
+
+/// ListOffsets (v7) for one partition: (error code, offset, timestamp).
+pub fn list_offsets(conn: &mut KafkaConn, topic: &str, partition: i32, timestamp: i64) -> (i16, i64, i64) {
+    use kafka_protocol::messages::ListOffsetsRequest;
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    let request = ListOffsetsRequest::default()
+        .with_replica_id((-1).into())
+        .with_topics(vec![
+            ListOffsetsTopic::default()
+                .with_name(topic_name(topic))
+                .with_partitions(vec![
+                    ListOffsetsPartition::default()
+                        .with_partition_index(partition)
+                        .with_current_leader_epoch(-1)
+                        .with_timestamp(timestamp),
+                ]),
+        ]);
+    let response = conn.request(7, &request);
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.offset, p.timestamp)
+}

@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, DeleteRecordsRequest, ListOffsetsRequest};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, DeleteRecordsRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
@@ -272,21 +271,8 @@ fn delete_records_moves_the_log_start_offset() {
     let partition = &response.topics[0].partitions[0];
     assert_eq!((partition.error_code, partition.low_watermark), (code::NONE, 15));
 
-    let earliest = ListOffsetsRequest::default()
-        .with_replica_id((-1).into())
-        .with_topics(vec![
-            ListOffsetsTopic::default()
-                .with_name(raw::topic_name(&topic))
-                .with_partitions(vec![
-                    ListOffsetsPartition::default()
-                        .with_partition_index(0)
-                        .with_current_leader_epoch(-1)
-                        .with_timestamp(-2),
-                ]),
-        ]);
-    let response = conn.request(7, &earliest);
-    let partition = &response.topics[0].partitions[0];
-    assert_eq!((partition.error_code, partition.offset), (code::NONE, 15));
+    let (error, offset, _) = raw::list_offsets(&mut conn, &topic, 0, -2);
+    assert_eq!((error, offset), (code::NONE, 15));
 
     let watermarks = ketch
         .consumer()

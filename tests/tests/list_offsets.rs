@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use kafka_protocol::messages::ListOffsetsRequest;
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, RedisServer, unique_topic};
@@ -125,23 +123,7 @@ fn list_offsets_special_timestamps() {
         code::NONE
     );
 
-    let list = |conn: &mut KafkaConn, timestamp: i64| {
-        let request = ListOffsetsRequest::default()
-            .with_replica_id((-1).into())
-            .with_topics(vec![
-                ListOffsetsTopic::default()
-                    .with_name(raw::topic_name(&topic))
-                    .with_partitions(vec![
-                        ListOffsetsPartition::default()
-                            .with_partition_index(0)
-                            .with_current_leader_epoch(-1)
-                            .with_timestamp(timestamp),
-                    ]),
-            ]);
-        let response = conn.request(7, &request);
-        let p = &response.topics[0].partitions[0];
-        (p.error_code, p.offset, p.timestamp)
-    };
+    let list = |conn: &mut KafkaConn, timestamp: i64| raw::list_offsets(conn, &topic, 0, timestamp);
     assert_eq!(list(&mut conn, -2).0, code::NONE);
     assert_eq!(list(&mut conn, -2).1, 0, "earliest");
     assert_eq!(list(&mut conn, -1).1, TIMESTAMPS.len() as i64, "latest");
