@@ -42,6 +42,8 @@ pub struct Settings {
     pub http: HttpSettings,
     pub topics: TopicsSettings,
     pub fetch: FetchSettings,
+    pub groups: GroupsSettings,
+    pub cluster: ClusterSettings,
     pub log: LogSettings,
 }
 
@@ -122,6 +124,36 @@ pub struct FetchSettings {
     pub max_response_bytes: usize,
 }
 
+/// Consumer groups.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupsSettings {
+    /// How long the first rebalance of an empty group waits for more
+    /// members (Kafka's `group.initial.rebalance.delay.ms`).
+    pub initial_rebalance_delay: Duration,
+    /// How long committed offsets outlive a group that became empty
+    /// (Kafka's `offsets.retention.minutes`).
+    pub offsets_retention: Duration,
+    /// Smallest session timeout a member may ask for (`group.min.session.timeout.ms`).
+    pub min_session_timeout: Duration,
+    /// Largest session timeout a member may ask for (`group.max.session.timeout.ms`).
+    pub max_session_timeout: Duration,
+    /// Largest metadata string stored with a committed offset
+    /// (`offset.metadata.max.bytes`).
+    pub max_metadata_bytes: usize,
+}
+
+/// Gateway membership.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// How often a gateway refreshes its heartbeat in Redis.
+    pub heartbeat_interval: Duration,
+    /// A gateway whose heartbeat is older than this is dead: it leaves
+    /// Metadata and its partitions and groups move to live gateways.
+    pub node_timeout: Duration,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -190,6 +222,27 @@ impl Default for FetchSettings {
             max_wait: Duration::from_secs(30),
             subscription_linger: Duration::from_secs(30),
             max_response_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for GroupsSettings {
+    fn default() -> Self {
+        Self {
+            initial_rebalance_delay: Duration::from_secs(3),
+            offsets_retention: Duration::from_secs(7 * 24 * 3600),
+            min_session_timeout: Duration::from_secs(6),
+            max_session_timeout: Duration::from_secs(30 * 60),
+            max_metadata_bytes: 4096,
+        }
+    }
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(1),
+            node_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -327,6 +380,20 @@ impl Settings {
         }
         if self.fetch.max_response_bytes < 1024 {
             return bad("fetch.max_response_bytes", "must be at least 1024");
+        }
+        if self.groups.min_session_timeout > self.groups.max_session_timeout {
+            return bad(
+                "groups.min_session_timeout",
+                "must not exceed groups.max_session_timeout",
+            );
+        }
+        if self.cluster.heartbeat_interval.get().is_zero()
+            || self.cluster.node_timeout <= self.cluster.heartbeat_interval
+        {
+            return bad(
+                "cluster.node_timeout",
+                "must be longer than cluster.heartbeat_interval, which must be above zero",
+            );
         }
         if self.topics.max_message_bytes < 0 {
             return bad("topics.max_message_bytes", "must be >= 0");

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod http;
+pub mod membership;
 pub mod server;
 
 use std::sync::Arc;
@@ -23,10 +24,12 @@ pub struct Context {
     pub node: Node,
     /// Turns true when the gateway shuts down; long waits end early.
     pub shutdown: watch::Receiver<bool>,
+    /// The live gateways; partition leaders and group coordinators.
+    pub membership: membership::Membership,
 }
 
 /// A gateway as clients see it in Metadata.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     pub id: i32,
     pub host: String,
@@ -41,11 +44,13 @@ impl Context {
             host: settings.advertised_host(),
             port: settings.advertised_port(),
         };
+        let membership = membership::Membership::new(node.clone());
         Ok(Self {
             settings,
             store,
             node,
             shutdown,
+            membership,
         })
     }
 }
@@ -72,7 +77,15 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         tracing::warn!(error = %e, "redis is not reachable yet; serving retriable errors until it is");
     }
     let http_task = tokio::spawn(http::serve(http, ctx.clone(), shutdown.clone()));
+    let membership_task = tokio::spawn(ctx.membership.clone().run(
+        ctx.store.clone(),
+        ctx.settings.cluster.heartbeat_interval.get(),
+        ctx.settings.cluster.node_timeout.get(),
+        shutdown.clone(),
+    ));
     server::serve(kafka, ctx, shutdown).await;
     http_task.abort();
+    // Deregisters this gateway so the others take over its partitions and groups at once.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;
     Ok(())
 }

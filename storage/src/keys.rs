@@ -15,6 +15,10 @@ impl Keys {
         }
     }
 
+    pub fn namespace(&self) -> &str {
+        &self.ns
+    }
+
     /// Hash: topic name → topic record (JSON).
     pub fn topics(&self) -> String {
         format!("{}:topics", self.ns)

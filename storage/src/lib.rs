@@ -7,7 +7,9 @@
 //! Kafka wire protocol.
 
 pub mod batch;
+mod brokers;
 pub mod error;
+pub mod groups;
 pub mod keys;
 mod log;
 mod topics;
@@ -17,7 +19,9 @@ use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
 
+pub use brokers::{BrokerRecord, Heartbeat};
 pub use error::{Result, StorageError};
+pub use groups::{CommittedOffset, TopicPartition};
 pub use keys::Keys;
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use topics::{Topic, validate_topic_name};
@@ -61,6 +65,7 @@ struct Scripts {
     append: redis::Script,
     delete_records: redis::Script,
     replace_topic: redis::Script,
+    heartbeat: redis::Script,
 }
 
 impl Store {
@@ -87,6 +92,7 @@ impl Store {
                 append: redis::Script::new(include_str!("scripts/append.lua")),
                 delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),
                 replace_topic: redis::Script::new(include_str!("scripts/add_partitions.lua")),
+                heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
             }),
         })
     }

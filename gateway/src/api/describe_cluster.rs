@@ -1,6 +1,6 @@
 //! DescribeCluster (API key 60, versions 0–2): the cluster id and the
-//! brokers clients may bootstrap from; this gateway answers as the whole
-//! cluster and as its controller. Spec: KIP-700, KIP-919 (endpoint types).
+//! brokers clients may bootstrap from: every live gateway, the lowest node
+//! id acting as controller. Spec: KIP-700, KIP-919 (endpoint types).
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
@@ -41,10 +41,17 @@ pub fn handle(
             .with_error_code(ResponseError::UnsupportedEndpointType.code())
             .with_error_message(Some(str_bytes(message)));
     }
-    let this_node = DescribeClusterBroker::default()
-        .with_broker_id(BrokerId(ctx.node.id))
-        .with_host(str_bytes(ctx.node.host.clone()))
-        .with_port(i32::from(ctx.node.port));
+    let nodes = ctx.membership.nodes();
+    let controller = nodes.first().map_or(ctx.node.id, |n| n.id);
+    let brokers = nodes
+        .into_iter()
+        .map(|n| {
+            DescribeClusterBroker::default()
+                .with_broker_id(BrokerId(n.id))
+                .with_host(str_bytes(n.host))
+                .with_port(i32::from(n.port))
+        })
+        .collect();
     // Without an authorizer every operation is allowed, as in Kafka.
     let operations = if req.include_cluster_authorized_operations {
         authorized_operations()
@@ -53,8 +60,8 @@ pub fn handle(
     };
     response
         .with_cluster_id(str_bytes(ctx.settings.broker.cluster_id.clone()))
-        .with_controller_id(BrokerId(ctx.node.id))
-        .with_brokers(vec![this_node])
+        .with_controller_id(BrokerId(controller))
+        .with_brokers(brokers)
         .with_cluster_authorized_operations(operations)
 }
 

@@ -1,9 +1,9 @@
 //! Metadata: brokers, topics and partitions (auto-creating topics when
 //! `topics.auto_create` is on and the client allows it, KIP-361).
 //!
-//! Until gateway membership exists, a gateway reports itself as the only
-//! broker and the leader of every partition; storage is shared, so any
-//! gateway serves any partition.
+//! Brokers are the live gateways; each partition's leader is chosen by
+//! rendezvous hashing over them (see `membership`). Storage is shared, so
+//! any gateway still serves any partition: leadership only spreads clients.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::metadata_response::{
@@ -48,15 +48,22 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         });
         futures::future::join_all(lookups).await
     };
+    let nodes = ctx.membership.nodes();
+    let controller = nodes.first().map_or(ctx.node.id, |n| n.id);
     MetadataResponse::default()
-        .with_brokers(vec![
-            MetadataResponseBroker::default()
-                .with_node_id(BrokerId(ctx.node.id))
-                .with_host(str_bytes(ctx.node.host.clone()))
-                .with_port(i32::from(ctx.node.port)),
-        ])
+        .with_brokers(
+            nodes
+                .into_iter()
+                .map(|n| {
+                    MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(n.id))
+                        .with_host(str_bytes(n.host))
+                        .with_port(i32::from(n.port))
+                })
+                .collect(),
+        )
         .with_cluster_id(Some(str_bytes(ctx.settings.broker.cluster_id.clone())))
-        .with_controller_id(BrokerId(ctx.node.id))
+        .with_controller_id(BrokerId(controller))
         .with_topics(topics)
         .with_cluster_authorized_operations(i32::MIN)
 }
@@ -71,7 +78,6 @@ fn retriable_when_storage(code: i16) -> i16 {
 }
 
 fn describe(ctx: &Context, topic: &Topic) -> MetadataResponseTopic {
-    let node = BrokerId(ctx.node.id);
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(str_bytes(topic.name.clone()))))
         .with_topic_id(topic.id)
@@ -79,6 +85,7 @@ fn describe(ctx: &Context, topic: &Topic) -> MetadataResponseTopic {
         .with_partitions(
             (0..topic.partitions())
                 .map(|p| {
+                    let node = BrokerId(ctx.membership.partition_leader(&topic.id, p).id);
                     MetadataResponsePartition::default()
                         .with_partition_index(p)
                         .with_leader_id(node)

@@ -13,8 +13,10 @@ pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod fetch;
+pub mod find_coordinator;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_fetch;
 pub mod produce;
 
 use std::sync::Arc;
@@ -40,6 +42,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeCluster, 0, 2),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::OffsetFetch, 1, 9),
 ];
 
 /// The (min, max) versions ketch supports for `key`, if any.
@@ -83,6 +87,10 @@ pub async fn handle(
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(delete_records::handle(ctx, header, r).await)
         }
+        RequestKind::FindCoordinator(r) => {
+            ResponseKind::FindCoordinator(find_coordinator::handle(ctx, header, r))
+        }
+        RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offset_fetch::handle(ctx, header, r).await),
         other => {
             // Unreachable: the server refuses unsupported API keys before decoding.
             tracing::error!(request = ?std::mem::discriminant(&other), "no handler for a supported API");
@@ -159,6 +167,12 @@ pub async fn ensure_partition(ctx: &Context, topic: Arc<Topic>, partition: i32) 
         Ok(_) => Err(ResponseError::UnknownTopicOrPartition.code()),
         Err(e) => Err(error_code(&e)),
     }
+}
+
+/// NOT_COORDINATOR when another live gateway coordinates `group`; group
+/// requests are answered only by the group's coordinator.
+pub fn check_coordinator(ctx: &Context, group: &str) -> Option<i16> {
+    (!ctx.membership.coordinates(group)).then_some(ResponseError::NotCoordinator.code())
 }
 
 pub fn str_bytes(s: impl Into<String>) -> StrBytes {

@@ -1,0 +1,59 @@
+//! FindCoordinator (v0–v6; KIP-699 batches keys from v4): the live gateway
+//! that coordinates each group, chosen by rendezvous hashing (see
+//! `membership`). Transaction and share-group coordinators do not exist in
+//! ketch: asking for one is INVALID_REQUEST.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse, RequestHeader};
+use kafka_protocol::protocol::StrBytes;
+
+use super::str_bytes;
+use crate::Context;
+
+/// `key_type` of a consumer group.
+const GROUP_KEY: i8 = 0;
+
+pub fn handle(
+    ctx: &Context,
+    header: &RequestHeader,
+    request: FindCoordinatorRequest,
+) -> FindCoordinatorResponse {
+    if header.request_api_version >= 4 {
+        let coordinators = request
+            .coordinator_keys
+            .into_iter()
+            .map(|key| find(ctx, request.key_type, key))
+            .collect();
+        return FindCoordinatorResponse::default().with_coordinators(coordinators);
+    }
+    let found = find(ctx, request.key_type, request.key);
+    let response = FindCoordinatorResponse::default()
+        .with_error_code(found.error_code)
+        .with_node_id(found.node_id)
+        .with_host(found.host)
+        .with_port(found.port);
+    if header.request_api_version >= 1 {
+        response.with_error_message(found.error_message)
+    } else {
+        response
+    }
+}
+
+fn find(ctx: &Context, key_type: i8, key: StrBytes) -> Coordinator {
+    let coordinator = Coordinator::default().with_key(key.clone());
+    if key_type != GROUP_KEY {
+        return coordinator
+            .with_error_code(ResponseError::InvalidRequest.code())
+            .with_error_message(Some(str_bytes(format!(
+                "ketch has only consumer group coordinators, not key type {key_type}"
+            ))))
+            .with_node_id(BrokerId(-1))
+            .with_port(-1);
+    }
+    let node = ctx.membership.group_coordinator(&key);
+    coordinator
+        .with_node_id(BrokerId(node.id))
+        .with_host(str_bytes(node.host))
+        .with_port(i32::from(node.port))
+}

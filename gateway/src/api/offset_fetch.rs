@@ -1,0 +1,132 @@
+//! OffsetFetch (v1–v9): a group's committed offsets, from Redis. From v8
+//! several groups are asked at once (KIP-709); `topics` null means every
+//! partition the group committed. A partition without a committed offset
+//! answers offset -1, as Kafka does. Only the group's coordinator answers
+//! (NOT_COORDINATOR elsewhere).
+
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::{GroupId, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, TopicName};
+use ketch_storage::{CommittedOffset, TopicPartition};
+
+use super::{check_coordinator, error_code, str_bytes};
+use crate::Context;
+
+pub async fn handle(
+    ctx: &Context,
+    header: &RequestHeader,
+    request: OffsetFetchRequest,
+) -> OffsetFetchResponse {
+    if header.request_api_version >= 8 {
+        let groups = request.groups.into_iter().map(|group| async move {
+            let wanted = group.topics.map(|topics| {
+                topics
+                    .into_iter()
+                    .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                    .collect::<Vec<_>>()
+            });
+            let (error, topics) = fetch(ctx, &group.group_id, wanted).await;
+            OffsetFetchResponseGroup::default()
+                .with_group_id(group.group_id)
+                .with_error_code(error)
+                .with_topics(topics.into_iter().map(v8_topic).collect())
+        });
+        return OffsetFetchResponse::default().with_groups(futures::future::join_all(groups).await);
+    }
+    let wanted = request.topics.map(|topics| {
+        topics
+            .into_iter()
+            .map(|t| (t.name.0.to_string(), t.partition_indexes))
+            .collect::<Vec<_>>()
+    });
+    let (error, topics) = fetch(ctx, &request.group_id, wanted).await;
+    let version = header.request_api_version;
+    let response = OffsetFetchResponse::default()
+        .with_topics(topics.into_iter().map(|t| old_topic(version, t)).collect());
+    if version >= 2 {
+        response.with_error_code(error)
+    } else {
+        response
+    }
+}
+
+/// One topic's answer: name, then (partition, committed offset or none).
+type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>)>);
+
+/// The group's error code and its offsets, grouped by topic in the order
+/// asked (or by name when all were asked for).
+async fn fetch(
+    ctx: &Context,
+    group: &GroupId,
+    wanted: Option<Vec<(String, Vec<i32>)>>,
+) -> (i16, Vec<TopicOffsets>) {
+    if let Some(code) = check_coordinator(ctx, group) {
+        return (code, Vec::new());
+    }
+    let partitions: Option<Vec<TopicPartition>> = wanted.as_ref().map(|topics| {
+        topics
+            .iter()
+            .flat_map(|(name, partitions)| partitions.iter().map(move |p| (name.clone(), *p)))
+            .collect()
+    });
+    let found = match ctx.store.committed_offsets(group, partitions.as_deref()).await {
+        Ok(found) => found,
+        Err(e) => return (error_code(&e), Vec::new()),
+    };
+    let mut topics: Vec<TopicOffsets> = Vec::new();
+    for ((topic, partition), committed) in found {
+        match topics.last_mut() {
+            Some((name, partitions)) if *name == topic => partitions.push((partition, committed)),
+            _ => topics.push((topic, vec![(partition, committed)])),
+        }
+    }
+    (0, topics)
+}
+
+/// v1–v7 answer; the leader epoch exists from v5.
+fn old_topic(version: i16, (name, partitions): TopicOffsets) -> OffsetFetchResponseTopic {
+    OffsetFetchResponseTopic::default()
+        .with_name(TopicName(str_bytes(name)))
+        .with_partitions(
+            partitions
+                .into_iter()
+                .map(|(index, committed)| {
+                    let (offset, epoch, metadata) = fields(committed);
+                    OffsetFetchResponsePartition::default()
+                        .with_partition_index(index)
+                        .with_committed_offset(offset)
+                        .with_committed_leader_epoch(if version >= 5 { epoch } else { -1 })
+                        .with_metadata(Some(str_bytes(metadata)))
+                })
+                .collect(),
+        )
+}
+
+fn v8_topic((name, partitions): TopicOffsets) -> OffsetFetchResponseTopics {
+    OffsetFetchResponseTopics::default()
+        .with_name(TopicName(str_bytes(name)))
+        .with_partitions(
+            partitions
+                .into_iter()
+                .map(|(index, committed)| {
+                    let (offset, epoch, metadata) = fields(committed);
+                    OffsetFetchResponsePartitions::default()
+                        .with_partition_index(index)
+                        .with_committed_offset(offset)
+                        .with_committed_leader_epoch(epoch)
+                        .with_metadata(Some(str_bytes(metadata)))
+                })
+                .collect(),
+        )
+}
+
+/// Offset, leader epoch and metadata to report; -1, -1, "" when nothing
+/// was committed.
+fn fields(committed: Option<CommittedOffset>) -> (i64, i32, String) {
+    match committed {
+        Some(c) => (c.offset, c.leader_epoch, c.metadata.unwrap_or_default()),
+        None => (-1, -1, String::new()),
+    }
+}

@@ -1,0 +1,200 @@
+//! Committed consumer-group offsets (DESIGN §3):
+//! `ketch:group:{GROUP}:offsets`, a hash of `topic:partition` → JSON with
+//! the offset, leader epoch, metadata and commit time; and `ketch:groups`,
+//! the set of groups that have committed offsets (for ListGroups after a
+//! coordinator restart).
+//!
+//! Group membership itself lives in the coordinating gateway's memory; only
+//! what must survive it is here. Offsets of a group that became empty
+//! expire after `groups.offsets_retention` (a Redis TTL on the hash).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, StorageError, Store};
+
+/// One committed offset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommittedOffset {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+    /// When it was committed (ms since the Unix epoch).
+    pub commit_ms: i64,
+}
+
+impl CommittedOffset {
+    pub fn new(offset: i64, leader_epoch: i32, metadata: Option<String>) -> Self {
+        let commit_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        Self {
+            offset,
+            leader_epoch,
+            metadata,
+            commit_ms,
+        }
+    }
+}
+
+/// A topic partition as committed offsets name it.
+pub type TopicPartition = (String, i32);
+
+fn field(topic: &str, partition: i32) -> String {
+    format!("{topic}:{partition}")
+}
+
+/// Splits `topic:partition` (topic names cannot contain ':').
+fn parse_field(field: &str) -> Option<TopicPartition> {
+    let (topic, partition) = field.rsplit_once(':')?;
+    Some((topic.to_owned(), partition.parse().ok()?))
+}
+
+impl Store {
+    fn group_offsets_key(&self, group: &str) -> String {
+        format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
+    }
+
+    fn groups_key(&self) -> String {
+        format!("{}:groups", self.keys.namespace())
+    }
+
+    /// Stores committed offsets (all in one HSET: atomic per group).
+    pub async fn commit_offsets(
+        &self,
+        group: &str,
+        offsets: &[(TopicPartition, CommittedOffset)],
+    ) -> Result<()> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<(String, String)> = offsets
+            .iter()
+            .map(|((topic, partition), committed)| {
+                let json = serde_json::to_string(committed).expect("offset serializes");
+                (field(topic, *partition), json)
+            })
+            .collect();
+        redis::pipe()
+            .hset_multiple(self.group_offsets_key(group), &items)
+            .ignore()
+            .sadd(self.groups_key(), group)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    /// The group's committed offsets: those of `partitions`, or all.
+    pub async fn committed_offsets(
+        &self,
+        group: &str,
+        partitions: Option<&[TopicPartition]>,
+    ) -> Result<Vec<(TopicPartition, Option<CommittedOffset>)>> {
+        let key = self.group_offsets_key(group);
+        let decode = |json: &str| {
+            serde_json::from_str::<CommittedOffset>(json)
+                .map_err(|e| StorageError::Data(format!("committed offset of group {group}: {e}")))
+        };
+        match partitions {
+            Some(partitions) if partitions.is_empty() => Ok(Vec::new()),
+            Some(partitions) => {
+                let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
+                let values: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(&key)
+                    .arg(&fields)
+                    .query_async(&mut self.conn())
+                    .await?;
+                partitions
+                    .iter()
+                    .cloned()
+                    .zip(values)
+                    .map(|(tp, json)| Ok((tp, json.as_deref().map(decode).transpose()?)))
+                    .collect()
+            }
+            None => {
+                let all: Vec<(String, String)> = self.conn().hgetall(&key).await?;
+                let mut offsets = Vec::with_capacity(all.len());
+                for (name, json) in all {
+                    if let Some(tp) = parse_field(&name) {
+                        offsets.push((tp, Some(decode(&json)?)));
+                    }
+                }
+                offsets.sort_by(|a, b| a.0.cmp(&b.0));
+                Ok(offsets)
+            }
+        }
+    }
+
+    /// Deletes the committed offsets of `partitions` (OffsetDelete).
+    pub async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
+        let _: i64 = self.conn().hdel(self.group_offsets_key(group), fields).await?;
+        Ok(())
+    }
+
+    /// Deletes every committed offset of the group; true if it had any.
+    pub async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
+        let (deleted, _): (i64, i64) = redis::pipe()
+            .del(self.group_offsets_key(group))
+            .srem(self.groups_key(), group)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(deleted > 0)
+    }
+
+    /// The group has no members left: its offsets expire after `retention`.
+    pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
+        let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX).max(1);
+        let _: i64 = self.conn().pexpire(self.group_offsets_key(group), ms).await?;
+        Ok(())
+    }
+
+    /// The group has members again: its offsets are kept.
+    pub async fn group_active(&self, group: &str) -> Result<()> {
+        let _: i64 = self.conn().persist(self.group_offsets_key(group)).await?;
+        Ok(())
+    }
+
+    /// Groups that have committed offsets still stored.
+    pub async fn groups_with_offsets(&self) -> Result<Vec<String>> {
+        let groups: Vec<String> = self.conn().smembers(self.groups_key()).await?;
+        if groups.is_empty() {
+            return Ok(groups);
+        }
+        let mut pipe = redis::pipe();
+        for group in &groups {
+            pipe.exists(self.group_offsets_key(group));
+        }
+        let exists: Vec<bool> = pipe.query_async(&mut self.conn()).await?;
+        let (live, gone): (Vec<_>, Vec<_>) = groups.into_iter().zip(exists).partition(|(_, e)| *e);
+        if !gone.is_empty() {
+            // Expired with their retention: forget them.
+            let gone: Vec<String> = gone.into_iter().map(|(g, _)| g).collect();
+            let _: i64 = self.conn().srem(self.groups_key(), gone).await?;
+        }
+        let mut live: Vec<String> = live.into_iter().map(|(g, _)| g).collect();
+        live.sort();
+        Ok(live)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_round_trip_topic_names_with_dots_and_dashes() {
+        assert_eq!(
+            parse_field(&field("a.b-c_d", 12)),
+            Some(("a.b-c_d".to_owned(), 12))
+        );
+        assert_eq!(parse_field("nocolon"), None);
+        assert_eq!(parse_field("t:x"), None);
+    }
+}

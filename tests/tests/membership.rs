@@ -1,0 +1,136 @@
+//! Gateway membership (DESIGN §6): every live gateway is in Metadata,
+//! partition leaders and group coordinators are spread over them by
+//! rendezvous hashing, and a dead gateway's share moves to the others.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::{FindCoordinatorRequest, OffsetFetchRequest};
+use kafka_protocol::protocol::StrBytes;
+use ketch_tests::raw::{self, KafkaConn};
+use ketch_tests::{Ketch, RedisServer, unique_topic};
+use rdkafka::consumer::Consumer;
+
+const NOT_COORDINATOR: i16 = 16;
+
+fn gateway(redis: &RedisServer, id: i32) -> Ketch {
+    Ketch::start(
+        &redis.url(),
+        &[
+            "--node-id",
+            &id.to_string(),
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.node_timeout=600ms",
+        ],
+    )
+}
+
+/// (broker ids, leader id of each partition) as `via` reports them.
+fn metadata(via: &Ketch, topic: &str) -> (BTreeSet<i32>, Vec<i32>) {
+    let metadata = via
+        .consumer()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let brokers = metadata.brokers().iter().map(|b| b.id()).collect();
+    let leaders = metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| p.leader())
+        .collect();
+    (brokers, leaders)
+}
+
+/// Polls Metadata until `done` holds: membership converges through
+/// heartbeats, and Metadata is the only place a client can see it.
+fn wait_for_metadata(via: &Ketch, topic: &str, what: &str, done: impl Fn(&BTreeSet<i32>, &[i32]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (brokers, leaders) = metadata(via, topic);
+        if done(&brokers, &leaders) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: brokers {brokers:?}, leaders {leaders:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn metadata_lists_live_gateways_and_moves_a_dead_ones_partitions() {
+    let redis = RedisServer::start();
+    let mut gateways: Vec<Ketch> = (1..=3).map(|id| gateway(&redis, id)).collect();
+    let topic = unique_topic("membership");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(gateways[0].kafka_addr()), &topic, 24),
+        0
+    );
+
+    let all = BTreeSet::from([1, 2, 3]);
+    wait_for_metadata(&gateways[0], &topic, "three gateways", |brokers, _| {
+        *brokers == all
+    });
+    let (_, leaders) = metadata(&gateways[1], &topic);
+    let leading: BTreeSet<i32> = leaders.iter().copied().collect();
+    assert_eq!(leading, all, "24 partitions spread over all three gateways");
+    // Every gateway computes the same leaders.
+    assert_eq!(metadata(&gateways[2], &topic).1, leaders);
+
+    gateways[2].kill9();
+    wait_for_metadata(&gateways[0], &topic, "gateway 3 gone", |brokers, leaders| {
+        *brokers == BTreeSet::from([1, 2]) && leaders.iter().all(|l| *l != 3)
+    });
+    let (_, after) = metadata(&gateways[1], &topic);
+    for (before, after) in leaders.iter().zip(&after) {
+        if *before != 3 {
+            assert_eq!(before, after, "a partition moved though its leader lives");
+        }
+    }
+}
+
+#[test]
+fn groups_spread_over_coordinators_and_others_answer_not_coordinator() {
+    let redis = RedisServer::start();
+    let gateways: Vec<Ketch> = (1..=3).map(|id| gateway(&redis, id)).collect();
+    let topic = unique_topic("coordinators");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(gateways[0].kafka_addr()), &topic, 1),
+        0
+    );
+    let all = BTreeSet::from([1, 2, 3]);
+    for g in &gateways {
+        wait_for_metadata(g, &topic, "three gateways", |brokers, _| *brokers == all);
+    }
+
+    let mut coordinators = BTreeSet::new();
+    for n in 0..30 {
+        let group = format!("group-{n}");
+        let find = FindCoordinatorRequest::default().with_key(StrBytes::from_string(group.clone()));
+        let answers: Vec<i32> = gateways
+            .iter()
+            .map(|g| {
+                let response = KafkaConn::connect(g.kafka_addr()).request(3, &find);
+                assert_eq!(response.error_code, 0);
+                response.node_id.0
+            })
+            .collect();
+        assert!(
+            answers.iter().all(|a| *a == answers[0]),
+            "{group}: gateways disagree: {answers:?}"
+        );
+        coordinators.insert(answers[0]);
+
+        for (id, g) in (1..=3).zip(&gateways) {
+            let fetch = OffsetFetchRequest::default()
+                .with_group_id(StrBytes::from_string(group.clone()).into())
+                .with_topics(None);
+            let response = KafkaConn::connect(g.kafka_addr()).request(7, &fetch);
+            let expected = if id == answers[0] { 0 } else { NOT_COORDINATOR };
+            assert_eq!(response.error_code, expected, "{group} asked of gateway {id}");
+        }
+    }
+    assert_eq!(coordinators, all, "30 groups spread over all three coordinators");
+}
