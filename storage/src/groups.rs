@@ -99,7 +99,7 @@ impl Store {
                 .map_err(|e| StorageError::Data(format!("committed offset of group {group}: {e}")))
         };
         match partitions {
-            Some(partitions) if partitions.is_empty() => Ok(Vec::new()),
+            Some([]) => Ok(Vec::new()),
             Some(partitions) => {
                 let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
                 let values: Vec<Option<String>> = redis::cmd("HMGET")
