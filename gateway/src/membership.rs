@@ -184,12 +184,8 @@ mod tests {
         for p in 0..300 {
             counts[three.partition_leader(&topic, p).id as usize] += 1;
         }
-        for id in 1..=3 {
-            assert!(
-                (60..=140).contains(&counts[id]),
-                "node {id} leads {} of 300",
-                counts[id]
-            );
+        for (id, count) in counts.iter().enumerate().skip(1) {
+            assert!((60..=140).contains(count), "node {id} leads {count} of 300");
         }
         let two = membership(&[1, 3]);
         for p in 0..300 {
