@@ -1,5 +1,5 @@
 //! The HTTP listener: `/health` (the process is alive) and `/ready`
-//! (Redis answers).
+//! (Redis answers and this gateway has registered in it).
 
 use std::sync::Arc;
 
@@ -27,7 +27,11 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
 
 async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
     match ctx.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Ok(()) if ctx.membership.joined() => (StatusCode::OK, "ready\n".to_owned()),
+        Ok(()) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: not yet registered in ketch:brokers\n".to_owned(),
+        ),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }
 }

@@ -8,6 +8,7 @@
 //! coordination does depend on it: a gateway answers group requests only
 //! for the groups it coordinates (NOT_COORDINATOR otherwise).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -21,6 +22,8 @@ use crate::Node;
 pub struct Membership {
     me: Node,
     live: Arc<RwLock<Vec<Node>>>,
+    /// A heartbeat of this gateway reached Redis.
+    joined: Arc<AtomicBool>,
 }
 
 impl Membership {
@@ -28,8 +31,14 @@ impl Membership {
     pub fn new(me: Node) -> Self {
         Self {
             live: Arc::new(RwLock::new(vec![me.clone()])),
+            joined: Arc::new(AtomicBool::new(false)),
             me,
         }
+    }
+
+    /// Whether this gateway has registered in Redis (part of `/ready`).
+    pub fn joined(&self) -> bool {
+        self.joined.load(Ordering::Relaxed)
     }
 
     /// The live gateways, by node id; always includes this one.
@@ -103,6 +112,7 @@ impl Membership {
             }
             match store.heartbeat(&record, &instance, node_timeout).await {
                 Ok(beat) => {
+                    self.joined.store(true, Ordering::Relaxed);
                     if let Some(other) = beat.conflicting_instance {
                         tracing::error!(node_id = self.me.id, other_instance = %other,
                             "another live gateway uses this node id; give each gateway its own broker.id");
