@@ -5,6 +5,7 @@
 //! parses settings and calls it; tests may run it in-process.
 
 pub mod api;
+pub mod group;
 pub mod http;
 pub mod membership;
 pub mod server;
@@ -26,6 +27,8 @@ pub struct Context {
     pub shutdown: watch::Receiver<bool>,
     /// The live gateways; partition leaders and group coordinators.
     pub membership: membership::Membership,
+    /// The classic consumer groups this gateway coordinates.
+    pub groups: group::Coordinator,
 }
 
 /// A gateway as clients see it in Metadata.
@@ -45,12 +48,14 @@ impl Context {
             port: settings.advertised_port(),
         };
         let membership = membership::Membership::new(node.clone());
+        let groups = group::Coordinator::with_store(&settings.groups, store.clone());
         Ok(Self {
             settings,
             store,
             node,
             shutdown,
             membership,
+            groups,
         })
     }
 }

@@ -8,16 +8,25 @@
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
+pub mod delete_groups;
 pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
+pub mod describe_groups;
 pub mod fetch;
 pub mod find_coordinator;
+pub mod heartbeat;
+pub mod join_group;
+pub mod leave_group;
+pub mod list_groups;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_commit;
+pub mod offset_delete;
 pub mod offset_fetch;
 pub mod produce;
+pub mod sync_group;
 
 use std::sync::Arc;
 
@@ -44,6 +53,15 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::FindCoordinator, 0, 6),
     (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::ListGroups, 0, 5),
+    (ApiKey::DescribeGroups, 0, 6),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// The (min, max) versions ketch supports for `key`, if any.
@@ -91,6 +109,23 @@ pub async fn handle(
             ResponseKind::FindCoordinator(find_coordinator::handle(ctx, header, r))
         }
         RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offset_fetch::handle(ctx, header, r).await),
+        RequestKind::OffsetCommit(r) => {
+            ResponseKind::OffsetCommit(offset_commit::handle(ctx, header, r).await)
+        }
+        RequestKind::OffsetDelete(r) => {
+            ResponseKind::OffsetDelete(offset_delete::handle(ctx, header, r).await)
+        }
+        RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(join_group::handle(ctx, header, r).await),
+        RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(sync_group::handle(ctx, header, r).await),
+        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(heartbeat::handle(ctx, header, r)),
+        RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(leave_group::handle(ctx, header, r)),
+        RequestKind::ListGroups(r) => ResponseKind::ListGroups(list_groups::handle(ctx, header, r).await),
+        RequestKind::DescribeGroups(r) => {
+            ResponseKind::DescribeGroups(describe_groups::handle(ctx, header, r).await)
+        }
+        RequestKind::DeleteGroups(r) => {
+            ResponseKind::DeleteGroups(delete_groups::handle(ctx, header, r).await)
+        }
         other => {
             // Unreachable: the server refuses unsupported API keys before decoding.
             tracing::error!(request = ?std::mem::discriminant(&other), "no handler for a supported API");

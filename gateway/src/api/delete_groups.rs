@@ -1,0 +1,50 @@
+//! DeleteGroups (API key 42, versions 0–2): deletes Empty groups and their
+//! committed offsets. A group with members is NON_EMPTY_GROUP; one neither in
+//! memory nor with offsets is GROUP_ID_NOT_FOUND. Spec: KIP-229.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader};
+
+use crate::Context;
+use crate::group::NotDeleted;
+
+pub async fn handle(
+    ctx: &Context,
+    _header: &RequestHeader,
+    req: DeleteGroupsRequest,
+) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(req.groups_names.len());
+    // One at a time: a name given twice is deleted once, then not found.
+    for group_id in req.groups_names {
+        let code = delete(ctx, &group_id).await;
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(group_id)
+                .with_error_code(code),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
+}
+
+async fn delete(ctx: &Context, group_id: &str) -> i16 {
+    if let Some(code) = super::check_coordinator(ctx, group_id) {
+        return code;
+    }
+    let in_memory = match ctx.groups.delete(group_id) {
+        Ok(()) => true,
+        Err(NotDeleted::NonEmpty) => return ResponseError::NonEmptyGroup.code(),
+        Err(NotDeleted::Unknown) => false,
+    };
+    match ctx.store.delete_group_offsets(group_id).await {
+        Ok(had_offsets) if in_memory || had_offsets => {
+            tracing::info!(group = group_id, "deleted group");
+            0
+        }
+        Ok(_) => ResponseError::GroupIdNotFound.code(),
+        Err(e) => {
+            tracing::warn!(group = group_id, error = %e, "cannot delete committed offsets");
+            ResponseError::CoordinatorLoadInProgress.code()
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! DescribeGroups (API key 15, versions 0–6): state, protocol and members
+//! (with metadata and assignment once Stable) of classic groups. A group
+//! known only by its committed offsets is Empty; an unknown one is Dead, and
+//! from v6 GROUP_ID_NOT_FOUND (KIP-1043). v3 adds authorized operations
+//! (KIP-430), v4 `group.instance.id` (KIP-345).
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_groups_response::DescribedGroup;
+use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader};
+use kafka_protocol::protocol::StrBytes;
+
+use super::str_bytes;
+use crate::Context;
+use crate::group::State;
+
+/// Kafka's `AclOperation` codes of the operations on a group resource.
+const GROUP_OPERATIONS: [i32; 3] = [
+    3, // READ
+    6, // DELETE
+    8, // DESCRIBE
+];
+
+/// Kafka's "authorized operations were not requested" marker.
+const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
+
+pub async fn handle(
+    ctx: &Context,
+    header: &RequestHeader,
+    req: DescribeGroupsRequest,
+) -> DescribeGroupsResponse {
+    // Without an authorizer every operation is allowed, as in Kafka.
+    let operations = if req.include_authorized_operations {
+        GROUP_OPERATIONS.iter().fold(0, |bits, op| bits | (1 << op))
+    } else {
+        OPERATIONS_NOT_REQUESTED
+    };
+    let mut groups = Vec::with_capacity(req.groups.len());
+    for group_id in req.groups {
+        let described = describe(ctx, header.request_api_version, &group_id).await;
+        groups.push(
+            described
+                .with_group_id(group_id)
+                .with_authorized_operations(operations),
+        );
+    }
+    DescribeGroupsResponse::default().with_groups(groups)
+}
+
+async fn describe(ctx: &Context, version: i16, group_id: &str) -> DescribedGroup {
+    if let Some(code) = super::check_coordinator(ctx, group_id) {
+        return DescribedGroup::default().with_error_code(code);
+    }
+    if let Some(described) = ctx.groups.describe(group_id) {
+        return described;
+    }
+    match ctx.store.committed_offsets(group_id, None).await {
+        Ok(offsets) if !offsets.is_empty() => state_only(State::Empty),
+        Ok(_) if version >= 6 => state_only(State::Dead)
+            .with_error_code(ResponseError::GroupIdNotFound.code())
+            .with_error_message(Some(str_bytes(format!("Group {group_id} not found.")))),
+        Ok(_) => state_only(State::Dead),
+        Err(e) => {
+            tracing::warn!(group = group_id, error = %e, "cannot read committed offsets");
+            DescribedGroup::default().with_error_code(ResponseError::CoordinatorLoadInProgress.code())
+        }
+    }
+}
+
+fn state_only(state: State) -> DescribedGroup {
+    DescribedGroup::default().with_group_state(StrBytes::from_static_str(state.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use kafka_protocol::messages::GroupId;
+    use kafka_protocol::protocol::Encodable;
+
+    use super::*;
+
+    #[test]
+    fn group_operations_match_kafka_without_an_authorizer() {
+        let bits = GROUP_OPERATIONS.iter().fold(0, |bits, op| bits | (1 << op));
+        assert_eq!(bits, 0b1_0100_1000);
+    }
+
+    #[test]
+    fn dead_group_encodes_in_every_supported_version() {
+        for version in 0..=6 {
+            let group = state_only(State::Dead).with_group_id(GroupId(str_bytes("g")));
+            let response = DescribeGroupsResponse::default().with_groups(vec![group]);
+            assert!(
+                response.encode(&mut BytesMut::new(), version).is_ok(),
+                "version {version}"
+            );
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! LeaveGroup (API key 13, versions 0–5): members leave a classic group,
+//! which rebalances. Versions 0–2 name one member; from v3 a batch, each by
+//! member id or by `group.instance.id` alone, with an error each (KIP-345).
+//! v5 adds a reason (KIP-800).
+
+use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader};
+
+use crate::Context;
+
+pub fn handle(ctx: &Context, header: &RequestHeader, req: LeaveGroupRequest) -> LeaveGroupResponse {
+    if let Some(code) = super::check_coordinator(ctx, &req.group_id) {
+        return LeaveGroupResponse::default().with_error_code(code);
+    }
+    let batched = header.request_api_version >= 3;
+    let leaving = if batched {
+        req.members
+    } else {
+        vec![MemberIdentity::default().with_member_id(req.member_id)]
+    };
+    match ctx.groups.leave(&req.group_id, leaving) {
+        Err(code) => LeaveGroupResponse::default().with_error_code(code),
+        Ok(members) if batched => LeaveGroupResponse::default().with_members(members),
+        // The one member's error is the response's.
+        Ok(members) => {
+            let code = members.first().map_or(0, |m| m.error_code);
+            LeaveGroupResponse::default().with_error_code(code)
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! OffsetCommit (v2–v9): store a group's consumed positions in Redis.
+//!
+//! The coordinator checks the member and generation first (Kafka's
+//! `validateOffsetCommit`: a commit without a generation is accepted only
+//! for an empty or unknown group), then every partition's offset is written
+//! in one HSET. A partition of an unknown topic is UNKNOWN_TOPIC_OR_PARTITION
+//! and metadata longer than `groups.max_metadata_bytes` is
+//! OFFSET_METADATA_TOO_LARGE; the rest of the request is still committed.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader};
+use ketch_storage::{CommittedOffset, TopicPartition};
+
+use super::{check_coordinator, error_code, resolve_topic};
+use crate::Context;
+
+pub async fn handle(
+    ctx: &Context,
+    _header: &RequestHeader,
+    request: OffsetCommitRequest,
+) -> OffsetCommitResponse {
+    let group = request.group_id.0.to_string();
+    let refused = check_coordinator(ctx, &group).or_else(|| {
+        ctx.groups
+            .validate_offset_commit(
+                &group,
+                &request.member_id,
+                request.group_instance_id.as_ref(),
+                request.generation_id_or_member_epoch,
+            )
+            .err()
+    });
+    let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
+    let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
+    let mut positions: Vec<Vec<(usize, usize)>> = Vec::new();
+    for topic in &request.topics {
+        let known = match refused {
+            Some(code) => Err(code),
+            None => resolve_topic(ctx, &topic.name, false)
+                .await
+                .map(|t| t.partitions()),
+        };
+        let mut topic_codes = Vec::with_capacity(topic.partitions.len());
+        let mut topic_positions = Vec::new();
+        for partition in &topic.partitions {
+            let code = match known {
+                Err(code) => code,
+                Ok(count) if partition.partition_index < 0 || partition.partition_index >= count => {
+                    ResponseError::UnknownTopicOrPartition.code()
+                }
+                Ok(_) if too_long(ctx, partition.committed_metadata.as_deref()) => {
+                    ResponseError::OffsetMetadataTooLarge.code()
+                }
+                Ok(_) => {
+                    topic_positions.push((codes.len(), topic_codes.len()));
+                    accepted.push((
+                        (topic.name.0.to_string(), partition.partition_index),
+                        CommittedOffset::new(
+                            partition.committed_offset,
+                            partition.committed_leader_epoch,
+                            partition.committed_metadata.as_ref().map(|m| m.to_string()),
+                        ),
+                    ));
+                    0
+                }
+            };
+            topic_codes.push(code);
+        }
+        codes.push(topic_codes);
+        positions.push(topic_positions);
+    }
+    if let Err(e) = commit(ctx, &group, &accepted).await {
+        let code = error_code(&e);
+        for (t, p) in positions.into_iter().flatten() {
+            codes[t][p] = code;
+        }
+    }
+    OffsetCommitResponse::default().with_topics(
+        request
+            .topics
+            .into_iter()
+            .zip(codes)
+            .map(|(topic, codes)| {
+                OffsetCommitResponseTopic::default()
+                    .with_name(topic.name)
+                    .with_partitions(
+                        topic
+                            .partitions
+                            .iter()
+                            .zip(codes)
+                            .map(|(p, code)| {
+                                OffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(code)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
+
+/// Stores the offsets. A group without members (consumers that assign
+/// their own partitions) keeps them `groups.offsets_retention` from this
+/// commit, as Kafka keeps a standalone group's offsets.
+async fn commit(
+    ctx: &Context,
+    group: &str,
+    offsets: &[(TopicPartition, CommittedOffset)],
+) -> ketch_storage::Result<()> {
+    if offsets.is_empty() {
+        return Ok(());
+    }
+    ctx.store.commit_offsets(group, offsets).await?;
+    let has_members = ctx.groups.describe(group).is_some_and(|g| !g.members.is_empty());
+    if !has_members {
+        ctx.store
+            .group_emptied(group, ctx.settings.groups.offsets_retention.get())
+            .await?;
+    }
+    Ok(())
+}
+
+fn too_long(ctx: &Context, metadata: Option<&str>) -> bool {
+    metadata.is_some_and(|m| m.len() > ctx.settings.groups.max_metadata_bytes)
+}

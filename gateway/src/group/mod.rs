@@ -1,0 +1,381 @@
+//! The classic consumer-group coordinator (Kafka's `GroupCoordinator` for
+//! classic groups): membership, rebalances and assignments of the groups this
+//! gateway coordinates, in memory (DESIGN §6). Committed offsets live in Redis
+//! and are not kept here.
+//!
+//! Spec: the Kafka protocol guide's group membership APIs; KIP-62 (rebalance
+//! timeout), KIP-134 (initial rebalance delay), KIP-345 (static membership,
+//! batched LeaveGroup), KIP-394 (member id required), KIP-814 (skip
+//! assignment). [`state`] is the state machine; this module locks it, parks
+//! requests that wait for a rebalance, and runs one timer task per group.
+
+pub mod state;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_groups_response::DescribedGroup;
+use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::{
+    HeartbeatRequest, JoinGroupRequest, JoinGroupResponse, SyncGroupRequest, SyncGroupResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use ketch_config::GroupsSettings;
+use ketch_storage::Store;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+use state::{Group, Reply, Timing, join_error, sync_error};
+pub use state::{Joiner, State};
+
+/// The groups this gateway coordinates. Cheap to clone.
+#[derive(Clone)]
+pub struct Coordinator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    timing: Timing,
+    groups: Mutex<HashMap<StrBytes, Slot>>,
+    retention: Option<Retention>,
+}
+
+struct Slot {
+    group: Group,
+    /// Wakes the group's timer task: its deadlines may have changed.
+    timers: Arc<Notify>,
+}
+
+/// A group's listing in ListGroups.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    pub group_id: StrBytes,
+    pub state: State,
+    pub protocol_type: StrBytes,
+}
+
+/// Why DeleteGroups cannot delete a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotDeleted {
+    /// The group has members (NON_EMPTY_GROUP).
+    NonEmpty,
+    /// The group is not in memory: it may still have offsets in Redis.
+    Unknown,
+}
+
+impl Coordinator {
+    /// A coordinator that keeps no offsets alive (tests).
+    pub fn new(settings: &GroupsSettings) -> Self {
+        Self::build(settings, None)
+    }
+
+    /// A coordinator that makes a group's committed offsets expire
+    /// `groups.offsets_retention` after it becomes Empty, and keeps them
+    /// while it has members.
+    pub fn with_store(settings: &GroupsSettings, store: Store) -> Self {
+        let retention = Retention {
+            store,
+            retention: settings.offsets_retention.get(),
+            queue: Mutex::new(None),
+        };
+        Self::build(settings, Some(retention))
+    }
+
+    fn build(settings: &GroupsSettings, retention: Option<Retention>) -> Self {
+        let timing = Timing {
+            initial_rebalance_delay: settings.initial_rebalance_delay.get(),
+            min_session_timeout: settings.min_session_timeout.get(),
+            max_session_timeout: settings.max_session_timeout.get(),
+            offsets_retention: settings.offsets_retention.get(),
+        };
+        let inner = Inner {
+            timing,
+            groups: Mutex::new(HashMap::new()),
+            retention,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// JoinGroup; waits (without holding anything) for the join phase when
+    /// the member must. A gateway shutting down answers COORDINATOR_NOT_AVAILABLE,
+    /// so the client finds the next coordinator.
+    pub async fn join(
+        &self,
+        req: JoinGroupRequest,
+        joiner: Joiner,
+        shutdown: &watch::Receiver<bool>,
+    ) -> JoinGroupResponse {
+        let member_id = req.member_id.clone();
+        let reply = self.join_now(req, &joiner);
+        let unanswered = join_error(member_id, ResponseError::CoordinatorNotAvailable);
+        settle(reply, shutdown, unanswered).await
+    }
+
+    fn join_now(&self, req: JoinGroupRequest, joiner: &Joiner) -> Reply<JoinGroupResponse> {
+        let group_id = req.group_id.0.clone();
+        if group_id.is_empty() {
+            return Reply::Now(join_error(req.member_id, ResponseError::InvalidGroupId));
+        }
+        if let Err(error) = self.inner.timing.check_session_timeout(req.session_timeout_ms) {
+            return Reply::Now(join_error(req.member_id, error));
+        }
+        // Only a member without an id may create the group.
+        let create = req.member_id.is_empty();
+        let member_id = req.member_id.clone();
+        self.inner
+            .update(&group_id, create, |group, now| group.join(req, joiner, now))
+            .unwrap_or_else(|| Reply::Now(join_error(member_id, ResponseError::UnknownMemberId)))
+    }
+
+    /// SyncGroup; followers wait for the leader's assignment. A gateway
+    /// shutting down answers REBALANCE_IN_PROGRESS, so the member rejoins.
+    pub async fn sync(&self, req: SyncGroupRequest, shutdown: &watch::Receiver<bool>) -> SyncGroupResponse {
+        let reply = match invalid_group(&req.group_id) {
+            Some(error) => Reply::Now(sync_error(error)),
+            None => (self.inner)
+                .update(&req.group_id.0.clone(), false, |group, now| group.sync(req, now))
+                .unwrap_or_else(|| Reply::Now(sync_error(ResponseError::UnknownMemberId))),
+        };
+        settle(reply, shutdown, sync_error(ResponseError::RebalanceInProgress)).await
+    }
+
+    /// Heartbeat: the error code (0 for none).
+    pub fn heartbeat(&self, req: &HeartbeatRequest) -> i16 {
+        if let Some(error) = invalid_group(&req.group_id) {
+            return error.code();
+        }
+        let outcome = self
+            .inner
+            .update(&req.group_id.0, false, |group, now| group.heartbeat(req, now));
+        match outcome.unwrap_or(Err(ResponseError::UnknownMemberId)) {
+            Ok(()) => 0,
+            Err(error) => error.code(),
+        }
+    }
+
+    /// LeaveGroup: one response per leaving member, or a group-level error.
+    pub fn leave(
+        &self,
+        group_id: &StrBytes,
+        leaving: Vec<MemberIdentity>,
+    ) -> Result<Vec<MemberResponse>, i16> {
+        if group_id.is_empty() {
+            return Err(ResponseError::InvalidGroupId.code());
+        }
+        let unknown = |m: &MemberIdentity| {
+            MemberResponse::default()
+                .with_member_id(m.member_id.clone())
+                .with_group_instance_id(m.group_instance_id.clone())
+                .with_error_code(ResponseError::UnknownMemberId.code())
+        };
+        let unknown_group: Vec<MemberResponse> = leaving.iter().map(unknown).collect();
+        let left = self
+            .inner
+            .update(group_id, false, |group, now| group.leave(leaving, now));
+        Ok(left.unwrap_or(unknown_group))
+    }
+
+    /// Every group in memory.
+    pub fn list(&self) -> Vec<Listing> {
+        let groups = self.inner.lock();
+        let listing = |(id, slot): (&StrBytes, &Slot)| Listing {
+            group_id: id.clone(),
+            state: slot.group.state(),
+            protocol_type: slot.group.protocol_type(),
+        };
+        groups.iter().map(listing).collect()
+    }
+
+    /// DescribeGroups for a group in memory (without its id and authorized
+    /// operations, which the caller sets).
+    pub fn describe(&self, group_id: &str) -> Option<DescribedGroup> {
+        let groups = self.inner.lock();
+        groups.get(group_id.as_bytes()).map(|slot| slot.group.describe())
+    }
+
+    /// Forgets an Empty group (DeleteGroups); its offsets are the caller's.
+    pub fn delete(&self, group_id: &str) -> Result<(), NotDeleted> {
+        let mut groups = self.inner.lock();
+        let slot = groups.get(group_id.as_bytes()).ok_or(NotDeleted::Unknown)?;
+        if slot.group.state() != State::Empty {
+            return Err(NotDeleted::NonEmpty);
+        }
+        if let Some(slot) = groups.remove(group_id.as_bytes()) {
+            slot.timers.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Whether an OffsetCommit (outside a transaction) from this member and
+    /// generation may commit: Kafka's `validateOffsetCommit`. A group not in
+    /// memory accepts only commits without a generation.
+    pub fn validate_offset_commit(
+        &self,
+        group_id: &str,
+        member_id: &StrBytes,
+        instance_id: Option<&StrBytes>,
+        generation: i32,
+    ) -> Result<(), i16> {
+        let groups = self.inner.lock();
+        let outcome = match groups.get(group_id.as_bytes()) {
+            Some(slot) => slot
+                .group
+                .validate_offset_commit(member_id, instance_id, generation),
+            None if generation < 0 => Ok(()),
+            None => Err(ResponseError::IllegalGeneration),
+        };
+        outcome.map_err(|e| e.code())
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, HashMap<StrBytes, Slot>> {
+        self.groups.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `change` on a group (creating it if `create`), then wakes its
+    /// timer task if needed, forgets the group if it turned Dead, and tells
+    /// Redis when it became Empty or stopped being Empty. `None`: no such group.
+    fn update<R>(
+        self: &Arc<Self>,
+        group_id: &StrBytes,
+        create: bool,
+        change: impl FnOnce(&mut Group, Instant) -> R,
+    ) -> Option<R> {
+        let now = Instant::now();
+        let mut groups = self.lock();
+        if create && !groups.contains_key(group_id) {
+            groups.insert(group_id.clone(), self.start_group(group_id, now));
+        }
+        let slot = groups.get_mut(group_id)?;
+        let (before, deadline_before) = (slot.group.state(), slot.group.next_deadline());
+        let result = change(&mut slot.group, now);
+        let (after, deadline_after) = (slot.group.state(), slot.group.next_deadline());
+        // The timer task sleeps until the old deadline: wake it only for an
+        // earlier one (a later one it finds when it wakes).
+        if deadline_after.is_some_and(|after| deadline_before.is_none_or(|before| after < before)) {
+            slot.timers.notify_one();
+        }
+        if after == State::Dead {
+            groups.remove(group_id);
+            tracing::info!(group = %group_id, "forgot empty group");
+        } else if let Some(retention) = &self.retention {
+            retention.track(group_id, before, after);
+        }
+        Some(result)
+    }
+
+    fn start_group(self: &Arc<Self>, group_id: &StrBytes, now: Instant) -> Slot {
+        let timers = Arc::new(Notify::new());
+        tokio::spawn(run_timers(Arc::downgrade(self), group_id.clone(), timers.clone()));
+        Slot {
+            group: Group::new(self.timing, now),
+            timers,
+        }
+    }
+
+    /// The group's next deadline; `None` once the group (this incarnation
+    /// of it) is gone.
+    fn next_deadline(&self, group_id: &StrBytes, timers: &Arc<Notify>) -> Option<Option<Instant>> {
+        let groups = self.lock();
+        let slot = groups
+            .get(group_id)
+            .filter(|slot| Arc::ptr_eq(&slot.timers, timers))?;
+        Some(slot.group.next_deadline())
+    }
+}
+
+/// A group's timer task: sleeps until its next deadline (or until woken
+/// because the deadlines changed) and runs what is due. Ends with the group.
+async fn run_timers(inner: Weak<Inner>, group_id: StrBytes, timers: Arc<Notify>) {
+    loop {
+        let next = match inner.upgrade() {
+            Some(inner) => inner.next_deadline(&group_id, &timers),
+            None => None,
+        };
+        match next {
+            None => return,
+            Some(Some(deadline)) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {}
+                    () = timers.notified() => {}
+                }
+            }
+            Some(None) => timers.notified().await,
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.next_deadline(&group_id, &timers).is_some() {
+            inner.update(&group_id, false, |group, now| group.expire(now));
+        }
+    }
+}
+
+/// Waits for a parked request's answer; shutdown, or a waiter dropped
+/// unanswered (a newer request of the same member replaced it), gives
+/// `unanswered`.
+async fn settle<T>(reply: Reply<T>, shutdown: &watch::Receiver<bool>, unanswered: T) -> T {
+    let answer = match reply {
+        Reply::Now(response) => return response,
+        Reply::Wait(answer) => answer,
+    };
+    let mut shutdown = shutdown.clone();
+    tokio::select! {
+        answer = answer => answer.unwrap_or(unanswered),
+        Ok(_) = shutdown.wait_for(|stop| *stop) => unanswered,
+    }
+}
+
+/// Group APIs other than the admin ones need a non-empty group id.
+fn invalid_group(group_id: &StrBytes) -> Option<ResponseError> {
+    group_id.is_empty().then_some(ResponseError::InvalidGroupId)
+}
+
+/// Keeps a group's committed offsets while it has members and lets them
+/// expire once it is Empty (Kafka's `offsets.retention.minutes`), applying
+/// the changes to Redis in the order they happened.
+struct Retention {
+    store: Store,
+    retention: std::time::Duration,
+    /// Started with the first change, inside the runtime.
+    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, bool)>>>,
+}
+
+impl Retention {
+    fn track(&self, group_id: &StrBytes, before: State, after: State) {
+        let emptied = before != State::Empty && after == State::Empty;
+        let activated = before == State::Empty && after != State::Empty;
+        if emptied || activated {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let sender = queue.get_or_insert_with(|| self.start());
+            let _ = sender.send((group_id.clone(), emptied));
+        }
+    }
+
+    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, bool)> {
+        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, bool)>();
+        let store = self.store.clone();
+        let retention = self.retention;
+        tokio::spawn(async move {
+            while let Some((group_id, emptied)) = changes.recv().await {
+                let applied = if emptied {
+                    store.group_emptied(&group_id, retention).await
+                } else {
+                    store.group_active(&group_id).await
+                };
+                if let Err(e) = applied {
+                    tracing::warn!(group = %group_id, emptied, error = %e, "cannot update offsets retention");
+                }
+            }
+        });
+        sender
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,496 @@
+//! The coordinator as clients see it, on a paused clock: every timer fires
+//! when the runtime has nothing else to do, so no test sleeps in real time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+use kafka_protocol::messages::{
+    GroupId, HeartbeatRequest, JoinGroupRequest, JoinGroupResponse, SyncGroupRequest, SyncGroupResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use ketch_config::GroupsSettings;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::*;
+
+const SESSION_TIMEOUT_MS: i32 = 10_000;
+const RANGE: &[&str] = &["range"];
+
+fn s(text: &str) -> StrBytes {
+    StrBytes::from_string(text.to_owned())
+}
+
+fn code(error: ResponseError) -> i16 {
+    error.code()
+}
+
+struct Harness {
+    groups: Coordinator,
+    stop: watch::Sender<bool>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let (stop, shutdown) = watch::channel(false);
+        Self {
+            groups: Coordinator::new(&GroupsSettings::default()),
+            stop,
+            shutdown,
+        }
+    }
+
+    fn spawn_join(&self, req: JoinGroupRequest, version: i16) -> JoinHandle<JoinGroupResponse> {
+        let (groups, shutdown) = (self.groups.clone(), self.shutdown.clone());
+        let joiner = Joiner {
+            client_id: s("client"),
+            client_host: s("/10.0.0.1"),
+            version,
+        };
+        tokio::spawn(async move { groups.join(req, joiner, &shutdown).await })
+    }
+
+    async fn join(&self, req: JoinGroupRequest) -> JoinGroupResponse {
+        self.spawn_join(req, 9).await.expect("join task")
+    }
+
+    /// A member id from the MEMBER_ID_REQUIRED round trip.
+    async fn member_id(&self) -> StrBytes {
+        let response = self.join(join_request("", RANGE)).await;
+        assert_eq!(response.error_code, code(ResponseError::MemberIdRequired));
+        response.member_id
+    }
+
+    fn spawn_sync(&self, req: SyncGroupRequest) -> JoinHandle<SyncGroupResponse> {
+        let (groups, shutdown) = (self.groups.clone(), self.shutdown.clone());
+        tokio::spawn(async move { groups.sync(req, &shutdown).await })
+    }
+
+    async fn sync(&self, req: SyncGroupRequest) -> SyncGroupResponse {
+        self.spawn_sync(req).await.expect("sync task")
+    }
+
+    fn heartbeat(&self, member_id: &StrBytes, generation: i32) -> i16 {
+        let req = HeartbeatRequest::default()
+            .with_group_id(GroupId(s("g")))
+            .with_member_id(member_id.clone())
+            .with_generation_id(generation);
+        self.groups.heartbeat(&req)
+    }
+
+    fn describe_state(&self) -> String {
+        let described = self.groups.describe("g").expect("group in memory");
+        described.group_state.to_string()
+    }
+
+    /// Two dynamic members through join and sync: (leader, follower, generation).
+    async fn stable_pair(&self) -> (StrBytes, StrBytes, i32) {
+        let (a, b) = (self.member_id().await, self.member_id().await);
+        let joins = [a, b].map(|id| self.spawn_join(join_request(&id, RANGE), 9));
+        let [a, b] = joins;
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        let (leader, follower) = if a.member_id == a.leader { (a, b) } else { (b, a) };
+        let generation = leader.generation_id;
+        let follower_sync = self.spawn_sync(sync_request(&follower.member_id, generation, &[]));
+        let assignments = [(&leader.member_id, "A"), (&follower.member_id, "B")];
+        self.sync(sync_request(&leader.member_id, generation, &assignments))
+            .await;
+        follower_sync.await.unwrap();
+        (leader.member_id, follower.member_id, generation)
+    }
+}
+
+fn join_request(member_id: &str, protocols: &[&str]) -> JoinGroupRequest {
+    let protocols = protocols
+        .iter()
+        .map(|name| {
+            JoinGroupRequestProtocol::default()
+                .with_name(s(name))
+                .with_metadata(Bytes::from(format!("{member_id}/{name}")))
+        })
+        .collect();
+    JoinGroupRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_member_id(s(member_id))
+        .with_session_timeout_ms(SESSION_TIMEOUT_MS)
+        .with_rebalance_timeout_ms(60_000)
+        .with_protocol_type(s("consumer"))
+        .with_protocols(protocols)
+}
+
+fn static_join(member_id: &str, instance_id: &str) -> JoinGroupRequest {
+    join_request(member_id, RANGE).with_group_instance_id(Some(s(instance_id)))
+}
+
+fn sync_request(
+    member_id: &StrBytes,
+    generation: i32,
+    assignments: &[(&StrBytes, &str)],
+) -> SyncGroupRequest {
+    let assignments = assignments
+        .iter()
+        .map(|(id, assignment)| {
+            SyncGroupRequestAssignment::default()
+                .with_member_id((*id).clone())
+                .with_assignment(Bytes::from(assignment.to_string()))
+        })
+        .collect();
+    SyncGroupRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_member_id(member_id.clone())
+        .with_generation_id(generation)
+        .with_assignments(assignments)
+}
+
+#[tokio::test(start_paused = true)]
+async fn member_id_required_round_trip() {
+    let h = Harness::new();
+    let first = h.join(join_request("", RANGE)).await;
+    assert_eq!(first.error_code, code(ResponseError::MemberIdRequired));
+    assert!(first.member_id.starts_with("client-"), "{:?}", first.member_id);
+
+    let started = Instant::now();
+    let joined = h.join(join_request(&first.member_id, RANGE)).await;
+    assert_eq!(joined.error_code, 0);
+    assert_eq!(joined.member_id, first.member_id);
+    assert_eq!(joined.leader, first.member_id);
+    assert_eq!(joined.generation_id, 1);
+    assert_eq!(joined.protocol_name.as_deref(), Some("range"));
+    assert_eq!(joined.members.len(), 1);
+    // The initial rebalance waited for more members.
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn before_v4_a_member_joins_without_the_round_trip() {
+    let h = Harness::new();
+    let joined = h.spawn_join(join_request("", RANGE), 3).await.unwrap();
+    assert_eq!(joined.error_code, 0);
+    assert!(joined.member_id.starts_with("client-"));
+    assert_eq!(joined.generation_id, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn session_timeout_out_of_bounds_is_refused() {
+    let h = Harness::new();
+    let too_short = join_request("", RANGE).with_session_timeout_ms(1_000);
+    let response = h.join(too_short).await;
+    assert_eq!(response.error_code, code(ResponseError::InvalidSessionTimeout));
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_members_get_one_leader_and_the_same_generation() {
+    let h = Harness::new();
+    let (a, b) = (h.member_id().await, h.member_id().await);
+    let started = Instant::now();
+    let first = h.spawn_join(join_request(&a, RANGE), 9);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let second = h.spawn_join(join_request(&b, RANGE), 9);
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+
+    assert_eq!((first.error_code, second.error_code), (0, 0));
+    assert_eq!(first.generation_id, second.generation_id);
+    assert_eq!(first.leader, second.leader);
+    assert_eq!(first.leader, a, "the first member to join leads");
+    assert_eq!(first.members.len(), 2, "the leader gets every member");
+    assert!(second.members.is_empty());
+    // A member arriving during the initial delay extends it once.
+    assert_eq!(started.elapsed(), Duration::from_secs(6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn sync_gives_each_member_its_assignment_from_the_leader() {
+    let h = Harness::new();
+    let (a, b) = (h.member_id().await, h.member_id().await);
+    let joins = [&a, &b].map(|id| h.spawn_join(join_request(id, RANGE), 9));
+    let [first, second] = joins;
+    let generation = first.await.unwrap().generation_id;
+    second.await.unwrap();
+
+    let follower = h.spawn_sync(sync_request(&b, generation, &[]));
+    tokio::task::yield_now().await;
+    assert!(!follower.is_finished(), "a follower waits for the leader");
+    let leader = h
+        .sync(sync_request(&a, generation, &[(&a, "A"), (&b, "B")]))
+        .await;
+    let follower = follower.await.unwrap();
+
+    assert_eq!((leader.error_code, follower.error_code), (0, 0));
+    assert_eq!(&leader.assignment[..], b"A");
+    assert_eq!(&follower.assignment[..], b"B");
+    assert_eq!(follower.protocol_name.as_deref(), Some("range"));
+    // Stable: a late SyncGroup gets the stored assignment at once.
+    let again = h.sync(sync_request(&b, generation, &[])).await;
+    assert_eq!(&again.assignment[..], b"B");
+    assert_eq!(h.describe_state(), "Stable");
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_and_sync_during_a_rebalance_are_told_to_rejoin() {
+    let h = Harness::new();
+    let (leader, _, generation) = h.stable_pair().await;
+    assert_eq!(h.heartbeat(&leader, generation), 0);
+
+    let newcomer = h.member_id().await;
+    let _parked = h.spawn_join(join_request(&newcomer, RANGE), 9);
+    tokio::task::yield_now().await;
+
+    assert_eq!(
+        h.heartbeat(&leader, generation),
+        code(ResponseError::RebalanceInProgress)
+    );
+    let sync = h.sync(sync_request(&leader, generation, &[])).await;
+    assert_eq!(sync.error_code, code(ResponseError::RebalanceInProgress));
+    assert_eq!(
+        h.heartbeat(&leader, generation + 1),
+        code(ResponseError::IllegalGeneration)
+    );
+    assert_eq!(
+        h.heartbeat(&s("nobody"), generation),
+        code(ResponseError::UnknownMemberId)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_member_is_removed_after_its_session_timeout() {
+    let h = Harness::new();
+    let (leader, follower, generation) = h.stable_pair().await;
+    // Only the leader heartbeats, every 3 s; the follower's 10 s session ends.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(h.heartbeat(&leader, generation), 0);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        h.heartbeat(&leader, generation),
+        code(ResponseError::RebalanceInProgress)
+    );
+    assert_eq!(
+        h.heartbeat(&follower, generation),
+        code(ResponseError::UnknownMemberId)
+    );
+
+    let rejoined = h.join(join_request(&leader, RANGE)).await;
+    assert_eq!(rejoined.generation_id, generation + 1);
+    assert_eq!(rejoined.members.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_static_member_gets_its_assignment_without_a_rebalance() {
+    let h = Harness::new();
+    let joins = ["one", "two"].map(|instance| h.spawn_join(static_join("", instance), 9));
+    let [one, two] = joins;
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    let generation = one.generation_id;
+    let (leader, follower) = if one.member_id == one.leader {
+        (&one, &two)
+    } else {
+        (&two, &one)
+    };
+    let follower_sync = h.spawn_sync(sync_request(&follower.member_id, generation, &[]));
+    let assignments = [(&one.member_id, "1"), (&two.member_id, "2")];
+    h.sync(sync_request(&leader.member_id, generation, &assignments))
+        .await;
+    follower_sync.await.unwrap();
+
+    // Instance "two" restarts: it forgot its member id.
+    let restarted = h.join(static_join("", "two")).await;
+    assert_eq!(restarted.error_code, 0);
+    assert_ne!(restarted.member_id, two.member_id);
+    assert!(restarted.member_id.starts_with("two-"));
+    assert_eq!(restarted.generation_id, generation, "no rebalance");
+    let synced = h.sync(sync_request(&restarted.member_id, generation, &[])).await;
+    assert_eq!(&synced.assignment[..], b"2");
+    assert_eq!(
+        h.heartbeat(&one.member_id, generation),
+        0,
+        "the other member is undisturbed"
+    );
+    assert_eq!(h.describe_state(), "Stable");
+
+    // The old incarnation is fenced.
+    let stale = HeartbeatRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_member_id(two.member_id.clone())
+        .with_group_instance_id(Some(s("two")))
+        .with_generation_id(generation);
+    assert_eq!(h.groups.heartbeat(&stale), code(ResponseError::FencedInstanceId));
+    let stale_join = h.join(static_join(&two.member_id, "two")).await;
+    assert_eq!(stale_join.error_code, code(ResponseError::FencedInstanceId));
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaving_triggers_a_rebalance_and_answers_each_member() {
+    let h = Harness::new();
+    let (leader, follower, generation) = h.stable_pair().await;
+    let leaving = vec![
+        MemberIdentity::default().with_member_id(follower.clone()),
+        MemberIdentity::default().with_member_id(s("nobody")),
+    ];
+    let responses = h.groups.leave(&s("g"), leaving).unwrap();
+    assert_eq!(responses[0].error_code, 0);
+    assert_eq!(responses[1].error_code, code(ResponseError::UnknownMemberId));
+    assert_eq!(
+        h.heartbeat(&leader, generation),
+        code(ResponseError::RebalanceInProgress)
+    );
+
+    // Everyone left has rejoined: the join phase ends at once.
+    let started = Instant::now();
+    let rejoined = h.join(join_request(&leader, RANGE)).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(
+        (rejoined.generation_id, rejoined.members.len()),
+        (generation + 1, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_static_member_leaves_by_instance_id() {
+    let h = Harness::new();
+    let joined = h.join(static_join("", "one")).await;
+    let leaving = vec![MemberIdentity::default().with_group_instance_id(Some(s("one")))];
+    let responses = h.groups.leave(&s("g"), leaving).unwrap();
+    assert_eq!(responses[0].error_code, 0);
+    assert_eq!(
+        h.heartbeat(&joined.member_id, joined.generation_id),
+        code(ResponseError::UnknownMemberId)
+    );
+}
+
+/// Members with these protocol preferences join a new group at once.
+async fn join_all(h: &Harness, preferences: &[&[&str]]) -> Vec<JoinGroupResponse> {
+    let joins: Vec<_> = preferences
+        .iter()
+        .map(|p| h.spawn_join(join_request("", p), 3))
+        .collect();
+    let mut responses = Vec::new();
+    for join in joins {
+        responses.push(join.await.unwrap());
+    }
+    responses
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_protocol_is_the_one_most_members_prefer() {
+    let h = Harness::new();
+    let both: &[&str] = &["range", "roundrobin"];
+    let responses = join_all(&h, &[both, both, &["roundrobin", "range"]]).await;
+    for response in responses {
+        assert_eq!(response.protocol_name.as_deref(), Some("range"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_protocol_is_one_every_member_supports() {
+    let h = Harness::new();
+    let both: &[&str] = &["range", "roundrobin"];
+    let responses = join_all(&h, &[both, both, &["roundrobin"]]).await;
+    for response in responses {
+        assert_eq!(response.protocol_name.as_deref(), Some("roundrobin"));
+    }
+
+    let unshared = h.spawn_join(join_request("", &["range"]), 3).await.unwrap();
+    assert_eq!(
+        unshared.error_code,
+        code(ResponseError::InconsistentGroupProtocol)
+    );
+    let other_type = join_request("", &["roundrobin"]).with_protocol_type(s("connect"));
+    let other_type = h.spawn_join(other_type, 3).await.unwrap();
+    assert_eq!(
+        other_type.error_code,
+        code(ResponseError::InconsistentGroupProtocol)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_answers_a_parked_join() {
+    let h = Harness::new();
+    let id = h.member_id().await;
+    let parked = h.spawn_join(join_request(&id, RANGE), 9);
+    tokio::task::yield_now().await;
+    h.stop.send(true).unwrap();
+    let response = parked.await.unwrap();
+    assert_eq!(response.error_code, code(ResponseError::CoordinatorNotAvailable));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_an_empty_group_is_deleted() {
+    let h = Harness::new();
+    let (leader, follower, _) = h.stable_pair().await;
+    assert_eq!(h.groups.delete("g"), Err(NotDeleted::NonEmpty));
+    let leaving = [leader, follower].map(|id| MemberIdentity::default().with_member_id(id));
+    h.groups.leave(&s("g"), leaving.to_vec()).unwrap();
+    assert_eq!(h.describe_state(), "Empty");
+    assert_eq!(h.groups.delete("g"), Ok(()));
+    assert_eq!(h.groups.delete("g"), Err(NotDeleted::Unknown));
+}
+
+#[tokio::test(start_paused = true)]
+async fn offset_commits_are_checked_against_the_generation() {
+    let h = Harness::new();
+    let (leader, _, generation) = h.stable_pair().await;
+    assert_eq!(
+        h.groups.validate_offset_commit("g", &leader, None, generation),
+        Ok(())
+    );
+    let stale = h
+        .groups
+        .validate_offset_commit("g", &leader, None, generation - 1);
+    assert_eq!(stale, Err(code(ResponseError::IllegalGeneration)));
+    let outsider = h
+        .groups
+        .validate_offset_commit("g", &StrBytes::default(), None, -1);
+    assert_eq!(outsider, Err(code(ResponseError::UnknownMemberId)));
+    assert_eq!(
+        h.groups
+            .validate_offset_commit("other", &StrBytes::default(), None, -1),
+        Ok(())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_does_not_rejoin_within_the_rebalance_timeout_is_removed() {
+    let h = Harness::new();
+    let (leader, follower, generation) = h.stable_pair().await;
+    let newcomer = h.member_id().await;
+    let started = Instant::now();
+    let newcomer_join = h.spawn_join(join_request(&newcomer, RANGE), 9);
+    let leader_join = h.spawn_join(join_request(&leader, RANGE), 9);
+    // The follower keeps its session alive but never rejoins.
+    while !leader_join.is_finished() {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        h.heartbeat(&follower, generation);
+    }
+    let (leader_join, newcomer_join) = (leader_join.await.unwrap(), newcomer_join.await.unwrap());
+    assert!(
+        started.elapsed() >= Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(leader_join.members.len(), 2);
+    assert_eq!(newcomer_join.generation_id, generation + 1);
+    assert_eq!(
+        h.heartbeat(&follower, generation + 1),
+        code(ResponseError::UnknownMemberId)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_group_is_forgotten_after_the_offsets_retention() {
+    let h = Harness::new();
+    let joined = h.join(join_request("", RANGE)).await;
+    let joined = h.join(join_request(&joined.member_id, RANGE)).await;
+    let leaving = vec![MemberIdentity::default().with_member_id(joined.member_id)];
+    h.groups.leave(&s("g"), leaving).unwrap();
+    assert_eq!(h.describe_state(), "Empty");
+    let retention = GroupsSettings::default().offsets_retention.get();
+    tokio::time::sleep(retention + Duration::from_secs(1)).await;
+    assert!(h.groups.describe("g").is_none());
+}
