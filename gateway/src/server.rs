@@ -38,7 +38,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
                     let ctx = ctx.clone();
                     let shutdown = for_connections.clone();
                     connections.spawn(async move {
-                        if let Err(e) = connection(socket, ctx, shutdown).await {
+                        if let Err(e) = connection(socket, peer, ctx, shutdown).await {
                             tracing::info!(%peer, error = %e, "closing connection");
                         }
                     });
@@ -84,6 +84,7 @@ type Pending = tokio::task::JoinHandle<Option<Bytes>>;
 
 async fn connection(
     socket: TcpStream,
+    peer: std::net::SocketAddr,
     ctx: Arc<Context>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError> {
@@ -123,7 +124,7 @@ async fn connection(
             let version = header.request_api_version;
             let correlation_id = header.correlation_id;
             let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-            let response = api::handle(&ctx, &header, body, turns).await?;
+            let response = api::handle(&ctx, api::Client { peer }, &header, body, turns).await?;
             match encode_response(api_key, version, correlation_id, &response) {
                 Ok(bytes) => Some(bytes),
                 Err(e) => {

@@ -10,7 +10,12 @@ use kafka_protocol::protocol::StrBytes;
 use crate::Context;
 use crate::group::Joiner;
 
-pub async fn handle(ctx: &Context, header: &RequestHeader, mut req: JoinGroupRequest) -> JoinGroupResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: super::Client,
+    header: &RequestHeader,
+    mut req: JoinGroupRequest,
+) -> JoinGroupResponse {
     let version = header.request_api_version;
     let response = match super::check_coordinator(ctx, &req.group_id) {
         Some(code) => JoinGroupResponse::default()
@@ -24,7 +29,8 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, mut req: JoinGroupReq
             }
             let joiner = Joiner {
                 client_id: header.client_id.clone().unwrap_or_default(),
-                client_host: StrBytes::default(),
+                // Kafka shows a member's host as `/<ip>`.
+                client_host: StrBytes::from_string(format!("/{}", client.peer.ip())),
                 version,
             };
             ctx.groups.join(req, joiner, &ctx.shutdown).await

@@ -72,11 +72,18 @@ pub fn supported_versions(key: ApiKey) -> Option<(i16, i16)> {
         .map(|(_, min, max)| (*min, *max))
 }
 
+/// The connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    pub peer: std::net::SocketAddr,
+}
+
 /// Runs one request. `None` means no response is sent (acks=0 produce).
 /// `turns` orders a produce request's appends after its connection's
 /// earlier ones (see [`produce::Sequencer`]).
 pub async fn handle(
     ctx: &Context,
+    client: Client,
     header: &RequestHeader,
     request: RequestKind,
     turns: produce::Turns,
@@ -115,7 +122,9 @@ pub async fn handle(
         RequestKind::OffsetDelete(r) => {
             ResponseKind::OffsetDelete(offset_delete::handle(ctx, header, r).await)
         }
-        RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(join_group::handle(ctx, header, r).await),
+        RequestKind::JoinGroup(r) => {
+            ResponseKind::JoinGroup(join_group::handle(ctx, client, header, r).await)
+        }
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(sync_group::handle(ctx, header, r).await),
         RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(heartbeat::handle(ctx, header, r)),
         RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(leave_group::handle(ctx, header, r)),
