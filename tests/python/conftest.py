@@ -4,6 +4,10 @@ Every test gets its own redis-server on a free port and its own ketch process
 talking to it, and both are stopped at teardown. The ketch binary is
 $KETCH_BIN, or target/debug/ketch of this checkout (`cargo build -p
 ketch-gateway` makes it; scripts/test.sh does both).
+
+Consumer-group tests use `ketch_cluster`, which starts any number of gateways
+on the test's one Redis with distinct node ids and fast membership and group
+settings (FAST_GROUP_SETTINGS).
 """
 
 import collections
@@ -14,6 +18,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import uuid
 
 import pytest
@@ -104,16 +109,35 @@ def redis_url():
 
 
 class Ketch:
-    def __init__(self, process, bootstrap, http):
+    def __init__(self, process, bootstrap, http, node_id=0):
         self.process = process
         self.bootstrap = bootstrap
         self.http = http
+        self.node_id = node_id
+        self.killed = False
+
+    def kill(self):
+        """kill -9: no graceful shutdown, no deregistration from Redis."""
+        self.killed = True
+        self.process.stop(signal.SIGKILL)
 
 
-@pytest.fixture
-def ketch(redis_url):
-    """A ketch gateway on free ports against the test's own Redis; yields a
-    Ketch with `bootstrap` ("127.0.0.1:PORT") and `http` addresses."""
+# Settings that make consumer-group tests fast: gateways notice each other
+# (and a dead one) within about 2 s, a new group's first rebalance waits
+# 0.5 s for more members, and members may ask for session timeouts down to
+# 1 s.
+FAST_GROUP_SETTINGS = (
+    "cluster.heartbeat_interval=200ms",
+    "cluster.node_timeout=2s",
+    "groups.initial_rebalance_delay=500ms",
+    "groups.min_session_timeout=1s",
+)
+
+
+def start_ketch(redis_url, node_id=None, settings=()):
+    """Starts a ketch gateway on free ports against `redis_url`; returns a
+    Ketch once it logged "ketch serving". `settings` are `section.key=value`
+    strings passed with --set."""
     kafka_port, http_port = free_port(), free_port()
     argv = [
         ketch_binary(),
@@ -123,21 +147,92 @@ def ketch(redis_url):
         "--http-listen", f"127.0.0.1:{http_port}",
         "--redis-url", redis_url,
     ]
+    if node_id is not None:
+        argv += ["--node-id", str(node_id)]
+    for setting in settings:
+        argv += ["--set", setting]
     # ketch reads every KETCH_* variable as a setting (KETCH_BIN would be an
     # error), and "ketch serving" is logged at info.
     env = {k: v for k, v in os.environ.items() if not k.startswith("KETCH_")}
     env["RUST_LOG"] = "info"
     env["NO_COLOR"] = "1"
-    process = Process("ketch", argv, "stderr", "ketch serving", env=env)
-    gateway = Ketch(process, f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}")
+    name = "ketch" if node_id is None else f"ketch node {node_id}"
+    process = Process(name, argv, "stderr", "ketch serving", env=env)
+    return Ketch(process, f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}", node_id or 0)
+
+
+def stop_ketch(gateway):
+    """SIGTERM (unless the test killed it), prints its log (pytest shows
+    captured output only for failed tests); returns an error message if a
+    graceful shutdown did not exit 0, else None."""
+    code = gateway.process.stop()
+    print(f"--- {gateway.process.name} log ---\n{gateway.process.output()}")
+    # SIGTERM is a graceful shutdown: in-flight requests finish, exit 0.
+    if not gateway.killed and code != 0:
+        return f"{gateway.process.name} exited with {code} on SIGTERM"
+    return None
+
+
+@pytest.fixture
+def ketch(redis_url):
+    """A ketch gateway on free ports against the test's own Redis; yields a
+    Ketch with `bootstrap` ("127.0.0.1:PORT") and `http` addresses."""
+    gateway = start_ketch(redis_url)
     try:
         yield gateway
     finally:
-        code = process.stop()
-        # pytest shows captured output only for failed tests.
-        print(f"--- ketch log ---\n{process.output()}")
-        # SIGTERM is a graceful shutdown: in-flight requests finish, exit 0.
-        assert code == 0, f"ketch exited with {code} on SIGTERM"
+        error = stop_ketch(gateway)
+        assert error is None, error
+
+
+def wait_for_brokers(gateways, timeout=15.0):
+    """Waits until Metadata from each gateway lists exactly the node ids of
+    `gateways`."""
+    from confluent_kafka.admin import AdminClient
+
+    want = {g.node_id for g in gateways}
+    deadline = time.monotonic() + timeout
+    for gateway in gateways:
+        admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+        while True:
+            seen = set(admin.list_topics(timeout=5).brokers)
+            if seen == want:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{gateway.process.name} lists brokers {seen}, want {want}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def ketch_cluster(redis_url):
+    """A factory starting gateways on the test's one Redis with distinct node
+    ids (1, 2, ...) and FAST_GROUP_SETTINGS (or `settings`):
+    `ketch_cluster(3)` returns a list of Ketch once every gateway's Metadata
+    lists all of them. Every gateway is stopped at teardown (SIGTERM, must
+    exit 0, unless the test killed it) and its log printed."""
+    started = []
+
+    def start(count, settings=FAST_GROUP_SETTINGS):
+        gateways = []
+        for _ in range(count):
+            gateway = start_ketch(redis_url, node_id=len(started) + 1, settings=settings)
+            started.append(gateway)
+            gateways.append(gateway)
+        wait_for_brokers([g for g in started if not g.killed])
+        return gateways
+
+    try:
+        yield start
+    finally:
+        errors = [e for e in map(stop_ketch, started) if e is not None]
+        assert not errors, errors
+
+
+@pytest.fixture
+def group_ketch(ketch_cluster):
+    """One gateway (node 1) with FAST_GROUP_SETTINGS, for consumer-group
+    tests."""
+    return ketch_cluster(1)[0]
 
 
 @pytest.fixture

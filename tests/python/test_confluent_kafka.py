@@ -1,7 +1,8 @@
 """confluent-kafka (librdkafka) producer -> ketch -> consumer.
 
-Consumer groups do not exist yet (issue #4), so the consumer reads with
-assign() and explicit offsets and never commits.
+The consumer reads with assign() and explicit offsets and never commits,
+so these tests check the data path alone; consumer groups are covered in
+test_groups.py.
 """
 
 import time

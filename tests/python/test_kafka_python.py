@@ -3,7 +3,7 @@
 kafka-python picks its protocol versions by probing the broker with
 ApiVersions (api_version=None, the default); these tests keep that so they
 check ketch's ApiVersions answer too. The consumer reads with assign() and
-seek() (no consumer groups yet, issue #4).
+seek(); consumer groups are covered in test_groups.py.
 """
 
 import dataclasses
