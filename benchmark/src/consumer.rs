@@ -1,6 +1,6 @@
 //! The consuming side: rdkafka `BaseConsumer`s, one a thread, either with the
-//! topic's partitions assigned directly (the default; ketch has no consumer
-//! groups yet) or subscribed through a group. Throughput runs from the first
+//! topic's partitions assigned directly (the default: no rebalance delay in
+//! the figures) or subscribed through a group (`--group`). Throughput runs from the first
 //! record received to the last.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
