@@ -76,7 +76,15 @@ fn fetch(conn: &mut KafkaConn, group: &str, topic: &str, partitions: &[i32]) -> 
 #[test]
 fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
     let redis = RedisServer::start();
-    let ketch = Ketch::start(&redis.url(), &["--set", "groups.max_metadata_bytes=16"]);
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.max_metadata_bytes=16",
+            "--set",
+            "groups.offsets_retention=1h",
+        ],
+    );
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("offsets");
     assert_eq!(raw::create_topic(&mut conn, &topic, 3), code::NONE);
@@ -101,6 +109,12 @@ fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
             (2, -1, String::new())
         ]
     );
+    // A group without members keeps its offsets for the retention from the commit.
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("ketch:group:{{{group}}}:offsets"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!((3_500_000..=3_600_000).contains(&ttl), "offsets TTL {ttl} ms");
     // A generation for a group that has none is stale.
     assert_eq!(
         commit(&mut conn, &group, &topic, &[(0, 11, "")], 3),
