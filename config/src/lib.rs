@@ -44,6 +44,7 @@ pub struct Settings {
     pub fetch: FetchSettings,
     pub groups: GroupsSettings,
     pub cluster: ClusterSettings,
+    pub tiering: TieringSettings,
     pub log: LogSettings,
 }
 
@@ -154,6 +155,16 @@ pub struct ClusterSettings {
     pub node_timeout: Duration,
 }
 
+/// The storage worker (segments, retention).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TieringSettings {
+    /// How often the storage worker visits the partitions this gateway leads.
+    pub tick_interval: Duration,
+    /// How long a partition's lease outlives its holder's last renewal.
+    pub lease_ttl: Duration,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -243,6 +254,15 @@ impl Default for ClusterSettings {
         Self {
             heartbeat_interval: Duration::from_secs(1),
             node_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Default for TieringSettings {
+    fn default() -> Self {
+        Self {
+            tick_interval: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -395,6 +415,13 @@ impl Settings {
                 "must be longer than cluster.heartbeat_interval, which must be above zero",
             );
         }
+        if self.tiering.tick_interval.get().is_zero() || self.tiering.lease_ttl <= self.tiering.tick_interval
+        {
+            return bad(
+                "tiering.lease_ttl",
+                "must be longer than tiering.tick_interval, which must be above zero",
+            );
+        }
         if self.topics.max_message_bytes < 0 {
             return bad("topics.max_message_bytes", "must be >= 0");
         }
@@ -486,6 +513,7 @@ mod tests {
             .env([
                 ("KETCH_BROKER_LISTEN".to_owned(), "127.0.0.1:2000".to_owned()),
                 ("KETCH_TOPICS_AUTO_CREATE".to_owned(), "false".to_owned()),
+                ("KETCH_TIERING_TICK_INTERVAL".to_owned(), "1s".to_owned()),
                 ("PATH".to_owned(), "/bin".to_owned()),
             ])
             .unwrap()
@@ -496,6 +524,7 @@ mod tests {
         assert_eq!(s.broker.listen.port(), 2000);
         assert!(!s.topics.auto_create);
         assert_eq!(s.fetch.max_wait, Duration::from_secs(2));
+        assert_eq!(s.tiering.tick_interval, Duration::from_secs(1));
         assert_eq!(s.advertised_port(), 3000);
     }
 

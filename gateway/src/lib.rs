@@ -88,7 +88,18 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         ctx.settings.cluster.node_timeout.get(),
         shutdown.clone(),
     ));
+    let membership = ctx.membership.clone();
+    let me = ctx.node.id;
+    let leads: ketch_tiering::Leads =
+        Arc::new(move |topic, partition| membership.partition_leader(&topic.id, partition).id == me);
+    let worker = ketch_tiering::StorageWorker::new(
+        ctx.store.clone(),
+        ctx.settings.tiering.tick_interval.get(),
+        ctx.settings.tiering.lease_ttl.get(),
+    );
+    let worker_task = tokio::spawn(worker.run(leads, shutdown.clone()));
     server::serve(kafka, ctx, shutdown).await;
+    worker_task.abort();
     http_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;

@@ -30,6 +30,8 @@ impl Keys {
             log: format!("{}:{{{tag}}}:log", self.ns),
             times: format!("{}:{{{tag}}}:times", self.ns),
             staging: format!("{}:{{{tag}}}:staging", self.ns),
+            segments: format!("{}:{{{tag}}}:segments", self.ns),
+            lease: format!("{}:{{{tag}}}:lease", self.ns),
             wake: format!("{}:{{{tag}}}:wake", self.ns),
         }
     }
@@ -43,6 +45,10 @@ pub struct PartitionKeys {
     pub times: String,
     /// The log's name while an append's XADD runs (see scripts/append.lua).
     pub staging: String,
+    /// Sealed segments (see scripts/seal.lua).
+    pub segments: String,
+    /// The storage worker's lease on this partition.
+    pub lease: String,
     pub wake: String,
 }
 

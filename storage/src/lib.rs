@@ -12,6 +12,7 @@ pub mod error;
 pub mod groups;
 pub mod keys;
 mod log;
+pub mod segments;
 mod topics;
 pub mod wake;
 
@@ -66,6 +67,8 @@ struct Scripts {
     delete_records: redis::Script,
     replace_topic: redis::Script,
     heartbeat: redis::Script,
+    seal: redis::Script,
+    lease: redis::Script,
 }
 
 impl Store {
@@ -93,6 +96,8 @@ impl Store {
                 delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),
                 replace_topic: redis::Script::new(include_str!("scripts/add_partitions.lua")),
                 heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
+                seal: redis::Script::new(include_str!("scripts/seal.lua")),
+                lease: redis::Script::new(include_str!("scripts/lease.lua")),
             }),
         })
     }

@@ -465,8 +465,22 @@ impl Ketch {
 
     /// Creates `topic` with `partitions` partitions through CreateTopics.
     pub fn create_topic(&self, rt: &tokio::runtime::Runtime, topic: &str, partitions: i32) {
+        self.create_topic_with(rt, topic, partitions, &[]);
+    }
+
+    /// Creates `topic` with topic configs `configs`.
+    pub fn create_topic_with(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        topic: &str,
+        partitions: i32,
+        configs: &[(&str, &str)],
+    ) {
         let admin = self.admin();
-        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for (name, value) in configs {
+            new = new.set(name, value);
+        }
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         let results = rt
             .block_on(admin.create_topics([&new], &opts))

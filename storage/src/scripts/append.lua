@@ -42,7 +42,8 @@ if ARGV[1] == 'finish' then
   return 0
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'max_ts', 'idx_bytes', 'bytes')
+local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'max_ts', 'idx_bytes', 'bytes',
+  'seg_bytes', 'seg_start_ms', 'seg_max_ts')
 if not meta[1] then
   return {-1}
 end
@@ -75,8 +76,19 @@ if ts > max_ts then
     idx_bytes = 0
   end
 end
+-- The open segment (see scripts/seal.lua): its exact bytes, when its first
+-- batch arrived (Redis time) and its largest timestamp.
+local seg_start = meta[7]
+if not seg_start then
+  local t = redis.call('TIME')
+  seg_start = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
+local seg_max_ts = math.max(tonumber(meta[8] or '-1'), ts)
 redis.call('HSET', KEYS[1], 'next_offset', string.format('%d', base + count),
   'idx_bytes', string.format('%d', idx_bytes),
-  'bytes', string.format('%d', tonumber(meta[5] or '0') + size))
+  'bytes', string.format('%d', tonumber(meta[5] or '0') + size),
+  'seg_bytes', string.format('%d', tonumber(meta[6] or '0') + size),
+  'seg_start_ms', seg_start,
+  'seg_max_ts', string.format('%d', seg_max_ts))
 redis.call('SPUBLISH', ARGV[5], string.format('%d', base + count))
 return {base, tonumber(meta[2])}

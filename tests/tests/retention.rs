@@ -1,0 +1,161 @@
+//! The storage worker (DESIGN §7): segments sealed on `segment.bytes` and
+//! `segment.ms`, retention by bytes and by time for topics without remote
+//! storage, and one lease per partition.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+
+const WORKER: [&str; 4] = [
+    "--set",
+    "tiering.tick_interval=100ms",
+    "--set",
+    "tiering.lease_ttl=1s",
+];
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Polls ListOffsets earliest until `done` holds: retention runs on the
+/// worker's ticks, and the log start offset is how a client sees it.
+fn wait_for_log_start(conn: &mut KafkaConn, topic: &str, what: &str, done: impl Fn(i64) -> bool) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (error, earliest, _) = raw::list_offsets(conn, topic, 0, -2);
+        assert_eq!(error, code::NONE);
+        if done(earliest) {
+            return earliest;
+        }
+        assert!(Instant::now() < deadline, "{what}: log start still {earliest}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn retention_bytes_deletes_whole_sealed_segments() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &WORKER);
+    let topic = unique_topic("retention-bytes");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("segment.bytes", "2000"), ("retention.bytes", "6000")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut r = redis.connection();
+    let segments_key = format!("ketch:{{{}}}:segments", redis.topic_tags(&topic)[0]);
+    // Segments are sealed on the worker's ticks: produce four batches
+    // (~2,080 bytes, over segment.bytes), then wait for the seal.
+    for round in 0..10 {
+        for i in round * 4..round * 4 + 4 {
+            let value = vec![b'a' + (i % 26) as u8; 450];
+            let (error, offset) = raw::produce(
+                &mut conn,
+                &topic,
+                0,
+                batch::encode(&[Record::value(now_ms(), &value)]),
+            );
+            assert_eq!((error, offset), (code::NONE, i64::from(i)));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let sealed: i64 = redis::cmd("ZCARD").arg(&segments_key).query(&mut r).unwrap();
+            let start = raw::list_offsets(&mut conn, &topic, 0, -2).1;
+            // Sealed segments so far: those kept plus those deleted (4 offsets each).
+            if sealed + start / 4 > i64::from(round) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {sealed} segments sealed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // 40 batches of ~520 bytes: four per sealed segment, so at most the
+    // open segment plus the segments that keep the rest >= 6000 bytes stay.
+    let earliest = wait_for_log_start(&mut conn, &topic, "retention.bytes", |start| start >= 24);
+    assert!(earliest < 40, "the newest records stay");
+    assert_eq!(earliest % 4, 0, "the log starts at a segment boundary");
+    assert_eq!(
+        redis.stream_len(&topic, 0),
+        40 - earliest,
+        "Redis holds exactly the retained batches"
+    );
+
+    let (error, _, _) =
+        raw::fetch_result(&conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 1 << 20)));
+    assert_eq!(error, code::OFFSET_OUT_OF_RANGE, "below the log start");
+    let response = conn.request(
+        raw::FETCH_VERSION,
+        &raw::fetch_request(&topic, 0, earliest, 1 << 20),
+    );
+    assert_eq!(raw::fetch_result(&response).0, code::NONE, "from the log start");
+}
+
+#[test]
+fn retention_ms_deletes_segments_whose_records_are_old() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &WORKER);
+    let topic = unique_topic("retention-ms");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("segment.ms", "200"), ("retention.ms", "60000")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let hour_ago = now_ms() - 3_600_000;
+    for i in 0..5 {
+        let batch = batch::encode(&[Record::value(hour_ago + i, b"old")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    // Sealed after segment.ms, then deleted: every record is an hour old.
+    wait_for_log_start(&mut conn, &topic, "retention.ms", |start| start == 5);
+    assert_eq!(redis.stream_len(&topic, 0), 0);
+    // New records are kept.
+    let batch = batch::encode(&[Record::value(now_ms(), b"new")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, batch), (code::NONE, 5));
+    std::thread::sleep(Duration::from_millis(600)); // several ticks, and segment.ms, pass
+    assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 5);
+}
+
+#[test]
+fn one_gateway_holds_each_partitions_lease() {
+    let redis = RedisServer::start();
+    let a = Ketch::start(&redis.url(), &[&["--node-id", "1"][..], &WORKER].concat());
+    let b = Ketch::start(&redis.url(), &[&["--node-id", "2"][..], &WORKER].concat());
+    let topic = unique_topic("leases");
+    a.create_topic(&runtime(), &topic, 8);
+    let mut r = redis.connection();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Until the gateways see each other, each leads (and leases) every
+    // partition it can; then a lease passes to the partition's leader once
+    // its old holder stops renewing it (lease_ttl).
+    loop {
+        let holders: Vec<Option<String>> = redis
+            .topic_tags(&topic)
+            .iter()
+            .map(|tag| {
+                redis::cmd("GET")
+                    .arg(format!("ketch:{{{tag}}}:lease"))
+                    .query(&mut r)
+                    .unwrap()
+            })
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = holders.iter().flatten().collect();
+        if holders.iter().all(Option::is_some) && distinct.len() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "both gateways' workers should hold some of the 8 leases: {holders:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop((a, b));
+}
