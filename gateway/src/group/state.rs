@@ -166,9 +166,14 @@ impl Member {
     fn update(&mut self, req: &JoinGroupRequest) {
         self.protocols = protocols(req);
         self.session_timeout = millis(req.session_timeout_ms);
-        self.rebalance_timeout = millis(req.rebalance_timeout_ms);
+        // A rebalance timeout near zero would leave the group's timer due
+        // over and over; no Kafka client sends one.
+        self.rebalance_timeout = millis(req.rebalance_timeout_ms).max(MIN_REBALANCE_TIMEOUT);
     }
 }
+
+/// The shortest rebalance timeout honoured.
+const MIN_REBALANCE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The initial rebalance of an empty group waits for more members: one
 /// `delay` at a time, extended while members keep arriving, at most the
