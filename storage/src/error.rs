@@ -22,12 +22,26 @@ pub enum StorageError {
     /// The batch was refused; nothing was stored.
     #[error("corrupt record batch: {0}")]
     Corrupt(#[from] BatchError),
+    /// An idempotent producer's batch was refused.
+    #[error("producer sequence refused: {0:?}")]
+    Sequence(SequenceError),
     /// A concurrent change won a race (e.g. two CreatePartitions at once).
     #[error("concurrent modification: {0}")]
     Conflict(String),
     /// Stored data that ketch cannot read (a bug or a foreign writer).
     #[error("unreadable stored data: {0}")]
     Data(String),
+}
+
+/// Why an idempotent producer's batch was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceError {
+    /// The batch does not follow the producer's last one.
+    OutOfOrder,
+    /// The producer's epoch is older than the partition has seen.
+    StaleEpoch,
+    /// The partition knows no such producer, and the sequence is not 0.
+    UnknownProducer,
 }
 
 impl From<redis::RedisError> for StorageError {

@@ -32,6 +32,7 @@ impl Keys {
             staging: format!("{}:{{{tag}}}:staging", self.ns),
             segments: format!("{}:{{{tag}}}:segments", self.ns),
             lease: format!("{}:{{{tag}}}:lease", self.ns),
+            producers: format!("{}:{{{tag}}}:producers", self.ns),
             wake: format!("{}:{{{tag}}}:wake", self.ns),
         }
     }
@@ -49,6 +50,8 @@ pub struct PartitionKeys {
     pub segments: String,
     /// The storage worker's lease on this partition.
     pub lease: String,
+    /// Idempotent producers' last batches.
+    pub producers: String,
     pub wake: String,
 }
 

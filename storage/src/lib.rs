@@ -12,6 +12,7 @@ pub mod error;
 pub mod groups;
 pub mod keys;
 mod log;
+mod producers;
 pub mod segments;
 mod topics;
 pub mod wake;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use redis::aio::ConnectionManager;
 
 pub use brokers::{BrokerRecord, Heartbeat};
-pub use error::{Result, StorageError};
+pub use error::{Result, SequenceError, StorageError};
 pub use groups::{CommittedOffset, TopicPartition};
 pub use keys::Keys;
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};

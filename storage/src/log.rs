@@ -14,7 +14,7 @@ use redis::Value;
 use crate::batch::{self, BatchHeader, Records};
 use crate::keys::PartitionKeys;
 use crate::topics::Topic;
-use crate::{Result, StorageError, Store};
+use crate::{Result, SequenceError, StorageError, Store};
 
 /// Kafka's `index.interval.bytes`: bytes between two time index entries.
 const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
@@ -83,6 +83,9 @@ impl Appenders {
 pub struct AppendOutcome {
     pub base_offset: i64,
     pub log_start_offset: i64,
+    /// The batch repeated one of its idempotent producer's last five:
+    /// nothing was stored, `base_offset` is the original's.
+    pub duplicate: bool,
 }
 
 /// A partition's offsets.
@@ -154,7 +157,22 @@ impl Store {
                     return Ok(AppendOutcome {
                         base_offset,
                         log_start_offset,
+                        duplicate: false,
                     });
+                }
+                [base_offset, log_start_offset, 1] => {
+                    return Ok(AppendOutcome {
+                        base_offset,
+                        log_start_offset,
+                        duplicate: true,
+                    });
+                }
+                [-3, reason] => {
+                    return Err(StorageError::Sequence(match reason {
+                        2 => SequenceError::StaleEpoch,
+                        3 => SequenceError::UnknownProducer,
+                        _ => SequenceError::OutOfOrder,
+                    }));
                 }
                 [-1] => {
                     *next = None;
@@ -183,7 +201,7 @@ impl Store {
     ) -> redis::RedisResult<Vec<i64>> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
-        let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging];
+        let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging, &keys.producers];
         let reserve = |mode: &str| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(sha)
@@ -195,7 +213,10 @@ impl Store {
                 .arg(header.max_timestamp)
                 .arg(&keys.wake)
                 .arg(TIME_INDEX_INTERVAL_BYTES)
-                .arg(batch.len());
+                .arg(batch.len())
+                .arg(header.producer_id)
+                .arg(header.producer_epoch)
+                .arg(header.base_sequence);
             cmd
         };
         if batch.len() <= INLINE_BATCH_BYTES {

@@ -68,6 +68,16 @@ pub fn encode(records: &[Record]) -> Vec<u8> {
     out
 }
 
+/// `encode`, stamped as an idempotent producer's batch.
+pub fn encode_idempotent(records: &[Record], producer_id: i64, epoch: i16, base_sequence: i32) -> Vec<u8> {
+    let mut batch = encode(records);
+    batch[43..51].copy_from_slice(&producer_id.to_be_bytes());
+    batch[51..53].copy_from_slice(&epoch.to_be_bytes());
+    batch[53..57].copy_from_slice(&base_sequence.to_be_bytes());
+    fix_crc(&mut batch);
+    batch
+}
+
 /// Recomputes the CRC after a deliberate edit of CRC-covered bytes.
 pub fn fix_crc(batch: &mut [u8]) {
     let crc = crc32c(&batch[ATTRIBUTES_AT..]);

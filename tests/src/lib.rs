@@ -85,26 +85,32 @@ fn drain<R: Read + Send + 'static>(
     ready_rx
 }
 
-/// Waits for the marker line, failing early if the process exits first.
-fn await_ready(child: &mut Child, ready: &mpsc::Receiver<()>, log: &LogBuffer, what: &str) {
+/// Waits for the marker line. Fails early if the process exits first; the
+/// error is its output.
+fn await_ready(
+    child: &mut Child,
+    ready: &mpsc::Receiver<()>,
+    log: &LogBuffer,
+    what: &str,
+) -> Result<(), String> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         match ready.recv_timeout(Duration::from_millis(100)) {
-            Ok(()) => return,
+            Ok(()) => return Ok(()),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = child.wait().ok();
-                panic!(
+                return Err(format!(
                     "{what} exited before it was ready ({status:?}); output:\n{}",
                     log.contents()
-                );
+                ));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         if let Ok(Some(status)) = child.try_wait() {
-            panic!(
+            return Err(format!(
                 "{what} exited before it was ready ({status}); output:\n{}",
                 log.contents()
-            );
+            ));
         }
         assert!(
             Instant::now() < deadline,
@@ -112,6 +118,20 @@ fn await_ready(child: &mut Child, ready: &mpsc::Receiver<()>, log: &LogBuffer, w
             log.contents()
         );
     }
+}
+
+/// Runs `start` until it succeeds, on fresh ports, when it failed because
+/// another test took a port between `free_port` and the bind (the only race
+/// free ports leave open). Other failures panic at once.
+fn retry_port_race<T>(mut start: impl FnMut() -> Result<T, String>) -> T {
+    for attempt in 1.. {
+        match start() {
+            Ok(started) => return started,
+            Err(e) if attempt < 5 && e.contains("Address already in use") => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    unreachable!("the loop returns or panics")
 }
 
 /// A `redis-server` on a loopback port, without persistence; killed on drop.
@@ -124,9 +144,10 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server on a free port and waits until it accepts connections.
     pub fn start() -> Self {
-        let mut server = Self::reserve();
-        server.start_again();
-        server
+        retry_port_race(|| {
+            let mut server = Self::reserve();
+            server.try_start().map(|()| server)
+        })
     }
 
     /// A free port where no server runs yet; [`RedisServer::start_again`]
@@ -149,6 +170,10 @@ impl RedisServer {
 
     /// Starts (again) on the same port.
     pub fn start_again(&mut self) {
+        self.try_start().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_start(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "redis-server is already running");
         let port = self.port.to_string();
         let mut child = Command::new(redis_server_path())
@@ -173,8 +198,9 @@ impl RedisServer {
             Some("Ready to accept connections"),
         );
         drain(child.stderr.take().expect("stderr"), self.log.clone(), None);
-        await_ready(&mut child, &ready, &self.log, "redis-server");
+        await_ready(&mut child, &ready, &self.log, "redis-server")?;
         self.child = Some(child);
+        Ok(())
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.
@@ -285,6 +311,10 @@ impl Ketch {
     /// "ketch serving" line. `extra_args` go after the generated flags, e.g.
     /// `["--node-id", "2", "--set", "topics.auto_create=false"]`.
     pub fn start(redis_url: &str, extra_args: &[&str]) -> Self {
+        retry_port_race(|| Self::try_start(redis_url, extra_args))
+    }
+
+    fn try_start(redis_url: &str, extra_args: &[&str]) -> Result<Self, String> {
         let kafka_port = free_port();
         let http_port = free_port();
         let listen = format!("127.0.0.1:{kafka_port}");
@@ -313,14 +343,14 @@ impl Ketch {
             log.clone(),
             Some("ketch serving"),
         );
-        await_ready(&mut child, &ready, &log, "ketch");
-        Self {
+        await_ready(&mut child, &ready, &log, "ketch")?;
+        Ok(Self {
             child: Some(child),
             kafka_port,
             http_port,
             log,
             exit: None,
-        }
+        })
     }
 
     /// `127.0.0.1:<kafka port>`, for `bootstrap.servers`.

@@ -17,6 +17,7 @@ pub mod describe_groups;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
+pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
-use ketch_storage::{StorageError, Topic};
+use ketch_storage::{SequenceError, StorageError, Topic};
 
 use crate::Context;
 
@@ -55,6 +56,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::OffsetCommit, 2, 9),
     (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::InitProducerId, 0, 5),
     (ApiKey::JoinGroup, 0, 9),
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
@@ -135,6 +137,9 @@ pub async fn handle(
         RequestKind::DeleteGroups(r) => {
             ResponseKind::DeleteGroups(delete_groups::handle(ctx, header, r).await)
         }
+        RequestKind::InitProducerId(r) => {
+            ResponseKind::InitProducerId(init_producer_id::handle(ctx, header, r).await)
+        }
         other => {
             // Unreachable: the server refuses unsupported API keys before decoding.
             tracing::error!(request = ?std::mem::discriminant(&other), "no handler for a supported API");
@@ -153,6 +158,9 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Corrupt(_) => ResponseError::CorruptMessage,
         StorageError::Conflict(_) => ResponseError::ReassignmentInProgress,
+        StorageError::Sequence(SequenceError::OutOfOrder) => ResponseError::OutOfOrderSequenceNumber,
+        StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,
+        StorageError::Sequence(SequenceError::UnknownProducer) => ResponseError::UnknownProducerId,
         StorageError::Data(_) => ResponseError::UnknownServerError,
         _ => ResponseError::UnknownServerError,
     };

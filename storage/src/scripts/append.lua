@@ -23,16 +23,23 @@
 -- KEYS[2] ketch:{TAG}:times    sparse time index: score = running max timestamp, member = base offset
 -- KEYS[3] ketch:{TAG}:log      stream, one entry per batch, id <last_offset>-<record_count>
 -- KEYS[4] ketch:{TAG}:staging  the log's name during the XADD
+-- KEYS[5] ketch:{TAG}:producers  hash: producer id -> JSON {e: epoch, b: [[first_seq, last_seq, base_offset]...]}
 -- ARGV[1] 'reserve', 'inline' or 'finish'
 -- reserve, inline: ARGV[2] expected next offset (-1: unknown), ARGV[3] record
 --          count, ARGV[4] max timestamp (ms), ARGV[5] wake-up channel,
 --          ARGV[6] time index interval in bytes, ARGV[7] batch size in bytes
--- inline:  ARGV[8] the batch bytes (small batches only: they get hashed)
+--          ARGV[8] producer id (-1: not idempotent), ARGV[9] producer epoch,
+--          ARGV[10] base sequence
+-- inline:  ARGV[11] the batch bytes (small batches only: they get hashed)
 --
 -- Reply of reserve and inline: {base_offset, log_start_offset} when the
--- batch is (inline) or will be (reserve) stored; {-1} when the partition
--- does not exist; {-2, next_offset} when the expected offset was wrong
--- (retry with next_offset).
+-- batch is (inline) or will be (reserve) stored; {base_offset,
+-- log_start_offset, 1} when it duplicates one of the producer's last five
+-- batches (nothing is stored; base_offset is the original's); {-1} when the
+-- partition does not exist; {-2, next_offset} when the expected offset was
+-- wrong (retry with next_offset); {-3, reason} when the producer's epoch or
+-- sequence is refused: 1 = out of order, 2 = stale epoch, 3 = unknown
+-- producer with a sequence other than 0.
 -- Reply of finish: 1 when the log was renamed back, else 0.
 if ARGV[1] == 'finish' then
   if redis.call('EXISTS', KEYS[4]) == 1 then
@@ -55,8 +62,45 @@ local count = tonumber(ARGV[3])
 local ts = tonumber(ARGV[4])
 local size = tonumber(ARGV[7])
 
+-- Idempotent producers (Kafka's ProducerStateManager): the last five
+-- batches of each producer, to answer a retried batch with its original
+-- offset and to refuse gaps and stale epochs.
+local producer_id = ARGV[8]
+if tonumber(producer_id) >= 0 then
+  local epoch = tonumber(ARGV[9])
+  local first_seq = tonumber(ARGV[10])
+  local last_seq = (first_seq + count - 1) % 2147483648
+  local stored = redis.call('HGET', KEYS[5], producer_id)
+  local state = stored and cjson.decode(stored) or nil
+  if state and epoch < state.e then
+    return {-3, 2}
+  end
+  if state and epoch == state.e then
+    for _, b in ipairs(state.b) do
+      if b[1] == first_seq and b[2] == last_seq then
+        return {b[3], tonumber(meta[2]), 1}
+      end
+    end
+    local previous = state.b[#state.b]
+    if previous and first_seq ~= (previous[2] + 1) % 2147483648 then
+      return {-3, 1}
+    end
+  elseif first_seq ~= 0 then
+    -- A new producer, or a new epoch, starts at sequence 0.
+    return {-3, state and 1 or 3}
+  end
+  if not state or epoch > state.e then
+    state = {e = epoch, b = {}}
+  end
+  table.insert(state.b, {first_seq, last_seq, base})
+  if #state.b > 5 then
+    table.remove(state.b, 1)
+  end
+  redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
+end
+
 if ARGV[1] == 'inline' then
-  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[8], 't', ARGV[4])
+  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[11], 't', ARGV[4])
 else
   if redis.call('EXISTS', KEYS[3]) == 0 then
     -- First batch: create the empty stream the staged XADD needs.
