@@ -45,6 +45,7 @@ pub struct Settings {
     pub groups: GroupsSettings,
     pub cluster: ClusterSettings,
     pub tiering: TieringSettings,
+    pub storage: StorageSettings,
     pub log: LogSettings,
 }
 
@@ -165,6 +166,21 @@ pub struct TieringSettings {
     pub lease_ttl: Duration,
 }
 
+/// What acks=all waits for.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageSettings {
+    /// Redis replicas that must have an acks=all batch before it is
+    /// acknowledged (`WAIT`); 0 answers once the primary has it.
+    pub acks_all_replicas: u32,
+    /// Longest wait for them; past it the producer gets
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND (the batch is stored).
+    pub acks_all_timeout: Duration,
+    /// Also wait for the primary's append-only file to reach disk
+    /// (`WAITAOF`, Redis 7.2+; ignored with a warning on older servers).
+    pub acks_all_fsync: bool,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -263,6 +279,16 @@ impl Default for TieringSettings {
         Self {
             tick_interval: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            acks_all_replicas: 0,
+            acks_all_timeout: Duration::from_secs(5),
+            acks_all_fsync: false,
         }
     }
 }

@@ -22,6 +22,10 @@ pub enum StorageError {
     /// The batch was refused; nothing was stored.
     #[error("corrupt record batch: {0}")]
     Corrupt(#[from] BatchError),
+    /// An acks=all batch was stored but too few replicas confirmed it in
+    /// time (retriable; an idempotent retry is deduplicated).
+    #[error("stored, but {acked} of {wanted} replicas confirmed in time")]
+    NotEnoughReplicasAfterAppend { acked: i64, wanted: u32 },
     /// An idempotent producer's batch was refused.
     #[error("producer sequence refused: {0:?}")]
     Sequence(SequenceError),
@@ -53,7 +57,12 @@ impl From<redis::RedisError> for StorageError {
 impl StorageError {
     /// Whether the client should retry.
     pub fn is_retriable(&self) -> bool {
-        matches!(self, StorageError::Unavailable(_) | StorageError::Conflict(_))
+        matches!(
+            self,
+            StorageError::Unavailable(_)
+                | StorageError::Conflict(_)
+                | StorageError::NotEnoughReplicasAfterAppend { .. }
+        )
     }
 }
 

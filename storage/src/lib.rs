@@ -38,6 +38,18 @@ pub struct StoreConfig {
     pub connect_timeout: std::time::Duration,
     /// How long a wake-up subscription outlives its last waiter.
     pub subscription_linger: std::time::Duration,
+    /// What an acks=all append waits for.
+    pub durability: Durability,
+}
+
+/// What an acks=all append waits for after the script ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Durability {
+    /// Replicas that must acknowledge (`WAIT`); 0 waits for nothing.
+    pub replicas: u32,
+    pub timeout: std::time::Duration,
+    /// Also wait for the primary's AOF fsync (`WAITAOF`).
+    pub fsync: bool,
 }
 
 impl StoreConfig {
@@ -48,6 +60,11 @@ impl StoreConfig {
             command_timeout: settings.redis.command_timeout.get(),
             connect_timeout: settings.redis.connect_timeout.get(),
             subscription_linger: settings.fetch.subscription_linger.get(),
+            durability: Durability {
+                replicas: settings.storage.acks_all_replicas,
+                timeout: settings.storage.acks_all_timeout.get(),
+                fsync: settings.storage.acks_all_fsync,
+            },
         }
     }
 }
@@ -56,6 +73,10 @@ impl StoreConfig {
 #[derive(Clone)]
 pub struct Store {
     conn: ConnectionManager,
+    /// acks=all appends and their WAIT: `WAIT` counts the writes of its own
+    /// connection and blocks it, so they get one of their own.
+    durable_conn: ConnectionManager,
+    durability: Durability,
     keys: Keys,
     wake: WakeHub,
     topics: Arc<topics::TopicCache>,
@@ -84,10 +105,13 @@ impl Store {
             .set_response_timeout(Some(config.command_timeout))
             .set_number_of_retries(2)
             .set_max_delay(std::time::Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())?;
+        let durable_conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
         let wake = WakeHub::start(client, config.subscription_linger, config.connect_timeout);
         Ok(Self {
             conn,
+            durable_conn,
+            durability: config.durability,
             keys: Keys::new(&config.namespace),
             wake,
             topics: Arc::new(topics::TopicCache::default()),

@@ -122,12 +122,71 @@ impl Store {
     /// reserve step of `scripts/append.lua` normally agrees at once; after
     /// another gateway appended, it answers with the real next offset and
     /// the append is retried.
+    ///
+    /// With `acks_all`, the append then waits for the configured replicas
+    /// (and fsync): [`StorageError::NotEnoughReplicasAfterAppend`] when they
+    /// do not confirm in time.
     pub async fn append(
         &self,
         topic: &Topic,
         partition: i32,
         batch: &Bytes,
         header: &BatchHeader,
+        acks_all: bool,
+    ) -> Result<AppendOutcome> {
+        let durable = acks_all && (self.durability.replicas > 0 || self.durability.fsync);
+        let outcome = self.append_once(topic, partition, batch, header, durable).await?;
+        if durable {
+            self.wait_durable().await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Waits until the writes of the durable connection reached the
+    /// configured replicas (and disk).
+    async fn wait_durable(&self) -> Result<()> {
+        let wanted = self.durability.replicas;
+        let timeout_ms = self.durability.timeout.as_millis().max(1) as u64;
+        let mut conn = self.durable_conn.clone();
+        if self.durability.fsync {
+            let waitaof: redis::RedisResult<(i64, i64)> = redis::cmd("WAITAOF")
+                .arg(1)
+                .arg(wanted)
+                .arg(timeout_ms)
+                .query_async(&mut conn)
+                .await;
+            match waitaof {
+                Ok((local, acked)) if local >= 1 && acked >= i64::from(wanted) => return Ok(()),
+                Ok((_, acked)) => return Err(StorageError::NotEnoughReplicasAfterAppend { acked, wanted }),
+                Err(e) if e.to_string().to_ascii_lowercase().contains("unknown command") => {
+                    tracing::warn!(
+                        "redis has no WAITAOF (7.2+); storage.acks_all_fsync waits for replicas only"
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if wanted == 0 {
+            return Ok(());
+        }
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout_ms)
+            .query_async(&mut conn)
+            .await?;
+        if acked < i64::from(wanted) {
+            return Err(StorageError::NotEnoughReplicasAfterAppend { acked, wanted });
+        }
+        Ok(())
+    }
+
+    async fn append_once(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        batch: &Bytes,
+        header: &BatchHeader,
+        durable: bool,
     ) -> Result<AppendOutcome> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
@@ -137,7 +196,12 @@ impl Store {
         let mut next = slot.lock().await;
         for _ in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
-            let reserve = match self.try_append(&keys, expected, batch, header).await {
+            let conn = if durable {
+                self.durable_conn.clone()
+            } else {
+                self.conn()
+            };
+            let reserve = match self.try_append(conn, &keys, expected, batch, header).await {
                 Ok(reserve) => reserve,
                 Err(e) => {
                     *next = None;
@@ -194,6 +258,7 @@ impl Store {
     /// hash its bytes in Lua.
     async fn try_append(
         &self,
+        mut conn: redis::aio::ConnectionManager,
         keys: &PartitionKeys,
         expected: i64,
         batch: &Bytes,
@@ -244,7 +309,7 @@ impl Store {
             .arg(&script_keys)
             .arg("finish")
             .ignore();
-        let (reserve,): (Vec<i64>,) = pipe.query_async(&mut self.conn()).await?;
+        let (reserve,): (Vec<i64>,) = pipe.query_async(&mut conn).await?;
         Ok(reserve)
     }
 

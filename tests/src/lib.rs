@@ -137,6 +137,8 @@ fn retry_port_race<T>(mut start: impl FnMut() -> Result<T, String>) -> T {
 /// A `redis-server` on a loopback port, without persistence; killed on drop.
 pub struct RedisServer {
     port: u16,
+    /// Extra `redis-server` arguments (e.g. `--replicaof`).
+    args: Vec<String>,
     child: Option<Child>,
     log: LogBuffer,
 }
@@ -155,9 +157,19 @@ impl RedisServer {
     pub fn reserve() -> Self {
         Self {
             port: free_port(),
+            args: Vec::new(),
             child: None,
             log: LogBuffer::default(),
         }
+    }
+
+    /// A replica of `primary`, started and ready.
+    pub fn start_replica_of(primary: &RedisServer) -> Self {
+        retry_port_race(|| {
+            let mut server = Self::reserve();
+            server.args = vec!["--replicaof".into(), "127.0.0.1".into(), primary.port.to_string()];
+            server.try_start().map(|()| server)
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -187,6 +199,7 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

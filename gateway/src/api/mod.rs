@@ -158,6 +158,7 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Corrupt(_) => ResponseError::CorruptMessage,
         StorageError::Conflict(_) => ResponseError::ReassignmentInProgress,
+        StorageError::NotEnoughReplicasAfterAppend { .. } => ResponseError::NotEnoughReplicasAfterAppend,
         StorageError::Sequence(SequenceError::OutOfOrder) => ResponseError::OutOfOrderSequenceNumber,
         StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,
         StorageError::Sequence(SequenceError::UnknownProducer) => ResponseError::UnknownProducerId,

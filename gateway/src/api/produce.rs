@@ -4,8 +4,9 @@
 //! A batch is checked before anything reaches Redis (bounds, magic 2,
 //! CRC-32C, record count; see `ketch_storage::batch`), so a rejected batch
 //! leaves no trace. Partitions are appended concurrently. acks=0 gets no
-//! response; acks=1 and acks=all are answered once the append script ran
-//! (replica waits for acks=all arrive with issue #6).
+//! response; acks=1 is answered once the append script ran; acks=all also
+//! waits for `storage.acks_all_replicas` Redis replicas (`WAIT`) and, with
+//! `storage.acks_all_fsync`, the AOF (`WAITAOF`).
 //!
 //! Kafka appends one connection's produce requests in the order they were
 //! sent, and clients with several requests in flight rely on it. Requests
@@ -132,7 +133,7 @@ async fn produce_topic(
                 Ok(topic) => topic,
                 Err(code) => return response.with_error_code(code),
             };
-            match produce_partition(ctx, topic, p.index, p.records).await {
+            match produce_partition(ctx, topic, p.index, p.records, acks).await {
                 Ok((base_offset, log_start)) => response
                     .with_base_offset(base_offset)
                     .with_log_start_offset(log_start),
@@ -155,6 +156,7 @@ async fn produce_partition(
     topic: Arc<Topic>,
     partition: i32,
     records: Option<Bytes>,
+    acks: i16,
 ) -> Result<(i64, i64), PartitionError> {
     let topic = ensure_partition(ctx, topic, partition)
         .await
@@ -184,7 +186,7 @@ async fn produce_partition(
     })?;
     let outcome = ctx
         .store
-        .append(&topic, partition, &batch, &header)
+        .append(&topic, partition, &batch, &header, acks == -1)
         .await
         .map_err(|e| (error_code(&e), Some(e.to_string())))?;
     Ok((outcome.base_offset, outcome.log_start_offset))
