@@ -67,9 +67,9 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
     ConfigDef {
         name: "message.timestamp.type",
         default: "CreateTime",
-        kind: ConfigType::Choice(&["CreateTime"]),
+        kind: ConfigType::Choice(&["CreateTime", "LogAppendTime"]),
         min: 0,
-        doc: "Only CreateTime is supported; LogAppendTime is rejected until the gateway stamps batches.",
+        doc: "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the gateway's clock when it is appended.",
     },
     ConfigDef {
         name: "remote.storage.enable",

@@ -178,6 +178,20 @@ pub fn header(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
     Ok(BatchHeader::read(bytes))
 }
 
+/// A copy of a validated batch stamped with LogAppendTime: the timestamp
+/// type attribute set and the max timestamp overwritten with `now`, CRC
+/// recomputed (Kafka's LogValidator does the same; consumers then read every
+/// record's timestamp as `now`).
+pub fn stamp_log_append_time(batch: &[u8], now: i64) -> Bytes {
+    let mut stamped = batch.to_vec();
+    let attributes = i16::from_be_bytes([stamped[21], stamped[22]]) | 0x08;
+    stamped[21..23].copy_from_slice(&attributes.to_be_bytes());
+    stamped[35..43].copy_from_slice(&now.to_be_bytes());
+    let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &stamped[CRC_START..]) as u32;
+    stamped[17..21].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(stamped)
+}
+
 /// Writes the base offset (bytes 0–7) and partition leader epoch (12–15) of
 /// a stored batch; both lie outside the CRC.
 pub fn patch_header(batch: &mut [u8], base_offset: i64, leader_epoch: i32) {
@@ -472,6 +486,16 @@ pub(crate) mod tests {
             (12, 1, None, None)
         );
         assert!(recs.next_record().unwrap().is_none());
+    }
+
+    #[test]
+    fn log_append_time_stamping_keeps_the_batch_valid() {
+        let b = Bytes::from(build_batch(&[(10, None, Some(b"x")), (12, None, Some(b"y"))]));
+        let stamped = stamp_log_append_time(&b, 99_000);
+        let h = validate_produce_batch(&stamped).unwrap();
+        assert_eq!(h.max_timestamp, 99_000);
+        assert_eq!(h.attributes & 0x08, 0x08);
+        assert_eq!(&stamped[HEADER_LEN..], &b[HEADER_LEN..], "records untouched");
     }
 
     #[test]

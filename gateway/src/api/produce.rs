@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -24,7 +25,7 @@ use kafka_protocol::messages::produce_request::TopicProduceData;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
 use ketch_storage::Topic;
-use ketch_storage::batch::{BatchError, validate_produce_batch};
+use ketch_storage::batch::{BatchError, stamp_log_append_time, validate_produce_batch};
 use tokio::sync::oneshot;
 
 use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id, str_bytes};
@@ -134,9 +135,10 @@ async fn produce_topic(
                 Err(code) => return response.with_error_code(code),
             };
             match produce_partition(ctx, topic, p.index, p.records, acks).await {
-                Ok((base_offset, log_start)) => response
+                Ok((base_offset, log_start, append_time)) => response
                     .with_base_offset(base_offset)
-                    .with_log_start_offset(log_start),
+                    .with_log_start_offset(log_start)
+                    .with_log_append_time_ms(append_time),
                 Err((code, message)) => response
                     .with_error_code(code)
                     .with_error_message(message.map(str_bytes)),
@@ -157,7 +159,7 @@ async fn produce_partition(
     partition: i32,
     records: Option<Bytes>,
     acks: i16,
-) -> Result<(i64, i64), PartitionError> {
+) -> Result<(i64, i64, i64), PartitionError> {
     let topic = ensure_partition(ctx, topic, partition)
         .await
         .map_err(|code| (code, None))?;
@@ -180,16 +182,26 @@ async fn produce_partition(
             )),
         ));
     }
-    let header = validate_produce_batch(&batch).map_err(|e| {
+    let mut header = validate_produce_batch(&batch).map_err(|e| {
         tracing::debug!(topic = %topic.name, partition, error = %e, "rejected record batch");
         (batch_error_code(&e), Some(e.to_string()))
     })?;
+    let log_append_time = topic.config("message.timestamp.type") == Some("LogAppendTime");
+    let (batch, append_time) = if log_append_time {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        header.max_timestamp = now;
+        (stamp_log_append_time(&batch, now), now)
+    } else {
+        (batch, -1)
+    };
     let outcome = ctx
         .store
         .append(&topic, partition, &batch, &header, acks == -1)
         .await
         .map_err(|e| (error_code(&e), Some(e.to_string())))?;
-    Ok((outcome.base_offset, outcome.log_start_offset))
+    Ok((outcome.base_offset, outcome.log_start_offset, append_time))
 }
 
 fn batch_error_code(e: &BatchError) -> i16 {

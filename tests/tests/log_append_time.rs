@@ -1,0 +1,61 @@
+//! `message.timestamp.type=LogAppendTime` (issue #6, part): the gateway
+//! stamps each batch with its clock, recomputes the CRC, and clients see the
+//! append time instead of the producer's timestamps.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use rdkafka::Message;
+use rdkafka::message::Timestamp;
+
+#[test]
+fn consumers_see_the_append_time() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("log-append-time");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("message.timestamp.type", "LogAppendTime")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+
+    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let request = raw::produce_request(
+        &topic,
+        0,
+        batch::encode(&[Record::value(1_000, b"a"), Record::value(2_000, b"b")]),
+    );
+    let response = conn.request(raw::PRODUCE_VERSION, &request);
+    let partition = &response.responses[0].partition_responses[0];
+    assert_eq!(partition.error_code, code::NONE);
+    let append_time = partition.log_append_time_ms;
+    assert!(
+        append_time >= before && append_time < before + 60_000,
+        "append time {append_time}"
+    );
+
+    let consumer = ketch.consumer_at(&topic, &[0], 0);
+    for expected_offset in 0..2 {
+        let message = consumer
+            .poll(Duration::from_secs(30))
+            .expect("a record within 30 s")
+            .expect("consume");
+        assert_eq!(message.offset(), expected_offset);
+        assert_eq!(message.timestamp(), Timestamp::LogAppendTime(append_time));
+    }
+    // CreateTime topics keep the producer's timestamps.
+    let plain = unique_topic("create-time");
+    assert_eq!(raw::create_topic(&mut conn, &plain, 1), code::NONE);
+    let response = conn.request(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&plain, 0, batch::encode(&[Record::value(1_000, b"a")])),
+    );
+    assert_eq!(
+        response.responses[0].partition_responses[0].log_append_time_ms,
+        -1
+    );
+}
