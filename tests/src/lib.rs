@@ -163,6 +163,21 @@ impl RedisServer {
         }
     }
 
+    /// A server started with extra `redis-server` arguments (they override
+    /// the defaults, e.g. `--appendonly yes`).
+    pub fn start_with(args: &[&str]) -> Self {
+        retry_port_race(|| {
+            let mut server = Self::reserve();
+            server.args = args.iter().map(|a| (*a).to_owned()).collect();
+            server.try_start().map(|()| server)
+        })
+    }
+
+    /// The server's process id (for SIGSTOP/SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("redis-server is running").id()
+    }
+
     /// A replica of `primary`, started and ready.
     pub fn start_replica_of(primary: &RedisServer) -> Self {
         retry_port_race(|| {
@@ -317,6 +332,8 @@ pub struct Ketch {
     http_port: u16,
     log: LogBuffer,
     exit: Option<ExitStatus>,
+    redis_url: String,
+    extra_args: Vec<String>,
 }
 
 impl Ketch {
@@ -328,8 +345,20 @@ impl Ketch {
     }
 
     fn try_start(redis_url: &str, extra_args: &[&str]) -> Result<Self, String> {
-        let kafka_port = free_port();
-        let http_port = free_port();
+        Self::spawn(redis_url, extra_args, free_port(), free_port())
+    }
+
+    /// Starts a killed gateway again with the same settings and ports, so
+    /// clients that knew its address reach it again.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "ketch is still running");
+        let args: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
+        let started = Self::spawn(&self.redis_url, &args, self.kafka_port, self.http_port)
+            .unwrap_or_else(|e| panic!("{e}"));
+        *self = started;
+    }
+
+    fn spawn(redis_url: &str, extra_args: &[&str], kafka_port: u16, http_port: u16) -> Result<Self, String> {
         let listen = format!("127.0.0.1:{kafka_port}");
         let http = format!("127.0.0.1:{http_port}");
         let mut command = Command::new(ketch_bin());
@@ -363,6 +392,8 @@ impl Ketch {
             http_port,
             log,
             exit: None,
+            redis_url: redis_url.to_owned(),
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
         })
     }
 

@@ -1,0 +1,189 @@
+//! Faults (issue #6): an idempotent producer keeps every record exactly
+//! once, in per-partition send order, while gateways are SIGKILLed and
+//! Redis is paused or SIGKILLed.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+const PARTITIONS: i32 = 4;
+
+fn gateway(redis: &RedisServer, id: i32) -> Ketch {
+    Ketch::start(
+        &redis.url(),
+        &[
+            "--node-id",
+            &id.to_string(),
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.node_timeout=1s",
+            "--set",
+            "redis.command_timeout=2s",
+        ],
+    )
+}
+
+fn idempotent_producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "120000")
+        .set("reconnect.backoff.max.ms", "200")
+        .create()
+        .expect("producer")
+}
+
+/// Produces `count` records round-robin over the partitions, value
+/// `partition:seq`, while `disturb` runs once `progress` records are acked;
+/// every delivery must succeed.
+fn produce_through(producer: &FutureProducer, topic: &str, count: usize, disturb: impl FnOnce() + Send) {
+    let acked = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        let watcher = {
+            let acked = acked.clone();
+            let done = done.clone();
+            scope.spawn(move || {
+                while acked.load(Ordering::Relaxed) < count / 4 && !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let during = !done.load(Ordering::Relaxed);
+                disturb();
+                let unacked = count - acked.load(Ordering::Relaxed);
+                (during, unacked)
+            })
+        };
+        let rt = runtime();
+        let mut pending = Vec::with_capacity(count);
+        for i in 0..count {
+            let partition = (i % PARTITIONS as usize) as i32;
+            let value = format!("{partition}:{}", i / PARTITIONS as usize);
+            let delivery = producer
+                .send_result(
+                    FutureRecord::<(), _>::to(topic)
+                        .payload(&value)
+                        .partition(partition),
+                )
+                .map_err(|(e, _)| e)
+                .expect("queued");
+            pending.push(delivery);
+            if pending.len() >= 2_000 {
+                for delivery in pending.drain(..) {
+                    rt.block_on(delivery)
+                        .expect("delivered")
+                        .map_err(|(e, _)| e)
+                        .expect("acknowledged");
+                    acked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        for delivery in pending {
+            rt.block_on(delivery)
+                .expect("delivered")
+                .map_err(|(e, _)| e)
+                .expect("acknowledged");
+        }
+        done.store(true, Ordering::Relaxed);
+        let (during, unacked) = watcher.join().expect("disturbance");
+        assert!(
+            during && unacked > 0,
+            "the fault must hit a producer still sending ({unacked} unacked)"
+        );
+    });
+}
+
+/// Every partition holds exactly `partition:0..n` in order.
+fn assert_exactly_once_in_order(via: &Ketch, topic: &str, count: usize) {
+    let per_partition = count / PARTITIONS as usize;
+    let consumer = via.consumer_at(topic, &(0..PARTITIONS).collect::<Vec<_>>(), 0);
+    let mut next = vec![0usize; PARTITIONS as usize];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while next.iter().sum::<usize>() < count {
+        assert!(Instant::now() < deadline, "consumed only {next:?}");
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let p = message.partition() as usize;
+        let value = std::str::from_utf8(message.payload().expect("value")).expect("utf-8");
+        assert_eq!(
+            value,
+            format!("{p}:{}", next[p]),
+            "partition {p} at offset {}",
+            message.offset()
+        );
+        assert_eq!(message.offset(), next[p] as i64, "dense offsets");
+        next[p] += 1;
+    }
+    assert!(next.iter().all(|n| *n == per_partition), "{next:?}");
+}
+
+#[test]
+fn gateways_killed_twice_lose_and_duplicate_nothing() {
+    let redis = RedisServer::start();
+    let mut a = gateway(&redis, 1);
+    let mut b = gateway(&redis, 2);
+    let topic = unique_topic("faults-gateways");
+    a.create_topic(&runtime(), &topic, PARTITIONS);
+    let producer = idempotent_producer(&format!("{},{}", a.bootstrap(), b.bootstrap()));
+    produce_through(&producer, &topic, 200_000, || {
+        a.kill9();
+        a.restart();
+        b.kill9();
+        b.restart();
+    });
+    assert_exactly_once_in_order(&a, &topic, 200_000);
+}
+
+#[test]
+fn redis_paused_for_five_seconds_loses_and_duplicates_nothing() {
+    let redis = RedisServer::start();
+    let ketch = gateway(&redis, 1);
+    let topic = unique_topic("faults-pause");
+    ketch.create_topic(&runtime(), &topic, PARTITIONS);
+    let producer = idempotent_producer(&ketch.bootstrap());
+    let pid = redis.pid().to_string();
+    produce_through(&producer, &topic, 100_000, || {
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .expect("SIGSTOP");
+        std::thread::sleep(Duration::from_secs(5)); // the fault's length, not a synchronisation
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .expect("SIGCONT");
+    });
+    assert_exactly_once_in_order(&ketch, &topic, 100_000);
+}
+
+#[test]
+fn redis_killed_with_fsync_always_keeps_every_acknowledged_record() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dir_arg = dir.path().to_str().expect("utf-8 path").to_owned();
+    let mut redis = RedisServer::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        &dir_arg,
+    ]);
+    let ketch = gateway(&redis, 1);
+    let topic = unique_topic("faults-aof");
+    ketch.create_topic(&runtime(), &topic, PARTITIONS);
+    let producer = idempotent_producer(&ketch.bootstrap());
+    produce_through(&producer, &topic, 40_000, || {
+        redis.stop(); // SIGKILL
+        redis.start_again(); // reloads the append-only file
+    });
+    assert_exactly_once_in_order(&ketch, &topic, 40_000);
+}
