@@ -46,6 +46,7 @@ pub struct Settings {
     pub cluster: ClusterSettings,
     pub tiering: TieringSettings,
     pub storage: StorageSettings,
+    pub producers: ProducersSettings,
     pub log: LogSettings,
 }
 
@@ -181,6 +182,15 @@ pub struct StorageSettings {
     pub acks_all_fsync: bool,
 }
 
+/// Idempotent producers.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProducersSettings {
+    /// A producer idle this long is forgotten by a partition (Kafka's
+    /// `producer.id.expiration.ms`); checked on the storage worker's ticks.
+    pub expiration: Duration,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -289,6 +299,14 @@ impl Default for StorageSettings {
             acks_all_replicas: 0,
             acks_all_timeout: Duration::from_secs(5),
             acks_all_fsync: false,
+        }
+    }
+}
+
+impl Default for ProducersSettings {
+    fn default() -> Self {
+        Self {
+            expiration: Duration::from_secs(24 * 3600),
         }
     }
 }

@@ -96,6 +96,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         ctx.store.clone(),
         ctx.settings.tiering.tick_interval.get(),
         ctx.settings.tiering.lease_ttl.get(),
+        ctx.settings.producers.expiration.get(),
     );
     let worker_task = tokio::spawn(worker.run(leads, shutdown.clone()));
     server::serve(kafka, ctx, shutdown).await;

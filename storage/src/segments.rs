@@ -35,6 +35,9 @@ pub struct SegmentPolicy {
     /// Delete expired segments from Redis (false while segments must wait
     /// to be archived).
     pub apply_retention: bool,
+    /// Idempotent producer state idle longer than this is dropped
+    /// (`producers.expiration`), in ms.
+    pub producer_expiration_ms: i64,
 }
 
 /// What one pass over a partition did.
@@ -43,6 +46,7 @@ pub struct SealOutcome {
     pub sealed: i64,
     pub deleted: i64,
     pub log_start_offset: i64,
+    pub producers_expired: i64,
 }
 
 impl Store {
@@ -80,18 +84,21 @@ impl Store {
             .key(&keys.meta)
             .key(&keys.segments)
             .key(&keys.log)
+            .key(&keys.producers)
             .arg(policy.segment_bytes)
             .arg(policy.segment_ms)
             .arg(policy.retention_ms)
             .arg(policy.retention_bytes)
             .arg(if policy.apply_retention { 1 } else { 0 })
+            .arg(policy.producer_expiration_ms)
             .invoke_async(&mut self.conn())
             .await?;
         match reply[..] {
-            [sealed, deleted, log_start_offset] => Ok(SealOutcome {
+            [sealed, deleted, log_start_offset, producers_expired] => Ok(SealOutcome {
                 sealed,
                 deleted,
                 log_start_offset,
+                producers_expired,
             }),
             [-1] => Err(StorageError::UnknownTopicOrPartition),
             _ => Err(StorageError::Data(format!("seal script replied {reply:?}"))),

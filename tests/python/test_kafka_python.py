@@ -104,3 +104,21 @@ def test_offsets_for_times_and_end_offsets(ketch, topic_name):
         assert consumer.offsets_for_times({tp: base + 99_000})[tp] is None
     finally:
         consumer.close()
+
+
+def test_idempotent_producer_works_unchanged(ketch, topic_name):
+    """kafka-python's idempotent producer (InitProducerId, sequences), as the
+    Java client uses by default: every record stored once, offsets dense."""
+    admin = KafkaAdminClient(bootstrap_servers=ketch.bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic_name, 2, 1)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=ketch.bootstrap, enable_idempotence=True, acks="all")
+    futures = [producer.send(topic_name, value=b"v%d" % i, partition=i % 2) for i in range(1000)]
+    producer.flush(30)
+    metadata = [f.get(timeout=30) for f in futures]
+    producer.close()
+    for p in range(2):
+        offsets = sorted(m.offset for m in metadata if m.partition == p)
+        assert offsets == list(range(500)), f"partition {p}: {offsets[:5]}..."

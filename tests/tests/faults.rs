@@ -127,7 +127,7 @@ fn assert_exactly_once_in_order(via: &Ketch, topic: &str, count: usize) {
 }
 
 #[test]
-fn gateways_killed_twice_lose_and_duplicate_nothing() {
+fn gateways_killed_three_times_lose_and_duplicate_nothing() {
     let redis = RedisServer::start();
     let mut a = gateway(&redis, 1);
     let mut b = gateway(&redis, 2);
@@ -135,10 +135,11 @@ fn gateways_killed_twice_lose_and_duplicate_nothing() {
     a.create_topic(&runtime(), &topic, PARTITIONS);
     let producer = idempotent_producer(&format!("{},{}", a.bootstrap(), b.bootstrap()));
     produce_through(&producer, &topic, 200_000, || {
-        a.kill9();
-        a.restart();
-        b.kill9();
-        b.restart();
+        for first in [true, false, true] {
+            let gateway = if first { &mut a } else { &mut b };
+            gateway.kill9();
+            gateway.restart();
+        }
     });
     assert_exactly_once_in_order(&a, &topic, 200_000);
 }
@@ -186,4 +187,33 @@ fn redis_killed_with_fsync_always_keeps_every_acknowledged_record() {
         redis.start_again(); // reloads the append-only file
     });
     assert_exactly_once_in_order(&ketch, &topic, 40_000);
+}
+
+#[test]
+fn a_produce_never_waits_past_its_timeout() {
+    let redis = RedisServer::start();
+    let ketch = gateway(&redis, 1);
+    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("faults-timeout");
+    assert_eq!(ketch_tests::raw::create_topic(&mut conn, &topic, 1), 0);
+    let pid = redis.pid().to_string();
+    Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("SIGSTOP");
+    let batch = ketch_tests::batch::encode(&[ketch_tests::batch::Record::value(1, b"x")]);
+    let request = ketch_tests::raw::produce_request(&topic, 0, batch).with_timeout_ms(300);
+    let started = Instant::now();
+    let response = conn.request(ketch_tests::raw::PRODUCE_VERSION, &request);
+    let waited = started.elapsed();
+    Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .expect("SIGCONT");
+    const REQUEST_TIMED_OUT: i16 = 7;
+    assert_eq!(ketch_tests::raw::produce_result(&response).0, REQUEST_TIMED_OUT);
+    assert!(
+        waited < Duration::from_millis(1500),
+        "answered after {waited:?}, timeout 300 ms"
+    );
 }

@@ -142,3 +142,50 @@ fn rdkafka_idempotent_producer_round_trips() {
         );
     }
 }
+
+#[test]
+fn idle_producer_state_expires_like_kafkas() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "producers.expiration=300ms",
+            "--set",
+            "tiering.tick_interval=100ms",
+            "--set",
+            "tiering.lease_ttl=1s",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("producer-expiry");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (_, id, _) = init_producer_id(&mut conn, -1, -1);
+    let produce = |conn: &mut KafkaConn, n: i64, seq: i32| {
+        raw::produce(conn, &topic, 0, batch::encode_idempotent(&record(n), id, 0, seq)).0
+    };
+    assert_eq!(produce(&mut conn, 0, 0), code::NONE);
+    assert_eq!(produce(&mut conn, 1, 1), code::NONE);
+
+    // The storage worker forgets the idle producer; that is visible in Redis only.
+    let key = format!("ketch:{{{}}}:producers", redis.topic_tags(&topic)[0]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let known: bool = redis::cmd("HEXISTS")
+            .arg(&key)
+            .arg(id)
+            .query(&mut redis.connection())
+            .unwrap();
+        if !known {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "producer state never expired"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // As with Kafka: the next sequence is unknown, a restart at 0 is accepted.
+    assert_eq!(produce(&mut conn, 2, 2), UNKNOWN_PRODUCER_ID);
+    assert_eq!(produce(&mut conn, 2, 0), code::NONE);
+}

@@ -6,7 +6,8 @@
 //! membership changes), seals the open segment when it reaches
 //! `segment.bytes` or `segment.ms`, and — for topics without
 //! `remote.storage.enable` — deletes whole segments past `retention.ms` /
-//! `retention.bytes`. Archiving sealed segments to Iceberg (and therefore
+//! `retention.bytes`; it also forgets idempotent producers idle past
+//! `producers.expiration`. Archiving sealed segments to Iceberg (and therefore
 //! retention of remote-storage topics) is not built yet.
 
 use std::sync::Arc;
@@ -25,16 +26,23 @@ pub struct StorageWorker {
     store: Store,
     tick_interval: Duration,
     lease_ttl: Duration,
+    producer_expiration: Duration,
     /// This worker's identity in lease keys.
     id: String,
 }
 
 impl StorageWorker {
-    pub fn new(store: Store, tick_interval: Duration, lease_ttl: Duration) -> Self {
+    pub fn new(
+        store: Store,
+        tick_interval: Duration,
+        lease_ttl: Duration,
+        producer_expiration: Duration,
+    ) -> Self {
         Self {
             store,
             tick_interval,
             lease_ttl,
+            producer_expiration,
             id: uuid::Uuid::new_v4().to_string(),
         }
     }
@@ -61,7 +69,7 @@ impl StorageWorker {
             }
         };
         for topic in &topics {
-            let policy = policy(topic);
+            let policy = policy(topic, self.producer_expiration);
             for partition in (0..topic.partitions()).filter(|p| leads(topic, *p)) {
                 if let Err(e) = self.work(topic, partition, policy).await {
                     tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
@@ -87,9 +95,9 @@ impl StorageWorker {
     }
 }
 
-/// A topic's segment and retention settings: its overrides, else Kafka's
-/// defaults.
-pub fn policy(topic: &Topic) -> SegmentPolicy {
+/// A topic's segment and retention settings (its overrides, else Kafka's
+/// defaults), and how long idle producers are remembered.
+pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
     let number = |name: &str| -> i64 {
         topic
             .config(name)
@@ -104,5 +112,6 @@ pub fn policy(topic: &Topic) -> SegmentPolicy {
         retention_ms: number("retention.ms"),
         retention_bytes: number("retention.bytes"),
         apply_retention: !remote,
+        producer_expiration_ms: i64::try_from(producer_expiration.as_millis()).unwrap_or(i64::MAX),
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -89,6 +89,7 @@ pub async fn handle(
     mut turns: Turns,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
+    let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
     let by_id = header.request_api_version >= 13;
     let topics = request.topic_data.into_iter().map(|data| {
         let turns: Vec<Option<Turn>> = data
@@ -96,7 +97,7 @@ pub async fn handle(
             .iter()
             .map(|p| turns.0.remove(&(data.name.0.to_string(), data.topic_id, p.index)))
             .collect();
-        produce_topic(ctx, acks, by_id, data, turns)
+        produce_topic(ctx, acks, timeout, by_id, data, turns)
     });
     let responses = futures::future::join_all(topics).await;
     if acks == 0 {
@@ -108,6 +109,7 @@ pub async fn handle(
 async fn produce_topic(
     ctx: &Context,
     acks: i16,
+    timeout: Duration,
     by_id: bool,
     data: TopicProduceData,
     turns: Vec<Option<Turn>>,
@@ -134,7 +136,21 @@ async fn produce_topic(
                 Ok(topic) => topic,
                 Err(code) => return response.with_error_code(code),
             };
-            match produce_partition(ctx, topic, p.index, p.records, acks).await {
+            // A request never waits past its timeout (0: no limit); a batch
+            // that times out may still be stored, as with Kafka, and an
+            // idempotent producer's retry is then deduplicated.
+            let produced = produce_partition(ctx, topic, p.index, p.records, acks);
+            let produced = if timeout.is_zero() {
+                produced.await
+            } else {
+                tokio::time::timeout(timeout, produced).await.unwrap_or_else(|_| {
+                    Err((
+                        ResponseError::RequestTimedOut.code(),
+                        Some("the request's timeout_ms passed".to_owned()),
+                    ))
+                })
+            };
+            match produced {
                 Ok((base_offset, log_start, append_time)) => response
                     .with_base_offset(base_offset)
                     .with_log_start_offset(log_start)

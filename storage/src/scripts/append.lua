@@ -23,7 +23,8 @@
 -- KEYS[2] ketch:{TAG}:times    sparse time index: score = running max timestamp, member = base offset
 -- KEYS[3] ketch:{TAG}:log      stream, one entry per batch, id <last_offset>-<record_count>
 -- KEYS[4] ketch:{TAG}:staging  the log's name during the XADD
--- KEYS[5] ketch:{TAG}:producers  hash: producer id -> JSON {e: epoch, b: [[first_seq, last_seq, base_offset]...]}
+-- KEYS[5] ketch:{TAG}:producers  hash: producer id -> JSON {e: epoch, b: [[first_seq, last_seq, base_offset]...],
+--                                t: last append, ms}
 -- ARGV[1] 'reserve', 'inline' or 'finish'
 -- reserve, inline: ARGV[2] expected next offset (-1: unknown), ARGV[3] record
 --          count, ARGV[4] max timestamp (ms), ARGV[5] wake-up channel,
@@ -96,6 +97,9 @@ if tonumber(producer_id) >= 0 then
   if #state.b > 5 then
     table.remove(state.b, 1)
   end
+  -- Last activity (Redis time), for producers.expiration (scripts/seal.lua).
+  local now = redis.call('TIME')
+  state.t = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
 end
 

@@ -5,12 +5,14 @@
 -- KEYS[2] ketch:{TAG}:segments  sorted set: score = base offset, member = JSON
 --                               {base, last, bytes, max_ts, sealed_ms}
 -- KEYS[3] ketch:{TAG}:log       the stream
+-- KEYS[4] ketch:{TAG}:producers idempotent producers' state (see append.lua)
 -- ARGV[1] segment.bytes     ARGV[2] segment.ms
 -- ARGV[3] retention.ms (-1: none)   ARGV[4] retention.bytes (-1: none)
 -- ARGV[5] 1 to apply retention (no remote storage), 0 to keep everything
+-- ARGV[6] producers.expiration in ms: producer state idle longer is dropped
 --
--- Reply: {segments sealed, segments deleted, log start offset}, or {-1}
--- when the partition does not exist.
+-- Reply: {segments sealed, segments deleted, log start offset, producers
+-- expired}, or {-1} when the partition does not exist.
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'seg_base', 'seg_bytes',
   'seg_start_ms', 'seg_max_ts')
 if not meta[1] then
@@ -64,4 +66,15 @@ if ARGV[5] == '1' then
     log_start = new_start
   end
 end
-return {sealed, deleted, log_start}
+-- Producer state idle past producers.expiration is forgotten, as Kafka
+-- forgets it: the producer's next batch then starts over at sequence 0.
+local expired = 0
+local producers = redis.call('HGETALL', KEYS[4])
+for i = 1, #producers, 2 do
+  local ok, state = pcall(cjson.decode, producers[i + 1])
+  if ok and type(state) == 'table' and (state.t or 0) < now - tonumber(ARGV[6]) then
+    redis.call('HDEL', KEYS[4], producers[i])
+    expired = expired + 1
+  end
+end
+return {sealed, deleted, log_start, expired}
