@@ -324,11 +324,7 @@ impl Store {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
-        let meta: Value = redis::cmd("HMGET")
-            .arg(&keys.meta)
-            .arg("next_offset")
-            .arg("log_start")
-            .arg("local_start")
+        let (meta,): (Value,) = offsets_query(redis::pipe(), &keys)
             .query_async(&mut self.conn())
             .await?;
         parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)
@@ -350,20 +346,15 @@ impl Store {
         loop {
             // XRANGE first, then meta: the high watermark returned is never
             // below an offset returned.
-            let (entries, meta): (Value, Value) = redis::pipe()
-                .cmd("XRANGE")
+            let mut pipe = redis::pipe();
+            pipe.cmd("XRANGE")
                 .arg(&keys.log)
                 .arg(next)
                 .arg("+")
                 .arg("COUNT")
-                .arg(count)
-                .cmd("HMGET")
-                .arg(&keys.meta)
-                .arg("next_offset")
-                .arg("log_start")
-                .arg("local_start")
-                .query_async(&mut self.conn())
-                .await?;
+                .arg(count);
+            let (entries, meta): (Value, Value) =
+                offsets_query(pipe, &keys).query_async(&mut self.conn()).await?;
             let offsets = parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)?;
             if out.offsets.is_none()
                 && (request.offset < offsets.log_start_offset || request.offset > offsets.high_watermark)
@@ -542,6 +533,16 @@ struct Entry {
     last_offset: i64,
     record_count: i32,
     batch: Bytes,
+}
+
+/// Adds the read of a partition's offsets (parsed by [`parse_offsets`]).
+fn offsets_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipeline {
+    pipe.cmd("HMGET")
+        .arg(&keys.meta)
+        .arg("next_offset")
+        .arg("log_start")
+        .arg("local_start");
+    pipe
 }
 
 fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {

@@ -348,6 +348,23 @@ impl Ketch {
         Self::spawn(redis_url, extra_args, free_port(), free_port())
     }
 
+    /// A gateway with node id `id` among several on one Redis, with fast
+    /// membership (heartbeats every 100 ms, dead after `node_timeout`).
+    pub fn start_node(redis_url: &str, id: i32, node_timeout: &str, extra_args: &[&str]) -> Self {
+        let id = id.to_string();
+        let timeout = format!("cluster.node_timeout={node_timeout}");
+        let mut args = vec![
+            "--node-id",
+            &id,
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            &timeout,
+        ];
+        args.extend_from_slice(extra_args);
+        Self::start(redis_url, &args)
+    }
+
     /// Starts a killed gateway again with the same settings and ports, so
     /// clients that knew its address reach it again.
     pub fn restart(&mut self) {

@@ -15,19 +15,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 const PARTITIONS: i32 = 4;
 
 fn gateway(redis: &RedisServer, id: i32) -> Ketch {
-    Ketch::start(
-        &redis.url(),
-        &[
-            "--node-id",
-            &id.to_string(),
-            "--set",
-            "cluster.heartbeat_interval=100ms",
-            "--set",
-            "cluster.node_timeout=1s",
-            "--set",
-            "redis.command_timeout=2s",
-        ],
-    )
+    Ketch::start_node(&redis.url(), id, "1s", &["--set", "redis.command_timeout=2s"])
 }
 
 fn idempotent_producer(bootstrap: &str) -> FutureProducer {

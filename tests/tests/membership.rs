@@ -14,17 +14,7 @@ use rdkafka::consumer::Consumer;
 const NOT_COORDINATOR: i16 = 16;
 
 fn gateway(redis: &RedisServer, id: i32) -> Ketch {
-    Ketch::start(
-        &redis.url(),
-        &[
-            "--node-id",
-            &id.to_string(),
-            "--set",
-            "cluster.heartbeat_interval=100ms",
-            "--set",
-            "cluster.node_timeout=600ms",
-        ],
-    )
+    Ketch::start_node(&redis.url(), id, "600ms", &[])
 }
 
 /// (broker ids, leader id of each partition) as `via` reports them.
