@@ -2,8 +2,9 @@
 # Run every ketch test: formatting, clippy, the Rust unit and end-to-end
 # tests, and the Python / kcat client tests in tests/python.
 #
-# Installs what the tests need when it is missing (redis-server, kcat and a C
-# toolchain with apt-get; pytest, confluent-kafka and kafka-python with pip).
+# Installs what the tests need when it is missing (redis-server, kcat,
+# postgresql and a C toolchain with apt-get; pytest, confluent-kafka,
+# kafka-python, pyiceberg and psycopg2 with pip).
 # Starts no shared Redis: every test starts its own redis-server on a free
 # port. Respects CARGO_TARGET_DIR. Exits non-zero if any step fails.
 set -uo pipefail
@@ -29,6 +30,8 @@ install_prerequisites() {
     local missing=()
     command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
     command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+    # The tiering tests run a PostgreSQL catalog (initdb + postgres).
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
     # rdkafka-sys compiles librdkafka (C, configure + make) for the Rust tests.
     if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
         missing+=(build-essential)
@@ -43,6 +46,10 @@ install_prerequisites() {
     python3 -c 'import pytest' 2>/dev/null || modules+=(pytest)
     python3 -c 'import confluent_kafka' 2>/dev/null || modules+=(confluent-kafka)
     python3 -c 'import kafka' 2>/dev/null || modules+=(kafka-python)
+    # The tiering tests read the Iceberg tables with pyiceberg (SQL catalog on
+    # SQLite and PostgreSQL, pyarrow for S3 and local files).
+    python3 -c 'import pyiceberg.catalog.sql, pyarrow, sqlalchemy' 2>/dev/null || modules+=('pyiceberg[sql-sqlite,pyarrow]')
+    python3 -c 'import psycopg2' 2>/dev/null || modules+=(psycopg2-binary)
     if [ "${#modules[@]}" -gt 0 ]; then
         log "installing ${modules[*]} with pip"
         if ! python3 -m pip install -q "${modules[@]}"; then

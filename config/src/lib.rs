@@ -157,7 +157,7 @@ pub struct ClusterSettings {
     pub node_timeout: Duration,
 }
 
-/// The storage worker (segments, retention).
+/// The storage worker (segments, retention) and the Iceberg archive.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TieringSettings {
@@ -165,6 +165,43 @@ pub struct TieringSettings {
     pub tick_interval: Duration,
     /// How long a partition's lease outlives its holder's last renewal.
     pub lease_ttl: Duration,
+    /// Home of the embedded catalog (`catalog.db`) and the local warehouse.
+    #[serde(deserialize_with = "lenient::string")]
+    pub data_dir: String,
+    /// `sql` (SQLite or PostgreSQL, by `catalog_uri`) or `rest`.
+    #[serde(deserialize_with = "lenient::string")]
+    pub catalog: String,
+    /// `sqlite:/path/catalog.db`, `postgres://user:pass@host/db` or, for
+    /// `rest`, the REST catalog's base URL. Empty: `sqlite:<data_dir>/catalog.db`.
+    #[serde(deserialize_with = "lenient::string")]
+    pub catalog_uri: String,
+    /// The catalog name rows are stored under (engines reading the SQL
+    /// catalog must use the same name).
+    #[serde(deserialize_with = "lenient::string")]
+    pub catalog_name: String,
+    /// The Iceberg namespace of the topic tables.
+    #[serde(deserialize_with = "lenient::string")]
+    pub namespace: String,
+    /// Where data files go: a local directory or `s3://bucket/prefix`.
+    /// Empty: `<data_dir>/warehouse`.
+    #[serde(deserialize_with = "lenient::string")]
+    pub warehouse: String,
+    /// S3 endpoint URL (empty: AWS).
+    #[serde(deserialize_with = "lenient::string")]
+    pub s3_endpoint: String,
+    #[serde(deserialize_with = "lenient::string")]
+    pub s3_region: String,
+    #[serde(deserialize_with = "lenient::string")]
+    pub s3_access_key_id: String,
+    #[serde(deserialize_with = "lenient::string")]
+    pub s3_secret_access_key: String,
+    /// Path-style requests (`http://endpoint/bucket/key`), as most
+    /// self-hosted S3 servers need.
+    pub s3_path_style: bool,
+    /// Rows per Parquet row group; a remote read decodes one row group.
+    pub row_group_rows: usize,
+    /// Decoded row groups kept in memory for sequential remote readers.
+    pub read_cache_bytes: usize,
 }
 
 /// What acks=all waits for.
@@ -289,6 +326,19 @@ impl Default for TieringSettings {
         Self {
             tick_interval: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(30),
+            data_dir: "./data".to_owned(),
+            catalog: "sql".to_owned(),
+            catalog_uri: String::new(),
+            catalog_name: "ketch".to_owned(),
+            namespace: "ketch".to_owned(),
+            warehouse: String::new(),
+            s3_endpoint: String::new(),
+            s3_region: "us-east-1".to_owned(),
+            s3_access_key_id: String::new(),
+            s3_secret_access_key: String::new(),
+            s3_path_style: false,
+            row_group_rows: 32 * 1024,
+            read_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -419,6 +469,47 @@ impl Loader {
     }
 }
 
+impl TieringSettings {
+    /// The SQL catalog's URI, with the embedded SQLite default.
+    pub fn catalog_uri(&self) -> String {
+        if self.catalog_uri.is_empty() {
+            format!(
+                "sqlite:{}?mode=rwc",
+                absolute(&self.data_dir).join("catalog.db").display()
+            )
+        } else {
+            self.catalog_uri.clone()
+        }
+    }
+
+    /// The warehouse location, with the `<data_dir>/warehouse` default: a
+    /// URL (`s3://…`, or `file:///…` for a local directory, made absolute).
+    pub fn warehouse(&self) -> String {
+        match self.warehouse_dir() {
+            Some(dir) => format!("file://{}", dir.display()),
+            None => self.warehouse.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// The warehouse's local directory, when it is one.
+    pub fn warehouse_dir(&self) -> Option<std::path::PathBuf> {
+        if self.warehouse.is_empty() {
+            Some(absolute(&self.data_dir).join("warehouse"))
+        } else if let Some(path) = self.warehouse.strip_prefix("file://") {
+            Some(absolute(path))
+        } else if self.warehouse.contains("://") {
+            None
+        } else {
+            Some(absolute(&self.warehouse))
+        }
+    }
+}
+
+fn absolute(path: &str) -> std::path::PathBuf {
+    let path = Path::new(path);
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 impl Settings {
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |key: &str, message: &str| {
@@ -465,6 +556,32 @@ impl Settings {
                 "tiering.lease_ttl",
                 "must be longer than tiering.tick_interval, which must be above zero",
             );
+        }
+        if self.tiering.catalog != "sql" && self.tiering.catalog != "rest" {
+            return bad("tiering.catalog", "must be `sql` or `rest`");
+        }
+        if self.tiering.catalog == "rest" && self.tiering.catalog_uri.is_empty() {
+            return bad("tiering.catalog_uri", "is required with tiering.catalog = rest");
+        }
+        if self.tiering.catalog == "sql"
+            && !self.tiering.catalog_uri.is_empty()
+            && !["sqlite:", "postgres:", "postgresql:"]
+                .iter()
+                .any(|scheme| self.tiering.catalog_uri.starts_with(scheme))
+        {
+            return bad(
+                "tiering.catalog_uri",
+                "a SQL catalog URI starts with sqlite:, postgres: or postgresql:",
+            );
+        }
+        if self.tiering.namespace.is_empty() || self.tiering.catalog_name.is_empty() {
+            return bad(
+                "tiering.namespace",
+                "the namespace and catalog name must not be empty",
+            );
+        }
+        if self.tiering.row_group_rows == 0 {
+            return bad("tiering.row_group_rows", "must be at least 1");
         }
         if self.topics.max_message_bytes < 0 {
             return bad("topics.max_message_bytes", "must be >= 0");
@@ -570,6 +687,56 @@ mod tests {
         assert_eq!(s.fetch.max_wait, Duration::from_secs(2));
         assert_eq!(s.tiering.tick_interval, Duration::from_secs(1));
         assert_eq!(s.advertised_port(), 3000);
+    }
+
+    #[test]
+    fn tiering_defaults_derive_from_data_dir_and_env_sets_s3_keys() {
+        let s = Loader::new()
+            .env([
+                ("KETCH_TIERING_DATA_DIR".to_owned(), "/var/lib/ketch".to_owned()),
+                ("KETCH_TIERING_S3_ACCESS_KEY_ID".to_owned(), "AKIA".to_owned()),
+                ("KETCH_TIERING_S3_PATH_STYLE".to_owned(), "true".to_owned()),
+            ])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(
+            s.tiering.catalog_uri(),
+            "sqlite:/var/lib/ketch/catalog.db?mode=rwc"
+        );
+        assert_eq!(s.tiering.warehouse(), "file:///var/lib/ketch/warehouse");
+        assert_eq!(s.tiering.s3_access_key_id, "AKIA");
+        assert!(s.tiering.s3_path_style);
+        let s = Loader::new()
+            .set("tiering", "warehouse", "s3://lake/prefix/")
+            .set("tiering", "catalog_uri", "postgres://u@h/db")
+            .load()
+            .unwrap();
+        assert_eq!(s.tiering.warehouse(), "s3://lake/prefix");
+        assert_eq!(s.tiering.warehouse_dir(), None);
+        assert_eq!(s.tiering.catalog_uri(), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn bad_catalog_settings_are_refused_with_their_key() {
+        for (key, value, named) in [
+            ("catalog", "hive", "tiering.catalog"),
+            ("catalog_uri", "mysql://x", "tiering.catalog_uri"),
+            ("row_group_rows", "0", "tiering.row_group_rows"),
+        ] {
+            let err = Loader::new()
+                .set("tiering", key, value)
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{key}={value}: {err}");
+        }
+        let err = Loader::new()
+            .set("tiering", "catalog", "rest")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tiering.catalog_uri"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The HTTP listener: `/health` (the process is alive) and `/ready`
-//! (Redis answers and this gateway has registered in it).
+//! The HTTP listener: `/health` (the process is alive), `/ready` (Redis
+//! answers and this gateway has registered in it) and `/metrics`
+//! (Prometheus text).
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
     let app = Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
         .with_state(ctx);
     let stop = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
@@ -34,4 +36,13 @@ async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
         ),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
     }
+}
+
+async fn metrics(
+    State(ctx): State<Arc<Context>>,
+) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        ctx.tiering_metrics.render(),
+    )
 }

@@ -29,6 +29,10 @@ pub struct Context {
     pub membership: membership::Membership,
     /// The classic consumer groups this gateway coordinates.
     pub groups: group::Coordinator,
+    /// Reads across the Redis and archive tiers.
+    pub tiers: ketch_tiering::Tiers,
+    /// The storage worker's and remote reader's counters (`/metrics`).
+    pub tiering_metrics: Arc<ketch_tiering::Metrics>,
 }
 
 /// A gateway as clients see it in Metadata.
@@ -49,6 +53,8 @@ impl Context {
         };
         let membership = membership::Membership::new(node.clone());
         let groups = group::Coordinator::with_store(&settings.groups, store.clone());
+        let tiering_metrics = Arc::new(ketch_tiering::Metrics::default());
+        let tiers = ketch_tiering::Tiers::new(store.clone(), &settings.tiering, tiering_metrics.clone());
         Ok(Self {
             settings,
             store,
@@ -56,6 +62,8 @@ impl Context {
             shutdown,
             membership,
             groups,
+            tiers,
+            tiering_metrics,
         })
     }
 }
@@ -94,9 +102,9 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         Arc::new(move |topic, partition| membership.partition_leader(&topic.id, partition).id == me);
     let worker = ketch_tiering::StorageWorker::new(
         ctx.store.clone(),
-        ctx.settings.tiering.tick_interval.get(),
-        ctx.settings.tiering.lease_ttl.get(),
+        &ctx.settings.tiering,
         ctx.settings.producers.expiration.get(),
+        ctx.tiering_metrics.clone(),
     );
     let worker_task = tokio::spawn(worker.run(leads, shutdown.clone()));
     server::serve(kafka, ctx, shutdown).await;

@@ -19,6 +19,13 @@ pub enum StorageError {
     /// The offset is outside the partition's log.
     #[error("offset out of range (log start {log_start}, high watermark {high_watermark})")]
     OffsetOutOfRange { log_start: i64, high_watermark: i64 },
+    /// The offset is in the log but no longer in Redis: its segment was
+    /// archived and trimmed (tiered storage), so the archive must serve it.
+    #[error("offset {offset} is below the local start {}", offsets.local_start_offset)]
+    NotLocal {
+        offset: i64,
+        offsets: crate::log::PartitionOffsets,
+    },
     /// The batch was refused; nothing was stored.
     #[error("corrupt record batch: {0}")]
     Corrupt(#[from] BatchError),

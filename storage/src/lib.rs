@@ -91,6 +91,7 @@ struct Scripts {
     heartbeat: redis::Script,
     seal: redis::Script,
     lease: redis::Script,
+    archived: redis::Script,
 }
 
 impl Store {
@@ -123,6 +124,7 @@ impl Store {
                 heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
                 seal: redis::Script::new(include_str!("scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
+                archived: redis::Script::new(include_str!("scripts/archived.lua")),
             }),
         })
     }

@@ -364,6 +364,12 @@ impl Store {
                     high_watermark: offsets.high_watermark,
                 });
             }
+            if out.offsets.is_none() && request.offset < offsets.local_start_offset {
+                return Err(StorageError::NotLocal {
+                    offset: request.offset,
+                    offsets,
+                });
+            }
             out.offsets = Some(offsets);
             let entries = stream_entries(entries)?;
             let got = entries.len();
@@ -387,7 +393,9 @@ impl Store {
     }
 
     /// The earliest offset whose record timestamp is ≥ `timestamp`, with
-    /// that record's timestamp; `None` when no record is that late.
+    /// that record's timestamp; `None` when no record is that late. Only
+    /// what Redis holds (from the local start) is searched: archived
+    /// segments are ketch-tiering's.
     pub async fn offset_for_timestamp(
         &self,
         topic: &Topic,
@@ -412,13 +420,13 @@ impl Store {
             .first()
             .and_then(|(offset, _)| offset.parse::<i64>().ok())
             .unwrap_or(0)
-            .max(offsets.log_start_offset);
+            .max(offsets.local_start_offset);
         self.scan_for(topic, partition, start, offsets, |ts| ts >= timestamp)
             .await
     }
 
     /// The offset and timestamp of the record with the largest timestamp
-    /// (the first such record), for ListOffsets `-3`.
+    /// (the first such record), for ListOffsets `-3`, among what Redis holds.
     pub async fn max_timestamp(&self, topic: &Topic, partition: i32) -> Result<Option<(i64, i64)>> {
         let offsets = self.offsets(topic, partition).await?;
         let keys = self.partition_keys(topic, partition);
@@ -431,18 +439,18 @@ impl Store {
         let (Some(max_ts), Some(batch_offset)) = (max_ts, batch_offset) else {
             return Ok(None);
         };
-        if batch_offset < offsets.log_start_offset {
+        if batch_offset < offsets.local_start_offset {
             // The record with the largest timestamp was deleted: find the
             // largest of what is left, then its first record.
             let mut largest: Option<i64> = None;
-            self.scan_for(topic, partition, offsets.log_start_offset, offsets, |ts| {
+            self.scan_for(topic, partition, offsets.local_start_offset, offsets, |ts| {
                 largest = Some(largest.map_or(ts, |l| l.max(ts)));
                 false
             })
             .await?;
             let Some(largest) = largest else { return Ok(None) };
             return self
-                .scan_for(topic, partition, offsets.log_start_offset, offsets, |ts| {
+                .scan_for(topic, partition, offsets.local_start_offset, offsets, |ts| {
                     ts == largest
                 })
                 .await;
@@ -529,10 +537,10 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 }
 
 /// One stream entry: a batch, its base offset already patched.
-struct Entry {
-    last_offset: i64,
-    record_count: i32,
-    batch: Bytes,
+pub(crate) struct Entry {
+    pub(crate) last_offset: i64,
+    pub(crate) record_count: i32,
+    pub(crate) batch: Bytes,
 }
 
 /// Adds the read of a partition's offsets (parsed by [`parse_offsets`]).
@@ -559,7 +567,7 @@ fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
 }
 
 /// Parses an XRANGE reply, patching each batch's header in place.
-fn stream_entries(reply: Value) -> Result<Vec<Entry>> {
+pub(crate) fn stream_entries(reply: Value) -> Result<Vec<Entry>> {
     let bad = |what: &str| StorageError::Data(format!("stream entry: {what}"));
     let Value::Array(items) = reply else {
         return Err(bad("XRANGE reply is not an array"));

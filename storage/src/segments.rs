@@ -1,15 +1,20 @@
 //! Segments of a partition's log (DESIGN §7): the append script counts the
 //! open segment's bytes exactly; `scripts/seal.lua` seals it on
-//! `segment.bytes` / `segment.ms` into `ketch:{TAG}:segments` and, for
-//! topics without remote storage, deletes whole sealed segments past
-//! `retention.ms` / `retention.bytes`, moving the log start offset. A
+//! `segment.bytes` / `segment.ms` into `ketch:{TAG}:segments`, deletes whole
+//! sealed segments past `retention.ms` / `retention.bytes` (moving the log
+//! start offset) and, for topics with remote storage, trims archived
+//! segments from Redis past `local.retention.*` (moving the local start
+//! offset). `scripts/archived.lua` records a segment's archive file. A
 //! per-partition lease (`scripts/lease.lua`) lets exactly one gateway's
 //! storage worker do this at a time.
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use redis::Value;
 use serde::Deserialize;
 
+use crate::log::stream_entries;
 use crate::topics::Topic;
 use crate::{Result, StorageError, Store};
 
@@ -21,6 +26,12 @@ pub struct Segment {
     pub bytes: i64,
     pub max_ts: i64,
     pub sealed_ms: i64,
+    /// The archive's data file, once archived.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// That file's size.
+    #[serde(default)]
+    pub file_bytes: Option<i64>,
 }
 
 /// When to seal and what to keep, from the topic's configs.
@@ -32,9 +43,13 @@ pub struct SegmentPolicy {
     pub retention_ms: i64,
     /// -1: no limit.
     pub retention_bytes: i64,
-    /// Delete expired segments from Redis (false while segments must wait
-    /// to be archived).
-    pub apply_retention: bool,
+    /// The topic has `remote.storage.enable`: segments are archived before
+    /// any retention deletes them, and `local.retention.*` trims Redis.
+    pub remote: bool,
+    /// -1: no limit (a topic's -2 is resolved to retention.ms first).
+    pub local_retention_ms: i64,
+    /// -1: no limit (a topic's -2 is resolved to retention.bytes first).
+    pub local_retention_bytes: i64,
     /// Idempotent producer state idle longer than this is dropped
     /// (`producers.expiration`), in ms.
     pub producer_expiration_ms: i64,
@@ -47,6 +62,7 @@ pub struct SealOutcome {
     pub deleted: i64,
     pub log_start_offset: i64,
     pub producers_expired: i64,
+    pub local_start_offset: i64,
 }
 
 impl Store {
@@ -89,20 +105,119 @@ impl Store {
             .arg(policy.segment_ms)
             .arg(policy.retention_ms)
             .arg(policy.retention_bytes)
-            .arg(if policy.apply_retention { 1 } else { 0 })
+            .arg(if policy.remote { 0 } else { 1 })
             .arg(policy.producer_expiration_ms)
+            .arg(policy.local_retention_ms)
+            .arg(policy.local_retention_bytes)
             .invoke_async(&mut self.conn())
             .await?;
         match reply[..] {
-            [sealed, deleted, log_start_offset, producers_expired] => Ok(SealOutcome {
+            [
                 sealed,
                 deleted,
                 log_start_offset,
                 producers_expired,
+                local_start_offset,
+            ] => Ok(SealOutcome {
+                sealed,
+                deleted,
+                log_start_offset,
+                producers_expired,
+                local_start_offset,
             }),
             [-1] => Err(StorageError::UnknownTopicOrPartition),
             _ => Err(StorageError::Data(format!("seal script replied {reply:?}"))),
         }
+    }
+
+    /// Records that a sealed segment is archived in `path`; false when the
+    /// segment is no longer there.
+    pub async fn mark_archived(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        path: &str,
+        file_bytes: u64,
+    ) -> Result<bool> {
+        let keys = self.partition_keys(topic, partition);
+        let done: i64 = self
+            .scripts
+            .archived
+            .key(&keys.segments)
+            .arg(segment.base)
+            .arg(segment.last)
+            .arg(path)
+            .arg(file_bytes)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(done == 1)
+    }
+
+    /// The sealed segment holding `offset`, if any.
+    pub async fn segment_at(&self, topic: &Topic, partition: i32, offset: i64) -> Result<Option<Segment>> {
+        let keys = self.partition_keys(topic, partition);
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.segments)
+            .arg(offset)
+            .arg("-inf")
+            .arg("BYSCORE")
+            .arg("REV")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await?;
+        let Some(member) = members.first() else {
+            return Ok(None);
+        };
+        let segment = parse_segment(member)?;
+        Ok((segment.last >= offset).then_some(segment))
+    }
+
+    /// The batches of a sealed segment, read from Redis with their base
+    /// offsets set, in order. Fails if Redis no longer holds all of it.
+    pub async fn segment_batches(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+    ) -> Result<Vec<Bytes>> {
+        const CHUNK: usize = 512;
+        let keys = self.partition_keys(topic, partition);
+        let mut batches = Vec::new();
+        let mut next = segment.base;
+        while next <= segment.last {
+            let reply: Value = redis::cmd("XRANGE")
+                .arg(&keys.log)
+                .arg(next)
+                .arg(segment.last)
+                .arg("COUNT")
+                .arg(CHUNK)
+                .query_async(&mut self.conn())
+                .await?;
+            let entries = stream_entries(reply)?;
+            let Some(first) = entries.first() else { break };
+            if first.last_offset - i64::from(first.record_count) + 1 != next {
+                return Err(StorageError::Data(format!(
+                    "segment {}..={}: Redis has no batch at offset {next}",
+                    segment.base, segment.last
+                )));
+            }
+            for entry in entries {
+                next = entry.last_offset + 1;
+                batches.push(entry.batch);
+            }
+        }
+        if next != segment.last + 1 {
+            return Err(StorageError::Data(format!(
+                "segment {}..={}: Redis holds it only up to offset {}",
+                segment.base,
+                segment.last,
+                next - 1
+            )));
+        }
+        Ok(batches)
     }
 
     /// The sealed segments of a partition, oldest first.
@@ -114,9 +229,10 @@ impl Store {
             .arg(-1)
             .query_async(&mut self.conn())
             .await?;
-        members
-            .iter()
-            .map(|m| serde_json::from_str(m).map_err(|e| StorageError::Data(format!("segment record: {e}"))))
-            .collect()
+        members.iter().map(|m| parse_segment(m)).collect()
     }
+}
+
+fn parse_segment(member: &str) -> Result<Segment> {
+    serde_json::from_str(member).map_err(|e| StorageError::Data(format!("segment record: {e}")))
 }

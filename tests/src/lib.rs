@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod raw;
+pub mod servers;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,22 +1,67 @@
-//! ketch-tiering: the storage worker (DESIGN §7).
+//! ketch-tiering: the storage worker and the archive tier (DESIGN §7).
 //!
-//! Every gateway runs one. Every `tiering.tick_interval` it visits the
-//! partitions this gateway leads, takes or renews each one's lease in Redis
-//! (so exactly one gateway works a partition at a time, even while
-//! membership changes), seals the open segment when it reaches
-//! `segment.bytes` or `segment.ms`, and — for topics without
-//! `remote.storage.enable` — deletes whole segments past `retention.ms` /
-//! `retention.bytes`; it also forgets idempotent producers idle past
-//! `producers.expiration`. Archiving sealed segments to Iceberg (and therefore
-//! retention of remote-storage topics) is not built yet.
+//! Every gateway runs one [`StorageWorker`]. Every `tiering.tick_interval`
+//! it visits the partitions this gateway leads, takes or renews each one's
+//! lease in Redis (so exactly one gateway works a partition at a time, even
+//! while membership changes), seals the open segment when it reaches
+//! `segment.bytes` or `segment.ms`, archives sealed segments of topics with
+//! `remote.storage.enable` to the topic's Iceberg table ([`archive`]),
+//! applies `retention.*` (what clients see) and `local.retention.*` (what
+//! Redis keeps), and forgets idempotent producers idle past
+//! `producers.expiration`. [`Tiers`] serves reads from both tiers.
+
+pub mod archive;
+pub mod metrics;
+pub mod reader;
+pub mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use ketch_config::TieringSettings;
 use ketch_config::topic::topic_config;
-use ketch_storage::segments::SegmentPolicy;
-use ketch_storage::{Store, Topic};
+use ketch_storage::segments::{Segment, SegmentPolicy};
+use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
 use tokio::sync::watch;
+
+pub use archive::Archiver;
+pub use metrics::Metrics;
+pub use reader::RemoteReader;
+
+/// Why archiving or a remote read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("iceberg: {0}")]
+    Iceberg(#[from] iceberg::Error),
+    #[error("parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error("redis tier: {0}")]
+    Storage(#[from] StorageError),
+    #[error("record batch: {0}")]
+    Batch(#[from] ketch_storage::batch::BatchError),
+    #[error("table schema: {0}")]
+    Schema(String),
+    #[error("archive data: {0}")]
+    Data(String),
+    #[error("{0}")]
+    Io(String),
+    /// The catalog failed to open a moment ago; not tried again yet.
+    #[error("the catalog is unavailable ({0}); retrying shortly")]
+    Waiting(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for StorageError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Storage(e) => e,
+            // Retriable for clients (KAFKA_STORAGE_ERROR): the archive may
+            // be briefly unreachable.
+            other => StorageError::Unavailable(format!("archive: {other}")),
+        }
+    }
+}
 
 /// Which partitions this gateway leads.
 pub type Leads = Arc<dyn Fn(&Topic, i32) -> bool + Send + Sync>;
@@ -27,6 +72,8 @@ pub struct StorageWorker {
     tick_interval: Duration,
     lease_ttl: Duration,
     producer_expiration: Duration,
+    archiver: Archiver,
+    metrics: Arc<Metrics>,
     /// This worker's identity in lease keys.
     id: String,
 }
@@ -34,15 +81,17 @@ pub struct StorageWorker {
 impl StorageWorker {
     pub fn new(
         store: Store,
-        tick_interval: Duration,
-        lease_ttl: Duration,
+        settings: &TieringSettings,
         producer_expiration: Duration,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             store,
-            tick_interval,
-            lease_ttl,
+            tick_interval: settings.tick_interval.get(),
+            lease_ttl: settings.lease_ttl.get(),
             producer_expiration,
+            archiver: Archiver::new(settings.clone()),
+            metrics,
             id: uuid::Uuid::new_v4().to_string(),
         }
     }
@@ -76,6 +125,11 @@ impl StorageWorker {
                 }
             }
         }
+        self.metrics.retain_lag(|name, partition| {
+            topics
+                .iter()
+                .any(|t| t.name == name && partition < t.partitions() && leads(t, partition))
+        });
     }
 
     async fn work(&self, topic: &Topic, partition: i32, policy: SegmentPolicy) -> ketch_storage::Result<()> {
@@ -87,16 +141,217 @@ impl StorageWorker {
             return Ok(());
         }
         let outcome = self.store.seal_and_retain(topic, partition, policy).await?;
+        self.metrics
+            .sealed(outcome.sealed.max(0) as u64, outcome.deleted.max(0) as u64);
         if outcome.sealed > 0 || outcome.deleted > 0 {
             tracing::debug!(topic = %topic.name, partition, sealed = outcome.sealed,
                 deleted = outcome.deleted, log_start = outcome.log_start_offset, "storage worker");
         }
+        if !policy.remote {
+            self.metrics.set_lag(&topic.name, partition, 0);
+            return Ok(());
+        }
+        let archived = self.archive_pending(topic, partition).await?;
+        if archived > 0 {
+            // Apply retention and local retention to what was just archived.
+            let outcome = self.store.seal_and_retain(topic, partition, policy).await?;
+            self.metrics
+                .sealed(outcome.sealed.max(0) as u64, outcome.deleted.max(0) as u64);
+        }
         Ok(())
+    }
+
+    /// Archives the partition's sealed segments that are not yet, oldest
+    /// first; stops at the first failure (retried next tick). Returns how
+    /// many were archived.
+    async fn archive_pending(&self, topic: &Topic, partition: i32) -> ketch_storage::Result<usize> {
+        let pending: Vec<Segment> = self
+            .store
+            .segments(topic, partition)
+            .await?
+            .into_iter()
+            .filter(|s| s.path.is_none())
+            .collect();
+        let lag = |segments: &[Segment]| {
+            segments
+                .first()
+                .map_or(0, |s| now_ms().saturating_sub(s.sealed_ms).max(1))
+        };
+        self.metrics.set_lag(&topic.name, partition, lag(&pending));
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        let mut table = match self.archiver.table(topic).await {
+            Ok(table) => table,
+            Err(Error::Waiting(e)) => {
+                tracing::debug!(topic = %topic.name, error = %e, "archiving waits for the catalog");
+                return Ok(0);
+            }
+            Err(e) => {
+                self.metrics.archive_failed();
+                tracing::warn!(topic = %topic.name, error = %e, "cannot open the topic's Iceberg table");
+                return Ok(0);
+            }
+        };
+        for (done, segment) in pending.iter().enumerate() {
+            // The lease must still be ours: archiving can take a while.
+            if done > 0
+                && !self
+                    .store
+                    .take_lease(topic, partition, &self.id, self.lease_ttl)
+                    .await?
+            {
+                return Ok(done);
+            }
+            let started = std::time::Instant::now();
+            let batches = self.store.segment_batches(topic, partition, segment).await?;
+            match self
+                .archiver
+                .archive(&mut table, topic, partition, segment, &batches)
+                .await
+            {
+                Ok(archived) => {
+                    self.store
+                        .mark_archived(topic, partition, segment, &archived.path, archived.file_bytes)
+                        .await?;
+                    if archived.written {
+                        self.metrics.archived(archived.records, archived.file_bytes);
+                    }
+                    tracing::debug!(topic = %topic.name, partition, base = segment.base, last = segment.last,
+                        path = %archived.path, written = archived.written,
+                        ms = started.elapsed().as_millis() as u64, "segment archived");
+                    self.metrics
+                        .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
+                }
+                Err(e) => {
+                    self.metrics.archive_failed();
+                    tracing::warn!(topic = %topic.name, partition, base = segment.base, error = %e,
+                        "archiving a segment failed; retrying next tick");
+                    return Ok(done);
+                }
+            }
+        }
+        Ok(pending.len())
     }
 }
 
-/// A topic's segment and retention settings (its overrides, else Kafka's
-/// defaults), and how long idle producers are remembered.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Reads from both tiers: Redis from the local start offset on, the
+/// archive below it.
+pub struct Tiers {
+    store: Store,
+    reader: RemoteReader,
+}
+
+impl Tiers {
+    pub fn new(store: Store, settings: &TieringSettings, metrics: Arc<Metrics>) -> Self {
+        Self {
+            reader: RemoteReader::new(settings, metrics),
+            store,
+        }
+    }
+
+    /// [`Store::read`], with offsets below the local start read from the archive.
+    pub async fn read(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        request: &ReadRequest,
+    ) -> ketch_storage::Result<ReadPartition> {
+        match self.store.read(topic, partition, request).await {
+            Err(StorageError::NotLocal { offset, offsets }) => {
+                let Some(segment) = self.store.segment_at(topic, partition, offset).await? else {
+                    // Retention removed it meanwhile.
+                    let offsets = self.store.offsets(topic, partition).await?;
+                    return Err(StorageError::OffsetOutOfRange {
+                        log_start: offsets.log_start_offset,
+                        high_watermark: offsets.high_watermark,
+                    });
+                };
+                let batches = self.reader.read(&segment, offset, request.max_bytes).await?;
+                Ok(ReadPartition {
+                    offsets: Some(offsets),
+                    batches,
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// The archived segments clients can still see, oldest first.
+    async fn archived(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        offsets: &PartitionOffsets,
+    ) -> ketch_storage::Result<Vec<Segment>> {
+        if offsets.local_start_offset <= offsets.log_start_offset {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .store
+            .segments(topic, partition)
+            .await?
+            .into_iter()
+            .filter(|s| {
+                s.path.is_some() && s.last >= offsets.log_start_offset && s.base < offsets.local_start_offset
+            })
+            .collect())
+    }
+
+    /// [`Store::offset_for_timestamp`] over both tiers.
+    pub async fn offset_for_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        timestamp: i64,
+    ) -> ketch_storage::Result<Option<(i64, i64)>> {
+        let offsets = self.store.offsets(topic, partition).await?;
+        for segment in self.archived(topic, partition, &offsets).await? {
+            if segment.max_ts < timestamp {
+                continue;
+            }
+            let from = segment.base.max(offsets.log_start_offset);
+            if let Some(found) = self.reader.find(&segment, from, |ts| ts >= timestamp).await? {
+                return Ok(Some(found));
+            }
+        }
+        self.store.offset_for_timestamp(topic, partition, timestamp).await
+    }
+
+    /// [`Store::max_timestamp`] over both tiers.
+    pub async fn max_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+    ) -> ketch_storage::Result<Option<(i64, i64)>> {
+        let offsets = self.store.offsets(topic, partition).await?;
+        let local = self.store.max_timestamp(topic, partition).await?;
+        let archived = self.archived(topic, partition, &offsets).await?;
+        let Some(largest) = archived.iter().map(|s| s.max_ts).max() else {
+            return Ok(local);
+        };
+        if local.is_some_and(|(_, ts)| ts > largest) {
+            return Ok(local);
+        }
+        for segment in archived.iter().filter(|s| s.max_ts == largest) {
+            let from = segment.base.max(offsets.log_start_offset);
+            if let Some(found) = self.reader.find(segment, from, |ts| ts == largest).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(local)
+    }
+}
+
+/// A topic's segment, retention and local retention settings (its
+/// overrides, else Kafka's defaults), and how long idle producers are
+/// remembered.
 pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
     let number = |name: &str| -> i64 {
         topic
@@ -106,12 +361,18 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
             .unwrap_or(-1)
     };
     let remote = topic.config("remote.storage.enable") == Some("true");
+    let retention_ms = number("retention.ms");
+    let retention_bytes = number("retention.bytes");
+    // Kafka: -2 means "as retention.*".
+    let local = |value: i64, retention: i64| if value == -2 { retention } else { value };
     SegmentPolicy {
         segment_bytes: number("segment.bytes"),
         segment_ms: number("segment.ms"),
-        retention_ms: number("retention.ms"),
-        retention_bytes: number("retention.bytes"),
-        apply_retention: !remote,
+        retention_ms,
+        retention_bytes,
+        remote,
+        local_retention_ms: local(number("local.retention.ms"), retention_ms),
+        local_retention_bytes: local(number("local.retention.bytes"), retention_bytes),
         producer_expiration_ms: i64::try_from(producer_expiration.as_millis()).unwrap_or(i64::MAX),
     }
 }

@@ -190,7 +190,7 @@ async fn read_partition(
         offset: target.offset,
         max_bytes: target.max_bytes.min(budget),
     };
-    let read = ctx.store.read(topic, target.partition, &request).await;
+    let read = ctx.tiers.read(topic, target.partition, &request).await;
     if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {
         hub.observe(wake, generation, o.high_watermark, o.log_start_offset);
     }

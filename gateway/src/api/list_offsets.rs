@@ -106,8 +106,8 @@ async fn lookup(
             .offsets(&topic, partition)
             .await
             .map(|o| Some((o.local_start_offset, -1))),
-        MAX_TIMESTAMP => ctx.store.max_timestamp(&topic, partition).await,
-        t if t >= 0 => ctx.store.offset_for_timestamp(&topic, partition, t).await,
+        MAX_TIMESTAMP => ctx.tiers.max_timestamp(&topic, partition).await,
+        t if t >= 0 => ctx.tiers.offset_for_timestamp(&topic, partition, t).await,
         _ => return Err(ResponseError::InvalidRequest.code()),
     };
     found.map_err(|e| error_code(&e))

@@ -163,6 +163,8 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,
         StorageError::Sequence(SequenceError::UnknownProducer) => ResponseError::UnknownProducerId,
         StorageError::Data(_) => ResponseError::UnknownServerError,
+        // Only the Redis tier alone says this; ketch-tiering reads the archive.
+        StorageError::NotLocal { .. } => ResponseError::KafkaStorageError,
         _ => ResponseError::UnknownServerError,
     };
     if matches!(e, StorageError::Unavailable(_) | StorageError::Data(_)) {

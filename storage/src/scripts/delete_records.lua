@@ -8,7 +8,7 @@
 --
 -- Reply: {0, low_watermark} on success, {-1} when the partition does not
 -- exist, {-2, high_watermark} when the offset is past the high watermark.
-local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start')
+local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'local_start')
 if not meta[1] then
   return {-1}
 end
@@ -22,7 +22,11 @@ if target < 0 or target > hw then
   return {-2, hw}
 end
 if target > start then
-  redis.call('HSET', KEYS[1], 'log_start', string.format('%d', target), 'local_start', string.format('%d', target))
+  -- With tiered storage the local start can be ahead of the log start
+  -- (archived segments trimmed from Redis); it never moves back.
+  local local_start = math.max(tonumber(meta[3] or meta[2]), target)
+  redis.call('HSET', KEYS[1], 'log_start', string.format('%d', target), 'local_start',
+    string.format('%d', local_start))
   -- Entry ids are <last_offset>-<count>: MINID removes batches whose last offset is below target.
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d', target))
   start = target

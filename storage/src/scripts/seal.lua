@@ -1,20 +1,22 @@
 -- Seals a partition's open segment when it is full or old enough, and
--- applies retention to the sealed ones (topics without remote storage).
+-- applies retention to the sealed ones.
 --
 -- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts)
 -- KEYS[2] ketch:{TAG}:segments  sorted set: score = base offset, member = JSON
---                               {base, last, bytes, max_ts, sealed_ms}
+--                               {base, last, bytes, max_ts, sealed_ms[, path, file_bytes]};
+--                               `path` is set once the segment is archived
 -- KEYS[3] ketch:{TAG}:log       the stream
 -- KEYS[4] ketch:{TAG}:producers idempotent producers' state (see append.lua)
 -- ARGV[1] segment.bytes     ARGV[2] segment.ms
 -- ARGV[3] retention.ms (-1: none)   ARGV[4] retention.bytes (-1: none)
--- ARGV[5] 1 to apply retention (no remote storage), 0 to keep everything
+-- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
 -- ARGV[6] producers.expiration in ms: producer state idle longer is dropped
+-- ARGV[7] local.retention.ms (-1: none)   ARGV[8] local.retention.bytes (-1: none)
 --
 -- Reply: {segments sealed, segments deleted, log start offset, producers
--- expired}, or {-1} when the partition does not exist.
+-- expired, local start offset}, or {-1} when the partition does not exist.
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'seg_base', 'seg_bytes',
-  'seg_start_ms', 'seg_max_ts')
+  'seg_start_ms', 'seg_max_ts', 'local_start')
 if not meta[1] then
   return {-1}
 end
@@ -22,8 +24,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local next_offset = tonumber(meta[1])
 local log_start = tonumber(meta[2])
+local local_start = math.max(tonumber(meta[7] or meta[2]), log_start)
 local seg_base = tonumber(meta[3] or '0')
 local seg_bytes = tonumber(meta[4] or '0')
+local remote = ARGV[5] == '0'
 
 local sealed = 0
 if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] or now) >= tonumber(ARGV[2])) then
@@ -36,36 +40,72 @@ if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] o
   seg_bytes = 0
 end
 
+-- retention.ms / retention.bytes: what Kafka clients can see. Whole sealed
+-- segments go, oldest first (Kafka's rule: while the rest still holds
+-- retention.bytes). With remote storage a segment must be archived first,
+-- so the archive misses nothing; its Iceberg rows stay.
 local deleted = 0
-if ARGV[5] == '1' then
-  local retention_ms = tonumber(ARGV[3])
-  local retention_bytes = tonumber(ARGV[4])
-  local segments = redis.call('ZRANGE', KEYS[2], 0, -1)
-  local total = seg_bytes
-  for _, s in ipairs(segments) do
-    total = total + cjson.decode(s).bytes
+local retention_ms = tonumber(ARGV[3])
+local retention_bytes = tonumber(ARGV[4])
+local members = redis.call('ZRANGE', KEYS[2], 0, -1)
+local segments = {}
+local total = seg_bytes
+for i, s in ipairs(members) do
+  segments[i] = cjson.decode(s)
+  total = total + segments[i].bytes
+end
+local first_kept = #segments + 1
+local new_start = log_start
+for i, segment in ipairs(segments) do
+  local expired = retention_ms >= 0 and segment.max_ts < now - retention_ms
+  local oversize = retention_bytes >= 0 and total - segment.bytes >= retention_bytes
+  -- Segments below the log start (DeleteRecords) go as well.
+  if not (expired or oversize or segment.last < log_start) or (remote and not segment.path) then
+    first_kept = i
+    break
   end
-  local new_start = log_start
-  for _, s in ipairs(segments) do
-    local segment = cjson.decode(s)
-    local expired = retention_ms >= 0 and segment.max_ts < now - retention_ms
-    local oversize = retention_bytes >= 0 and total - segment.bytes >= retention_bytes
-    -- Segments below the log start (DeleteRecords) go as well.
-    if not (expired or oversize or segment.last < log_start) then
-      break
+  redis.call('ZREM', KEYS[2], members[i])
+  total = total - segment.bytes
+  new_start = math.max(new_start, segment.last + 1)
+  deleted = deleted + 1
+end
+if new_start > log_start then
+  log_start = new_start
+  redis.call('HSET', KEYS[1], 'log_start', string.format('%d', log_start))
+end
+
+-- local.retention.ms / local.retention.bytes (remote storage only): archived
+-- segments leave Redis; fetches below the local start read the archive.
+local new_local = math.max(local_start, log_start)
+if remote then
+  local local_total = seg_bytes
+  for i = first_kept, #segments do
+    if segments[i].last >= new_local then
+      local_total = local_total + segments[i].bytes
     end
-    redis.call('ZREM', KEYS[2], s)
-    total = total - segment.bytes
-    new_start = math.max(new_start, segment.last + 1)
-    deleted = deleted + 1
   end
-  if new_start > log_start then
-    redis.call('HSET', KEYS[1], 'log_start', string.format('%d', new_start),
-      'local_start', string.format('%d', new_start))
-    redis.call('XTRIM', KEYS[3], 'MINID', string.format('%d', new_start))
-    log_start = new_start
+  local local_ms = tonumber(ARGV[7])
+  local local_bytes = tonumber(ARGV[8])
+  for i = first_kept, #segments do
+    local segment = segments[i]
+    if segment.last >= new_local then
+      local expired = local_ms >= 0 and segment.max_ts < now - local_ms
+      local oversize = local_bytes >= 0 and local_total - segment.bytes >= local_bytes
+      if not segment.path or not (expired or oversize) then
+        break
+      end
+      local_total = local_total - segment.bytes
+      new_local = segment.last + 1
+    end
   end
 end
+if new_local > local_start then
+  local_start = new_local
+  redis.call('HSET', KEYS[1], 'local_start', string.format('%d', local_start))
+  -- Entry ids are <last_offset>-<count>: MINID removes batches whose last offset is below it.
+  redis.call('XTRIM', KEYS[3], 'MINID', string.format('%d', local_start))
+end
+
 -- Producer state idle past producers.expiration is forgotten, as Kafka
 -- forgets it: the producer's next batch then starts over at sequence 0.
 local expired = 0
@@ -77,4 +117,4 @@ for i = 1, #producers, 2 do
     expired = expired + 1
   end
 end
-return {sealed, deleted, log_start, expired}
+return {sealed, deleted, log_start, expired, local_start}

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The archive benchmark (issue #5), in one run on one machine:
+#
+#   1. a fresh redis-server, a local S3 server (ketch-s3, s3s-fs over a
+#      temporary directory) and a release `ketch` whose warehouse is that S3
+#      server (SQLite catalog in the work directory);
+#   2. archive throughput: RECORDS records of 100 B are produced to a
+#      remote-storage topic of 1 partition (then of 4) while the storage
+#      worker is idle; a gateway with a 200 ms tick is then started and timed
+#      from its start until /metrics shows every record archived;
+#   3. consume throughput of the same data from each tier: the same records
+#      in a topic kept in Redis and in the archived topic, trimmed from Redis
+#      (local.retention.bytes=0), read from offset 0 by ketch-bench
+#      consumer, alternately, twice each.
+#
+# Knobs (environment): RECORDS (default 2000000), SEGMENT_BYTES (64 MiB),
+# OUT (results directory, default benchmark/results/<date>/archive).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RECORDS=${RECORDS:-2000000}
+SEGMENT_BYTES=${SEGMENT_BYTES:-67108864}
+OUT=${OUT:-benchmark/results/$(date -u +%Y-%m-%d)/archive}
+target="${CARGO_TARGET_DIR:-target}"
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+wait_for() { # file marker pid
+    until grep -q "$2" "$1"; do
+        kill -0 "$3" 2>/dev/null || { cat "$1"; exit 1; }
+        sleep 0.05
+    done
+}
+
+log "building release binaries"
+cargo build --release -p ketch-gateway -p ketch-bench
+KETCH="$target/release/ketch"
+BENCH="$target/release/ketch-bench"
+S3="$target/release/ketch-s3"
+
+mkdir -p "$OUT"
+work=$(mktemp -d)
+redis_port=$(free_port)
+s3_port=$(free_port)
+kafka_port=$(free_port)
+http_port=$(free_port)
+REDIS_URL="redis://127.0.0.1:$redis_port"
+BOOTSTRAP="127.0.0.1:$kafka_port"
+
+cleanup() {
+    [ -n "${ketch_pid:-}" ] && kill "$ketch_pid" 2>/dev/null && wait "$ketch_pid" 2>/dev/null
+    [ -n "${s3_pid:-}" ] && kill "$s3_pid" 2>/dev/null && wait "$s3_pid" 2>/dev/null
+    [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+redis_pid=$!
+wait_for "$work/redis.log" "Ready to accept connections" "$redis_pid"
+"$S3" --root "$work/s3" --bucket lake --listen "127.0.0.1:$s3_port" \
+    --access-key bench --secret-key bench-secret >"$work/s3.log" 2>&1 &
+s3_pid=$!
+wait_for "$work/s3.log" "listening on" "$s3_pid"
+
+# start_ketch TICK: a gateway on the S3 warehouse whose worker ticks every TICK.
+start_ketch() {
+    "$KETCH" serve --listen "$BOOTSTRAP" --http-listen "127.0.0.1:$http_port" --redis-url "$REDIS_URL" \
+        --set "tiering.tick_interval=$1" --set "tiering.lease_ttl=$2" \
+        --set "tiering.data_dir=$work/data" --set "tiering.warehouse=s3://lake/warehouse" \
+        --set "tiering.s3_endpoint=http://127.0.0.1:$s3_port" --set tiering.s3_access_key_id=bench \
+        --set tiering.s3_secret_access_key=bench-secret --set tiering.s3_path_style=true \
+        >"$work/ketch.log" 2>&1 &
+    ketch_pid=$!
+    wait_for "$work/ketch.log" "ketch serving" "$ketch_pid"
+}
+stop_ketch() {
+    kill "$ketch_pid" && wait "$ketch_pid" || true
+    ketch_pid=
+    # The idle gateway's leases would keep the next one waiting for their TTL.
+    redis-cli -p "$redis_port" --scan --pattern 'ketch:*:lease' | xargs -r redis-cli -p "$redis_port" del >/dev/null
+}
+metric() {
+    curl -s "http://127.0.0.1:$http_port/metrics" | awk -v m="$1" '$1 == m {print $2}'
+}
+create_topic() { # name partitions remote local_retention_bytes
+    python3 - "$BOOTSTRAP" "$@" <<'PY'
+import os, sys
+from confluent_kafka.admin import AdminClient, NewTopic
+bootstrap, name, partitions, remote, local_bytes = sys.argv[1:]
+configs = {"retention.ms": "-1", "segment.ms": "1000", "segment.bytes": os.environ["SEGMENT_BYTES"]}
+if remote == "true":
+    configs.update({"remote.storage.enable": "true", "local.retention.bytes": local_bytes})
+admin = AdminClient({"bootstrap.servers": bootstrap})
+for f in admin.create_topics([NewTopic(name, int(partitions), 1, config=configs)]).values():
+    f.result()
+PY
+}
+export SEGMENT_BYTES
+produce() { # topic partitions
+    "$BENCH" producer --bootstrap-server "$BOOTSTRAP" --topic "$1" --partitions "$2" --record-size 100 \
+        --records "$RECORDS" --acks 1 --compression none --output json --quiet \
+        --result-file "$OUT/produce-$1.json" >/dev/null
+}
+
+results="$OUT/archive.jsonl"
+: >"$results"
+for partitions in 1 4; do
+    log "$partitions partition(s): produce $RECORDS records of 100 B with the worker idle"
+    start_ketch 1h 2h
+    create_topic "archive$partitions" "$partitions" true 0
+    produce "archive$partitions" "$partitions"
+    [ "$partitions" = 1 ] && create_topic redis1 1 false 0 && produce redis1 1
+    stop_ketch
+    sleep 1.5 # segment.ms=1000: the tail segment is due when the worker starts
+    log "$partitions partition(s): archive them"
+    start=$(date +%s.%N)
+    start_ketch 200ms 5s
+    until [ "$(metric ketch_archive_records_total)" = "$RECORDS" ]; do
+        kill -0 "$ketch_pid" || { cat "$work/ketch.log"; exit 1; }
+        sleep 0.1
+    done
+    end=$(date +%s.%N)
+    python3 - "$partitions" "$start" "$end" "$RECORDS" "$(metric ketch_archive_bytes_total)" \
+        "$(metric ketch_archive_segments_total)" "$(metric ketch_archive_failures_total)" >>"$results" <<'PY'
+import json, sys
+partitions, start, end, records, parquet_bytes, segments, failures = sys.argv[1:]
+seconds = float(end) - float(start)
+print(json.dumps({"measure": "archive", "partitions": int(partitions), "records": int(records),
+                  "seconds": round(seconds, 3), "records_per_s": round(int(records) / seconds),
+                  "parquet_bytes": int(float(parquet_bytes)), "segments": int(float(segments)),
+                  "failures": int(float(failures))}))
+PY
+    tail -1 "$results"
+    if [ "$partitions" = 4 ]; then
+        stop_ketch
+    fi
+done
+
+log "consume the same data from Redis (redis1) and from the archive (archive1)"
+start_ketch 200ms 5s
+for round in 1 2; do
+    for topic in redis1 archive1; do
+        "$BENCH" consumer --bootstrap-server "$BOOTSTRAP" --topic "$topic" --from beginning \
+            --records "$RECORDS" --output json --quiet --server-pid "$ketch_pid" \
+            --result-file "$OUT/consume-$topic-$round.json" >/dev/null
+        python3 - "$OUT/consume-$topic-$round.json" "$topic" "$round" >>"$results" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["results"]["throughput"]
+print(json.dumps({"measure": "consume", "topic": sys.argv[2], "round": int(sys.argv[3]),
+                  "records": t["records"], "records_per_s": round(t["records_per_s"]),
+                  "tier": "redis" if sys.argv[2].startswith("redis") else "archive"}))
+PY
+        tail -1 "$results"
+    done
+done
+echo "remote reads: $(metric ketch_remote_read_bytes_total) bytes, cache hits $(metric ketch_remote_read_cache_hits_total), misses $(metric ketch_remote_read_cache_misses_total)" | tee "$OUT/remote-reads.txt"
+
+{
+    echo "host: $(uname -srm), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
+    echo "redis: $(redis-server --version)"
+    echo "ketch: $("$KETCH" --version) (checkout $(git rev-parse --short HEAD))"
+    echo "command: RECORDS=$RECORDS SEGMENT_BYTES=$SEGMENT_BYTES benchmark/run-archive.sh"
+} >"$OUT/environment.txt"
+cat "$results"

@@ -1,0 +1,218 @@
+//! Servers the tiering tests need besides Redis: an S3-compatible object
+//! store (`ketch-s3`, built with ketch-bench) and PostgreSQL (Debian's
+//! `postgresql` package), each on a loopback port over a temporary
+//! directory, killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::{LogBuffer, await_ready, drain, free_port, ketch_bin, retry_port_race};
+
+pub const S3_ACCESS_KEY: &str = "ketch-test";
+pub const S3_SECRET_KEY: &str = "ketch-test-secret";
+
+/// `ketch-s3` serving a directory, with one bucket.
+pub struct S3Server {
+    child: Child,
+    port: u16,
+    bucket: String,
+    root: PathBuf,
+    log: LogBuffer,
+}
+
+impl S3Server {
+    /// Starts a server over `root` with bucket `bucket`.
+    pub fn start(root: &Path, bucket: &str) -> Self {
+        retry_port_race(|| {
+            let port = free_port();
+            let path = ketch_bin().with_file_name("ketch-s3");
+            assert!(
+                path.exists(),
+                "{} does not exist: cargo build -p ketch-bench",
+                path.display()
+            );
+            let mut child = Command::new(path)
+                .args(["--root", &root.display().to_string(), "--bucket", bucket])
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn ketch-s3");
+            let log = LogBuffer::default();
+            let ready = drain(
+                child.stdout.take().expect("stdout"),
+                log.clone(),
+                Some("listening on"),
+            );
+            drain(child.stderr.take().expect("stderr"), log.clone(), None);
+            await_ready(&mut child, &ready, &log, "ketch-s3")?;
+            Ok(Self {
+                child,
+                port,
+                bucket: bucket.to_owned(),
+                root: root.to_owned(),
+                log,
+            })
+        })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The bucket's directory on disk.
+    pub fn bucket_dir(&self) -> PathBuf {
+        self.root.join(&self.bucket)
+    }
+
+    /// `--set` arguments pointing ketch's warehouse at `s3://<bucket>/<prefix>`.
+    pub fn ketch_settings(&self, prefix: &str) -> Vec<String> {
+        [
+            format!("tiering.warehouse=s3://{}/{prefix}", self.bucket),
+            format!("tiering.s3_endpoint={}", self.endpoint()),
+            "tiering.s3_region=us-east-1".to_owned(),
+            format!("tiering.s3_access_key_id={S3_ACCESS_KEY}"),
+            format!("tiering.s3_secret_access_key={S3_SECRET_KEY}"),
+            "tiering.s3_path_style=true".to_owned(),
+        ]
+        .into_iter()
+        .flat_map(|s| ["--set".to_owned(), s])
+        .collect()
+    }
+
+    pub fn output(&self) -> String {
+        self.log.contents()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A PostgreSQL server made with `initdb` in a temporary directory (trust
+/// authentication, user `postgres`). As root it runs as the `postgres`
+/// system user, since PostgreSQL refuses to run as root.
+pub struct Postgres {
+    child: Option<Child>,
+    port: u16,
+    _dir: tempfile::TempDir,
+    log: LogBuffer,
+}
+
+fn postgres_bin(name: &str) -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is not installed (apt-get install postgresql)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin").join(name)))
+        .filter(|p| p.exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .unwrap_or_else(|| panic!("no {name} under /usr/lib/postgresql"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// `program`, run as the `postgres` user when we are root. `setpriv` execs
+/// the program itself, so killing the child kills the server.
+fn as_postgres_user(program: &Path) -> Command {
+    if is_root() {
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid=postgres", "--regid=postgres", "--clear-groups", "--"])
+            .arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+impl Postgres {
+    pub fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ketch-pg")
+            .tempdir()
+            .expect("temp dir");
+        let data = dir.path().join("data");
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres", &dir.path().display().to_string()])
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown the PostgreSQL directory");
+        }
+        let output = as_postgres_user(&postgres_bin("initdb"))
+            .args([
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+            ])
+            .output()
+            .expect("run initdb");
+        assert!(
+            output.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let (child, port, log) = retry_port_race(|| {
+            let port = free_port();
+            let mut child = as_postgres_user(&postgres_bin("postgres"))
+                .args(["-D", &data.display().to_string(), "-p", &port.to_string()])
+                .args(["-h", "127.0.0.1", "-k", &dir.path().display().to_string()])
+                .args(["-c", "fsync=off", "-c", "logging_collector=off"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn postgres");
+            let log = LogBuffer::default();
+            drain(child.stdout.take().expect("stdout"), log.clone(), None);
+            let ready = drain(
+                child.stderr.take().expect("stderr"),
+                log.clone(),
+                Some("ready to accept connections"),
+            );
+            await_ready(&mut child, &ready, &log, "postgres")?;
+            Ok((child, port, log))
+        });
+        Self {
+            child: Some(child),
+            port,
+            _dir: dir,
+            log,
+        }
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn output(&self) -> String {
+        self.log.contents()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,669 @@
+//! Tiered storage end to end (DESIGN §7): sealed segments archived as
+//! Parquet to the topic's Iceberg table (SQLite or PostgreSQL catalog, S3 or
+//! local warehouse), trimmed from Redis, and read back by Kafka clients
+//! across the tier boundary and by pyiceberg from the table.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use ketch_tests::servers::{Postgres, S3_ACCESS_KEY, S3_SECRET_KEY, S3Server};
+use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+const BASE_TIMESTAMP: i64 = 1_700_000_000_000;
+
+/// Record `i` of a test: key (null every 50th), a 100-byte value (null
+/// every 97th), headers on some, timestamp increasing with `i`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rec {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    timestamp: i64,
+}
+
+fn rec(i: usize) -> Rec {
+    let key = (!i.is_multiple_of(50)).then(|| format!("k{i}").into_bytes());
+    let value = (!i.is_multiple_of(97)).then(|| {
+        let seed = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (0..100u64)
+            .map(|j| (seed.rotate_left(j as u32) >> 7) as u8)
+            .collect()
+    });
+    let headers = match i % 7 {
+        0 => vec![("h".to_owned(), Some(i.to_string().into_bytes()))],
+        1 => vec![("n".to_owned(), None), ("h".to_owned(), Some(Vec::new()))],
+        _ => Vec::new(),
+    };
+    Rec {
+        key,
+        value,
+        headers,
+        timestamp: BASE_TIMESTAMP + i as i64,
+    }
+}
+
+/// Produces records `0..count` round-robin to `partitions`, in order, so
+/// record `i` lands at offset `i / partitions` of partition `i % partitions`
+/// (asserted).
+fn produce(
+    producer: &FutureProducer,
+    rt: &tokio::runtime::Runtime,
+    topic: &str,
+    partitions: usize,
+    records: std::ops::Range<usize>,
+) {
+    const CHUNK: usize = 50_000;
+    for chunk in records.clone().step_by(CHUNK) {
+        let end = (chunk + CHUNK).min(records.end);
+        let deliveries: Vec<_> = (chunk..end)
+            .map(|i| {
+                let r = rec(i);
+                let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+                for (key, value) in &r.headers {
+                    headers = headers.insert(Header {
+                        key: key.as_str(),
+                        value: value.as_ref(),
+                    });
+                }
+                let mut record: FutureRecord<'_, Vec<u8>, Vec<u8>> = FutureRecord::to(topic)
+                    .partition((i % partitions) as i32)
+                    .timestamp(r.timestamp)
+                    .headers(headers);
+                if let Some(key) = &r.key {
+                    record = record.key(key);
+                }
+                if let Some(value) = &r.value {
+                    record = record.payload(value);
+                }
+                let delivery = producer.send_result(record).map_err(|(e, _)| e).expect("enqueue");
+                async move { (i, delivery.await) }
+            })
+            .collect();
+        for (i, result) in rt.block_on(join_all(deliveries)) {
+            let delivery = result
+                .expect("delivery future")
+                .map_err(|(e, _)| e)
+                .expect("delivered");
+            assert_eq!(
+                (delivery.partition, delivery.offset),
+                ((i % partitions) as i32, (i / partitions) as i64),
+                "record {i}"
+            );
+        }
+    }
+}
+
+/// Consumes every partition from offset 0 up to `ends[p]` and checks each
+/// record against [`rec`]: dense offsets, nothing missing or repeated.
+fn consume_and_check(consumer: &BaseConsumer, topic: &str, ends: &[i64]) {
+    let partitions = ends.len();
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment
+            .add_partition_offset(topic, p as i32, Offset::Offset(0))
+            .expect("assign");
+    }
+    consumer.assign(&assignment).expect("assign");
+    let mut next = vec![0i64; partitions];
+    let total: i64 = ends.iter().sum();
+    let mut consumed = 0i64;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while consumed < total {
+        assert!(Instant::now() < deadline, "consumed only {consumed} of {total}");
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let p = message.partition() as usize;
+        assert_eq!(message.offset(), next[p], "partition {p}: offsets must be dense");
+        next[p] += 1;
+        consumed += 1;
+        let i = message.offset() as usize * partitions + p;
+        let want = rec(i);
+        let headers: Vec<(String, Option<Vec<u8>>)> = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let got = Rec {
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers,
+            timestamp: message.timestamp().to_millis().expect("a timestamp"),
+        };
+        assert_eq!(got, want, "partition {p} offset {}", message.offset());
+    }
+    assert_eq!(next, ends, "every partition read to its end");
+}
+
+/// A partition's meta hash.
+fn meta(redis: &RedisServer, topic: &str, partition: usize) -> HashMap<String, i64> {
+    let tag = &redis.topic_tags(topic)[partition];
+    let fields: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("ketch:{{{tag}}}:meta"))
+        .query(&mut redis.connection())
+        .expect("HGETALL meta");
+    fields
+        .into_iter()
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k, v)))
+        .collect()
+}
+
+/// A partition's segment records.
+fn segments(redis: &RedisServer, topic: &str, partition: usize) -> Vec<serde_json::Value> {
+    let tag = &redis.topic_tags(topic)[partition];
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("ketch:{{{tag}}}:segments"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.connection())
+        .expect("ZRANGE segments");
+    members
+        .iter()
+        .map(|m| serde_json::from_str(m).expect("segment JSON"))
+        .collect()
+}
+
+/// Waits until every partition's sealed segments are archived and, with
+/// `trimmed`, removed from Redis (the local start is the open segment's
+/// base). Returns each partition's local start offset.
+fn wait_archived(
+    redis: &RedisServer,
+    ketch: &Ketch,
+    topic: &str,
+    partitions: usize,
+    trimmed: bool,
+) -> Vec<i64> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let done: Vec<Option<i64>> = (0..partitions)
+            .map(|p| {
+                let m = meta(redis, topic, p);
+                let local_start = m.get("local_start").copied().unwrap_or(0);
+                let seg_base = m.get("seg_base").copied().unwrap_or(0);
+                let all_archived = segments(redis, topic, p).iter().all(|s| s.get("path").is_some());
+                let ok = seg_base > 0 && all_archived && (!trimmed || local_start == seg_base);
+                ok.then_some(local_start)
+            })
+            .collect();
+        if done.iter().all(Option::is_some) {
+            return done.into_iter().map(Option::unwrap).collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "archiving did not finish: {done:?}; metrics:\n{}",
+            ketch.http_get("/metrics").1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A metric's value from `/metrics`.
+fn metric(ketch: &Ketch, name: &str) -> f64 {
+    let (status, body) = ketch.http_get("/metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{body}"))
+}
+
+/// Runs `tests/python/iceberg_check.py` on the table and panics with its
+/// report unless the table holds exactly `ranges[p]` of partition `p`.
+fn pyiceberg_check(
+    catalog_uri: &str,
+    warehouse: &str,
+    s3: Option<&S3Server>,
+    topic: &str,
+    ranges: &[(i64, i64)],
+) {
+    let partitions = ranges.len();
+    let mut samples = Vec::new();
+    for (p, &(first, end)) in ranges.iter().enumerate() {
+        for k in 0..5 {
+            if end <= first {
+                break;
+            }
+            let offset = first + (end - first - 1) * k / 4;
+            let r = rec(offset as usize * partitions + p);
+            samples.push(serde_json::json!({
+                "partition": p, "offset": offset,
+                "key": r.key.map(hex), "value": r.value.map(hex),
+            }));
+        }
+    }
+    let spec = serde_json::json!({
+        "catalog_uri": catalog_uri,
+        "catalog_name": "ketch",
+        "namespace": "ketch",
+        "table": topic,
+        "warehouse": warehouse,
+        "s3": s3.map(|s3| serde_json::json!({
+            "endpoint": s3.endpoint(), "access_key": S3_ACCESS_KEY,
+            "secret_key": S3_SECRET_KEY, "region": "us-east-1",
+        })),
+        "partitions": ranges.iter().enumerate()
+            .map(|(p, r)| (p.to_string(), serde_json::json!([r.0, r.1])))
+            .collect::<serde_json::Map<_, _>>(),
+        "samples": samples,
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("spec.json");
+    std::fs::write(&path, spec.to_string()).expect("write spec");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/iceberg_check.py");
+    let output = Command::new("python3")
+        .arg(script)
+        .arg(&path)
+        .output()
+        .expect("run python3 (scripts/test.sh installs pyiceberg)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pyiceberg check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("pyiceberg: {stdout}");
+}
+
+fn hex(bytes: Vec<u8>) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn set(args: &mut Vec<String>, setting: String) {
+    args.push("--set".to_owned());
+    args.push(setting);
+}
+
+/// The acceptance run: a million 100-byte records to 4 partitions,
+/// archived to an S3 warehouse with a SQLite catalog in small segments and
+/// trimmed from Redis down to the open segment; a consumer from offset 0
+/// reads every record byte-identical across the tier boundary, ListOffsets
+/// answers from the archive, and pyiceberg finds exactly the produced rows.
+#[test]
+fn a_million_records_cross_the_tier_boundary_through_s3() {
+    const RECORDS: usize = 1_000_000;
+    const TAIL: usize = 4_000;
+    const PARTITIONS: usize = 4;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    let data_dir = dir.path().join("data");
+    let mut args = s3.ketch_settings("warehouse");
+    set(&mut args, "tiering.tick_interval=200ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ketch = Ketch::start(&redis.url(), &args);
+    let rt = runtime();
+    let topic = unique_topic("tiered");
+    ketch.create_topic_with(
+        &rt,
+        &topic,
+        PARTITIONS as i32,
+        &[
+            ("remote.storage.enable", "true"),
+            // The records are from 2023: keep them past the default 7 days.
+            ("retention.ms", "-1"),
+            ("segment.bytes", "1048576"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let started = Instant::now();
+    let producer = ketch.producer_with(&[("linger.ms", "5"), ("batch.size", "262144")]);
+    produce(&producer, &rt, &topic, PARTITIONS, 0..RECORDS);
+    eprintln!("produced {RECORDS} records in {:?}", started.elapsed());
+
+    let local_starts = wait_archived(&redis, &ketch, &topic, PARTITIONS, true);
+    eprintln!(
+        "archived and trimmed in {:?}: local starts {local_starts:?}",
+        started.elapsed()
+    );
+    // More records, in the open segment: the log now spans both tiers.
+    produce(&producer, &rt, &topic, PARTITIONS, RECORDS..RECORDS + TAIL);
+    let ends: Vec<i64> = (0..PARTITIONS).map(|p| redis.next_offset(&topic, p)).collect();
+    assert_eq!(ends.iter().sum::<i64>(), (RECORDS + TAIL) as i64);
+    for (p, local_start) in local_starts.iter().enumerate() {
+        assert_eq!(
+            meta(&redis, &topic, p)["local_start"],
+            *local_start,
+            "the tail stays in Redis"
+        );
+    }
+    for p in 0..PARTITIONS {
+        // Most of the log is in the archive only; Redis holds the open segment.
+        assert!(
+            local_starts[p] > ends[p] * 3 / 4,
+            "partition {p}: local start {}",
+            local_starts[p]
+        );
+        let entries_left = redis.stream_len(&topic, p);
+        assert!(
+            entries_left < 200,
+            "partition {p}: {entries_left} batches still in Redis"
+        );
+    }
+    assert!(metric(&ketch, "ketch_archive_segments_total") >= 4.0);
+    assert_eq!(metric(&ketch, "ketch_archive_failures_total"), 0.0);
+    assert_eq!(metric(&ketch, "ketch_archive_lag_seconds"), 0.0);
+
+    // ListOffsets: earliest is the archive's start; times resolve in the archive.
+    let consumer = ketch.consumer();
+    for (p, end) in ends.iter().enumerate() {
+        let (low, high) = consumer
+            .fetch_watermarks(&topic, p as i32, Duration::from_secs(10))
+            .expect("watermarks");
+        assert_eq!((low, high), (0, *end), "watermarks of partition {p}");
+    }
+    let target_offset = local_starts[1] / 3;
+    let mut times = TopicPartitionList::new();
+    times
+        .add_partition_offset(
+            &topic,
+            1,
+            Offset::Offset(rec(target_offset as usize * PARTITIONS + 1).timestamp),
+        )
+        .expect("add");
+    let found = consumer
+        .offsets_for_times(times, Duration::from_secs(10))
+        .expect("offsets for times");
+    assert_eq!(
+        found.find_partition(&topic, 1).expect("partition 1").offset(),
+        Offset::Offset(target_offset),
+        "a timestamp in the archive resolves to its offset"
+    );
+
+    let consume_started = Instant::now();
+    consume_and_check(&ketch.consumer(), &topic, &ends);
+    eprintln!(
+        "consumed {} records across tiers in {:?}",
+        RECORDS + TAIL,
+        consume_started.elapsed()
+    );
+    assert!(metric(&ketch, "ketch_remote_read_bytes_total") > 0.0);
+
+    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
+    let ranges: Vec<(i64, i64)> = local_starts.iter().map(|&s| (0, s)).collect();
+    pyiceberg_check(&catalog, "s3://lake/warehouse", Some(&s3), &topic, &ranges);
+    // The data files are Parquet objects in the bucket.
+    let parquet_files = walk(&s3.bucket_dir())
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .count();
+    assert!(parquet_files >= 4, "{parquet_files} Parquet files in the bucket");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// While the catalog is unreachable, segments are sealed but nothing is
+/// archived or trimmed (failures are counted). Then kill -9 a gateway in
+/// the middle of archiving: after a restart every offset is in the table
+/// exactly once, and a consumer reads them all.
+#[test]
+fn kill9_during_archiving_leaves_every_offset_archived_once() {
+    const ROUNDS: usize = 30;
+    const PER_ROUND: usize = 5_000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let data_dir = dir.path().join("data");
+    let worker = |catalog: Option<String>| {
+        let mut args = Vec::new();
+        set(&mut args, "tiering.tick_interval=100ms".to_owned());
+        set(&mut args, "tiering.lease_ttl=1s".to_owned());
+        set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+        if let Some(catalog) = catalog {
+            set(&mut args, format!("tiering.catalog_uri={catalog}"));
+        }
+        args
+    };
+    // Nothing listens on this port: every archive attempt fails.
+    let unreachable = format!("postgres://postgres@127.0.0.1:{}/none", ketch_tests::free_port());
+    let args = worker(Some(unreachable));
+    let mut down = Ketch::start(&redis.url(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let rt = runtime();
+    let topic = unique_topic("crash");
+    down.create_topic_with(
+        &rt,
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "262144"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    // One sealed segment per round.
+    let producer = down.producer_with(&[("linger.ms", "5")]);
+    for round in 0..ROUNDS {
+        produce(
+            &producer,
+            &rt,
+            &topic,
+            1,
+            round * PER_ROUND..(round + 1) * PER_ROUND,
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while segments(&redis, &topic, 0).len() <= round {
+            assert!(Instant::now() < deadline, "segment {round} not sealed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    drop(producer);
+    assert!(metric(&down, "ketch_archive_failures_total") > 0.0);
+    assert!(
+        metric(&down, "ketch_archive_lag_seconds") > 0.0,
+        "sealed segments wait"
+    );
+    assert!(
+        segments(&redis, &topic, 0)
+            .iter()
+            .all(|s| s.get("path").is_none())
+    );
+    assert_eq!(
+        meta(&redis, &topic, 0).get("local_start").copied().unwrap_or(0),
+        0,
+        "nothing trimmed"
+    );
+    down.kill9();
+
+    // A gateway that can reach the catalog; killed once a few segments are in.
+    let args = worker(None);
+    let mut ketch = Ketch::start(&redis.url(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(&ketch, "ketch_archive_segments_total") < 3.0 {
+        assert!(Instant::now() < deadline, "nothing archived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ketch.kill9();
+    let sealed = segments(&redis, &topic, 0);
+    let archived_before = sealed.iter().filter(|s| s.get("path").is_some()).count();
+    eprintln!(
+        "killed with {archived_before} of {} sealed segments archived",
+        sealed.len()
+    );
+    assert!(
+        archived_before < sealed.len(),
+        "the kill came after archiving finished"
+    );
+
+    ketch.restart();
+    let local_starts = wait_archived(&redis, &ketch, &topic, 1, true);
+    let records = (ROUNDS * PER_ROUND) as i64;
+    assert_eq!(local_starts[0], records, "every record archived and trimmed");
+    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
+    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
+    consume_and_check(&ketch.consumer(), &topic, &[records]);
+}
+
+/// A crash after the Iceberg commit but before Redis records it: the
+/// worker finds its commit in the table's history and does not archive the
+/// segment a second time.
+#[test]
+fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let data_dir = dir.path().join("data");
+    let mut args = Vec::new();
+    set(&mut args, "tiering.tick_interval=100ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ketch = Ketch::start(&redis.url(), &args);
+    let rt = runtime();
+    let topic = unique_topic("repair");
+    // Local retention off: the segments stay in Redis, as they do until
+    // Redis has heard of the commit.
+    ketch.create_topic_with(
+        &rt,
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "65536"),
+        ],
+    );
+    // Three rounds, each sealed (and archived) before the next: three segments.
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    for round in 0..3 {
+        produce(&producer, &rt, &topic, 1, round * 2_000..(round + 1) * 2_000);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while segments(&redis, &topic, 0).len() <= round {
+            assert!(Instant::now() < deadline, "segment {round} not sealed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    wait_archived(&redis, &ketch, &topic, 1, false);
+    let archived = metric(&ketch, "ketch_archive_segments_total");
+    let all = segments(&redis, &topic, 0);
+    assert!(all.len() >= 3, "{} segments", all.len());
+
+    // Forget, in Redis, that the middle segment was archived.
+    let tag = &redis.topic_tags(&topic)[0];
+    let key = format!("ketch:{{{tag}}}:segments");
+    let victim = &all[1];
+    let mut forgotten = victim.clone();
+    let path = forgotten
+        .as_object_mut()
+        .unwrap()
+        .remove("path")
+        .expect("archived");
+    forgotten.as_object_mut().unwrap().remove("file_bytes");
+    let file = path
+        .as_str()
+        .unwrap()
+        .strip_prefix("file://")
+        .expect("a local file")
+        .to_owned();
+    let written_at = std::fs::metadata(&file)
+        .and_then(|m| m.modified())
+        .expect("data file");
+    let mut conn = redis.connection();
+    let removed: i64 = redis::cmd("ZREM")
+        .arg(&key)
+        .arg(victim.to_string())
+        .query(&mut conn)
+        .unwrap_or(0);
+    if removed == 0 {
+        // Lua's JSON encoding differs from serde's: remove by score instead.
+        let _: i64 = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg(victim["base"].as_i64().unwrap())
+            .arg(victim["base"].as_i64().unwrap())
+            .query(&mut conn)
+            .expect("ZREMRANGEBYSCORE");
+    }
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(victim["base"].as_i64().unwrap())
+        .arg(forgotten.to_string())
+        .query(&mut conn)
+        .expect("ZADD");
+
+    wait_archived(&redis, &ketch, &topic, 1, false);
+    let again = segments(&redis, &topic, 0);
+    assert_eq!(
+        again[1]["path"], path,
+        "the segment points at its committed file again"
+    );
+    assert_eq!(
+        metric(&ketch, "ketch_archive_segments_total"),
+        archived,
+        "no segment was written again"
+    );
+    assert_eq!(
+        std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("data file"),
+        written_at,
+        "the data file was not rewritten"
+    );
+    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
+    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    let archived_end = again.last().unwrap()["last"].as_i64().unwrap() + 1;
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, archived_end)]);
+}
+
+/// The same flow with the catalog in PostgreSQL and the warehouse on
+/// local disk.
+#[test]
+fn postgres_catalog_archives_and_serves_the_archive() {
+    const RECORDS: usize = 100_000;
+    const PARTITIONS: usize = 2;
+    let postgres = Postgres::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let data_dir = dir.path().join("data");
+    let mut args = Vec::new();
+    set(&mut args, "tiering.tick_interval=200ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    set(&mut args, format!("tiering.catalog_uri={}", postgres.url()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ketch = Ketch::start(&redis.url(), &args);
+    let rt = runtime();
+    let topic = unique_topic("pg");
+    ketch.create_topic_with(
+        &rt,
+        &topic,
+        PARTITIONS as i32,
+        &[
+            ("remote.storage.enable", "true"),
+            // The records are from 2023: keep them past the default 7 days.
+            ("retention.ms", "-1"),
+            ("segment.bytes", "524288"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce(&producer, &rt, &topic, PARTITIONS, 0..RECORDS);
+    let local_starts = wait_archived(&redis, &ketch, &topic, PARTITIONS, true);
+    let ends: Vec<i64> = (0..PARTITIONS).map(|p| redis.next_offset(&topic, p)).collect();
+    consume_and_check(&ketch.consumer(), &topic, &ends);
+    assert!(
+        !data_dir.join("catalog.db").exists(),
+        "no SQLite catalog with PostgreSQL configured"
+    );
+    let catalog = postgres.url().replace("postgres://", "postgresql+psycopg2://");
+    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    let ranges: Vec<(i64, i64)> = local_starts.iter().map(|&s| (0, s)).collect();
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &ranges);
+}

@@ -1,0 +1,345 @@
+//! The Iceberg archive: writing sealed segments as Parquet data files and
+//! committing them to the topic's table (DESIGN §7).
+//!
+//! Exactly once, whatever a crash interrupts:
+//! - a segment's data file has a fixed name (`<topic id>-<partition>-<base
+//!   offset>.parquet`), so writing it again after a crash before the commit
+//!   replaces the orphan instead of adding a second file;
+//! - every commit's snapshot summary carries the topic id, partition, base
+//!   and last offset and the file's path, so a crash between the commit and
+//!   marking the segment archived in Redis is repaired from the table, not
+//!   by archiving again;
+//! - the fast append checks that the file is not in the table yet, so even
+//!   two workers racing on one segment (a lease taken over from a stalled
+//!   holder) cannot add its rows twice.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_schema::SchemaRef;
+use iceberg::spec::{Literal, PartitionKey, Struct};
+use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
+use iceberg::writer::file_writer::ParquetWriterBuilder;
+use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, FileNameGenerator};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
+use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
+use ketch_config::TieringSettings;
+use ketch_storage::Topic;
+use ketch_storage::segments::Segment;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use tokio::sync::Mutex;
+
+use crate::table::{self, Rows};
+use crate::{Error, Result};
+
+/// Snapshot summary keys of a ketch commit.
+const TOPIC_ID: &str = "ketch.topic-id";
+const PARTITION: &str = "ketch.partition";
+const BASE_OFFSET: &str = "ketch.base-offset";
+const LAST_OFFSET: &str = "ketch.last-offset";
+const DATA_FILE: &str = "ketch.data-file";
+const DATA_FILE_BYTES: &str = "ketch.data-file-bytes";
+
+/// Where a segment went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Archived {
+    pub path: String,
+    pub file_bytes: u64,
+    pub records: u64,
+    /// False when the table already had it (a crash after the commit).
+    pub written: bool,
+}
+
+/// The storage properties (S3 endpoint, keys, …) both catalogs and the
+/// remote reader pass to their file IO.
+pub fn storage_props(settings: &TieringSettings) -> HashMap<String, String> {
+    let mut props = HashMap::new();
+    let mut set = |key: &str, value: &str| {
+        if !value.is_empty() {
+            props.insert(key.to_owned(), value.to_owned());
+        }
+    };
+    set("s3.endpoint", &settings.s3_endpoint);
+    set("s3.region", &settings.s3_region);
+    set("s3.access-key-id", &settings.s3_access_key_id);
+    set("s3.secret-access-key", &settings.s3_secret_access_key);
+    set(
+        "s3.path-style-access",
+        if settings.s3_path_style { "true" } else { "" },
+    );
+    props
+}
+
+/// Opens the configured catalog.
+pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>> {
+    let factory = Arc::new(OpenDalResolvingStorageFactory::new());
+    let mut props = storage_props(settings);
+    match settings.catalog.as_str() {
+        "rest" => {
+            // A REST catalog names its own warehouse; pass ours only when set.
+            if !settings.warehouse.is_empty() {
+                props.insert("warehouse".to_owned(), settings.warehouse.clone());
+            }
+            props.insert("uri".to_owned(), settings.catalog_uri.clone());
+            let catalog = iceberg_catalog_rest::RestCatalogBuilder::default()
+                .with_storage_factory(factory)
+                .load(&settings.catalog_name, props)
+                .await?;
+            Ok(Arc::new(catalog))
+        }
+        _ => {
+            let uri = settings.catalog_uri();
+            if let Some(path) = uri.strip_prefix("sqlite:") {
+                let file = path.split('?').next().unwrap_or(path);
+                if let Some(dir) = std::path::Path::new(file).parent() {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+                }
+            }
+            if let Some(dir) = settings.warehouse_dir() {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+            }
+            let bind_style = if uri.starts_with("sqlite:") {
+                iceberg_catalog_sql::SqlBindStyle::QMark
+            } else {
+                iceberg_catalog_sql::SqlBindStyle::DollarNumeric
+            };
+            props.insert("uri".to_owned(), uri);
+            props.insert("warehouse".to_owned(), settings.warehouse());
+            let catalog = iceberg_catalog_sql::SqlCatalogBuilder::default()
+                .sql_bind_style(bind_style)
+                .with_storage_factory(factory)
+                .load(&settings.catalog_name, props)
+                .await?;
+            Ok(Arc::new(catalog))
+        }
+    }
+}
+
+/// How long opening the catalog may take.
+const CATALOG_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed open, the catalog is not tried again for this long (the
+/// worker keeps sealing and trimming meanwhile).
+const CATALOG_RETRY: Duration = Duration::from_secs(5);
+
+/// Writes segments to the topic tables of one catalog.
+pub struct Archiver {
+    settings: TieringSettings,
+    catalog: Mutex<CatalogSlot>,
+    namespace: NamespaceIdent,
+}
+
+#[derive(Default)]
+struct CatalogSlot {
+    open: Option<Arc<dyn Catalog>>,
+    /// The last failure to open it, and when to try again.
+    failed: Option<(String, Instant)>,
+}
+
+impl Archiver {
+    pub fn new(settings: TieringSettings) -> Self {
+        let namespace = NamespaceIdent::new(settings.namespace.clone());
+        Self {
+            settings,
+            catalog: Mutex::new(CatalogSlot::default()),
+            namespace,
+        }
+    }
+
+    /// The catalog, opened on first use and again after a failure (at most
+    /// every [`CATALOG_RETRY`]; in between, [`Error::Waiting`]).
+    async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
+        let mut slot = self.catalog.lock().await;
+        if let Some(catalog) = slot.open.as_ref() {
+            return Ok(catalog.clone());
+        }
+        if let Some((error, retry_at)) = &slot.failed
+            && Instant::now() < *retry_at
+        {
+            return Err(Error::Waiting(error.clone()));
+        }
+        let opened = match tokio::time::timeout(CATALOG_OPEN_TIMEOUT, open_catalog(&self.settings)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Error::Io(format!(
+                "opening the catalog took longer than {CATALOG_OPEN_TIMEOUT:?}"
+            ))),
+        };
+        match opened {
+            Ok(catalog) => {
+                *slot = CatalogSlot {
+                    open: Some(catalog.clone()),
+                    failed: None,
+                };
+                Ok(catalog)
+            }
+            Err(e) => {
+                slot.failed = Some((e.to_string(), Instant::now() + CATALOG_RETRY));
+                Err(e)
+            }
+        }
+    }
+
+    /// The topic's table, created (with its namespace) if missing.
+    pub async fn table(&self, topic: &Topic) -> Result<Table> {
+        let catalog = self.catalog().await?;
+        let ident = TableIdent::new(self.namespace.clone(), topic.name.clone());
+        if catalog.table_exists(&ident).await? {
+            return Ok(catalog.load_table(&ident).await?);
+        }
+        if !catalog.namespace_exists(&self.namespace).await? {
+            match catalog.create_namespace(&self.namespace, HashMap::new()).await {
+                Ok(_) => {}
+                // Another gateway made it first.
+                Err(_) if catalog.namespace_exists(&self.namespace).await? => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let schema = table::schema();
+        let creation = TableCreation::builder()
+            .name(topic.name.clone())
+            .sort_order(table::sort_order(&schema))
+            .partition_spec(table::partition_spec())
+            .schema(schema)
+            .properties(HashMap::from([
+                ("write.parquet.compression-codec".to_owned(), "zstd".to_owned()),
+                ("ketch.topic".to_owned(), topic.name.clone()),
+            ]))
+            .build();
+        match catalog.create_table(&self.namespace, creation).await {
+            Ok(table) => Ok(table),
+            Err(_) if catalog.table_exists(&ident).await? => Ok(catalog.load_table(&ident).await?),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Archives one sealed segment whose batches are `batches` (read from
+    /// Redis, base offsets set), unless `table` already has it.
+    pub async fn archive(
+        &self,
+        table: &mut Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        batches: &[bytes::Bytes],
+    ) -> Result<Archived> {
+        if let Some(done) = committed(table, topic, partition, segment) {
+            return Ok(done);
+        }
+        let schema = table.metadata().current_schema().clone();
+        let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
+        let mut rows = Rows::new(arrow_schema, partition)?;
+        for batch in batches {
+            rows.add_batch(batch)?;
+        }
+        let records = rows.len() as u64;
+        let expected = segment.last - segment.base + 1;
+        if records as i64 != expected {
+            return Err(Error::Data(format!(
+                "segment {}..={} holds {records} records, expected {expected}",
+                segment.base, segment.last
+            )));
+        }
+        let rows = rows.finish()?;
+
+        let properties = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("a valid level")))
+            .set_max_row_group_row_count(Some(self.settings.row_group_rows))
+            .set_statistics_enabled(EnabledStatistics::Chunk)
+            .build();
+        let name = format!("{}-{:05}-{:020}.parquet", topic.id, partition, segment.base);
+        let rolling = RollingFileWriterBuilder::new(
+            ParquetWriterBuilder::new(properties, schema.clone()),
+            usize::MAX,
+            table.file_io().clone(),
+            DefaultLocationGenerator::new(table.metadata())?,
+            FixedName(name),
+        );
+        let spec = table.metadata().default_partition_spec().as_ref().clone();
+        let key = PartitionKey::new(spec, schema, Struct::from_iter([Some(Literal::int(partition))]));
+        let mut writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
+        writer.write(rows).await?;
+        let files = writer.close().await?;
+        let [file] = &files[..] else {
+            return Err(Error::Data(format!(
+                "expected one data file, the writer made {}",
+                files.len()
+            )));
+        };
+        let archived = Archived {
+            path: file.file_path().to_owned(),
+            file_bytes: file.file_size_in_bytes(),
+            records,
+            written: true,
+        };
+        let summary = HashMap::from([
+            (TOPIC_ID.to_owned(), topic.id.to_string()),
+            (PARTITION.to_owned(), partition.to_string()),
+            (BASE_OFFSET.to_owned(), segment.base.to_string()),
+            (LAST_OFFSET.to_owned(), segment.last.to_string()),
+            (DATA_FILE.to_owned(), archived.path.clone()),
+            (DATA_FILE_BYTES.to_owned(), archived.file_bytes.to_string()),
+        ]);
+        let transaction = Transaction::new(table);
+        let append = transaction
+            .fast_append()
+            .set_snapshot_properties(summary)
+            .add_data_files(files.clone());
+        let transaction = append.apply(transaction)?;
+        let catalog = self.catalog().await?;
+        match transaction.commit(catalog.as_ref()).await {
+            Ok(updated) => {
+                *table = updated;
+                Ok(archived)
+            }
+            Err(e) => {
+                // Someone may have committed it meanwhile (a worker that
+                // held the lease before): then it is archived.
+                *table = catalog.load_table(table.identifier()).await?;
+                committed(table, topic, partition, segment).ok_or(Error::Iceberg(e))
+            }
+        }
+    }
+}
+
+/// The commit of this segment in the table's history, if any.
+fn committed(table: &Table, topic: &Topic, partition: i32, segment: &Segment) -> Option<Archived> {
+    let topic_id = topic.id.to_string();
+    let partition = partition.to_string();
+    let base = segment.base.to_string();
+    let last = segment.last.to_string();
+    table.metadata().snapshots().find_map(|snapshot| {
+        let props = &snapshot.summary().additional_properties;
+        let is = |key: &str, value: &str| props.get(key).map(String::as_str) == Some(value);
+        if is(TOPIC_ID, &topic_id)
+            && is(PARTITION, &partition)
+            && is(BASE_OFFSET, &base)
+            && is(LAST_OFFSET, &last)
+        {
+            Some(Archived {
+                path: props.get(DATA_FILE)?.clone(),
+                file_bytes: props.get(DATA_FILE_BYTES)?.parse().ok()?,
+                records: (segment.last - segment.base + 1) as u64,
+                written: false,
+            })
+        } else {
+            None
+        }
+    })
+}
+
+/// Names every file of a writer the same: one segment, one file.
+#[derive(Clone)]
+struct FixedName(String);
+
+impl FileNameGenerator for FixedName {
+    fn generate_file_name(&self) -> String {
+        self.0.clone()
+    }
+}

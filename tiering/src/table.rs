@@ -1,0 +1,404 @@
+//! The Iceberg table of a topic (DESIGN §7) and its rows as Arrow arrays.
+//!
+//! One table per topic, `<namespace>.<topic>`, partitioned by identity on
+//! `partition`, rows in offset order:
+//! `partition int, offset long, timestamp timestamptz, key binary,
+//! value binary, headers list<struct<key string, value binary>>`.
+//! [`Rows`] turns Kafka record batches into Arrow record batches of that
+//! schema; [`encode`] turns such rows back into Kafka record batches.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryBuilder, Int32Builder, Int64Builder, LargeBinaryBuilder, ListBuilder, StringBuilder, StructBuilder,
+    TimestampMicrosecondBuilder,
+};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int64Type, TimestampMicrosecondType};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, SchemaRef};
+use bytes::Bytes;
+use iceberg::spec::{
+    ListType, NestedField, PrimitiveType, Schema, SortDirection, SortField, SortOrder, StructType, Transform,
+    Type, UnboundPartitionSpec,
+};
+use ketch_storage::batch::{BatchBuilder, Records};
+
+use crate::{Error, Result};
+
+/// The field ids of the table schema (stable: readers may depend on them).
+pub const PARTITION_ID: i32 = 1;
+pub const OFFSET_ID: i32 = 2;
+
+/// The table schema.
+pub fn schema() -> Schema {
+    let header = StructType::new(vec![
+        NestedField::required(8, "key", Type::Primitive(PrimitiveType::String)).into(),
+        NestedField::optional(9, "value", Type::Primitive(PrimitiveType::Binary)).into(),
+    ]);
+    Schema::builder()
+        .with_schema_id(0)
+        .with_fields(vec![
+            NestedField::required(PARTITION_ID, "partition", Type::Primitive(PrimitiveType::Int)).into(),
+            NestedField::required(OFFSET_ID, "offset", Type::Primitive(PrimitiveType::Long)).into(),
+            NestedField::required(3, "timestamp", Type::Primitive(PrimitiveType::Timestamptz)).into(),
+            NestedField::optional(4, "key", Type::Primitive(PrimitiveType::Binary)).into(),
+            NestedField::optional(5, "value", Type::Primitive(PrimitiveType::Binary)).into(),
+            NestedField::optional(
+                6,
+                "headers",
+                Type::List(ListType::new(
+                    NestedField::list_element(7, Type::Struct(header), true).into(),
+                )),
+            )
+            .into(),
+        ])
+        .build()
+        .expect("the table schema is valid")
+}
+
+/// Identity partitioning on `partition`.
+pub fn partition_spec() -> UnboundPartitionSpec {
+    UnboundPartitionSpec::builder()
+        .add_partition_field(PARTITION_ID, "partition", Transform::Identity)
+        .expect("the partition spec is valid")
+        .build()
+}
+
+/// Rows sorted by offset.
+pub fn sort_order(schema: &Schema) -> SortOrder {
+    SortOrder::builder()
+        .with_order_id(1)
+        .with_sort_field(
+            SortField::builder()
+                .source_id(OFFSET_ID)
+                .direction(SortDirection::Ascending)
+                .null_order(iceberg::spec::NullOrder::First)
+                .transform(Transform::Identity)
+                .build(),
+        )
+        .build(schema)
+        .expect("the sort order is valid")
+}
+
+/// Accumulates records as Arrow columns of the table schema.
+pub struct Rows {
+    schema: SchemaRef,
+    partition: i32,
+    partitions: Int32Builder,
+    offsets: Int64Builder,
+    timestamps: TimestampMicrosecondBuilder,
+    keys: BinaryColumn,
+    values: BinaryColumn,
+    headers: ListBuilder<StructBuilder>,
+    count: usize,
+}
+
+/// Iceberg `binary` maps to Arrow `LargeBinary`; accept `Binary` too.
+enum BinaryColumn {
+    Large(LargeBinaryBuilder),
+    Small(BinaryBuilder),
+}
+
+impl BinaryColumn {
+    fn new(data_type: &DataType) -> Self {
+        match data_type {
+            DataType::Binary => BinaryColumn::Small(BinaryBuilder::new()),
+            _ => BinaryColumn::Large(LargeBinaryBuilder::new()),
+        }
+    }
+
+    fn append(&mut self, value: Option<&[u8]>) {
+        match self {
+            BinaryColumn::Large(b) => b.append_option(value),
+            BinaryColumn::Small(b) => b.append_option(value),
+        }
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            BinaryColumn::Large(b) => Arc::new(b.finish()),
+            BinaryColumn::Small(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+impl Rows {
+    /// `schema` is the Arrow form of [`schema`] (with field ids).
+    pub fn new(schema: SchemaRef, partition: i32) -> Result<Self> {
+        let field = |name: &str| {
+            schema
+                .field_with_name(name)
+                .cloned()
+                .map_err(|e| Error::Schema(e.to_string()))
+        };
+        let timestamp = field("timestamp")?;
+        let DataType::List(element) = field("headers")?.data_type().clone() else {
+            return Err(Error::Schema("headers is not a list".to_owned()));
+        };
+        let DataType::Struct(header_fields) = element.data_type().clone() else {
+            return Err(Error::Schema("a header is not a struct".to_owned()));
+        };
+        let header = StructBuilder::from_fields(header_fields, 0);
+        let tz = match timestamp.data_type() {
+            DataType::Timestamp(_, tz) => tz.clone(),
+            other => return Err(Error::Schema(format!("timestamp is {other}"))),
+        };
+        Ok(Self {
+            partition,
+            partitions: Int32Builder::new(),
+            offsets: Int64Builder::new(),
+            timestamps: TimestampMicrosecondBuilder::new().with_timezone_opt(tz),
+            keys: BinaryColumn::new(field("key")?.data_type()),
+            values: BinaryColumn::new(field("value")?.data_type()),
+            headers: ListBuilder::new(header).with_field(element),
+            count: 0,
+            schema,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Adds every record of a stored batch (base offset already set).
+    pub fn add_batch(&mut self, batch: &[u8]) -> Result<()> {
+        let header = ketch_storage::batch::header(batch)?;
+        let base_offset = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
+        // LogAppendTime: every record's timestamp is the batch's max timestamp.
+        let log_append_time = header.attributes & 0x08 != 0;
+        let mut records = Records::of_batch(batch)?;
+        while let Some(record) = records.next_record()? {
+            let timestamp = if log_append_time {
+                header.max_timestamp
+            } else {
+                record.timestamp
+            };
+            self.partitions.append_value(self.partition);
+            self.offsets
+                .append_value(base_offset + i64::from(record.offset_delta));
+            self.timestamps.append_value(timestamp.saturating_mul(1000));
+            self.keys.append(record.key.as_deref());
+            self.values.append(record.value.as_deref());
+            let header_builder = self.headers.values();
+            for (key, value) in &record.headers {
+                header_builder
+                    .field_builder::<StringBuilder>(0)
+                    .ok_or_else(|| Error::Schema("header key is not a string".to_owned()))?
+                    .append_value(String::from_utf8_lossy(key));
+                match header_builder.field_builder::<BinaryBuilder>(1) {
+                    Some(b) => b.append_option(value.as_deref()),
+                    None => header_builder
+                        .field_builder::<LargeBinaryBuilder>(1)
+                        .ok_or_else(|| Error::Schema("header value is not binary".to_owned()))?
+                        .append_option(value.as_deref()),
+                }
+                header_builder.append(true);
+            }
+            self.headers.append(true);
+            self.count += 1;
+        }
+        Ok(())
+    }
+
+    /// The rows so far as one Arrow batch; the builders start over.
+    pub fn finish(&mut self) -> Result<RecordBatch> {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.partitions.finish()),
+            Arc::new(self.offsets.finish()),
+            Arc::new(self.timestamps.finish()),
+            self.keys.finish(),
+            self.values.finish(),
+            Arc::new(self.headers.finish()),
+        ];
+        self.count = 0;
+        RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| Error::Schema(e.to_string()))
+    }
+}
+
+/// Read access to the columns of archived rows, whatever binary width a
+/// reader produced.
+pub struct Columns<'a> {
+    offsets: &'a arrow_array::PrimitiveArray<Int64Type>,
+    timestamps: &'a arrow_array::PrimitiveArray<TimestampMicrosecondType>,
+    keys: &'a dyn Array,
+    values: &'a dyn Array,
+    headers: Option<&'a arrow_array::ListArray>,
+}
+
+fn binary_at(array: &dyn Array, i: usize) -> Option<&[u8]> {
+    if array.is_null(i) {
+        return None;
+    }
+    match array.data_type() {
+        DataType::LargeBinary => Some(array.as_binary::<i64>().value(i)),
+        DataType::Binary => Some(array.as_binary::<i32>().value(i)),
+        _ => None,
+    }
+}
+
+impl<'a> Columns<'a> {
+    pub fn of(batch: &'a RecordBatch) -> Result<Self> {
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .ok_or_else(|| Error::Schema(format!("archived rows have no `{name}` column")))
+        };
+        let offsets = column("offset")?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| Error::Schema("offset is not a long".to_owned()))?;
+        let timestamps = column("timestamp")?
+            .as_primitive_opt::<TimestampMicrosecondType>()
+            .ok_or_else(|| Error::Schema("timestamp is not in microseconds".to_owned()))?;
+        let headers = column("headers")?.as_list_opt::<i32>();
+        if let Some(headers) = headers
+            && !matches!(headers.value_type(), DataType::Struct(f) if f.len() == 2 && f[0].data_type() == &DataType::Utf8)
+        {
+            return Err(Error::Schema(
+                "headers are not a list of {key string, value binary}".to_owned(),
+            ));
+        }
+        Ok(Self {
+            offsets,
+            timestamps,
+            keys: column("key")?.as_ref(),
+            values: column("value")?.as_ref(),
+            headers,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    pub fn offset(&self, i: usize) -> i64 {
+        self.offsets.value(i)
+    }
+
+    /// The record's timestamp in milliseconds.
+    pub fn timestamp_ms(&self, i: usize) -> i64 {
+        self.timestamps.value(i).div_euclid(1000)
+    }
+
+    /// Appends row `i` to a Kafka batch.
+    pub fn push_to(&self, i: usize, batch: &mut BatchBuilder) {
+        let key = binary_at(self.keys, i);
+        let value = binary_at(self.values, i);
+        match self.headers.filter(|h| !h.is_null(i)) {
+            Some(list) => {
+                let entries = list.value(i);
+                let entries = entries.as_struct();
+                let keys = entries.column(0).as_string::<i32>();
+                let values = entries.column(1);
+                let pairs: Vec<(&[u8], Option<&[u8]>)> = (0..entries.len())
+                    .map(|j| (keys.value(j).as_bytes(), binary_at(values.as_ref(), j)))
+                    .collect();
+                batch.push(self.timestamp_ms(i), key, value, pairs.into_iter());
+            }
+            None => batch.push(self.timestamp_ms(i), key, value, std::iter::empty()),
+        }
+    }
+}
+
+/// Kafka batches of the rows from index `from` on, each at most
+/// `batch_bytes` (at least one record), until `max_bytes` are reached (the
+/// first batch is returned whatever its size). Returns the batches and the
+/// index of the first row not returned.
+pub fn encode(
+    columns: &Columns<'_>,
+    from: usize,
+    batch_bytes: usize,
+    max_bytes: usize,
+) -> (Vec<Bytes>, usize) {
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut i = from;
+    while i < columns.len() && (out.is_empty() || total < max_bytes) {
+        let mut batch = BatchBuilder::new(columns.offset(i));
+        while i < columns.len() && (batch.is_empty() || batch.len() < batch_bytes) {
+            columns.push_to(i, &mut batch);
+            i += 1;
+        }
+        let batch = batch.finish();
+        total += batch.len();
+        out.push(batch);
+    }
+    (out, i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arrow_schema() -> SchemaRef {
+        Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema()).expect("arrow schema"))
+    }
+
+    #[test]
+    fn records_survive_rows_and_back() {
+        let mut produced = BatchBuilder::new(40);
+        produced.push(
+            1_000,
+            Some(b"a"),
+            Some(b"1"),
+            [(&b"h"[..], Some(&b"x"[..])), (&b"h"[..], None)].into_iter(),
+        );
+        produced.push(999, None, None, std::iter::empty());
+        produced.push(
+            1_002,
+            Some(b""),
+            Some(&[7u8; 50][..]),
+            [(&b"k"[..], Some(&b""[..]))].into_iter(),
+        );
+        let produced = produced.finish();
+
+        let mut rows = Rows::new(arrow_schema(), 3).unwrap();
+        rows.add_batch(&produced).unwrap();
+        assert_eq!(rows.len(), 3);
+        let rows = rows.finish().unwrap();
+        let columns = Columns::of(&rows).unwrap();
+        assert_eq!((columns.offset(0), columns.offset(2)), (40, 42));
+        assert_eq!(columns.timestamp_ms(1), 999);
+
+        // From the middle, one record per batch.
+        let (batches, end) = encode(&columns, 1, 1, usize::MAX);
+        assert_eq!((batches.len(), end), (2, 3));
+        let mut again = Vec::new();
+        for batch in &batches {
+            let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
+            let mut records = Records::of_batch(batch).unwrap();
+            while let Some(r) = records.next_record().unwrap() {
+                again.push((base + i64::from(r.offset_delta), r));
+            }
+        }
+        let mut original = Records::of_batch(&produced).unwrap();
+        original.next_record().unwrap();
+        for (offset, rebuilt) in again {
+            let r = original.next_record().unwrap().unwrap();
+            assert_eq!(offset, 40 + i64::from(r.offset_delta));
+            assert_eq!(
+                (rebuilt.timestamp, rebuilt.key, rebuilt.value, rebuilt.headers),
+                (r.timestamp, r.key, r.value, r.headers)
+            );
+        }
+    }
+
+    #[test]
+    fn log_append_time_batches_archive_the_append_time() {
+        let mut produced = BatchBuilder::new(0);
+        produced.push(5, Some(b"a"), None, std::iter::empty());
+        let stamped = ketch_storage::batch::stamp_log_append_time(&produced.finish(), 77_000);
+        let mut rows = Rows::new(arrow_schema(), 0).unwrap();
+        rows.add_batch(&stamped).unwrap();
+        let rows = rows.finish().unwrap();
+        assert_eq!(Columns::of(&rows).unwrap().timestamp_ms(0), 77_000);
+    }
+}
