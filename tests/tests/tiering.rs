@@ -667,3 +667,142 @@ fn postgres_catalog_archives_and_serves_the_archive() {
     let ranges: Vec<(i64, i64)> = local_starts.iter().map(|&s| (0, s)).collect();
     pyiceberg_check(&catalog, &warehouse, None, &topic, &ranges);
 }
+
+/// Retention on a remote-storage topic: `local.retention.ms` trims archived
+/// segments from Redis (the records are from 2023, so at once);
+/// `retention.bytes` moves the log start clients see, while the Iceberg
+/// rows stay; DeleteRecords into the archived range moves the log start
+/// but never the local start back; a fetch between the two reads the archive.
+#[test]
+fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
+    use kafka_protocol::messages::DeleteRecordsRequest;
+    use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let data_dir = dir.path().join("data");
+    let mut args = Vec::new();
+    set(&mut args, "tiering.tick_interval=100ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ketch = Ketch::start(&redis.url(), &args);
+    let rt = runtime();
+    let topic = unique_topic("kept");
+    ketch.create_topic_with(
+        &rt,
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "65536"),
+            ("local.retention.ms", "3600000"),
+        ],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    const ROUNDS: usize = 4;
+    const PER_ROUND: usize = 2_000;
+    for round in 0..ROUNDS {
+        produce(
+            &producer,
+            &rt,
+            &topic,
+            1,
+            round * PER_ROUND..(round + 1) * PER_ROUND,
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while segments(&redis, &topic, 0).len() <= round {
+            assert!(Instant::now() < deadline, "segment {round} not sealed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let records = (ROUNDS * PER_ROUND) as i64;
+    let local_starts = wait_archived(&redis, &ketch, &topic, 1, true);
+    assert_eq!(
+        local_starts[0], records,
+        "local.retention.ms trimmed every archived segment"
+    );
+    assert_eq!(redis.stream_len(&topic, 0), 0);
+
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -2).1,
+        0,
+        "earliest: the archive's start"
+    );
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -4).1,
+        records,
+        "earliest local"
+    );
+
+    // DeleteRecords into the archived range.
+    let request = DeleteRecordsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(raw::topic_name(&topic))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(100),
+                ]),
+        ]);
+    let response = conn.request(2, &request);
+    assert_eq!(response.topics[0].partitions[0].low_watermark, 100);
+    assert_eq!(
+        meta(&redis, &topic, 0)["local_start"],
+        records,
+        "the local start stays"
+    );
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 99, 100));
+    assert_eq!(raw::fetch_result(&response).0, code::OFFSET_OUT_OF_RANGE);
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 100, 100));
+    let (error, high_watermark, batches) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, records));
+    let batches = batches.expect("records from the archive");
+    assert_eq!(
+        i64::from_be_bytes(batches[0..8].try_into().unwrap()),
+        100,
+        "starts at the fetch offset"
+    );
+    assert!(raw::count_records(&batches) > 0);
+
+    // The first two segments hold what retention.bytes keeps no more: the
+    // log start moves to a segment boundary; the table keeps every row.
+    let all = segments(&redis, &topic, 0);
+    let kept: i64 = all[2..].iter().map(|s| s["bytes"].as_i64().unwrap()).sum();
+    set_topic_config(&redis, &topic, "retention.bytes", &kept.to_string());
+    let third_base = all[2]["base"].as_i64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while raw::list_offsets(&mut conn, &topic, 0, -2).1 != third_base {
+        assert!(
+            Instant::now() < deadline,
+            "retention.bytes did not move the log start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
+    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
+}
+
+/// Sets a topic config in the topic's Redis record (ketch has no
+/// AlterConfigs yet); gateways pick it up within their 2 s topic cache.
+fn set_topic_config(redis: &RedisServer, topic: &str, name: &str, value: &str) {
+    let mut conn = redis.connection();
+    let json: String = redis::cmd("HGET")
+        .arg("ketch:topics")
+        .arg(topic)
+        .query(&mut conn)
+        .expect("HGET ketch:topics");
+    let mut record: serde_json::Value = serde_json::from_str(&json).expect("topic JSON");
+    record["configs"][name] = serde_json::Value::String(value.to_owned());
+    let _: i64 = redis::cmd("HSET")
+        .arg("ketch:topics")
+        .arg(topic)
+        .arg(record.to_string())
+        .query(&mut conn)
+        .expect("HSET ketch:topics");
+}
