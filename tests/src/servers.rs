@@ -67,7 +67,7 @@ impl S3Server {
         self.root.join(&self.bucket)
     }
 
-    /// `--set` arguments pointing ketch's warehouse at `s3://<bucket>/<prefix>`.
+    /// Settings (for `--set`) pointing ketch's warehouse at `s3://<bucket>/<prefix>`.
     pub fn ketch_settings(&self, prefix: &str) -> Vec<String> {
         [
             format!("tiering.warehouse=s3://{}/{prefix}", self.bucket),
@@ -77,9 +77,7 @@ impl S3Server {
             format!("tiering.s3_secret_access_key={S3_SECRET_KEY}"),
             "tiering.s3_path_style=true".to_owned(),
         ]
-        .into_iter()
-        .flat_map(|s| ["--set".to_owned(), s])
-        .collect()
+        .into()
     }
 
     pub fn output(&self) -> String {

@@ -278,6 +278,49 @@ fn hex(bytes: Vec<u8>) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A gateway whose storage worker ticks every 100 ms, with its data
+/// directory (SQLite catalog, local warehouse) in `data_dir`; `extra` are
+/// more `--set` values.
+fn tiered_gateway(redis: &RedisServer, data_dir: &Path, extra: &[String]) -> Ketch {
+    let mut args = Vec::new();
+    set(&mut args, "tiering.tick_interval=100ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    for setting in extra {
+        set(&mut args, setting.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Ketch::start(&redis.url(), &args)
+}
+
+/// The embedded catalog and local warehouse under `data_dir`, as pyiceberg
+/// names them.
+fn sqlite_catalog(data_dir: &Path) -> (String, String) {
+    (
+        format!("sqlite:///{}", data_dir.join("catalog.db").display()),
+        format!("file://{}", data_dir.join("warehouse").display()),
+    )
+}
+
+/// Produces `rounds` × `per_round` records to partition 0, waiting after
+/// each round until the worker sealed it: one segment per round.
+fn produce_segments(
+    producer: &FutureProducer,
+    rt: &tokio::runtime::Runtime,
+    redis: &RedisServer,
+    topic: &str,
+    rounds: usize,
+    per_round: usize,
+) {
+    for round in 0..rounds {
+        produce(producer, rt, topic, 1, round * per_round..(round + 1) * per_round);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while segments(redis, topic, 0).len() <= round {
+            assert!(Instant::now() < deadline, "segment {round} not sealed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 fn set(args: &mut Vec<String>, setting: String) {
     args.push("--set".to_owned());
     args.push(setting);
@@ -297,11 +340,7 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
     let redis = RedisServer::start();
     let s3 = S3Server::start(&dir.path().join("s3"), "lake");
     let data_dir = dir.path().join("data");
-    let mut args = s3.ketch_settings("warehouse");
-    set(&mut args, "tiering.tick_interval=200ms".to_owned());
-    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ketch = Ketch::start(&redis.url(), &args);
+    let ketch = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
     let rt = runtime();
     let topic = unique_topic("tiered");
     ketch.create_topic_with(
@@ -389,7 +428,7 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
     );
     assert!(metric(&ketch, "ketch_remote_read_bytes_total") > 0.0);
 
-    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
+    let (catalog, _) = sqlite_catalog(&data_dir);
     let ranges: Vec<(i64, i64)> = local_starts.iter().map(|&s| (0, s)).collect();
     pyiceberg_check(&catalog, "s3://lake/warehouse", Some(&s3), &topic, &ranges);
     // The data files are Parquet objects in the bucket.
@@ -424,20 +463,14 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let data_dir = dir.path().join("data");
-    let worker = |catalog: Option<String>| {
-        let mut args = Vec::new();
-        set(&mut args, "tiering.tick_interval=100ms".to_owned());
-        set(&mut args, "tiering.lease_ttl=1s".to_owned());
-        set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
-        if let Some(catalog) = catalog {
-            set(&mut args, format!("tiering.catalog_uri={catalog}"));
-        }
-        args
-    };
     // Nothing listens on this port: every archive attempt fails.
     let unreachable = format!("postgres://postgres@127.0.0.1:{}/none", ketch_tests::free_port());
-    let args = worker(Some(unreachable));
-    let mut down = Ketch::start(&redis.url(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let lease = "tiering.lease_ttl=1s".to_owned();
+    let mut down = tiered_gateway(
+        &redis,
+        &data_dir,
+        &[lease.clone(), format!("tiering.catalog_uri={unreachable}")],
+    );
     let rt = runtime();
     let topic = unique_topic("crash");
     down.create_topic_with(
@@ -486,8 +519,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
     down.kill9();
 
     // A gateway that can reach the catalog; killed once a few segments are in.
-    let args = worker(None);
-    let mut ketch = Ketch::start(&redis.url(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut ketch = tiered_gateway(&redis, &data_dir, &[lease]);
     let deadline = Instant::now() + Duration::from_secs(120);
     while metric(&ketch, "ketch_archive_segments_total") < 3.0 {
         assert!(Instant::now() < deadline, "nothing archived");
@@ -509,8 +541,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
     let local_starts = wait_archived(&redis, &ketch, &topic, 1, true);
     let records = (ROUNDS * PER_ROUND) as i64;
     assert_eq!(local_starts[0], records, "every record archived and trimmed");
-    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
-    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    let (catalog, warehouse) = sqlite_catalog(&data_dir);
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
     consume_and_check(&ketch.consumer(), &topic, &[records]);
 }
@@ -523,11 +554,7 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let data_dir = dir.path().join("data");
-    let mut args = Vec::new();
-    set(&mut args, "tiering.tick_interval=100ms".to_owned());
-    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ketch = Ketch::start(&redis.url(), &args);
+    let ketch = tiered_gateway(&redis, &data_dir, &[]);
     let rt = runtime();
     let topic = unique_topic("repair");
     // Local retention off: the segments stay in Redis, as they do until
@@ -542,16 +569,8 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
             ("segment.bytes", "65536"),
         ],
     );
-    // Three rounds, each sealed (and archived) before the next: three segments.
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
-    for round in 0..3 {
-        produce(&producer, &rt, &topic, 1, round * 2_000..(round + 1) * 2_000);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while segments(&redis, &topic, 0).len() <= round {
-            assert!(Instant::now() < deadline, "segment {round} not sealed");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+    produce_segments(&producer, &rt, &redis, &topic, 3, 2_000);
     wait_archived(&redis, &ketch, &topic, 1, false);
     let archived = metric(&ketch, "ketch_archive_segments_total");
     let all = segments(&redis, &topic, 0);
@@ -617,8 +636,7 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
         written_at,
         "the data file was not rewritten"
     );
-    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
-    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    let (catalog, warehouse) = sqlite_catalog(&data_dir);
     let archived_end = again.last().unwrap()["last"].as_i64().unwrap() + 1;
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, archived_end)]);
 }
@@ -633,12 +651,11 @@ fn postgres_catalog_archives_and_serves_the_archive() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let data_dir = dir.path().join("data");
-    let mut args = Vec::new();
-    set(&mut args, "tiering.tick_interval=200ms".to_owned());
-    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
-    set(&mut args, format!("tiering.catalog_uri={}", postgres.url()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ketch = Ketch::start(&redis.url(), &args);
+    let ketch = tiered_gateway(
+        &redis,
+        &data_dir,
+        &[format!("tiering.catalog_uri={}", postgres.url())],
+    );
     let rt = runtime();
     let topic = unique_topic("pg");
     ketch.create_topic_with(
@@ -682,11 +699,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let data_dir = dir.path().join("data");
-    let mut args = Vec::new();
-    set(&mut args, "tiering.tick_interval=100ms".to_owned());
-    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ketch = Ketch::start(&redis.url(), &args);
+    let ketch = tiered_gateway(&redis, &data_dir, &[]);
     let rt = runtime();
     let topic = unique_topic("kept");
     ketch.create_topic_with(
@@ -783,8 +796,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let catalog = format!("sqlite:///{}", data_dir.join("catalog.db").display());
-    let warehouse = format!("file://{}", data_dir.join("warehouse").display());
+    let (catalog, warehouse) = sqlite_catalog(&data_dir);
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
 }
 
