@@ -175,49 +175,46 @@ impl Store {
         Ok((segment.last >= offset).then_some(segment))
     }
 
-    /// The batches of a sealed segment, read from Redis with their base
-    /// offsets set, in order. Fails if Redis no longer holds all of it.
-    pub async fn segment_batches(
+    /// The next batches of a sealed segment from offset `next` (at most
+    /// `max_entries`), read from Redis with their base offsets set, and the
+    /// offset after them (`segment.last + 1` at the end). Fails if Redis no
+    /// longer holds the batch at `next`.
+    pub async fn segment_chunk(
         &self,
         topic: &Topic,
         partition: i32,
         segment: &Segment,
-    ) -> Result<Vec<Bytes>> {
-        const CHUNK: usize = 512;
+        next: i64,
+        max_entries: usize,
+    ) -> Result<(Vec<Bytes>, i64)> {
         let keys = self.partition_keys(topic, partition);
-        let mut batches = Vec::new();
-        let mut next = segment.base;
-        while next <= segment.last {
-            let reply: Value = redis::cmd("XRANGE")
-                .arg(&keys.log)
-                .arg(next)
-                .arg(segment.last)
-                .arg("COUNT")
-                .arg(CHUNK)
-                .query_async(&mut self.conn())
-                .await?;
-            let entries = stream_entries(reply)?;
-            let Some(first) = entries.first() else { break };
-            if first.last_offset - i64::from(first.record_count) + 1 != next {
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(&keys.log)
+            .arg(next)
+            .arg(segment.last)
+            .arg("COUNT")
+            .arg(max_entries.max(1))
+            .query_async(&mut self.conn())
+            .await?;
+        let entries = stream_entries(reply)?;
+        match entries.first() {
+            Some(first) if first.last_offset - i64::from(first.record_count) + 1 == next => {}
+            _ => {
                 return Err(StorageError::Data(format!(
                     "segment {}..={}: Redis has no batch at offset {next}",
                     segment.base, segment.last
                 )));
             }
-            for entry in entries {
-                next = entry.last_offset + 1;
-                batches.push(entry.batch);
-            }
         }
-        if next != segment.last + 1 {
-            return Err(StorageError::Data(format!(
-                "segment {}..={}: Redis holds it only up to offset {}",
-                segment.base,
-                segment.last,
-                next - 1
-            )));
-        }
-        Ok(batches)
+        let mut after = next;
+        let batches = entries
+            .into_iter()
+            .map(|entry| {
+                after = entry.last_offset + 1;
+                entry.batch
+            })
+            .collect();
+        Ok((batches, after))
     }
 
     /// The sealed segments of a partition, oldest first.

@@ -29,8 +29,8 @@ use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use ketch_config::TieringSettings;
-use ketch_storage::Topic;
 use ketch_storage::segments::Segment;
+use ketch_storage::{Store, Topic};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use tokio::sync::Mutex;
@@ -123,6 +123,8 @@ pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>
     }
 }
 
+/// Stream entries (batches) read from Redis at a time while archiving.
+const CHUNK_ENTRIES: usize = 512;
 /// How long opening the catalog may take.
 const CATALOG_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed open, the catalog is not tried again for this long (the
@@ -219,34 +221,22 @@ impl Archiver {
         }
     }
 
-    /// Archives one sealed segment whose batches are `batches` (read from
-    /// Redis, base offsets set), unless `table` already has it.
+    /// Archives one sealed segment, read from Redis a chunk at a time (so
+    /// memory stays bounded whatever `segment.bytes` is), unless `table`
+    /// already has it.
     pub async fn archive(
         &self,
+        store: &Store,
         table: &mut Table,
         topic: &Topic,
         partition: i32,
         segment: &Segment,
-        batches: &[bytes::Bytes],
     ) -> Result<Archived> {
         if let Some(done) = committed(table, topic, partition, segment) {
             return Ok(done);
         }
         let schema = table.metadata().current_schema().clone();
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
-        let mut rows = Rows::new(arrow_schema, partition)?;
-        for batch in batches {
-            rows.add_batch(batch)?;
-        }
-        let records = rows.len() as u64;
-        let expected = segment.last - segment.base + 1;
-        if records as i64 != expected {
-            return Err(Error::Data(format!(
-                "segment {}..={} holds {records} records, expected {expected}",
-                segment.base, segment.last
-            )));
-        }
-        let rows = rows.finish()?;
 
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("a valid level")))
@@ -264,7 +254,29 @@ impl Archiver {
         let spec = table.metadata().default_partition_spec().as_ref().clone();
         let key = PartitionKey::new(spec, schema, Struct::from_iter([Some(Literal::int(partition))]));
         let mut writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
-        writer.write(rows).await?;
+        let mut rows = Rows::new(arrow_schema, partition)?;
+        let mut records = 0u64;
+        let mut next = segment.base;
+        while next <= segment.last {
+            let (batches, after) = store
+                .segment_chunk(topic, partition, segment, next, CHUNK_ENTRIES)
+                .await?;
+            for batch in &batches {
+                rows.add_batch(batch)?;
+            }
+            next = after;
+            if rows.len() >= self.settings.row_group_rows || next > segment.last {
+                records += rows.len() as u64;
+                writer.write(rows.finish()?).await?;
+            }
+        }
+        let expected = segment.last - segment.base + 1;
+        if records as i64 != expected {
+            return Err(Error::Data(format!(
+                "segment {}..={} holds {records} records, expected {expected}",
+                segment.base, segment.last
+            )));
+        }
         let files = writer.close().await?;
         let [file] = &files[..] else {
             return Err(Error::Data(format!(

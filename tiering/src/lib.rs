@@ -204,10 +204,9 @@ impl StorageWorker {
                 return Ok(done);
             }
             let started = std::time::Instant::now();
-            let batches = self.store.segment_batches(topic, partition, segment).await?;
             match self
                 .archiver
-                .archive(&mut table, topic, partition, segment, &batches)
+                .archive(&self.store, &mut table, topic, partition, segment)
                 .await
             {
                 Ok(archived) => {
