@@ -749,6 +749,19 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
         records,
         "earliest local"
     );
+    // Timestamps resolve in the archive: record i has timestamp BASE + i.
+    let (_, offset, timestamp) = raw::list_offsets(&mut conn, &topic, 0, -3);
+    assert_eq!(
+        (offset, timestamp),
+        (records - 1, rec(records as usize - 1).timestamp),
+        "max timestamp"
+    );
+    let (_, offset, timestamp) = raw::list_offsets(&mut conn, &topic, 0, BASE_TIMESTAMP + 4_321);
+    assert_eq!(
+        (offset, timestamp),
+        (4_321, BASE_TIMESTAMP + 4_321),
+        "by timestamp"
+    );
 
     // DeleteRecords into the archived range.
     let request = DeleteRecordsRequest::default()
