@@ -125,7 +125,7 @@ def bad_request(message: str) -> CatalogError:
 
 
 def not_found(message: str) -> CatalogError:
-    return CatalogError(HTTPStatus.NOT_FOUND, "NoSuchEndpointException", message)
+    return CatalogError(HTTPStatus.NOT_FOUND, "NotFoundException", message)
 
 
 def as_catalog_error(error: Exception) -> CatalogError | None:
@@ -719,7 +719,7 @@ def main(argv: list[str]) -> int:
         # Let an operation in flight finish (no half-done commit), and keep
         # the lock: request threads still running are daemons and die with
         # the process.
-        backend.lock.acquire()
+        backend.lock.acquire(timeout=30)
         catalog.engine.dispose()
     return 0
 

@@ -214,3 +214,58 @@ impl Drop for Postgres {
         }
     }
 }
+
+/// The Iceberg REST catalog fixture (`tests/python/rest_catalog.py`, over
+/// pyiceberg's SqlCatalog on a SQLite file), on a loopback port.
+pub struct RestCatalog {
+    child: Child,
+    url: String,
+    log: LogBuffer,
+}
+
+impl RestCatalog {
+    /// Serves tables from `sqlite_file` (catalog name `ketch`) with new
+    /// tables under `warehouse` (a `file://` URL).
+    pub fn start(sqlite_file: &Path, warehouse: &str) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/rest_catalog.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args(["--uri", &format!("sqlite:///{}", sqlite_file.display())])
+            .args(["--warehouse", warehouse, "--catalog-name", "ketch", "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn python3 tests/python/rest_catalog.py");
+        let log = LogBuffer::default();
+        let ready = drain(
+            child.stdout.take().expect("stdout"),
+            log.clone(),
+            Some("listening on"),
+        );
+        drain(child.stderr.take().expect("stderr"), log.clone(), None);
+        await_ready(&mut child, &ready, &log, "rest catalog").unwrap_or_else(|e| panic!("{e}"));
+        let url = log
+            .contents()
+            .lines()
+            .find_map(|l| l.split("listening on ").nth(1).map(str::to_owned))
+            .expect("the listening line names the URL");
+        Self { child, url, log }
+    }
+
+    /// The catalog's base URL, for `tiering.catalog_uri`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn output(&self) -> String {
+        self.log.contents()
+    }
+}
+
+impl Drop for RestCatalog {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
