@@ -126,7 +126,7 @@ pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>
 /// Stream entries (batches) read from Redis at a time while archiving.
 const CHUNK_ENTRIES: usize = 512;
 /// How long opening the catalog may take.
-const CATALOG_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+const CATALOG_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// After a failed open, the catalog is not tried again for this long (the
 /// worker keeps sealing and trimming meanwhile).
 const CATALOG_RETRY: Duration = Duration::from_secs(5);

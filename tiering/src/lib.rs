@@ -67,13 +67,25 @@ impl From<Error> for StorageError {
 pub type Leads = Arc<dyn Fn(&Topic, i32) -> bool + Send + Sync>;
 
 /// The storage worker of one gateway.
+///
+/// Sealing, retention and local retention run on every tick, partition by
+/// partition. Archiving runs beside them, one task per topic (its table) at a
+/// time, so a slow or unreachable catalog or object store never delays
+/// sealing, and the partitions of one table are committed one after another
+/// instead of conflicting.
 pub struct StorageWorker {
+    inner: Arc<Worker>,
+}
+
+struct Worker {
     store: Store,
     tick_interval: Duration,
     lease_ttl: Duration,
     producer_expiration: Duration,
     archiver: Archiver,
     metrics: Arc<Metrics>,
+    /// Topics whose archiving task is running.
+    archiving: std::sync::Mutex<std::collections::HashSet<String>>,
     /// This worker's identity in lease keys.
     id: String,
 }
@@ -86,30 +98,35 @@ impl StorageWorker {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            store,
-            tick_interval: settings.tick_interval.get(),
-            lease_ttl: settings.lease_ttl.get(),
-            producer_expiration,
-            archiver: Archiver::new(settings.clone()),
-            metrics,
-            id: uuid::Uuid::new_v4().to_string(),
+            inner: Arc::new(Worker {
+                store,
+                tick_interval: settings.tick_interval.get(),
+                lease_ttl: settings.lease_ttl.get(),
+                producer_expiration,
+                archiver: Archiver::new(settings.clone()),
+                metrics,
+                archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
+                id: uuid::Uuid::new_v4().to_string(),
+            }),
         }
     }
 
     /// Works until `shutdown`.
     pub async fn run(self, leads: Leads, mut shutdown: watch::Receiver<bool>) {
-        let mut ticks = tokio::time::interval(self.tick_interval);
+        let mut ticks = tokio::time::interval(self.inner.tick_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
                 _ = shutdown.wait_for(|stop| *stop) => return,
             }
-            self.tick(&leads).await;
+            self.inner.clone().tick(&leads).await;
         }
     }
+}
 
-    async fn tick(&self, leads: &Leads) {
+impl Worker {
+    async fn tick(self: Arc<Self>, leads: &Leads) {
         let topics = match self.store.all_topics().await {
             Ok(topics) => topics,
             Err(e) => {
@@ -119,10 +136,19 @@ impl StorageWorker {
         };
         for topic in &topics {
             let policy = policy(topic, self.producer_expiration);
+            let mut held = Vec::new();
             for partition in (0..topic.partitions()).filter(|p| leads(topic, *p)) {
-                if let Err(e) = self.work(topic, partition, policy).await {
-                    tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                match self.work(topic, partition, policy).await {
+                    Ok(true) => held.push(partition),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker"),
                 }
+                if !policy.remote {
+                    self.metrics.set_lag(&topic.name, partition, 0);
+                }
+            }
+            if policy.remote && !held.is_empty() {
+                self.clone().archive_topic(topic.clone(), held, policy);
             }
         }
         self.metrics.retain_lag(|name, partition| {
@@ -132,33 +158,68 @@ impl StorageWorker {
         });
     }
 
-    async fn work(&self, topic: &Topic, partition: i32, policy: SegmentPolicy) -> ketch_storage::Result<()> {
+    /// Takes or renews the lease, then seals and applies retention; false
+    /// when another worker holds the partition.
+    async fn work(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        policy: SegmentPolicy,
+    ) -> ketch_storage::Result<bool> {
         if !self
             .store
             .take_lease(topic, partition, &self.id, self.lease_ttl)
             .await?
         {
-            return Ok(());
+            return Ok(false);
         }
+        self.seal_and_retain(topic, partition, policy).await?;
+        Ok(true)
+    }
+
+    async fn seal_and_retain(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        policy: SegmentPolicy,
+    ) -> ketch_storage::Result<()> {
         let outcome = self.store.seal_and_retain(topic, partition, policy).await?;
         self.metrics
             .sealed(outcome.sealed.max(0) as u64, outcome.deleted.max(0) as u64);
         if outcome.sealed > 0 || outcome.deleted > 0 {
             tracing::debug!(topic = %topic.name, partition, sealed = outcome.sealed,
-                deleted = outcome.deleted, log_start = outcome.log_start_offset, "storage worker");
-        }
-        if !policy.remote {
-            self.metrics.set_lag(&topic.name, partition, 0);
-            return Ok(());
-        }
-        let archived = self.archive_pending(topic, partition).await?;
-        if archived > 0 {
-            // Apply retention and local retention to what was just archived.
-            let outcome = self.store.seal_and_retain(topic, partition, policy).await?;
-            self.metrics
-                .sealed(outcome.sealed.max(0) as u64, outcome.deleted.max(0) as u64);
+                deleted = outcome.deleted, log_start = outcome.log_start_offset,
+                local_start = outcome.local_start_offset, "storage worker");
         }
         Ok(())
+    }
+
+    /// Starts archiving `partitions` of `topic` in the background, unless
+    /// the topic's archiving task is still running.
+    fn archive_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>, policy: SegmentPolicy) {
+        if !self
+            .archiving
+            .lock()
+            .expect("archiving")
+            .insert(topic.name.clone())
+        {
+            return;
+        }
+        tokio::spawn(async move {
+            for partition in partitions {
+                match self.archive_pending(&topic, partition).await {
+                    // Apply retention and local retention to what was just archived.
+                    Ok(archived) if archived > 0 => {
+                        if let Err(e) = self.seal_and_retain(&topic, partition, policy).await {
+                            tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "archiving"),
+                }
+            }
+            self.archiving.lock().expect("archiving").remove(&topic.name);
+        });
     }
 
     /// Archives the partition's sealed segments that are not yet, oldest
@@ -195,11 +256,10 @@ impl StorageWorker {
         };
         for (done, segment) in pending.iter().enumerate() {
             // The lease must still be ours: archiving can take a while.
-            if done > 0
-                && !self
-                    .store
-                    .take_lease(topic, partition, &self.id, self.lease_ttl)
-                    .await?
+            if !self
+                .store
+                .take_lease(topic, partition, &self.id, self.lease_ttl)
+                .await?
             {
                 return Ok(done);
             }
