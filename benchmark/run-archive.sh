@@ -5,8 +5,9 @@
 #      temporary directory) and a release `ketch` whose warehouse is that S3
 #      server (SQLite catalog in the work directory);
 #   2. archive throughput: RECORDS records of 100 B are produced to a
-#      remote-storage topic of 1 partition (then of 4) while the storage
-#      worker is idle; a gateway with a 200 ms tick is then started and timed
+#      remote-storage topic of 1 partition (then of 4) through a gateway whose
+#      catalog is unreachable, so segments are sealed (segment.bytes) but none
+#      archived; a gateway with the real catalog is then started and timed
 #      from its start until /metrics shows every record archived;
 #   3. consume throughput of the same data from each tier: the same records
 #      in a topic kept in Redis and in the archived topic, trimmed from Redis
@@ -65,10 +66,11 @@ wait_for "$work/redis.log" "Ready to accept connections" "$redis_pid"
 s3_pid=$!
 wait_for "$work/s3.log" "listening on" "$s3_pid"
 
-# start_ketch TICK: a gateway on the S3 warehouse whose worker ticks every TICK.
+# start_ketch CATALOG_URI: a gateway on the S3 warehouse (empty URI: the
+# SQLite catalog in the work directory).
 start_ketch() {
     "$KETCH" serve --listen "$BOOTSTRAP" --http-listen "127.0.0.1:$http_port" --redis-url "$REDIS_URL" \
-        --set "tiering.tick_interval=$1" --set "tiering.lease_ttl=$2" \
+        --set "tiering.tick_interval=200ms" --set "tiering.lease_ttl=2s" --set "tiering.catalog_uri=$1" \
         --set "tiering.data_dir=$work/data" --set "tiering.warehouse=s3://lake/warehouse" \
         --set "tiering.s3_endpoint=http://127.0.0.1:$s3_port" --set tiering.s3_access_key_id=bench \
         --set tiering.s3_secret_access_key=bench-secret --set tiering.s3_path_style=true \
@@ -79,7 +81,7 @@ start_ketch() {
 stop_ketch() {
     kill "$ketch_pid" && wait "$ketch_pid" || true
     ketch_pid=
-    # The idle gateway's leases would keep the next one waiting for their TTL.
+    # Its leases would keep the next gateway waiting for their TTL.
     redis-cli -p "$redis_port" --scan --pattern 'ketch:*:lease' | xargs -r redis-cli -p "$redis_port" del >/dev/null
 }
 metric() {
@@ -90,7 +92,7 @@ create_topic() { # name partitions remote local_retention_bytes
 import os, sys
 from confluent_kafka.admin import AdminClient, NewTopic
 bootstrap, name, partitions, remote, local_bytes = sys.argv[1:]
-configs = {"retention.ms": "-1", "segment.ms": "1000", "segment.bytes": os.environ["SEGMENT_BYTES"]}
+configs = {"retention.ms": "-1", "segment.ms": "2000", "segment.bytes": os.environ["SEGMENT_BYTES"]}
 if remote == "true":
     configs.update({"remote.storage.enable": "true", "local.retention.bytes": local_bytes})
 admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -107,20 +109,21 @@ produce() { # topic partitions
 
 results="$OUT/archive.jsonl"
 : >"$results"
+unreachable="postgres://nobody@127.0.0.1:$(free_port)/none"
 for partitions in 1 4; do
-    log "$partitions partition(s): produce $RECORDS records of 100 B with the worker idle"
-    start_ketch 1h 2h
+    log "$partitions partition(s): produce $RECORDS records of 100 B; segments sealed, not archived"
+    start_ketch "$unreachable"
     create_topic "archive$partitions" "$partitions" true 0
     produce "archive$partitions" "$partitions"
     [ "$partitions" = 1 ] && create_topic redis1 1 false 0 && produce redis1 1
+    sleep 3 # segment.ms=2000: the tail is sealed too
     stop_ketch
-    sleep 1.5 # segment.ms=1000: the tail segment is due when the worker starts
     log "$partitions partition(s): archive them"
     start=$(date +%s.%N)
-    start_ketch 200ms 5s
+    start_ketch ""
     until [ "$(metric ketch_archive_records_total)" = "$RECORDS" ]; do
         kill -0 "$ketch_pid" || { cat "$work/ketch.log"; exit 1; }
-        sleep 0.1
+        sleep 0.05
     done
     end=$(date +%s.%N)
     python3 - "$partitions" "$start" "$end" "$RECORDS" "$(metric ketch_archive_bytes_total)" \
@@ -134,13 +137,11 @@ print(json.dumps({"measure": "archive", "partitions": int(partitions), "records"
                   "failures": int(float(failures))}))
 PY
     tail -1 "$results"
-    if [ "$partitions" = 4 ]; then
-        stop_ketch
-    fi
+    stop_ketch
 done
 
 log "consume the same data from Redis (redis1) and from the archive (archive1)"
-start_ketch 200ms 5s
+start_ketch ""
 for round in 1 2; do
     for topic in redis1 archive1; do
         "$BENCH" consumer --bootstrap-server "$BOOTSTRAP" --topic "$topic" --from beginning \

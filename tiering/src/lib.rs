@@ -305,6 +305,11 @@ fn now_ms() -> i64 {
 pub struct Tiers {
     store: Store,
     reader: RemoteReader,
+    /// Per partition (its meta key): the local start offset last seen and
+    /// the archived segment last read. The local start only grows, so an
+    /// offset below it is read from the archive without first asking Redis
+    /// for batches it no longer has.
+    hints: std::sync::Mutex<std::collections::HashMap<String, (i64, Option<Segment>)>>,
 }
 
 impl Tiers {
@@ -312,6 +317,7 @@ impl Tiers {
         Self {
             reader: RemoteReader::new(settings, metrics),
             store,
+            hints: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -322,24 +328,53 @@ impl Tiers {
         partition: i32,
         request: &ReadRequest,
     ) -> ketch_storage::Result<ReadPartition> {
-        match self.store.read(topic, partition, request).await {
-            Err(StorageError::NotLocal { offset, offsets }) => {
-                let Some(segment) = self.store.segment_at(topic, partition, offset).await? else {
-                    // Retention removed it meanwhile.
+        let key = &self.store.partition_keys(topic, partition).meta;
+        let hint = self.hints.lock().expect("hints").get(key).cloned();
+        let offsets = match hint {
+            Some((local_start, _)) if request.offset < local_start => {
+                let offsets = self.store.offsets(topic, partition).await?;
+                if request.offset < offsets.log_start_offset {
+                    return Err(StorageError::OffsetOutOfRange {
+                        log_start: offsets.log_start_offset,
+                        high_watermark: offsets.high_watermark,
+                    });
+                }
+                offsets
+            }
+            _ => match self.store.read(topic, partition, request).await {
+                Err(StorageError::NotLocal { offsets, .. }) => offsets,
+                other => return other,
+            },
+        };
+        let cached = hint
+            .and_then(|(_, segment)| segment)
+            .filter(|s| (s.base..=s.last).contains(&request.offset));
+        let segment = match cached {
+            Some(segment) => segment,
+            None => match self.store.segment_at(topic, partition, request.offset).await? {
+                Some(segment) => segment,
+                // Retention removed it meanwhile.
+                None => {
                     let offsets = self.store.offsets(topic, partition).await?;
                     return Err(StorageError::OffsetOutOfRange {
                         log_start: offsets.log_start_offset,
                         high_watermark: offsets.high_watermark,
                     });
-                };
-                let batches = self.reader.read(&segment, offset, request.max_bytes).await?;
-                Ok(ReadPartition {
-                    offsets: Some(offsets),
-                    batches,
-                })
-            }
-            other => other,
-        }
+                }
+            },
+        };
+        let batches = self
+            .reader
+            .read(&segment, request.offset, request.max_bytes)
+            .await?;
+        self.hints
+            .lock()
+            .expect("hints")
+            .insert(key.clone(), (offsets.local_start_offset, Some(segment)));
+        Ok(ReadPartition {
+            offsets: Some(offsets),
+            batches,
+        })
     }
 
     /// The archived segments clients can still see, oldest first.

@@ -221,24 +221,44 @@ impl Rows {
 }
 
 /// Read access to the columns of archived rows, whatever binary width a
-/// reader produced.
+/// reader produced. Every array is downcast once, here, not per row.
 pub struct Columns<'a> {
     offsets: &'a arrow_array::PrimitiveArray<Int64Type>,
     timestamps: &'a arrow_array::PrimitiveArray<TimestampMicrosecondType>,
-    keys: &'a dyn Array,
-    values: &'a dyn Array,
-    headers: Option<&'a arrow_array::ListArray>,
+    keys: BinaryRef<'a>,
+    values: BinaryRef<'a>,
+    headers: Option<Headers<'a>>,
 }
 
-fn binary_at(array: &dyn Array, i: usize) -> Option<&[u8]> {
-    if array.is_null(i) {
-        return None;
+/// A binary column of either width.
+#[derive(Clone, Copy)]
+enum BinaryRef<'a> {
+    Large(&'a arrow_array::LargeBinaryArray),
+    Small(&'a arrow_array::BinaryArray),
+}
+
+impl<'a> BinaryRef<'a> {
+    fn of(array: &'a dyn Array, what: &str) -> Result<Self> {
+        match array.data_type() {
+            DataType::LargeBinary => Ok(BinaryRef::Large(array.as_binary::<i64>())),
+            DataType::Binary => Ok(BinaryRef::Small(array.as_binary::<i32>())),
+            other => Err(Error::Schema(format!("{what} is {other}, not binary"))),
+        }
     }
-    match array.data_type() {
-        DataType::LargeBinary => Some(array.as_binary::<i64>().value(i)),
-        DataType::Binary => Some(array.as_binary::<i32>().value(i)),
-        _ => None,
+
+    fn get(self, i: usize) -> Option<&'a [u8]> {
+        match self {
+            BinaryRef::Large(a) => (!a.is_null(i)).then(|| a.value(i)),
+            BinaryRef::Small(a) => (!a.is_null(i)).then(|| a.value(i)),
+        }
     }
+}
+
+/// The headers list: its offsets into the flattened header keys and values.
+struct Headers<'a> {
+    list: &'a arrow_array::ListArray,
+    keys: &'a arrow_array::StringArray,
+    values: BinaryRef<'a>,
 }
 
 impl<'a> Columns<'a> {
@@ -254,19 +274,26 @@ impl<'a> Columns<'a> {
         let timestamps = column("timestamp")?
             .as_primitive_opt::<TimestampMicrosecondType>()
             .ok_or_else(|| Error::Schema("timestamp is not in microseconds".to_owned()))?;
-        let headers = column("headers")?.as_list_opt::<i32>();
-        if let Some(headers) = headers
-            && !matches!(headers.value_type(), DataType::Struct(f) if f.len() == 2 && f[0].data_type() == &DataType::Utf8)
-        {
-            return Err(Error::Schema(
-                "headers are not a list of {key string, value binary}".to_owned(),
-            ));
-        }
+        let headers = match column("headers")?.as_list_opt::<i32>() {
+            None => None,
+            Some(list) => {
+                let bad = || Error::Schema("headers are not a list of {key string, value binary}".to_owned());
+                let entries = list.values().as_struct_opt().ok_or_else(bad)?;
+                if entries.num_columns() != 2 {
+                    return Err(bad());
+                }
+                Some(Headers {
+                    list,
+                    keys: entries.column(0).as_string_opt::<i32>().ok_or_else(bad)?,
+                    values: BinaryRef::of(entries.column(1).as_ref(), "a header value")?,
+                })
+            }
+        };
         Ok(Self {
             offsets,
             timestamps,
-            keys: column("key")?.as_ref(),
-            values: column("value")?.as_ref(),
+            keys: BinaryRef::of(column("key")?.as_ref(), "key")?,
+            values: BinaryRef::of(column("value")?.as_ref(), "value")?,
             headers,
         })
     }
@@ -290,21 +317,21 @@ impl<'a> Columns<'a> {
 
     /// Appends row `i` to a Kafka batch.
     pub fn push_to(&self, i: usize, batch: &mut BatchBuilder) {
-        let key = binary_at(self.keys, i);
-        let value = binary_at(self.values, i);
-        match self.headers.filter(|h| !h.is_null(i)) {
-            Some(list) => {
-                let entries = list.value(i);
-                let entries = entries.as_struct();
-                let keys = entries.column(0).as_string::<i32>();
-                let values = entries.column(1);
-                let pairs: Vec<(&[u8], Option<&[u8]>)> = (0..entries.len())
-                    .map(|j| (keys.value(j).as_bytes(), binary_at(values.as_ref(), j)))
-                    .collect();
-                batch.push(self.timestamp_ms(i), key, value, pairs.into_iter());
-            }
-            None => batch.push(self.timestamp_ms(i), key, value, std::iter::empty()),
-        }
+        let key = self.keys.get(i);
+        let value = self.values.get(i);
+        let headers = self
+            .headers
+            .as_ref()
+            .filter(|h| !h.list.is_null(i))
+            .map_or(0..0, |h| {
+                let offsets = h.list.value_offsets();
+                offsets[i] as usize..offsets[i + 1] as usize
+            });
+        let pairs = headers.map(|j| {
+            let h = self.headers.as_ref().expect("headers present");
+            (h.keys.value(j).as_bytes(), h.values.get(j))
+        });
+        batch.push(self.timestamp_ms(i), key, value, pairs);
     }
 }
 
