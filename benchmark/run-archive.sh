@@ -15,7 +15,8 @@
 #      consumer, alternately, twice each.
 #
 # Knobs (environment): RECORDS (default 2000000), SEGMENT_BYTES (64 MiB),
-# OUT (results directory, default benchmark/results/<date>/archive).
+# OUT (results directory, default benchmark/results/<date>/archive),
+# PROFILE=1 (perf profiles of ketch while it serves each tier, profile-*.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +53,7 @@ BOOTSTRAP="127.0.0.1:$kafka_port"
 
 cleanup() {
     [ -n "${ketch_pid:-}" ] && kill "$ketch_pid" 2>/dev/null && wait "$ketch_pid" 2>/dev/null
+    cp "$work/ketch.log" "$OUT/ketch.log" 2>/dev/null
     [ -n "${s3_pid:-}" ] && kill "$s3_pid" 2>/dev/null && wait "$s3_pid" 2>/dev/null
     [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
     rm -rf "$work"
@@ -144,9 +146,20 @@ log "consume the same data from Redis (redis1) and from the archive (archive1)"
 start_ketch ""
 for round in 1 2; do
     for topic in redis1 archive1; do
+        if [ -n "${PROFILE:-}" ] && [ "$round" = 1 ]; then
+            # PROFILE=1: sample ketch's CPU while it serves this topic.
+            perf record -e cpu-clock -F 999 -g -p "$ketch_pid" -o "$work/perf-$topic.data" 2>/dev/null &
+            perf_pid=$!
+        fi
+        /usr/bin/time -f "consumer cpu: user %U s, system %S s, wall %e s" -a -o "$OUT/consumer-cpu-$topic.txt" \
         "$BENCH" consumer --bootstrap-server "$BOOTSTRAP" --topic "$topic" --from beginning \
             --records "$RECORDS" --output json --quiet --server-pid "$ketch_pid" \
             --result-file "$OUT/consume-$topic-$round.json" >/dev/null
+        if [ -n "${perf_pid:-}" ]; then
+            kill -INT "$perf_pid"; wait "$perf_pid" || true; perf_pid=
+            perf report -i "$work/perf-$topic.data" --no-children --percent-limit 1.5 --stdio 2>/dev/null \
+                | grep -v '^$' | head -60 >"$OUT/profile-$topic.txt" || true
+        fi
         python3 - "$OUT/consume-$topic-$round.json" "$topic" "$round" >>"$results" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

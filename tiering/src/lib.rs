@@ -304,7 +304,7 @@ fn now_ms() -> i64 {
 /// archive below it.
 pub struct Tiers {
     store: Store,
-    reader: RemoteReader,
+    reader: Arc<RemoteReader>,
     /// Per partition (its meta key): the local start offset last seen and
     /// the archived segment last read. The local start only grows, so an
     /// offset below it is read from the archive without first asking Redis
@@ -315,7 +315,7 @@ pub struct Tiers {
 impl Tiers {
     pub fn new(store: Store, settings: &TieringSettings, metrics: Arc<Metrics>) -> Self {
         Self {
-            reader: RemoteReader::new(settings, metrics),
+            reader: Arc::new(RemoteReader::new(settings, metrics)),
             store,
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
         }

@@ -26,7 +26,7 @@ use crate::table::{self, Columns};
 use crate::{Error, Result};
 
 /// Largest rebuilt batch; a fetch gets several up to its byte limit.
-const BATCH_BYTES: usize = 256 * 1024;
+const BATCH_BYTES: usize = 32 * 1024;
 /// Footers kept.
 const FOOTERS: usize = 1024;
 
@@ -35,6 +35,8 @@ pub struct RemoteReader {
     file_io: FileIO,
     footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
     groups: Mutex<GroupCache>,
+    /// Row groups being read ahead.
+    ahead: Mutex<std::collections::HashSet<(String, usize)>>,
     metrics: Arc<Metrics>,
 }
 
@@ -47,13 +49,21 @@ impl RemoteReader {
             file_io,
             footers: Mutex::new(HashMap::new()),
             groups: Mutex::new(GroupCache::new(settings.read_cache_bytes)),
+            ahead: Mutex::new(std::collections::HashSet::new()),
             metrics,
         }
     }
 
     /// Record batches from `offset` (inside `segment`, which is archived)
-    /// up to about `max_bytes`, never past the segment's end.
-    pub async fn read(&self, segment: &Segment, offset: i64, max_bytes: usize) -> Result<Vec<Bytes>> {
+    /// up to about `max_bytes`, never past the segment's end. The next row
+    /// group is read ahead in the background, so a sequential reader finds
+    /// it decoded.
+    pub async fn read(
+        self: &Arc<Self>,
+        segment: &Segment,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Vec<Bytes>> {
         let path = segment_path(segment)?;
         let footer = self.footer(segment, path).await?;
         let mut out = Vec::new();
@@ -62,6 +72,7 @@ impl RemoteReader {
         while next <= segment.last && (out.is_empty() || total < max_bytes) {
             let (group, first) = row_group_of(&footer, segment, next)?;
             let rows = self.row_group(segment, path, &footer, group).await?;
+            self.read_ahead(segment, path, &footer, group + 1);
             let columns = Columns::of(&rows)?;
             let from = usize::try_from(next - first).map_err(|_| Error::Data("row index".to_owned()))?;
             if from >= columns.len() || columns.offset(from) != next {
@@ -103,6 +114,33 @@ impl RemoteReader {
             next = first + columns.len() as i64;
         }
         Ok(None)
+    }
+
+    /// Starts reading row group `group` of the file into the cache, unless
+    /// it is there, being read, or past the file's end.
+    fn read_ahead(
+        self: &Arc<Self>,
+        segment: &Segment,
+        path: &str,
+        footer: &ArrowReaderMetadata,
+        group: usize,
+    ) {
+        if group >= footer.metadata().num_row_groups() {
+            return;
+        }
+        let key = (path.to_owned(), group);
+        if self.groups.lock().expect("row groups").contains(&key)
+            || !self.ahead.lock().expect("read ahead").insert(key.clone())
+        {
+            return;
+        }
+        let (reader, segment, footer) = (self.clone(), segment.clone(), footer.clone());
+        tokio::spawn(async move {
+            if let Err(e) = reader.row_group(&segment, &key.0, &footer, key.1).await {
+                tracing::debug!(path = %key.0, group = key.1, error = %e, "reading ahead failed");
+            }
+            reader.ahead.lock().expect("read ahead").remove(&key);
+        });
     }
 
     async fn footer(&self, segment: &Segment, path: &str) -> Result<ArrowReaderMetadata> {
@@ -206,6 +244,10 @@ impl GroupCache {
             entries: HashMap::new(),
             order: VecDeque::new(),
         }
+    }
+
+    fn contains(&self, key: &(String, usize)) -> bool {
+        self.entries.contains_key(key)
     }
 
     fn get(&mut self, key: &(String, usize)) -> Option<Arc<RecordBatch>> {
