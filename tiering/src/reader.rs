@@ -27,6 +27,11 @@ use crate::{Error, Result};
 
 /// Largest rebuilt batch; a fetch gets several up to its byte limit.
 const BATCH_BYTES: usize = 32 * 1024;
+/// A row group: the data file's path and the group's index.
+type GroupKey = (String, usize);
+
+/// Row groups read ahead of a sequential reader.
+const READ_AHEAD: usize = 2;
 /// Footers kept.
 const FOOTERS: usize = 1024;
 
@@ -37,6 +42,8 @@ pub struct RemoteReader {
     groups: Mutex<GroupCache>,
     /// Row groups being read ahead.
     ahead: Mutex<std::collections::HashSet<(String, usize)>>,
+    /// Row groups being read, so concurrent readers share one read.
+    loading: Mutex<HashMap<GroupKey, Arc<tokio::sync::OnceCell<Arc<RecordBatch>>>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -50,14 +57,15 @@ impl RemoteReader {
             footers: Mutex::new(HashMap::new()),
             groups: Mutex::new(GroupCache::new(settings.read_cache_bytes)),
             ahead: Mutex::new(std::collections::HashSet::new()),
+            loading: Mutex::new(HashMap::new()),
             metrics,
         }
     }
 
     /// Record batches from `offset` (inside `segment`, which is archived)
-    /// up to about `max_bytes`, never past the segment's end. The next row
-    /// group is read ahead in the background, so a sequential reader finds
-    /// it decoded.
+    /// up to about `max_bytes`, never past the segment's end. The next
+    /// [`READ_AHEAD`] row groups are read in the background, so a sequential
+    /// reader finds them decoded.
     pub async fn read(
         self: &Arc<Self>,
         segment: &Segment,
@@ -72,7 +80,9 @@ impl RemoteReader {
         while next <= segment.last && (out.is_empty() || total < max_bytes) {
             let (group, first) = row_group_of(&footer, segment, next)?;
             let rows = self.row_group(segment, path, &footer, group).await?;
-            self.read_ahead(segment, path, &footer, group + 1);
+            for ahead in 1..=READ_AHEAD {
+                self.read_ahead(segment, path, &footer, group + ahead);
+            }
             let columns = Columns::of(&rows)?;
             let from = usize::try_from(next - first).map_err(|_| Error::Data("row index".to_owned()))?;
             if from >= columns.len() || columns.offset(from) != next {
@@ -166,6 +176,8 @@ impl RemoteReader {
         Ok(ArrowFileReader::new(FileMetadata { size }, input.reader().await?))
     }
 
+    /// A decoded row group: from the cache, else read once however many
+    /// readers (and the read-ahead) ask for it at the same time.
     async fn row_group(
         &self,
         segment: &Segment,
@@ -178,7 +190,36 @@ impl RemoteReader {
             self.metrics.cache_hit();
             return Ok(rows);
         }
-        self.metrics.cache_miss();
+        let cell = self
+            .loading
+            .lock()
+            .expect("loading")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let loaded = cell
+            .get_or_try_init(|| async {
+                self.metrics.cache_miss();
+                let rows = Arc::new(self.load(segment, path, footer, group).await?);
+                self.groups
+                    .lock()
+                    .expect("row groups")
+                    .put(key.clone(), rows.clone());
+                Ok::<_, Error>(rows)
+            })
+            .await
+            .cloned();
+        self.loading.lock().expect("loading").remove(&key);
+        loaded
+    }
+
+    async fn load(
+        &self,
+        segment: &Segment,
+        path: &str,
+        footer: &ArrowReaderMetadata,
+        group: usize,
+    ) -> Result<RecordBatch> {
         let reader = self.open(segment, path).await?;
         let rows_in_group = footer.metadata().row_group(group).num_rows().max(1) as usize;
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.clone())
@@ -186,13 +227,10 @@ impl RemoteReader {
             .with_batch_size(rows_in_group)
             .build()?;
         let batches: Vec<RecordBatch> = stream.try_collect().await?;
-        let rows = match batches.len() {
-            1 => batches.into_iter().next().expect("one batch"),
-            _ => arrow_select_concat(&batches)?,
-        };
-        let rows = Arc::new(rows);
-        self.groups.lock().expect("row groups").put(key, rows.clone());
-        Ok(rows)
+        match batches.len() {
+            1 => Ok(batches.into_iter().next().expect("one batch")),
+            _ => arrow_select_concat(&batches),
+        }
     }
 }
 
