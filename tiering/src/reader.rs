@@ -31,7 +31,7 @@ const BATCH_BYTES: usize = 32 * 1024;
 type GroupKey = (String, usize);
 
 /// Row groups read ahead of a sequential reader.
-const READ_AHEAD: usize = 2;
+const READ_AHEAD: usize = 4;
 /// Footers kept.
 const FOOTERS: usize = 1024;
 
