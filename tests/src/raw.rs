@@ -298,3 +298,23 @@ pub fn list_offsets(conn: &mut KafkaConn, topic: &str, partition: i32, timestamp
     let p = &response.topics[0].partitions[0];
     (p.error_code, p.offset, p.timestamp)
 }
+
+/// DeleteRecords (v2) for one partition: (error code, low watermark).
+pub fn delete_records(conn: &mut KafkaConn, topic: &str, partition: i32, offset: i64) -> (i16, i64) {
+    use kafka_protocol::messages::DeleteRecordsRequest;
+    use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+    let request = DeleteRecordsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![
+            DeleteRecordsTopic::default()
+                .with_name(topic_name(topic))
+                .with_partitions(vec![
+                    DeleteRecordsPartition::default()
+                        .with_partition_index(partition)
+                        .with_offset(offset),
+                ]),
+        ]);
+    let response = conn.request(2, &request);
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.low_watermark)
+}

@@ -11,6 +11,26 @@ use crate::{LogBuffer, await_ready, drain, free_port, ketch_bin, retry_port_race
 pub const S3_ACCESS_KEY: &str = "ketch-test";
 pub const S3_SECRET_KEY: &str = "ketch-test-secret";
 
+/// Spawns `command` with piped output and waits for a stdout line
+/// containing `marker`; the child and everything it printed.
+fn spawn_ready(
+    command: &mut Command,
+    marker: &'static str,
+    what: &str,
+) -> Result<(Child, LogBuffer), String> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let log = LogBuffer::default();
+    let ready = drain(child.stdout.take().expect("stdout"), log.clone(), Some(marker));
+    drain(child.stderr.take().expect("stderr"), log.clone(), None);
+    await_ready(&mut child, &ready, &log, what)?;
+    Ok((child, log))
+}
+
 /// `ketch-s3` serving a directory, with one bucket.
 pub struct S3Server {
     child: Child,
@@ -31,23 +51,14 @@ impl S3Server {
                 "{} does not exist: cargo build -p ketch-bench",
                 path.display()
             );
-            let mut child = Command::new(path)
-                .args(["--root", &root.display().to_string(), "--bucket", bucket])
-                .args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn ketch-s3");
-            let log = LogBuffer::default();
-            let ready = drain(
-                child.stdout.take().expect("stdout"),
-                log.clone(),
-                Some("listening on"),
-            );
-            drain(child.stderr.take().expect("stderr"), log.clone(), None);
-            await_ready(&mut child, &ready, &log, "ketch-s3")?;
+            let (child, log) = spawn_ready(
+                Command::new(path)
+                    .args(["--root", &root.display().to_string(), "--bucket", bucket])
+                    .args(["--listen", &format!("127.0.0.1:{port}")])
+                    .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY]),
+                "listening on",
+                "ketch-s3",
+            )?;
             Ok(Self {
                 child,
                 port,
@@ -228,23 +239,15 @@ impl RestCatalog {
     /// tables under `warehouse` (a `file://` URL).
     pub fn start(sqlite_file: &Path, warehouse: &str) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/rest_catalog.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .args(["--uri", &format!("sqlite:///{}", sqlite_file.display())])
-            .args(["--warehouse", warehouse, "--catalog-name", "ketch", "--port", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn python3 tests/python/rest_catalog.py");
-        let log = LogBuffer::default();
-        let ready = drain(
-            child.stdout.take().expect("stdout"),
-            log.clone(),
-            Some("listening on"),
-        );
-        drain(child.stderr.take().expect("stderr"), log.clone(), None);
-        await_ready(&mut child, &ready, &log, "rest catalog").unwrap_or_else(|e| panic!("{e}"));
+        let (child, log) = spawn_ready(
+            Command::new("python3")
+                .arg(script)
+                .args(["--uri", &format!("sqlite:///{}", sqlite_file.display())])
+                .args(["--warehouse", warehouse, "--catalog-name", "ketch", "--port", "0"]),
+            "listening on",
+            "rest catalog",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let url = log
             .contents()
             .lines()

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
-use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, DeleteRecordsRequest};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
@@ -256,20 +255,7 @@ fn delete_records_moves_the_log_start_offset() {
         );
     }
 
-    let request = DeleteRecordsRequest::default()
-        .with_timeout_ms(10_000)
-        .with_topics(vec![
-            DeleteRecordsTopic::default()
-                .with_name(raw::topic_name(&topic))
-                .with_partitions(vec![
-                    DeleteRecordsPartition::default()
-                        .with_partition_index(0)
-                        .with_offset(15),
-                ]),
-        ]);
-    let response = conn.request(2, &request);
-    let partition = &response.topics[0].partitions[0];
-    assert_eq!((partition.error_code, partition.low_watermark), (code::NONE, 15));
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 15), (code::NONE, 15));
 
     let (error, offset, _) = raw::list_offsets(&mut conn, &topic, 0, -2);
     assert_eq!((error, offset), (code::NONE, 15));

@@ -305,6 +305,20 @@ fn sqlite_catalog(data_dir: &Path) -> (String, String) {
     )
 }
 
+/// Creates a `remote.storage.enable` topic whose records are kept for ever
+/// (`retention.ms=-1`: the test records are from 2023), with `configs`.
+fn create_remote_topic(
+    ketch: &Ketch,
+    rt: &tokio::runtime::Runtime,
+    topic: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) {
+    let mut all = vec![("remote.storage.enable", "true"), ("retention.ms", "-1")];
+    all.extend_from_slice(configs);
+    ketch.create_topic_with(rt, topic, partitions, &all);
+}
+
 /// Produces `rounds` × `per_round` records to partition 0, waiting after
 /// each round until the worker sealed it: one segment per round.
 fn produce_segments(
@@ -347,17 +361,12 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
     let ketch = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
     let rt = runtime();
     let topic = unique_topic("tiered");
-    ketch.create_topic_with(
+    create_remote_topic(
+        &ketch,
         &rt,
         &topic,
         PARTITIONS as i32,
-        &[
-            ("remote.storage.enable", "true"),
-            // The records are from 2023: keep them past the default 7 days.
-            ("retention.ms", "-1"),
-            ("segment.bytes", "1048576"),
-            ("local.retention.bytes", "0"),
-        ],
+        &[("segment.bytes", "1048576"), ("local.retention.bytes", "0")],
     );
     let started = Instant::now();
     let producer = ketch.producer_with(&[("linger.ms", "5"), ("batch.size", "262144")]);
@@ -476,16 +485,12 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
     );
     let rt = runtime();
     let topic = unique_topic("crash");
-    down.create_topic_with(
+    create_remote_topic(
+        &down,
         &rt,
         &topic,
         1,
-        &[
-            ("remote.storage.enable", "true"),
-            ("retention.ms", "-1"),
-            ("segment.bytes", "262144"),
-            ("local.retention.bytes", "0"),
-        ],
+        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
     );
     let producer = down.producer_with(&[("linger.ms", "5")]);
     produce_segments(&producer, &rt, &redis, &topic, ROUNDS, PER_ROUND);
@@ -554,16 +559,7 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
     let topic = unique_topic("repair");
     // Local retention off: the segments stay in Redis, as they do until
     // Redis has heard of the commit.
-    ketch.create_topic_with(
-        &rt,
-        &topic,
-        1,
-        &[
-            ("remote.storage.enable", "true"),
-            ("retention.ms", "-1"),
-            ("segment.bytes", "65536"),
-        ],
-    );
+    create_remote_topic(&ketch, &rt, &topic, 1, &[("segment.bytes", "65536")]);
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
     produce_segments(&producer, &rt, &redis, &topic, 3, 2_000);
     wait_archived(&redis, &ketch, &topic, 1, false, 65536);
@@ -653,17 +649,12 @@ fn postgres_catalog_archives_and_serves_the_archive() {
     );
     let rt = runtime();
     let topic = unique_topic("pg");
-    ketch.create_topic_with(
+    create_remote_topic(
+        &ketch,
         &rt,
         &topic,
         PARTITIONS as i32,
-        &[
-            ("remote.storage.enable", "true"),
-            // The records are from 2023: keep them past the default 7 days.
-            ("retention.ms", "-1"),
-            ("segment.bytes", "524288"),
-            ("local.retention.bytes", "0"),
-        ],
+        &[("segment.bytes", "524288"), ("local.retention.bytes", "0")],
     );
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
     produce(&producer, &rt, &topic, PARTITIONS, 0..RECORDS);
@@ -702,16 +693,12 @@ fn rest_catalog_archives_and_serves_the_archive() {
     );
     let rt = runtime();
     let topic = unique_topic("rest");
-    ketch.create_topic_with(
+    create_remote_topic(
+        &ketch,
         &rt,
         &topic,
         1,
-        &[
-            ("remote.storage.enable", "true"),
-            ("retention.ms", "-1"),
-            ("segment.bytes", "262144"),
-            ("local.retention.bytes", "0"),
-        ],
+        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
     );
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
     produce_segments(&producer, &rt, &redis, &topic, 3, RECORDS / 3);
@@ -733,8 +720,6 @@ fn rest_catalog_archives_and_serves_the_archive() {
 /// but never the local start back; a fetch between the two reads the archive.
 #[test]
 fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
-    use kafka_protocol::messages::DeleteRecordsRequest;
-    use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
     use ketch_tests::raw::{self, KafkaConn, code};
 
     let dir = tempfile::tempdir().expect("temp dir");
@@ -743,16 +728,12 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     let ketch = tiered_gateway(&redis, &data_dir, &[]);
     let rt = runtime();
     let topic = unique_topic("kept");
-    ketch.create_topic_with(
+    create_remote_topic(
+        &ketch,
         &rt,
         &topic,
         1,
-        &[
-            ("remote.storage.enable", "true"),
-            ("retention.ms", "-1"),
-            ("segment.bytes", "65536"),
-            ("local.retention.ms", "3600000"),
-        ],
+        &[("segment.bytes", "65536"), ("local.retention.ms", "3600000")],
     );
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
     const ROUNDS: usize = 4;
@@ -792,19 +773,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     );
 
     // DeleteRecords into the archived range.
-    let request = DeleteRecordsRequest::default()
-        .with_timeout_ms(10_000)
-        .with_topics(vec![
-            DeleteRecordsTopic::default()
-                .with_name(raw::topic_name(&topic))
-                .with_partitions(vec![
-                    DeleteRecordsPartition::default()
-                        .with_partition_index(0)
-                        .with_offset(100),
-                ]),
-        ]);
-    let response = conn.request(2, &request);
-    assert_eq!(response.topics[0].partitions[0].low_watermark, 100);
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 100), (code::NONE, 100));
     assert_eq!(
         meta(&redis, &topic, 0)["local_start"],
         records,
