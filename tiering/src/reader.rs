@@ -90,7 +90,11 @@ impl RemoteReader {
                     "{path}: row group {group} does not hold offset {next} where expected"
                 )));
             }
-            let (batches, end) = table::encode(&columns, from, BATCH_BYTES, max_bytes.saturating_sub(total));
+            let budget = max_bytes.saturating_sub(total);
+            let (batches, end) = table::encode(&columns, from, BATCH_BYTES, budget, out.is_empty());
+            if batches.is_empty() {
+                break;
+            }
             total += batches.iter().map(Bytes::len).sum::<usize>();
             out.extend(batches);
             next = columns.offset(end - 1) + 1;

@@ -315,6 +315,23 @@ impl<'a> Columns<'a> {
         self.timestamps.value(i).div_euclid(1000)
     }
 
+    /// An upper bound of row `i`'s size in a batch.
+    pub fn size_hint(&self, i: usize) -> usize {
+        let headers: usize = self
+            .headers
+            .as_ref()
+            .filter(|h| !h.list.is_null(i))
+            .map_or(0, |h| {
+                let offsets = h.list.value_offsets();
+                (offsets[i] as usize..offsets[i + 1] as usize)
+                    .map(|j| h.keys.value(j).len() + h.values.get(j).map_or(0, <[u8]>::len) + 10)
+                    .sum()
+            });
+        // Length, attributes, timestamp and offset deltas, key and value
+        // lengths, header count: at most 1 + 5 + 10 + 5 + 5 + 5 + 5 bytes.
+        36 + self.keys.get(i).map_or(0, <[u8]>::len) + self.values.get(i).map_or(0, <[u8]>::len) + headers
+    }
+
     /// Appends row `i` to a Kafka batch.
     pub fn push_to(&self, i: usize, batch: &mut BatchBuilder) {
         let key = self.keys.get(i);
@@ -336,23 +353,38 @@ impl<'a> Columns<'a> {
 }
 
 /// Kafka batches of the rows from index `from` on, each at most
-/// `batch_bytes` (at least one record), until `max_bytes` are reached (the
-/// first batch is returned whatever its size). Returns the batches and the
-/// index of the first row not returned.
+/// `batch_bytes` (or one row), together at most `max_bytes` (a fetch's
+/// limit: a batch past it would be dropped from the response). With
+/// `take_first`, the first row is returned whatever its size. Returns the
+/// batches and the index of the first row not returned.
 pub fn encode(
     columns: &Columns<'_>,
     from: usize,
     batch_bytes: usize,
     max_bytes: usize,
+    take_first: bool,
 ) -> (Vec<Bytes>, usize) {
     let mut out = Vec::new();
     let mut total = 0usize;
     let mut i = from;
-    while i < columns.len() && (out.is_empty() || total < max_bytes) {
+    while i < columns.len() {
+        let remaining = max_bytes.saturating_sub(total);
         let mut batch = BatchBuilder::new(columns.offset(i));
-        while i < columns.len() && (batch.is_empty() || batch.len() < batch_bytes) {
+        while i < columns.len() {
+            let hint = columns.size_hint(i);
+            let fits = if batch.is_empty() {
+                batch.len() + hint <= remaining || (take_first && out.is_empty())
+            } else {
+                batch.len() + hint <= batch_bytes.min(remaining)
+            };
+            if !fits {
+                break;
+            }
             columns.push_to(i, &mut batch);
             i += 1;
+        }
+        if batch.is_empty() {
+            break;
         }
         let batch = batch.finish();
         total += batch.len();
@@ -396,7 +428,7 @@ mod tests {
         assert_eq!(columns.timestamp_ms(1), 999);
 
         // From the middle, one record per batch.
-        let (batches, end) = encode(&columns, 1, 1, usize::MAX);
+        let (batches, end) = encode(&columns, 1, 1, usize::MAX, true);
         assert_eq!((batches.len(), end), (2, 3));
         let mut again = Vec::new();
         for batch in &batches {
@@ -416,6 +448,37 @@ mod tests {
                 (r.timestamp, r.key, r.value, r.headers)
             );
         }
+    }
+
+    #[test]
+    fn encoded_batches_stay_within_the_fetch_limit() {
+        let mut produced = BatchBuilder::new(0);
+        for _ in 0..100 {
+            produced.push(1, Some(b"key"), Some(&[1u8; 100][..]), std::iter::empty());
+        }
+        let mut rows = Rows::new(arrow_schema(), 0).unwrap();
+        rows.add_batch(&produced.finish()).unwrap();
+        let rows = rows.finish().unwrap();
+        let columns = Columns::of(&rows).unwrap();
+        for limit in [500, 1_000, 3_000, 20_000] {
+            let (batches, end) = encode(&columns, 0, 1_024, limit, false);
+            let total: usize = batches.iter().map(Bytes::len).sum();
+            assert!(total <= limit, "{total} bytes for a limit of {limit}");
+            assert!(batches.iter().all(|b| b.len() <= 1_024));
+            let records: i32 = batches
+                .iter()
+                .map(|b| i32::from_be_bytes(b[57..61].try_into().unwrap()))
+                .sum();
+            assert_eq!(records as usize, end, "batches hold rows 0..end");
+            assert!(
+                end == 100 || total + 200 > limit,
+                "stopped early at {end} rows, {total} bytes"
+            );
+        }
+        // The first row goes out even when it alone is over the limit.
+        let (batches, end) = encode(&columns, 0, 1_024, 10, true);
+        assert_eq!((batches.len(), end), (1, 1));
+        assert!(encode(&columns, 0, 1_024, 10, false).0.is_empty());
     }
 
     #[test]
