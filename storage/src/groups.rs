@@ -8,7 +8,7 @@
 //! what must survive it is here. Offsets of a group that became empty
 //! expire after `groups.offsets_retention` (a Redis TTL on the hash).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -27,9 +27,7 @@ pub struct CommittedOffset {
 
 impl CommittedOffset {
     pub fn new(offset: i64, leader_epoch: i32, metadata: Option<String>) -> Self {
-        let commit_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let commit_ms = crate::now_ms();
         Self {
             offset,
             leader_epoch,

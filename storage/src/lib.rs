@@ -155,3 +155,11 @@ impl Store {
         self.conn.clone()
     }
 }
+
+/// Wall-clock time in milliseconds since the Unix epoch (0 if the clock is
+/// before it).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -143,18 +143,19 @@ impl Worker {
                     Ok(false) => {}
                     Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker"),
                 }
-                if !policy.remote {
-                    self.metrics.set_lag(&topic.name, partition, 0);
-                }
             }
             if policy.remote && !held.is_empty() {
                 self.clone().archive_topic(topic.clone(), held, policy);
             }
         }
+        // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
-            topics
-                .iter()
-                .any(|t| t.name == name && partition < t.partitions() && leads(t, partition))
+            topics.iter().any(|t| {
+                t.name == name
+                    && partition < t.partitions()
+                    && leads(t, partition)
+                    && policy(t, self.producer_expiration).remote
+            })
         });
     }
 
@@ -236,7 +237,7 @@ impl Worker {
         let lag = |segments: &[Segment]| {
             segments
                 .first()
-                .map_or(0, |s| now_ms().saturating_sub(s.sealed_ms).max(1))
+                .map_or(0, |s| ketch_storage::now_ms().saturating_sub(s.sealed_ms).max(1))
         };
         self.metrics.set_lag(&topic.name, partition, lag(&pending));
         if pending.is_empty() {
@@ -292,12 +293,6 @@ impl Worker {
         }
         Ok(pending.len())
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Reads from both tiers: Redis from the local start offset on, the

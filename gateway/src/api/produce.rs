@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -204,9 +204,7 @@ async fn produce_partition(
     })?;
     let log_append_time = topic.config("message.timestamp.type") == Some("LogAppendTime");
     let (batch, append_time) = if log_append_time {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let now = ketch_storage::now_ms();
         header.max_timestamp = now;
         (stamp_log_append_time(&batch, now), now)
     } else {
