@@ -69,6 +69,11 @@ pub struct BrokerSettings {
     pub max_request_bytes: u32,
     /// Requests processed concurrently on one connection (answered in order).
     pub max_inflight_requests: usize,
+    /// Client connections open at once; further ones are closed at once.
+    pub max_connections: usize,
+    /// A connection that sends no request for this long is closed (Kafka's
+    /// `connections.max.idle.ms`).
+    pub connections_max_idle: Duration,
     /// How long shutdown waits for in-flight requests before exiting anyway.
     pub shutdown_timeout: Duration,
     /// Cluster id reported in Metadata and DescribeCluster.
@@ -217,6 +222,9 @@ pub struct StorageSettings {
     /// Also wait for the primary's append-only file to reach disk
     /// (`WAITAOF`, Redis 7.2+; ignored with a warning on older servers).
     pub acks_all_fsync: bool,
+    /// Redis connections reserved for acks=all appends: each holds one for
+    /// its write and its `WAIT`, so this many wait for replicas at once.
+    pub acks_all_connections: usize,
 }
 
 /// Idempotent producers.
@@ -254,6 +262,8 @@ impl Default for BrokerSettings {
             advertised_port: None,
             max_request_bytes: 100 * 1024 * 1024,
             max_inflight_requests: 32,
+            max_connections: 10_000,
+            connections_max_idle: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(30),
             cluster_id: "ketch".to_owned(),
         }
@@ -349,6 +359,7 @@ impl Default for StorageSettings {
             acks_all_replicas: 0,
             acks_all_timeout: Duration::from_secs(5),
             acks_all_fsync: false,
+            acks_all_connections: 8,
         }
     }
 }
@@ -524,6 +535,12 @@ impl Settings {
         if self.broker.max_request_bytes < 1024 {
             return bad("broker.max_request_bytes", "must be at least 1024");
         }
+        if self.broker.max_connections == 0 {
+            return bad("broker.max_connections", "must be at least 1");
+        }
+        if self.broker.connections_max_idle.get().is_zero() {
+            return bad("broker.connections_max_idle", "must be above zero");
+        }
         if self.broker.max_inflight_requests == 0 {
             return bad("broker.max_inflight_requests", "must be at least 1");
         }
@@ -582,6 +599,9 @@ impl Settings {
         }
         if self.tiering.row_group_rows == 0 {
             return bad("tiering.row_group_rows", "must be at least 1");
+        }
+        if self.storage.acks_all_connections == 0 {
+            return bad("storage.acks_all_connections", "must be at least 1");
         }
         if self.topics.max_message_bytes < 0 {
             return bad("topics.max_message_bytes", "must be >= 0");

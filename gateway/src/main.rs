@@ -7,6 +7,8 @@ use clap::{Args, Parser, Subcommand};
 use ketch_config::{Loader, LogFormat, Settings};
 use tokio::sync::watch;
 
+mod segments;
+
 /// jemalloc maps memory with MAP_NORESERVE where the kernel overcommits, so
 /// an absurd capacity read off the wire by the protocol decoder (it sizes
 /// arrays from their length fields) reserves address space instead of
@@ -32,13 +34,54 @@ enum Command {
     /// example KETCH_REDIS_URL, KETCH_TOPICS_AUTO_CREATE), then these flags.
     /// Every key is listed in docs/configuration.md.
     Serve(ServeArgs),
+    /// Segments the archive could not write (quarantined): list them, have
+    /// them archived again, or give up on them.
+    ///
+    /// Takes the same settings as `serve` (--config, KETCH_* variables,
+    /// --redis-url, --set).
+    Segments(SegmentsArgs),
+}
+
+/// The settings every subcommand reads.
+#[derive(Debug, Args)]
+struct SettingsArgs {
+    /// TOML settings file. An unknown key in it is an error.
+    #[arg(long, short = 'c', value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+    /// Redis URL, redis://[user:password@]host:port[/db] [redis.url; default redis://127.0.0.1:6379].
+    #[arg(long, value_name = "URL", global = true)]
+    redis_url: Option<String>,
+    /// Any other setting, as section.key=value (repeatable), e.g.
+    /// --set topics.auto_create=false --set fetch.max_wait=10s.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE", global = true)]
+    set: Vec<String>,
+}
+
+impl SettingsArgs {
+    /// The layered settings, with `flags` (section, key, value) on top.
+    fn load(&self, flags: &[(&str, &str, Option<String>)]) -> anyhow::Result<Settings> {
+        let mut loader = Loader::new();
+        if let Some(path) = &self.config {
+            loader = loader.file(path)?;
+        }
+        loader = loader.env(std::env::vars())?;
+        loader = loader.assignments(self.set.iter().map(String::as_str))?;
+        if let Some(url) = &self.redis_url {
+            loader = loader.set("redis", "url", url);
+        }
+        for (section, key, value) in flags {
+            if let Some(value) = value {
+                loader = loader.set(section, key, value);
+            }
+        }
+        Ok(loader.load()?)
+    }
 }
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// TOML settings file. An unknown key in it is an error.
-    #[arg(long, short = 'c', value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: SettingsArgs,
     /// Kafka listener address [broker.listen; default 0.0.0.0:9092].
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
@@ -48,30 +91,17 @@ struct ServeArgs {
     /// Port advertised to clients [broker.advertised_port; default: the listen port].
     #[arg(long, value_name = "PORT")]
     advertised_port: Option<u16>,
-    /// Redis URL, redis://[user:password@]host:port[/db] [redis.url; default redis://127.0.0.1:6379].
-    #[arg(long, value_name = "URL")]
-    redis_url: Option<String>,
     /// HTTP listener for /health and /ready [http.listen; default 127.0.0.1:9644].
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
     /// This gateway's node id [broker.id; default 0].
     #[arg(long, value_name = "ID")]
     node_id: Option<i32>,
-    /// Any other setting, as section.key=value (repeatable), e.g.
-    /// --set topics.auto_create=false --set fetch.max_wait=10s.
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
 }
 
 impl ServeArgs {
     fn settings(&self) -> anyhow::Result<Settings> {
-        let mut loader = Loader::new();
-        if let Some(path) = &self.config {
-            loader = loader.file(path)?;
-        }
-        loader = loader.env(std::env::vars())?;
-        loader = loader.assignments(self.set.iter().map(String::as_str))?;
-        let flags: [(&str, &str, Option<String>); 6] = [
+        let flags: [(&str, &str, Option<String>); 5] = [
             ("broker", "listen", self.listen.clone()),
             ("broker", "advertised_host", self.advertised_host.clone()),
             (
@@ -79,17 +109,19 @@ impl ServeArgs {
                 "advertised_port",
                 self.advertised_port.map(|p| p.to_string()),
             ),
-            ("redis", "url", self.redis_url.clone()),
             ("http", "listen", self.http_listen.clone()),
             ("broker", "id", self.node_id.map(|id| id.to_string())),
         ];
-        for (section, key, value) in flags {
-            if let Some(value) = value {
-                loader = loader.set(section, key, &value);
-            }
-        }
-        Ok(loader.load()?)
+        self.settings.load(&flags)
     }
+}
+
+#[derive(Debug, Args)]
+struct SegmentsArgs {
+    #[command(flatten)]
+    settings: SettingsArgs,
+    #[command(subcommand)]
+    action: segments::Action,
 }
 
 fn init_logging(settings: &Settings) {
@@ -107,7 +139,10 @@ fn init_logging(settings: &Settings) {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        Command::Segments(args) => return segments_command(args),
+    };
     let settings = match args.settings() {
         Ok(settings) => settings,
         Err(e) => {
@@ -122,6 +157,24 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("ketch: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn segments_command(args: SegmentsArgs) -> std::process::ExitCode {
+    let settings = match args.settings.load(&[]) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("ketch: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(segments::run(&settings, args.action)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ketch segments: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -30,14 +30,22 @@ const FIRST_ALLOCATION: usize = 1024 * 1024;
 pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     let for_connections = shutdown.clone();
+    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.settings.broker.max_connections));
+    let mut refused = Refusals::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        refused.refuse(peer, ctx.settings.broker.max_connections);
+                        drop(socket);
+                        continue;
+                    };
                     let _ = socket.set_nodelay(true);
                     let ctx = ctx.clone();
                     let shutdown = for_connections.clone();
                     connections.spawn(async move {
+                        let _slot = slot;
                         if let Err(e) = connection(socket, peer, ctx, shutdown).await {
                             tracing::info!(%peer, error = %e, "closing connection");
                         }
@@ -66,6 +74,29 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
     }
 }
 
+/// Connections refused because `broker.max_connections` are open, logged
+/// at most once a second so a flood of them does not flood the log.
+#[derive(Default)]
+struct Refusals {
+    since_logged: u64,
+    logged_at: Option<std::time::Instant>,
+}
+
+impl Refusals {
+    fn refuse(&mut self, peer: std::net::SocketAddr, max: usize) {
+        self.since_logged += 1;
+        if self
+            .logged_at
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+        {
+            tracing::warn!(%peer, refused = self.since_logged,
+                "broker.max_connections ({max}) connections are open; closing new ones");
+            self.since_logged = 0;
+            self.logged_at = Some(std::time::Instant::now());
+        }
+    }
+}
+
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectionError {
@@ -77,10 +108,38 @@ pub enum ConnectionError {
     Truncated { got: usize, expected: usize },
     #[error("invalid request: {0}")]
     Invalid(String),
+    #[error("idle for broker.connections_max_idle ({0:?})")]
+    Idle(Duration),
+}
+
+/// A response to send, with the share of the connection's response budget
+/// it holds until it is written.
+struct Response {
+    bytes: Bytes,
+    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A response to send, in request order; `None` for acks=0 produce.
-type Pending = tokio::task::JoinHandle<Option<Bytes>>;
+type Pending = tokio::task::JoinHandle<Option<Response>>;
+
+/// The response memory one connection may hold, in KiB: two of the largest
+/// fetch responses. A fetch reserves its share before reading and gives it
+/// back once its response is written, so a client that sends fetches but
+/// reads no answers stops being served instead of piling up responses.
+fn response_budget_kib(ctx: &Context) -> usize {
+    (2 * ctx.settings.fetch.max_response_bytes).div_ceil(1024)
+}
+
+/// The share of the response budget a request reserves, in KiB.
+fn response_share_kib(ctx: &Context, request: &RequestKind) -> Option<u32> {
+    let RequestKind::Fetch(fetch) = request else {
+        return None;
+    };
+    let bytes = usize::try_from(fetch.max_bytes)
+        .unwrap_or(0)
+        .min(ctx.settings.fetch.max_response_bytes);
+    Some(u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX))
+}
 
 async fn connection(
     socket: TcpStream,
@@ -92,10 +151,16 @@ async fn connection(
     let (pending_tx, pending_rx) = mpsc::channel::<Pending>(ctx.settings.broker.max_inflight_requests);
     let writer = tokio::spawn(write_responses(write, pending_rx));
     let max = ctx.settings.broker.max_request_bytes;
+    let idle = ctx.settings.broker.connections_max_idle.get();
+    let budget = Arc::new(tokio::sync::Semaphore::new(response_budget_kib(&ctx)));
     let mut sequencer = api::produce::Sequencer::default();
+    let mut order = Order::default();
     let result = loop {
         let frame = tokio::select! {
-            frame = read_frame(&mut read, max) => frame,
+            frame = tokio::time::timeout(idle, read_frame(&mut read, max)) => match frame {
+                Ok(frame) => frame,
+                Err(_) => break Err(ConnectionError::Idle(idle)),
+            },
             _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
         };
         let frame = match frame {
@@ -107,7 +172,7 @@ async fn connection(
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
             Err(Rejected::Answer(bytes)) => {
-                let answer = tokio::spawn(async move { Some(bytes) });
+                let answer = tokio::spawn(async move { Some(Response { bytes, _budget: None }) });
                 if pending_tx.send(answer).await.is_err() {
                     break Ok(());
                 }
@@ -118,15 +183,28 @@ async fn connection(
             RequestKind::Produce(produce) => sequencer.turns(produce),
             _ => api::produce::Turns::default(),
         };
-        let ctx = ctx.clone();
+        let (after, done) = order.admit(Effect::of(&request.1));
+        let share = response_share_kib(&ctx, &request.1);
+        let (ctx, budget) = (ctx.clone(), budget.clone());
         let handle = tokio::spawn(async move {
+            // Dropped when this request has taken effect, releasing the
+            // requests that wait for it.
+            let _done = done;
+            futures::future::join_all(after.into_iter().map(Done::wait)).await;
+            let reserved = match share {
+                Some(kib) => Some(budget.acquire_many_owned(kib).await.ok()?),
+                None => None,
+            };
             let (header, body) = request;
             let version = header.request_api_version;
             let correlation_id = header.correlation_id;
             let api_key = ApiKey::try_from(header.request_api_key).ok()?;
             let response = api::handle(&ctx, api::Client { peer }, &header, body, turns).await?;
             match encode_response(api_key, version, correlation_id, &response) {
-                Ok(bytes) => Some(bytes),
+                Ok(bytes) => Some(Response {
+                    bytes,
+                    _budget: reserved,
+                }),
                 Err(e) => {
                     tracing::error!(?api_key, version, error = %e, "cannot encode response");
                     None
@@ -143,6 +221,110 @@ async fn connection(
     result
 }
 
+/// What a request does, for ordering it after the earlier requests of its
+/// connection (Kafka processes a connection's requests one after another,
+/// and clients rely on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    /// Produce: pipelined; its appends are ordered per partition by the
+    /// produce sequencer.
+    Produce,
+    /// Fetch: pipelined.
+    Fetch,
+    /// Reads nothing but what earlier requests wrote (Metadata, ListOffsets,
+    /// OffsetFetch, …).
+    Read,
+    /// Changes what later requests see (DeleteRecords, topic and partition
+    /// changes, offset commits, group requests, producer ids, …).
+    Write,
+}
+
+impl Effect {
+    fn of(request: &RequestKind) -> Self {
+        match request {
+            RequestKind::Produce(_) => Effect::Produce,
+            RequestKind::Fetch(_) => Effect::Fetch,
+            RequestKind::ApiVersions(_)
+            | RequestKind::Metadata(_)
+            | RequestKind::ListOffsets(_)
+            | RequestKind::DescribeConfigs(_)
+            | RequestKind::DescribeCluster(_)
+            | RequestKind::FindCoordinator(_)
+            | RequestKind::OffsetFetch(_)
+            | RequestKind::ListGroups(_)
+            | RequestKind::DescribeGroups(_) => Effect::Read,
+            _ => Effect::Write,
+        }
+    }
+}
+
+/// A request's completion, as later requests wait for it.
+#[derive(Clone)]
+struct Done(Arc<tokio::sync::Semaphore>);
+
+impl Done {
+    fn taken_effect(&self) -> bool {
+        self.0.is_closed()
+    }
+
+    async fn wait(self) {
+        // The semaphore has no permits: acquiring returns once it is closed.
+        let _ = self.0.acquire().await;
+    }
+}
+
+/// Held by a request while it runs; dropping it marks the request done.
+struct Running(Arc<tokio::sync::Semaphore>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// One connection's ordering: every request other than Produce and Fetch
+/// starts once every earlier request of the connection has taken effect;
+/// Produce and Fetch start once the last earlier write has. So pipelined
+/// produce and fetch requests still overlap, and a request never runs
+/// before a DeleteRecords, topic change or offset commit sent before it.
+#[derive(Default)]
+struct Order {
+    /// The last Read or Write request and every Produce and Fetch after it:
+    /// what the next Read or Write waits for.
+    since_barrier: Vec<Done>,
+    /// The last Write request: what Produce and Fetch wait for.
+    last_write: Option<Done>,
+}
+
+impl Order {
+    /// What a new request must wait for, and the guard to drop once it has
+    /// taken effect.
+    fn admit(&mut self, effect: Effect) -> (Vec<Done>, Running) {
+        let semaphore = Arc::new(tokio::sync::Semaphore::new(0));
+        let done = Done(semaphore.clone());
+        let running = Running(semaphore);
+        // Requests that already took effect need no waiting for.
+        self.since_barrier.retain(|d| !d.taken_effect());
+        if self.last_write.as_ref().is_some_and(Done::taken_effect) {
+            self.last_write = None;
+        }
+        let after = match effect {
+            Effect::Produce | Effect::Fetch => {
+                self.since_barrier.push(done);
+                self.last_write.iter().cloned().collect()
+            }
+            Effect::Read | Effect::Write => {
+                let after = std::mem::replace(&mut self.since_barrier, vec![done.clone()]);
+                if effect == Effect::Write {
+                    self.last_write = Some(done);
+                }
+                after
+            }
+        };
+        (after, running)
+    }
+}
+
 async fn write_responses(write: tokio::net::tcp::OwnedWriteHalf, mut pending: mpsc::Receiver<Pending>) {
     let mut write = BufWriter::new(write);
     while let Some(handle) = pending.recv().await {
@@ -153,8 +335,8 @@ async fn write_responses(write: tokio::net::tcp::OwnedWriteHalf, mut pending: mp
                 return;
             }
         };
-        if let Some(bytes) = response
-            && write.write_all(&bytes).await.is_err()
+        if let Some(response) = response
+            && write.write_all(&response.bytes).await.is_err()
         {
             return;
         }
@@ -290,6 +472,46 @@ mod tests {
         ));
         let mut wire: &[u8] = &[];
         assert!(read_frame(&mut wire, 1024).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn reads_and_writes_wait_for_everything_before_them_produce_and_fetch_only_for_writes() {
+        let mut order = Order::default();
+        let (after, produce) = order.admit(Effect::Produce);
+        assert!(after.is_empty());
+        let (after, fetch) = order.admit(Effect::Fetch);
+        assert!(after.is_empty());
+        let (write_after, write) = order.admit(Effect::Write);
+        assert_eq!(
+            write_after.len(),
+            2,
+            "a write waits for the produce and the fetch"
+        );
+        let (produce_after, late_produce) = order.admit(Effect::Produce);
+        assert_eq!(produce_after.len(), 1, "a produce waits for the write only");
+        let (read_after, read) = order.admit(Effect::Read);
+        assert_eq!(
+            read_after.len(),
+            2,
+            "a read waits for the write and the produce after it"
+        );
+        let (fetch_after, late_fetch) = order.admit(Effect::Fetch);
+        assert_eq!(fetch_after.len(), 1, "a fetch does not wait for a read");
+
+        let all = futures::future::join_all(write_after.into_iter().map(Done::wait));
+        tokio::pin!(all);
+        assert!(futures::poll!(&mut all).is_pending());
+        drop(produce);
+        assert!(futures::poll!(&mut all).is_pending());
+        drop(fetch);
+        all.await;
+        drop(write);
+        futures::future::join_all(produce_after.into_iter().map(Done::wait)).await;
+        drop((late_produce, read));
+        let (after, _) = order.admit(Effect::Write);
+        assert_eq!(after.len(), 1, "what has taken effect is not waited for");
+        drop(late_fetch);
+        futures::future::join_all(after.into_iter().map(Done::wait)).await;
     }
 
     #[test]

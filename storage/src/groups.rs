@@ -50,6 +50,11 @@ fn parse_field(field: &str) -> Option<TopicPartition> {
     Some((topic.to_owned(), partition.parse().ok()?))
 }
 
+fn decode_offset(group: &str, json: &str) -> Result<CommittedOffset> {
+    serde_json::from_str(json)
+        .map_err(|e| StorageError::Data(format!("committed offset of group {group}: {e}")))
+}
+
 impl Store {
     fn group_offsets_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
@@ -85,45 +90,47 @@ impl Store {
         Ok(())
     }
 
-    /// The group's committed offsets: those of `partitions`, or all.
-    pub async fn committed_offsets(
+    /// The committed offsets of `partitions` of one topic, in their order.
+    /// Read in chunks, so the fields asked for at a time stay bounded
+    /// whatever a request names.
+    pub async fn committed_offsets_of(
         &self,
         group: &str,
-        partitions: Option<&[TopicPartition]>,
-    ) -> Result<Vec<(TopicPartition, Option<CommittedOffset>)>> {
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<Option<CommittedOffset>>> {
+        const FIELDS_PER_READ: usize = 1000;
         let key = self.group_offsets_key(group);
-        let decode = |json: &str| {
-            serde_json::from_str::<CommittedOffset>(json)
-                .map_err(|e| StorageError::Data(format!("committed offset of group {group}: {e}")))
-        };
-        match partitions {
-            Some([]) => Ok(Vec::new()),
-            Some(partitions) => {
-                let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
-                let values: Vec<Option<String>> = redis::cmd("HMGET")
-                    .arg(&key)
-                    .arg(&fields)
-                    .query_async(&mut self.conn())
-                    .await?;
-                partitions
-                    .iter()
-                    .cloned()
-                    .zip(values)
-                    .map(|(tp, json)| Ok((tp, json.as_deref().map(decode).transpose()?)))
-                    .collect()
-            }
-            None => {
-                let all: Vec<(String, String)> = self.conn().hgetall(&key).await?;
-                let mut offsets = Vec::with_capacity(all.len());
-                for (name, json) in all {
-                    if let Some(tp) = parse_field(&name) {
-                        offsets.push((tp, Some(decode(&json)?)));
-                    }
-                }
-                offsets.sort_by(|a, b| a.0.cmp(&b.0));
-                Ok(offsets)
+        let mut offsets = Vec::with_capacity(partitions.len());
+        for chunk in partitions.chunks(FIELDS_PER_READ) {
+            let fields: Vec<String> = chunk.iter().map(|p| field(topic, *p)).collect();
+            let values: Vec<Option<String>> = redis::cmd("HMGET")
+                .arg(&key)
+                .arg(&fields)
+                .query_async(&mut self.conn())
+                .await?;
+            for json in values {
+                offsets.push(
+                    json.as_deref()
+                        .map(|json| decode_offset(group, json))
+                        .transpose()?,
+                );
             }
         }
+        Ok(offsets)
+    }
+
+    /// Every committed offset of the group, sorted by topic and partition.
+    pub async fn all_committed_offsets(&self, group: &str) -> Result<Vec<(TopicPartition, CommittedOffset)>> {
+        let all: Vec<(String, String)> = self.conn().hgetall(self.group_offsets_key(group)).await?;
+        let mut offsets = Vec::with_capacity(all.len());
+        for (name, json) in all {
+            if let Some(tp) = parse_field(&name) {
+                offsets.push((tp, decode_offset(group, &json)?));
+            }
+        }
+        offsets.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(offsets)
     }
 
     /// Deletes the committed offsets of `partitions` (OffsetDelete).

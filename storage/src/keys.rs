@@ -25,15 +25,17 @@ impl Keys {
     }
 
     pub fn partition(&self, tag: &str) -> PartitionKeys {
+        let key = |name: &str| format!("{}:{{{tag}}}:{name}", self.ns);
         PartitionKeys {
-            meta: format!("{}:{{{tag}}}:meta", self.ns),
-            log: format!("{}:{{{tag}}}:log", self.ns),
-            times: format!("{}:{{{tag}}}:times", self.ns),
-            staging: format!("{}:{{{tag}}}:staging", self.ns),
-            segments: format!("{}:{{{tag}}}:segments", self.ns),
-            lease: format!("{}:{{{tag}}}:lease", self.ns),
-            producers: format!("{}:{{{tag}}}:producers", self.ns),
-            wake: format!("{}:{{{tag}}}:wake", self.ns),
+            meta: key("meta"),
+            log: key("log"),
+            times: key("times"),
+            staging: key("staging"),
+            segments: key("segments"),
+            quarantine: key("quarantine"),
+            lease: key("lease"),
+            producers: key("producers"),
+            wake: key("wake"),
         }
     }
 }
@@ -48,11 +50,37 @@ pub struct PartitionKeys {
     pub staging: String,
     /// Sealed segments (see scripts/seal.lua).
     pub segments: String,
+    /// Batches of quarantined segments: sealed segments the archive could
+    /// not write, moved out of the log so local retention can pass them.
+    pub quarantine: String,
     /// The storage worker's lease on this partition.
     pub lease: String,
     /// Idempotent producers' last batches.
     pub producers: String,
+    /// A pub/sub channel, not a key.
     pub wake: String,
+}
+
+impl PartitionKeys {
+    /// Every key of the partition (the wake-up channel is not a key). Whatever
+    /// acts on all of a partition's keys (deleting a topic, migrating the
+    /// layout) iterates this list, so a new key cannot be forgotten.
+    pub fn all(&self) -> [&str; 8] {
+        // Destructured so that adding a field fails to compile until it is
+        // listed here.
+        let PartitionKeys {
+            meta,
+            log,
+            times,
+            staging,
+            segments,
+            quarantine,
+            lease,
+            producers,
+            wake: _,
+        } = self;
+        [meta, log, times, staging, segments, quarantine, lease, producers]
+    }
 }
 
 /// The default hash tag of a partition: `<topic-id>:<partition>`.
@@ -70,5 +98,18 @@ mod tests {
         assert_eq!(k.meta, "ketch:{abc:3}:meta");
         assert_eq!(k.log, "ketch:{abc:3}:log");
         assert_eq!(k.wake, "ketch:{abc:3}:wake");
+        for key in k.all() {
+            assert!(key.starts_with("ketch:{abc:3}:"), "{key}");
+        }
+    }
+
+    #[test]
+    fn all_lists_every_key_once_and_not_the_channel() {
+        let k = Keys::new("ketch").partition("t:0");
+        let all: std::collections::BTreeSet<&str> = k.all().into_iter().collect();
+        assert_eq!(all.len(), k.all().len());
+        assert!(!all.contains(k.wake.as_str()));
+        assert!(all.contains(k.lease.as_str()) && all.contains(k.producers.as_str()));
+        assert!(all.contains(k.segments.as_str()) && all.contains(k.quarantine.as_str()));
     }
 }

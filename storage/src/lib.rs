@@ -8,6 +8,7 @@
 
 pub mod batch;
 mod brokers;
+mod durable;
 pub mod error;
 pub mod groups;
 pub mod keys;
@@ -50,6 +51,16 @@ pub struct Durability {
     pub timeout: std::time::Duration,
     /// Also wait for the primary's AOF fsync (`WAITAOF`).
     pub fsync: bool,
+    /// Connections reserved for acks=all appends and their `WAIT`s; that
+    /// many can wait for replicas at once.
+    pub connections: usize,
+}
+
+impl Durability {
+    /// Whether an acks=all append waits for anything past the script.
+    pub fn waits(&self) -> bool {
+        self.replicas > 0 || self.fsync
+    }
 }
 
 impl StoreConfig {
@@ -64,6 +75,7 @@ impl StoreConfig {
                 replicas: settings.storage.acks_all_replicas,
                 timeout: settings.storage.acks_all_timeout.get(),
                 fsync: settings.storage.acks_all_fsync,
+                connections: settings.storage.acks_all_connections,
             },
         }
     }
@@ -74,8 +86,9 @@ impl StoreConfig {
 pub struct Store {
     conn: ConnectionManager,
     /// acks=all appends and their WAIT: `WAIT` counts the writes of its own
-    /// connection and blocks it, so they get one of their own.
-    durable_conn: ConnectionManager,
+    /// connection and blocks it, so each such append takes a connection of
+    /// the pool for its write and its wait.
+    durable: Arc<durable::DurablePool>,
     durability: Durability,
     keys: Keys,
     wake: WakeHub,
@@ -91,7 +104,7 @@ struct Scripts {
     heartbeat: redis::Script,
     seal: redis::Script,
     lease: redis::Script,
-    archived: redis::Script,
+    segment_state: redis::Script,
 }
 
 impl Store {
@@ -107,11 +120,15 @@ impl Store {
             .set_number_of_retries(2)
             .set_max_delay(std::time::Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())?;
-        let durable_conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+        // A WAIT may block for the whole acks_all timeout before it answers:
+        // its connection's response timeout must not cut it short.
+        let durable_config =
+            manager_config.set_response_timeout(Some(config.command_timeout + config.durability.timeout));
+        let durable = durable::DurablePool::new(&client, durable_config, config.durability.connections)?;
         let wake = WakeHub::start(client, config.subscription_linger, config.connect_timeout);
         Ok(Self {
             conn,
-            durable_conn,
+            durable: Arc::new(durable),
             durability: config.durability,
             keys: Keys::new(&config.namespace),
             wake,
@@ -124,7 +141,7 @@ impl Store {
                 heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
                 seal: redis::Script::new(include_str!("scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
-                archived: redis::Script::new(include_str!("scripts/archived.lua")),
+                segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
             }),
         })
     }

@@ -18,10 +18,8 @@ use crate::{Result, SequenceError, StorageError, Store};
 
 /// Kafka's `index.interval.bytes`: bytes between two time index entries.
 const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
-/// Stream entries read per XRANGE when nothing is known of the partition's
-/// batch sizes; afterwards the count is sized from the bytes wanted and the
-/// average batch seen, so a fetch does not pull megabytes it then drops.
-const FIRST_READ_COUNT: usize = 8;
+/// Stream entries read per XRANGE of a timestamp scan.
+const SCAN_READ_COUNT: usize = 8;
 const MAX_READ_COUNT: usize = 1024;
 /// Batches up to this size pass through the append script in one call:
 /// below it, Lua hashing the bytes costs less than a separate XADD.
@@ -30,13 +28,32 @@ const INLINE_BATCH_BYTES: usize = 4096;
 /// appending to the same partition in between).
 const MAX_APPEND_ATTEMPTS: usize = 16;
 
-/// Entries to ask XRANGE for to gather `bytes` (one more than the average
-/// suggests, since the batch that crosses the limit is read too).
-fn entries_for(bytes: usize, average_batch: Option<usize>) -> usize {
-    match average_batch {
-        Some(average) if average > 0 => (bytes / average + 2).clamp(1, MAX_READ_COUNT),
-        _ => FIRST_READ_COUNT,
-    }
+/// Entries to ask one XRANGE for, to gather `bytes` without holding much
+/// more. Nothing bounds what XRANGE returns but the count, so the count is
+/// sized from the largest batch the entries can hold: the largest this
+/// gateway has seen on the partition, or, before it has seen any, the
+/// largest a producer may send (`max_batch`). A read then holds at most
+/// about twice `bytes` plus one batch — within the fetch's limits, as
+/// KIP-74 lets the first batch exceed them — while batches of a steady size
+/// are still read in one round trip.
+fn entries_for(bytes: usize, seen: Option<BatchSizes>, max_batch: usize) -> usize {
+    let count = match seen {
+        Some(BatchSizes { average, largest }) => {
+            (bytes / average.max(1) + 2).min(2 * bytes / largest.max(1) + 1)
+        }
+        None => bytes / max_batch.max(1),
+    };
+    count.clamp(1, MAX_READ_COUNT)
+}
+
+/// The batch sizes reads have seen on a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchSizes {
+    /// A moving average: batch sizes drift with the producers' load.
+    average: usize,
+    /// The largest seen lately: decays toward what reads see now, so one
+    /// outlier does not slow reads of the partition for good.
+    largest: usize,
 }
 
 /// Per-partition state of this gateway: append turns with the next offset
@@ -44,11 +61,11 @@ fn entries_for(bytes: usize, average_batch: Option<usize>) -> usize {
 #[derive(Default)]
 pub(crate) struct Appenders {
     partitions: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<i64>>>>>,
-    batch_sizes: std::sync::Mutex<HashMap<String, usize>>,
+    batch_sizes: std::sync::Mutex<HashMap<String, BatchSizes>>,
 }
 
 impl Appenders {
-    fn batch_size_hint(&self, meta_key: &str) -> Option<usize> {
+    fn batch_sizes(&self, meta_key: &str) -> Option<BatchSizes> {
         self.batch_sizes
             .lock()
             .expect("batch sizes lock")
@@ -56,13 +73,15 @@ impl Appenders {
             .copied()
     }
 
-    fn learn_batch_size(&self, meta_key: &str, average: usize) {
+    fn learn_batch_sizes(&self, meta_key: &str, read: BatchSizes) {
         let mut sizes = self.batch_sizes.lock().expect("batch sizes lock");
         match sizes.get_mut(meta_key) {
-            // A moving average: batch sizes drift with the producers' load.
-            Some(size) => *size = (*size * 3 + average) / 4,
+            Some(sizes) => {
+                sizes.average = (sizes.average * 3 + read.average) / 4;
+                sizes.largest = read.largest.max(sizes.largest - sizes.largest / 8);
+            }
             None => {
-                sizes.insert(meta_key.to_owned(), average);
+                sizes.insert(meta_key.to_owned(), read);
             }
         }
     }
@@ -98,12 +117,15 @@ pub struct PartitionOffsets {
 }
 
 /// One partition to read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct ReadRequest {
     pub offset: i64,
     /// Stop reading once this many bytes are gathered (the batch that
     /// crosses the limit is included; the caller decides whether to send it).
     pub max_bytes: usize,
+    /// The largest batch the partition may hold (its `max.message.bytes`):
+    /// sizes the first read of a partition whose batches are unknown.
+    pub max_batch_bytes: usize,
 }
 
 /// What a read found.
@@ -123,9 +145,12 @@ impl Store {
     /// another gateway appended, it answers with the real next offset and
     /// the append is retried.
     ///
-    /// With `acks_all`, the append then waits for the configured replicas
-    /// (and fsync): [`StorageError::NotEnoughReplicasAfterAppend`] when they
-    /// do not confirm in time.
+    /// With `acks_all`, the append is written on a connection of the durable
+    /// pool and then waits there for the configured replicas (and fsync):
+    /// [`StorageError::NotEnoughReplicasAfterAppend`] when they do not
+    /// confirm in time. A duplicate of an earlier batch waits too: the script
+    /// records the producer's activity, a write that `WAIT` then covers along
+    /// with every write before it, the original batch included.
     pub async fn append(
         &self,
         topic: &Topic,
@@ -134,20 +159,24 @@ impl Store {
         header: &BatchHeader,
         acks_all: bool,
     ) -> Result<AppendOutcome> {
-        let durable = acks_all && (self.durability.replicas > 0 || self.durability.fsync);
-        let outcome = self.append_once(topic, partition, batch, header, durable).await?;
-        if durable {
-            self.wait_durable().await?;
+        if !(acks_all && self.durability.waits()) {
+            return self
+                .append_once(topic, partition, batch, header, self.conn())
+                .await;
         }
+        let durable = self.durable.get().await;
+        let outcome = self
+            .append_once(topic, partition, batch, header, durable.conn())
+            .await?;
+        self.wait_durable(durable.conn()).await?;
         Ok(outcome)
     }
 
-    /// Waits until the writes of the durable connection reached the
-    /// configured replicas (and disk).
-    async fn wait_durable(&self) -> Result<()> {
+    /// Waits until the writes of `conn` reached the configured replicas (and
+    /// disk).
+    async fn wait_durable(&self, mut conn: redis::aio::ConnectionManager) -> Result<()> {
         let wanted = self.durability.replicas;
         let timeout_ms = self.durability.timeout.as_millis().max(1) as u64;
-        let mut conn = self.durable_conn.clone();
         if self.durability.fsync {
             let waitaof: redis::RedisResult<(i64, i64)> = redis::cmd("WAITAOF")
                 .arg(1)
@@ -186,7 +215,7 @@ impl Store {
         partition: i32,
         batch: &Bytes,
         header: &BatchHeader,
-        durable: bool,
+        conn: redis::aio::ConnectionManager,
     ) -> Result<AppendOutcome> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
@@ -196,13 +225,11 @@ impl Store {
         let mut next = slot.lock().await;
         for _ in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
-            let conn = if durable {
-                self.durable_conn.clone()
-            } else {
-                self.conn()
-            };
-            let reserve = match self.try_append(conn, &keys, expected, batch, header).await {
-                Ok(reserve) => reserve,
+            let reply = match self
+                .try_append(conn.clone(), &keys, expected, batch, header)
+                .await
+            {
+                Ok(reply) => reply,
                 Err(e) => {
                     *next = None;
                     if is_noscript(&e) {
@@ -212,8 +239,11 @@ impl Store {
                     return Err(e.into());
                 }
             };
-            match reserve[..] {
-                [base_offset, log_start_offset] if base_offset >= 0 => {
+            match reply {
+                AppendReply::Stored {
+                    base_offset,
+                    log_start_offset,
+                } => {
                     let next_offset = base_offset + i64::from(header.record_count);
                     *next = Some(next_offset);
                     self.wake
@@ -224,26 +254,22 @@ impl Store {
                         duplicate: false,
                     });
                 }
-                [base_offset, log_start_offset, 1] => {
+                AppendReply::Duplicate {
+                    base_offset,
+                    log_start_offset,
+                } => {
                     return Ok(AppendOutcome {
                         base_offset,
                         log_start_offset,
                         duplicate: true,
                     });
                 }
-                [-3, reason] => {
-                    return Err(StorageError::Sequence(match reason {
-                        2 => SequenceError::StaleEpoch,
-                        3 => SequenceError::UnknownProducer,
-                        _ => SequenceError::OutOfOrder,
-                    }));
-                }
-                [-1] => {
+                AppendReply::Refused(reason) => return Err(StorageError::Sequence(reason)),
+                AppendReply::NoPartition => {
                     *next = None;
                     return Err(StorageError::UnknownTopicOrPartition);
                 }
-                [-2, actual] => *next = Some(actual),
-                _ => return Err(StorageError::Data(format!("append script replied {reserve:?}"))),
+                AppendReply::Moved { next_offset } => *next = Some(next_offset),
             }
         }
         Err(StorageError::Conflict(format!(
@@ -252,10 +278,10 @@ impl Store {
         )))
     }
 
-    /// One attempt; returns the reserve reply. A batch up to
-    /// [`INLINE_BATCH_BYTES`] goes through the script in one call; a larger
-    /// one is staged around a plain XADD in MULTI/EXEC, so Redis does not
-    /// hash its bytes in Lua.
+    /// One attempt. A batch up to [`INLINE_BATCH_BYTES`] goes through the
+    /// script in one call; a larger one is staged around a plain XADD in
+    /// MULTI/EXEC, so Redis does not hash its bytes in Lua. Both run on
+    /// `conn`, so a `WAIT` there covers the write.
     async fn try_append(
         &self,
         mut conn: redis::aio::ConnectionManager,
@@ -263,7 +289,7 @@ impl Store {
         expected: i64,
         batch: &Bytes,
         header: &BatchHeader,
-    ) -> redis::RedisResult<Vec<i64>> {
+    ) -> redis::RedisResult<AppendReply> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
         let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging, &keys.producers];
@@ -285,10 +311,7 @@ impl Store {
             cmd
         };
         if batch.len() <= INLINE_BATCH_BYTES {
-            return reserve("inline")
-                .arg(&batch[..])
-                .query_async(&mut self.conn())
-                .await;
+            return reserve("inline").arg(&batch[..]).query_async(&mut conn).await;
         }
         let last = expected.max(0) + i64::from(count) - 1;
         let mut pipe = redis::pipe();
@@ -309,8 +332,8 @@ impl Store {
             .arg(&script_keys)
             .arg("finish")
             .ignore();
-        let (reserve,): (Vec<i64>,) = pipe.query_async(&mut conn).await?;
-        Ok(reserve)
+        let (reply,): (AppendReply,) = pipe.query_async(&mut conn).await?;
+        Ok(reply)
     }
 
     async fn load_append_script(&self) -> Result<()> {
@@ -340,8 +363,11 @@ impl Store {
         let keys = self.partition_keys(topic, partition);
         let mut out = ReadPartition::default();
         let mut next = request.offset;
-        let hint = self.appenders.batch_size_hint(&keys.meta);
-        let mut count = entries_for(request.max_bytes, hint);
+        let mut count = entries_for(
+            request.max_bytes,
+            self.appenders.batch_sizes(&keys.meta),
+            request.max_batch_bytes,
+        );
         let mut bytes = 0usize;
         loop {
             // XRANGE first, then meta: the high watermark returned is never
@@ -373,22 +399,27 @@ impl Store {
             out.offsets = Some(offsets);
             let entries = stream_entries(entries)?;
             let got = entries.len();
+            let mut largest = 0;
+            let read_before = out.batches.len();
             for entry in entries {
                 next = entry.last_offset + 1;
                 bytes += entry.batch.len();
+                largest = largest.max(entry.batch.len());
                 out.batches.push(entry.batch);
             }
-            if !out.batches.is_empty() {
+            let read: usize = out.batches[read_before..].iter().map(Bytes::len).sum();
+            if let Some(average) = read.checked_div(got) {
                 self.appenders
-                    .learn_batch_size(&keys.meta, bytes / out.batches.len());
+                    .learn_batch_sizes(&keys.meta, BatchSizes { average, largest });
             }
             if got < count || bytes >= request.max_bytes {
                 return Ok(out);
             }
-            let average = bytes / out.batches.len();
-            count = entries_for(request.max_bytes - bytes, Some(average))
-                .max(count * 2)
-                .min(MAX_READ_COUNT);
+            count = entries_for(
+                request.max_bytes - bytes,
+                self.appenders.batch_sizes(&keys.meta),
+                request.max_batch_bytes,
+            );
         }
     }
 
@@ -421,8 +452,9 @@ impl Store {
             .and_then(|(offset, _)| offset.parse::<i64>().ok())
             .unwrap_or(0)
             .max(offsets.local_start_offset);
-        self.scan_for(topic, partition, start, offsets, |ts| ts >= timestamp)
+        self.scan_for(topic, partition, start, offsets, move |ts| (ts >= timestamp, ()))
             .await
+            .map(|(found, _)| found)
     }
 
     /// The offset and timestamp of the record with the largest timestamp
@@ -443,60 +475,80 @@ impl Store {
             // The record with the largest timestamp was deleted: find the
             // largest of what is left, then its first record.
             let mut largest: Option<i64> = None;
-            self.scan_for(topic, partition, offsets.local_start_offset, offsets, |ts| {
-                largest = Some(largest.map_or(ts, |l| l.max(ts)));
-                false
-            })
-            .await?;
-            let Some(largest) = largest else { return Ok(None) };
-            return self
-                .scan_for(topic, partition, offsets.local_start_offset, offsets, |ts| {
-                    ts == largest
+            let (_, largest) = self
+                .scan_for(topic, partition, offsets.local_start_offset, offsets, move |ts| {
+                    largest = Some(largest.map_or(ts, |l| l.max(ts)));
+                    (false, largest)
                 })
-                .await;
+                .await?;
+            let Some(largest) = largest.flatten() else {
+                return Ok(None);
+            };
+            return self
+                .scan_for(topic, partition, offsets.local_start_offset, offsets, move |ts| {
+                    (ts == largest, ())
+                })
+                .await
+                .map(|(found, _)| found);
         }
-        self.scan_for(topic, partition, batch_offset, offsets, |ts| ts == max_ts)
-            .await
+        self.scan_for(topic, partition, batch_offset, offsets, move |ts| {
+            (ts == max_ts, ())
+        })
+        .await
+        .map(|(found, _)| found)
     }
 
     /// Scans records from `start` and returns the first whose timestamp
-    /// satisfies `pred`.
-    async fn scan_for(
+    /// satisfies `visit` (its first answer), with `visit`'s last other answer.
+    /// Keys and values are skipped, not copied; compressed batches are
+    /// decompressed as a stream on the blocking pool, so a scan through
+    /// large compressed batches never stalls a runtime thread.
+    async fn scan_for<T: Send + 'static>(
         &self,
         topic: &Topic,
         partition: i32,
         start: i64,
         offsets: PartitionOffsets,
-        mut pred: impl FnMut(i64) -> bool,
-    ) -> Result<Option<(i64, i64)>> {
+        visit: impl FnMut(i64) -> (bool, T) + Send + 'static,
+    ) -> Result<(Option<(i64, i64)>, Option<T>)> {
         let keys = self.partition_keys(topic, partition);
         let mut next = start;
+        let mut scan = Scan {
+            start,
+            visit,
+            last: None,
+        };
         while next < offsets.high_watermark {
             let entries: Value = redis::cmd("XRANGE")
                 .arg(&keys.log)
                 .arg(next)
                 .arg("+")
                 .arg("COUNT")
-                .arg(FIRST_READ_COUNT)
+                .arg(SCAN_READ_COUNT)
                 .query_async(&mut self.conn())
                 .await?;
             let entries = stream_entries(entries)?;
-            if entries.is_empty() {
-                break;
-            }
-            for entry in entries {
-                next = entry.last_offset + 1;
-                let base = entry.last_offset - i64::from(entry.record_count) + 1;
-                let mut records = Records::of_batch(&entry.batch)?;
-                while let Some(record) = records.next_record()? {
-                    let offset = base + i64::from(record.offset_delta);
-                    if offset >= start && pred(record.timestamp) {
-                        return Ok(Some((offset, record.timestamp)));
-                    }
-                }
+            let Some(last) = entries.last() else { break };
+            next = last.last_offset + 1;
+            let compressed = entries.iter().any(|e| {
+                batch::header(&e.batch).is_ok_and(|h| h.compression().ok() != Some(batch::Compression::None))
+            });
+            let found;
+            (found, scan) = if compressed {
+                tokio::task::spawn_blocking(move || {
+                    let found = scan.entries(&entries);
+                    (found, scan)
+                })
+                .await
+                .map_err(|e| StorageError::Data(format!("timestamp scan failed: {e}")))?
+            } else {
+                (scan.entries(&entries), scan)
+            };
+            if let Some(found) = found? {
+                return Ok((Some(found), scan.last));
             }
         }
-        Ok(None)
+        Ok((None, scan.last))
     }
 
     /// Moves the log start offset to `offset` (`-1`: the high watermark) and
@@ -526,6 +578,121 @@ impl Store {
                 "delete_records script replied {reply:?}"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_read_of_a_partition_assumes_the_largest_batches() {
+        // Nothing seen yet: as if every batch were max.message.bytes.
+        assert_eq!(entries_for(1 << 20, None, 1 << 20), 1);
+        assert_eq!(entries_for(8 << 20, None, 1 << 20), 8);
+        assert_eq!(entries_for(100, None, 1 << 20), 1);
+    }
+
+    #[test]
+    fn reads_size_their_count_from_the_batches_seen() {
+        let steady = BatchSizes {
+            average: 1_000,
+            largest: 1_000,
+        };
+        assert_eq!(entries_for(100_000, Some(steady), 1 << 20), 102);
+        // One large batch among small ones: the count keeps what the large
+        // ones could hold within twice the bytes wanted.
+        let mixed = BatchSizes {
+            average: 1_000,
+            largest: 100_000,
+        };
+        assert_eq!(entries_for(100_000, Some(mixed), 1 << 20), 3);
+        assert_eq!(entries_for(usize::MAX / 4, Some(steady), 1 << 20), MAX_READ_COUNT);
+    }
+}
+
+/// A timestamp scan's state, moved to the blocking pool and back.
+struct Scan<F, T> {
+    start: i64,
+    visit: F,
+    last: Option<T>,
+}
+
+impl<F: FnMut(i64) -> (bool, T), T> Scan<F, T> {
+    /// The first record of `entries` from `start` on that `visit` accepts.
+    fn entries(&mut self, entries: &[Entry]) -> Result<Option<(i64, i64)>> {
+        for entry in entries {
+            let base = entry.last_offset - i64::from(entry.record_count) + 1;
+            let header = batch::header(&entry.batch)?;
+            let mut records = Records::of_batch(&entry.batch)?;
+            while let Some(record) = records.next_meta()? {
+                let offset = base + i64::from(record.offset_delta);
+                if offset < self.start {
+                    continue;
+                }
+                // A LogAppendTime batch's records all carry its max timestamp.
+                let timestamp = if header.is_log_append_time() {
+                    header.max_timestamp
+                } else {
+                    record.timestamp
+                };
+                let (found, other) = (self.visit)(timestamp);
+                self.last = Some(other);
+                if found {
+                    return Ok(Some((offset, timestamp)));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// What `scripts/append.lua` answered (reserve and inline modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AppendReply {
+    /// The batch is (inline) or will be (reserve, inside the transaction) stored.
+    Stored { base_offset: i64, log_start_offset: i64 },
+    /// It repeats one of its producer's last five batches: nothing stored,
+    /// `base_offset` is the original's.
+    Duplicate { base_offset: i64, log_start_offset: i64 },
+    /// The partition's `meta` is gone.
+    NoPartition,
+    /// The expected next offset was wrong; retry with this one.
+    Moved { next_offset: i64 },
+    /// The idempotent producer's epoch or sequence is refused.
+    Refused(SequenceError),
+}
+
+impl redis::FromRedisValue for AppendReply {
+    fn from_redis_value(v: Value) -> std::result::Result<Self, redis::ParsingError> {
+        let bad = |v: &Value| redis::ParsingError::from(format!("append script replied {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad(&v));
+        };
+        let int = |i: usize| match items.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            _ => Err(bad(&v)),
+        };
+        let tag = match items.first() {
+            Some(Value::BulkString(tag)) => tag.as_slice(),
+            _ => return Err(bad(&v)),
+        };
+        Ok(match tag {
+            b"stored" => AppendReply::Stored {
+                base_offset: int(1)?,
+                log_start_offset: int(2)?,
+            },
+            b"duplicate" => AppendReply::Duplicate {
+                base_offset: int(1)?,
+                log_start_offset: int(2)?,
+            },
+            b"no_partition" => AppendReply::NoPartition,
+            b"moved" => AppendReply::Moved { next_offset: int(1)? },
+            b"out_of_order" => AppendReply::Refused(SequenceError::OutOfOrder),
+            b"stale_epoch" => AppendReply::Refused(SequenceError::StaleEpoch),
+            b"unknown_producer" => AppendReply::Refused(SequenceError::UnknownProducer),
+            _ => return Err(bad(&v)),
+        })
     }
 }
 

@@ -4,9 +4,13 @@
 //! sealed segments past `retention.ms` / `retention.bytes` (moving the log
 //! start offset) and, for topics with remote storage, trims archived
 //! segments from Redis past `local.retention.*` (moving the local start
-//! offset). `scripts/archived.lua` records a segment's archive file. A
-//! per-partition lease (`scripts/lease.lua`) lets exactly one gateway's
-//! storage worker do this at a time.
+//! offset). `scripts/segment_state.lua` records a segment's archive file, or
+//! that the archive could not write it: such a segment is quarantined — its
+//! batches copied to `ketch:{TAG}:quarantine`, so local retention can trim
+//! the log past it while archiving goes on with later segments — until an
+//! operator retries or skips it (`ketch segments`). A per-partition lease
+//! (`scripts/lease.lua`) lets exactly one gateway's storage worker do this
+//! at a time.
 
 use std::time::Duration;
 
@@ -32,7 +36,93 @@ pub struct Segment {
     /// That file's size.
     #[serde(default)]
     pub file_bytes: Option<i64>,
+    /// Set while the archive cannot write the segment.
+    #[serde(default)]
+    pub quarantine: Option<Quarantine>,
+    /// Set once an operator gave up on archiving it: its records are gone
+    /// (a hole in the partition's offsets).
+    #[serde(default)]
+    pub skipped: Option<Skipped>,
 }
+
+/// Why and since when a segment is quarantined.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct Quarantine {
+    pub reason: String,
+    /// Redis time, ms.
+    pub at: i64,
+    /// An operator asked for another attempt.
+    #[serde(default)]
+    pub retry: bool,
+}
+
+/// A quarantined segment an operator skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct Skipped {
+    /// The operator's reason.
+    pub reason: String,
+    /// Redis time, ms.
+    pub at: i64,
+    /// Why it was quarantined.
+    pub error: String,
+}
+
+impl Segment {
+    /// Whether the storage worker should (try to) archive it now.
+    pub fn wants_archiving(&self) -> bool {
+        self.path.is_none() && self.skipped.is_none() && self.quarantine.as_ref().is_none_or(|q| q.retry)
+    }
+}
+
+/// Where a sealed segment's batches are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The partition's log.
+    Log,
+    /// The quarantine stream (quarantined segments).
+    Quarantine,
+}
+
+/// A change to a segment's state (`scripts/segment_state.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentChange<'a> {
+    Archived { path: &'a str, file_bytes: u64 },
+    Quarantine { reason: &'a str },
+    Retry,
+    Skip { reason: &'a str },
+}
+
+/// What a [`SegmentChange`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentChanged {
+    Done,
+    /// No such segment (retention, DeleteRecords or topic deletion took it).
+    Gone,
+    /// The segment is archived already.
+    Archived,
+    /// Retry and skip need a quarantined segment.
+    NotQuarantined,
+}
+
+impl redis::FromRedisValue for SegmentChanged {
+    fn from_redis_value(v: Value) -> std::result::Result<Self, redis::ParsingError> {
+        let tag = match &v {
+            Value::BulkString(tag) => tag.as_slice(),
+            Value::SimpleString(tag) => tag.as_bytes(),
+            _ => b"",
+        };
+        Ok(match tag {
+            b"ok" => SegmentChanged::Done,
+            b"gone" => SegmentChanged::Gone,
+            b"archived" => SegmentChanged::Archived,
+            b"not_quarantined" => SegmentChanged::NotQuarantined,
+            _ => return Err(format!("segment_state script replied {v:?}").into()),
+        })
+    }
+}
+
+/// Stream entries copied or deleted per round trip.
+const QUARANTINE_CHUNK: usize = 256;
 
 /// When to seal and what to keep, from the topic's configs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +191,7 @@ impl Store {
             .key(&keys.segments)
             .key(&keys.log)
             .key(&keys.producers)
+            .key(&keys.quarantine)
             .arg(policy.segment_bytes)
             .arg(policy.segment_ms)
             .arg(policy.retention_ms)
@@ -130,8 +221,9 @@ impl Store {
         }
     }
 
-    /// Records that a sealed segment is archived in `path`; false when the
-    /// segment is no longer there.
+    /// Records that a sealed segment is archived in `path` (ending its
+    /// quarantine, if it was quarantined); false when the segment is no
+    /// longer there.
     pub async fn mark_archived(
         &self,
         topic: &Topic,
@@ -140,18 +232,142 @@ impl Store {
         path: &str,
         file_bytes: u64,
     ) -> Result<bool> {
+        let change = SegmentChange::Archived { path, file_bytes };
+        Ok(self.change_segment(topic, partition, segment, change).await? != SegmentChanged::Gone)
+    }
+
+    /// Changes a segment's state.
+    pub async fn change_segment(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        change: SegmentChange<'_>,
+    ) -> Result<SegmentChanged> {
         let keys = self.partition_keys(topic, partition);
-        let done: i64 = self
-            .scripts
-            .archived
-            .key(&keys.segments)
-            .arg(segment.base)
-            .arg(segment.last)
-            .arg(path)
-            .arg(file_bytes)
-            .invoke_async(&mut self.conn())
+        let mut invocation = self.scripts.segment_state.key(&keys.segments);
+        invocation.arg(segment.base).arg(segment.last);
+        match change {
+            SegmentChange::Archived { path, file_bytes } => {
+                invocation.arg("archived").arg(path).arg(file_bytes);
+            }
+            SegmentChange::Quarantine { reason } => {
+                invocation.arg("quarantine").arg(reason);
+            }
+            SegmentChange::Retry => {
+                invocation.arg("retry");
+            }
+            SegmentChange::Skip { reason } => {
+                invocation.arg("skip").arg(reason);
+            }
+        }
+        Ok(invocation.invoke_async(&mut self.conn()).await?)
+    }
+
+    /// Copies a sealed segment's batches from the log to the quarantine
+    /// stream, a chunk at a time; resumes where an interrupted copy stopped.
+    /// Call before quarantining the segment: local retention trims the log
+    /// past a quarantined segment.
+    pub async fn copy_to_quarantine(&self, topic: &Topic, partition: i32, segment: &Segment) -> Result<()> {
+        let keys = self.partition_keys(topic, partition);
+        let mut conn = self.conn();
+        let newest: Value = redis::cmd("XREVRANGE")
+            .arg(&keys.quarantine)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut conn)
             .await?;
-        Ok(done == 1)
+        let mut next = match stream_entries(newest)?.first() {
+            Some(entry) if entry.last_offset >= segment.last => return Ok(()),
+            Some(entry) => (entry.last_offset + 1).max(segment.base),
+            None => segment.base,
+        };
+        while next <= segment.last {
+            let (batches, after) = self
+                .segment_chunk(topic, partition, segment, Tier::Log, next, QUARANTINE_CHUNK)
+                .await?;
+            let mut pipe = redis::pipe();
+            for batch in &batches {
+                let header = crate::batch::header(batch)?;
+                let base = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
+                let id = format!(
+                    "{}-{}",
+                    base + i64::from(header.record_count) - 1,
+                    header.record_count
+                );
+                pipe.cmd("XADD")
+                    .arg(&keys.quarantine)
+                    .arg(id)
+                    .arg("b")
+                    .arg(&batch[..])
+                    .arg("t")
+                    .arg(header.max_timestamp)
+                    .ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+            next = after;
+        }
+        Ok(())
+    }
+
+    /// Deletes a segment's batches from the quarantine stream (after it was
+    /// archived or skipped), a chunk at a time.
+    pub async fn purge_quarantine(&self, topic: &Topic, partition: i32, segment: &Segment) -> Result<()> {
+        let keys = self.partition_keys(topic, partition);
+        let mut conn = self.conn();
+        loop {
+            let reply: Value = redis::cmd("XRANGE")
+                .arg(&keys.quarantine)
+                .arg(segment.base)
+                .arg(format!("{}-{}", segment.last, u64::MAX))
+                .arg("COUNT")
+                .arg(QUARANTINE_CHUNK)
+                .query_async(&mut conn)
+                .await?;
+            let ids = stream_ids(reply)?;
+            if ids.is_empty() {
+                return Ok(());
+            }
+            let mut xdel = redis::cmd("XDEL");
+            xdel.arg(&keys.quarantine);
+            for id in &ids {
+                if let Value::BulkString(id) = id {
+                    xdel.arg(&id[..]);
+                }
+            }
+            let _: i64 = xdel.query_async(&mut conn).await?;
+        }
+    }
+
+    /// Batches of a quarantined segment from `offset` on, read from the
+    /// quarantine stream until about `max_bytes` are gathered (at least one).
+    pub async fn read_quarantined(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Vec<Bytes>> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut next = offset;
+        while next <= segment.last && (out.is_empty() || bytes < max_bytes) {
+            let (batches, after) = self
+                .segment_chunk(topic, partition, segment, Tier::Quarantine, next, 4)
+                .await?;
+            for batch in batches {
+                if !out.is_empty() && bytes + batch.len() > max_bytes {
+                    return Ok(out);
+                }
+                bytes += batch.len();
+                out.push(batch);
+            }
+            next = after;
+        }
+        Ok(out)
     }
 
     /// The sealed segment holding `offset`, if any.
@@ -175,21 +391,26 @@ impl Store {
         Ok((segment.last >= offset).then_some(segment))
     }
 
-    /// The next batches of a sealed segment from offset `next` (at most
-    /// `max_entries`), read from Redis with their base offsets set, and the
-    /// offset after them (`segment.last + 1` at the end). Fails if Redis no
-    /// longer holds the batch at `next`.
+    /// The next batches of a sealed segment from the batch holding offset
+    /// `next` (at most `max_entries`), read from `tier` with their base
+    /// offsets set, and the offset after them (`segment.last + 1` at the
+    /// end). Fails if Redis no longer holds the batch at `next`.
     pub async fn segment_chunk(
         &self,
         topic: &Topic,
         partition: i32,
         segment: &Segment,
+        tier: Tier,
         next: i64,
         max_entries: usize,
     ) -> Result<(Vec<Bytes>, i64)> {
         let keys = self.partition_keys(topic, partition);
+        let key = match tier {
+            Tier::Log => &keys.log,
+            Tier::Quarantine => &keys.quarantine,
+        };
         let reply: Value = redis::cmd("XRANGE")
-            .arg(&keys.log)
+            .arg(key)
             .arg(next)
             .arg(segment.last)
             .arg("COUNT")
@@ -198,7 +419,8 @@ impl Store {
             .await?;
         let entries = stream_entries(reply)?;
         match entries.first() {
-            Some(first) if first.last_offset - i64::from(first.record_count) + 1 == next => {}
+            Some(first)
+                if first.last_offset - i64::from(first.record_count) < next && first.last_offset >= next => {}
             _ => {
                 return Err(StorageError::Data(format!(
                     "segment {}..={}: Redis has no batch at offset {next}",
@@ -228,6 +450,20 @@ impl Store {
             .await?;
         members.iter().map(|m| parse_segment(m)).collect()
     }
+}
+
+/// The entry ids of an XRANGE reply.
+fn stream_ids(reply: Value) -> Result<Vec<Value>> {
+    let Value::Array(items) = reply else {
+        return Err(StorageError::Data("XRANGE reply is not an array".to_owned()));
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::Array(mut pair) if pair.len() == 2 => Ok(pair.swap_remove(0)),
+            _ => Err(StorageError::Data("stream entry is not [id, fields]".to_owned())),
+        })
+        .collect()
 }
 
 fn parse_segment(member: &str) -> Result<Segment> {

@@ -134,6 +134,23 @@ impl Store {
         self.topic_fresh(name).await
     }
 
+    /// The topic named `name`, read from Redis unless it was read less than
+    /// `age` ago: callers that refresh on a miss (a partition beyond the
+    /// cached count) go to Redis at most once per `age` however many
+    /// partitions a request names.
+    pub async fn topic_fresher_than(&self, name: &str, age: Duration) -> Result<Option<Arc<Topic>>> {
+        let recent = {
+            let map = self.topics.by_name.read().expect("topic cache lock");
+            map.get(name)
+                .filter(|(_, at)| at.elapsed() < age)
+                .map(|(t, _)| t.clone())
+        };
+        match recent {
+            Some(topic) => Ok(Some(topic)),
+            None => self.topic_fresh(name).await,
+        }
+    }
+
     /// The topic named `name`, read from Redis now.
     pub async fn topic_fresh(&self, name: &str) -> Result<Option<Arc<Topic>>> {
         let json: Option<String> = self.conn().hget(self.keys.topics(), name).await?;
@@ -225,7 +242,8 @@ impl Store {
     }
 
     /// Deletes a topic: the record first (clients stop seeing it), then
-    /// every partition's keys.
+    /// every partition's keys. Its Iceberg table, if any, is kept: the
+    /// archive outlives the topic (docs/tiered-storage.md).
     pub async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
         let topic = self
             .topic_fresh(name)
@@ -283,12 +301,14 @@ impl Store {
         Ok(())
     }
 
+    /// Removes every key of the partitions from `from` on. UNLINK frees a
+    /// large log in the background instead of blocking Redis; one command
+    /// per partition, since in a cluster each partition is its own slot.
     async fn drop_partitions(&self, topic: &Topic, from: i32) -> Result<()> {
         let mut pipe = redis::pipe();
         for p in from..topic.partitions() {
             let keys = self.partition_keys(topic, p);
-            pipe.del(&[&keys.meta, &keys.log, &keys.times, &keys.staging])
-                .ignore();
+            pipe.cmd("UNLINK").arg(&keys.all()[..]).ignore();
         }
         pipe.query_async::<()>(&mut self.conn()).await?;
         Ok(())

@@ -251,16 +251,20 @@ pub fn fetch_result(response: &FetchResponse) -> (i16, i64, Option<Bytes>) {
 /// Creates a topic through a raw CreateTopics v5 request and returns the
 /// topic's error code.
 pub fn create_topic(conn: &mut KafkaConn, topic: &str, partitions: i32) -> i16 {
-    let request = CreateTopicsRequest::default()
+    let response: CreateTopicsResponse = conn.request(5, &create_topic_request(topic, partitions));
+    response.topics[0].error_code
+}
+
+/// A CreateTopics request for one topic (replication factor 1).
+pub fn create_topic_request(topic: &str, partitions: i32) -> CreateTopicsRequest {
+    CreateTopicsRequest::default()
         .with_timeout_ms(10_000)
         .with_topics(vec![
             CreatableTopic::default()
                 .with_name(topic_name(topic))
                 .with_num_partitions(partitions)
                 .with_replication_factor(1),
-        ]);
-    let response: CreateTopicsResponse = conn.request(5, &request);
-    response.topics[0].error_code
+        ])
 }
 
 /// Record count of an uncompressed or compressed v2 batch sequence (sums the
@@ -280,9 +284,24 @@ pub fn count_records(mut records: &[u8]) -> i64 {
 
 /// ListOffsets (v7) for one partition: (error code, offset, timestamp).
 pub fn list_offsets(conn: &mut KafkaConn, topic: &str, partition: i32, timestamp: i64) -> (i16, i64, i64) {
+    list_offsets_result(&conn.request(7, &list_offsets_request(topic, partition, timestamp)))
+}
+
+/// (error code, offset, timestamp) of a one-partition ListOffsets response.
+pub fn list_offsets_result(response: &kafka_protocol::messages::ListOffsetsResponse) -> (i16, i64, i64) {
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.offset, p.timestamp)
+}
+
+/// A ListOffsets request for one partition.
+pub fn list_offsets_request(
+    topic: &str,
+    partition: i32,
+    timestamp: i64,
+) -> kafka_protocol::messages::ListOffsetsRequest {
     use kafka_protocol::messages::ListOffsetsRequest;
     use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-    let request = ListOffsetsRequest::default()
+    ListOffsetsRequest::default()
         .with_replica_id((-1).into())
         .with_topics(vec![
             ListOffsetsTopic::default()
@@ -293,17 +312,25 @@ pub fn list_offsets(conn: &mut KafkaConn, topic: &str, partition: i32, timestamp
                         .with_current_leader_epoch(-1)
                         .with_timestamp(timestamp),
                 ]),
-        ]);
-    let response = conn.request(7, &request);
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.offset, p.timestamp)
+        ])
 }
 
 /// DeleteRecords (v2) for one partition: (error code, low watermark).
 pub fn delete_records(conn: &mut KafkaConn, topic: &str, partition: i32, offset: i64) -> (i16, i64) {
+    let response = conn.request(2, &delete_records_request(topic, partition, offset));
+    let p = &response.topics[0].partitions[0];
+    (p.error_code, p.low_watermark)
+}
+
+/// A DeleteRecords request for one partition.
+pub fn delete_records_request(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> kafka_protocol::messages::DeleteRecordsRequest {
     use kafka_protocol::messages::DeleteRecordsRequest;
     use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
-    let request = DeleteRecordsRequest::default()
+    DeleteRecordsRequest::default()
         .with_timeout_ms(10_000)
         .with_topics(vec![
             DeleteRecordsTopic::default()
@@ -313,8 +340,5 @@ pub fn delete_records(conn: &mut KafkaConn, topic: &str, partition: i32, offset:
                         .with_partition_index(partition)
                         .with_offset(offset),
                 ]),
-        ]);
-    let response = conn.request(2, &request);
-    let p = &response.topics[0].partitions[0];
-    (p.error_code, p.low_watermark)
+        ])
 }

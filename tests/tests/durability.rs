@@ -1,7 +1,10 @@
-//! acks=all with `storage.acks_all_replicas` (issue #6, part): the
+//! acks=all with `storage.acks_all_replicas` (issues #6 and #10): the
 //! acknowledgement waits for a real Redis replica; without it the producer
 //! gets NOT_ENOUGH_REPLICAS_AFTER_APPEND, and an idempotent retry succeeds,
-//! stored once, when the replica is back.
+//! stored once, when the replica is back. A frozen replica (SIGSTOP: still
+//! connected, acknowledging nothing) is the hard case: every acks=all
+//! batch, small or large, new or a retried duplicate, must wait for it and
+//! fail retriably, and concurrent waits must not queue behind each other.
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,31 @@ fn wait_for_replication(server: &RedisServer, line: &str) {
         assert!(Instant::now() < deadline, "no `{line}` in:\n{info}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Freezes a process with SIGSTOP; SIGCONT when dropped, so a failing test
+/// leaves nothing stopped behind.
+struct Frozen(u32);
+
+impl Frozen {
+    fn freeze(pid: u32) -> Self {
+        signal(pid, "-STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn signal(pid: u32, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} {pid}");
 }
 
 fn produce_acks_all(conn: &mut KafkaConn, topic: &str, batch: Vec<u8>) -> (i16, i64) {
@@ -80,4 +108,96 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     // The client's retry of the refused batch: stored once, at its first offset.
     assert_eq!(produce_acks_all(&mut conn, &topic, batch(1)), (code::NONE, 1));
     assert_eq!(primary.next_offset(&topic, 0), 3);
+}
+
+fn start_with_replica(extra: &[&str]) -> (RedisServer, RedisServer, Ketch) {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    wait_for_replication(&replica, "master_link_status:up");
+    let mut args = vec!["--set", "storage.acks_all_replicas=1"];
+    args.extend_from_slice(extra);
+    let ketch = Ketch::start(&primary.url(), &args);
+    (primary, replica, ketch)
+}
+
+#[test]
+fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_batches() {
+    // The acks=all timeout equals the command timeout: a WAIT that runs to
+    // its limit must still answer NOT_ENOUGH_REPLICAS_AFTER_APPEND, not a
+    // storage error from the connection's timeout.
+    let (primary, replica, ketch) = start_with_replica(&[
+        "--set",
+        "storage.acks_all_timeout=1s",
+        "--set",
+        "redis.command_timeout=1s",
+    ]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("frozen");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    let producer_id = conn.request(4, &init).producer_id.0;
+    let small = |n: i32| batch::encode_idempotent(&[Record::value(1, &[b'x'; 100])], producer_id, 0, n);
+    assert_eq!(produce_acks_all(&mut conn, &topic, small(0)), (code::NONE, 0));
+
+    let frozen = Frozen::freeze(replica.pid());
+    // A 100-byte batch goes through the append script inline.
+    let started = Instant::now();
+    let (error, _) = produce_acks_all(&mut conn, &topic, small(1));
+    assert_eq!(error, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "answered after {:?}, before the acks_all timeout",
+        started.elapsed()
+    );
+    // The client's retry is a duplicate: it stores nothing, but must not be
+    // acknowledged while the original is not replicated either.
+    let (error, _) = produce_acks_all(&mut conn, &topic, small(1));
+    assert_eq!(error, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
+    // A large batch (staged around a plain XADD).
+    let large = batch::encode(&[Record::value(2, &[b'y'; 64 * 1024])]);
+    let (error, _) = produce_acks_all(&mut conn, &topic, large);
+    assert_eq!(error, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
+    drop(frozen);
+
+    wait_for_replication(&replica, "master_link_status:up");
+    // Once the replica answers again the retry is acknowledged, stored once.
+    assert_eq!(produce_acks_all(&mut conn, &topic, small(1)), (code::NONE, 1));
+    assert_eq!(primary.next_offset(&topic, 0), 3);
+}
+
+#[test]
+fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other() {
+    const CLIENTS: usize = 4;
+    let (_primary, replica, ketch) = start_with_replica(&["--set", "storage.acks_all_timeout=2s"]);
+    let topic = unique_topic("frozen-many");
+    {
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    }
+    let mut conns: Vec<KafkaConn> = (0..CLIENTS)
+        .map(|_| KafkaConn::connect(ketch.kafka_addr()))
+        .collect();
+    let _frozen = Frozen::freeze(replica.pid());
+    let started = Instant::now();
+    for (i, conn) in conns.iter_mut().enumerate() {
+        // Larger than the inline limit: the append and its WAIT both run on a
+        // connection reserved for acks=all.
+        let value = vec![b'v'; 8 * 1024];
+        let request =
+            raw::produce_request(&topic, 0, batch::encode(&[Record::value(i as i64, &value)])).with_acks(-1);
+        conn.send(raw::PRODUCE_VERSION, &request);
+    }
+    for conn in &mut conns {
+        let response = conn.receive::<kafka_protocol::messages::ProduceRequest>(raw::PRODUCE_VERSION);
+        assert_eq!(raw::produce_result(&response).0, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
+    }
+    // Each waits its 2 s; queued behind each other they would take 8 s.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(2 * CLIENTS as u64 - 2),
+        "{CLIENTS} concurrent acks=all waits took {elapsed:?}"
+    );
 }

@@ -29,7 +29,7 @@ use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use ketch_config::TieringSettings;
-use ketch_storage::segments::Segment;
+use ketch_storage::segments::{Segment, Tier};
 use ketch_storage::{Store, Topic};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -221,9 +221,10 @@ impl Archiver {
         }
     }
 
-    /// Archives one sealed segment, read from Redis a chunk at a time (so
-    /// memory stays bounded whatever `segment.bytes` is), unless `table`
-    /// already has it.
+    /// Archives one sealed segment, read from `tier` in Redis a chunk at a
+    /// time (so memory stays bounded whatever `segment.bytes` is), unless
+    /// `table` already has it. Records that cannot be read fail it with an
+    /// error for which [`Error::is_bad_data`] holds.
     pub async fn archive(
         &self,
         store: &Store,
@@ -231,6 +232,7 @@ impl Archiver {
         topic: &Topic,
         partition: i32,
         segment: &Segment,
+        tier: Tier,
     ) -> Result<Archived> {
         if let Some(done) = committed(table, topic, partition, segment) {
             return Ok(done);
@@ -259,7 +261,7 @@ impl Archiver {
         let mut next = segment.base;
         while next <= segment.last {
             let (batches, after) = store
-                .segment_chunk(topic, partition, segment, next, CHUNK_ENTRIES)
+                .segment_chunk(topic, partition, segment, tier, next, CHUNK_ENTRIES)
                 .await?;
             for batch in &batches {
                 rows.add_batch(batch)?;
@@ -272,7 +274,7 @@ impl Archiver {
         }
         let expected = segment.last - segment.base + 1;
         if records as i64 != expected {
-            return Err(Error::Data(format!(
+            return Err(Error::Records(format!(
                 "segment {}..={} holds {records} records, expected {expected}",
                 segment.base, segment.last
             )));

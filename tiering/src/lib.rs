@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ketch_config::TieringSettings;
 use ketch_config::topic::topic_config;
-use ketch_storage::segments::{Segment, SegmentPolicy};
+use ketch_storage::segments::{Segment, SegmentChange, SegmentPolicy, Tier};
 use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
 use tokio::sync::watch;
 
@@ -43,6 +43,9 @@ pub enum Error {
     Schema(String),
     #[error("archive data: {0}")]
     Data(String),
+    /// A segment's records do not add up (a count that lies).
+    #[error("segment records: {0}")]
+    Records(String),
     #[error("{0}")]
     Io(String),
     /// The catalog failed to open a moment ago; not tried again yet.
@@ -51,6 +54,17 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The segment's own bytes cannot be archived: trying again will not
+    /// help, unlike an unreachable catalog or object store.
+    pub fn is_bad_data(&self) -> bool {
+        matches!(
+            self,
+            Error::Batch(_) | Error::Records(_) | Error::Storage(StorageError::Corrupt(_))
+        )
+    }
+}
 
 impl From<Error> for StorageError {
     fn from(e: Error) -> Self {
@@ -224,16 +238,16 @@ impl Worker {
     }
 
     /// Archives the partition's sealed segments that are not yet, oldest
-    /// first; stops at the first failure (retried next tick). Returns how
-    /// many were archived.
+    /// first, and quarantined segments an operator asked to retry. A segment
+    /// whose records cannot be read is quarantined and archiving goes on
+    /// with the next; any other failure (catalog, object store, Redis) stops
+    /// here, to be retried next tick. Returns how many were archived.
     async fn archive_pending(&self, topic: &Topic, partition: i32) -> ketch_storage::Result<usize> {
-        let pending: Vec<Segment> = self
-            .store
-            .segments(topic, partition)
-            .await?
-            .into_iter()
-            .filter(|s| s.path.is_none())
-            .collect();
+        let segments = self.store.segments(topic, partition).await?;
+        let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
+        self.metrics
+            .set_quarantined(&topic.name, partition, quarantined as u64);
+        let pending: Vec<Segment> = segments.into_iter().filter(Segment::wants_archiving).collect();
         let lag = |segments: &[Segment]| {
             segments
                 .first()
@@ -255,6 +269,7 @@ impl Worker {
                 return Ok(0);
             }
         };
+        let mut archived_count = 0;
         for (done, segment) in pending.iter().enumerate() {
             // The lease must still be ours: archiving can take a while.
             if !self
@@ -262,36 +277,76 @@ impl Worker {
                 .take_lease(topic, partition, &self.id, self.lease_ttl)
                 .await?
             {
-                return Ok(done);
+                return Ok(archived_count);
             }
+            let tier = if segment.quarantine.is_some() {
+                Tier::Quarantine
+            } else {
+                Tier::Log
+            };
             let started = std::time::Instant::now();
             match self
                 .archiver
-                .archive(&self.store, &mut table, topic, partition, segment)
+                .archive(&self.store, &mut table, topic, partition, segment, tier)
                 .await
             {
                 Ok(archived) => {
                     self.store
                         .mark_archived(topic, partition, segment, &archived.path, archived.file_bytes)
                         .await?;
+                    if tier == Tier::Quarantine {
+                        self.store.purge_quarantine(topic, partition, segment).await?;
+                        tracing::info!(topic = %topic.name, partition, base = segment.base, last = segment.last,
+                            "quarantined segment archived on retry");
+                    }
                     if archived.written {
                         self.metrics.archived(archived.records, archived.file_bytes);
                     }
                     tracing::debug!(topic = %topic.name, partition, base = segment.base, last = segment.last,
                         path = %archived.path, written = archived.written,
                         ms = started.elapsed().as_millis() as u64, "segment archived");
-                    self.metrics
-                        .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
+                    archived_count += 1;
                 }
+                Err(e) if e.is_bad_data() => self.quarantine(topic, partition, segment, tier, &e).await?,
                 Err(e) => {
                     self.metrics.archive_failed();
                     tracing::warn!(topic = %topic.name, partition, base = segment.base, error = %e,
                         "archiving a segment failed; retrying next tick");
-                    return Ok(done);
+                    return Ok(archived_count);
                 }
             }
+            self.metrics
+                .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
         }
-        Ok(pending.len())
+        Ok(archived_count)
+    }
+
+    /// Quarantines a segment the archive cannot write: its batches are
+    /// copied out of the log (so local retention can trim past it) and it
+    /// is marked, to wait for an operator (`ketch segments retry|skip`).
+    async fn quarantine(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        tier: Tier,
+        error: &Error,
+    ) -> ketch_storage::Result<()> {
+        self.metrics.archive_failed();
+        if tier == Tier::Log {
+            self.store.copy_to_quarantine(topic, partition, segment).await?;
+        }
+        let reason = error.to_string();
+        let change = SegmentChange::Quarantine { reason: &reason };
+        self.store
+            .change_segment(topic, partition, segment, change)
+            .await?;
+        self.metrics.quarantined();
+        tracing::error!(topic = %topic.name, partition, base = segment.base, last = segment.last,
+            error = %reason, retried = tier == Tier::Quarantine,
+            "segment quarantined: the archive cannot write it; it stays in Redis and archiving goes on \
+             with later segments (`ketch segments list|retry|skip`)");
+        Ok(())
     }
 }
 
@@ -316,7 +371,10 @@ impl Tiers {
         }
     }
 
-    /// [`Store::read`], with offsets below the local start read from the archive.
+    /// [`Store::read`], with offsets below the local start read from the
+    /// archive, or from the quarantine stream for a quarantined segment. A
+    /// skipped segment is a hole: the read goes on after it (a consumer gets
+    /// the next offsets, as over the gaps of a compacted topic).
     pub async fn read(
         &self,
         topic: &Topic,
@@ -341,35 +399,60 @@ impl Tiers {
                 other => return other,
             },
         };
-        let cached = hint
-            .and_then(|(_, segment)| segment)
-            .filter(|s| (s.base..=s.last).contains(&request.offset));
-        let segment = match cached {
-            Some(segment) => segment,
-            None => match self.store.segment_at(topic, partition, request.offset).await? {
+        let mut cached = hint.and_then(|(_, segment)| segment);
+        let mut offset = request.offset;
+        loop {
+            let segment = match cached.take().filter(|s| (s.base..=s.last).contains(&offset)) {
                 Some(segment) => segment,
-                // Retention removed it meanwhile.
-                None => {
-                    let offsets = self.store.offsets(topic, partition).await?;
-                    return Err(StorageError::OffsetOutOfRange {
-                        log_start: offsets.log_start_offset,
-                        high_watermark: offsets.high_watermark,
-                    });
+                None => match self.store.segment_at(topic, partition, offset).await? {
+                    Some(segment) => segment,
+                    // Retention removed it meanwhile.
+                    None => {
+                        let offsets = self.store.offsets(topic, partition).await?;
+                        return Err(StorageError::OffsetOutOfRange {
+                            log_start: offsets.log_start_offset,
+                            high_watermark: offsets.high_watermark,
+                        });
+                    }
+                },
+            };
+            let batches = if segment.path.is_some() {
+                self.reader.read(&segment, offset, request.max_bytes).await
+            } else if segment.quarantine.is_some() {
+                self.store
+                    .read_quarantined(topic, partition, &segment, offset, request.max_bytes)
+                    .await
+                    .map_err(Error::from)
+            } else if segment.skipped.is_some() {
+                offset = segment.last + 1;
+                if offset >= offsets.local_start_offset {
+                    let rest = ReadRequest { offset, ..*request };
+                    return self.store.read(topic, partition, &rest).await;
                 }
-            },
-        };
-        let batches = self
-            .reader
-            .read(&segment, request.offset, request.max_bytes)
-            .await?;
-        self.hints
-            .lock()
-            .expect("hints")
-            .insert(key.clone(), (offsets.local_start_offset, Some(segment)));
-        Ok(ReadPartition {
-            offsets: Some(offsets),
-            batches,
-        })
+                continue;
+            } else {
+                Err(Error::Data(format!(
+                    "segment {}..={} is below the local start but neither archived nor quarantined",
+                    segment.base, segment.last
+                )))
+            };
+            let batches = match batches {
+                Ok(batches) => batches,
+                Err(e) => {
+                    // The segment may have changed state (archived on retry).
+                    self.hints.lock().expect("hints").remove(key);
+                    return Err(e.into());
+                }
+            };
+            self.hints
+                .lock()
+                .expect("hints")
+                .insert(key.clone(), (offsets.local_start_offset, Some(segment)));
+            return Ok(ReadPartition {
+                offsets: Some(offsets),
+                batches,
+            });
+        }
     }
 
     /// The archived segments clients can still see, oldest first.

@@ -12,6 +12,7 @@ pub struct Metrics {
     archived_records: AtomicU64,
     archived_bytes: AtomicU64,
     archive_failures: AtomicU64,
+    quarantines: AtomicU64,
     sealed_segments: AtomicU64,
     deleted_segments: AtomicU64,
     remote_read_bytes: AtomicU64,
@@ -22,6 +23,8 @@ pub struct Metrics {
     lag: Mutex<std::collections::BTreeMap<(String, i32), i64>>,
     /// The last computed maximum, for cheap reads.
     lag_max_ms: AtomicI64,
+    /// Quarantined segments per partition this gateway works.
+    quarantined: Mutex<std::collections::BTreeMap<(String, i32), u64>>,
 }
 
 impl Metrics {
@@ -33,6 +36,21 @@ impl Metrics {
 
     pub fn archive_failed(&self) {
         self.archive_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A segment was quarantined.
+    pub fn quarantined(&self) {
+        self.quarantines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets how many quarantined segments a partition has.
+    pub fn set_quarantined(&self, topic: &str, partition: i32, segments: u64) {
+        let mut quarantined = self.quarantined.lock().expect("quarantined");
+        if segments > 0 {
+            quarantined.insert((topic.to_owned(), partition), segments);
+        } else {
+            quarantined.remove(&(topic.to_owned(), partition));
+        }
     }
 
     pub fn sealed(&self, sealed: u64, deleted: u64) {
@@ -66,6 +84,8 @@ impl Metrics {
 
     /// Forgets partitions this gateway no longer works.
     pub fn retain_lag(&self, keep: impl Fn(&str, i32) -> bool) {
+        (self.quarantined.lock().expect("quarantined"))
+            .retain(|(topic, partition), _| keep(topic, *partition));
         let mut lag = self.lag.lock().expect("lag");
         lag.retain(|(topic, partition), _| keep(topic, *partition));
         self.lag_max_ms
@@ -108,6 +128,11 @@ impl Metrics {
             get(&self.archive_failures),
         );
         counter(
+            "ketch_archive_quarantines_total",
+            "Segments quarantined because the archive cannot write their records.",
+            get(&self.quarantines),
+        );
+        counter(
             "ketch_segments_sealed_total",
             "Segments sealed by this gateway's storage worker.",
             get(&self.sealed_segments),
@@ -131,6 +156,11 @@ impl Metrics {
             "ketch_remote_read_cache_misses_total",
             "Row groups read and decoded from the archive.",
             get(&self.remote_cache_misses),
+        );
+        let quarantined: u64 = self.quarantined.lock().expect("quarantined").values().sum();
+        let _ = writeln!(
+            out,
+            "# HELP ketch_archive_quarantined_segments Quarantined segments waiting for an operator (`ketch segments`), over the partitions this gateway works.\n# TYPE ketch_archive_quarantined_segments gauge\nketch_archive_quarantined_segments {quarantined}"
         );
         let lag = self.lag_max_ms.load(Ordering::Relaxed) as f64 / 1000.0;
         let _ = writeln!(

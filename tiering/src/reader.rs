@@ -2,10 +2,14 @@
 //!
 //! The segment record in Redis names the data file; offsets are dense in a
 //! segment, so the row group holding an offset follows from the row counts
-//! in the file's footer, and only that row group is read (ranged reads on
-//! S3). Footers and decoded row groups are cached, so a sequential reader
-//! decodes each row group once. Rows become uncompressed Kafka batches with
-//! the offsets, timestamps, keys, values and headers that were produced.
+//! in the file's footer. A row group is decoded in slices of about
+//! [`SLICE_BYTES`] (their row count from the group's uncompressed size), and
+//! only the slices a read needs, so memory follows the bytes a fetch asks
+//! for, not the size of a row group; the offset index lets a slice skip the
+//! pages before it (ranged reads on S3). Footers and decoded slices are
+//! cached, so a sequential reader decodes each slice once. Rows become
+//! uncompressed Kafka batches with the offsets, timestamps, keys, values and
+//! headers that were produced.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -20,6 +24,7 @@ use ketch_config::TieringSettings;
 use ketch_storage::segments::Segment;
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::file::metadata::PageIndexPolicy;
 
 use crate::metrics::Metrics;
 use crate::table::{self, Columns};
@@ -27,10 +32,13 @@ use crate::{Error, Result};
 
 /// Largest rebuilt batch; a fetch gets several up to its byte limit.
 const BATCH_BYTES: usize = 32 * 1024;
-/// A row group: the data file's path and the group's index.
-type GroupKey = (String, usize);
+/// Decoded bytes a slice of a row group holds (about; one row at least).
+const SLICE_BYTES: usize = 1024 * 1024;
+/// A slice of a row group: the data file's path, the group's index and the
+/// slice's index in the group.
+type SliceKey = (String, usize, usize);
 
-/// Row groups read ahead of a sequential reader.
+/// Slices read ahead of a sequential reader.
 const READ_AHEAD: usize = 4;
 /// Footers kept.
 const FOOTERS: usize = 1024;
@@ -39,11 +47,11 @@ const FOOTERS: usize = 1024;
 pub struct RemoteReader {
     file_io: FileIO,
     footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
-    groups: Mutex<GroupCache>,
-    /// Row groups being read ahead.
-    ahead: Mutex<std::collections::HashSet<(String, usize)>>,
-    /// Row groups being read, so concurrent readers share one read.
-    loading: Mutex<HashMap<GroupKey, Arc<tokio::sync::OnceCell<Arc<RecordBatch>>>>>,
+    slices: Mutex<SliceCache>,
+    /// Slices being read ahead.
+    ahead: Mutex<std::collections::HashSet<SliceKey>>,
+    /// Slices being read, so concurrent readers share one read.
+    loading: Mutex<HashMap<SliceKey, Arc<tokio::sync::OnceCell<Arc<RecordBatch>>>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -55,7 +63,7 @@ impl RemoteReader {
         Self {
             file_io,
             footers: Mutex::new(HashMap::new()),
-            groups: Mutex::new(GroupCache::new(settings.read_cache_bytes)),
+            slices: Mutex::new(SliceCache::new(settings.read_cache_bytes)),
             ahead: Mutex::new(std::collections::HashSet::new()),
             loading: Mutex::new(HashMap::new()),
             metrics,
@@ -64,7 +72,7 @@ impl RemoteReader {
 
     /// Record batches from `offset` (inside `segment`, which is archived)
     /// up to about `max_bytes`, never past the segment's end. The next
-    /// [`READ_AHEAD`] row groups are read in the background, so a sequential
+    /// [`READ_AHEAD`] slices are read in the background, so a sequential
     /// reader finds them decoded.
     pub async fn read(
         self: &Arc<Self>,
@@ -78,16 +86,20 @@ impl RemoteReader {
         let mut total = 0usize;
         let mut next = offset;
         while next <= segment.last && (out.is_empty() || total < max_bytes) {
-            let (group, first) = row_group_of(&footer, segment, next)?;
-            let rows = self.row_group(segment, path, &footer, group).await?;
+            let at = Position::of(&footer, segment, next)?;
+            let rows = self.slice(segment, path, &footer, at).await?;
             for ahead in 1..=READ_AHEAD {
-                self.read_ahead(segment, path, &footer, group + ahead);
+                if let Some(later) = at.after(&footer, ahead) {
+                    self.read_ahead(segment, path, &footer, later);
+                }
             }
             let columns = Columns::of(&rows)?;
-            let from = usize::try_from(next - first).map_err(|_| Error::Data("row index".to_owned()))?;
+            let from =
+                usize::try_from(next - at.first_offset).map_err(|_| Error::Data("row index".to_owned()))?;
             if from >= columns.len() || columns.offset(from) != next {
                 return Err(Error::Data(format!(
-                    "{path}: row group {group} does not hold offset {next} where expected"
+                    "{path}: row group {} slice {} does not hold offset {next} where expected",
+                    at.group, at.slice
                 )));
             }
             let budget = max_bytes.saturating_sub(total);
@@ -115,43 +127,42 @@ impl RemoteReader {
         let footer = self.footer(segment, path).await?;
         let mut next = from.max(segment.base);
         while next <= segment.last {
-            let (group, first) = row_group_of(&footer, segment, next)?;
-            let rows = self.row_group(segment, path, &footer, group).await?;
+            let at = Position::of(&footer, segment, next)?;
+            let rows = self.slice(segment, path, &footer, at).await?;
             let columns = Columns::of(&rows)?;
-            let start = usize::try_from(next - first).map_err(|_| Error::Data("row index".to_owned()))?;
+            let start =
+                usize::try_from(next - at.first_offset).map_err(|_| Error::Data("row index".to_owned()))?;
             for i in start..columns.len() {
                 let ts = columns.timestamp_ms(i);
                 if pred(ts) {
                     return Ok(Some((columns.offset(i), ts)));
                 }
             }
-            next = first + columns.len() as i64;
+            next = at.first_offset + columns.len() as i64;
         }
         Ok(None)
     }
 
-    /// Starts reading row group `group` of the file into the cache, unless
-    /// it is there, being read, or past the file's end.
+    /// Starts reading a slice into the cache, unless it is there or being
+    /// read.
     fn read_ahead(
         self: &Arc<Self>,
         segment: &Segment,
         path: &str,
         footer: &ArrowReaderMetadata,
-        group: usize,
+        at: Position,
     ) {
-        if group >= footer.metadata().num_row_groups() {
-            return;
-        }
-        let key = (path.to_owned(), group);
-        if self.groups.lock().expect("row groups").contains(&key)
+        let key = at.key(path);
+        if self.slices.lock().expect("slices").contains(&key)
             || !self.ahead.lock().expect("read ahead").insert(key.clone())
         {
             return;
         }
-        let (reader, segment, footer) = (self.clone(), segment.clone(), footer.clone());
+        let (reader, segment, footer, path) =
+            (self.clone(), segment.clone(), footer.clone(), path.to_owned());
         tokio::spawn(async move {
-            if let Err(e) = reader.row_group(&segment, &key.0, &footer, key.1).await {
-                tracing::debug!(path = %key.0, group = key.1, error = %e, "reading ahead failed");
+            if let Err(e) = reader.slice(&segment, &path, &footer, at).await {
+                tracing::debug!(path = %path, group = at.group, slice = at.slice, error = %e, "reading ahead failed");
             }
             reader.ahead.lock().expect("read ahead").remove(&key);
         });
@@ -162,7 +173,9 @@ impl RemoteReader {
             return Ok(footer.clone());
         }
         let mut reader = self.open(segment, path).await?;
-        let footer = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new()).await?;
+        // The offset index lets a slice skip the pages before it.
+        let options = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+        let footer = ArrowReaderMetadata::load_async(&mut reader, options).await?;
         let mut footers = self.footers.lock().expect("footers");
         if footers.len() >= FOOTERS {
             footers.clear();
@@ -180,17 +193,17 @@ impl RemoteReader {
         Ok(ArrowFileReader::new(FileMetadata { size }, input.reader().await?))
     }
 
-    /// A decoded row group: from the cache, else read once however many
+    /// A decoded slice: from the cache, else read once however many
     /// readers (and the read-ahead) ask for it at the same time.
-    async fn row_group(
+    async fn slice(
         &self,
         segment: &Segment,
         path: &str,
         footer: &ArrowReaderMetadata,
-        group: usize,
+        at: Position,
     ) -> Result<Arc<RecordBatch>> {
-        let key = (path.to_owned(), group);
-        if let Some(rows) = self.groups.lock().expect("row groups").get(&key) {
+        let key = at.key(path);
+        if let Some(rows) = self.slices.lock().expect("slices").get(&key) {
             self.metrics.cache_hit();
             return Ok(rows);
         }
@@ -204,11 +217,8 @@ impl RemoteReader {
         let loaded = cell
             .get_or_try_init(|| async {
                 self.metrics.cache_miss();
-                let rows = Arc::new(self.load(segment, path, footer, group).await?);
-                self.groups
-                    .lock()
-                    .expect("row groups")
-                    .put(key.clone(), rows.clone());
+                let rows = Arc::new(self.load(segment, path, footer, at).await?);
+                self.slices.lock().expect("slices").put(key.clone(), rows.clone());
                 Ok::<_, Error>(rows)
             })
             .await
@@ -222,13 +232,14 @@ impl RemoteReader {
         segment: &Segment,
         path: &str,
         footer: &ArrowReaderMetadata,
-        group: usize,
+        at: Position,
     ) -> Result<RecordBatch> {
         let reader = self.open(segment, path).await?;
-        let rows_in_group = footer.metadata().row_group(group).num_rows().max(1) as usize;
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.clone())
-            .with_row_groups(vec![group])
-            .with_batch_size(rows_in_group)
+            .with_row_groups(vec![at.group])
+            .with_offset(at.slice * at.slice_rows)
+            .with_limit(at.slice_rows)
+            .with_batch_size(at.slice_rows)
             .build()?;
         let batches: Vec<RecordBatch> = stream.try_collect().await?;
         match batches.len() {
@@ -236,6 +247,81 @@ impl RemoteReader {
             _ => arrow_select_concat(&batches),
         }
     }
+}
+
+/// Where an offset lies in a data file: its row group, the slice of the
+/// group, and the offset of the slice's first row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Position {
+    group: usize,
+    slice: usize,
+    /// Rows per slice of this group.
+    slice_rows: usize,
+    first_offset: i64,
+}
+
+impl Position {
+    /// The slice holding `offset` (offsets are dense in a segment).
+    fn of(footer: &ArrowReaderMetadata, segment: &Segment, offset: i64) -> Result<Self> {
+        let mut first = segment.base;
+        for (group, metadata) in footer.metadata().row_groups().iter().enumerate() {
+            let rows = metadata.num_rows();
+            if offset < first + rows {
+                let slice_rows = slice_rows(metadata.total_byte_size(), rows);
+                let slice = ((offset - first) as usize) / slice_rows;
+                return Ok(Self {
+                    group,
+                    slice,
+                    slice_rows,
+                    first_offset: first + (slice * slice_rows) as i64,
+                });
+            }
+            first += rows;
+        }
+        Err(Error::Data(format!(
+            "the archived segment {}..={} has no row for offset {offset}",
+            segment.base, segment.last
+        )))
+    }
+
+    /// The slice `n` slices after this one, within the file.
+    fn after(&self, footer: &ArrowReaderMetadata, n: usize) -> Option<Self> {
+        let groups = footer.metadata().row_groups();
+        let mut at = *self;
+        for _ in 0..n {
+            let rows = groups.get(at.group)?.num_rows();
+            let next_first = at.first_offset + at.slice_rows as i64;
+            let group_first = at.first_offset - (at.slice * at.slice_rows) as i64;
+            if next_first < group_first + rows {
+                at = Self {
+                    slice: at.slice + 1,
+                    first_offset: next_first,
+                    ..at
+                };
+            } else {
+                let group = at.group + 1;
+                let metadata = groups.get(group)?;
+                at = Self {
+                    group,
+                    slice: 0,
+                    slice_rows: slice_rows(metadata.total_byte_size(), metadata.num_rows()),
+                    first_offset: group_first + rows,
+                };
+            }
+        }
+        Some(at)
+    }
+
+    fn key(&self, path: &str) -> SliceKey {
+        (path.to_owned(), self.group, self.slice)
+    }
+}
+
+/// Rows per slice of a row group of `rows` rows and `bytes` uncompressed bytes.
+fn slice_rows(bytes: i64, rows: i64) -> usize {
+    let rows = rows.max(1) as usize;
+    let per_row = (bytes.max(1) as usize).div_ceil(rows).max(1);
+    (SLICE_BYTES / per_row).clamp(1, rows)
 }
 
 fn segment_path(segment: &Segment) -> Result<&str> {
@@ -247,22 +333,6 @@ fn segment_path(segment: &Segment) -> Result<&str> {
     })
 }
 
-/// The row group holding `offset` and the offset of its first row.
-fn row_group_of(footer: &ArrowReaderMetadata, segment: &Segment, offset: i64) -> Result<(usize, i64)> {
-    let mut first = segment.base;
-    for (i, group) in footer.metadata().row_groups().iter().enumerate() {
-        let rows = group.num_rows();
-        if offset < first + rows {
-            return Ok((i, first));
-        }
-        first += rows;
-    }
-    Err(Error::Data(format!(
-        "the archived segment {}..={} has no row for offset {offset}",
-        segment.base, segment.last
-    )))
-}
-
 fn arrow_select_concat(batches: &[RecordBatch]) -> Result<RecordBatch> {
     let Some(first) = batches.first() else {
         return Err(Error::Data("an empty row group".to_owned()));
@@ -270,15 +340,15 @@ fn arrow_select_concat(batches: &[RecordBatch]) -> Result<RecordBatch> {
     arrow_select::concat::concat_batches(&first.schema(), batches).map_err(|e| Error::Data(e.to_string()))
 }
 
-/// Decoded row groups, least recently used out first, bounded in bytes.
-struct GroupCache {
+/// Decoded slices, least recently used out first, bounded in bytes.
+struct SliceCache {
     capacity: usize,
     used: usize,
-    entries: HashMap<(String, usize), (Arc<RecordBatch>, usize)>,
-    order: VecDeque<(String, usize)>,
+    entries: HashMap<SliceKey, (Arc<RecordBatch>, usize)>,
+    order: VecDeque<SliceKey>,
 }
 
-impl GroupCache {
+impl SliceCache {
     fn new(capacity: usize) -> Self {
         Self {
             capacity,
@@ -288,11 +358,11 @@ impl GroupCache {
         }
     }
 
-    fn contains(&self, key: &(String, usize)) -> bool {
+    fn contains(&self, key: &SliceKey) -> bool {
         self.entries.contains_key(key)
     }
 
-    fn get(&mut self, key: &(String, usize)) -> Option<Arc<RecordBatch>> {
+    fn get(&mut self, key: &SliceKey) -> Option<Arc<RecordBatch>> {
         let rows = self.entries.get(key)?.0.clone();
         if let Some(at) = self.order.iter().position(|k| k == key) {
             let key = self.order.remove(at).expect("present");
@@ -301,7 +371,7 @@ impl GroupCache {
         Some(rows)
     }
 
-    fn put(&mut self, key: (String, usize), rows: Arc<RecordBatch>) {
+    fn put(&mut self, key: SliceKey, rows: Arc<RecordBatch>) {
         let size = rows.get_array_memory_size();
         if size > self.capacity || self.entries.contains_key(&key) {
             return;

@@ -166,7 +166,7 @@ impl Rows {
     }
 
     /// Adds every record of a stored batch (base offset already set).
-    pub fn add_batch(&mut self, batch: &[u8]) -> Result<()> {
+    pub fn add_batch(&mut self, batch: &Bytes) -> Result<()> {
         let header = ketch_storage::batch::header(batch)?;
         let base_offset = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
         // LogAppendTime: every record's timestamp is the batch's max timestamp.

@@ -186,9 +186,14 @@ async fn read_partition(
         });
     }
     let generation = hub.generation(wake);
+    let max_batch_bytes = topic
+        .config("max.message.bytes")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(ctx.settings.topics.max_message_bytes as usize);
     let request = ReadRequest {
         offset: target.offset,
         max_bytes: target.max_bytes.min(budget),
+        max_batch_bytes,
     };
     let read = ctx.tiers.read(topic, target.partition, &request).await;
     if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {

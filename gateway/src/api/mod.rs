@@ -210,14 +210,19 @@ pub async fn resolve_topic_id(ctx: &Context, id: uuid::Uuid) -> Result<Arc<Topic
     }
 }
 
+/// How recent a topic record must be for a partition beyond it to be
+/// unknown without asking Redis again.
+const PARTITION_REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A topic's partition as a partition of a freshly read record, refreshing
-/// the cached record once when the partition is beyond it (another gateway
-/// may have added partitions).
+/// the cached record when the partition is beyond it (another gateway may
+/// have added partitions) — at most once per [`PARTITION_REFRESH`], so a
+/// request naming thousands of partitions that do not exist costs one read.
 pub async fn ensure_partition(ctx: &Context, topic: Arc<Topic>, partition: i32) -> Result<Arc<Topic>, i16> {
     if topic.has_partition(partition) {
         return Ok(topic);
     }
-    match ctx.store.topic_fresh(&topic.name).await {
+    match ctx.store.topic_fresher_than(&topic.name, PARTITION_REFRESH).await {
         Ok(Some(fresh)) if fresh.id == topic.id && fresh.has_partition(partition) => Ok(fresh),
         Ok(_) => Err(ResponseError::UnknownTopicOrPartition.code()),
         Err(e) => Err(error_code(&e)),

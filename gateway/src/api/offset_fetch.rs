@@ -24,8 +24,8 @@ pub async fn handle(
             let wanted = group.topics.map(|topics| {
                 topics
                     .into_iter()
-                    .map(|t| (t.name.0.to_string(), t.partition_indexes))
-                    .collect::<Vec<_>>()
+                    .map(|t| (t.name, t.partition_indexes))
+                    .collect()
             });
             let (error, topics) = fetch(ctx, &group.group_id, wanted).await;
             OffsetFetchResponseGroup::default()
@@ -38,8 +38,8 @@ pub async fn handle(
     let wanted = request.topics.map(|topics| {
         topics
             .into_iter()
-            .map(|t| (t.name.0.to_string(), t.partition_indexes))
-            .collect::<Vec<_>>()
+            .map(|t| (t.name, t.partition_indexes))
+            .collect()
     });
     let (error, topics) = fetch(ctx, &request.group_id, wanted).await;
     let version = header.request_api_version;
@@ -56,33 +56,54 @@ pub async fn handle(
 type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>)>);
 
 /// The group's error code and its offsets, grouped by topic in the order
-/// asked (or by name when all were asked for).
+/// asked (or by name when all were asked for). A topic named twice, or a
+/// partition named twice within a topic, is answered once. A name no topic
+/// can have is answered without asking Redis: no offset.
 async fn fetch(
     ctx: &Context,
     group: &GroupId,
-    wanted: Option<Vec<(String, Vec<i32>)>>,
+    wanted: Option<Vec<(TopicName, Vec<i32>)>>,
 ) -> (i16, Vec<TopicOffsets>) {
     if let Some(code) = check_coordinator(ctx, group) {
         return (code, Vec::new());
     }
-    let partitions: Option<Vec<TopicPartition>> = wanted.as_ref().map(|topics| {
-        topics
-            .iter()
-            .flat_map(|(name, partitions)| partitions.iter().map(move |p| (name.clone(), *p)))
-            .collect()
-    });
-    let found = match ctx.store.committed_offsets(group, partitions.as_deref()).await {
-        Ok(found) => found,
-        Err(e) => return (error_code(&e), Vec::new()),
+    let Some(wanted) = wanted else {
+        return match ctx.store.all_committed_offsets(group).await {
+            Ok(all) => (0, by_topic(all)),
+            Err(e) => (error_code(&e), Vec::new()),
+        };
     };
-    let mut topics: Vec<TopicOffsets> = Vec::new();
-    for ((topic, partition), committed) in found {
-        match topics.last_mut() {
-            Some((name, partitions)) if *name == topic => partitions.push((partition, committed)),
-            _ => topics.push((topic, vec![(partition, committed)])),
+    let mut topics_seen = std::collections::HashSet::new();
+    let mut topics = Vec::with_capacity(wanted.len());
+    for (name, partitions) in wanted {
+        if !topics_seen.insert(name.0.clone()) {
+            continue;
         }
+        let mut seen = std::collections::HashSet::with_capacity(partitions.len());
+        let partitions: Vec<i32> = partitions.into_iter().filter(|p| seen.insert(*p)).collect();
+        let offsets = if ketch_storage::validate_topic_name(&name).is_err() {
+            vec![None; partitions.len()]
+        } else {
+            match ctx.store.committed_offsets_of(group, &name, &partitions).await {
+                Ok(offsets) => offsets,
+                Err(e) => return (error_code(&e), Vec::new()),
+            }
+        };
+        topics.push((name.0.to_string(), partitions.into_iter().zip(offsets).collect()));
     }
     (0, topics)
+}
+
+/// Offsets grouped by topic (they come sorted by topic and partition).
+fn by_topic(all: Vec<(TopicPartition, CommittedOffset)>) -> Vec<TopicOffsets> {
+    let mut topics: Vec<TopicOffsets> = Vec::new();
+    for ((topic, partition), committed) in all {
+        match topics.last_mut() {
+            Some((name, partitions)) if *name == topic => partitions.push((partition, Some(committed))),
+            _ => topics.push((topic, vec![(partition, Some(committed))])),
+        }
+    }
+    topics
 }
 
 /// v1–v7 answer; the leader epoch exists from v5.

@@ -25,15 +25,29 @@ use kafka_protocol::messages::produce_request::TopicProduceData;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
 use ketch_storage::Topic;
-use ketch_storage::batch::{BatchError, stamp_log_append_time, validate_produce_batch};
+use ketch_storage::batch::{
+    BatchError, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
+};
 use tokio::sync::oneshot;
 
 use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id, str_bytes};
 use crate::Context;
 
-/// A partition of a produce request, as the sequencer keys it: topic name
-/// (or id, from v13), partition.
-type PartitionKey = (String, uuid::Uuid, i32);
+/// A partition of a produce request, as the sequencer and deduplication
+/// key it: a hash of the topic (name, or id from v13) and the partition.
+/// Hashing keeps per-entry work and memory independent of the topic name's
+/// length (a request may name a long topic once per partition), and a
+/// collision costs only an unneeded wait between two partitions.
+type PartitionKey = u64;
+
+fn partition_key(topic: &TopicProduceData, partition: i32) -> PartitionKey {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    topic.name.0.as_bytes().hash(&mut hasher);
+    topic.topic_id.hash(&mut hasher);
+    partition.hash(&mut hasher);
+    hasher.finish()
+}
 
 /// Orders one connection's appends per partition.
 #[derive(Default)]
@@ -62,13 +76,25 @@ pub struct Turns(HashMap<PartitionKey, Turn>);
 
 impl Sequencer {
     /// Takes the turns of `request`; call in the order requests arrive.
+    /// A partition named twice in one request gets one turn (its second
+    /// entry is dropped by [`handle`]).
     pub fn turns(&mut self, request: &ProduceRequest) -> Turns {
+        // Appends that finished need not be remembered.
+        self.previous.retain(|_, previous| {
+            !matches!(
+                previous.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed) | Ok(())
+            )
+        });
         let mut turns = Turns::default();
         for topic in &request.topic_data {
             for partition in &topic.partition_data {
-                let key = (topic.name.0.to_string(), topic.topic_id, partition.index);
+                let key = partition_key(topic, partition.index);
+                if turns.0.contains_key(&key) {
+                    continue;
+                }
                 let (done, next) = oneshot::channel();
-                let previous = self.previous.insert(key.clone(), next);
+                let previous = self.previous.insert(key, next);
                 turns.0.insert(
                     key,
                     Turn {
@@ -91,13 +117,21 @@ pub async fn handle(
     let acks = request.acks;
     let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
     let by_id = header.request_api_version >= 13;
-    let topics = request.topic_data.into_iter().map(|data| {
-        let turns: Vec<Option<Turn>> = data
-            .partition_data
-            .iter()
-            .map(|p| turns.0.remove(&(data.name.0.to_string(), data.topic_id, p.index)))
-            .collect();
-        produce_topic(ctx, acks, timeout, by_id, data, turns)
+    // Kafka keys a request's partitions by topic and partition: a partition
+    // named twice is produced (and answered) once, its first entry here.
+    let mut seen = std::collections::HashSet::new();
+    let topics = request.topic_data.into_iter().map(|mut data| {
+        let mut kept = Vec::with_capacity(data.partition_data.len());
+        let mut turns_of_topic = Vec::with_capacity(data.partition_data.len());
+        for partition in std::mem::take(&mut data.partition_data) {
+            let key = partition_key(&data, partition.index);
+            if seen.insert(key) {
+                turns_of_topic.push(turns.0.remove(&key));
+                kept.push(partition);
+            }
+        }
+        data.partition_data = kept;
+        produce_topic(ctx, acks, timeout, by_id, data, turns_of_topic)
     });
     let responses = futures::future::join_all(topics).await;
     if acks == 0 {
@@ -198,15 +232,25 @@ async fn produce_partition(
             )),
         ));
     }
-    let mut header = validate_produce_batch(&batch).map_err(|e| {
+    let valid = validate(&batch).await.map_err(|e| {
         tracing::debug!(topic = %topic.name, partition, error = %e, "rejected record batch");
         (batch_error_code(&e), Some(e.to_string()))
     })?;
+    let mut header = valid.header;
     let log_append_time = topic.config("message.timestamp.type") == Some("LogAppendTime");
+    if log_append_time && header.is_log_append_time() {
+        // Kafka's LogValidator: the broker, not the producer, stamps append times.
+        return Err((
+            ResponseError::InvalidTimestamp.code(),
+            Some("Producer should not set timestamp type to LogAppendTime".to_owned()),
+        ));
+    }
     let (batch, append_time) = if log_append_time {
         let now = ketch_storage::now_ms();
         header.max_timestamp = now;
         (stamp_log_append_time(&batch, now), now)
+    } else if valid.max_timestamp_corrected {
+        (set_max_timestamp(&batch, header.max_timestamp), -1)
     } else {
         (batch, -1)
     };
@@ -218,9 +262,26 @@ async fn produce_partition(
     Ok((outcome.base_offset, outcome.log_start_offset, append_time))
 }
 
+/// Compressed batches larger than this are validated on the blocking pool:
+/// decompressing them may take a while, and runtime threads must not stall.
+const VALIDATE_INLINE_BYTES: usize = 64 * 1024;
+
+async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
+    let compressed = batch.len() > ketch_storage::batch::HEADER_LEN && batch[22] & 0x07 != 0;
+    if !compressed || batch.len() <= VALIDATE_INLINE_BYTES {
+        return validate_produce_batch(batch);
+    }
+    let batch = batch.clone();
+    tokio::task::spawn_blocking(move || validate_produce_batch(&batch))
+        .await
+        .unwrap_or_else(|e| Err(BatchError::Decompress(format!("validation task failed: {e}"))))
+}
+
 fn batch_error_code(e: &BatchError) -> i16 {
     match e {
-        BatchError::MultipleBatches | BatchError::Transactional => ResponseError::InvalidRecord.code(),
+        BatchError::MultipleBatches | BatchError::Transactional | BatchError::Sequence { .. } => {
+            ResponseError::InvalidRecord.code()
+        }
         BatchError::Magic(_) => ResponseError::UnsupportedForMessageFormat.code(),
         _ => ResponseError::CorruptMessage.code(),
     }

@@ -14,6 +14,7 @@ pub mod state;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
@@ -116,6 +117,13 @@ impl Coordinator {
     }
 
     fn join_now(&self, req: JoinGroupRequest, joiner: &Joiner) -> Reply<JoinGroupResponse> {
+        // What the group keeps must not pin the request's frame buffer.
+        let req = detach_join(req);
+        let joiner = &Joiner {
+            client_id: detach(&joiner.client_id),
+            client_host: detach(&joiner.client_host),
+            version: joiner.version,
+        };
         let group_id = req.group_id.0.clone();
         if group_id.is_empty() {
             return Reply::Now(join_error(req.member_id, ResponseError::InvalidGroupId));
@@ -133,7 +141,15 @@ impl Coordinator {
 
     /// SyncGroup; followers wait for the leader's assignment. A gateway
     /// shutting down answers REBALANCE_IN_PROGRESS, so the member rejoins.
-    pub async fn sync(&self, req: SyncGroupRequest, shutdown: &watch::Receiver<bool>) -> SyncGroupResponse {
+    pub async fn sync(
+        &self,
+        mut req: SyncGroupRequest,
+        shutdown: &watch::Receiver<bool>,
+    ) -> SyncGroupResponse {
+        for assignment in &mut req.assignments {
+            assignment.member_id = detach(&assignment.member_id);
+            assignment.assignment = Bytes::copy_from_slice(&assignment.assignment);
+        }
         let reply = match invalid_group(&req.group_id) {
             Some(error) => Reply::Now(sync_error(error)),
             None => (self.inner)
@@ -329,6 +345,28 @@ async fn settle<T>(reply: Reply<T>, shutdown: &watch::Receiver<bool>, unanswered
         answer = answer => answer.unwrap_or(unanswered),
         Ok(_) = shutdown.wait_for(|stop| *stop) => unanswered,
     }
+}
+
+/// A copy of `s` that does not share the request frame's buffer: a string
+/// decoded from a request is a slice of its whole frame, and a group that
+/// kept one would keep the frame (up to `broker.max_request_bytes`) alive.
+fn detach(s: &StrBytes) -> StrBytes {
+    StrBytes::from_string(s.to_string())
+}
+
+/// The strings and bytes of a JoinGroup that a group may keep, detached.
+fn detach_join(mut req: JoinGroupRequest) -> JoinGroupRequest {
+    req.group_id.0 = detach(&req.group_id.0);
+    req.member_id = detach(&req.member_id);
+    req.group_instance_id = req.group_instance_id.as_ref().map(detach);
+    req.protocol_type = detach(&req.protocol_type);
+    req.reason = None;
+    for protocol in &mut req.protocols {
+        protocol.name = detach(&protocol.name);
+        protocol.metadata = Bytes::copy_from_slice(&protocol.metadata);
+    }
+    req.unknown_tagged_fields.clear();
+    req
 }
 
 /// Group APIs other than the admin ones need a non-empty group id.

@@ -205,7 +205,10 @@ pub struct Group {
     join_deadline: Option<Instant>,
     initial_delay: Option<InitialDelay>,
     sync_deadline: Option<Instant>,
-    /// An empty group is forgotten (turns Dead) at this time.
+    /// An empty group is forgotten (turns Dead) at this time, once no
+    /// member id handed out is pending: `groups.offsets_retention` after it
+    /// last had members; at once for a group no member ever joined (a
+    /// JoinGroup from an unknown member must not leave state behind it).
     forget_at: Instant,
 }
 
@@ -226,7 +229,7 @@ impl Group {
             join_deadline: None,
             initial_delay: None,
             sync_deadline: None,
-            forget_at: now + timing.offsets_retention,
+            forget_at: now,
         }
     }
 

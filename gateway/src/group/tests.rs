@@ -494,3 +494,41 @@ async fn an_empty_group_is_forgotten_after_the_offsets_retention() {
     tokio::time::sleep(retention + Duration::from_secs(1)).await;
     assert!(h.groups.describe("g").is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_group_only_an_unknown_member_asked_for_is_forgotten_with_its_pending_member() {
+    let h = Harness::new();
+    // v4+: a member without an id gets one with MEMBER_ID_REQUIRED and never
+    // comes back.
+    let first = h.join(join_request("", RANGE)).await;
+    assert_eq!(first.error_code, code(ResponseError::MemberIdRequired));
+    assert!(h.groups.describe("g").is_some(), "its member id is pending");
+    tokio::time::sleep(Duration::from_millis(SESSION_TIMEOUT_MS as u64 + 1_000)).await;
+    assert!(
+        h.groups.describe("g").is_none(),
+        "a group nobody joined must not outlive the pending member id"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_group_keeps_no_slice_of_the_request_frame() {
+    let h = Harness::new();
+    let frame = Bytes::from(b"gmember-idrangemetadata".to_vec());
+    let slice = |from: usize, to: usize| StrBytes::try_from(frame.slice(from..to)).unwrap();
+    let request = JoinGroupRequest::default()
+        .with_group_id(GroupId(slice(0, 1)))
+        .with_session_timeout_ms(SESSION_TIMEOUT_MS)
+        .with_rebalance_timeout_ms(SESSION_TIMEOUT_MS)
+        .with_protocol_type(s("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(slice(10, 15))
+                .with_metadata(frame.slice(15..)),
+        ]);
+    let joined = h.spawn_join(request, 3).await.unwrap();
+    assert_eq!(joined.error_code, 0);
+    assert!(
+        frame.is_unique(),
+        "the group still holds a slice of the request frame"
+    );
+}

@@ -33,14 +33,18 @@
 --          ARGV[10] base sequence
 -- inline:  ARGV[11] the batch bytes (small batches only: they get hashed)
 --
--- Reply of reserve and inline: {base_offset, log_start_offset} when the
--- batch is (inline) or will be (reserve) stored; {base_offset,
--- log_start_offset, 1} when it duplicates one of the producer's last five
--- batches (nothing is stored; base_offset is the original's); {-1} when the
--- partition does not exist; {-2, next_offset} when the expected offset was
--- wrong (retry with next_offset); {-3, reason} when the producer's epoch or
--- sequence is refused: 1 = out of order, 2 = stale epoch, 3 = unknown
--- producer with a sequence other than 0.
+-- Reply of reserve and inline, tagged by its first element:
+--   {'stored', base_offset, log_start_offset}  the batch is (inline) or will
+--       be (reserve) stored;
+--   {'duplicate', base_offset, log_start_offset}  it repeats one of the
+--       producer's last five batches: nothing is stored, base_offset is the
+--       original's (the producer's last-activity time is still written, so
+--       a WAIT on this connection covers the original batch too);
+--   {'no_partition'}  the partition does not exist;
+--   {'moved', next_offset}  the expected offset was wrong: retry with it;
+--   {'out_of_order'}, {'stale_epoch'}, {'unknown_producer'}  the producer's
+--       sequence or epoch is refused (unknown_producer: a producer this
+--       partition does not know, with a sequence other than 0).
 -- Reply of finish: 1 when the log was renamed back, else 0.
 if ARGV[1] == 'finish' then
   if redis.call('EXISTS', KEYS[4]) == 1 then
@@ -53,11 +57,11 @@ end
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'max_ts', 'idx_bytes', 'bytes',
   'seg_bytes', 'seg_start_ms', 'seg_max_ts')
 if not meta[1] then
-  return {-1}
+  return {'no_partition'}
 end
 local base = tonumber(meta[1])
 if base ~= tonumber(ARGV[2]) then
-  return {-2, base}
+  return {'moved', base}
 end
 local count = tonumber(ARGV[3])
 local ts = tonumber(ARGV[4])
@@ -73,22 +77,27 @@ if tonumber(producer_id) >= 0 then
   local last_seq = (first_seq + count - 1) % 2147483648
   local stored = redis.call('HGET', KEYS[5], producer_id)
   local state = stored and cjson.decode(stored) or nil
+  -- Last activity (Redis time), for producers.expiration (scripts/seal.lua).
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   if state and epoch < state.e then
-    return {-3, 2}
+    return {'stale_epoch'}
   end
   if state and epoch == state.e then
     for _, b in ipairs(state.b) do
       if b[1] == first_seq and b[2] == last_seq then
-        return {b[3], tonumber(meta[2]), 1}
+        state.t = now_ms
+        redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
+        return {'duplicate', b[3], tonumber(meta[2])}
       end
     end
     local previous = state.b[#state.b]
     if previous and first_seq ~= (previous[2] + 1) % 2147483648 then
-      return {-3, 1}
+      return {'out_of_order'}
     end
   elseif first_seq ~= 0 then
     -- A new producer, or a new epoch, starts at sequence 0.
-    return {-3, state and 1 or 3}
+    return {state and 'out_of_order' or 'unknown_producer'}
   end
   if not state or epoch > state.e then
     state = {e = epoch, b = {}}
@@ -97,9 +106,7 @@ if tonumber(producer_id) >= 0 then
   if #state.b > 5 then
     table.remove(state.b, 1)
   end
-  -- Last activity (Redis time), for producers.expiration (scripts/seal.lua).
-  local now = redis.call('TIME')
-  state.t = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  state.t = now_ms
   redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
 end
 
@@ -139,4 +146,4 @@ redis.call('HSET', KEYS[1], 'next_offset', string.format('%d', base + count),
   'seg_start_ms', seg_start,
   'seg_max_ts', string.format('%d', seg_max_ts))
 redis.call('SPUBLISH', ARGV[5], string.format('%d', base + count))
-return {base, tonumber(meta[2])}
+return {'stored', base, tonumber(meta[2])}

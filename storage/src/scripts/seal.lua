@@ -3,10 +3,14 @@
 --
 -- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts)
 -- KEYS[2] ketch:{TAG}:segments  sorted set: score = base offset, member = JSON
---                               {base, last, bytes, max_ts, sealed_ms[, path, file_bytes]};
---                               `path` is set once the segment is archived
+--                               {base, last, bytes, max_ts, sealed_ms[, path, file_bytes]
+--                               [, quarantine][, skipped]}; `path` is set once the segment is
+--                               archived, `quarantine` while the archive cannot write it (its
+--                               batches are then in KEYS[5] too), `skipped` once an operator
+--                               gave up on it
 -- KEYS[3] ketch:{TAG}:log       the stream
 -- KEYS[4] ketch:{TAG}:producers idempotent producers' state (see append.lua)
+-- KEYS[5] ketch:{TAG}:quarantine batches of quarantined segments (see segment_state.lua)
 -- ARGV[1] segment.bytes     ARGV[2] segment.ms
 -- ARGV[3] retention.ms (-1: none)   ARGV[4] retention.bytes (-1: none)
 -- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
@@ -42,8 +46,10 @@ end
 
 -- retention.ms / retention.bytes: what Kafka clients can see. Whole sealed
 -- segments go, oldest first (Kafka's rule: while the rest still holds
--- retention.bytes). With remote storage a segment must be archived first,
--- so the archive misses nothing; its Iceberg rows stay.
+-- retention.bytes). With remote storage a segment must be archived (or
+-- skipped by an operator) first, so the archive misses nothing; its Iceberg
+-- rows stay. A quarantined segment waits for the operator, unless
+-- DeleteRecords already moved the log start past it.
 local deleted = 0
 local retention_ms = tonumber(ARGV[3])
 local retention_bytes = tonumber(ARGV[4])
@@ -60,7 +66,9 @@ for i, segment in ipairs(segments) do
   local expired = retention_ms >= 0 and segment.max_ts < now - retention_ms
   local oversize = retention_bytes >= 0 and total - segment.bytes >= retention_bytes
   -- Segments below the log start (DeleteRecords) go as well.
-  if not (expired or oversize or segment.last < log_start) or (remote and not segment.path) then
+  local below = segment.last < log_start
+  local settled = segment.path or segment.skipped or (segment.quarantine and below)
+  if not (expired or oversize or below) or (remote and not settled) then
     first_kept = i
     break
   end
@@ -73,9 +81,13 @@ if new_start > log_start then
   log_start = new_start
   redis.call('HSET', KEYS[1], 'log_start', string.format('%d', log_start))
 end
+-- Quarantined batches below the log start are no longer readable.
+redis.call('XTRIM', KEYS[5], 'MINID', string.format('%d', log_start))
 
 -- local.retention.ms / local.retention.bytes (remote storage only): archived
--- segments leave Redis; fetches below the local start read the archive.
+-- segments leave Redis; fetches below the local start read the archive. A
+-- quarantined segment's batches are in the quarantine stream, and a skipped
+-- one's are given up, so the log is trimmed past them too.
 local new_local = math.max(local_start, log_start)
 if remote then
   local local_total = seg_bytes
@@ -91,7 +103,8 @@ if remote then
     if segment.last >= new_local then
       local expired = local_ms >= 0 and segment.max_ts < now - local_ms
       local oversize = local_bytes >= 0 and local_total - segment.bytes >= local_bytes
-      if not segment.path or not (expired or oversize) then
+      local away = segment.path or segment.quarantine or segment.skipped
+      if not away or not (expired or oversize) then
         break
       end
       local_total = local_total - segment.bytes

@@ -1,0 +1,207 @@
+//! `ketch segments`: the operator's view of segments the archive could not
+//! write. A quarantined segment stays in Redis (its batches in the
+//! partition's quarantine stream) until an operator either has the storage
+//! worker try it again (`retry`, after fixing what made it fail) or gives up
+//! on it (`skip`): its records are deleted and its offsets become a hole
+//! that consumers read past, recorded in the segment's entry.
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use ketch_config::Settings;
+use ketch_storage::segments::{Segment, SegmentChange, SegmentChanged};
+use ketch_storage::{Store, StoreConfig, Topic};
+
+#[derive(Debug, Subcommand)]
+pub enum Action {
+    /// Quarantined and skipped segments (of one topic, or all).
+    List {
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Have the storage worker of the partition archive a quarantined
+    /// segment again, on its next tick.
+    Retry {
+        topic: String,
+        partition: i32,
+        /// The segment's base offset.
+        base: i64,
+    },
+    /// Give up on a quarantined segment: its records are deleted from Redis
+    /// and its offsets are a hole consumers read past. Recorded, with the
+    /// reason, in the segment's entry (`ketch segments list` shows it).
+    Skip {
+        topic: String,
+        partition: i32,
+        /// The segment's base offset.
+        base: i64,
+        /// Why (kept with the hole).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
+    let store = Store::new(&StoreConfig::from_settings(settings))?;
+    match action {
+        Action::List { topic } => list(&store, topic.as_deref()).await,
+        Action::Retry {
+            topic,
+            partition,
+            base,
+        } => {
+            let (topic, segment) = find(&store, &topic, partition, base).await?;
+            match store
+                .change_segment(&topic, partition, &segment, SegmentChange::Retry)
+                .await?
+            {
+                SegmentChanged::Done => {
+                    println!(
+                        "retry requested: the storage worker of {} partition {partition} archives offsets {}..={} on its next tick",
+                        topic.name, segment.base, segment.last
+                    );
+                    Ok(())
+                }
+                other => bail!("cannot retry: {}", refusal(other)),
+            }
+        }
+        Action::Skip {
+            topic,
+            partition,
+            base,
+            reason,
+        } => {
+            let (topic, segment) = find(&store, &topic, partition, base).await?;
+            match store
+                .change_segment(
+                    &topic,
+                    partition,
+                    &segment,
+                    SegmentChange::Skip { reason: &reason },
+                )
+                .await?
+            {
+                SegmentChanged::Done => {
+                    store.purge_quarantine(&topic, partition, &segment).await?;
+                    println!(
+                        "skipped: offsets {}..={} of {} partition {partition} are a hole; their records are deleted",
+                        segment.base, segment.last, topic.name
+                    );
+                    Ok(())
+                }
+                other => bail!("cannot skip: {}", refusal(other)),
+            }
+        }
+    }
+}
+
+fn refusal(changed: SegmentChanged) -> &'static str {
+    match changed {
+        SegmentChanged::Gone => "the segment no longer exists",
+        SegmentChanged::Archived => "the segment is archived",
+        SegmentChanged::NotQuarantined => "the segment is not quarantined",
+        SegmentChanged::Done => "done",
+    }
+}
+
+async fn find(
+    store: &Store,
+    name: &str,
+    partition: i32,
+    base: i64,
+) -> anyhow::Result<(std::sync::Arc<Topic>, Segment)> {
+    let topic = store
+        .topic_fresh(name)
+        .await?
+        .with_context(|| format!("no topic {name}"))?;
+    if !topic.has_partition(partition) {
+        bail!("topic {name} has no partition {partition}");
+    }
+    let segment = store
+        .segments(&topic, partition)
+        .await?
+        .into_iter()
+        .find(|s| s.base == base)
+        .with_context(|| {
+            format!("{name} partition {partition} has no sealed segment at base offset {base}")
+        })?;
+    Ok((topic, segment))
+}
+
+async fn list(store: &Store, only: Option<&str>) -> anyhow::Result<()> {
+    let topics = match only {
+        Some(name) => vec![
+            store
+                .topic_fresh(name)
+                .await?
+                .with_context(|| format!("no topic {name}"))?,
+        ],
+        None => store.all_topics().await?,
+    };
+    println!(
+        "{:<24} {:>9} {:>12} {:>12} {:>10}  {:<16} {:<24} reason",
+        "topic", "partition", "base", "last", "bytes", "state", "since"
+    );
+    let mut listed = 0;
+    for topic in &topics {
+        for partition in 0..topic.partitions() {
+            for segment in store.segments(topic, partition).await? {
+                let (state, since, reason) = match (&segment.quarantine, &segment.skipped) {
+                    (Some(q), _) if q.retry => ("retry requested", q.at, q.reason.clone()),
+                    (Some(q), _) => ("quarantined", q.at, q.reason.clone()),
+                    (None, Some(s)) => ("skipped (hole)", s.at, format!("{} (was: {})", s.reason, s.error)),
+                    (None, None) => continue,
+                };
+                listed += 1;
+                println!(
+                    "{:<24} {:>9} {:>12} {:>12} {:>10}  {:<16} {:<24} {reason}",
+                    topic.name,
+                    partition,
+                    segment.base,
+                    segment.last,
+                    segment.bytes,
+                    state,
+                    timestamp(since),
+                );
+            }
+        }
+    }
+    if listed == 0 {
+        println!("(no quarantined or skipped segments)");
+    }
+    Ok(())
+}
+
+/// A Unix time in ms as UTC `YYYY-MM-DDTHH:MM:SSZ`.
+fn timestamp(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps_are_utc() {
+        assert_eq!(super::timestamp(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::timestamp(1_764_547_200_000), "2025-12-01T00:00:00Z");
+        assert_eq!(
+            super::timestamp(951_782_400_000 + 86_399_000),
+            "2000-02-29T23:59:59Z"
+        );
+    }
+}

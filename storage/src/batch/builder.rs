@@ -1,0 +1,115 @@
+//! Uncompressed v2 batches built record by record: the archive's rows
+//! become batches again this way (remote reads).
+
+use bytes::Bytes;
+
+use super::{CRC_START, HEADER_LEN};
+
+/// Builds an uncompressed v2 record batch, record by record; the archive's
+/// rows become batches again this way. Producer id, epoch and sequence are
+/// unset (-1), as in a batch written by a non-idempotent producer.
+pub struct BatchBuilder {
+    base_offset: i64,
+    base_timestamp: Option<i64>,
+    max_timestamp: i64,
+    count: i32,
+    buf: Vec<u8>,
+    record: Vec<u8>,
+}
+
+impl BatchBuilder {
+    pub fn new(base_offset: i64) -> Self {
+        let mut buf = Vec::with_capacity(16 * 1024);
+        buf.resize(HEADER_LEN, 0);
+        Self {
+            base_offset,
+            base_timestamp: None,
+            max_timestamp: -1,
+            count: 0,
+            buf,
+            record: Vec::with_capacity(256),
+        }
+    }
+
+    /// Records added so far.
+    pub fn count(&self) -> i32 {
+        self.count
+    }
+
+    /// The batch's size so far, in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Appends the record at offset `base_offset + count()`.
+    pub fn push<'a>(
+        &mut self,
+        timestamp: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    ) {
+        let base_timestamp = *self.base_timestamp.get_or_insert(timestamp);
+        self.max_timestamp = self.max_timestamp.max(timestamp);
+        let record = &mut self.record;
+        record.clear();
+        record.push(0);
+        put_varlong(record, timestamp.wrapping_sub(base_timestamp));
+        put_varlong(record, i64::from(self.count));
+        put_nullable(record, key);
+        put_nullable(record, value);
+        put_varlong(record, headers.len() as i64);
+        for (key, value) in headers {
+            put_nullable(record, Some(key));
+            put_nullable(record, value);
+        }
+        put_varlong(&mut self.buf, record.len() as i64);
+        self.buf.extend_from_slice(record);
+        self.count += 1;
+    }
+
+    /// The finished batch (at least one record must have been pushed).
+    pub fn finish(mut self) -> Bytes {
+        debug_assert!(self.count > 0, "an empty batch");
+        let batch_length = (self.buf.len() - 12) as i32;
+        let header = &mut self.buf[..HEADER_LEN];
+        header[0..8].copy_from_slice(&self.base_offset.to_be_bytes());
+        header[8..12].copy_from_slice(&batch_length.to_be_bytes());
+        header[12..16].copy_from_slice(&0i32.to_be_bytes());
+        header[16] = 2;
+        header[21..23].copy_from_slice(&0i16.to_be_bytes());
+        header[23..27].copy_from_slice(&(self.count - 1).to_be_bytes());
+        header[27..35].copy_from_slice(&self.base_timestamp.unwrap_or(-1).to_be_bytes());
+        header[35..43].copy_from_slice(&self.max_timestamp.to_be_bytes());
+        header[43..51].copy_from_slice(&(-1i64).to_be_bytes());
+        header[51..53].copy_from_slice(&(-1i16).to_be_bytes());
+        header[53..57].copy_from_slice(&(-1i32).to_be_bytes());
+        header[57..61].copy_from_slice(&self.count.to_be_bytes());
+        let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &self.buf[CRC_START..]) as u32;
+        self.buf[17..21].copy_from_slice(&crc.to_be_bytes());
+        Bytes::from(self.buf)
+    }
+}
+
+fn put_varlong(buf: &mut Vec<u8>, value: i64) {
+    let mut v = ((value << 1) ^ (value >> 63)) as u64;
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+fn put_nullable(buf: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    match bytes {
+        None => put_varlong(buf, -1),
+        Some(bytes) => {
+            put_varlong(buf, bytes.len() as i64);
+            buf.extend_from_slice(bytes);
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The records inside a batch body, read as a stream.
+//!
+//! Spec: the "Record" section of the Kafka protocol guide: a varint length,
+//! then attributes, timestamp delta, offset delta, key, value and headers,
+//! lengths as zig-zag varints. An uncompressed body is read in place and
+//! records are slices of it; a compressed one is decompressed through a
+//! fixed buffer as records are read, so memory never grows with the size a
+//! batch decompresses to. [`Records::next_meta`] skips keys, values and
+//! headers without copying them (validation, timestamp searches);
+//! [`Records::next_record`] materializes them (the archive).
+
+use std::io::{self, BufRead, BufReader, Read};
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::snappy::SnappyReader;
+use super::{BatchError, BatchHeader, Compression, MAX_DECOMPRESSED_BYTES};
+
+/// The buffer a decompressed body is read through.
+const STREAM_BUFFER: usize = 32 * 1024;
+/// zstd frames may not ask for a window above 8 MiB (window log 23). Kafka
+/// clients compress batches of at most a few MiB, whose windows are smaller;
+/// a larger window would only let one batch claim more memory.
+const ZSTD_WINDOW_LOG_MAX: u32 = 23;
+/// The smallest possible record: length, attributes, timestamp delta, offset
+/// delta, key length, value length and header count, one byte each.
+pub(crate) const MIN_RECORD_LEN: usize = 7;
+
+/// One record, as stored inside a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub offset_delta: i32,
+    pub timestamp: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    pub headers: Vec<(Bytes, Option<Bytes>)>,
+}
+
+/// What [`Records::next_meta`] reads of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordMeta {
+    pub offset_delta: i32,
+    pub timestamp: i64,
+}
+
+/// The body of a batch: in place, or a decompressing stream.
+enum Input {
+    Slice(Bytes),
+    Stream(Box<dyn BufRead + Send>),
+}
+
+impl Input {
+    fn new(codec: Compression, body: Bytes) -> Result<Self, BatchError> {
+        let err = |e: io::Error| BatchError::Decompress(e.to_string());
+        let stream: Box<dyn Read + Send> = match codec {
+            Compression::None => return Ok(Input::Slice(body)),
+            Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(body.reader())),
+            Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(body.reader())),
+            Compression::Zstd => {
+                let mut decoder = zstd::stream::read::Decoder::with_buffer(body.reader()).map_err(err)?;
+                decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(err)?;
+                Box::new(decoder)
+            }
+            Compression::Snappy => Box::new(SnappyReader::new(body).map_err(err)?),
+        };
+        Ok(Input::Stream(Box::new(BufReader::with_capacity(
+            STREAM_BUFFER,
+            Limited {
+                inner: stream,
+                left: MAX_DECOMPRESSED_BYTES,
+            },
+        ))))
+    }
+
+    fn fill(&mut self) -> Result<&[u8], BatchError> {
+        match self {
+            Input::Slice(bytes) => Ok(&bytes[..]),
+            Input::Stream(reader) => reader
+                .fill_buf()
+                .map_err(|e| BatchError::Decompress(e.to_string())),
+        }
+    }
+
+    fn consume(&mut self, n: usize) {
+        match self {
+            Input::Slice(bytes) => bytes.advance(n),
+            Input::Stream(reader) => reader.consume(n),
+        }
+    }
+
+    fn is_empty(&mut self) -> Result<bool, BatchError> {
+        Ok(self.fill()?.is_empty())
+    }
+}
+
+/// Fails a stream that decompresses to more than [`MAX_DECOMPRESSED_BYTES`].
+struct Limited {
+    inner: Box<dyn Read + Send>,
+    left: usize,
+}
+
+impl Read for Limited {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(out)?;
+        self.left = self.left.checked_sub(n).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("batch decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes"),
+            )
+        })?;
+        Ok(n)
+    }
+}
+
+/// Reads one record's fields, never past its declared length.
+struct Cursor<'a> {
+    input: &'a mut Input,
+    left: usize,
+}
+
+fn malformed(message: impl Into<String>) -> BatchError {
+    BatchError::Records(message.into())
+}
+
+impl Cursor<'_> {
+    fn byte(&mut self) -> Result<u8, BatchError> {
+        if self.left == 0 {
+            return Err(malformed("record truncated"));
+        }
+        let byte = *self
+            .input
+            .fill()?
+            .first()
+            .ok_or_else(|| malformed("record truncated"))?;
+        self.input.consume(1);
+        self.left -= 1;
+        Ok(byte)
+    }
+
+    fn varlong(&mut self) -> Result<i64, BatchError> {
+        read_varlong(|| self.byte())
+    }
+
+    fn varint(&mut self) -> Result<i32, BatchError> {
+        let v = self.varlong()?;
+        i32::try_from(v).map_err(|_| malformed(format!("varint {v} out of range")))
+    }
+
+    /// A length field: -1 (null) or the length of what follows, which must
+    /// fit in the record.
+    fn length(&mut self) -> Result<Option<usize>, BatchError> {
+        match self.varint()? {
+            -1 => Ok(None),
+            n if n >= 0 && n as usize <= self.left => Ok(Some(n as usize)),
+            n => Err(malformed(format!(
+                "length {n} with {} bytes of the record left",
+                self.left
+            ))),
+        }
+    }
+
+    fn skip(&mut self, mut n: usize) -> Result<(), BatchError> {
+        self.left -= n;
+        while n > 0 {
+            let available = self.input.fill()?.len().min(n);
+            if available == 0 {
+                return Err(malformed("record truncated"));
+            }
+            self.input.consume(available);
+            n -= available;
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, n: usize) -> Result<Bytes, BatchError> {
+        self.left -= n;
+        if let Input::Slice(bytes) = self.input {
+            if bytes.len() < n {
+                return Err(malformed("record truncated"));
+            }
+            return Ok(bytes.split_to(n));
+        }
+        let mut out = BytesMut::with_capacity(n);
+        while out.len() < n {
+            let chunk = self.input.fill()?;
+            let available = chunk.len().min(n - out.len());
+            if available == 0 {
+                return Err(malformed("record truncated"));
+            }
+            out.extend_from_slice(&chunk[..available]);
+            self.input.consume(available);
+        }
+        Ok(out.freeze())
+    }
+
+    fn nullable(&mut self, keep: bool) -> Result<Option<Bytes>, BatchError> {
+        match self.length()? {
+            None => Ok(None),
+            Some(n) if keep => self.take(n).map(Some),
+            Some(n) => self.skip(n).map(|()| Some(Bytes::new())),
+        }
+    }
+}
+
+/// Decodes a zig-zag varlong from bytes given one at a time.
+pub(crate) fn read_varlong(mut next: impl FnMut() -> Result<u8, BatchError>) -> Result<i64, BatchError> {
+    let mut value: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = next()?;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+    }
+    Err(malformed("varint too long"))
+}
+
+/// Iterates the records of a batch body.
+pub struct Records {
+    input: Input,
+    remaining: i32,
+    base_timestamp: i64,
+}
+
+impl Records {
+    pub(crate) fn new(body: Bytes, header: &BatchHeader) -> Result<Self, BatchError> {
+        if header.record_count < 0 {
+            return Err(BatchError::RecordCount(header.record_count));
+        }
+        let codec = header.compression()?;
+        if codec == Compression::None && header.record_count as usize > body.len() / MIN_RECORD_LEN {
+            return Err(BatchError::CountTooLarge {
+                count: header.record_count,
+                bytes: body.len(),
+            });
+        }
+        Ok(Self {
+            input: Input::new(codec, body)?,
+            remaining: header.record_count,
+            base_timestamp: header.base_timestamp,
+        })
+    }
+
+    /// The records of a whole stored batch.
+    pub fn of_batch(batch: &Bytes) -> Result<Self, BatchError> {
+        let header = super::header(batch)?;
+        Self::new(batch.slice(super::HEADER_LEN..), &header)
+    }
+
+    /// The next record; `Ok(None)` once the declared count has been read and
+    /// the body is exhausted; an error if the two disagree.
+    pub fn next_record(&mut self) -> Result<Option<Record>, BatchError> {
+        let base_timestamp = self.base_timestamp;
+        let Some(mut cursor) = self.start()? else {
+            return Ok(None);
+        };
+        let (offset_delta, timestamp) = Self::prefix(&mut cursor, base_timestamp)?;
+        let key = cursor.nullable(true)?;
+        let value = cursor.nullable(true)?;
+        let count = Self::header_count(&mut cursor)?;
+        let mut headers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let key = cursor
+                .nullable(true)?
+                .ok_or_else(|| malformed("null header key"))?;
+            headers.push((key, cursor.nullable(true)?));
+        }
+        Self::finish(&cursor)?;
+        Ok(Some(Record {
+            offset_delta,
+            timestamp,
+            key,
+            value,
+            headers,
+        }))
+    }
+
+    /// The next record's offset delta and timestamp, checking its framing
+    /// but skipping its key, value and headers.
+    pub fn next_meta(&mut self) -> Result<Option<RecordMeta>, BatchError> {
+        let base_timestamp = self.base_timestamp;
+        let Some(mut cursor) = self.start()? else {
+            return Ok(None);
+        };
+        let (offset_delta, timestamp) = Self::prefix(&mut cursor, base_timestamp)?;
+        cursor.nullable(false)?;
+        cursor.nullable(false)?;
+        for _ in 0..Self::header_count(&mut cursor)? {
+            cursor
+                .nullable(false)?
+                .ok_or_else(|| malformed("null header key"))?;
+            cursor.nullable(false)?;
+        }
+        Self::finish(&cursor)?;
+        Ok(Some(RecordMeta {
+            offset_delta,
+            timestamp,
+        }))
+    }
+
+    /// A cursor over the next record, or `None` at a consistent end.
+    fn start(&mut self) -> Result<Option<Cursor<'_>>, BatchError> {
+        if self.remaining == 0 {
+            if !self.input.is_empty()? {
+                return Err(malformed("bytes after the last record"));
+            }
+            return Ok(None);
+        }
+        if self.input.is_empty()? {
+            return Err(malformed(format!("{} records missing", self.remaining)));
+        }
+        self.remaining -= 1;
+        let input = &mut self.input;
+        let len = read_varlong(|| {
+            let byte = *input
+                .fill()?
+                .first()
+                .ok_or_else(|| malformed("record length truncated"))?;
+            input.consume(1);
+            Ok(byte)
+        })?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| *len >= MIN_RECORD_LEN - 1)
+            .ok_or_else(|| malformed(format!("record length {len}")))?;
+        Ok(Some(Cursor { input, left: len }))
+    }
+
+    fn prefix(cursor: &mut Cursor<'_>, base_timestamp: i64) -> Result<(i32, i64), BatchError> {
+        let _attributes = cursor.byte()?;
+        let timestamp_delta = cursor.varlong()?;
+        let offset_delta = cursor.varint()?;
+        Ok((offset_delta, base_timestamp.wrapping_add(timestamp_delta)))
+    }
+
+    fn header_count(cursor: &mut Cursor<'_>) -> Result<usize, BatchError> {
+        let count = cursor.varint()?;
+        // Each header takes at least two bytes (two lengths).
+        if count < 0 || count as usize > cursor.left / 2 {
+            return Err(malformed(format!("header count {count} exceeds the record")));
+        }
+        Ok(count as usize)
+    }
+
+    fn finish(cursor: &Cursor<'_>) -> Result<(), BatchError> {
+        if cursor.left > 0 {
+            return Err(malformed(format!("{} bytes left inside a record", cursor.left)));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+-- Changes the state of one sealed segment: archived, quarantined (the
+-- archive cannot write it; its batches are copied to the quarantine
+-- stream), retry requested, or skipped (an operator gave up on it: a hole).
+--
+-- KEYS[1] ketch:{TAG}:segments  (see seal.lua); a segment's JSON gains
+--         path + file_bytes once archived; quarantine = {reason, at, retry}
+--         while quarantined; skipped = {reason, at, error} once skipped
+-- ARGV[1] the segment's base offset   ARGV[2] its last offset
+-- ARGV[3] the operation:
+--   'archived' ARGV[4] data file path, ARGV[5] its size: records the file
+--              (and ends a quarantine)
+--   'quarantine' ARGV[4] why: quarantines it (keeps a pending retry's
+--              reason up to date and clears the retry)
+--   'retry'    asks the storage worker to archive it again
+--   'skip'     ARGV[4] why: gives up on it; its batches may be deleted
+--
+-- Reply (a status string): 'ok'; 'gone' when no such segment exists (deleted
+-- by retention or DeleteRecords, or its topic deleted); 'archived' when the
+-- operation needs a segment not yet archived and it is; 'not_quarantined'
+-- for retry and skip of a segment that is not quarantined.
+local found = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[1], 'BYSCORE')
+local member, segment
+for _, m in ipairs(found) do
+  local s = cjson.decode(m)
+  if s.last == tonumber(ARGV[2]) then
+    member, segment = m, s
+  end
+end
+if not segment then
+  return 'gone'
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op = ARGV[3]
+if op == 'archived' then
+  if segment.path then
+    return 'ok'
+  end
+  segment.path = ARGV[4]
+  segment.file_bytes = tonumber(ARGV[5])
+  segment.quarantine = nil
+elseif segment.path then
+  return 'archived'
+elseif op == 'quarantine' then
+  if segment.skipped then
+    return 'ok'
+  end
+  segment.quarantine = {reason = ARGV[4], at = now, retry = false}
+elseif op == 'retry' then
+  if not segment.quarantine then
+    return 'not_quarantined'
+  end
+  segment.quarantine.retry = true
+elseif op == 'skip' then
+  if segment.skipped then
+    return 'ok'
+  end
+  if not segment.quarantine then
+    return 'not_quarantined'
+  end
+  segment.skipped = {reason = ARGV[4], at = now, error = segment.quarantine.reason}
+  segment.quarantine = nil
+else
+  return redis.error_reply('unknown segment operation ' .. op)
+end
+redis.call('ZREM', KEYS[1], member)
+redis.call('ZADD', KEYS[1], segment.base, cjson.encode(segment))
+return 'ok'
