@@ -59,6 +59,34 @@ install_prerequisites() {
     fi
 }
 
+# Builds the upgrade base's `ketch` in a temporary worktree, once per
+# target directory. It shares this target directory (its dependencies are
+# this tree's), and its workspace crates are named like this tree's, so
+# this tree's sources are touched afterwards: cargo then rebuilds them
+# instead of taking the base's artifacts as up to date.
+build_upgrade_base() {
+    if [ -x "$KETCH_UPGRADE_BASE_BIN" ]; then
+        echo "already built: $KETCH_UPGRADE_BASE_BIN"
+        return 0
+    fi
+    if ! git cat-file -e "$upgrade_base_commit^{commit}" 2>/dev/null; then
+        echo "commit $upgrade_base_commit (scripts/upgrade-base) is not in this clone's history" >&2
+        return 1
+    fi
+    local tree status=0
+    tree=$(mktemp -d)
+    git worktree add --detach "$tree" "$upgrade_base_commit" >/dev/null || return 1
+    (cd "$tree" && CARGO_TARGET_DIR="$target_dir" cargo build -p ketch-gateway) || status=1
+    if [ "$status" -eq 0 ]; then
+        mkdir -p "$(dirname "$KETCH_UPGRADE_BASE_BIN")"
+        cp "$target_dir/debug/ketch" "$KETCH_UPGRADE_BASE_BIN" || status=1
+    fi
+    git worktree remove --force "$tree"
+    find config storage tiering gateway tests benchmark -type f \( -name '*.rs' -o -name '*.lua' \) \
+        -exec touch {} +
+    return "$status"
+}
+
 # --- steps ----------------------------------------------------------------
 
 # The binary `cargo build` makes; the Rust and Python end-to-end tests run it.
@@ -68,6 +96,10 @@ case "$target_dir" in
     *) target_dir="$PWD/$target_dir" ;;
 esac
 export KETCH_BIN="$target_dir/debug/ketch"
+
+# The previous release, which tests/tests/upgrade.rs upgrades from.
+upgrade_base_commit=$(grep -v '^#' scripts/upgrade-base | head -n 1)
+export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_commit"
 
 results=()
 failed=0
@@ -90,6 +122,7 @@ skip() {
 }
 
 step "install prerequisites" install_prerequisites
+step "build the upgrade base (ketch at $upgrade_base_commit)" build_upgrade_base
 step "cargo fmt --all --check" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build -p ketch-gateway -p ketch-bench" cargo build -p ketch-gateway -p ketch-bench

@@ -44,8 +44,7 @@ pub struct Node {
 }
 
 impl Context {
-    pub fn new(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
-        let store = Store::new(&StoreConfig::from_settings(&settings))?;
+    pub fn new(settings: Settings, store: Store, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
         let node = Node {
             id: settings.broker.id,
             host: settings.advertised_host(),
@@ -68,16 +67,70 @@ impl Context {
     }
 }
 
+/// Checks (and migrates) the Redis layout version, with a bounded wait.
+async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::StorageError> {
+    let check = tokio::time::timeout(std::time::Duration::from_secs(90), store.ensure_layout(me));
+    let outcome = check.await.map_err(|_| {
+        ketch_storage::StorageError::Unavailable("checking the layout took over 90 s".to_owned())
+    })??;
+    match outcome {
+        ketch_storage::LayoutCheck::Migrated { from } => {
+            tracing::info!(
+                from,
+                to = ketch_storage::LAYOUT_VERSION,
+                "migrated the Redis layout"
+            )
+        }
+        other => tracing::debug!(?other, "Redis layout checked"),
+    }
+    Ok(())
+}
+
+/// Redis was unreachable at start: checks the layout once it answers. A
+/// layout newer than this gateway stops the process — it must not serve
+/// data it does not understand.
+async fn check_layout_until_done(store: Store, me: String) {
+    loop {
+        match check_layout(&store, &me).await {
+            Ok(()) => return,
+            Err(e @ ketch_storage::StorageError::LayoutTooNew { .. }) => {
+                tracing::error!("{e}; stopping");
+                eprintln!("ketch: {e}");
+                std::process::exit(1);
+            }
+            Err(e) => tracing::debug!(error = %e, "Redis layout not checked yet"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 /// Binds both listeners, serves until `shutdown` turns true, then waits for
 /// in-flight requests (at most `broker.shutdown_timeout`).
 pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let store = Store::new(&StoreConfig::from_settings(&settings))?;
+    let me = format!(
+        "node {} pid {} on {}",
+        settings.broker.id,
+        std::process::id(),
+        settings.broker.listen
+    );
+    match check_layout(&store, &me).await {
+        Ok(()) => {}
+        Err(ketch_storage::StorageError::LayoutTooNew { found, supported }) => {
+            anyhow::bail!(ketch_storage::StorageError::LayoutTooNew { found, supported })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the Redis layout version yet; checking again until Redis answers");
+            tokio::spawn(check_layout_until_done(store.clone(), me));
+        }
+    }
     let kafka = TcpListener::bind(settings.broker.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} (broker.listen): {e}", settings.broker.listen))?;
     let http = TcpListener::bind(settings.http.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} (http.listen): {e}", settings.http.listen))?;
-    let ctx = Arc::new(Context::new(settings, shutdown.clone())?);
+    let ctx = Arc::new(Context::new(settings, store, shutdown.clone())?);
     tracing::info!(
         kafka = %ctx.settings.broker.listen,
         http = %ctx.settings.http.listen,

@@ -42,6 +42,12 @@ pub enum StorageError {
     /// Stored data that ketch cannot read (a bug or a foreign writer).
     #[error("unreadable stored data: {0}")]
     Data(String),
+    /// The Redis layout was written by a newer ketch than this one.
+    #[error(
+        "the Redis layout is version {found}, newer than the {supported} this ketch understands: \
+         upgrade this gateway, or point it at another redis.namespace"
+    )]
+    LayoutTooNew { found: u32, supported: u32 },
 }
 
 /// Why an idempotent producer's batch was refused.

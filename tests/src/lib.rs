@@ -10,7 +10,7 @@ pub mod servers;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -328,6 +328,9 @@ pub fn ketch_bench_bin() -> PathBuf {
 /// A running `ketch serve`; killed on drop (its log is printed if the test
 /// is failing).
 pub struct Ketch {
+    binary: PathBuf,
+    /// A command the binary runs under (e.g. `prlimit --as=…`), if any.
+    wrapper: Vec<String>,
     child: Option<Child>,
     kafka_port: u16,
     http_port: u16,
@@ -346,7 +349,60 @@ impl Ketch {
     }
 
     fn try_start(redis_url: &str, extra_args: &[&str]) -> Result<Self, String> {
-        Self::spawn(redis_url, extra_args, free_port(), free_port())
+        Self::spawn(&ketch_bin(), &[], redis_url, extra_args, free_port(), free_port())
+    }
+
+    /// Starts the gateway under `wrapper` (a command that runs the rest of
+    /// its arguments, such as `prlimit --as=BYTES --`).
+    pub fn start_wrapped(wrapper: &[&str], redis_url: &str, extra_args: &[&str]) -> Self {
+        let wrapper: Vec<String> = wrapper.iter().map(|a| (*a).to_owned()).collect();
+        retry_port_race(|| {
+            Self::spawn(
+                &ketch_bin(),
+                &wrapper,
+                redis_url,
+                extra_args,
+                free_port(),
+                free_port(),
+            )
+        })
+    }
+
+    /// Starts another `ketch` binary (an older release, for upgrades).
+    pub fn start_binary(binary: &Path, redis_url: &str, extra_args: &[&str]) -> Self {
+        retry_port_race(|| Self::spawn(binary, &[], redis_url, extra_args, free_port(), free_port()))
+    }
+
+    /// Starts the gateway expecting it to exit before it serves; its output.
+    pub fn start_expecting_failure(redis_url: &str, extra_args: &[&str]) -> String {
+        match Self::try_start(redis_url, extra_args) {
+            Ok(mut started) => {
+                started.kill9();
+                panic!("ketch started:\n{}", started.output())
+            }
+            Err(output) => output,
+        }
+    }
+
+    /// Stops the gateway gracefully and starts `binary` in its place, with
+    /// the same settings and ports: a rolling upgrade of one gateway.
+    pub fn replace_with(&mut self, binary: &Path) {
+        self.terminate();
+        let status = self.wait_exit(Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "ketch did not stop cleanly: {status:?}"
+        );
+        let args: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
+        *self = Self::spawn(
+            binary,
+            &[],
+            &self.redis_url,
+            &args,
+            self.kafka_port,
+            self.http_port,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// A gateway with node id `id` among several on one Redis, with fast
@@ -371,15 +427,36 @@ impl Ketch {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "ketch is still running");
         let args: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
-        let started = Self::spawn(&self.redis_url, &args, self.kafka_port, self.http_port)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let started = Self::spawn(
+            &self.binary,
+            &self.wrapper,
+            &self.redis_url,
+            &args,
+            self.kafka_port,
+            self.http_port,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         *self = started;
     }
 
-    fn spawn(redis_url: &str, extra_args: &[&str], kafka_port: u16, http_port: u16) -> Result<Self, String> {
+    fn spawn(
+        binary: &Path,
+        wrapper: &[String],
+        redis_url: &str,
+        extra_args: &[&str],
+        kafka_port: u16,
+        http_port: u16,
+    ) -> Result<Self, String> {
         let listen = format!("127.0.0.1:{kafka_port}");
         let http = format!("127.0.0.1:{http_port}");
-        let mut command = Command::new(ketch_bin());
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         // ketch reads every KETCH_* variable as a setting: keep the test
         // runner's (KETCH_BIN, a developer's KETCH_REDIS_URL) out of it.
         for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("KETCH_")) {
@@ -405,6 +482,8 @@ impl Ketch {
         );
         await_ready(&mut child, &ready, &log, "ketch")?;
         Ok(Self {
+            binary: binary.to_owned(),
+            wrapper: wrapper.to_vec(),
             child: Some(child),
             kafka_port,
             http_port,
@@ -448,6 +527,26 @@ impl Ketch {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("ketch is running").id()
+    }
+
+    /// A line of `/proc/<pid>/status` in KiB, e.g. `VmHWM` (peak resident
+    /// memory) or `VmRSS`.
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("read /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc status"))
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => child.try_wait().expect("try_wait").is_none(),
+            None => false,
+        }
     }
 
     /// SIGKILL, then reap.

@@ -342,3 +342,25 @@ pub fn delete_records_request(
                 ]),
         ])
 }
+
+/// A Produce frame (v3 or flexible v9) whose topic array claims the
+/// element count encoded in `count` and holds nothing after it.
+pub fn produce_claiming_topics(version: i16, count: &[u8]) -> Vec<u8> {
+    let mut request = Vec::new();
+    request.extend_from_slice(&0i16.to_be_bytes()); // Produce
+    request.extend_from_slice(&version.to_be_bytes());
+    request.extend_from_slice(&7i32.to_be_bytes()); // correlation id
+    request.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+    if version >= 9 {
+        request.push(0); // header tagged fields
+        request.push(0); // null transactional id (compact)
+    } else {
+        request.extend_from_slice(&(-1i16).to_be_bytes()); // null transactional id
+    }
+    request.extend_from_slice(&1i16.to_be_bytes()); // acks
+    request.extend_from_slice(&1000i32.to_be_bytes()); // timeout
+    request.extend_from_slice(count); // topic_data length, then nothing
+    let mut frame = (request.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&request);
+    frame
+}

@@ -280,3 +280,62 @@ fn delete_records_moves_the_log_start_offset() {
         "records from 15 on"
     );
 }
+
+#[test]
+fn deleting_a_topic_removes_every_key_of_its_partitions() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "topics.auto_create=false",
+            "--set",
+            "tiering.tick_interval=100ms",
+        ],
+    );
+    let rt = runtime();
+    let topic = unique_topic("delete-keys");
+    ketch.create_topic_with(&rt, &topic, 2, &[("segment.bytes", "100")]);
+    let tags = redis.topic_tags(&topic);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    // Recent timestamps: retention.ms would delete a sealed segment of records from 1970.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    for partition in 0..2 {
+        let batch = batch::encode_idempotent(
+            &[Record::value(now, &[b'v'; 200])],
+            1_000 + partition as i64,
+            0,
+            0,
+        );
+        assert_eq!(raw::produce(&mut conn, &topic, partition, batch).0, code::NONE);
+    }
+    let keys_of = |tag: &str| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("ketch:{{{tag}}}:*"))
+            .query(&mut redis.connection())
+            .expect("KEYS")
+    };
+    // The storage worker seals a segment and holds a lease on each.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for tag in &tags {
+        loop {
+            let keys = keys_of(tag);
+            let has = |name: &str| keys.iter().any(|k| k.ends_with(name));
+            if has(":segments") && has(":lease") && has(":producers") && has(":log") && has(":meta") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "keys of {tag}: {keys:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let deleted = rt
+        .block_on(ketch.admin().delete_topics(&[&topic], &opts()))
+        .expect("delete topics");
+    assert!(deleted[0].is_ok(), "{deleted:?}");
+    for tag in &tags {
+        assert_eq!(keys_of(tag), Vec::<String>::new(), "keys left behind for {tag}");
+    }
+}

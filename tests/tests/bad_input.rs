@@ -251,27 +251,34 @@ fn array_length_of_i32_max_closes_the_connection_and_the_server_survives() {
         (9, vec![0xff, 0xff, 0xff, 0xff, 0x0f]),
     ] {
         let mut conn = s.conn();
-        let mut request = Vec::new();
-        request.extend_from_slice(&0i16.to_be_bytes()); // Produce
-        request.extend_from_slice(&version.to_be_bytes());
-        request.extend_from_slice(&7i32.to_be_bytes()); // correlation id
-        request.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
-        if version >= 9 {
-            request.push(0); // header tagged fields
-            request.push(0); // null transactional id (compact)
-        } else {
-            request.extend_from_slice(&(-1i16).to_be_bytes()); // null transactional id
-        }
-        request.extend_from_slice(&1i16.to_be_bytes()); // acks
-        request.extend_from_slice(&1000i32.to_be_bytes()); // timeout
-        request.extend_from_slice(&count); // topic_data length, then nothing
-        let mut frame = (request.len() as i32).to_be_bytes().to_vec();
-        frame.extend_from_slice(&request);
-        conn.send_raw(&frame).expect("send");
+        conn.send_raw(&raw::produce_claiming_topics(version, &count))
+            .expect("send");
         assert!(
             conn.closed_within(Duration::from_secs(10)),
             "connection still open (v{version})"
         );
     }
     s.assert_unharmed();
+}
+
+#[test]
+fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused_with_nothing_stored() {
+    let s = setup();
+    let records: Vec<Record> = (0..3).map(|i| Record::value(1_000 + i, b"payload")).collect();
+    for codec in batch::CODECS {
+        let lying = batch::encode_compressed(&records, codec, 5);
+        assert_eq!(s.produce_error(lying), code::CORRUPT_MESSAGE, "{codec:?}");
+        let short = batch::encode_compressed(&records, codec, 2);
+        assert_eq!(
+            s.produce_error(short),
+            code::CORRUPT_MESSAGE,
+            "{codec:?}: a record too many"
+        );
+    }
+    // The same records, honestly counted, are accepted in every codec.
+    s.assert_unharmed();
+    for codec in batch::CODECS {
+        let honest = batch::encode_compressed(&records, codec, 3);
+        assert_eq!(s.produce_error(honest), code::NONE, "{codec:?}");
+    }
 }

@@ -2,7 +2,6 @@
 //! partition count; every new partition lives on this node.
 //! Spec: KIP-195 (CreatePartitions).
 
-use futures::future::join_all;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -20,7 +19,7 @@ pub async fn handle(
 ) -> CreatePartitionsResponse {
     let validate_only = req.validate_only;
     let topics = unique_by(req.topics, |t| t.name.clone());
-    let results = join_all(topics.into_iter().map(|(name, topic)| async move {
+    let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
             Some(topic) => grow(ctx, &topic, validate_only).await,
             None => Err(Failure::duplicate("name")),

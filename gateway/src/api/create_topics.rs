@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use futures::future::join_all;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_topics_request::{
     CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig,
@@ -79,7 +78,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, req: CreateTopicsRequ
     let version = header.request_api_version;
     let validate_only = req.validate_only;
     let topics = unique_by(req.topics, |t| t.name.clone());
-    let results = join_all(topics.into_iter().map(|(name, topic)| async move {
+    let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
             Some(topic) => create(ctx, topic, validate_only).await,
             None => Err(Failure::duplicate("name")),

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use futures::future::join_all;
 use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
 use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
@@ -23,7 +22,7 @@ pub async fn handle(
     _header: &RequestHeader,
     req: DeleteRecordsRequest,
 ) -> DeleteRecordsResponse {
-    let topics = join_all(req.topics.into_iter().map(|topic| delete_in_topic(ctx, topic))).await;
+    let topics = super::each(req.topics.into_iter().map(|topic| delete_in_topic(ctx, topic))).await;
     DeleteRecordsResponse::default().with_topics(topics)
 }
 
@@ -33,7 +32,7 @@ async fn delete_in_topic(ctx: &Context, request: DeleteRecordsTopic) -> DeleteRe
         .partitions
         .into_iter()
         .map(|p| delete_in_partition(ctx, topic.clone(), p));
-    let partitions = join_all(partitions).await;
+    let partitions = super::each(partitions).await;
     DeleteRecordsTopicResult::default()
         .with_name(request.name)
         .with_partitions(partitions)

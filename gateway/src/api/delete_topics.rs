@@ -2,7 +2,6 @@
 //! and drops their partitions. Versions 1–5 name topics; version 6 names them
 //! or gives their ids (KIP-516). Spec: KIP-4 (admin requests), KIP-516.
 
-use futures::future::join_all;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
@@ -26,7 +25,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, req: DeleteTopicsRequ
         req.topic_names.into_iter().map(by_name).collect()
     };
     let states = unique_by(states, |s| (s.name.clone(), s.topic_id));
-    let responses = join_all(states.into_iter().map(|((name, id), state)| async move {
+    let responses = super::each(states.into_iter().map(|((name, id), state)| async move {
         let outcome = match state {
             Some(state) => delete(ctx, state).await,
             None if name.is_some() => Err(Failure::duplicate("name")),

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use futures::future::join_all;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::describe_configs_response::{
@@ -174,7 +173,7 @@ pub async fn handle(
         include_synonyms: req.include_synonyms,
         include_documentation: req.include_documentation,
     };
-    let results = join_all(req.resources.into_iter().map(|r| describe(ctx, r, options))).await;
+    let results = super::each(req.resources.into_iter().map(|r| describe(ctx, r, options))).await;
     DescribeConfigsResponse::default().with_results(results)
 }
 

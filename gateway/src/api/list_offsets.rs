@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use futures::future::join_all;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::list_offsets_response::{
@@ -33,7 +32,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, req: ListOffsetsReque
         .topics
         .into_iter()
         .map(|topic| list_topic(ctx, topic, leader_epoch));
-    let topics = join_all(topics).await;
+    let topics = super::each(topics).await;
     ListOffsetsResponse::default().with_topics(topics)
 }
 
@@ -43,7 +42,7 @@ async fn list_topic(ctx: &Context, request: ListOffsetsTopic, leader_epoch: i32)
         .partitions
         .into_iter()
         .map(|p| list_partition(ctx, topic.clone(), p, leader_epoch));
-    let partitions = join_all(partitions).await;
+    let partitions = super::each(partitions).await;
     ListOffsetsTopicResponse::default()
         .with_name(request.name)
         .with_partitions(partitions)

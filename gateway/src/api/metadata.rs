@@ -46,7 +46,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
                     .with_topic_authorized_operations(i32::MIN),
             }
         });
-        futures::future::join_all(lookups).await
+        super::each(lookups).await
     };
     let nodes = ctx.membership.nodes();
     let controller = nodes.first().map_or(ctx.node.id, |n| n.id);

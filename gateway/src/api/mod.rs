@@ -149,6 +149,22 @@ pub async fn handle(
     Some(response)
 }
 
+/// Entries of one request (topics, partitions, groups…) worked on at once.
+/// A request may name a hundred thousand partitions in under a megabyte;
+/// each one's work is a future that may hold kilobytes, so they are
+/// started as others finish, not all at once.
+const PER_REQUEST_CONCURRENCY: usize = 32;
+
+/// Runs one future per entry of a request, at most
+/// [`PER_REQUEST_CONCURRENCY`] at a time; the outputs in entry order.
+pub async fn each<T, F: std::future::Future<Output = T>>(futures: impl IntoIterator<Item = F>) -> Vec<T> {
+    use futures::StreamExt;
+    futures::stream::iter(futures)
+        .buffered(PER_REQUEST_CONCURRENCY)
+        .collect()
+        .await
+}
+
 /// The Kafka error code for a storage failure.
 pub fn error_code(e: &StorageError) -> i16 {
     let error = match e {

@@ -33,7 +33,7 @@ pub async fn handle(
                 .with_error_code(error)
                 .with_topics(topics.into_iter().map(v8_topic).collect())
         });
-        return OffsetFetchResponse::default().with_groups(futures::future::join_all(groups).await);
+        return OffsetFetchResponse::default().with_groups(super::each(groups).await);
     }
     let wanted = request.topics.map(|topics| {
         topics

@@ -40,12 +40,20 @@ use crate::Context;
 /// collision costs only an unneeded wait between two partitions.
 type PartitionKey = u64;
 
-fn partition_key(topic: &TopicProduceData, partition: i32) -> PartitionKey {
+/// A topic's part of its partitions' keys: hashed once per topic entry, so
+/// the work per partition entry is the same however long the name is.
+fn topic_key(topic: &TopicProduceData) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     topic.name.0.as_bytes().hash(&mut hasher);
     topic.topic_id.hash(&mut hasher);
-    partition.hash(&mut hasher);
+    hasher.finish()
+}
+
+fn partition_key(topic_key: u64, partition: i32) -> PartitionKey {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (topic_key, partition).hash(&mut hasher);
     hasher.finish()
 }
 
@@ -88,8 +96,9 @@ impl Sequencer {
         });
         let mut turns = Turns::default();
         for topic in &request.topic_data {
+            let topic_key = topic_key(topic);
             for partition in &topic.partition_data {
-                let key = partition_key(topic, partition.index);
+                let key = partition_key(topic_key, partition.index);
                 if turns.0.contains_key(&key) {
                     continue;
                 }
@@ -123,8 +132,9 @@ pub async fn handle(
     let topics = request.topic_data.into_iter().map(|mut data| {
         let mut kept = Vec::with_capacity(data.partition_data.len());
         let mut turns_of_topic = Vec::with_capacity(data.partition_data.len());
+        let topic_key = topic_key(&data);
         for partition in std::mem::take(&mut data.partition_data) {
-            let key = partition_key(&data, partition.index);
+            let key = partition_key(topic_key, partition.index);
             if seen.insert(key) {
                 turns_of_topic.push(turns.0.remove(&key));
                 kept.push(partition);
@@ -133,7 +143,7 @@ pub async fn handle(
         data.partition_data = kept;
         produce_topic(ctx, acks, timeout, by_id, data, turns_of_topic)
     });
-    let responses = futures::future::join_all(topics).await;
+    let responses = super::each(topics).await;
     if acks == 0 {
         return None;
     }
@@ -198,7 +208,7 @@ async fn produce_topic(
     TopicProduceResponse::default()
         .with_name(data.name)
         .with_topic_id(data.topic_id)
-        .with_partition_responses(futures::future::join_all(partitions).await)
+        .with_partition_responses(super::each(partitions).await)
 }
 
 type PartitionError = (i16, Option<String>);

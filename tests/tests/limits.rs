@@ -1,0 +1,232 @@
+//! One frame must not ask for gigabytes, and no client may pin unbounded
+//! resources (issue #10): a small request naming a long topic once per
+//! partition, array lengths claiming billions of elements under an
+//! address-space limit (no overcommit to hide behind), connection counts,
+//! idle connections, and a client that sends fetches but reads no answers.
+
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiVersionsRequest, FetchRequest, GroupId, OffsetFetchRequest, ProduceRequest,
+};
+use kafka_protocol::protocol::StrBytes;
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, unique_topic};
+
+/// The issue's bound on the gateway's peak resident memory under these frames.
+const PEAK_LIMIT_KIB: u64 = 256 * 1024;
+const PARTITIONS: i32 = 100_000;
+const INVALID_TOPIC_EXCEPTION: i16 = 17;
+
+/// A topic name no topic can have (Kafka allows 249 characters): as long
+/// as a protocol string can be, 32 KiB less one byte.
+fn long_name() -> StrBytes {
+    StrBytes::from_string("t".repeat(i16::MAX as usize))
+}
+
+fn alive(ketch: &Ketch) {
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    assert_eq!(
+        conn.request(3, &request).error_code,
+        code::NONE,
+        "the gateway still answers"
+    );
+}
+
+/// Produce v3 naming one 32 KiB topic with 100,000 partitions: about
+/// 0.8 MiB that a gateway copying the name per partition turned into
+/// gigabytes.
+fn amplifying_produce() -> ProduceRequest {
+    let partitions = (0..PARTITIONS)
+        .map(|index| {
+            PartitionProduceData::default()
+                .with_index(index)
+                .with_records(None)
+        })
+        .collect();
+    ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(kafka_protocol::messages::TopicName(long_name()))
+                .with_partition_data(partitions),
+        ])
+}
+
+fn amplifying_offset_fetch() -> OffsetFetchRequest {
+    OffsetFetchRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str("g")))
+        .with_topics(Some(vec![
+            OffsetFetchRequestTopic::default()
+                .with_name(kafka_protocol::messages::TopicName(long_name()))
+                .with_partition_indexes((0..PARTITIONS).collect()),
+        ]))
+}
+
+#[test]
+fn small_frames_naming_a_long_topic_per_partition_stay_within_256_mib() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let produce = amplifying_produce();
+    let frame = conn.frame(3, &produce);
+    assert!(frame.len() < 900 * 1024, "the frame is {} bytes", frame.len());
+    for _ in 0..3 {
+        let response = conn.request(3, &produce);
+        let partitions = &response.responses[0].partition_responses;
+        assert_eq!(partitions.len(), PARTITIONS as usize);
+        assert!(partitions.iter().all(|p| p.error_code == INVALID_TOPIC_EXCEPTION));
+    }
+    let offset_fetch = amplifying_offset_fetch();
+    for _ in 0..3 {
+        let response = conn.request(7, &offset_fetch);
+        let partitions = &response.topics[0].partitions;
+        assert_eq!(partitions.len(), PARTITIONS as usize);
+        assert!(partitions.iter().all(|p| p.committed_offset == -1));
+    }
+    let peak = ketch.status_kib("VmHWM");
+    eprintln!(
+        "peak RSS after 3 amplifying Produce and 3 OffsetFetch frames: {} MiB",
+        peak / 1024
+    );
+    assert!(peak <= PEAK_LIMIT_KIB, "peak RSS {peak} KiB");
+    alive(&ketch);
+}
+
+#[test]
+fn under_an_address_space_limit_frames_claiming_billions_of_elements_leave_the_gateway_serving() {
+    let redis = RedisServer::start();
+    // 2 GiB of address space: the gateway itself maps about 200 MiB, and no
+    // allocator can hand out a claimed array of 2^31 elements within it.
+    let ketch = Ketch::start_wrapped(&["prlimit", "--as=2147483648", "--"], &redis.url(), &[]);
+    for (version, count) in [
+        (3i16, i32::MAX.to_be_bytes().to_vec()),
+        (9, vec![0xff, 0xff, 0xff, 0xff, 0x0f]),
+    ] {
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        conn.send_raw(&raw::produce_claiming_topics(version, &count))
+            .expect("send");
+        assert!(
+            conn.closed_within(Duration::from_secs(10)),
+            "connection still open (v{version})"
+        );
+    }
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let response = conn.request(3, &amplifying_produce());
+    assert_eq!(
+        response.responses[0].partition_responses.len(),
+        PARTITIONS as usize
+    );
+    alive(&ketch);
+}
+
+#[test]
+fn connections_beyond_the_limit_are_closed_and_idle_ones_time_out() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "broker.max_connections=2",
+            "--set",
+            "broker.connections_max_idle=1s",
+        ],
+    );
+    let request = ApiVersionsRequest::default();
+    let mut first = KafkaConn::connect(ketch.kafka_addr());
+    let mut second = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(first.request(3, &request).error_code, code::NONE);
+    assert_eq!(second.request(3, &request).error_code, code::NONE);
+    let mut third = KafkaConn::connect(ketch.kafka_addr());
+    assert!(
+        third.closed_within(Duration::from_secs(5)),
+        "a third connection stays open"
+    );
+    // Idle for broker.connections_max_idle: closed, which frees their slots.
+    assert!(
+        first.closed_within(Duration::from_secs(10)),
+        "an idle connection stays open"
+    );
+    assert!(
+        second.closed_within(Duration::from_secs(10)),
+        "an idle connection stays open"
+    );
+    let mut again = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(again.request(3, &request).error_code, code::NONE);
+    assert!(
+        ketch
+            .output()
+            .contains("broker.max_connections (2) connections are open")
+    );
+}
+
+#[test]
+fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
+    const BATCH: usize = 512 * 1024;
+    const BATCHES: i64 = 48;
+    const FETCHES: i64 = 24;
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("slow-reader");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    for i in 0..BATCHES {
+        let value = vec![b'a' + (i % 26) as u8; BATCH - 100];
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(i, &value)])).0,
+            code::NONE
+        );
+    }
+    let before = ketch.status_kib("VmHWM");
+    // Each fetch asks for 8 MiB (fetch.max_response_bytes) from a
+    // different offset; none of the answers is read yet.
+    let mut slow = KafkaConn::connect(ketch.kafka_addr());
+    for i in 0..FETCHES {
+        let request: FetchRequest = raw::fetch_request(&topic, 0, i % (BATCHES - 16), 0)
+            .with_max_bytes(64 << 20)
+            .with_topics({
+                let mut topics = raw::fetch_request(&topic, 0, i % (BATCHES - 16), 0).topics;
+                topics[0].partitions[0].partition_max_bytes = 64 << 20;
+                topics
+            });
+        slow.send(raw::FETCH_VERSION, &request);
+    }
+    // Nothing signals that the gateway holds back; watch its memory while
+    // it would otherwise be reading all of them.
+    let mut peak = before;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        peak = peak.max(ketch.status_kib("VmRSS"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let grown = peak.saturating_sub(before) / 1024;
+    eprintln!("{FETCHES} unread 8 MiB fetches grew the gateway by {grown} MiB");
+    assert!(
+        grown < 96,
+        "{FETCHES} unread fetches grew the gateway by {grown} MiB"
+    );
+    // Every answer is still complete once the client reads.
+    for i in 0..FETCHES {
+        let response = slow.receive_next::<FetchRequest>(raw::FETCH_VERSION).1;
+        let (error, _, records) = raw::fetch_result(&response);
+        assert_eq!(error, code::NONE);
+        let records = records.expect("records");
+        assert_eq!(
+            i64::from_be_bytes(records[0..8].try_into().unwrap()),
+            i % (BATCHES - 16)
+        );
+        assert!(
+            records.len() >= (8 << 20) - BATCH,
+            "fetch {i}: {} bytes",
+            records.len()
+        );
+    }
+    alive(&ketch);
+}

@@ -1,0 +1,311 @@
+//! A segment the archive cannot write is quarantined, never retried
+//! forever (issue #10): a batch whose header claims more records than it
+//! holds — what releases before full validation stored — sits in a sealed
+//! segment of a remote-storage topic. The storage worker quarantines that
+//! segment (kept in Redis, reported in `/metrics` and `ketch segments
+//! list`), archives and trims the segments after it so Redis does not grow,
+//! serves the quarantined batches from Redis, and an operator can retry it
+//! or skip it, leaving a recorded hole that consumers read past.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ketch_tests::batch::{self, Codec, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, ketch_bin, runtime, unique_topic};
+use rdkafka::message::Message;
+
+/// Records per produced batch; each batch is sealed into its own segment.
+const PER_SEGMENT: i64 = 20;
+/// The poison batch claims this many records and holds PER_SEGMENT.
+const CLAIMED: i64 = 25;
+
+fn value(offset: i64) -> Vec<u8> {
+    format!("record {offset:06} {}", "x".repeat(90)).into_bytes()
+}
+
+fn records(first: i64, count: i64) -> Vec<Record> {
+    (first..first + count)
+        .map(|o| Record::value(1_000 + o, &value(o)))
+        .collect()
+}
+
+fn segments(redis: &RedisServer, topic: &str) -> Vec<serde_json::Value> {
+    let tag = &redis.topic_tags(topic)[0];
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("ketch:{{{tag}}}:segments"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.connection())
+        .expect("ZRANGE segments");
+    members
+        .iter()
+        .map(|m| serde_json::from_str(m).expect("segment JSON"))
+        .collect()
+}
+
+fn local_start(redis: &RedisServer, topic: &str) -> i64 {
+    let tag = &redis.topic_tags(topic)[0];
+    redis::cmd("HGET")
+        .arg(format!("ketch:{{{tag}}}:meta"))
+        .arg("local_start")
+        .query(&mut redis.connection())
+        .expect("HGET local_start")
+}
+
+fn quarantine_len(redis: &RedisServer, topic: &str) -> i64 {
+    let tag = &redis.topic_tags(topic)[0];
+    redis::cmd("XLEN")
+        .arg(format!("ketch:{{{tag}}}:quarantine"))
+        .query(&mut redis.connection())
+        .expect("XLEN quarantine")
+}
+
+/// Waits until `done` holds of the partition's segments.
+fn wait_segments(
+    redis: &RedisServer,
+    ketch: &Ketch,
+    topic: &str,
+    what: &str,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = segments(redis, topic);
+        if done(&now) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: segments {now:?}\nmetrics:\n{}",
+            ketch.http_get("/metrics").1
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes `batch` as the next batch of partition 0 through the storage
+/// layer directly, as an earlier release's gateway would have stored it.
+fn store_unvalidated(redis: &RedisServer, topic: &str, batch: Vec<u8>) {
+    use ketch_storage::{Durability, Store, StoreConfig};
+    let config = StoreConfig {
+        url: redis.url(),
+        namespace: "ketch".to_owned(),
+        command_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+        subscription_linger: Duration::from_secs(1),
+        durability: Durability {
+            replicas: 0,
+            timeout: Duration::from_secs(1),
+            fsync: false,
+            connections: 1,
+        },
+    };
+    runtime().block_on(async {
+        let store = Store::new(&config).expect("store");
+        let topic = store.topic(topic).await.expect("topic").expect("exists");
+        let header = ketch_storage::batch::header(&batch).expect("header");
+        store
+            .append(&topic, 0, &Bytes::from(batch), &header, false)
+            .await
+            .expect("stored");
+    });
+}
+
+/// Runs `ketch segments <args>`: whether it succeeded, and its output.
+fn run_segments(redis: &RedisServer, args: &[&str]) -> (bool, String) {
+    let output = Command::new(ketch_bin())
+        .arg("segments")
+        .args(args)
+        .args(["--redis-url", &redis.url()])
+        .env_remove("KETCH_BIN")
+        .output()
+        .expect("run ketch segments");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+fn ketch_segments(redis: &RedisServer, args: &[&str]) -> String {
+    let (ok, text) = run_segments(redis, args);
+    assert!(ok, "ketch segments {args:?}: {text}");
+    text
+}
+
+fn metric(ketch: &Ketch, name: &str) -> f64 {
+    let body = ketch.http_get("/metrics").1;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{body}"))
+}
+
+fn tiered_gateway(redis: &RedisServer, data_dir: &Path) -> Ketch {
+    let data = format!("tiering.data_dir={}", data_dir.display());
+    Ketch::start(
+        &redis.url(),
+        &["--set", "tiering.tick_interval=100ms", "--set", &data],
+    )
+}
+
+#[test]
+fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipped_by_an_operator() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let ketch = tiered_gateway(&redis, dir.path());
+    let topic = unique_topic("quarantine");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "100"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    // Segment 0: good; segment 1: the poison batch; segments 2-4: good.
+    let mut next = 0;
+    for segment in 0..5 {
+        if segment == 1 {
+            store_unvalidated(
+                &redis,
+                &topic,
+                batch::encode_compressed(&records(next, PER_SEGMENT), Codec::Lz4, CLAIMED as i32),
+            );
+            next += CLAIMED;
+        } else {
+            let (error, base) =
+                raw::produce(&mut conn, &topic, 0, batch::encode(&records(next, PER_SEGMENT)));
+            assert_eq!((error, base), (code::NONE, next));
+            next += PER_SEGMENT;
+        }
+        wait_segments(&redis, &ketch, &topic, "sealing", |s| s.len() > segment);
+    }
+    let poison_base = PER_SEGMENT;
+    let end = next;
+
+    // Archiving goes on past the poison segment, and Redis is trimmed past it.
+    wait_segments(
+        &redis,
+        &ketch,
+        &topic,
+        "archiving around the poison segment",
+        |s| {
+            s.len() == 5
+                && s.iter().enumerate().all(|(i, s)| {
+                    if i == 1 {
+                        s.get("quarantine").is_some()
+                    } else {
+                        s.get("path").is_some()
+                    }
+                })
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local_start(&redis, &topic) < end {
+        assert!(
+            Instant::now() < deadline,
+            "local retention stopped at {}",
+            local_start(&redis, &topic)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        quarantine_len(&redis, &topic),
+        1,
+        "the poison batch stays in Redis"
+    );
+    assert_eq!(metric(&ketch, "ketch_archive_quarantined_segments"), 1.0);
+    assert!(metric(&ketch, "ketch_archive_quarantines_total") >= 1.0);
+    let segment = &segments(&redis, &topic)[1];
+    let reason = segment["quarantine"]["reason"]
+        .as_str()
+        .expect("reason")
+        .to_owned();
+    assert!(reason.contains("records missing"), "{reason}");
+    let listed = ketch_segments(&redis, &["list"]);
+    assert!(
+        listed.contains(&topic) && listed.contains("quarantined"),
+        "{listed}"
+    );
+
+    // The quarantined batch is served, from Redis, as it was stored.
+    let fetched = conn.request(
+        raw::FETCH_VERSION,
+        &raw::fetch_request(&topic, 0, poison_base + 3, 0),
+    );
+    let (error, _, records) = raw::fetch_result(&fetched);
+    assert_eq!(error, code::NONE);
+    let records = records.expect("records");
+    assert_eq!(i64::from_be_bytes(records[0..8].try_into().unwrap()), poison_base);
+    assert_eq!(raw::count_records(&records), CLAIMED);
+    // Archived segments on both sides of it read as produced.
+    for offset in [0, poison_base + CLAIMED] {
+        let consumer = ketch.consumer_at(&topic, &[0], offset);
+        let message = consumer
+            .poll(Duration::from_secs(20))
+            .expect("a record")
+            .expect("consume");
+        assert_eq!(message.offset(), offset);
+        assert_eq!(message.payload(), Some(&value(offset)[..]));
+    }
+
+    // A retry fails the same way: the segment stays quarantined.
+    let retried = ketch_segments(&redis, &["retry", &topic, "0", &poison_base.to_string()]);
+    assert!(retried.contains("retry requested"), "{retried}");
+    wait_segments(&redis, &ketch, &topic, "the retry", |s| {
+        s[1]["quarantine"]["retry"] == serde_json::Value::Bool(false)
+            && s[1]["quarantine"]["at"] != segment["quarantine"]["at"]
+    });
+    assert_eq!(quarantine_len(&redis, &topic), 1);
+
+    // Skipping it deletes its batches and records the hole.
+    let skipped = ketch_segments(
+        &redis,
+        &[
+            "skip",
+            &topic,
+            "0",
+            &poison_base.to_string(),
+            "--reason",
+            "written by a broken release",
+        ],
+    );
+    assert!(skipped.contains("hole"), "{skipped}");
+    assert_eq!(quarantine_len(&redis, &topic), 0);
+    let hole = &segments(&redis, &topic)[1]["skipped"];
+    assert_eq!(hole["reason"], "written by a broken release");
+    assert!(
+        hole["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("records missing"),
+        "{hole}"
+    );
+    assert!(ketch_segments(&redis, &["list", "--topic", &topic]).contains("skipped (hole)"));
+    let (ok, refused) = run_segments(&redis, &["retry", &topic, "0", &poison_base.to_string()]);
+    assert!(!ok && refused.contains("not quarantined"), "{refused}");
+
+    // A consumer from the start reads past the hole.
+    let consumer = ketch.consumer_at(&topic, &[0], 0);
+    let mut offsets = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while offsets.last().is_none_or(|last| *last < end - 1) {
+        assert!(Instant::now() < deadline, "read only {offsets:?}");
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        assert_eq!(message.payload(), Some(&value(message.offset())[..]));
+        offsets.push(message.offset());
+    }
+    let expected: Vec<i64> = (0..poison_base).chain(poison_base + CLAIMED..end).collect();
+    assert_eq!(offsets, expected);
+}

@@ -1,0 +1,193 @@
+//! Upgrades and the Redis layout version (issue #10): a gateway refuses a
+//! layout newer than it understands, and a running two-gateway system
+//! upgrades one gateway at a time from the release before the layout was
+//! versioned, with its data and committed offsets intact, while the
+//! not-yet-upgraded gateway keeps serving beside the migrated layout.
+//!
+//! The previous release's binary comes from `$KETCH_UPGRADE_BASE_BIN`;
+//! `scripts/test.sh` builds it from the commit named in
+//! `scripts/upgrade-base`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ketch_tests::{Ketch, RedisServer, ketch_bin, runtime, unique_topic};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 3;
+const GROUP: &str = "upgrade-group";
+
+fn upgrade_base() -> PathBuf {
+    let path = std::env::var_os("KETCH_UPGRADE_BASE_BIN")
+        .map(PathBuf::from)
+        .expect(
+            "KETCH_UPGRADE_BASE_BIN is not set: scripts/test.sh builds the previous release's ketch \
+         (the commit in scripts/upgrade-base) and sets it",
+        );
+    assert!(path.exists(), "{} does not exist", path.display());
+    path
+}
+
+fn layout(redis: &RedisServer) -> Option<String> {
+    redis::cmd("HGET")
+        .arg("ketch:layout")
+        .arg("version")
+        .query(&mut redis.connection())
+        .expect("HGET ketch:layout")
+}
+
+fn node_args(id: &'static str) -> [&'static str; 6] {
+    [
+        "--node-id",
+        id,
+        "--set",
+        "cluster.heartbeat_interval=100ms",
+        "--set",
+        "cluster.node_timeout=2s",
+    ]
+}
+
+/// Produces records `range` (value `r<i>`, partition `i % PARTITIONS`)
+/// through `producer`, each acknowledged.
+fn produce(producer: &FutureProducer, topic: &str, range: std::ops::Range<usize>) {
+    let rt = runtime();
+    for i in range {
+        let value = format!("r{i}");
+        let delivery = producer
+            .send_result(
+                FutureRecord::<(), _>::to(topic)
+                    .payload(&value)
+                    .partition(i as i32 % PARTITIONS),
+            )
+            .map_err(|(e, _)| e)
+            .expect("queued");
+        rt.block_on(delivery)
+            .expect("delivered")
+            .map_err(|(e, _)| e)
+            .expect("acknowledged");
+    }
+}
+
+/// Every record `0..count` is in its partition, once, in order.
+fn check_all(ketch: &Ketch, topic: &str, count: usize) {
+    let consumer = ketch.consumer_at(topic, &(0..PARTITIONS).collect::<Vec<_>>(), 0);
+    let mut next = vec![0usize; PARTITIONS as usize];
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen < count {
+        assert!(Instant::now() < deadline, "read {seen} of {count} records");
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let p = message.partition() as usize;
+        assert_eq!(message.offset(), next[p] as i64, "partition {p}: dense offsets");
+        let i = next[p] * PARTITIONS as usize + p;
+        assert_eq!(
+            message.payload(),
+            Some(format!("r{i}").as_bytes()),
+            "partition {p} offset {}",
+            next[p]
+        );
+        next[p] += 1;
+        seen += 1;
+    }
+}
+
+fn group_consumer(ketch: &Ketch) -> BaseConsumer {
+    ketch.consumer_with(&[("group.id", GROUP), ("enable.auto.commit", "false")])
+}
+
+fn committed(ketch: &Ketch, topic: &str) -> Vec<i64> {
+    let consumer = group_consumer(ketch);
+    let mut asked = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        asked.add_partition(topic, p);
+    }
+    let got = consumer
+        .committed_offsets(asked, Duration::from_secs(20))
+        .expect("committed offsets");
+    (0..PARTITIONS)
+        .map(
+            |p| match got.find_partition(topic, p).expect("partition").offset() {
+                Offset::Offset(offset) => offset,
+                other => panic!("partition {p}: committed {other:?}"),
+            },
+        )
+        .collect()
+}
+
+#[test]
+fn a_gateway_refuses_a_layout_newer_than_it_understands() {
+    let redis = RedisServer::start();
+    let _: () = redis::cmd("HSET")
+        .arg("ketch:layout")
+        .arg("version")
+        .arg(99)
+        .query(&mut redis.connection())
+        .expect("HSET");
+    let output = Ketch::start_expecting_failure(&redis.url(), &[]);
+    assert!(
+        output.contains("the Redis layout is version 99, newer than the 2 this ketch understands"),
+        "{output}"
+    );
+    assert_eq!(
+        layout(&redis).as_deref(),
+        Some("99"),
+        "the newer layout is left alone"
+    );
+}
+
+#[test]
+fn a_new_namespace_records_the_current_layout() {
+    let redis = RedisServer::start();
+    let _ketch = Ketch::start(&redis.url(), &[]);
+    assert_eq!(layout(&redis).as_deref(), Some("2"));
+}
+
+#[test]
+fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_offsets_intact() {
+    let base = upgrade_base();
+    let redis = RedisServer::start();
+    let mut a = Ketch::start_binary(&base, &redis.url(), &node_args("1"));
+    let mut b = Ketch::start_binary(&base, &redis.url(), &node_args("2"));
+    let topic = unique_topic("upgrade");
+    a.create_topic(&runtime(), &topic, PARTITIONS);
+    produce(&a.producer(), &topic, 0..300);
+    produce(&b.producer(), &topic, 300..450);
+    let offsets: Vec<i64> = (0..PARTITIONS as i64).map(|p| 40 + p).collect();
+    let mut commit = TopicPartitionList::new();
+    for (p, offset) in offsets.iter().enumerate() {
+        commit
+            .add_partition_offset(&topic, p as i32, Offset::Offset(*offset))
+            .expect("offset");
+    }
+    group_consumer(&b)
+        .commit(&commit, CommitMode::Sync)
+        .expect("commit through the previous release");
+    assert_eq!(
+        layout(&redis),
+        None,
+        "the previous release writes no layout version"
+    );
+
+    // The first gateway is upgraded and migrates the layout while the
+    // second, still the previous release, serves beside it.
+    a.replace_with(&ketch_bin());
+    assert_eq!(layout(&redis).as_deref(), Some("2"));
+    assert!(a.output().contains("migrated the Redis layout"), "{}", a.output());
+    produce(&b.producer(), &topic, 450..600);
+    produce(&a.producer(), &topic, 600..750);
+    check_all(&b, &topic, 750);
+    assert_eq!(committed(&b, &topic), offsets);
+
+    b.replace_with(&ketch_bin());
+    produce(&b.producer(), &topic, 750..900);
+    check_all(&a, &topic, 900);
+    check_all(&b, &topic, 900);
+    assert_eq!(committed(&a, &topic), offsets);
+    assert_eq!(committed(&b, &topic), offsets);
+}
