@@ -28,7 +28,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
 }
 
 async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
-    match ctx.store.ping().await {
+    match ctx.storage.ping().await {
         Ok(()) if ctx.membership.joined() => (StatusCode::OK, "ready\n".to_owned()),
         Ok(()) => (
             StatusCode::SERVICE_UNAVAILABLE,

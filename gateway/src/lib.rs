@@ -5,10 +5,14 @@
 //! parses settings and calls it; tests may run it in-process.
 
 pub mod api;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod group;
 pub mod http;
 pub mod membership;
+pub mod memory;
 pub mod server;
+pub mod storage;
 
 use std::sync::Arc;
 
@@ -20,7 +24,8 @@ use tokio::sync::watch;
 /// What every request handler can reach.
 pub struct Context {
     pub settings: Settings,
-    pub store: Store,
+    /// Topics, partitions and offsets: Redis and the archive, or memory.
+    pub storage: Arc<dyn storage::Storage>,
     /// This gateway's node id and advertised address.
     pub node: Node,
     /// Turns true when the gateway shuts down; long waits end early.
@@ -29,8 +34,6 @@ pub struct Context {
     pub membership: membership::Membership,
     /// The classic consumer groups this gateway coordinates.
     pub groups: group::Coordinator,
-    /// Reads across the Redis and archive tiers.
-    pub tiers: ketch_tiering::Tiers,
     /// The storage worker's and remote reader's counters (`/metrics`).
     pub tiering_metrics: Arc<ketch_tiering::Metrics>,
 }
@@ -44,26 +47,30 @@ pub struct Node {
 }
 
 impl Context {
-    pub fn new(settings: Settings, store: Store, shutdown: watch::Receiver<bool>) -> anyhow::Result<Self> {
+    /// A context over `storage`; `tiering_metrics` are the storage worker's
+    /// and remote reader's (rendered at `/metrics`).
+    pub fn new(
+        settings: Settings,
+        storage: Arc<dyn storage::Storage>,
+        tiering_metrics: Arc<ketch_tiering::Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
         let node = Node {
             id: settings.broker.id,
             host: settings.advertised_host(),
             port: settings.advertised_port(),
         };
         let membership = membership::Membership::new(node.clone());
-        let groups = group::Coordinator::with_store(&settings.groups, store.clone());
-        let tiering_metrics = Arc::new(ketch_tiering::Metrics::default());
-        let tiers = ketch_tiering::Tiers::new(store.clone(), &settings.tiering, tiering_metrics.clone());
-        Ok(Self {
+        let groups = group::Coordinator::with_storage(&settings.groups, storage.clone());
+        Self {
             settings,
-            store,
+            storage,
             node,
             shutdown,
             membership,
             groups,
-            tiers,
             tiering_metrics,
-        })
+        }
     }
 }
 
@@ -130,7 +137,13 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let http = TcpListener::bind(settings.http.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} (http.listen): {e}", settings.http.listen))?;
-    let ctx = Arc::new(Context::new(settings, store, shutdown.clone())?);
+    let tiering_metrics = Arc::new(ketch_tiering::Metrics::default());
+    let tiers = ketch_tiering::Tiers::new(store.clone(), &settings.tiering, tiering_metrics.clone());
+    let storage = Arc::new(storage::Tiered {
+        store: store.clone(),
+        tiers,
+    });
+    let ctx = Arc::new(Context::new(settings, storage, tiering_metrics, shutdown.clone()));
     tracing::info!(
         kafka = %ctx.settings.broker.listen,
         http = %ctx.settings.http.listen,
@@ -139,12 +152,12 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         redis = %ctx.settings.redis.url,
         "ketch serving"
     );
-    if let Err(e) = ctx.store.ping().await {
+    if let Err(e) = store.ping().await {
         tracing::warn!(error = %e, "redis is not reachable yet; serving retriable errors until it is");
     }
     let http_task = tokio::spawn(http::serve(http, ctx.clone(), shutdown.clone()));
     let membership_task = tokio::spawn(ctx.membership.clone().run(
-        ctx.store.clone(),
+        store.clone(),
         ctx.settings.cluster.heartbeat_interval.get(),
         ctx.settings.cluster.node_timeout.get(),
         shutdown.clone(),
@@ -154,7 +167,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let leads: ketch_tiering::Leads =
         Arc::new(move |topic, partition| membership.partition_leader(&topic.id, partition).id == me);
     let worker = ketch_tiering::StorageWorker::new(
-        ctx.store.clone(),
+        store,
         &ctx.settings.tiering,
         ctx.settings.producers.expiration.get(),
         ctx.tiering_metrics.clone(),

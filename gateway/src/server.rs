@@ -196,20 +196,11 @@ async fn connection(
                 None => None,
             };
             let (header, body) = request;
-            let version = header.request_api_version;
-            let correlation_id = header.correlation_id;
-            let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-            let response = api::handle(&ctx, api::Client { peer }, &header, body, turns).await?;
-            match encode_response(api_key, version, correlation_id, &response) {
-                Ok(bytes) => Some(Response {
-                    bytes,
-                    _budget: reserved,
-                }),
-                Err(e) => {
-                    tracing::error!(?api_key, version, error = %e, "cannot encode response");
-                    None
-                }
-            }
+            let bytes = respond(&ctx, peer, header, body, turns).await?;
+            Some(Response {
+                bytes,
+                _budget: reserved,
+            })
         });
         if pending_tx.send(handle).await.is_err() {
             break Ok(());
@@ -219,6 +210,45 @@ async fn connection(
     drop(pending_tx);
     let _ = writer.await;
     result
+}
+
+/// Runs a decoded request and encodes its response; `None` when there is
+/// none to send (acks=0 produce) or it cannot be encoded (logged).
+async fn respond(
+    ctx: &Context,
+    peer: std::net::SocketAddr,
+    header: RequestHeader,
+    body: RequestKind,
+    turns: api::produce::Turns,
+) -> Option<Bytes> {
+    let version = header.request_api_version;
+    let correlation_id = header.correlation_id;
+    let api_key = ApiKey::try_from(header.request_api_key).ok()?;
+    let response = api::handle(ctx, api::Client { peer }, &header, body, turns).await?;
+    match encode_response(api_key, version, correlation_id, &response) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            tracing::error!(?api_key, version, error = %e, "cannot encode response");
+            None
+        }
+    }
+}
+
+/// Answers one request frame (without its size prefix) as a connection
+/// would, on its own: the request fuzz target's way in. `Err` is what makes
+/// a connection close.
+pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, ConnectionError> {
+    let (header, body) = match decode(frame) {
+        Ok(request) => request,
+        Err(Rejected::Close(e)) => return Err(e),
+        Err(Rejected::Answer(bytes)) => return Ok(Some(bytes)),
+    };
+    let turns = match &body {
+        RequestKind::Produce(produce) => api::produce::Sequencer::default().turns(produce),
+        _ => api::produce::Turns::default(),
+    };
+    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    Ok(respond(ctx, peer, header, body, turns).await)
 }
 
 /// What a request does, for ordering it after the earlier requests of its

@@ -10,6 +10,7 @@ pub mod batch;
 mod brokers;
 mod durable;
 pub mod error;
+pub mod fuzzing;
 pub mod groups;
 pub mod keys;
 mod layout;

@@ -38,6 +38,31 @@ pub struct Topic {
 }
 
 impl Topic {
+    /// A topic record with its partitions' key names under `keys`; the
+    /// registry below makes them, and so can other storage (in memory).
+    pub fn new(
+        name: &str,
+        id: Uuid,
+        tags: Vec<String>,
+        configs: BTreeMap<String, String>,
+        keys: &Keys,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            id,
+            tags,
+            configs,
+            keys: Vec::new(),
+        }
+        .with_keys(keys)
+    }
+
+    /// The wake-up channel of a partition (see `wake.rs`).
+    pub fn wake_channel(&self, partition: i32) -> Option<&str> {
+        let keys = self.keys.get(usize::try_from(partition).ok()?)?;
+        Some(&keys.wake)
+    }
+
     pub fn partitions(&self) -> i32 {
         self.tags.len() as i32
     }

@@ -211,6 +211,12 @@ impl WakeHub {
         hub
     }
 
+    /// A hub that only hears of appends made in this process (no Redis
+    /// subscription): for storage kept in memory.
+    pub fn in_process() -> Self {
+        Self::detached().0
+    }
+
     /// A hub without its subscriber task, and the commands meant for it.
     fn detached() -> (Self, mpsc::UnboundedReceiver<Command>) {
         let (commands, rx) = mpsc::unbounded_channel();

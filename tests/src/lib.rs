@@ -314,6 +314,17 @@ pub fn ketch_bin() -> PathBuf {
     path
 }
 
+/// A command running the `ketch` binary without the test runner's
+/// `KETCH_*` variables: ketch reads every one as a setting (`KETCH_BIN`,
+/// `KETCH_UPGRADE_BASE_BIN`, a developer's `KETCH_REDIS_URL`).
+pub fn ketch_command() -> Command {
+    let mut command = Command::new(ketch_bin());
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("KETCH_")) {
+        command.env_remove(name);
+    }
+    command
+}
+
 /// The `ketch-bench` binary built beside `ketch`.
 pub fn ketch_bench_bin() -> PathBuf {
     let path = ketch_bin().with_file_name("ketch-bench");

@@ -8,13 +8,12 @@
 //! or skip it, leaving a recorded hole that consumers read past.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ketch_tests::batch::{self, Codec, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, ketch_bin, runtime, unique_topic};
+use ketch_tests::{Ketch, RedisServer, ketch_command, runtime, unique_topic};
 use rdkafka::message::Message;
 
 /// Records per produced batch; each batch is sealed into its own segment.
@@ -116,11 +115,10 @@ fn store_unvalidated(redis: &RedisServer, topic: &str, batch: Vec<u8>) {
 
 /// Runs `ketch segments <args>`: whether it succeeded, and its output.
 fn run_segments(redis: &RedisServer, args: &[&str]) -> (bool, String) {
-    let output = Command::new(ketch_bin())
+    let output = ketch_command()
         .arg("segments")
         .args(args)
         .args(["--redis-url", &redis.url()])
-        .env_remove("KETCH_BIN")
         .output()
         .expect("run ketch segments");
     let text = format!(

@@ -39,7 +39,7 @@ pub async fn handle(
 async fn grow(ctx: &Context, request: &CreatePartitionsTopic, validate_only: bool) -> Result<(), Failure> {
     let name = request.name.as_str();
     // Read fresh, not cached: storage replaces the record only if it is unchanged.
-    let topic = match ctx.store.topic_fresh(name).await {
+    let topic = match ctx.storage.topic_fresh(name).await {
         Ok(Some(topic)) => topic,
         Ok(None) => {
             return Err(Failure::new(
@@ -53,7 +53,7 @@ async fn grow(ctx: &Context, request: &CreatePartitionsTopic, validate_only: boo
     if validate_only {
         return Ok(());
     }
-    ctx.store
+    ctx.storage
         .add_partitions(&topic, request.count)
         .await
         .map_err(|e| Failure::storage(&e))?;

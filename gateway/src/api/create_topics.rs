@@ -96,7 +96,7 @@ async fn create(ctx: &Context, topic: CreatableTopic, validate_only: bool) -> Re
     // Read fresh, not cached: a topic another gateway just deleted may be re-created.
     // Existence is checked first, as Kafka does, so "create unless it exists"
     // callers get TOPIC_ALREADY_EXISTS whatever else their request says.
-    match ctx.store.topic_fresh(name).await {
+    match ctx.storage.topic_fresh(name).await {
         Ok(None) => {}
         Ok(Some(_)) => return Err(already_exists(name)),
         Err(e) => return Err(Failure::storage(&e)),
@@ -110,7 +110,7 @@ async fn create(ctx: &Context, topic: CreatableTopic, validate_only: bool) -> Re
             configs,
         });
     }
-    match ctx.store.create_topic(name, partitions, configs).await {
+    match ctx.storage.create_topic(name, partitions, configs).await {
         Ok(created) => {
             tracing::info!(topic = name, partitions, "created topic");
             Ok(Created {

@@ -36,7 +36,7 @@ async fn delete(ctx: &Context, group_id: &str) -> i16 {
         Err(NotDeleted::NonEmpty) => return ResponseError::NonEmptyGroup.code(),
         Err(NotDeleted::Unknown) => false,
     };
-    match ctx.store.delete_group_offsets(group_id).await {
+    match ctx.storage.delete_group_offsets(group_id).await {
         Ok(had_offsets) if in_memory || had_offsets => {
             tracing::info!(group = group_id, "deleted group");
             0

@@ -60,7 +60,7 @@ async fn truncate(
 ) -> Result<i64, i16> {
     let partition = request.partition_index;
     let topic = ensure_partition(ctx, topic?, partition).await?;
-    ctx.store
+    ctx.storage
         .delete_records(&topic, partition, request.offset)
         .await
         .map_err(|e| error_code(&e))

@@ -60,7 +60,7 @@ async fn delete(ctx: &Context, state: DeleteTopicState) -> Result<(TopicName, Uu
             ));
         }
     };
-    match ctx.store.delete_topic(&name).await {
+    match ctx.storage.delete_topic(&name).await {
         Ok(topic) => {
             tracing::info!(topic = name, "deleted topic");
             Ok((TopicName(str_bytes(name)), topic.id))

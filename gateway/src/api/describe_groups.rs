@@ -53,7 +53,7 @@ async fn describe(ctx: &Context, version: i16, group_id: &str) -> DescribedGroup
     if let Some(described) = ctx.groups.describe(group_id) {
         return described;
     }
-    match ctx.store.all_committed_offsets(group_id).await {
+    match ctx.storage.all_committed_offsets(group_id).await {
         Ok(offsets) if !offsets.is_empty() => state_only(State::Empty),
         Ok(_) if version >= 6 => state_only(State::Dead)
             .with_error_code(ResponseError::GroupIdNotFound.code())

@@ -50,9 +50,9 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
 
     // Register for wake-ups before the first read, so an append between the
     // read and the wait is not missed; a fetch that cannot wait needs none.
-    let channels = wake_channels(ctx, &topics);
+    let channels = wake_channels(&topics);
     let may_wait = min_bytes > 0 && !max_wait.is_zero() && !channels.is_empty();
-    let watch = may_wait.then(|| ctx.store.wake().watch(channels));
+    let watch = may_wait.then(|| ctx.storage.wake().watch(channels));
     let mut confirmed = false;
     let mut shutdown = ctx.shutdown.clone();
     let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes).await;
@@ -104,7 +104,7 @@ async fn resolve(ctx: &Context, version: i16, fetch_topic: &FetchTopic) -> Vec<T
     targets
 }
 
-fn wake_channels(ctx: &Context, topics: &[Vec<Target>]) -> Vec<String> {
+fn wake_channels(topics: &[Vec<Target>]) -> Vec<String> {
     topics
         .iter()
         .flatten()
@@ -112,7 +112,8 @@ fn wake_channels(ctx: &Context, topics: &[Vec<Target>]) -> Vec<String> {
             t.topic
                 .as_ref()
                 .ok()
-                .map(|topic| ctx.store.partition_keys(topic, t.partition).wake.clone())
+                .and_then(|topic| topic.wake_channel(t.partition))
+                .map(str::to_owned)
         })
         .collect()
 }
@@ -143,7 +144,10 @@ async fn read_all(
                 results.push(None);
                 continue;
             };
-            let wake = &ctx.store.partition_keys(topic, target.partition).wake;
+            let Some(wake) = topic.wake_channel(target.partition) else {
+                results.push(Some(Err(StorageError::UnknownTopicOrPartition)));
+                continue;
+            };
             let result = match kept {
                 Some(kept) if !fired.includes(wake) => kept,
                 _ => read_partition(ctx, topic, target, wake, budget).await,
@@ -167,7 +171,7 @@ async fn read_partition(
     wake: &str,
     budget: usize,
 ) -> ReadResult {
-    let hub = ctx.store.wake();
+    let hub = ctx.storage.wake();
     if let Some(log_start_offset) = hub.known_empty_at(wake, target.offset) {
         return Ok(ReadPartition {
             offsets: Some(PartitionOffsets {
@@ -179,7 +183,7 @@ async fn read_partition(
         });
     }
     if budget == 0 {
-        let offsets = ctx.store.offsets(topic, target.partition).await?;
+        let offsets = ctx.storage.offsets(topic, target.partition).await?;
         return Ok(ReadPartition {
             offsets: Some(offsets),
             batches: Vec::new(),
@@ -195,7 +199,7 @@ async fn read_partition(
         max_bytes: target.max_bytes.min(budget),
         max_batch_bytes,
     };
-    let read = ctx.tiers.read(topic, target.partition, &request).await;
+    let read = ctx.storage.read(topic, target.partition, &request).await;
     if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {
         hub.observe(wake, generation, o.high_watermark, o.log_start_offset);
     }

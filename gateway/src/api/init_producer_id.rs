@@ -28,7 +28,7 @@ pub async fn handle(
             .with_producer_id(request.producer_id)
             .with_producer_epoch(request.producer_epoch + 1);
     }
-    match ctx.store.new_producer_id().await {
+    match ctx.storage.new_producer_id().await {
         Ok(id) => response.with_producer_id(ProducerId(id)).with_producer_epoch(0),
         Err(e) => response.with_error_code(error_code(&e)),
     }

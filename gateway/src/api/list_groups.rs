@@ -22,7 +22,7 @@ pub async fn handle(ctx: &Context, _header: &RequestHeader, req: ListGroupsReque
         return ListGroupsResponse::default();
     }
     let mut groups = ctx.groups.list();
-    match ctx.store.groups_with_offsets().await {
+    match ctx.storage.groups_with_offsets().await {
         Ok(with_offsets) => groups.extend(only_offsets(&groups, with_offsets)),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list groups with committed offsets");

@@ -91,22 +91,22 @@ async fn lookup(
     let topic = ensure_partition(ctx, topic?, partition).await?;
     let found = match timestamp {
         EARLIEST_TIMESTAMP => ctx
-            .store
+            .storage
             .offsets(&topic, partition)
             .await
             .map(|o| Some((o.log_start_offset, -1))),
         LATEST_TIMESTAMP => ctx
-            .store
+            .storage
             .offsets(&topic, partition)
             .await
             .map(|o| Some((o.high_watermark, -1))),
         EARLIEST_LOCAL_TIMESTAMP => ctx
-            .store
+            .storage
             .offsets(&topic, partition)
             .await
             .map(|o| Some((o.local_start_offset, -1))),
-        MAX_TIMESTAMP => ctx.tiers.max_timestamp(&topic, partition).await,
-        t if t >= 0 => ctx.tiers.offset_for_timestamp(&topic, partition, t).await,
+        MAX_TIMESTAMP => ctx.storage.max_timestamp(&topic, partition).await,
+        t if t >= 0 => ctx.storage.offset_for_timestamp(&topic, partition, t).await,
         _ => return Err(ResponseError::InvalidRequest.code()),
     };
     found.map_err(|e| error_code(&e))

@@ -23,7 +23,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         Some(topics) => version == 0 && topics.is_empty(),
     };
     let topics = if wants_all {
-        match ctx.store.all_topics().await {
+        match ctx.storage.all_topics().await {
             Ok(all) => all.iter().map(|t| describe(ctx, t)).collect(),
             Err(e) => {
                 error_code(&e);

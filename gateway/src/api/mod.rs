@@ -192,7 +192,7 @@ pub fn error_code(e: &StorageError) -> i16 {
 /// Looks a topic up by name, creating it when `auto_create` allows.
 /// Errors are Kafka error codes.
 pub async fn resolve_topic(ctx: &Context, name: &str, auto_create: bool) -> Result<Arc<Topic>, i16> {
-    if let Some(topic) = ctx.store.topic(name).await.map_err(|e| error_code(&e))? {
+    if let Some(topic) = ctx.storage.topic(name).await.map_err(|e| error_code(&e))? {
         return Ok(topic);
     }
     if !auto_create || !ctx.settings.topics.auto_create {
@@ -202,13 +202,17 @@ pub async fn resolve_topic(ctx: &Context, name: &str, auto_create: bool) -> Resu
         return Err(ResponseError::InvalidTopicException.code());
     }
     let partitions = ctx.settings.topics.default_partitions;
-    match ctx.store.create_topic(name, partitions, Default::default()).await {
+    match ctx
+        .storage
+        .create_topic(name, partitions, Default::default())
+        .await
+    {
         Ok(topic) => {
             tracing::info!(topic = name, partitions, "auto-created topic");
             Ok(topic)
         }
         // Another gateway created it meanwhile.
-        Err(StorageError::TopicExists) => match ctx.store.topic_fresh(name).await {
+        Err(StorageError::TopicExists) => match ctx.storage.topic_fresh(name).await {
             Ok(Some(topic)) => Ok(topic),
             Ok(None) => Err(ResponseError::UnknownTopicOrPartition.code()),
             Err(e) => Err(error_code(&e)),
@@ -219,7 +223,7 @@ pub async fn resolve_topic(ctx: &Context, name: &str, auto_create: bool) -> Resu
 
 /// Looks a topic up by id (the request versions that address topics by id).
 pub async fn resolve_topic_id(ctx: &Context, id: uuid::Uuid) -> Result<Arc<Topic>, i16> {
-    match ctx.store.topic_by_id(id).await {
+    match ctx.storage.topic_by_id(id).await {
         Ok(Some(topic)) => Ok(topic),
         Ok(None) => Err(ResponseError::UnknownTopicId.code()),
         Err(e) => Err(error_code(&e)),
@@ -238,7 +242,11 @@ pub async fn ensure_partition(ctx: &Context, topic: Arc<Topic>, partition: i32) 
     if topic.has_partition(partition) {
         return Ok(topic);
     }
-    match ctx.store.topic_fresher_than(&topic.name, PARTITION_REFRESH).await {
+    match ctx
+        .storage
+        .topic_fresher_than(&topic.name, PARTITION_REFRESH)
+        .await
+    {
         Ok(Some(fresh)) if fresh.id == topic.id && fresh.has_partition(partition) => Ok(fresh),
         Ok(_) => Err(ResponseError::UnknownTopicOrPartition.code()),
         Err(e) => Err(error_code(&e)),

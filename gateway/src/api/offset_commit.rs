@@ -114,10 +114,10 @@ async fn commit(
     if offsets.is_empty() {
         return Ok(());
     }
-    ctx.store.commit_offsets(group, offsets).await?;
+    ctx.storage.commit_offsets(group, offsets).await?;
     let has_members = ctx.groups.describe(group).is_some_and(|g| !g.members.is_empty());
     if !has_members {
-        ctx.store
+        ctx.storage
             .group_emptied(group, ctx.settings.groups.offsets_retention.get())
             .await?;
     }

@@ -31,7 +31,7 @@ pub async fn handle(
         return OffsetDeleteResponse::default().with_error_code(code);
     }
     let described = ctx.groups.describe(&group);
-    let has_offsets = match ctx.store.groups_with_offsets().await {
+    let has_offsets = match ctx.storage.groups_with_offsets().await {
         Ok(groups) => groups.contains(&group),
         Err(e) => return OffsetDeleteResponse::default().with_error_code(error_code(&e)),
     };
@@ -62,7 +62,7 @@ pub async fn handle(
         topics.push((topic, code));
     }
     let deleted = ctx
-        .store
+        .storage
         .delete_offsets(&group, &deletable)
         .await
         .map_err(|e| error_code(&e));

@@ -68,7 +68,7 @@ async fn fetch(
         return (code, Vec::new());
     }
     let Some(wanted) = wanted else {
-        return match ctx.store.all_committed_offsets(group).await {
+        return match ctx.storage.all_committed_offsets(group).await {
             Ok(all) => (0, by_topic(all)),
             Err(e) => (error_code(&e), Vec::new()),
         };
@@ -84,7 +84,7 @@ async fn fetch(
         let offsets = if ketch_storage::validate_topic_name(&name).is_err() {
             vec![None; partitions.len()]
         } else {
-            match ctx.store.committed_offsets_of(group, &name, &partitions).await {
+            match ctx.storage.committed_offsets_of(group, &name, &partitions).await {
                 Ok(offsets) => offsets,
                 Err(e) => return (error_code(&e), Vec::new()),
             }

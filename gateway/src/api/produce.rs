@@ -265,7 +265,7 @@ async fn produce_partition(
         (batch, -1)
     };
     let outcome = ctx
-        .store
+        .storage
         .append(&topic, partition, &batch, &header, acks == -1)
         .await
         .map_err(|e| (error_code(&e), Some(e.to_string())))?;

@@ -14,6 +14,7 @@ pub mod state;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use crate::storage::Storage;
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
@@ -24,7 +25,6 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use ketch_config::GroupsSettings;
-use ketch_storage::Store;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
@@ -75,9 +75,9 @@ impl Coordinator {
     /// A coordinator that makes a group's committed offsets expire
     /// `groups.offsets_retention` after it becomes Empty, and keeps them
     /// while it has members.
-    pub fn with_store(settings: &GroupsSettings, store: Store) -> Self {
+    pub fn with_storage(settings: &GroupsSettings, storage: Arc<dyn Storage>) -> Self {
         let retention = Retention {
-            store,
+            storage,
             retention: settings.offsets_retention.get(),
             queue: Mutex::new(None),
         };
@@ -378,7 +378,7 @@ fn invalid_group(group_id: &StrBytes) -> Option<ResponseError> {
 /// expire once it is Empty (Kafka's `offsets.retention.minutes`), applying
 /// the changes to Redis in the order they happened.
 struct Retention {
-    store: Store,
+    storage: Arc<dyn Storage>,
     retention: std::time::Duration,
     /// Started with the first change, inside the runtime.
     queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, bool)>>>,
@@ -397,14 +397,14 @@ impl Retention {
 
     fn start(&self) -> mpsc::UnboundedSender<(StrBytes, bool)> {
         let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, bool)>();
-        let store = self.store.clone();
+        let storage = self.storage.clone();
         let retention = self.retention;
         tokio::spawn(async move {
             while let Some((group_id, emptied)) = changes.recv().await {
                 let applied = if emptied {
-                    store.group_emptied(&group_id, retention).await
+                    storage.group_emptied(&group_id, retention).await
                 } else {
-                    store.group_active(&group_id).await
+                    storage.group_active(&group_id).await
                 };
                 if let Err(e) = applied {
                     tracing::warn!(group = %group_id, emptied, error = %e, "cannot update offsets retention");

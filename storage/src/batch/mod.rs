@@ -286,7 +286,7 @@ pub(crate) mod tests {
     }
 
     /// (timestamp, key, value) of a test record.
-    type TestRecord<'a> = (i64, Option<&'a [u8]>, Option<&'a [u8]>);
+    pub(crate) type TestRecord<'a> = (i64, Option<&'a [u8]>, Option<&'a [u8]>);
 
     /// The records of a batch body (uncompressed).
     fn records_body(records: &[TestRecord]) -> Vec<u8> {
@@ -371,6 +371,31 @@ pub(crate) mod tests {
         Compression::Lz4,
         Compression::Zstd,
     ];
+
+    /// A batch of `records` compressed with `codec`, claiming `count` records.
+    pub(crate) fn compressed_batch_with(codec: Compression, records: &[TestRecord], count: i32) -> Bytes {
+        compressed_batch(codec, records, count)
+    }
+
+    /// A snappy batch in the Java client's xerial framing.
+    pub(crate) fn xerial_batch(records: &[TestRecord]) -> Bytes {
+        let base_ts = records.first().map_or(0, |r| r.0);
+        let max_ts = records.iter().map(|r| r.0).max().unwrap_or(0);
+        let block = snap::raw::Encoder::new()
+            .compress_vec(&records_body(records))
+            .expect("snappy");
+        let mut body = b"\x82SNAPPY\x00".to_vec();
+        body.extend_from_slice(&1i32.to_be_bytes());
+        body.extend_from_slice(&1i32.to_be_bytes());
+        body.extend_from_slice(&(block.len() as u32).to_be_bytes());
+        body.extend_from_slice(&block);
+        Bytes::from(wrap(&body, 2, records.len() as i32, base_ts, max_ts))
+    }
+
+    /// An uncompressed batch stamped with LogAppendTime.
+    pub(crate) fn stamped(records: &[TestRecord]) -> Bytes {
+        stamp_log_append_time(&build_batch(records), 1_800_000_000_000)
+    }
 
     /// A batch of `records` compressed with `codec`, claiming `count` records.
     fn compressed_batch(codec: Compression, records: &[TestRecord], count: i32) -> Bytes {

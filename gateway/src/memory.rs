@@ -1,0 +1,415 @@
+//! Storage kept in this process's memory, behind the same [`Storage`] seam
+//! as Redis: for the request fuzz target and tests that exercise the Kafka
+//! APIs without a Redis server. Partitions hold their batches verbatim,
+//! offsets are dense, committed offsets are kept per group; idempotent
+//! producer state, tiering and durability are not modelled. Everything it
+//! holds is bounded ([`MEMORY_LIMIT_BYTES`], [`MAX_TOPICS`]), so a fuzzer
+//! cannot make it grow without end.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ketch_storage::batch::{self, BatchHeader, Records};
+use ketch_storage::{
+    AppendOutcome, CommittedOffset, Keys, PartitionOffsets, ReadPartition, ReadRequest, Result, StorageError,
+    Topic, TopicPartition, WakeHub,
+};
+
+use crate::storage::Storage;
+
+/// Batch bytes stored at most, over all partitions.
+pub const MEMORY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+/// Topics at most.
+pub const MAX_TOPICS: usize = 10_000;
+
+/// Storage in memory.
+pub struct MemoryStorage {
+    keys: Keys,
+    wake: WakeHub,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    topics: BTreeMap<String, Arc<Topic>>,
+    partitions: HashMap<String, Partition>,
+    groups: BTreeMap<String, BTreeMap<TopicPartition, CommittedOffset>>,
+    next_producer_id: i64,
+    stored_bytes: usize,
+}
+
+#[derive(Default)]
+struct Partition {
+    log_start: i64,
+    next_offset: i64,
+    /// (base offset, batch with its base offset set), in offset order.
+    batches: Vec<(i64, Bytes)>,
+}
+
+impl Default for MemoryStorage {
+    fn default() -> Self {
+        Self {
+            keys: Keys::new("ketch"),
+            wake: WakeHub::in_process(),
+            state: Mutex::new(State {
+                next_producer_id: 1000,
+                ..State::default()
+            }),
+        }
+    }
+}
+
+/// A partition's identity in the maps: its wake-up channel, unique per
+/// topic id and partition.
+fn partition_id(topic: &Topic, partition: i32) -> Result<String> {
+    topic
+        .wake_channel(partition)
+        .map(str::to_owned)
+        .ok_or(StorageError::UnknownTopicOrPartition)
+}
+
+impl MemoryStorage {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn with_partition<T>(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        f: impl FnOnce(&mut Partition, &mut usize) -> Result<T>,
+    ) -> Result<T> {
+        let id = partition_id(topic, partition)?;
+        let mut state = self.state();
+        let state = &mut *state;
+        let found = state
+            .partitions
+            .get_mut(&id)
+            .ok_or(StorageError::UnknownTopicOrPartition)?;
+        f(found, &mut state.stored_bytes)
+    }
+
+    /// The first record from `start` on whose timestamp satisfies `pred`.
+    fn scan(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        mut pred: impl FnMut(i64) -> bool,
+    ) -> Result<Option<(i64, i64)>> {
+        let batches = self.with_partition(topic, partition, |p, _| Ok(p.batches.clone()))?;
+        for (base, bytes) in batches {
+            let header = batch::header(&bytes)?;
+            let mut records = Records::of_batch(&bytes)?;
+            while let Some(record) = records.next_meta()? {
+                let timestamp = if header.is_log_append_time() {
+                    header.max_timestamp
+                } else {
+                    record.timestamp
+                };
+                if pred(timestamp) {
+                    return Ok(Some((base + i64::from(record.offset_delta), timestamp)));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[async_trait]
+impl Storage for MemoryStorage {
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn wake(&self) -> &WakeHub {
+        &self.wake
+    }
+
+    async fn topic(&self, name: &str) -> Result<Option<Arc<Topic>>> {
+        Ok(self.state().topics.get(name).cloned())
+    }
+
+    async fn topic_fresh(&self, name: &str) -> Result<Option<Arc<Topic>>> {
+        self.topic(name).await
+    }
+
+    async fn topic_fresher_than(&self, name: &str, _age: Duration) -> Result<Option<Arc<Topic>>> {
+        self.topic(name).await
+    }
+
+    async fn topic_by_id(&self, id: uuid::Uuid) -> Result<Option<Arc<Topic>>> {
+        Ok(self.state().topics.values().find(|t| t.id == id).cloned())
+    }
+
+    async fn all_topics(&self) -> Result<Vec<Arc<Topic>>> {
+        Ok(self.state().topics.values().cloned().collect())
+    }
+
+    async fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>> {
+        let mut state = self.state();
+        if state.topics.contains_key(name) {
+            return Err(StorageError::TopicExists);
+        }
+        if state.topics.len() >= MAX_TOPICS {
+            return Err(StorageError::Unavailable(format!(
+                "memory storage holds {MAX_TOPICS} topics"
+            )));
+        }
+        let id = uuid::Uuid::new_v4();
+        let tags = (0..partitions)
+            .map(|p| ketch_storage::keys::default_tag(&id, p))
+            .collect();
+        let topic = Arc::new(Topic::new(name, id, tags, configs, &self.keys));
+        for p in 0..partitions {
+            state
+                .partitions
+                .insert(partition_id(&topic, p)?, Partition::default());
+        }
+        state.topics.insert(name.to_owned(), topic.clone());
+        Ok(topic)
+    }
+
+    async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
+        let mut state = self.state();
+        let topic = state
+            .topics
+            .remove(name)
+            .ok_or(StorageError::UnknownTopicOrPartition)?;
+        for p in 0..topic.partitions() {
+            if let Some(gone) = state.partitions.remove(&partition_id(&topic, p)?) {
+                state.stored_bytes -= gone.batches.iter().map(|(_, b)| b.len()).sum::<usize>();
+            }
+        }
+        Ok(topic)
+    }
+
+    async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
+        let mut state = self.state();
+        let current = state
+            .topics
+            .get(&topic.name)
+            .filter(|t| t.id == topic.id)
+            .cloned()
+            .ok_or(StorageError::UnknownTopicOrPartition)?;
+        if current.partitions() != topic.partitions() {
+            return Err(StorageError::Conflict(format!(
+                "topic {} changed meanwhile",
+                topic.name
+            )));
+        }
+        let mut tags = current.tags.clone();
+        tags.extend((current.partitions()..total).map(|p| ketch_storage::keys::default_tag(&current.id, p)));
+        let grown = Arc::new(Topic::new(
+            &current.name,
+            current.id,
+            tags,
+            current.configs.clone(),
+            &self.keys,
+        ));
+        for p in current.partitions()..total {
+            state
+                .partitions
+                .insert(partition_id(&grown, p)?, Partition::default());
+        }
+        state.topics.insert(grown.name.clone(), grown.clone());
+        Ok(grown)
+    }
+
+    async fn append(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        batch: &Bytes,
+        header: &BatchHeader,
+        _acks_all: bool,
+    ) -> Result<AppendOutcome> {
+        let (outcome, next_offset) = self.with_partition(topic, partition, |p, stored| {
+            if *stored + batch.len() > MEMORY_LIMIT_BYTES {
+                return Err(StorageError::Unavailable(format!(
+                    "memory storage holds {MEMORY_LIMIT_BYTES} bytes"
+                )));
+            }
+            let base = p.next_offset;
+            let mut bytes = batch.to_vec();
+            batch::patch_header(&mut bytes, base, 0);
+            p.batches.push((base, Bytes::from(bytes)));
+            p.next_offset += i64::from(header.record_count);
+            *stored += batch.len();
+            let outcome = AppendOutcome {
+                base_offset: base,
+                log_start_offset: p.log_start,
+                duplicate: false,
+            };
+            Ok((outcome, p.next_offset))
+        })?;
+        if let Some(channel) = topic.wake_channel(partition) {
+            self.wake
+                .appended(channel, Some(next_offset), Some(outcome.log_start_offset));
+        }
+        Ok(outcome)
+    }
+
+    async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets> {
+        self.with_partition(topic, partition, |p, _| {
+            Ok(PartitionOffsets {
+                log_start_offset: p.log_start,
+                local_start_offset: p.log_start,
+                high_watermark: p.next_offset,
+            })
+        })
+    }
+
+    async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {
+        self.with_partition(topic, partition, |p, _| {
+            if request.offset < p.log_start || request.offset > p.next_offset {
+                return Err(StorageError::OffsetOutOfRange {
+                    log_start: p.log_start,
+                    high_watermark: p.next_offset,
+                });
+            }
+            let first = p.batches.partition_point(|(base, bytes)| {
+                let count = batch::header(bytes).map_or(1, |h| i64::from(h.record_count));
+                base + count <= request.offset
+            });
+            let mut batches = Vec::new();
+            let mut bytes = 0;
+            for (_, batch) in &p.batches[first..] {
+                if bytes >= request.max_bytes && !batches.is_empty() {
+                    break;
+                }
+                bytes += batch.len();
+                batches.push(batch.clone());
+            }
+            Ok(ReadPartition {
+                offsets: Some(PartitionOffsets {
+                    log_start_offset: p.log_start,
+                    local_start_offset: p.log_start,
+                    high_watermark: p.next_offset,
+                }),
+                batches,
+            })
+        })
+    }
+
+    async fn offset_for_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        timestamp: i64,
+    ) -> Result<Option<(i64, i64)>> {
+        self.scan(topic, partition, |ts| ts >= timestamp)
+    }
+
+    async fn max_timestamp(&self, topic: &Topic, partition: i32) -> Result<Option<(i64, i64)>> {
+        let mut largest = None;
+        self.scan(topic, partition, |ts| {
+            largest = Some(largest.map_or(ts, |l: i64| l.max(ts)));
+            false
+        })?;
+        let Some(largest) = largest else { return Ok(None) };
+        self.scan(topic, partition, |ts| ts == largest)
+    }
+
+    async fn delete_records(&self, topic: &Topic, partition: i32, offset: i64) -> Result<i64> {
+        self.with_partition(topic, partition, |p, stored| {
+            let target = if offset == -1 { p.next_offset } else { offset };
+            if target < 0 || target > p.next_offset {
+                return Err(StorageError::OffsetOutOfRange {
+                    log_start: 0,
+                    high_watermark: p.next_offset,
+                });
+            }
+            if target > p.log_start {
+                p.log_start = target;
+                p.batches.retain(|(base, bytes)| {
+                    let count = batch::header(bytes).map_or(1, |h| i64::from(h.record_count));
+                    let keep = base + count > target;
+                    if !keep {
+                        *stored -= bytes.len();
+                    }
+                    keep
+                });
+            }
+            Ok(p.log_start)
+        })
+    }
+
+    async fn new_producer_id(&self) -> Result<i64> {
+        let mut state = self.state();
+        state.next_producer_id += 1;
+        Ok(state.next_producer_id)
+    }
+
+    async fn commit_offsets(&self, group: &str, offsets: &[(TopicPartition, CommittedOffset)]) -> Result<()> {
+        let mut state = self.state();
+        let committed = state.groups.entry(group.to_owned()).or_default();
+        for (tp, offset) in offsets {
+            committed.insert(tp.clone(), offset.clone());
+        }
+        Ok(())
+    }
+
+    async fn committed_offsets_of(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<Option<CommittedOffset>>> {
+        let state = self.state();
+        let committed = state.groups.get(group);
+        Ok(partitions
+            .iter()
+            .map(|p| committed.and_then(|c| c.get(&(topic.to_owned(), *p)).cloned()))
+            .collect())
+    }
+
+    async fn all_committed_offsets(&self, group: &str) -> Result<Vec<(TopicPartition, CommittedOffset)>> {
+        let state = self.state();
+        Ok(state
+            .groups
+            .get(group)
+            .map(|c| c.iter().map(|(tp, o)| (tp.clone(), o.clone())).collect())
+            .unwrap_or_default())
+    }
+
+    async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
+        if let Some(committed) = self.state().groups.get_mut(group) {
+            for tp in partitions {
+                committed.remove(tp);
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
+        Ok(self.state().groups.remove(group).is_some_and(|c| !c.is_empty()))
+    }
+
+    async fn groups_with_offsets(&self) -> Result<Vec<String>> {
+        let state = self.state();
+        Ok(state
+            .groups
+            .iter()
+            .filter(|(_, c)| !c.is_empty())
+            .map(|(g, _)| g.clone())
+            .collect())
+    }
+
+    async fn group_emptied(&self, _group: &str, _retention: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    async fn group_active(&self, _group: &str) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! The one seam between the Kafka APIs and storage: handlers reach topics,
+//! partitions, offsets and groups only through [`Storage`]. A gateway uses
+//! Redis and the archive ([`Tiered`]); the fuzz target and tests can put
+//! [`crate::memory::MemoryStorage`] in its place.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ketch_storage::batch::BatchHeader;
+use ketch_storage::{
+    AppendOutcome, CommittedOffset, PartitionOffsets, ReadPartition, ReadRequest, Result, Store, Topic,
+    TopicPartition, WakeHub,
+};
+use ketch_tiering::Tiers;
+
+/// What the Kafka APIs need of storage. Methods mean what the
+/// [`ketch_storage::Store`] methods of the same name mean; reads span both
+/// tiers.
+#[async_trait]
+pub trait Storage: Send + Sync {
+    /// Checks that storage answers.
+    async fn ping(&self) -> Result<()>;
+
+    /// The fetch wake-up hub.
+    fn wake(&self) -> &WakeHub;
+
+    // ---- topics ----
+    async fn topic(&self, name: &str) -> Result<Option<Arc<Topic>>>;
+    async fn topic_fresh(&self, name: &str) -> Result<Option<Arc<Topic>>>;
+    async fn topic_fresher_than(&self, name: &str, age: Duration) -> Result<Option<Arc<Topic>>>;
+    async fn topic_by_id(&self, id: uuid::Uuid) -> Result<Option<Arc<Topic>>>;
+    async fn all_topics(&self) -> Result<Vec<Arc<Topic>>>;
+    async fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>>;
+    async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>>;
+    async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>>;
+
+    // ---- partitions ----
+    async fn append(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        batch: &Bytes,
+        header: &BatchHeader,
+        acks_all: bool,
+    ) -> Result<AppendOutcome>;
+    async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets>;
+    async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition>;
+    async fn offset_for_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        timestamp: i64,
+    ) -> Result<Option<(i64, i64)>>;
+    async fn max_timestamp(&self, topic: &Topic, partition: i32) -> Result<Option<(i64, i64)>>;
+    async fn delete_records(&self, topic: &Topic, partition: i32, offset: i64) -> Result<i64>;
+    async fn new_producer_id(&self) -> Result<i64>;
+
+    // ---- committed offsets ----
+    async fn commit_offsets(&self, group: &str, offsets: &[(TopicPartition, CommittedOffset)]) -> Result<()>;
+    async fn committed_offsets_of(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<Option<CommittedOffset>>>;
+    async fn all_committed_offsets(&self, group: &str) -> Result<Vec<(TopicPartition, CommittedOffset)>>;
+    async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()>;
+    async fn delete_group_offsets(&self, group: &str) -> Result<bool>;
+    async fn groups_with_offsets(&self) -> Result<Vec<String>>;
+    async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
+    async fn group_active(&self, group: &str) -> Result<()>;
+}
+
+/// Redis, with reads below the local start served from the archive.
+pub struct Tiered {
+    pub store: Store,
+    pub tiers: Tiers,
+}
+
+#[async_trait]
+impl Storage for Tiered {
+    async fn ping(&self) -> Result<()> {
+        self.store.ping().await
+    }
+
+    fn wake(&self) -> &WakeHub {
+        self.store.wake()
+    }
+
+    async fn topic(&self, name: &str) -> Result<Option<Arc<Topic>>> {
+        self.store.topic(name).await
+    }
+
+    async fn topic_fresh(&self, name: &str) -> Result<Option<Arc<Topic>>> {
+        self.store.topic_fresh(name).await
+    }
+
+    async fn topic_fresher_than(&self, name: &str, age: Duration) -> Result<Option<Arc<Topic>>> {
+        self.store.topic_fresher_than(name, age).await
+    }
+
+    async fn topic_by_id(&self, id: uuid::Uuid) -> Result<Option<Arc<Topic>>> {
+        self.store.topic_by_id(id).await
+    }
+
+    async fn all_topics(&self) -> Result<Vec<Arc<Topic>>> {
+        self.store.all_topics().await
+    }
+
+    async fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>> {
+        self.store.create_topic(name, partitions, configs).await
+    }
+
+    async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
+        self.store.delete_topic(name).await
+    }
+
+    async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
+        self.store.add_partitions(topic, total).await
+    }
+
+    async fn append(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        batch: &Bytes,
+        header: &BatchHeader,
+        acks_all: bool,
+    ) -> Result<AppendOutcome> {
+        self.store.append(topic, partition, batch, header, acks_all).await
+    }
+
+    async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets> {
+        self.store.offsets(topic, partition).await
+    }
+
+    async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {
+        self.tiers.read(topic, partition, request).await
+    }
+
+    async fn offset_for_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        timestamp: i64,
+    ) -> Result<Option<(i64, i64)>> {
+        self.tiers.offset_for_timestamp(topic, partition, timestamp).await
+    }
+
+    async fn max_timestamp(&self, topic: &Topic, partition: i32) -> Result<Option<(i64, i64)>> {
+        self.tiers.max_timestamp(topic, partition).await
+    }
+
+    async fn delete_records(&self, topic: &Topic, partition: i32, offset: i64) -> Result<i64> {
+        self.store.delete_records(topic, partition, offset).await
+    }
+
+    async fn new_producer_id(&self) -> Result<i64> {
+        self.store.new_producer_id().await
+    }
+
+    async fn commit_offsets(&self, group: &str, offsets: &[(TopicPartition, CommittedOffset)]) -> Result<()> {
+        self.store.commit_offsets(group, offsets).await
+    }
+
+    async fn committed_offsets_of(
+        &self,
+        group: &str,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<Vec<Option<CommittedOffset>>> {
+        self.store.committed_offsets_of(group, topic, partitions).await
+    }
+
+    async fn all_committed_offsets(&self, group: &str) -> Result<Vec<(TopicPartition, CommittedOffset)>> {
+        self.store.all_committed_offsets(group).await
+    }
+
+    async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
+        self.store.delete_offsets(group, partitions).await
+    }
+
+    async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
+        self.store.delete_group_offsets(group).await
+    }
+
+    async fn groups_with_offsets(&self) -> Result<Vec<String>> {
+        self.store.groups_with_offsets().await
+    }
+
+    async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
+        self.store.group_emptied(group, retention).await
+    }
+
+    async fn group_active(&self, group: &str) -> Result<()> {
+        self.store.group_active(group).await
+    }
+}
