@@ -60,6 +60,44 @@ def check(ok):
     return "met" if ok else "**missed**"
 
 
+def compressed_section(directory, out):
+    """Compressed produce/consume, and validation's cost when compared."""
+    rows = []
+    for codec in ("lz4", "zstd"):
+        p = load(directory, f"produce-compressed-{codec}.json")
+        c = load(directory, f"consume-compressed-{codec}.json")
+        if p is None:
+            continue
+        t = p["results"]["throughput"]
+        rows.append(
+            f"| {codec} | {fmt(t['records'])} | {fmt(t['records_per_sec'])} | {fmt(t['mib_per_sec'], 1)} "
+            f"| {fmt(c['results']['throughput']['records_per_sec']) if c else '–'} "
+            f"| {fmt(cpu_us(p), 2)} | {fmt(peak_rss(p, 'ketch'), 1)} |"
+        )
+    if rows:
+        out.append("\n## Compressed batches (1 KiB text-like records, 16 partitions, acks=all)\n")
+        out.append("| codec | records | produce rec/s | produce MiB/s | consume rec/s | server CPU µs/rec | ketch peak RSS MiB |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|")
+        out.extend(rows)
+    rounds = sorted({f.name.split("-")[2] for f in directory.glob("validation-this-*-lz4.json")})
+    if not rounds:
+        return
+    out.append("\n## Validation's cost: this build against COMPARE_KETCH_BIN, alternated\n")
+    out.append("| codec | round | before rec/s | this rec/s | this / before | before CPU µs/rec | this CPU µs/rec |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|")
+    for codec in ("lz4", "zstd"):
+        for r in rounds:
+            before = load(directory, f"validation-compare-{r}-{codec}.json")
+            this = load(directory, f"validation-this-{r}-{codec}.json")
+            if before is None or this is None:
+                continue
+            b = before["results"]["throughput"]["records_per_sec"]
+            t = this["results"]["throughput"]["records_per_sec"]
+            out.append(
+                f"| {codec} | {r} | {fmt(b)} | {fmt(t)} | {t / b:.3f} | {fmt(cpu_us(before), 2)} | {fmt(cpu_us(this), 2)} |"
+            )
+
+
 def main():
     directory = Path(sys.argv[1])
     out = []
@@ -171,6 +209,7 @@ def main():
             f"| 10k rec/s, linger.ms={linger}: end-to-end p99 ≤ 10 ms | {el['p99_ms']:.2f} ms "
             f"| {check(el['p99_ms'] <= 10)} |"
         )
+    compressed_section(directory, out)
     print("\n".join(out))
 
 

@@ -81,7 +81,8 @@ pub struct ProduceArgs {
     /// Bytes per record value: 100B, 1KB (=1024), 1MB [default: the workload's, else 1KB].
     #[arg(long, value_parser = parse_size)]
     pub record_size: Option<usize>,
-    /// Value bytes: zeros, or slices of a seeded random pool (so compression is honest).
+    /// Value bytes: zeros, slices of a seeded random pool (so compression is
+    /// honest), or of seeded text-like words (compressible, 3-4x).
     /// Values of 38 bytes or more start with an envelope (see `consumer --validate`).
     #[arg(long, value_enum, default_value_t = PayloadKind::Random)]
     pub payload: PayloadKind,
