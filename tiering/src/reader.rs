@@ -387,3 +387,96 @@ impl SliceCache {
         self.order.push_back(key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{ArrayRef, BinaryArray, Int64Array};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    fn segment(base: i64, rows: i64) -> Segment {
+        Segment {
+            base,
+            last: base + rows - 1,
+            bytes: 0,
+            max_ts: 0,
+            sealed_ms: 0,
+            path: Some("file.parquet".to_owned()),
+            file_bytes: None,
+            quarantine: None,
+            skipped: None,
+        }
+    }
+
+    /// The footer of a file of `groups` row groups of `rows` rows, each row
+    /// an offset and a `value_bytes` value.
+    fn footer(groups: usize, rows: usize, value_bytes: usize) -> ArrowReaderMetadata {
+        let offsets: ArrayRef = Arc::new(Int64Array::from_iter_values(0..(groups * rows) as i64));
+        // Distinct values that do not compress, so the group's size is
+        // about rows × value_bytes.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let values: Vec<Vec<u8>> = (0..groups * rows)
+            .map(|_| {
+                (0..value_bytes)
+                    .map(|_| {
+                        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        (state >> 56) as u8
+                    })
+                    .collect()
+            })
+            .collect();
+        let values: ArrayRef = Arc::new(BinaryArray::from_iter_values(values.iter()));
+        let batch = RecordBatch::try_from_iter([("offset", offsets), ("value", values)]).unwrap();
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rows))
+            .build();
+        let mut file = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(properties)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        ArrowReaderMetadata::load(&Bytes::from(file), ArrowReaderOptions::new()).unwrap()
+    }
+
+    #[test]
+    fn a_slice_holds_about_a_mebibyte_of_decoded_rows() {
+        assert_eq!(slice_rows(64 << 20, 65_536), 1_024);
+        assert_eq!(slice_rows(100, 10), 10, "a small group is one slice");
+        assert_eq!(slice_rows(10 << 30, 4), 1, "at least one row");
+        assert_eq!(slice_rows(0, 0), 1);
+    }
+
+    #[test]
+    fn positions_find_the_slice_of_an_offset_and_walk_across_row_groups() {
+        // Three groups of 1,000 rows of about 4 KiB: slices of ~256 rows.
+        let footer = footer(3, 1_000, 4_096);
+        let segment = segment(500, 3_000);
+        let first = Position::of(&footer, &segment, 500).unwrap();
+        let rows = first.slice_rows;
+        assert!((200..=300).contains(&rows), "{rows} rows per slice");
+        assert_eq!((first.group, first.slice, first.first_offset), (0, 0, 500));
+        let later = Position::of(&footer, &segment, 500 + 1_000 + rows as i64 + 3).unwrap();
+        assert_eq!((later.group, later.slice), (1, 1));
+        assert_eq!(later.first_offset, 1_500 + rows as i64);
+        // Walking forward visits every slice of every group, in order.
+        let mut at = first;
+        let mut slices = 1;
+        while let Some(next) = at.after(&footer, 1) {
+            if next.group == at.group {
+                assert_eq!(next.first_offset, at.first_offset + at.slice_rows as i64);
+                assert_eq!(next.slice, at.slice + 1);
+            } else {
+                // A group's last slice may be short: the next group starts
+                // where the group ends.
+                assert_eq!((next.group, next.slice), (at.group + 1, 0));
+                assert_eq!(next.first_offset, 500 + 1_000 * next.group as i64);
+            }
+            slices += 1;
+            at = next;
+        }
+        assert_eq!(at.group, 2);
+        assert_eq!(slices, 3 * 1_000usize.div_ceil(rows));
+        assert!(Position::of(&footer, &segment, 3_500).is_err(), "past the file");
+    }
+}
