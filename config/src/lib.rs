@@ -207,6 +207,18 @@ pub struct TieringSettings {
     pub row_group_rows: usize,
     /// Decoded row groups kept in memory for sequential remote readers.
     pub read_cache_bytes: usize,
+    /// Snapshots of a topic's table younger than this are never expired:
+    /// engines may time-travel to them or resume incremental reads from them.
+    pub snapshot_retention: Duration,
+    /// The newest snapshots of a topic's table kept however old they are. A
+    /// commit Redis never heard of (a crash between the two) is found in
+    /// their summaries at no cost; once its snapshot is expired, by reading
+    /// the table's manifests.
+    pub snapshots_kept: usize,
+    /// A topic's table is maintained (old snapshots expired, small manifests
+    /// merged) after every this many commits this gateway makes to it; each
+    /// commit adds a snapshot and a manifest. 0 turns maintenance off.
+    pub maintenance_commits: u32,
 }
 
 /// What acks=all waits for.
@@ -349,6 +361,9 @@ impl Default for TieringSettings {
             s3_path_style: false,
             row_group_rows: 32 * 1024,
             read_cache_bytes: 64 * 1024 * 1024,
+            snapshot_retention: Duration::from_secs(3600),
+            snapshots_kept: 10,
+            maintenance_commits: 20,
         }
     }
 }
@@ -600,6 +615,12 @@ impl Settings {
         if self.tiering.row_group_rows == 0 {
             return bad("tiering.row_group_rows", "must be at least 1");
         }
+        if self.tiering.snapshots_kept == 0 {
+            return bad(
+                "tiering.snapshots_kept",
+                "must be at least 1 (the current snapshot)",
+            );
+        }
         if self.storage.acks_all_connections == 0 {
             return bad("storage.acks_all_connections", "must be at least 1");
         }
@@ -725,6 +746,11 @@ mod tests {
             "sqlite:/var/lib/ketch/catalog.db?mode=rwc"
         );
         assert_eq!(s.tiering.warehouse(), "file:///var/lib/ketch/warehouse");
+        assert_eq!(s.tiering.snapshot_retention, Duration::from_secs(3600));
+        assert_eq!(
+            (s.tiering.snapshots_kept, s.tiering.maintenance_commits),
+            (10, 20)
+        );
         assert_eq!(s.tiering.s3_access_key_id, "AKIA");
         assert!(s.tiering.s3_path_style);
         let s = Loader::new()
@@ -743,6 +769,7 @@ mod tests {
             ("catalog", "hive", "tiering.catalog"),
             ("catalog_uri", "mysql://x", "tiering.catalog_uri"),
             ("row_group_rows", "0", "tiering.row_group_rows"),
+            ("snapshots_kept", "0", "tiering.snapshots_kept"),
         ] {
             let err = Loader::new()
                 .set("tiering", key, value)
