@@ -8,22 +8,28 @@
 //! - every commit's snapshot summary carries the topic id, partition, base
 //!   and last offset and the file's path, so a crash between the commit and
 //!   marking the segment archived in Redis is repaired from the table, not
-//!   by archiving again;
+//!   by archiving again; once maintenance expired that snapshot, the data
+//!   file found at its fixed name and listed in the current manifests tells
+//!   the same;
 //! - the fast append checks that the file is not in the table yet, so even
 //!   two workers racing on one segment (a lease taken over from a stalled
 //!   holder) cannot add its rows twice.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_schema::SchemaRef;
+use bytes::Bytes;
 use iceberg::spec::{Literal, PartitionKey, Struct};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{DefaultLocationGenerator, FileNameGenerator};
+use iceberg::writer::file_writer::location_generator::{
+    DefaultLocationGenerator, FileNameGenerator, LocationGenerator,
+};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
@@ -35,6 +41,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use tokio::sync::Mutex;
 
+use crate::maintenance::{self, Expired, Rewrite};
 use crate::table::{self, Rows};
 use crate::{Error, Result};
 
@@ -123,6 +130,34 @@ pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>
     }
 }
 
+/// Where a segment's batches come from.
+pub trait Chunks: Send {
+    /// Batches from offset `next` on, and the offset after them.
+    fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send;
+}
+
+/// A segment's batches in Redis, [`CHUNK_ENTRIES`] at a time.
+struct Redis<'a> {
+    store: &'a Store,
+    topic: &'a Topic,
+    partition: i32,
+    segment: &'a Segment,
+    tier: Tier,
+}
+
+impl Chunks for Redis<'_> {
+    fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
+        self.store.segment_chunk(
+            self.topic,
+            self.partition,
+            self.segment,
+            self.tier,
+            next,
+            CHUNK_ENTRIES,
+        )
+    }
+}
+
 /// Stream entries (batches) read from Redis at a time while archiving.
 const CHUNK_ENTRIES: usize = 512;
 /// How long opening the catalog may take.
@@ -136,6 +171,8 @@ pub struct Archiver {
     settings: TieringSettings,
     catalog: Mutex<CatalogSlot>,
     namespace: NamespaceIdent,
+    /// Per table, the last old metadata file deleted.
+    metadata_deleted: std::sync::Mutex<HashMap<String, String>>,
 }
 
 #[derive(Default)]
@@ -152,12 +189,13 @@ impl Archiver {
             settings,
             catalog: Mutex::new(CatalogSlot::default()),
             namespace,
+            metadata_deleted: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
     /// The catalog, opened on first use and again after a failure (at most
     /// every [`CATALOG_RETRY`]; in between, [`Error::Waiting`]).
-    async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
+    pub(crate) async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
         let mut slot = self.catalog.lock().await;
         if let Some(catalog) = slot.open.as_ref() {
             return Ok(catalog.clone());
@@ -234,10 +272,38 @@ impl Archiver {
         segment: &Segment,
         tier: Tier,
     ) -> Result<Archived> {
-        if let Some(done) = committed(table, topic, partition, segment) {
+        let chunks = Redis {
+            store,
+            topic,
+            partition,
+            segment,
+            tier,
+        };
+        self.archive_from(table, topic, partition, segment, chunks).await
+    }
+
+    /// [`Archiver::archive`] with the segment's batches from `chunks`.
+    pub async fn archive_from(
+        &self,
+        table: &mut Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        mut chunks: impl Chunks,
+    ) -> Result<Archived> {
+        let schema = table.metadata().current_schema().clone();
+        let spec = table.metadata().default_partition_spec().as_ref().clone();
+        let key = PartitionKey::new(
+            spec,
+            schema.clone(),
+            Struct::from_iter([Some(Literal::int(partition))]),
+        );
+        let name = format!("{}-{:05}-{:020}.parquet", topic.id, partition, segment.base);
+        let locations = DefaultLocationGenerator::new(table.metadata())?;
+        let path = locations.generate_location(Some(&key), &name);
+        if let Some(done) = already_archived(table, topic, partition, segment, &path).await? {
             return Ok(done);
         }
-        let schema = table.metadata().current_schema().clone();
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
 
         let properties = WriterProperties::builder()
@@ -245,24 +311,19 @@ impl Archiver {
             .set_max_row_group_row_count(Some(self.settings.row_group_rows))
             .set_statistics_enabled(EnabledStatistics::Chunk)
             .build();
-        let name = format!("{}-{:05}-{:020}.parquet", topic.id, partition, segment.base);
         let rolling = RollingFileWriterBuilder::new(
-            ParquetWriterBuilder::new(properties, schema.clone()),
+            ParquetWriterBuilder::new(properties, schema),
             usize::MAX,
             table.file_io().clone(),
-            DefaultLocationGenerator::new(table.metadata())?,
+            locations,
             FixedName(name),
         );
-        let spec = table.metadata().default_partition_spec().as_ref().clone();
-        let key = PartitionKey::new(spec, schema, Struct::from_iter([Some(Literal::int(partition))]));
         let mut writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
         let mut rows = Rows::new(arrow_schema, partition)?;
         let mut records = 0u64;
         let mut next = segment.base;
         while next <= segment.last {
-            let (batches, after) = store
-                .segment_chunk(topic, partition, segment, tier, next, CHUNK_ENTRIES)
-                .await?;
+            let (batches, after) = chunks.chunk(next).await?;
             for batch in &batches {
                 rows.add_batch(batch)?;
             }
@@ -320,6 +381,82 @@ impl Archiver {
             }
         }
     }
+
+    /// Expires the table's snapshots older than `tiering.snapshot_retention`
+    /// beyond the newest `tiering.snapshots_kept` (see
+    /// [`maintenance::expire_snapshots`]), then deletes old metadata files
+    /// ([`maintenance::delete_old_metadata`]); `table` is left at the
+    /// commit.
+    pub async fn expire_snapshots(&self, table: &mut Table) -> Result<Expired> {
+        let catalog = self.catalog().await?;
+        let retention = self.settings.snapshot_retention.get();
+        let mut expired = Expired::default();
+        let kept = self.settings.snapshots_kept;
+        if let Some((after, snapshots)) =
+            maintenance::expire_snapshots(catalog.as_ref(), table, retention, kept).await?
+        {
+            *table = after;
+            expired.snapshots = snapshots;
+            expired.files = snapshots;
+        }
+        let key = table.identifier().to_string();
+        let done = self.metadata_deleted.lock().expect("deleted").get(&key).cloned();
+        let (files, done) = maintenance::delete_old_metadata(table, done).await;
+        if let Some(done) = done {
+            self.metadata_deleted.lock().expect("deleted").insert(key, done);
+        }
+        expired.files += files;
+        Ok(expired)
+    }
+
+    /// Merges the small manifests of the table's current snapshot (see
+    /// [`maintenance::rewrite_manifests`]); `table` is left at the commit.
+    pub async fn rewrite_manifests(&self, table: &mut Table) -> Result<Option<Rewrite>> {
+        let catalog = self.catalog().await?;
+        Ok(maintenance::rewrite_manifests(catalog, table)
+            .await?
+            .map(|(after, rewrite)| {
+                *table = after;
+                rewrite
+            }))
+    }
+}
+
+/// The segment's commit, if the table has it. The snapshot summaries tell
+/// at no cost while the commit's snapshot is kept (`tiering.snapshots_kept`,
+/// `tiering.snapshot_retention`). A commit whose snapshot was expired is
+/// still found: its data file exists at `path` (the segment's fixed name),
+/// and the current snapshot's manifests list it. A file that exists but is
+/// not listed is an orphan of a crash before the commit, to be overwritten.
+async fn already_archived(
+    table: &Table,
+    topic: &Topic,
+    partition: i32,
+    segment: &Segment,
+    path: &str,
+) -> Result<Option<Archived>> {
+    if let Some(done) = committed(table, topic, partition, segment) {
+        return Ok(Some(done));
+    }
+    if !table.file_io().exists(path).await? {
+        return Ok(None);
+    }
+    for manifest in maintenance::manifests(table).await? {
+        let manifest = manifest.load_manifest(table.file_io()).await?;
+        if let Some(entry) = manifest
+            .entries()
+            .iter()
+            .find(|e| e.is_alive() && e.file_path() == path)
+        {
+            return Ok(Some(Archived {
+                path: path.to_owned(),
+                file_bytes: entry.file_size_in_bytes(),
+                records: (segment.last - segment.base + 1) as u64,
+                written: false,
+            }));
+        }
+    }
+    Ok(None)
 }
 
 /// The commit of this segment in the table's history, if any.

@@ -5,15 +5,19 @@
 //! lease in Redis (so exactly one gateway works a partition at a time, even
 //! while membership changes), seals the open segment when it reaches
 //! `segment.bytes` or `segment.ms`, archives sealed segments of topics with
-//! `remote.storage.enable` to the topic's Iceberg table ([`archive`]),
-//! applies `retention.*` (what clients see) and `local.retention.*` (what
-//! Redis keeps), and forgets idempotent producers idle past
+//! `remote.storage.enable` to the topic's Iceberg table ([`archive`]) and
+//! keeps that table's metadata small ([`maintenance`]), applies
+//! `retention.*` (what clients see) and `local.retention.*` (what Redis
+//! keeps), and forgets idempotent producers idle past
 //! `producers.expiration`. [`Tiers`] serves reads from both tiers.
 
 pub mod archive;
+pub mod maintenance;
 pub mod metrics;
 pub mod reader;
 pub mod table;
+#[cfg(test)]
+mod testing;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +104,8 @@ struct Worker {
     metrics: Arc<Metrics>,
     /// Topics whose archiving task is running.
     archiving: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// When each topic's table is due for maintenance.
+    commits: CommitCount,
     /// This worker's identity in lease keys.
     id: String,
 }
@@ -120,6 +126,7 @@ impl StorageWorker {
                 archiver: Archiver::new(settings.clone()),
                 metrics,
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
+                commits: CommitCount::every(settings.maintenance_commits),
                 id: uuid::Uuid::new_v4().to_string(),
             }),
         }
@@ -162,6 +169,7 @@ impl Worker {
                 self.clone().archive_topic(topic.clone(), held, policy);
             }
         }
+        self.commits.retain(|name| topics.iter().any(|t| t.name == name));
         // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
             topics.iter().any(|t| {
@@ -299,12 +307,13 @@ impl Worker {
                         tracing::info!(topic = %topic.name, partition, base = segment.base, last = segment.last,
                             "quarantined segment archived on retry");
                     }
-                    if archived.written {
-                        self.metrics.archived(archived.records, archived.file_bytes);
-                    }
                     tracing::debug!(topic = %topic.name, partition, base = segment.base, last = segment.last,
                         path = %archived.path, written = archived.written,
                         ms = started.elapsed().as_millis() as u64, "segment archived");
+                    if archived.written {
+                        self.metrics.archived(archived.records, archived.file_bytes);
+                        self.after_commit(topic, &mut table).await;
+                    }
                     archived_count += 1;
                 }
                 Err(e) if e.is_bad_data() => self.quarantine(topic, partition, segment, tier, &e).await?,
@@ -319,6 +328,46 @@ impl Worker {
                 .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
         }
         Ok(archived_count)
+    }
+
+    /// Counts a commit to the topic's table, and maintains the table after
+    /// every `tiering.maintenance_commits` of them: between segments of this
+    /// task, so it never races this gateway's own commits, and counted in
+    /// commits, so the snapshots and manifests a backlog of segments adds
+    /// are trimmed as it is archived. A failure waits for as many commits
+    /// again.
+    async fn after_commit(&self, topic: &Topic, table: &mut iceberg::table::Table) {
+        if !self.commits.count(&topic.name) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        match self.archiver.expire_snapshots(table).await {
+            Ok(expired) => {
+                self.metrics
+                    .snapshots_expired(expired.snapshots as u64, expired.files as u64);
+                tracing::debug!(topic = %topic.name, expired = expired.snapshots, files_deleted = expired.files,
+                    snapshots = table.metadata().snapshots().count(), ms = started.elapsed().as_millis() as u64,
+                    "archive maintenance: snapshots expired");
+            }
+            Err(e) => {
+                self.metrics.maintenance_failed();
+                tracing::warn!(topic = %topic.name, error = %e, "archive maintenance: expiring snapshots failed");
+            }
+        }
+        let started = std::time::Instant::now();
+        match self.archiver.rewrite_manifests(table).await {
+            Ok(Some(rewrite)) => {
+                self.metrics.manifests_rewritten(rewrite.merged as u64);
+                tracing::debug!(topic = %topic.name, merged = rewrite.merged, written = rewrite.written,
+                    manifests = rewrite.manifests, ms = started.elapsed().as_millis() as u64,
+                    "archive maintenance: manifests merged");
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.metrics.maintenance_failed();
+                tracing::warn!(topic = %topic.name, error = %e, "archive maintenance: merging manifests failed");
+            }
+        }
     }
 
     /// Quarantines a segment the archive cannot write: its batches are
@@ -347,6 +396,44 @@ impl Worker {
             "segment quarantined: the archive cannot write it; it stays in Redis and archiving goes on \
              with later segments (`ketch segments list|retry|skip`)");
         Ok(())
+    }
+}
+
+/// Counts the commits made to each topic's table, to maintain it after
+/// every so many.
+struct CommitCount {
+    /// 0: never.
+    every: u32,
+    since_maintained: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+impl CommitCount {
+    fn every(commits: u32) -> Self {
+        Self {
+            every: commits,
+            since_maintained: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Counts a commit to `topic`'s table; true when the table is due for
+    /// maintenance (and the count starts over).
+    fn count(&self, topic: &str) -> bool {
+        if self.every == 0 {
+            return false;
+        }
+        let mut counts = self.since_maintained.lock().expect("commit counts");
+        let count = counts.entry(topic.to_owned()).or_default();
+        *count += 1;
+        if *count < self.every {
+            return false;
+        }
+        *count = 0;
+        true
+    }
+
+    /// Forgets the topics `keep` does not name (deleted ones).
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        (self.since_maintained.lock().expect("commit counts")).retain(|topic, _| keep(topic));
     }
 }
 
@@ -546,5 +633,22 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
         local_retention_ms: local(number("local.retention.ms"), retention_ms),
         local_retention_bytes: local(number("local.retention.bytes"), retention_bytes),
         producer_expiration_ms: i64::try_from(producer_expiration.as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_is_due_for_maintenance_every_so_many_commits_to_it() {
+        let commits = CommitCount::every(3);
+        let due: Vec<bool> = (0..7).map(|_| commits.count("a")).collect();
+        assert_eq!(due, [false, false, true, false, false, true, false]);
+        assert!(!commits.count("b"), "each topic counts its own commits");
+        commits.retain(|topic| topic != "a");
+        assert!(!commits.count("a") && !commits.count("a") && commits.count("a"));
+        let never = CommitCount::every(0);
+        assert!((0..100).all(|_| !never.count("a")));
     }
 }

@@ -13,6 +13,11 @@ pub struct Metrics {
     archived_bytes: AtomicU64,
     archive_failures: AtomicU64,
     quarantines: AtomicU64,
+    snapshots_expired: AtomicU64,
+    metadata_files_deleted: AtomicU64,
+    manifest_rewrites: AtomicU64,
+    manifests_merged: AtomicU64,
+    maintenance_failures: AtomicU64,
     sealed_segments: AtomicU64,
     deleted_segments: AtomicU64,
     remote_read_bytes: AtomicU64,
@@ -41,6 +46,22 @@ impl Metrics {
     /// A segment was quarantined.
     pub fn quarantined(&self) {
         self.quarantines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An expiry removed `snapshots` and deleted `files` metadata files.
+    pub fn snapshots_expired(&self, snapshots: u64, files: u64) {
+        self.snapshots_expired.fetch_add(snapshots, Ordering::Relaxed);
+        self.metadata_files_deleted.fetch_add(files, Ordering::Relaxed);
+    }
+
+    /// A manifest rewrite replaced `merged` manifests.
+    pub fn manifests_rewritten(&self, merged: u64) {
+        self.manifest_rewrites.fetch_add(1, Ordering::Relaxed);
+        self.manifests_merged.fetch_add(merged, Ordering::Relaxed);
+    }
+
+    pub fn maintenance_failed(&self) {
+        self.maintenance_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sets how many quarantined segments a partition has.
@@ -131,6 +152,31 @@ impl Metrics {
             "ketch_archive_quarantines_total",
             "Segments quarantined because the archive cannot write their records.",
             get(&self.quarantines),
+        );
+        counter(
+            "ketch_archive_snapshots_expired_total",
+            "Snapshots of topic tables expired by this gateway's maintenance.",
+            get(&self.snapshots_expired),
+        );
+        counter(
+            "ketch_archive_metadata_files_deleted_total",
+            "Manifest lists of expired snapshots and old table metadata files deleted by this gateway's maintenance.",
+            get(&self.metadata_files_deleted),
+        );
+        counter(
+            "ketch_archive_manifest_rewrites_total",
+            "Commits by this gateway's maintenance that merged small manifests.",
+            get(&self.manifest_rewrites),
+        );
+        counter(
+            "ketch_archive_manifests_merged_total",
+            "Manifests those rewrites replaced.",
+            get(&self.manifests_merged),
+        );
+        counter(
+            "ketch_archive_maintenance_failures_total",
+            "Failed snapshot expiries and manifest rewrites (tried again after tiering.maintenance_commits more commits).",
+            get(&self.maintenance_failures),
         );
         counter(
             "ketch_segments_sealed_total",

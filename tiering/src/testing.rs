@@ -1,0 +1,130 @@
+//! A real archive for tests: the embedded SQL catalog (SQLite) and a local
+//! warehouse in a temporary directory, and segments archived through
+//! [`Archiver::archive_from`] from batches made in memory.
+
+use std::collections::BTreeSet;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type};
+use futures::TryStreamExt;
+use iceberg::table::Table;
+use ketch_config::TieringSettings;
+use ketch_storage::Topic;
+use ketch_storage::batch::BatchBuilder;
+use ketch_storage::segments::Segment;
+
+use crate::archive::{Archived, Archiver, Chunks};
+
+pub struct Lake {
+    pub archiver: Archiver,
+    pub topic: Topic,
+    _dir: tempfile::TempDir,
+}
+
+impl Lake {
+    pub fn new(change: impl FnOnce(&mut TieringSettings)) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut settings = TieringSettings {
+            data_dir: dir.path().display().to_string(),
+            ..TieringSettings::default()
+        };
+        change(&mut settings);
+        let mut topic: Topic = serde_json::from_value(serde_json::json!({
+            "id": uuid::Uuid::new_v4(),
+            "tags": ["a", "b"],
+            "configs": {},
+        }))
+        .expect("a topic record");
+        topic.name = "events".to_owned();
+        Self {
+            archiver: Archiver::new(settings),
+            topic,
+            _dir: dir,
+        }
+    }
+
+    pub async fn table(&self) -> Table {
+        self.archiver.table(&self.topic).await.expect("the topic's table")
+    }
+
+    /// Archives `records` records from offset `base` of `partition`.
+    pub async fn archive(&self, table: &mut Table, partition: i32, base: i64, records: i64) -> Archived {
+        let segment = segment(base, records);
+        let mut batch = BatchBuilder::new(base);
+        for offset in base..base + records {
+            let value = format!("record {offset}");
+            batch.push(offset, None, Some(value.as_bytes()), std::iter::empty());
+        }
+        let batch = batch.finish();
+        let after = segment.last + 1;
+        self.archiver
+            .archive_from(table, &self.topic, partition, &segment, OneBatch(batch, after))
+            .await
+            .expect("archived")
+    }
+}
+
+pub fn segment(base: i64, records: i64) -> Segment {
+    serde_json::from_value(serde_json::json!({
+        "base": base,
+        "last": base + records - 1,
+        "bytes": 0,
+        "max_ts": base + records - 1,
+        "sealed_ms": 0,
+    }))
+    .expect("a segment record")
+}
+
+/// Every (partition, offset) a scan of the table's current snapshot reads.
+pub async fn rows(table: &Table) -> BTreeSet<(i32, i64)> {
+    let batches: Vec<_> = table
+        .scan()
+        .select(["partition", "offset"])
+        .build()
+        .expect("a scan")
+        .to_arrow()
+        .await
+        .expect("a scan")
+        .try_collect()
+        .await
+        .expect("the rows");
+    batches
+        .iter()
+        .flat_map(|batch| {
+            let partitions = batch.column(0).as_primitive::<Int32Type>().clone();
+            let offsets = batch.column(1).as_primitive::<Int64Type>().clone();
+            (0..batch.num_rows()).map(move |i| (partitions.value(i), offsets.value(i)))
+        })
+        .collect()
+}
+
+/// The data files the current snapshot's manifests list as live.
+pub async fn live_files(table: &Table) -> BTreeSet<String> {
+    let mut files = BTreeSet::new();
+    for manifest in crate::maintenance::manifests(table)
+        .await
+        .expect("the manifest list")
+    {
+        let manifest = manifest.load_manifest(table.file_io()).await.expect("a manifest");
+        files.extend(
+            manifest
+                .entries()
+                .iter()
+                .filter(|e| e.is_alive())
+                .map(|e| e.file_path().to_owned()),
+        );
+    }
+    files
+}
+
+/// A segment of one batch, offsets up to `.1`.
+struct OneBatch(bytes::Bytes, i64);
+
+impl Chunks for OneBatch {
+    fn chunk(
+        &mut self,
+        _next: i64,
+    ) -> impl Future<Output = ketch_storage::Result<(Vec<bytes::Bytes>, i64)>> + Send {
+        std::future::ready(Ok((vec![self.0.clone()], self.1)))
+    }
+}
