@@ -46,69 +46,93 @@ pub struct RecordMeta {
 /// The body of a batch: in place, or a decompressing stream.
 enum Input {
     Slice(Bytes),
-    Stream(Box<dyn BufRead + Send>),
+    Stream {
+        reader: Box<dyn BufRead + Send>,
+        /// Decompressed bytes still allowed ([`MAX_DECOMPRESSED_BYTES`] in all).
+        left: usize,
+    },
 }
 
 impl Input {
     fn new(codec: Compression, body: Bytes) -> Result<Self, BatchError> {
         let err = |e: io::Error| BatchError::Decompress(e.to_string());
-        let stream: Box<dyn Read + Send> = match codec {
+        let buffered = |read: Box<dyn Read + Send>| -> Box<dyn BufRead + Send> {
+            Box::new(BufReader::with_capacity(STREAM_BUFFER, read))
+        };
+        let reader: Box<dyn BufRead + Send> = match codec {
             Compression::None => return Ok(Input::Slice(body)),
-            Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(body.reader())),
+            Compression::Gzip => buffered(Box::new(flate2::bufread::MultiGzDecoder::new(body.reader()))),
+            // The frame decoder buffers a whole block itself.
             Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(body.reader())),
             Compression::Zstd => {
                 let mut decoder = zstd::stream::read::Decoder::with_buffer(body.reader()).map_err(err)?;
                 decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(err)?;
-                Box::new(decoder)
+                buffered(Box::new(decoder))
             }
-            Compression::Snappy => Box::new(SnappyReader::new(body).map_err(err)?),
+            Compression::Snappy => buffered(Box::new(SnappyReader::new(body).map_err(err)?)),
         };
-        Ok(Input::Stream(Box::new(BufReader::with_capacity(
-            STREAM_BUFFER,
-            Limited {
-                inner: stream,
-                left: MAX_DECOMPRESSED_BYTES,
-            },
-        ))))
+        Ok(Input::Stream {
+            reader,
+            left: MAX_DECOMPRESSED_BYTES,
+        })
     }
 
     fn fill(&mut self) -> Result<&[u8], BatchError> {
         match self {
             Input::Slice(bytes) => Ok(&bytes[..]),
-            Input::Stream(reader) => reader
+            Input::Stream { reader, .. } => reader
                 .fill_buf()
                 .map_err(|e| BatchError::Decompress(e.to_string())),
         }
     }
 
-    fn consume(&mut self, n: usize) {
+    fn consume(&mut self, n: usize) -> Result<(), BatchError> {
         match self {
             Input::Slice(bytes) => bytes.advance(n),
-            Input::Stream(reader) => reader.consume(n),
+            Input::Stream { reader, left } => {
+                *left = left.checked_sub(n).ok_or_else(|| {
+                    BatchError::Decompress(format!(
+                        "batch decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes"
+                    ))
+                })?;
+                reader.consume(n);
+            }
         }
+        Ok(())
     }
 
     fn is_empty(&mut self) -> Result<bool, BatchError> {
         Ok(self.fill()?.is_empty())
     }
-}
 
-/// Fails a stream that decompresses to more than [`MAX_DECOMPRESSED_BYTES`].
-struct Limited {
-    inner: Box<dyn Read + Send>,
-    left: usize,
-}
-
-impl Read for Limited {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(out)?;
-        self.left = self.left.checked_sub(n).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("batch decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes"),
-            )
+    /// A zig-zag varlong of at most `limit` bytes, decoded from the
+    /// buffered bytes in one step when they hold it whole; with the number
+    /// of bytes it took.
+    fn varlong(&mut self, limit: usize) -> Result<(i64, usize), BatchError> {
+        let chunk = self.fill()?;
+        let mut value: u64 = 0;
+        for (i, &byte) in chunk.iter().take(limit.min(10)).enumerate() {
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                self.consume(i + 1)?;
+                return Ok((((value >> 1) as i64) ^ -((value & 1) as i64), i + 1));
+            }
+        }
+        // Across a buffer boundary, or malformed: a byte at a time.
+        let mut taken = 0;
+        let decoded = read_varlong(|| {
+            if taken == limit {
+                return Err(malformed("record truncated"));
+            }
+            let byte = *self
+                .fill()?
+                .first()
+                .ok_or_else(|| malformed("varint truncated"))?;
+            self.consume(1)?;
+            taken += 1;
+            Ok(byte)
         })?;
-        Ok(n)
+        Ok((decoded, taken))
     }
 }
 
@@ -132,13 +156,15 @@ impl Cursor<'_> {
             .fill()?
             .first()
             .ok_or_else(|| malformed("record truncated"))?;
-        self.input.consume(1);
+        self.input.consume(1)?;
         self.left -= 1;
         Ok(byte)
     }
 
     fn varlong(&mut self) -> Result<i64, BatchError> {
-        read_varlong(|| self.byte())
+        let (value, taken) = self.input.varlong(self.left)?;
+        self.left -= taken;
+        Ok(value)
     }
 
     fn varint(&mut self) -> Result<i32, BatchError> {
@@ -166,7 +192,7 @@ impl Cursor<'_> {
             if available == 0 {
                 return Err(malformed("record truncated"));
             }
-            self.input.consume(available);
+            self.input.consume(available)?;
             n -= available;
         }
         Ok(())
@@ -188,7 +214,7 @@ impl Cursor<'_> {
                 return Err(malformed("record truncated"));
             }
             out.extend_from_slice(&chunk[..available]);
-            self.input.consume(available);
+            self.input.consume(available)?;
         }
         Ok(out.freeze())
     }
@@ -311,14 +337,7 @@ impl Records {
         }
         self.remaining -= 1;
         let input = &mut self.input;
-        let len = read_varlong(|| {
-            let byte = *input
-                .fill()?
-                .first()
-                .ok_or_else(|| malformed("record length truncated"))?;
-            input.consume(1);
-            Ok(byte)
-        })?;
+        let (len, _) = input.varlong(10)?;
         let len = usize::try_from(len)
             .ok()
             .filter(|len| *len >= MIN_RECORD_LEN - 1)
