@@ -70,8 +70,8 @@ def compressed_section(directory, out):
             continue
         t = p["results"]["throughput"]
         rows.append(
-            f"| {codec} | {fmt(t['records'])} | {fmt(t['records_per_sec'])} | {fmt(t['mib_per_sec'], 1)} "
-            f"| {fmt(c['results']['throughput']['records_per_sec']) if c else '–'} "
+            f"| {codec} | {fmt(t['records'])} | {fmt(t['records_per_s'])} | {fmt(t['mib_per_s'], 1)} "
+            f"| {fmt(c['results']['throughput']['records_per_s']) if c else '–'} "
             f"| {fmt(cpu_us(p), 2)} | {fmt(peak_rss(p, 'ketch'), 1)} |"
         )
     if rows:
@@ -91,8 +91,8 @@ def compressed_section(directory, out):
             this = load(directory, f"validation-this-{r}-{codec}.json")
             if before is None or this is None:
                 continue
-            b = before["results"]["throughput"]["records_per_sec"]
-            t = this["results"]["throughput"]["records_per_sec"]
+            b = before["results"]["throughput"]["records_per_s"]
+            t = this["results"]["throughput"]["records_per_s"]
             out.append(
                 f"| {codec} | {r} | {fmt(b)} | {fmt(t)} | {t / b:.3f} | {fmt(cpu_us(before), 2)} | {fmt(cpu_us(this), 2)} |"
             )

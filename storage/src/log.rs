@@ -20,6 +20,9 @@ use crate::{Result, SequenceError, StorageError, Store};
 const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
 /// Stream entries read per XRANGE of a timestamp scan.
 const SCAN_READ_COUNT: usize = 8;
+/// Entries the first read of a partition asks for at most, before its
+/// batch sizes are known.
+const FIRST_READ_COUNT: usize = 8;
 const MAX_READ_COUNT: usize = 1024;
 /// Batches up to this size pass through the append script in one call:
 /// below it, Lua hashing the bytes costs less than a separate XADD.
@@ -28,20 +31,18 @@ const INLINE_BATCH_BYTES: usize = 4096;
 /// appending to the same partition in between).
 const MAX_APPEND_ATTEMPTS: usize = 16;
 
-/// Entries to ask one XRANGE for, to gather `bytes` without holding much
-/// more. Nothing bounds what XRANGE returns but the count, so the count is
-/// sized from the largest batch the entries can hold: the largest this
-/// gateway has seen on the partition, or, before it has seen any, the
-/// largest a producer may send (`max_batch`). A read then holds at most
-/// about twice `bytes` plus one batch — within the fetch's limits, as
-/// KIP-74 lets the first batch exceed them — while batches of a steady size
-/// are still read in one round trip.
-fn entries_for(bytes: usize, seen: Option<BatchSizes>, max_batch: usize) -> usize {
+/// Entries to ask one XRANGE for, to gather `bytes`. Nothing bounds what
+/// XRANGE returns but the count, so the count also keeps the read within
+/// `cap` (the fetch's remaining response budget, at least `bytes`) should
+/// its batches be as large as the largest this gateway has seen on the
+/// partition, or, before it has seen any, the largest a producer may send
+/// (`max_batch`). A read then holds at most `cap` plus one batch, while
+/// batches of a steady size come in one round trip.
+fn entries_for(bytes: usize, cap: usize, seen: Option<BatchSizes>, max_batch: usize) -> usize {
+    let cap = cap.max(bytes);
     let count = match seen {
-        Some(BatchSizes { average, largest }) => {
-            (bytes / average.max(1) + 2).min(2 * bytes / largest.max(1) + 1)
-        }
-        None => bytes / max_batch.max(1),
+        Some(BatchSizes { average, largest }) => (bytes / average.max(1) + 2).min(cap / largest.max(1) + 1),
+        None => (cap / max_batch.max(1)).min(FIRST_READ_COUNT),
     };
     count.clamp(1, MAX_READ_COUNT)
 }
@@ -126,6 +127,9 @@ pub struct ReadRequest {
     /// The largest batch the partition may hold (its `max.message.bytes`):
     /// sizes the first read of a partition whose batches are unknown.
     pub max_batch_bytes: usize,
+    /// What the read may hold at most (plus one batch): the fetch's
+    /// remaining response budget; at least `max_bytes`.
+    pub read_cap: usize,
 }
 
 /// What a read found.
@@ -365,6 +369,7 @@ impl Store {
         let mut next = request.offset;
         let mut count = entries_for(
             request.max_bytes,
+            request.read_cap,
             self.appenders.batch_sizes(&keys.meta),
             request.max_batch_bytes,
         );
@@ -417,6 +422,7 @@ impl Store {
             }
             count = entries_for(
                 request.max_bytes - bytes,
+                request.read_cap.saturating_sub(bytes),
                 self.appenders.batch_sizes(&keys.meta),
                 request.max_batch_bytes,
             );
@@ -587,10 +593,12 @@ mod tests {
 
     #[test]
     fn the_first_read_of_a_partition_assumes_the_largest_batches() {
-        // Nothing seen yet: as if every batch were max.message.bytes.
-        assert_eq!(entries_for(1 << 20, None, 1 << 20), 1);
-        assert_eq!(entries_for(8 << 20, None, 1 << 20), 8);
-        assert_eq!(entries_for(100, None, 1 << 20), 1);
+        // Nothing seen yet: as if every batch were max.message.bytes, and
+        // within the fetch's budget.
+        assert_eq!(entries_for(1 << 20, 1 << 20, None, 1 << 20), 1);
+        assert_eq!(entries_for(1 << 20, 8 << 20, None, 1 << 20), 8);
+        assert_eq!(entries_for(100, 100, None, 1 << 20), 1);
+        assert_eq!(entries_for(64 << 20, 64 << 20, None, 1 << 10), FIRST_READ_COUNT);
     }
 
     #[test]
@@ -599,15 +607,19 @@ mod tests {
             average: 1_000,
             largest: 1_000,
         };
-        assert_eq!(entries_for(100_000, Some(steady), 1 << 20), 102);
-        // One large batch among small ones: the count keeps what the large
-        // ones could hold within twice the bytes wanted.
+        assert_eq!(entries_for(100_000, 8 << 20, Some(steady), 1 << 20), 102);
+        // A large batch among small ones: as many as fit the budget were
+        // they all that large.
         let mixed = BatchSizes {
-            average: 1_000,
-            largest: 100_000,
+            average: 100_000,
+            largest: 1 << 20,
         };
-        assert_eq!(entries_for(100_000, Some(mixed), 1 << 20), 3);
-        assert_eq!(entries_for(usize::MAX / 4, Some(steady), 1 << 20), MAX_READ_COUNT);
+        assert_eq!(entries_for(1 << 20, 8 << 20, Some(mixed), 1 << 20), 9);
+        assert_eq!(entries_for(1 << 20, 1 << 20, Some(mixed), 1 << 20), 2);
+        assert_eq!(
+            entries_for(usize::MAX / 4, usize::MAX / 4, Some(steady), 1 << 20),
+            MAX_READ_COUNT
+        );
     }
 }
 

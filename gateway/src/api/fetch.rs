@@ -198,6 +198,7 @@ async fn read_partition(
         offset: target.offset,
         max_bytes: target.max_bytes.min(budget),
         max_batch_bytes,
+        read_cap: budget,
     };
     let read = ctx.storage.read(topic, target.partition, &request).await;
     if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {
