@@ -310,13 +310,21 @@ impl Worker {
                     tracing::debug!(topic = %topic.name, partition, base = segment.base, last = segment.last,
                         path = %archived.path, written = archived.written,
                         ms = started.elapsed().as_millis() as u64, "segment archived");
+                    // The gauge follows the archive at once, not after the
+                    // table maintenance below, which can take a while.
+                    self.metrics
+                        .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
                     if archived.written {
                         self.metrics.archived(archived.records, archived.file_bytes);
                         self.after_commit(topic, &mut table).await;
                     }
                     archived_count += 1;
                 }
-                Err(e) if e.is_bad_data() => self.quarantine(topic, partition, segment, tier, &e).await?,
+                Err(e) if e.is_bad_data() => {
+                    self.quarantine(topic, partition, segment, tier, &e).await?;
+                    self.metrics
+                        .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
+                }
                 Err(e) => {
                     self.metrics.archive_failed();
                     tracing::warn!(topic = %topic.name, partition, base = segment.base, error = %e,
@@ -324,8 +332,6 @@ impl Worker {
                     return Ok(archived_count);
                 }
             }
-            self.metrics
-                .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
         }
         Ok(archived_count)
     }
