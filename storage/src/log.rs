@@ -31,30 +31,71 @@ const INLINE_BATCH_BYTES: usize = 4096;
 /// appending to the same partition in between).
 const MAX_APPEND_ATTEMPTS: usize = 16;
 
-/// Entries to ask one XRANGE for, to gather `bytes`. Nothing bounds what
-/// XRANGE returns but the count, so the count also keeps the read within
-/// `cap` (the fetch's remaining response budget, at least `bytes`) should
-/// its batches be as large as the largest this gateway has seen on the
-/// partition, or, before it has seen any, the largest a producer may send
-/// (`max_batch`). A read then holds at most `cap` plus one batch, while
-/// batches of a steady size come in one round trip.
-fn entries_for(bytes: usize, cap: usize, seen: Option<BatchSizes>, max_batch: usize) -> usize {
+/// Batches the reads of a partition must have seen before their sizes,
+/// rather than `max.message.bytes`, bound how many entries a read asks for.
+const TRUSTED_SAMPLES: usize = 32;
+/// A read that fits this many average batches asks for one more: the
+/// extra one costs at most an eighth of the read and saves a round trip
+/// when the batches run a little smaller than the average. A read of fewer,
+/// larger batches asks for no more than fit: the extra one would be read
+/// only to be dropped.
+const SLACK_FROM: usize = 8;
+
+/// Entries to ask one XRANGE for, to gather `bytes` more; 0 when a batch
+/// of the average size no longer fits and the request already has some
+/// (`first` is false): a fetch may return less than its limit, and reading
+/// a batch only to drop it costs more than the client's next fetch.
+///
+/// Nothing bounds what XRANGE returns but the count, so the count also
+/// keeps the read within `cap` (the fetch's remaining response budget, at
+/// least `bytes`), or one batch, should every entry be as large as the
+/// largest seen lately on the partition; until reads have seen
+/// [`TRUSTED_SAMPLES`] batches, as large as a producer may send
+/// (`max_batch`).
+fn entries_for(bytes: usize, cap: usize, sizes: Option<BatchSizes>, max_batch: usize, first: bool) -> usize {
     let cap = cap.max(bytes);
-    let count = match seen {
-        Some(BatchSizes { average, largest }) => (bytes / average.max(1) + 2).min(cap / largest.max(1) + 1),
-        None => (cap / max_batch.max(1)).min(FIRST_READ_COUNT),
+    let largest = match sizes {
+        Some(sizes) if sizes.seen >= TRUSTED_SAMPLES => sizes.largest,
+        Some(sizes) => sizes.largest.max(max_batch),
+        None => max_batch,
     };
-    count.clamp(1, MAX_READ_COUNT)
+    let bound = (cap / largest.max(1)).max(1);
+    let wanted = match sizes {
+        None => FIRST_READ_COUNT,
+        Some(sizes) => match bytes / sizes.average.max(1) {
+            0 if first => 1,
+            0 => return 0,
+            fit if fit >= SLACK_FROM => fit + 1,
+            fit => fit,
+        },
+    };
+    wanted.min(bound).clamp(1, MAX_READ_COUNT)
 }
 
 /// The batch sizes reads have seen on a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct BatchSizes {
-    /// A moving average: batch sizes drift with the producers' load.
+    /// The mean of the first [`TRUSTED_SAMPLES`] batches, then a moving
+    /// average: batch sizes drift with the producers' load.
     average: usize,
     /// The largest seen lately: decays toward what reads see now, so one
     /// outlier does not slow reads of the partition for good.
     largest: usize,
+    /// How many batches reads have seen (saturating).
+    seen: usize,
+}
+
+impl BatchSizes {
+    fn learn(&mut self, read: BatchSizes) {
+        let seen = self.seen.saturating_add(read.seen);
+        self.average = if self.seen < TRUSTED_SAMPLES {
+            (self.average * self.seen + read.average * read.seen) / seen.max(1)
+        } else {
+            (self.average * 3 + read.average) / 4
+        };
+        self.largest = read.largest.max(self.largest - self.largest / 8);
+        self.seen = seen;
+    }
 }
 
 /// Per-partition state of this gateway: append turns with the next offset
@@ -77,10 +118,7 @@ impl Appenders {
     fn learn_batch_sizes(&self, meta_key: &str, read: BatchSizes) {
         let mut sizes = self.batch_sizes.lock().expect("batch sizes lock");
         match sizes.get_mut(meta_key) {
-            Some(sizes) => {
-                sizes.average = (sizes.average * 3 + read.average) / 4;
-                sizes.largest = read.largest.max(sizes.largest - sizes.largest / 8);
-            }
+            Some(sizes) => sizes.learn(read),
             None => {
                 sizes.insert(meta_key.to_owned(), read);
             }
@@ -372,6 +410,7 @@ impl Store {
             request.read_cap,
             self.appenders.batch_sizes(&keys.meta),
             request.max_batch_bytes,
+            true,
         );
         let mut bytes = 0usize;
         loop {
@@ -414,8 +453,12 @@ impl Store {
             }
             let read: usize = out.batches[read_before..].iter().map(Bytes::len).sum();
             if let Some(average) = read.checked_div(got) {
-                self.appenders
-                    .learn_batch_sizes(&keys.meta, BatchSizes { average, largest });
+                let read = BatchSizes {
+                    average,
+                    largest,
+                    seen: got,
+                };
+                self.appenders.learn_batch_sizes(&keys.meta, read);
             }
             if got < count || bytes >= request.max_bytes {
                 return Ok(out);
@@ -425,7 +468,11 @@ impl Store {
                 request.read_cap.saturating_sub(bytes),
                 self.appenders.batch_sizes(&keys.meta),
                 request.max_batch_bytes,
+                false,
             );
+            if count == 0 {
+                return Ok(out);
+            }
         }
     }
 
@@ -595,31 +642,84 @@ mod tests {
     fn the_first_read_of_a_partition_assumes_the_largest_batches() {
         // Nothing seen yet: as if every batch were max.message.bytes, and
         // within the fetch's budget.
-        assert_eq!(entries_for(1 << 20, 1 << 20, None, 1 << 20), 1);
-        assert_eq!(entries_for(1 << 20, 8 << 20, None, 1 << 20), 8);
-        assert_eq!(entries_for(100, 100, None, 1 << 20), 1);
-        assert_eq!(entries_for(64 << 20, 64 << 20, None, 1 << 10), FIRST_READ_COUNT);
+        assert_eq!(entries_for(1 << 20, 1 << 20, None, 1 << 20, true), 1);
+        assert_eq!(entries_for(1 << 20, 8 << 20, None, 1 << 20, true), 8);
+        assert_eq!(entries_for(100, 100, None, 1 << 20, true), 1);
+        assert_eq!(
+            entries_for(64 << 20, 64 << 20, None, 1 << 10, true),
+            FIRST_READ_COUNT
+        );
+    }
+
+    fn sizes(average: usize, largest: usize, seen: usize) -> Option<BatchSizes> {
+        Some(BatchSizes {
+            average,
+            largest,
+            seen,
+        })
     }
 
     #[test]
     fn reads_size_their_count_from_the_batches_seen() {
-        let steady = BatchSizes {
-            average: 1_000,
-            largest: 1_000,
-        };
-        assert_eq!(entries_for(100_000, 8 << 20, Some(steady), 1 << 20), 102);
-        // A large batch among small ones: as many as fit the budget were
-        // they all that large.
-        let mixed = BatchSizes {
-            average: 100_000,
-            largest: 1 << 20,
-        };
-        assert_eq!(entries_for(1 << 20, 8 << 20, Some(mixed), 1 << 20), 9);
-        assert_eq!(entries_for(1 << 20, 1 << 20, Some(mixed), 1 << 20), 2);
+        let steady = sizes(1_000, 1_000, 1_000);
+        // Many batches fit: one more than the average suggests.
+        assert_eq!(entries_for(100_000, 8 << 20, steady, 1 << 20, true), 101);
         assert_eq!(
-            entries_for(usize::MAX / 4, usize::MAX / 4, Some(steady), 1 << 20),
+            entries_for(usize::MAX / 4, usize::MAX / 4, steady, 1 << 20, true),
             MAX_READ_COUNT
         );
+        // A few large ones: no more than fit, so none is read to be dropped.
+        let large = sizes(999_875, 999_875, 1_000);
+        assert_eq!(entries_for(1 << 20, 8 << 20, large, 1 << 20, true), 1);
+        assert_eq!(entries_for(3 << 20, 8 << 20, large, 1 << 20, true), 3);
+        // Less than one batch left: the first read takes one anyway, a
+        // later one stops.
+        assert_eq!(entries_for(48_701, 8 << 20, large, 1 << 20, true), 1);
+        assert_eq!(entries_for(48_701, 8 << 20, large, 1 << 20, false), 0);
+        // A large batch among small ones: as many as fit the budget were
+        // they all that large.
+        let mixed = sizes(100_000, 1 << 20, 1_000);
+        assert_eq!(entries_for(1 << 20, 8 << 20, mixed, 1 << 20, true), 8);
+        assert_eq!(entries_for(1 << 20, 1 << 20, mixed, 1 << 20, true), 1);
+    }
+
+    #[test]
+    fn a_few_small_batches_do_not_let_a_read_ask_for_many_large_ones() {
+        // One small batch seen (the partition's first read met a small
+        // batch among large ones): the budget still counts every entry as
+        // max.message.bytes, not the 18 KB seen.
+        let one = sizes(18_655, 18_655, 1);
+        assert_eq!(entries_for(1 << 20, 1 << 20, one, 1 << 20, false), 1);
+        assert_eq!(entries_for(1 << 20, 8 << 20, one, 1 << 20, false), 8);
+        // Seen enough: the sizes seen bound the read.
+        let trusted = sizes(18_655, 18_655, TRUSTED_SAMPLES);
+        assert_eq!(entries_for(1 << 20, 8 << 20, trusted, 1 << 20, false), 57);
+    }
+
+    #[test]
+    fn the_average_is_the_mean_until_enough_batches_are_seen() {
+        let mut learned = BatchSizes {
+            average: 18_655,
+            largest: 18_655,
+            seen: 1,
+        };
+        learned.learn(BatchSizes {
+            average: 999_875,
+            largest: 999_875,
+            seen: 3,
+        });
+        assert_eq!(learned.average, (18_655 + 3 * 999_875) / 4);
+        assert_eq!(learned.largest, 999_875);
+        assert_eq!(learned.seen, 4);
+        learned.seen = TRUSTED_SAMPLES;
+        let before = learned.average;
+        learned.learn(BatchSizes {
+            average: 1_000,
+            largest: 1_000,
+            seen: 1_000,
+        });
+        assert_eq!(learned.average, (before * 3 + 1_000) / 4);
+        assert_eq!(learned.largest, 999_875 - 999_875 / 8);
     }
 }
 
