@@ -273,6 +273,21 @@ impl RedisServer {
             .expect("XLEN")
     }
 
+    /// A partition's segment records (`ketch:{TAG}:segments`), oldest first.
+    pub fn segments(&self, topic: &str, partition: usize) -> Vec<serde_json::Value> {
+        let tag = &self.topic_tags(topic)[partition];
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("ketch:{{{tag}}}:segments"))
+            .arg(0)
+            .arg(-1)
+            .query(&mut self.connection())
+            .expect("ZRANGE segments");
+        members
+            .iter()
+            .map(|m| serde_json::from_str(m).expect("segment JSON"))
+            .collect()
+    }
+
     /// `next_offset` from a partition's meta hash (absent counts as 0).
     pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
         let tag = &self.topic_tags(topic)[partition];

@@ -62,6 +62,15 @@ fn produce_acks_all(conn: &mut KafkaConn, topic: &str, batch: Vec<u8>) -> (i16, 
     raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &request))
 }
 
+/// A new idempotent producer id (InitProducerId without a transactional id).
+fn new_producer_id(conn: &mut KafkaConn) -> i64 {
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    conn.request(4, &init).producer_id.0
+}
+
 #[test]
 fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     let primary = RedisServer::start();
@@ -79,11 +88,7 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("acks-all");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let init = InitProducerIdRequest::default()
-        .with_transactional_id(None)
-        .with_producer_id(ProducerId(-1))
-        .with_producer_epoch(-1);
-    let producer_id = conn.request(4, &init).producer_id.0;
+    let producer_id = new_producer_id(&mut conn);
     let batch =
         |n: i32| batch::encode_idempotent(&[Record::value(1, format!("r{n}").as_bytes())], producer_id, 0, n);
 
@@ -134,11 +139,7 @@ fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("frozen");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let init = InitProducerIdRequest::default()
-        .with_transactional_id(None)
-        .with_producer_id(ProducerId(-1))
-        .with_producer_epoch(-1);
-    let producer_id = conn.request(4, &init).producer_id.0;
+    let producer_id = new_producer_id(&mut conn);
     let small = |n: i32| batch::encode_idempotent(&[Record::value(1, &[b'x'; 100])], producer_id, 0, n);
     assert_eq!(produce_acks_all(&mut conn, &topic, small(0)), (code::NONE, 0));
 

@@ -31,20 +31,6 @@ fn records(first: i64, count: i64) -> Vec<Record> {
         .collect()
 }
 
-fn segments(redis: &RedisServer, topic: &str) -> Vec<serde_json::Value> {
-    let tag = &redis.topic_tags(topic)[0];
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(format!("ketch:{{{tag}}}:segments"))
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.connection())
-        .expect("ZRANGE segments");
-    members
-        .iter()
-        .map(|m| serde_json::from_str(m).expect("segment JSON"))
-        .collect()
-}
-
 fn local_start(redis: &RedisServer, topic: &str) -> i64 {
     let tag = &redis.topic_tags(topic)[0];
     redis::cmd("HGET")
@@ -72,7 +58,7 @@ fn wait_segments(
 ) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let now = segments(redis, topic);
+        let now = redis.segments(topic, 0);
         if done(&now) {
             return;
         }
@@ -222,7 +208,7 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
     );
     assert_eq!(metric(&ketch, "ketch_archive_quarantined_segments"), 1.0);
     assert!(metric(&ketch, "ketch_archive_quarantines_total") >= 1.0);
-    let segment = &segments(&redis, &topic)[1];
+    let segment = &redis.segments(&topic, 0)[1];
     let reason = segment["quarantine"]["reason"]
         .as_str()
         .expect("reason")
@@ -278,7 +264,7 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
     );
     assert!(skipped.contains("hole"), "{skipped}");
     assert_eq!(quarantine_len(&redis, &topic), 0);
-    let hole = &segments(&redis, &topic)[1]["skipped"];
+    let hole = &redis.segments(&topic, 0)[1]["skipped"];
     assert_eq!(hole["reason"], "written by a broken release");
     assert!(
         hole["error"]

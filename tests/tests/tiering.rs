@@ -159,21 +159,6 @@ fn meta(redis: &RedisServer, topic: &str, partition: usize) -> HashMap<String, i
         .collect()
 }
 
-/// A partition's segment records.
-fn segments(redis: &RedisServer, topic: &str, partition: usize) -> Vec<serde_json::Value> {
-    let tag = &redis.topic_tags(topic)[partition];
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(format!("ketch:{{{tag}}}:segments"))
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.connection())
-        .expect("ZRANGE segments");
-    members
-        .iter()
-        .map(|m| serde_json::from_str(m).expect("segment JSON"))
-        .collect()
-}
-
 /// Waits until every partition's sealed segments are archived and, with
 /// `trimmed`, removed from Redis (the local start is the open segment's
 /// base), and no partition's open segment is due to be sealed by size
@@ -194,7 +179,7 @@ fn wait_archived(
                 let m = meta(redis, topic, p);
                 let local_start = m.get("local_start").copied().unwrap_or(0);
                 let seg_base = m.get("seg_base").copied().unwrap_or(0);
-                let all_archived = segments(redis, topic, p).iter().all(|s| s.get("path").is_some());
+                let all_archived = redis.segments(topic, p).iter().all(|s| s.get("path").is_some());
                 let settled = m.get("seg_bytes").copied().unwrap_or(0) < segment_bytes;
                 let ok = seg_base > 0 && settled && all_archived && (!trimmed || local_start == seg_base);
                 ok.then_some(local_start)
@@ -353,7 +338,7 @@ fn produce_segments(
     for round in 0..rounds {
         produce(producer, rt, topic, 1, round * per_round..(round + 1) * per_round);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while segments(redis, topic, 0).len() <= round {
+        while redis.segments(topic, 0).len() <= round {
             assert!(Instant::now() < deadline, "segment {round} not sealed");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -540,11 +525,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
         metric(&down, "ketch_archive_lag_seconds") > 0.0,
         "sealed segments wait"
     );
-    assert!(
-        segments(&redis, &topic, 0)
-            .iter()
-            .all(|s| s.get("path").is_none())
-    );
+    assert!(redis.segments(&topic, 0).iter().all(|s| s.get("path").is_none()));
     assert_eq!(
         meta(&redis, &topic, 0).get("local_start").copied().unwrap_or(0),
         0,
@@ -560,7 +541,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
         std::thread::sleep(Duration::from_millis(10));
     }
     ketch.kill9();
-    let sealed = segments(&redis, &topic, 0);
+    let sealed = redis.segments(&topic, 0);
     let archived_before = sealed.iter().filter(|s| s.get("path").is_some()).count();
     eprintln!(
         "killed with {archived_before} of {} sealed segments archived",
@@ -603,7 +584,7 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
     produce_segments(&producer, &rt, &redis, &topic, 3, 2_000);
     wait_archived(&redis, &ketch, &topic, 1, false, 65536);
     let archived = metric(&ketch, "ketch_archive_segments_total");
-    let all = segments(&redis, &topic, 0);
+    let all = redis.segments(&topic, 0);
     assert!(all.len() >= 3, "{} segments", all.len());
 
     // Forget, in Redis, that the middle segment was archived.
@@ -649,7 +630,7 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
         .expect("ZADD");
 
     wait_archived(&redis, &ketch, &topic, 1, false, 65536);
-    let again = segments(&redis, &topic, 0);
+    let again = redis.segments(&topic, 0);
     assert_eq!(
         again[1]["path"], path,
         "the segment points at its committed file again"
@@ -839,7 +820,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
 
     // The first two segments hold what retention.bytes keeps no more: the
     // log start moves to a segment boundary; the table keeps every row.
-    let all = segments(&redis, &topic, 0);
+    let all = redis.segments(&topic, 0);
     let kept: i64 = all[2..].iter().map(|s| s["bytes"].as_i64().unwrap()).sum();
     set_topic_config(&redis, &topic, "retention.bytes", &kept.to_string());
     let third_base = all[2]["base"].as_i64().unwrap();

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Consume through two ketch builds, alternated, for a before/after of the
+# fetch path measured in one run on one machine:
+#
+#   benchmark/consume-compare.sh BEFORE_BIN AFTER_BIN [ROUNDS]
+#
+# For each workload and round, and each build in turn: a fresh redis-server,
+# produce the workload through the build (acks=all), restart the build,
+# consume everything from the beginning, and print a line with produce and
+# consume rec/s, the consuming gateway's peak RSS (VmHWM) and the bytes
+# Redis sent (total_net_output_bytes, produce and consume). Knobs
+# (environment): WORKLOADS (default "1-topic-16-partitions-1kb:500000
+# 1-topic-16-partitions-100b:2000000").
+set -euo pipefail
+
+before=${1:?usage: consume-compare.sh BEFORE_BIN AFTER_BIN [ROUNDS]}
+after=${2:?usage: consume-compare.sh BEFORE_BIN AFTER_BIN [ROUNDS]}
+rounds=${3:-3}
+workloads=${WORKLOADS:-"1-topic-16-partitions-1kb:500000 1-topic-16-partitions-100b:2000000"}
+target="${CARGO_TARGET_DIR:-target}"
+cargo build --release -p ketch-bench >&2
+BENCH="$target/release/ketch-bench"
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+work=$(mktemp -d)
+cleanup() {
+    [ -n "${ketch_pid:-}" ] && kill "$ketch_pid" 2>/dev/null && wait "$ketch_pid" 2>/dev/null
+    [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+start_redis() {
+    redis_port=$(free_port)
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+    redis_pid=$!
+    until grep -q "Ready to accept connections" "$work/redis.log"; do
+        kill -0 "$redis_pid"
+        sleep 0.05
+    done
+}
+
+stop() { # pid variable name
+    local pid=${!1}
+    kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+    printf -v "$1" '%s' ""
+}
+
+start_ketch() {
+    kafka_port=$(free_port)
+    "$1" serve --listen "127.0.0.1:$kafka_port" --http-listen "127.0.0.1:$(free_port)" \
+        --redis-url "redis://127.0.0.1:$redis_port" >"$work/ketch.log" 2>&1 &
+    ketch_pid=$!
+    until grep -q "ketch serving" "$work/ketch.log"; do
+        kill -0 "$ketch_pid" || { cat "$work/ketch.log" >&2; exit 1; }
+        sleep 0.05
+    done
+}
+
+rate() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['results']['throughput']['records_per_s']))" "$1"; }
+
+printf 'workload\tround\tbuild\tproduce_rec_s\tconsume_rec_s\tconsume_peak_rss_kib\tredis_sent_bytes\n'
+for entry in $workloads; do
+    workload=${entry%%:*}
+    records=${entry##*:}
+    for round in $(seq 1 "$rounds"); do
+        for side in before after; do
+            bin=$before
+            [ "$side" = after ] && bin=$after
+            start_redis
+            start_ketch "$bin"
+            "$BENCH" producer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
+                --create-topic --records "$records" --acks all --compression none --output json --quiet >"$work/p.json"
+            stop ketch_pid
+            start_ketch "$bin"
+            "$BENCH" consumer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
+                --from beginning --records "$records" --output json --quiet >"$work/c.json"
+            peak=$(awk '/VmHWM/ {print $2}' "/proc/$ketch_pid/status")
+            sent=$(redis-cli -p "$redis_port" info stats | tr -d '\r' | awk -F: '/total_net_output_bytes/ {print $2}')
+            stop ketch_pid
+            stop redis_pid
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$side" \
+                "$(rate "$work/p.json")" "$(rate "$work/c.json")" "$peak" "$sent"
+        done
+    done
+done
