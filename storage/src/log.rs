@@ -41,35 +41,46 @@ const TRUSTED_SAMPLES: usize = 32;
 /// only to be dropped.
 const SLACK_FROM: usize = 8;
 
-/// Entries to ask one XRANGE for, to gather `bytes` more; 0 when a batch
-/// of the average size no longer fits and the request already has some
-/// (`first` is false): a fetch may return less than its limit, and reading
-/// a batch only to drop it costs more than the client's next fetch.
+/// Entries to ask one XRANGE for, to gather `bytes` more: as many as the
+/// bytes hold batches of the partition's average size (of the largest
+/// seen, until [`TRUSTED_SAMPLES`] are seen); 0 when not one such batch
+/// fits and the request already has some (`first` is false): a fetch may
+/// return less than its limit, and reading a batch only to drop it costs
+/// more than the client's next fetch.
 ///
 /// Nothing bounds what XRANGE returns but the count, so the count also
 /// keeps the read within `cap` (the fetch's remaining response budget, at
 /// least `bytes`), or one batch, should every entry be as large as the
 /// largest seen lately on the partition; until reads have seen
 /// [`TRUSTED_SAMPLES`] batches, as large as a producer may send
-/// (`max_batch`).
+/// (`max_batch`), and then within `bytes` too, or as many entries as
+/// batches seen.
 fn entries_for(bytes: usize, cap: usize, sizes: Option<BatchSizes>, max_batch: usize, first: bool) -> usize {
     let cap = cap.max(bytes);
-    let largest = match sizes {
-        Some(sizes) if sizes.seen >= TRUSTED_SAMPLES => sizes.largest,
-        Some(sizes) => sizes.largest.max(max_batch),
-        None => max_batch,
+    let (per_batch, bound) = match sizes {
+        Some(sizes) if sizes.seen >= TRUSTED_SAMPLES => (sizes.average, cap / sizes.largest.max(1)),
+        // Sizes not known yet: every entry may be as large as a producer
+        // may send, and as large as the largest seen. The read also keeps
+        // to the bytes wanted, growing with the batches seen, so a
+        // partition's first fetch does not read a budget's worth of large
+        // batches to send one.
+        _ => {
+            let seen = sizes.map_or(0, |sizes| sizes.seen);
+            let seen_largest = sizes.map_or(max_batch, |sizes| sizes.largest);
+            let largest = seen_largest.max(max_batch).max(1);
+            (seen_largest, (cap / largest).min((bytes / largest).max(seen)))
+        }
     };
-    let bound = (cap / largest.max(1)).max(1);
     let wanted = match sizes {
         None => FIRST_READ_COUNT,
-        Some(sizes) => match bytes / sizes.average.max(1) {
+        Some(_) => match bytes / per_batch.max(1) {
             0 if first => 1,
             0 => return 0,
             fit if fit >= SLACK_FROM => fit + 1,
             fit => fit,
         },
     };
-    wanted.min(bound).clamp(1, MAX_READ_COUNT)
+    wanted.min(bound.max(1)).clamp(1, MAX_READ_COUNT)
 }
 
 /// The batch sizes reads have seen on a partition.
@@ -159,8 +170,10 @@ pub struct PartitionOffsets {
 #[derive(Debug, Clone, Copy)]
 pub struct ReadRequest {
     pub offset: i64,
-    /// Stop reading once this many bytes are gathered (the batch that
-    /// crosses the limit is included; the caller decides whether to send it).
+    /// Stop reading once this many bytes are gathered (a batch that
+    /// crosses the limit may be included; the caller decides whether to
+    /// send it), or when less than the partition's average batch is left
+    /// and some were read.
     pub max_bytes: usize,
     /// The largest batch the partition may hold (its `max.message.bytes`):
     /// sizes the first read of a partition whose batches are unknown.
@@ -640,10 +653,11 @@ mod tests {
 
     #[test]
     fn the_first_read_of_a_partition_assumes_the_largest_batches() {
-        // Nothing seen yet: as if every batch were max.message.bytes, and
-        // within the fetch's budget.
+        // Nothing seen yet: as if every batch were max.message.bytes, within
+        // the bytes wanted and the fetch's budget.
         assert_eq!(entries_for(1 << 20, 1 << 20, None, 1 << 20, true), 1);
-        assert_eq!(entries_for(1 << 20, 8 << 20, None, 1 << 20, true), 8);
+        assert_eq!(entries_for(1 << 20, 8 << 20, None, 1 << 20, true), 1);
+        assert_eq!(entries_for(4 << 20, 8 << 20, None, 1 << 20, true), 4);
         assert_eq!(entries_for(100, 100, None, 1 << 20, true), 1);
         assert_eq!(
             entries_for(64 << 20, 64 << 20, None, 1 << 10, true),
@@ -690,7 +704,12 @@ mod tests {
         // max.message.bytes, not the 18 KB seen.
         let one = sizes(18_655, 18_655, 1);
         assert_eq!(entries_for(1 << 20, 1 << 20, one, 1 << 20, false), 1);
-        assert_eq!(entries_for(1 << 20, 8 << 20, one, 1 << 20, false), 8);
+        assert_eq!(entries_for(1 << 20, 8 << 20, one, 1 << 20, false), 1);
+        // More seen: reads grow with them, within the budget.
+        let some = sizes(18_655, 18_655, 4);
+        assert_eq!(entries_for(1 << 20, 8 << 20, some, 1 << 20, false), 4);
+        let more = sizes(18_655, 18_655, 16);
+        assert_eq!(entries_for(1 << 20, 8 << 20, more, 1 << 20, false), 8);
         // Seen enough: the sizes seen bound the read.
         let trusted = sizes(18_655, 18_655, TRUSTED_SAMPLES);
         assert_eq!(entries_for(1 << 20, 8 << 20, trusted, 1 << 20, false), 57);

@@ -230,3 +230,63 @@ fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
     }
     alive(&ketch);
 }
+
+/// Bytes Redis has sent its clients since it started.
+fn redis_sent(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut redis.connection())
+        .expect("INFO stats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_net_output_bytes")
+}
+
+/// A partition whose first batch is small and whose others are large: the
+/// fetches of a gateway that has not read it before each read from Redis
+/// about what they return (before: the first read sized the next from the
+/// small batch and asked for every large one the budget held; and reads
+/// took one or two large batches more than the partition's limit let the
+/// fetch send).
+#[test]
+fn fetches_read_from_redis_about_what_they_return() {
+    const LARGE: usize = 900_000;
+    const BATCHES: usize = 40;
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("read-sizing");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let small = batch::encode(&[Record::value(1, b"small")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, small), (code::NONE, 0));
+    for n in 1..=BATCHES {
+        let large = batch::encode(&[Record::value(1, &vec![b'x'; LARGE])]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, large), (code::NONE, n as i64));
+    }
+
+    let mut offset = 0;
+    for fetch in 0..10 {
+        // 8 MiB for the response, 1 MiB for the partition: one large batch
+        // (with the small one first) is all a fetch can send.
+        let request = raw::fetch_request(&topic, 0, offset, 0).with_max_bytes(8 << 20);
+        let before = redis_sent(&redis);
+        let response = conn.request(12, &request);
+        let sent_by_redis = redis_sent(&redis) - before;
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        assert_eq!((error, high_watermark), (code::NONE, BATCHES as i64 + 1));
+        let records = records.expect("records");
+        let returned = raw::count_records(&records);
+        assert_eq!(
+            returned,
+            if fetch == 0 { 2 } else { 1 },
+            "fetch {fetch} at {offset}"
+        );
+        assert!(
+            sent_by_redis < (records.len() + LARGE / 2) as u64,
+            "fetch {fetch} at {offset}: Redis sent {sent_by_redis} bytes for a {}-byte response",
+            records.len()
+        );
+        offset += returned;
+    }
+}
