@@ -179,22 +179,33 @@ async fn connection(
                 continue;
             }
         };
+        // The response budget is reserved here, in request order, before
+        // the next frame is read: responses are written in that order, so
+        // a request that reserved out of order could hold the budget an
+        // earlier one needs to be answered, and the connection would stall
+        // for good. While it is spent, the connection is not read (as Kafka
+        // mutes a connection whose responses wait).
+        let reserved = match response_share_kib(&ctx, &request.1) {
+            Some(kib) => tokio::select! {
+                permit = budget.clone().acquire_many_owned(kib) => match permit {
+                    Ok(permit) => Some(permit),
+                    Err(_) => break Ok(()),
+                },
+                _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+            },
+            None => None,
+        };
         let turns = match &request.1 {
             RequestKind::Produce(produce) => sequencer.turns(produce),
             _ => api::produce::Turns::default(),
         };
         let (after, done) = order.admit(Effect::of(&request.1));
-        let share = response_share_kib(&ctx, &request.1);
-        let (ctx, budget) = (ctx.clone(), budget.clone());
+        let ctx = ctx.clone();
         let handle = tokio::spawn(async move {
             // Dropped when this request has taken effect, releasing the
             // requests that wait for it.
             let _done = done;
             futures::future::join_all(after.into_iter().map(Done::wait)).await;
-            let reserved = match share {
-                Some(kib) => Some(budget.acquire_many_owned(kib).await.ok()?),
-                None => None,
-            };
             let (header, body) = request;
             let bytes = respond(&ctx, peer, header, body, turns).await?;
             Some(Response {
