@@ -456,15 +456,14 @@ impl Store {
             out.offsets = Some(offsets);
             let entries = stream_entries(entries)?;
             let got = entries.len();
-            let mut largest = 0;
-            let read_before = out.batches.len();
+            let (mut read, mut largest) = (0, 0);
             for entry in entries {
                 next = entry.last_offset + 1;
-                bytes += entry.batch.len();
+                read += entry.batch.len();
                 largest = largest.max(entry.batch.len());
                 out.batches.push(entry.batch);
             }
-            let read: usize = out.batches[read_before..].iter().map(Bytes::len).sum();
+            bytes += read;
             if let Some(average) = read.checked_div(got) {
                 let read = BatchSizes {
                     average,
@@ -596,9 +595,9 @@ impl Store {
             let entries = stream_entries(entries)?;
             let Some(last) = entries.last() else { break };
             next = last.last_offset + 1;
-            let compressed = entries.iter().any(|e| {
-                batch::header(&e.batch).is_ok_and(|h| h.compression().ok() != Some(batch::Compression::None))
-            });
+            let compressed = entries
+                .iter()
+                .any(|e| batch::header(&e.batch).is_ok_and(|h| h.is_compressed()));
             let found;
             (found, scan) = if compressed {
                 tokio::task::spawn_blocking(move || {

@@ -277,7 +277,7 @@ async fn produce_partition(
 const VALIDATE_INLINE_BYTES: usize = 64 * 1024;
 
 async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
-    let compressed = batch.len() > ketch_storage::batch::HEADER_LEN && batch[22] & 0x07 != 0;
+    let compressed = ketch_storage::batch::header(batch).is_ok_and(|h| h.is_compressed());
     if !compressed || batch.len() <= VALIDATE_INLINE_BYTES {
         return validate_produce_batch(batch);
     }

@@ -111,6 +111,12 @@ impl BatchHeader {
         })
     }
 
+    /// Whether its records are compressed (an unknown codec counts: the
+    /// records are not plain).
+    pub fn is_compressed(&self) -> bool {
+        self.attributes & 0x07 != 0
+    }
+
     pub fn is_log_append_time(&self) -> bool {
         self.attributes & LOG_APPEND_TIME != 0
     }
