@@ -207,15 +207,7 @@ impl Storage for MemoryStorage {
                 topic.name
             )));
         }
-        let mut tags = current.tags.clone();
-        tags.extend((current.partitions()..total).map(|p| ketch_storage::keys::default_tag(&current.id, p)));
-        let grown = Arc::new(Topic::new(
-            &current.name,
-            current.id,
-            tags,
-            current.configs.clone(),
-            &self.keys,
-        ));
+        let grown = Arc::new(current.grown(total, &self.keys));
         for p in current.partitions()..total {
             state
                 .partitions

@@ -280,10 +280,7 @@ impl Store {
         let mut next = slot.lock().await;
         for _ in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
-            let reply = match self
-                .try_append(conn.clone(), &keys, expected, batch, header)
-                .await
-            {
+            let reply = match self.try_append(conn.clone(), keys, expected, batch, header).await {
                 Ok(reply) => reply,
                 Err(e) => {
                     *next = None;
@@ -402,7 +399,7 @@ impl Store {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
-        let (meta,): (Value,) = offsets_query(redis::pipe(), &keys)
+        let (meta,): (Value,) = offsets_query(redis::pipe(), keys)
             .query_async(&mut self.conn())
             .await?;
         parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)
@@ -437,7 +434,7 @@ impl Store {
                 .arg("COUNT")
                 .arg(count);
             let (entries, meta): (Value, Value) =
-                offsets_query(pipe, &keys).query_async(&mut self.conn()).await?;
+                offsets_query(pipe, keys).query_async(&mut self.conn()).await?;
             let offsets = parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)?;
             if out.offsets.is_none()
                 && (request.offset < offsets.log_start_offset || request.offset > offsets.high_watermark)

@@ -13,8 +13,6 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use std::borrow::Cow;
-
 use crate::keys::{Keys, PartitionKeys, default_tag};
 use crate::{Result, StorageError, Store};
 
@@ -55,6 +53,13 @@ impl Topic {
             keys: Vec::new(),
         }
         .with_keys(keys)
+    }
+
+    /// The topic grown to `total` partitions, the new ones with default tags.
+    pub fn grown(&self, total: i32, keys: &Keys) -> Self {
+        let mut tags = self.tags.clone();
+        tags.extend((self.partitions()..total).map(|p| default_tag(&self.id, p)));
+        Topic::new(&self.name, self.id, tags, self.configs.clone(), keys)
     }
 
     /// The wake-up channel of a partition (see `wake.rs`).
@@ -125,10 +130,11 @@ pub(crate) struct TopicCache {
 }
 
 impl TopicCache {
-    fn get(&self, name: &str) -> Option<Arc<Topic>> {
+    /// The cached topic, if it was read less than `age` ago.
+    fn get(&self, name: &str, age: Duration) -> Option<Arc<Topic>> {
         let map = self.by_name.read().expect("topic cache lock");
         map.get(name)
-            .filter(|(_, at)| at.elapsed() < CACHE_TTL)
+            .filter(|(_, at)| at.elapsed() < age)
             .map(|(t, _)| t.clone())
     }
 
@@ -153,10 +159,7 @@ impl TopicCache {
 impl Store {
     /// The topic named `name`, from a short-lived cache.
     pub async fn topic(&self, name: &str) -> Result<Option<Arc<Topic>>> {
-        if let Some(topic) = self.topics.get(name) {
-            return Ok(Some(topic));
-        }
-        self.topic_fresh(name).await
+        self.topic_fresher_than(name, CACHE_TTL).await
     }
 
     /// The topic named `name`, read from Redis unless it was read less than
@@ -164,13 +167,7 @@ impl Store {
     /// cached count) go to Redis at most once per `age` however many
     /// partitions a request names.
     pub async fn topic_fresher_than(&self, name: &str, age: Duration) -> Result<Option<Arc<Topic>>> {
-        let recent = {
-            let map = self.topics.by_name.read().expect("topic cache lock");
-            map.get(name)
-                .filter(|(_, at)| at.elapsed() < age)
-                .map(|(t, _)| t.clone())
-        };
-        match recent {
+        match self.topics.get(name, age) {
             Some(topic) => Ok(Some(topic)),
             None => self.topic_fresh(name).await,
         }
@@ -215,19 +212,17 @@ impl Store {
             .get(&id)
             .cloned();
         if let Some(topic) = cached
-            && self.topics.get(&topic.name).is_some()
+            && self.topics.get(&topic.name, CACHE_TTL).is_some()
         {
             return Ok(Some(topic));
         }
         Ok(self.all_topics().await?.into_iter().find(|t| t.id == id))
     }
 
-    /// The keys of one partition.
-    pub fn partition_keys<'a>(&self, topic: &'a Topic, partition: i32) -> Cow<'a, PartitionKeys> {
-        match topic.keys.get(partition as usize) {
-            Some(keys) => Cow::Borrowed(keys),
-            None => Cow::Owned(self.keys.partition(&topic.tags[partition as usize])),
-        }
+    /// The keys of one partition (every topic is built with its
+    /// partitions' keys: [`Topic::new`]).
+    pub fn partition_keys<'a>(&self, topic: &'a Topic, partition: i32) -> &'a PartitionKeys {
+        &topic.keys[partition as usize]
     }
 
     /// Creates a topic. The partitions' metadata is written first and the
@@ -241,14 +236,8 @@ impl Store {
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<Topic>> {
         let id = Uuid::new_v4();
-        let topic = Topic {
-            name: name.to_owned(),
-            id,
-            tags: (0..partitions).map(|p| default_tag(&id, p)).collect(),
-            configs,
-            keys: Vec::new(),
-        }
-        .with_keys(&self.keys);
+        let tags = (0..partitions).map(|p| default_tag(&id, p)).collect();
+        let topic = Topic::new(name, id, tags, configs, &self.keys);
         if self.topic_fresh(name).await?.is_some() {
             return Err(StorageError::TopicExists);
         }
@@ -285,10 +274,7 @@ impl Store {
 
     /// Grows a topic to `total` partitions.
     pub async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
-        let mut grown = topic.clone();
-        grown
-            .tags
-            .extend((topic.partitions()..total).map(|p| default_tag(&topic.id, p)));
+        let grown = topic.grown(total, &self.keys);
         self.init_partitions(&grown, topic.partitions()).await?;
         let replaced: i32 = self
             .scripts

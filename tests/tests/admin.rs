@@ -193,6 +193,15 @@ fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let batch = batch::encode(&[Record::value(1, b"new partition")]);
     assert_eq!(raw::produce(&mut conn, &topic, 3, batch), (code::NONE, 0));
+    // At once, on the gateway that grew it (its cached topic record).
+    let fetched = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 3, 0, 0));
+    let (error, high_watermark, records) = raw::fetch_result(&fetched);
+    assert_eq!(
+        (error, high_watermark),
+        (code::NONE, 1),
+        "fetch of a new partition"
+    );
+    assert_eq!(raw::count_records(&records.expect("records")), 1);
 
     let results = rt
         .block_on(
