@@ -23,21 +23,22 @@ use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::produce_request::TopicProduceData;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, TopicName};
 use ketch_storage::Topic;
 use ketch_storage::batch::{
     BatchError, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
 };
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id, str_bytes};
 use crate::Context;
 
-/// A partition of a produce request, as the sequencer and deduplication
-/// key it: a hash of the topic (name, or id from v13) and the partition.
-/// Hashing keeps per-entry work and memory independent of the topic name's
-/// length (a request may name a long topic once per partition), and a
-/// collision costs only an unneeded wait between two partitions.
+/// A partition of a produce request, as the sequencer keys it: a hash of
+/// the topic (name, or id from v13) and the partition. Hashing keeps
+/// per-entry work and memory independent of the topic name's length (a
+/// request may name a long topic once per partition); a collision costs
+/// only a missed or unneeded wait between two partitions.
 type PartitionKey = u64;
 
 /// A topic's part of its partitions' keys: hashed once per topic entry, so
@@ -124,24 +125,30 @@ pub async fn handle(
     mut turns: Turns,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
-    let timeout = Duration::from_millis(u64::try_from(request.timeout_ms).unwrap_or(0));
+    // One deadline for the whole request (0: none), however many of its
+    // partitions wait for their turn to start.
+    let deadline = u64::try_from(request.timeout_ms)
+        .ok()
+        .filter(|&ms| ms > 0)
+        .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
     let by_id = header.request_api_version >= 13;
     // Kafka keys a request's partitions by topic and partition: a partition
     // named twice is produced (and answered) once, its first entry here.
-    let mut seen = std::collections::HashSet::new();
+    // The name is hashed once per topic entry, not per partition.
+    let mut seen: HashMap<(TopicName, Uuid), std::collections::HashSet<i32>> = HashMap::new();
     let topics = request.topic_data.into_iter().map(|mut data| {
         let mut kept = Vec::with_capacity(data.partition_data.len());
         let mut turns_of_topic = Vec::with_capacity(data.partition_data.len());
         let topic_key = topic_key(&data);
+        let seen = seen.entry((data.name.clone(), data.topic_id)).or_default();
         for partition in std::mem::take(&mut data.partition_data) {
-            let key = partition_key(topic_key, partition.index);
-            if seen.insert(key) {
-                turns_of_topic.push(turns.0.remove(&key));
+            if seen.insert(partition.index) {
+                turns_of_topic.push(turns.0.remove(&partition_key(topic_key, partition.index)));
                 kept.push(partition);
             }
         }
         data.partition_data = kept;
-        produce_topic(ctx, acks, timeout, by_id, data, turns_of_topic)
+        produce_topic(ctx, acks, deadline, by_id, data, turns_of_topic)
     });
     let responses = super::each(topics).await;
     if acks == 0 {
@@ -153,7 +160,7 @@ pub async fn handle(
 async fn produce_topic(
     ctx: &Context,
     acks: i16,
-    timeout: Duration,
+    deadline: Option<tokio::time::Instant>,
     by_id: bool,
     data: TopicProduceData,
     turns: Vec<Option<Turn>>,
@@ -184,15 +191,16 @@ async fn produce_topic(
             // that times out may still be stored, as with Kafka, and an
             // idempotent producer's retry is then deduplicated.
             let produced = produce_partition(ctx, topic, p.index, p.records, acks);
-            let produced = if timeout.is_zero() {
-                produced.await
-            } else {
-                tokio::time::timeout(timeout, produced).await.unwrap_or_else(|_| {
-                    Err((
-                        ResponseError::RequestTimedOut.code(),
-                        Some("the request's timeout_ms passed".to_owned()),
-                    ))
-                })
+            let produced = match deadline {
+                None => produced.await,
+                Some(deadline) => tokio::time::timeout_at(deadline, produced)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err((
+                            ResponseError::RequestTimedOut.code(),
+                            Some("the request's timeout_ms passed".to_owned()),
+                        ))
+                    }),
             };
             match produced {
                 Ok((base_offset, log_start, append_time)) => response
