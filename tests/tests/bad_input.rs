@@ -282,3 +282,32 @@ fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused_with_nothin
         assert_eq!(s.produce_error(honest), code::NONE, "{codec:?}");
     }
 }
+
+/// A partition named twice in one Produce (in two entries of its topic) is
+/// produced and answered once, with the first entry's batch, as Kafka keys a
+/// request's partitions by topic and partition.
+#[test]
+fn a_partition_named_twice_in_one_produce_is_stored_once() {
+    let s = setup();
+    let mut request = raw::produce_request(&s.topic, 0, batch::encode(&[Record::value(1, b"first")]));
+    let mut second = request.topic_data[0].clone();
+    second.partition_data[0].records = Some(Bytes::from(batch::encode(&[Record::value(2, b"second")])));
+    request.topic_data.push(second);
+    let response = s.conn().request(raw::PRODUCE_VERSION, &request);
+    let answered: usize = response
+        .responses
+        .iter()
+        .map(|t| t.partition_responses.len())
+        .sum();
+    assert_eq!(answered, 1, "one answer for the partition");
+    assert_eq!(raw::produce_result(&response), (code::NONE, 0));
+    assert_eq!(s.redis.stream_len(&s.topic, 0), 1, "one batch stored");
+    let fetched = s
+        .conn()
+        .request(raw::FETCH_VERSION, &raw::fetch_request(&s.topic, 0, 0, 0));
+    let records = raw::fetch_result(&fetched).2.expect("records");
+    assert!(
+        records.windows(5).any(|w| w == b"first"),
+        "the first entry's batch"
+    );
+}
