@@ -74,24 +74,35 @@ async fn fetch(
         };
     };
     let mut topics_seen = std::collections::HashSet::new();
-    let mut topics = Vec::with_capacity(wanted.len());
+    let mut unique = Vec::with_capacity(wanted.len());
     for (name, partitions) in wanted {
         if !topics_seen.insert(name.0.clone()) {
             continue;
         }
         let mut seen = std::collections::HashSet::with_capacity(partitions.len());
         let partitions: Vec<i32> = partitions.into_iter().filter(|p| seen.insert(*p)).collect();
+        unique.push((name, partitions));
+    }
+    // The topics' reads overlap (as many at once as `each` allows), so a
+    // group of many topics does not pay a round trip per topic in turn.
+    let reads = super::each(unique.into_iter().map(|(name, partitions)| async move {
         let offsets = if ketch_storage::validate_topic_name(&name).is_err() {
             vec![None; partitions.len()]
         } else {
-            match ctx.storage.committed_offsets_of(group, &name, &partitions).await {
-                Ok(offsets) => offsets,
-                Err(e) => return (error_code(&e), Vec::new()),
-            }
+            ctx.storage
+                .committed_offsets_of(group, &name, &partitions)
+                .await?
         };
-        topics.push((name.0.to_string(), partitions.into_iter().zip(offsets).collect()));
+        Ok::<_, ketch_storage::StorageError>((
+            name.0.to_string(),
+            partitions.into_iter().zip(offsets).collect(),
+        ))
+    }))
+    .await;
+    match reads.into_iter().collect() {
+        Ok(topics) => (0, topics),
+        Err(e) => (error_code(&e), Vec::new()),
     }
-    (0, topics)
 }
 
 /// Offsets grouped by topic (they come sorted by topic and partition).
