@@ -83,7 +83,7 @@ pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
                 SegmentChanged::Done => {
                     store.purge_quarantine(&topic, partition, &segment).await?;
                     println!(
-                        "skipped: offsets {}..={} of {} partition {partition} are a hole; their records are deleted",
+                        "skipped: offsets {}..={} of {} partition {partition} are a hole; their quarantined copy is deleted (the log's copy goes with local retention)",
                         segment.base, segment.last, topic.name
                     );
                     Ok(())
