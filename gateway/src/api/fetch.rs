@@ -190,10 +190,7 @@ async fn read_partition(
         });
     }
     let generation = hub.generation(wake);
-    let max_batch_bytes = topic
-        .config("max.message.bytes")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(ctx.settings.topics.max_message_bytes as usize);
+    let max_batch_bytes = super::max_message_bytes(ctx, topic);
     let request = ReadRequest {
         offset: target.offset,
         max_bytes: target.max_bytes.min(budget),

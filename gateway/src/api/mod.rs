@@ -230,14 +230,25 @@ pub async fn resolve_topic_id(ctx: &Context, id: uuid::Uuid) -> Result<Arc<Topic
     }
 }
 
+/// The largest batch a topic accepts: its `max.message.bytes`, or the
+/// gateway's default.
+pub fn max_message_bytes(ctx: &Context, topic: &Topic) -> usize {
+    topic
+        .config("max.message.bytes")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(ctx.settings.topics.max_message_bytes as usize)
+}
+
 /// How recent a topic record must be for a partition beyond it to be
 /// unknown without asking Redis again.
 const PARTITION_REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A topic's partition as a partition of a freshly read record, refreshing
 /// the cached record when the partition is beyond it (another gateway may
-/// have added partitions) — at most once per [`PARTITION_REFRESH`], so a
-/// request naming thousands of partitions that do not exist costs one read.
+/// have added partitions) — at most once per [`PARTITION_REFRESH`] once a
+/// read has finished, so a request naming thousands of partitions that do
+/// not exist costs a few reads (those its concurrent entries start before
+/// the first returns), not one per partition.
 pub async fn ensure_partition(ctx: &Context, topic: Arc<Topic>, partition: i32) -> Result<Arc<Topic>, i16> {
     if topic.has_partition(partition) {
         return Ok(topic);

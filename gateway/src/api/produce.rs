@@ -237,10 +237,7 @@ async fn produce_partition(
             Some("no record batch".to_owned()),
         ));
     };
-    let max_bytes = topic
-        .config("max.message.bytes")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(ctx.settings.topics.max_message_bytes as usize);
+    let max_bytes = super::max_message_bytes(ctx, &topic);
     if batch.len() > max_bytes {
         return Err((
             ResponseError::MessageTooLarge.code(),
