@@ -11,10 +11,14 @@
 //!
 //! Versions:
 //! 1. Everything before the version key existed (no `ketch:layout`).
-//! 2. `ketch:layout` itself, and the quarantine of segments the archive
+//! 2. `ketch:layout` itself, the quarantine of segments the archive
 //!    cannot write (`ketch:{TAG}:quarantine`, the segment record's
-//!    `quarantine` and `skipped` fields). Both are new keys and fields that
-//!    version 1 gateways never read, so the step only records the version.
+//!    `quarantine` and `skipped` fields), and the batch size classes in a
+//!    partition's meta (`sized_from`, `sized_to`, `sz<k>`; see
+//!    `scripts/append.lua`). All are new keys and fields that version 1
+//!    gateways never read, so the step only records the version; a batch a
+//!    version 1 gateway appends leaves `sized_to` behind, and the next
+//!    append restarts the range the classes describe.
 
 use std::time::Duration;
 

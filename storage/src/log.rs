@@ -46,28 +46,33 @@ const SLACK_FROM: usize = 8;
 /// seen, until [`TRUSTED_SAMPLES`] are seen); 0 when not one such batch
 /// fits and the request already has some (`first` is false): a fetch may
 /// return less than its limit, and reading a batch only to drop it costs
-/// more than the client's next fetch.
+/// more than the client's next fetch. Where the partition's size classes
+/// say every batch read is at least `range.smallest`, the count assumes
+/// no smaller average (batches grew since the average was learnt).
 ///
 /// Nothing bounds what XRANGE returns but the count, so the count also
 /// keeps the read within `cap` (the fetch's remaining response budget, at
-/// least `bytes`), or one batch, should every entry be as large as the
-/// largest seen lately on the partition; until reads have seen
-/// [`TRUSTED_SAMPLES`] batches, as large as a producer may send
-/// (`max_batch`), and then within `bytes` too, or as many entries as
+/// least `bytes`), or one batch, should every entry be `range.largest`:
+/// the largest a batch of the range read may be (from the size classes,
+/// else `max.message.bytes`). Until reads have seen [`TRUSTED_SAMPLES`]
+/// batches, the count keeps within `bytes` too, or as many entries as
 /// batches seen.
-fn entries_for(bytes: usize, cap: usize, sizes: Option<BatchSizes>, max_batch: usize, first: bool) -> usize {
+fn entries_for(bytes: usize, cap: usize, sizes: Option<BatchSizes>, range: SizeBounds, first: bool) -> usize {
     let cap = cap.max(bytes);
+    let largest = range.largest.max(1);
+    let sizes = sizes.map(|sizes| BatchSizes {
+        average: sizes.average.max(range.smallest),
+        ..sizes
+    });
     let (per_batch, bound) = match sizes {
-        Some(sizes) if sizes.seen >= TRUSTED_SAMPLES => (sizes.average, cap / sizes.largest.max(1)),
-        // Sizes not known yet: every entry may be as large as a producer
-        // may send, and as large as the largest seen. The read also keeps
-        // to the bytes wanted, growing with the batches seen, so a
-        // partition's first fetch does not read a budget's worth of large
-        // batches to send one.
+        Some(sizes) if sizes.seen >= TRUSTED_SAMPLES => (sizes.average, cap / largest),
+        // Sizes not known yet: the read also keeps to the bytes wanted,
+        // growing with the batches seen, so a partition's first fetch does
+        // not read a budget's worth of large batches to send one.
         _ => {
             let seen = sizes.map_or(0, |sizes| sizes.seen);
-            let seen_largest = sizes.map_or(max_batch, |sizes| sizes.largest);
-            let largest = seen_largest.max(max_batch).max(1);
+            let seen_largest = sizes.map_or(largest, |sizes| sizes.largest);
+            let largest = largest.max(seen_largest);
             (seen_largest, (cap / largest).min((bytes / largest).max(seen)))
         }
     };
@@ -81,6 +86,20 @@ fn entries_for(bytes: usize, cap: usize, sizes: Option<BatchSizes>, max_batch: u
         },
     };
     wanted.min(bound.max(1)).clamp(1, MAX_READ_COUNT)
+}
+
+/// What the batches of a range read may be, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SizeBounds {
+    smallest: usize,
+    largest: usize,
+}
+
+impl SizeBounds {
+    /// Nothing known but that no batch exceeds `max.message.bytes`.
+    fn at_most(largest: usize) -> SizeBounds {
+        SizeBounds { smallest: 0, largest }
+    }
 }
 
 /// The batch sizes reads have seen on a partition.
@@ -109,30 +128,115 @@ impl BatchSizes {
     }
 }
 
+/// The smallest and largest size class the append script keeps
+/// (`scripts/append.lua`): class k holds batches of 2^k to 2^(k+1) - 1
+/// bytes, the smallest class every smaller batch too.
+const SMALLEST_CLASS: u32 = 6;
+const LARGEST_CLASS: u32 = 30;
+const CLASSES: usize = (LARGEST_CLASS - SMALLEST_CLASS + 1) as usize;
+
+/// A partition's size classes as one read found them: for the batches from
+/// offset `from` to `to` (exclusive), the last offset of the newest batch
+/// of each class. The batches of that range never change (a log only
+/// grows at its end and is trimmed at its start), so what a read found
+/// stays true for later reads of the range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SizeClasses {
+    from: i64,
+    to: i64,
+    /// (class, last offset of its newest batch), classes that have one.
+    newest: Vec<(u32, i64)>,
+}
+
+impl SizeClasses {
+    /// Parses the `sized_from`, `sized_to` and `sz<k>` fields of meta.
+    fn parse(fields: &[Option<i64>]) -> Option<SizeClasses> {
+        let [Some(from), Some(to), classes @ ..] = fields else {
+            return None;
+        };
+        let newest = (SMALLEST_CLASS..)
+            .zip(classes)
+            .filter_map(|(class, last)| last.map(|last| (class, last)))
+            .collect();
+        Some(SizeClasses {
+            from: *from,
+            to: *to,
+            newest,
+        })
+    }
+
+    /// What the batches holding or following `offset` may be, for `offset`
+    /// in the range the classes describe: each class whose newest batch
+    /// ends at or after `offset` has a batch there, no other class has.
+    fn bounds_from(&self, offset: i64) -> Option<SizeBounds> {
+        if offset < self.from || offset >= self.to {
+            return None;
+        }
+        let present = || {
+            self.newest
+                .iter()
+                .filter(|(_, last)| *last >= offset)
+                .map(|(class, _)| *class)
+        };
+        let (smallest, largest) = (present().min()?, present().max()?);
+        Some(SizeBounds {
+            smallest: if smallest == SMALLEST_CLASS {
+                0
+            } else {
+                1 << smallest
+            },
+            largest: (1 << (largest + 1)) - 1,
+        })
+    }
+}
+
+/// What this gateway knows of a partition's batch sizes from its reads.
+#[derive(Debug, Default)]
+struct ReadSizes {
+    seen: Option<BatchSizes>,
+    classes: Option<SizeClasses>,
+}
+
 /// Per-partition state of this gateway: append turns with the next offset
-/// each expects, and the average batch size reads have seen.
+/// each expects, and the batch sizes reads have seen.
 #[derive(Default)]
 pub(crate) struct Appenders {
     partitions: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<i64>>>>>,
-    batch_sizes: std::sync::Mutex<HashMap<String, BatchSizes>>,
+    read_sizes: std::sync::Mutex<HashMap<String, ReadSizes>>,
 }
 
 impl Appenders {
-    fn batch_sizes(&self, meta_key: &str) -> Option<BatchSizes> {
-        self.batch_sizes
-            .lock()
-            .expect("batch sizes lock")
-            .get(meta_key)
-            .copied()
+    /// The batch sizes seen on a partition; when its size classes describe
+    /// `offset`, what the batches from `offset` on may be and the end of the
+    /// range they describe.
+    fn read_sizes(&self, meta_key: &str, offset: i64) -> (Option<BatchSizes>, Option<(SizeBounds, i64)>) {
+        let sizes = self.read_sizes.lock().expect("read sizes lock");
+        sizes.get(meta_key).map_or((None, None), |sizes| {
+            let classes = sizes.classes.as_ref();
+            let range = classes.and_then(|c| Some((c.bounds_from(offset)?, c.to)));
+            (sizes.seen, range)
+        })
     }
 
-    fn learn_batch_sizes(&self, meta_key: &str, read: BatchSizes) {
-        let mut sizes = self.batch_sizes.lock().expect("batch sizes lock");
-        match sizes.get_mut(meta_key) {
-            Some(sizes) => sizes.learn(read),
-            None => {
-                sizes.insert(meta_key.to_owned(), read);
+    /// Records what one read of a partition saw: the sizes of the batches
+    /// it read, and the size classes it found (the newest of two reads'
+    /// classes wins).
+    fn learn_read(&self, meta_key: &str, read: Option<BatchSizes>, classes: Option<SizeClasses>) {
+        let mut sizes = self.read_sizes.lock().expect("read sizes lock");
+        if !sizes.contains_key(meta_key) {
+            sizes.insert(meta_key.to_owned(), ReadSizes::default());
+        }
+        let known = sizes.get_mut(meta_key).expect("just inserted");
+        if let Some(read) = read {
+            match &mut known.seen {
+                Some(seen) => seen.learn(read),
+                None => known.seen = Some(read),
             }
+        }
+        if let Some(classes) = classes
+            && known.classes.as_ref().is_none_or(|old| old.to < classes.to)
+        {
+            known.classes = Some(classes);
         }
     }
 
@@ -415,27 +519,42 @@ impl Store {
         let keys = self.partition_keys(topic, partition);
         let mut out = ReadPartition::default();
         let mut next = request.offset;
-        let mut count = entries_for(
-            request.max_bytes,
-            request.read_cap,
-            self.appenders.batch_sizes(&keys.meta),
-            request.max_batch_bytes,
-            true,
-        );
         let mut bytes = 0usize;
         loop {
+            // Within the range the partition's size classes describe (as
+            // the last read found them), the read asks for as many entries
+            // as the budget holds at the largest size present there, and
+            // stops at the range's end; past it, sizes are unknown until
+            // this round's classes say: as if max.message.bytes.
+            let (seen, range) = self.appenders.read_sizes(&keys.meta, next);
+            let (end, bounds) = match range {
+                Some((bounds, to)) => ((to - 1).to_string(), bounds),
+                None => ("+".to_owned(), SizeBounds::at_most(request.max_batch_bytes)),
+            };
+            let ranged = range.is_some();
+            let count = entries_for(
+                request.max_bytes - bytes,
+                request.read_cap.saturating_sub(bytes),
+                seen,
+                bounds,
+                out.offsets.is_none(),
+            );
+            if count == 0 {
+                return Ok(out);
+            }
             // XRANGE first, then meta: the high watermark returned is never
             // below an offset returned.
             let mut pipe = redis::pipe();
             pipe.cmd("XRANGE")
                 .arg(&keys.log)
                 .arg(next)
-                .arg("+")
+                .arg(&end)
                 .arg("COUNT")
                 .arg(count);
             let (entries, meta): (Value, Value) =
-                offsets_query(pipe, keys).query_async(&mut self.conn()).await?;
-            let offsets = parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)?;
+                read_meta_query(pipe, keys).query_async(&mut self.conn()).await?;
+            let (offsets, classes) = parse_read_meta(meta)?;
+            let offsets = offsets.ok_or(StorageError::UnknownTopicOrPartition)?;
             if out.offsets.is_none()
                 && (request.offset < offsets.log_start_offset || request.offset > offsets.high_watermark)
             {
@@ -461,25 +580,16 @@ impl Store {
                 out.batches.push(entry.batch);
             }
             bytes += read;
-            if let Some(average) = read.checked_div(got) {
-                let read = BatchSizes {
-                    average,
-                    largest,
-                    seen: got,
-                };
-                self.appenders.learn_batch_sizes(&keys.meta, read);
-            }
-            if got < count || bytes >= request.max_bytes {
-                return Ok(out);
-            }
-            count = entries_for(
-                request.max_bytes - bytes,
-                request.read_cap.saturating_sub(bytes),
-                self.appenders.batch_sizes(&keys.meta),
-                request.max_batch_bytes,
-                false,
-            );
-            if count == 0 {
+            let seen = read.checked_div(got).map(|average| BatchSizes {
+                average,
+                largest,
+                seen: got,
+            });
+            self.appenders.learn_read(&keys.meta, seen, classes);
+            // A ranged read that ran out stopped at its range's end: the
+            // log may go on, with this round's classes to size the rest.
+            let ran_out = got < count && (!ranged || got == 0);
+            if ran_out || next >= offsets.high_watermark || bytes >= request.max_bytes {
                 return Ok(out);
             }
         }
@@ -651,12 +761,21 @@ mod tests {
     fn the_first_read_of_a_partition_assumes_the_largest_batches() {
         // Nothing seen yet: as if every batch were max.message.bytes, within
         // the bytes wanted and the fetch's budget.
-        assert_eq!(entries_for(1 << 20, 1 << 20, None, 1 << 20, true), 1);
-        assert_eq!(entries_for(1 << 20, 8 << 20, None, 1 << 20, true), 1);
-        assert_eq!(entries_for(4 << 20, 8 << 20, None, 1 << 20, true), 4);
-        assert_eq!(entries_for(100, 100, None, 1 << 20, true), 1);
         assert_eq!(
-            entries_for(64 << 20, 64 << 20, None, 1 << 10, true),
+            entries_for(1 << 20, 1 << 20, None, SizeBounds::at_most(1 << 20), true),
+            1
+        );
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, None, SizeBounds::at_most(1 << 20), true),
+            1
+        );
+        assert_eq!(
+            entries_for(4 << 20, 8 << 20, None, SizeBounds::at_most(1 << 20), true),
+            4
+        );
+        assert_eq!(entries_for(100, 100, None, SizeBounds::at_most(1 << 20), true), 1);
+        assert_eq!(
+            entries_for(64 << 20, 64 << 20, None, SizeBounds::at_most(1 << 10), true),
             FIRST_READ_COUNT
         );
     }
@@ -671,26 +790,60 @@ mod tests {
 
     #[test]
     fn reads_size_their_count_from_the_batches_seen() {
+        // 1,000-byte batches: the size classes say at most 1,023 bytes.
         let steady = sizes(1_000, 1_000, 1_000);
         // Many batches fit: one more than the average suggests.
-        assert_eq!(entries_for(100_000, 8 << 20, steady, 1 << 20, true), 101);
         assert_eq!(
-            entries_for(usize::MAX / 4, usize::MAX / 4, steady, 1 << 20, true),
+            entries_for(100_000, 8 << 20, steady, SizeBounds::at_most(1 << 10), true),
+            101
+        );
+        assert_eq!(
+            entries_for(
+                usize::MAX / 4,
+                usize::MAX / 4,
+                steady,
+                SizeBounds::at_most(1 << 10),
+                true
+            ),
             MAX_READ_COUNT
+        );
+        // Past the range the classes describe: as many as the budget holds
+        // were they all max.message.bytes.
+        assert_eq!(
+            entries_for(100_000, 8 << 20, steady, SizeBounds::at_most(1 << 20), true),
+            8
         );
         // A few large ones: no more than fit, so none is read to be dropped.
         let large = sizes(999_875, 999_875, 1_000);
-        assert_eq!(entries_for(1 << 20, 8 << 20, large, 1 << 20, true), 1);
-        assert_eq!(entries_for(3 << 20, 8 << 20, large, 1 << 20, true), 3);
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, large, SizeBounds::at_most(1 << 20), true),
+            1
+        );
+        assert_eq!(
+            entries_for(3 << 20, 8 << 20, large, SizeBounds::at_most(1 << 20), true),
+            3
+        );
         // Less than one batch left: the first read takes one anyway, a
         // later one stops.
-        assert_eq!(entries_for(48_701, 8 << 20, large, 1 << 20, true), 1);
-        assert_eq!(entries_for(48_701, 8 << 20, large, 1 << 20, false), 0);
+        assert_eq!(
+            entries_for(48_701, 8 << 20, large, SizeBounds::at_most(1 << 20), true),
+            1
+        );
+        assert_eq!(
+            entries_for(48_701, 8 << 20, large, SizeBounds::at_most(1 << 20), false),
+            0
+        );
         // A large batch among small ones: as many as fit the budget were
         // they all that large.
         let mixed = sizes(100_000, 1 << 20, 1_000);
-        assert_eq!(entries_for(1 << 20, 8 << 20, mixed, 1 << 20, true), 8);
-        assert_eq!(entries_for(1 << 20, 1 << 20, mixed, 1 << 20, true), 1);
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, mixed, SizeBounds::at_most(1 << 20), true),
+            8
+        );
+        assert_eq!(
+            entries_for(1 << 20, 1 << 20, mixed, SizeBounds::at_most(1 << 20), true),
+            1
+        );
     }
 
     #[test]
@@ -699,16 +852,90 @@ mod tests {
         // batch among large ones): the budget still counts every entry as
         // max.message.bytes, not the 18 KB seen.
         let one = sizes(18_655, 18_655, 1);
-        assert_eq!(entries_for(1 << 20, 1 << 20, one, 1 << 20, false), 1);
-        assert_eq!(entries_for(1 << 20, 8 << 20, one, 1 << 20, false), 1);
+        assert_eq!(
+            entries_for(1 << 20, 1 << 20, one, SizeBounds::at_most(1 << 20), false),
+            1
+        );
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, one, SizeBounds::at_most(1 << 20), false),
+            1
+        );
         // More seen: reads grow with them, within the budget.
         let some = sizes(18_655, 18_655, 4);
-        assert_eq!(entries_for(1 << 20, 8 << 20, some, 1 << 20, false), 4);
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, some, SizeBounds::at_most(1 << 20), false),
+            4
+        );
         let more = sizes(18_655, 18_655, 16);
-        assert_eq!(entries_for(1 << 20, 8 << 20, more, 1 << 20, false), 8);
-        // Seen enough: the sizes seen bound the read.
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, more, SizeBounds::at_most(1 << 20), false),
+            8
+        );
+        // Seen enough: the average sizes the read, the size classes bound it.
         let trusted = sizes(18_655, 18_655, TRUSTED_SAMPLES);
-        assert_eq!(entries_for(1 << 20, 8 << 20, trusted, 1 << 20, false), 57);
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, trusted, SizeBounds::at_most(1 << 15), false),
+            57
+        );
+        assert_eq!(
+            entries_for(1 << 20, 1 << 20, trusted, SizeBounds::at_most(1 << 15), false),
+            32
+        );
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, trusted, SizeBounds::at_most(1 << 20), false),
+            8
+        );
+    }
+
+    #[test]
+    fn batches_grown_past_the_average_are_read_as_their_classes_say() {
+        // Reads learnt 100-byte batches; the range read now holds only
+        // batches of 512 KiB to 1 MiB: two fill the bytes wanted, not
+        // 1 MiB / 100 (what the average alone would ask for).
+        let small = sizes(100, 100, 10_000);
+        let grown = SizeBounds {
+            smallest: 1 << 19,
+            largest: (1 << 20) - 1,
+        };
+        assert_eq!(entries_for(1 << 20, 8 << 20, small, grown, true), 2);
+        assert_eq!(entries_for(1 << 20, 1 << 20, small, grown, true), 1);
+        // Past what the classes describe: within the budget, were every
+        // batch max.message.bytes.
+        assert_eq!(
+            entries_for(1 << 20, 8 << 20, small, SizeBounds::at_most(1 << 20), true),
+            8
+        );
+    }
+
+    #[test]
+    fn size_classes_bound_the_batches_from_an_offset_on() {
+        // Offsets 100..200: the newest batch of class 9 (512-1023 bytes)
+        // ends at 180, of class 19 (512 KiB-1 MiB) at 149, of class 6 at 199.
+        let mut fields = vec![Some(100), Some(200)];
+        fields.extend((SMALLEST_CLASS..=LARGEST_CLASS).map(|class| match class {
+            6 => Some(199),
+            9 => Some(180),
+            19 => Some(149),
+            _ => None,
+        }));
+        let classes = SizeClasses::parse(&fields).expect("classes");
+        let bounds = |smallest, largest| Some(SizeBounds { smallest, largest });
+        assert_eq!(classes.bounds_from(100), bounds(0, (1 << 20) - 1));
+        assert_eq!(classes.bounds_from(149), bounds(0, (1 << 20) - 1));
+        assert_eq!(classes.bounds_from(150), bounds(0, (1 << 10) - 1));
+        assert_eq!(classes.bounds_from(181), bounds(0, (1 << 7) - 1));
+        assert_eq!(classes.bounds_from(199), bounds(0, (1 << 7) - 1));
+        // Outside the range they describe, they say nothing.
+        assert_eq!(classes.bounds_from(99), None);
+        assert_eq!(classes.bounds_from(200), None);
+        // Only large batches from 100 on (the producer switched to them).
+        let mut fields = vec![Some(100), Some(200), None, None, None, Some(99)];
+        fields.extend((SMALLEST_CLASS + 4..=LARGEST_CLASS).map(|class| (class == 19).then_some(199)));
+        let grown = SizeClasses::parse(&fields).expect("classes");
+        assert_eq!(grown.bounds_from(100), bounds(1 << 19, (1 << 20) - 1));
+        // A partition no gateway keeping classes has appended to.
+        let none = vec![None; 2 + CLASSES];
+        assert_eq!(SizeClasses::parse(&none), None);
     }
 
     #[test]
@@ -837,6 +1064,36 @@ pub(crate) struct Entry {
     pub(crate) batch: Bytes,
 }
 
+/// Adds the read of a partition's offsets and size classes (parsed by
+/// [`parse_read_meta`]).
+fn read_meta_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipeline {
+    let cmd = pipe
+        .cmd("HMGET")
+        .arg(&keys.meta)
+        .arg("next_offset")
+        .arg("log_start")
+        .arg("local_start")
+        .arg("sized_from")
+        .arg("sized_to");
+    for class in SMALLEST_CLASS..=LARGEST_CLASS {
+        cmd.arg(format!("sz{class}"));
+    }
+    pipe
+}
+
+fn parse_read_meta(meta: Value) -> Result<(Option<PartitionOffsets>, Option<SizeClasses>)> {
+    let fields: Vec<Option<i64>> =
+        redis::from_redis_value(meta).map_err(|e| StorageError::Data(format!("partition meta: {e}")))?;
+    if fields.len() != 5 + CLASSES {
+        return Err(StorageError::Data(format!(
+            "partition meta: {} fields",
+            fields.len()
+        )));
+    }
+    let offsets = offsets_of(&fields[..3]);
+    Ok((offsets, SizeClasses::parse(&fields[3..])))
+}
+
 /// Adds the read of a partition's offsets (parsed by [`parse_offsets`]).
 fn offsets_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipeline {
     pipe.cmd("HMGET")
@@ -850,13 +1107,18 @@ fn offsets_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipe
 fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
     let fields: Vec<Option<i64>> =
         redis::from_redis_value(meta).map_err(|e| StorageError::Data(format!("partition meta: {e}")))?;
-    match fields[..] {
-        [Some(high_watermark), Some(log_start_offset), local_start] => Ok(Some(PartitionOffsets {
+    Ok(offsets_of(&fields))
+}
+
+/// The offsets of `next_offset`, `log_start`, `local_start`.
+fn offsets_of(fields: &[Option<i64>]) -> Option<PartitionOffsets> {
+    match *fields {
+        [Some(high_watermark), Some(log_start_offset), local_start] => Some(PartitionOffsets {
             log_start_offset,
             local_start_offset: local_start.unwrap_or(log_start_offset),
             high_watermark,
-        })),
-        _ => Ok(None),
+        }),
+        _ => None,
     }
 }
 

@@ -290,3 +290,64 @@ fn fetches_read_from_redis_about_what_they_return() {
         offset += returned;
     }
 }
+
+/// A partition read for a while in small batches whose producer switches
+/// to large ones: every fetch still reads from Redis within its byte limit
+/// (before: the reads, sized from the small batches seen, asked for a
+/// thousand entries and got every large batch there was), and once the
+/// partition's size classes show the large batches, about what it returns.
+#[test]
+fn a_producer_switching_to_large_batches_cannot_make_a_fetch_read_past_its_limit() {
+    const SMALL: usize = 64;
+    const LARGE: usize = 900_000;
+    const BATCHES: usize = 40;
+    const FETCH_MAX: usize = 8 << 20;
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("read-switch");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    for n in 0..SMALL {
+        let small = batch::encode(&[Record::value(1, b"small")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, small), (code::NONE, n as i64));
+    }
+    // Read every small batch, so the gateway has learnt their sizes.
+    let mut offset = 0;
+    while offset < SMALL as i64 {
+        let response = conn.request(12, &raw::fetch_request(&topic, 0, offset, 0));
+        let (error, _, records) = raw::fetch_result(&response);
+        assert_eq!(error, code::NONE);
+        offset += raw::count_records(&records.expect("records"));
+    }
+    for n in 0..BATCHES {
+        let large = batch::encode(&[Record::value(1, &vec![b'x'; LARGE])]);
+        let expected = (SMALL + n) as i64;
+        assert_eq!(raw::produce(&mut conn, &topic, 0, large), (code::NONE, expected));
+    }
+
+    for fetch in 0..10 {
+        let request = raw::fetch_request(&topic, 0, offset, 0).with_max_bytes(FETCH_MAX as i32);
+        let before = redis_sent(&redis);
+        let response = conn.request(12, &request);
+        let sent_by_redis = redis_sent(&redis) - before;
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        assert_eq!((error, high_watermark), (code::NONE, (SMALL + BATCHES) as i64));
+        let records = records.expect("records");
+        assert_eq!(raw::count_records(&records), 1, "fetch {fetch} at {offset}");
+        // Within the fetch's limit (a read may take one batch past it).
+        assert!(
+            sent_by_redis < (FETCH_MAX + LARGE) as u64,
+            "fetch {fetch} at {offset}: Redis sent {sent_by_redis} bytes"
+        );
+        // The first fetch meets batches no read has seen; the classes it
+        // reads back bound the next fetches to about what they return.
+        if fetch > 0 {
+            assert!(
+                sent_by_redis < (records.len() + LARGE + (16 << 10)) as u64,
+                "fetch {fetch} at {offset}: Redis sent {sent_by_redis} bytes for a {}-byte response",
+                records.len()
+            );
+        }
+        offset += 1;
+    }
+}

@@ -11,6 +11,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, RedisServer, ketch_bin, runtime, unique_topic};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
@@ -120,6 +122,46 @@ fn committed(ketch: &Ketch, topic: &str) -> Vec<i64> {
         .collect()
 }
 
+/// Appends records `range` as `produce` does, one batch each, through
+/// `ketch` itself (which appends to any partition it is sent).
+fn produce_through(ketch: &Ketch, topic: &str, range: std::ops::Range<usize>) {
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for i in range {
+        let partition = (i % PARTITIONS as usize) as i32;
+        let record = Record::value(1_700_000_000_000, format!("r{i}").as_bytes());
+        let offset = (i / PARTITIONS as usize) as i64;
+        assert_eq!(
+            raw::produce(&mut conn, topic, partition, batch::encode(&[record])),
+            (code::NONE, offset),
+            "record {i}"
+        );
+    }
+}
+
+/// Each partition's `next_offset`, `sized_from` and `sized_to` (the range
+/// its size classes describe).
+fn size_classes(redis: &RedisServer) -> Vec<(i64, Option<i64>, Option<i64>)> {
+    let mut conn = redis.connection();
+    let metas: Vec<String> = redis::cmd("KEYS")
+        .arg("ketch:{*}:meta")
+        .query(&mut conn)
+        .expect("KEYS");
+    assert_eq!(metas.len(), PARTITIONS as usize, "{metas:?}");
+    metas
+        .iter()
+        .map(|meta| {
+            let (next, from, to): (i64, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+                .arg(meta)
+                .arg("next_offset")
+                .arg("sized_from")
+                .arg("sized_to")
+                .query(&mut conn)
+                .expect("HMGET meta");
+            (next, from, to)
+        })
+        .collect()
+}
+
 #[test]
 fn a_gateway_refuses_a_layout_newer_than_it_understands() {
     let redis = RedisServer::start();
@@ -179,8 +221,17 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
     a.replace_with(&ketch_bin());
     assert_eq!(layout(&redis).as_deref(), Some("2"));
     assert!(a.output().contains("migrated the Redis layout"), "{}", a.output());
-    produce(&b.producer(), &topic, 450..600);
-    produce(&a.producer(), &topic, 600..750);
+    // Appends alternate between the gateways (a client's producer would send
+    // each partition's to its leader): the upgraded one keeps size
+    // classes in each partition's meta, the previous release does not, so
+    // each partition's classes restart after the previous release's batches.
+    produce_through(&a, &topic, 450..525);
+    produce_through(&b, &topic, 525..600);
+    produce_through(&a, &topic, 600..750);
+    for (next_offset, sized_from, sized_to) in size_classes(&redis) {
+        assert_eq!(sized_to, Some(next_offset));
+        assert!(sized_from > Some(175), "the classes restart after 525..600");
+    }
     check_all(&b, &topic, 750);
     assert_eq!(committed(&b, &topic), offsets);
 

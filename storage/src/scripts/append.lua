@@ -55,7 +55,7 @@ if ARGV[1] == 'finish' then
 end
 
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'max_ts', 'idx_bytes', 'bytes',
-  'seg_bytes', 'seg_start_ms', 'seg_max_ts')
+  'seg_bytes', 'seg_start_ms', 'seg_max_ts', 'sized_to')
 if not meta[1] then
   return {'no_partition'}
 end
@@ -139,7 +139,20 @@ if not seg_start then
   seg_start = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
 local seg_max_ts = math.max(tonumber(meta[8] or '-1'), ts)
+-- Size classes, which bound how many entries a gateway's read may ask for
+-- (Store::read): `sz<k>` is the last offset of the newest batch of class
+-- k, sizes in [2^k, 2^(k+1)) (class 6 takes every smaller batch). They
+-- describe every batch from `sized_from` to `sized_to` (exclusive); a
+-- batch appended by a gateway that keeps no classes (before layout 2)
+-- leaves `sized_to` behind, and the next batch starts the range again.
+local _, exponent = math.frexp(size)
+local class = math.min(math.max(exponent - 1, 6), 30)
+if tonumber(meta[9] or '-1') ~= base then
+  redis.call('HSET', KEYS[1], 'sized_from', string.format('%d', base))
+end
 redis.call('HSET', KEYS[1], 'next_offset', string.format('%d', base + count),
+  'sized_to', string.format('%d', base + count),
+  'sz' .. class, string.format('%d', base + count - 1),
   'idx_bytes', string.format('%d', idx_bytes),
   'bytes', string.format('%d', tonumber(meta[5] or '0') + size),
   'seg_bytes', string.format('%d', tonumber(meta[6] or '0') + size),
