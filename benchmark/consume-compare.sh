@@ -8,7 +8,8 @@
 # produce the workload through the build (acks=all), restart the build,
 # consume everything from the beginning, and print a line with produce and
 # consume rec/s, the consuming gateway's peak RSS (VmHWM) and the bytes
-# Redis sent (total_net_output_bytes, produce and consume). Knobs
+# Redis sent (total_net_output_bytes, produce and consume) and the XRANGE
+# calls it served (reads: the produce phase makes none). Knobs
 # (environment): WORKLOADS (default "1-topic-16-partitions-1kb:500000
 # 1-topic-16-partitions-100b:2000000").
 set -euo pipefail
@@ -62,7 +63,7 @@ start_ketch() {
 
 rate() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['results']['throughput']['records_per_s']))" "$1"; }
 
-printf 'workload\tround\tbuild\tproduce_rec_s\tconsume_rec_s\tconsume_peak_rss_kib\tredis_sent_bytes\n'
+printf 'workload\tround\tbuild\tproduce_rec_s\tconsume_rec_s\tconsume_peak_rss_kib\tredis_sent_bytes\txrange_calls\n'
 for entry in $workloads; do
     workload=${entry%%:*}
     records=${entry##*:}
@@ -80,10 +81,12 @@ for entry in $workloads; do
                 --from beginning --records "$records" --output json --quiet >"$work/c.json"
             peak=$(awk '/VmHWM/ {print $2}' "/proc/$ketch_pid/status")
             sent=$(redis-cli -p "$redis_port" info stats | tr -d '\r' | awk -F: '/total_net_output_bytes/ {print $2}')
+            xranges=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' |
+                sed -n 's/^cmdstat_xrange:calls=\([0-9]*\),.*/\1/p')
             stop ketch_pid
             stop redis_pid
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$side" \
-                "$(rate "$work/p.json")" "$(rate "$work/c.json")" "$peak" "$sent"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$side" \
+                "$(rate "$work/p.json")" "$(rate "$work/c.json")" "$peak" "$sent" "${xranges:-0}"
         done
     done
 done
