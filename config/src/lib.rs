@@ -85,8 +85,12 @@ pub struct BrokerSettings {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// `redis://[user:password@]host:port[/db]`.
+    /// `redis://[user:password@]host:port[/db]`; in cluster mode one seed
+    /// node or a comma-separated list of them.
     pub url: String,
+    /// `single` (one Redis server, with or without replicas) or `cluster`
+    /// (Redis Cluster: partitions spread over its masters).
+    pub mode: RedisMode,
     /// Prefix of every key ketch writes.
     #[serde(deserialize_with = "lenient::string")]
     pub namespace: String,
@@ -258,6 +262,14 @@ pub struct LogSettings {
     pub format: LogFormat,
 }
 
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    #[default]
+    Single,
+    Cluster,
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -286,6 +298,7 @@ impl Default for RedisSettings {
     fn default() -> Self {
         Self {
             url: "redis://127.0.0.1:6379".to_owned(),
+            mode: RedisMode::Single,
             namespace: "ketch".to_owned(),
             command_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -630,8 +643,15 @@ impl Settings {
         if self.redis.namespace.is_empty() || self.redis.namespace.contains(['{', '}', ' ']) {
             return bad("redis.namespace", "must be non-empty, without braces or spaces");
         }
-        if !self.redis.url.starts_with("redis://") {
+        let urls: Vec<&str> = self.redis.url.split(',').map(str::trim).collect();
+        if urls.iter().any(|url| !url.starts_with("redis://")) {
             return bad("redis.url", "must start with redis:// (TLS is not supported yet)");
+        }
+        if urls.len() > 1 && self.redis.mode == RedisMode::Single {
+            return bad(
+                "redis.url",
+                "names several nodes: set redis.mode = \"cluster\" for Redis Cluster seed nodes",
+            );
         }
         Ok(())
     }
@@ -699,6 +719,7 @@ mod tests {
         let s = Loader::new().load().unwrap();
         assert_eq!(s.broker.listen.to_string(), "0.0.0.0:9092");
         assert_eq!(s.redis.url, "redis://127.0.0.1:6379");
+        assert_eq!(s.redis.mode, RedisMode::Single);
         assert_eq!(s.http.listen.to_string(), "127.0.0.1:9644");
         assert_eq!(s.broker.max_request_bytes, 100 * 1024 * 1024);
         assert!(s.topics.auto_create);
@@ -810,6 +831,34 @@ mod tests {
         assert_eq!(s.broker.cluster_id, "123");
         assert_eq!(s.redis.namespace, "7");
         assert_eq!(s.broker.advertised_host.as_deref(), Some("10"));
+    }
+
+    #[test]
+    fn cluster_mode_takes_a_list_of_seed_nodes_and_single_mode_refuses_one() {
+        let s = Loader::new()
+            .env([
+                ("KETCH_REDIS_MODE".to_owned(), "cluster".to_owned()),
+                (
+                    "KETCH_REDIS_URL".to_owned(),
+                    "redis://a:7000, redis://b:7000".to_owned(),
+                ),
+            ])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(s.redis.mode, RedisMode::Cluster);
+        let err = Loader::new()
+            .set("redis", "url", "redis://a:7000,redis://b:7000")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("redis.mode"), "{err}");
+        let err = Loader::new()
+            .set("redis", "mode", "sentinel")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sentinel") || err.contains("mode"), "{err}");
     }
 
     #[test]

@@ -40,6 +40,18 @@ enum Command {
     /// Takes the same settings as `serve` (--config, KETCH_* variables,
     /// --redis-url, --set).
     Segments(SegmentsArgs),
+    /// How many partitions of each topic every Redis Cluster master holds
+    /// (in single mode, everything is on the one server).
+    ///
+    /// Takes the same settings as `serve` (--config, KETCH_* variables,
+    /// --redis-url, --set redis.mode=cluster).
+    Placement(PlacementArgs),
+}
+
+#[derive(Debug, Args)]
+struct PlacementArgs {
+    #[command(flatten)]
+    settings: SettingsArgs,
 }
 
 /// The settings every subcommand reads.
@@ -48,7 +60,9 @@ struct SettingsArgs {
     /// TOML settings file. An unknown key in it is an error.
     #[arg(long, short = 'c', value_name = "FILE", global = true)]
     config: Option<PathBuf>,
-    /// Redis URL, redis://[user:password@]host:port[/db] [redis.url; default redis://127.0.0.1:6379].
+    /// Redis URL, redis://[user:password@]host:port[/db], or with
+    /// redis.mode=cluster seed nodes separated by commas [redis.url; default
+    /// redis://127.0.0.1:6379].
     #[arg(long, value_name = "URL", global = true)]
     redis_url: Option<String>,
     /// Any other setting, as section.key=value (repeatable), e.g.
@@ -142,6 +156,7 @@ fn main() -> std::process::ExitCode {
     let args = match cli.command {
         Command::Serve(args) => args,
         Command::Segments(args) => return segments_command(args),
+        Command::Placement(args) => return placement_command(args),
     };
     let settings = match args.settings() {
         Ok(settings) => settings,
@@ -175,6 +190,36 @@ fn segments_command(args: SegmentsArgs) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ketch segments: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn placement_command(args: PlacementArgs) -> std::process::ExitCode {
+    let settings = match args.settings.load(&[]) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("ketch: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let placement = runtime.block_on(async {
+        let store = ketch_storage::Store::new(&ketch_storage::StoreConfig::from_settings(&settings))?;
+        store.placement().await
+    });
+    match placement {
+        Ok(placement) => {
+            println!("master\ttopic\tpartitions");
+            for (master, topics) in placement {
+                for (topic, partitions) in topics {
+                    println!("{master}\t{topic}\t{partitions}");
+                }
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ketch placement: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

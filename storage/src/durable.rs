@@ -5,33 +5,65 @@
 //! and wait on the same connection, and that connection is blocked for up to
 //! `storage.acks_all_timeout`. A shared connection would make concurrent
 //! acks=all appends queue behind each other's waits, so each takes a
-//! connection of this pool for its write and its wait, and gives it back.
+//! connection of a pool for its write and its wait, and gives it back.
+//!
+//! In single mode there is one pool, to the one server. In cluster mode
+//! there is one pool per master, made when an append first needs it: the
+//! append's partition's slot is looked up in the slot map (`CLUSTER SLOTS`,
+//! kept here and read again after a MOVED), and its write and `WAIT` go to
+//! that master directly. A master that lost the slot answers MOVED (nothing
+//! was written): the caller refreshes the map and tries again.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::Result;
+use crate::connection::Conn;
+use crate::{Result, StorageError};
 
+/// The pools of acks=all connections: one, or one per cluster master.
 pub(crate) struct DurablePool {
+    config: ConnectionManagerConfig,
+    size: usize,
+    target: Target,
+}
+
+enum Target {
+    Single(Arc<NodePool>),
+    Cluster(Box<Masters>),
+}
+
+/// The pools of a cluster, one per master, and the slot map that finds them.
+struct Masters {
+    /// The cluster connection, to read the slot map with.
+    conn: Conn,
+    /// The URL of a seed node: user, password and options for dialling
+    /// masters by address.
+    template: redis::ConnectionInfo,
+    slots: tokio::sync::RwLock<Vec<(u16, u16, String)>>,
+    pools: Mutex<HashMap<String, Arc<NodePool>>>,
+}
+
+/// `size` lazily opened connections to one node.
+struct NodePool {
     connections: Vec<ConnectionManager>,
     /// Indexes of the connections nobody holds.
     free: Mutex<Vec<usize>>,
     /// One permit per free connection.
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
 }
 
-/// A connection of the pool, held until dropped.
-pub(crate) struct Durable<'a> {
-    pool: &'a DurablePool,
+/// A connection of a pool, held until dropped.
+pub(crate) struct Durable {
+    pool: Arc<NodePool>,
     index: usize,
-    _permit: tokio::sync::SemaphorePermit<'a>,
+    _permit: OwnedSemaphorePermit,
 }
 
-impl DurablePool {
-    /// `size` lazily opened connections (at least one).
-    pub(crate) fn new(client: &redis::Client, config: ConnectionManagerConfig, size: usize) -> Result<Self> {
+impl NodePool {
+    fn new(client: &redis::Client, config: &ConnectionManagerConfig, size: usize) -> Result<Self> {
         let size = size.max(1);
         let connections = (0..size)
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
@@ -39,15 +71,15 @@ impl DurablePool {
         Ok(Self {
             connections,
             free: Mutex::new((0..size).rev().collect()),
-            permits: Semaphore::new(size),
+            permits: Arc::new(Semaphore::new(size)),
         })
     }
 
-    /// Waits for a free connection.
-    pub(crate) async fn get(&self) -> Durable<'_> {
+    async fn get(self: &Arc<Self>) -> Durable {
         let permit = self
             .permits
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .expect("the pool's semaphore is never closed");
         let index = self
@@ -57,24 +89,167 @@ impl DurablePool {
             .pop()
             .expect("a permit means a free connection");
         Durable {
-            pool: self,
+            pool: self.clone(),
             index,
             _permit: permit,
         }
     }
 }
 
-impl Durable<'_> {
-    pub(crate) fn conn(&self) -> ConnectionManager {
-        self.pool.connections[self.index].clone()
+impl DurablePool {
+    /// One pool of `size` connections to the server `client` names.
+    pub(crate) fn single(
+        client: &redis::Client,
+        config: ConnectionManagerConfig,
+        size: usize,
+    ) -> Result<Self> {
+        let pool = NodePool::new(client, &config, size)?;
+        Ok(Self {
+            config,
+            size,
+            target: Target::Single(Arc::new(pool)),
+        })
+    }
+
+    /// Pools made per master of the cluster `conn` reaches; `seed` is a seed
+    /// node's URL, whose credentials and options the masters share.
+    pub(crate) fn cluster(
+        conn: Conn,
+        seed: &str,
+        config: ConnectionManagerConfig,
+        size: usize,
+    ) -> Result<Self> {
+        let template = redis::IntoConnectionInfo::into_connection_info(seed)
+            .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
+        Ok(Self {
+            config,
+            size,
+            target: Target::Cluster(Box::new(Masters {
+                conn,
+                template,
+                slots: tokio::sync::RwLock::new(Vec::new()),
+                pools: Mutex::new(HashMap::new()),
+            })),
+        })
+    }
+
+    /// Waits for a free connection to the node that holds `key`.
+    pub(crate) async fn get(&self, key: &str) -> Result<Durable> {
+        let Masters {
+            template,
+            slots,
+            pools,
+            ..
+        } = match &self.target {
+            Target::Single(pool) => return Ok(pool.get().await),
+            Target::Cluster(masters) => &**masters,
+        };
+        let slot = slot_of(key);
+        let mut master = master_of(&slots.read().await, slot);
+        if master.is_none() {
+            self.refresh().await?;
+            master = master_of(&slots.read().await, slot);
+        }
+        let Some(master) = master else {
+            return Err(StorageError::Unavailable(format!(
+                "no redis cluster master serves slot {slot}"
+            )));
+        };
+        let pool = {
+            let mut pools = pools.lock().expect("durable pools");
+            match pools.get(&master) {
+                Some(pool) => pool.clone(),
+                None => {
+                    let pool = Arc::new(node_pool(template, &master, &self.config, self.size)?);
+                    pools.insert(master, pool.clone());
+                    pool
+                }
+            }
+        };
+        Ok(pool.get().await)
+    }
+
+    /// Reads the slot map again (after a MOVED: a slot changed masters).
+    pub(crate) async fn refresh(&self) -> Result<()> {
+        if let Target::Cluster(masters) = &self.target {
+            let ranges = masters.conn.slot_ranges().await?;
+            *masters.slots.write().await = ranges;
+        }
+        Ok(())
     }
 }
 
-impl Drop for Durable<'_> {
+fn node_pool(
+    template: &redis::ConnectionInfo,
+    master: &str,
+    config: &ConnectionManagerConfig,
+    size: usize,
+) -> Result<NodePool> {
+    let (host, port) = master
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
+        .ok_or_else(|| StorageError::Data(format!("cluster node address {master:?}")))?;
+    let info = template.clone().set_addr(redis::ConnectionAddr::Tcp(host, port));
+    let client = redis::Client::open(info)?;
+    NodePool::new(&client, config, size)
+}
+
+/// The master serving `slot` in `ranges` (first slot, last slot, address).
+fn master_of(ranges: &[(u16, u16, String)], slot: u16) -> Option<String> {
+    ranges
+        .iter()
+        .find(|(first, last, _)| (*first..=*last).contains(&slot))
+        .map(|(_, _, master)| master.clone())
+}
+
+/// Redis Cluster's slot of `key`: CRC16 (XMODEM) of its hash tag (the part
+/// between the first `{` and the next `}`, when not empty) or of the whole
+/// key, modulo 16384.
+pub(crate) fn slot_of(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let hashed = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for byte in hashed {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+impl Durable {
+    pub(crate) fn conn(&self) -> Conn {
+        Conn::Single(self.pool.connections[self.index].clone())
+    }
+}
+
+impl Drop for Durable {
     fn drop(&mut self) {
         // Give the connection back before the permit (dropped after this).
         self.pool.free.lock().expect("durable pool").push(self.index);
     }
+}
+
+/// Whether a failed durable write should be tried again after reading the
+/// slot map: the node no longer (or not yet) serves the partition's slot.
+/// Nothing was written when Redis answers so.
+pub(crate) fn is_moved(error: &str) -> bool {
+    ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"]
+        .iter()
+        .any(|code| error.contains(code))
 }
 
 #[cfg(test)]
@@ -84,20 +259,38 @@ mod tests {
     fn pool(size: usize) -> DurablePool {
         // Lazy connections: nothing is dialled by these tests.
         let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
-        DurablePool::new(&client, ConnectionManagerConfig::new(), size).unwrap()
+        DurablePool::single(&client, ConnectionManagerConfig::new(), size).unwrap()
     }
 
     #[tokio::test]
     async fn holders_get_distinct_connections_and_the_next_waits_for_one() {
         let pool = pool(2);
-        let a = pool.get().await;
-        let b = pool.get().await;
+        let a = pool.get("k").await.unwrap();
+        let b = pool.get("k").await.unwrap();
         assert_ne!(a.index, b.index);
-        let third = tokio::time::timeout(std::time::Duration::from_millis(50), pool.get()).await;
+        let third = tokio::time::timeout(std::time::Duration::from_millis(50), pool.get("k")).await;
         assert!(third.is_err(), "a third holder must wait");
         let a_index = a.index;
         drop(a);
-        let c = pool.get().await;
+        let c = pool.get("k").await.unwrap();
         assert_eq!(c.index, a_index);
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // CLUSTER KEYSLOT answers, and the CRC's check value.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("123456789"), 0x31C3);
+        assert_eq!(slot_of("ketch:{foo}:meta"), 12182);
+        assert_eq!(slot_of("{}foo"), slot_of("{}foo"));
+        assert_ne!(slot_of("{}foo"), slot_of("foo"));
+    }
+
+    #[test]
+    fn a_slot_is_served_by_the_master_of_its_range() {
+        let ranges = vec![(0, 5460, "a:1".to_owned()), (5461, 16383, "b:2".to_owned())];
+        assert_eq!(master_of(&ranges, 0).as_deref(), Some("a:1"));
+        assert_eq!(master_of(&ranges, 5461).as_deref(), Some("b:2"));
+        assert_eq!(master_of(&[], 5), None);
     }
 }

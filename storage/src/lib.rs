@@ -8,6 +8,7 @@
 
 pub mod batch;
 mod brokers;
+mod connection;
 mod durable;
 pub mod error;
 pub mod fuzzing;
@@ -15,6 +16,7 @@ pub mod groups;
 pub mod keys;
 mod layout;
 mod log;
+mod placement;
 mod producers;
 pub mod segments;
 mod topics;
@@ -24,7 +26,10 @@ use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
 
+use crate::connection::Conn;
+
 pub use brokers::{BrokerRecord, Heartbeat};
+pub use connection::Mode;
 pub use error::{Result, SequenceError, StorageError};
 pub use groups::{CommittedOffset, TopicPartition};
 pub use keys::Keys;
@@ -36,7 +41,9 @@ pub use wake::{Fired, WakeHub};
 /// Connection settings of the storage layer.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
+    /// One server's URL; in cluster mode, seed nodes separated by commas.
     pub url: String,
+    pub mode: Mode,
     pub namespace: String,
     pub command_timeout: std::time::Duration,
     pub connect_timeout: std::time::Duration,
@@ -70,6 +77,10 @@ impl StoreConfig {
     pub fn from_settings(settings: &ketch_config::Settings) -> Self {
         Self {
             url: settings.redis.url.clone(),
+            mode: match settings.redis.mode {
+                ketch_config::RedisMode::Single => Mode::Single,
+                ketch_config::RedisMode::Cluster => Mode::Cluster,
+            },
             namespace: settings.redis.namespace.clone(),
             command_timeout: settings.redis.command_timeout.get(),
             connect_timeout: settings.redis.connect_timeout.get(),
@@ -87,7 +98,7 @@ impl StoreConfig {
 /// Handle to the Redis tier; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    conn: Conn,
     /// acks=all appends and their WAIT: `WAIT` counts the writes of its own
     /// connection and blocks it, so each such append takes a connection of
     /// the pool for its write and its wait.
@@ -115,20 +126,48 @@ impl Store {
     /// made on first use and re-made after a failure, so a gateway started
     /// before Redis serves as soon as Redis is up.
     pub fn new(config: &StoreConfig) -> Result<Self> {
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
+        let seeds = connection::seed_urls(&config.url);
+        let Some(first) = seeds.first().copied() else {
+            return Err(StorageError::Unavailable("no redis url".to_owned()));
+        };
         let manager_config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(Some(config.command_timeout))
             .set_number_of_retries(2)
             .set_max_delay(std::time::Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())?;
         // A WAIT may block for the whole acks_all timeout before it answers:
         // its connection's response timeout must not cut it short.
-        let durable_config =
-            manager_config.set_response_timeout(Some(config.command_timeout + config.durability.timeout));
-        let durable = durable::DurablePool::new(&client, durable_config, config.durability.connections)?;
-        let wake = WakeHub::start(client, config.subscription_linger, config.connect_timeout);
+        let durable_config = manager_config
+            .clone()
+            .set_response_timeout(Some(config.command_timeout + config.durability.timeout));
+        let size = config.durability.connections;
+        let (conn, durable, wake) = match config.mode {
+            Mode::Single => {
+                if seeds.len() > 1 {
+                    return Err(StorageError::Unavailable(
+                        "several redis urls: set redis.mode = cluster for Redis Cluster seed nodes"
+                            .to_owned(),
+                    ));
+                }
+                let client = redis::Client::open(first)
+                    .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+                let durable = durable::DurablePool::single(&client, durable_config, size)?;
+                let wake = WakeHub::start(client, config.subscription_linger, config.connect_timeout);
+                (Conn::Single(conn), durable, wake)
+            }
+            Mode::Cluster => {
+                let conn = Conn::cluster(&seeds, config.connect_timeout, config.command_timeout, None)?;
+                let durable = durable::DurablePool::cluster(conn.clone(), first, durable_config, size)?;
+                let wake = WakeHub::start_cluster(
+                    &seeds,
+                    config.subscription_linger,
+                    config.connect_timeout,
+                    config.command_timeout,
+                )?;
+                (conn, durable, wake)
+            }
+        };
         Ok(Self {
             conn,
             durable: Arc::new(durable),
@@ -171,8 +210,13 @@ impl Store {
         &self.keys
     }
 
-    pub(crate) fn conn(&self) -> ConnectionManager {
+    pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// Whether this store talks to one Redis server or a Redis Cluster.
+    pub fn mode(&self) -> Mode {
+        self.conn.mode()
     }
 }
 

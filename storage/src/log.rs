@@ -12,6 +12,8 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::batch::{self, BatchHeader, Records};
+use crate::connection::Conn;
+use crate::durable;
 use crate::keys::PartitionKeys;
 use crate::topics::Topic;
 use crate::{Result, SequenceError, StorageError, Store};
@@ -27,6 +29,9 @@ const MAX_READ_COUNT: usize = 1024;
 /// Batches up to this size pass through the append script in one call:
 /// below it, Lua hashing the bytes costs less than a separate XADD.
 const INLINE_BATCH_BYTES: usize = 4096;
+/// Times an acks=all append follows a moved slot before it gives up (a
+/// retriable error to the client).
+const MAX_MOVED_RETRIES: u64 = 8;
 /// Reserve attempts before an append gives up (another gateway kept
 /// appending to the same partition in between).
 const MAX_APPEND_ATTEMPTS: usize = 16;
@@ -323,17 +328,36 @@ impl Store {
                 .append_once(topic, partition, batch, header, self.conn())
                 .await;
         }
-        let durable = self.durable.get().await;
-        let outcome = self
-            .append_once(topic, partition, batch, header, durable.conn())
-            .await?;
-        self.wait_durable(durable.conn()).await?;
-        Ok(outcome)
+        // In cluster mode the write goes to the partition's master directly;
+        // a master that lost the slot refuses it unwritten (MOVED): read the
+        // slot map again and go to the new one.
+        let keys = self.partition_keys(topic, partition);
+        let mut attempt = 0;
+        loop {
+            let durable = self.durable.get(&keys.meta).await?;
+            match self
+                .append_once(topic, partition, batch, header, durable.conn())
+                .await
+            {
+                Ok(outcome) => {
+                    self.wait_durable(durable.conn()).await?;
+                    return Ok(outcome);
+                }
+                Err(StorageError::Unavailable(e)) if durable::is_moved(&e) && attempt < MAX_MOVED_RETRIES => {
+                    drop(durable);
+                    attempt += 1;
+                    tracing::debug!(error = %e, attempt, "acks=all append met a moved slot; reading the slot map");
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                    self.durable.refresh().await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Waits until the writes of `conn` reached the configured replicas (and
     /// disk).
-    async fn wait_durable(&self, mut conn: redis::aio::ConnectionManager) -> Result<()> {
+    async fn wait_durable(&self, mut conn: Conn) -> Result<()> {
         let wanted = self.durability.replicas;
         let timeout_ms = self.durability.timeout.as_millis().max(1) as u64;
         if self.durability.fsync {
@@ -374,7 +398,7 @@ impl Store {
         partition: i32,
         batch: &Bytes,
         header: &BatchHeader,
-        conn: redis::aio::ConnectionManager,
+        conn: Conn,
     ) -> Result<AppendOutcome> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
@@ -440,7 +464,7 @@ impl Store {
     /// `conn`, so a `WAIT` there covers the write.
     async fn try_append(
         &self,
-        mut conn: redis::aio::ConnectionManager,
+        mut conn: Conn,
         keys: &PartitionKeys,
         expected: i64,
         batch: &Bytes,

@@ -57,8 +57,16 @@ impl Topic {
 
     /// The topic grown to `total` partitions, the new ones with default tags.
     pub fn grown(&self, total: i32, keys: &Keys) -> Self {
+        let added = (self.partitions()..total)
+            .map(|p| default_tag(&self.id, p))
+            .collect();
+        self.grown_with(added, keys)
+    }
+
+    /// The topic with partitions added under the tags `added`.
+    pub(crate) fn grown_with(&self, added: Vec<String>, keys: &Keys) -> Self {
         let mut tags = self.tags.clone();
-        tags.extend((self.partitions()..total).map(|p| default_tag(&self.id, p)));
+        tags.extend(added);
         Topic::new(&self.name, self.id, tags, self.configs.clone(), keys)
     }
 
@@ -236,7 +244,7 @@ impl Store {
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<Topic>> {
         let id = Uuid::new_v4();
-        let tags = (0..partitions).map(|p| default_tag(&id, p)).collect();
+        let tags = self.place(&id, &[], partitions).await?;
         let topic = Topic::new(name, id, tags, configs, &self.keys);
         if self.topic_fresh(name).await?.is_some() {
             return Err(StorageError::TopicExists);
@@ -274,7 +282,8 @@ impl Store {
 
     /// Grows a topic to `total` partitions.
     pub async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
-        let grown = topic.grown(total, &self.keys);
+        let added = self.place(&topic.id, &topic.tags, total).await?;
+        let grown = topic.grown_with(added, &self.keys);
         self.init_partitions(&grown, topic.partitions()).await?;
         let replaced: i32 = self
             .scripts

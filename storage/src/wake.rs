@@ -9,8 +9,15 @@
 //! does not subscribe and unsubscribe on every fetch. Nothing here polls
 //! Redis.
 //!
-//! redis-rs offers `SSUBSCRIBE` only on cluster connections, so this module
+//! The hub does not care how subscriptions reach Redis; two transports feed
+//! it. In single mode, redis-rs offers no `SSUBSCRIBE`, so [`Subscriber`]
 //! speaks the few RESP2 frames of pub/sub itself over one dedicated socket.
+//! In cluster mode, [`ClusterSubscriber`] uses redis-rs's cluster
+//! connection over RESP3: each `SSUBSCRIBE` goes to the node that owns the
+//! channel's slot, and messages arrive as push frames. When a slot moves,
+//! its node drops the channel (a `sunsubscribe` push): the channel's
+//! waiters re-check the log, and the channel is subscribed again where the
+//! slot went.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -211,6 +218,29 @@ impl WakeHub {
         hub
     }
 
+    /// Starts the hub with a subscriber for the Redis Cluster `seeds` belong to.
+    pub fn start_cluster(
+        seeds: &[&str],
+        linger: Duration,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> crate::Result<Self> {
+        let (hub, commands) = Self::detached();
+        let (pushes_tx, pushes) = mpsc::unbounded_channel();
+        let conn =
+            crate::connection::Conn::cluster(seeds, connect_timeout, response_timeout, Some(pushes_tx))?;
+        let crate::connection::Conn::Cluster(conn) = conn else {
+            unreachable!("Conn::cluster makes a cluster connection");
+        };
+        let subscriber = ClusterSubscriber {
+            hub: hub.clone(),
+            conn,
+            linger,
+        };
+        tokio::spawn(subscriber.run(commands, pushes));
+        Ok(hub)
+    }
+
     /// A hub that only hears of appends made in this process (no Redis
     /// subscription): for storage kept in memory.
     pub fn in_process() -> Self {
@@ -324,6 +354,22 @@ impl WakeHub {
             c.subscribed = subscribed;
             c.generation += 1;
             c.known = None;
+        }
+        drop(state);
+        self.inner.confirmations.send_modify(|n| *n += 1);
+    }
+
+    /// Redis dropped one channel's subscription (its slot moved): its
+    /// waiters re-check the log in case they missed a wake-up.
+    fn subscription_lost(&self, channel: &str) {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        if let Some(c) = state.channels.get_mut(channel) {
+            c.subscribed = false;
+            c.generation += 1;
+            c.known = None;
+            for waiter in c.waiters.values() {
+                waiter.wake(None);
+            }
         }
         drop(state);
         self.inner.confirmations.send_modify(|n| *n += 1);
@@ -512,6 +558,105 @@ impl Subscriber {
             }
             Frame::Error(e) => tracing::warn!(error = %e, "redis refused a wake-up subscription"),
             Frame::Other => {}
+        }
+    }
+}
+
+/// The task that subscribes through a Redis Cluster connection.
+struct ClusterSubscriber {
+    hub: WakeHub,
+    conn: redis::cluster_async::ClusterConnection,
+    linger: Duration,
+}
+
+impl ClusterSubscriber {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    ) {
+        // Channels to subscribe again: after a failed SSUBSCRIBE (the node
+        // was down, the slot moving) or a subscription Redis dropped.
+        let mut retry: Vec<String> = Vec::new();
+        let mut sweep = tokio::time::interval(
+            (self.linger / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+        );
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Command::Subscribe(channel)) => self.subscribe(channel, &mut retry).await,
+                    None => return,
+                },
+                push = pushes.recv() => match push {
+                    Some(push) => self.handle(push, &mut retry),
+                    None => return,
+                },
+                _ = sweep.tick() => {
+                    for channel in std::mem::take(&mut retry) {
+                        self.subscribe(channel, &mut retry).await;
+                    }
+                    for channel in self.hub.take_idle(self.linger) {
+                        if let Err(e) = self.conn.sunsubscribe(&channel).await {
+                            tracing::debug!(error = %e, channel, "cannot unsubscribe an idle wake-up channel");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, channel: String, retry: &mut Vec<String>) {
+        if !self.hub.is_wanted(&channel) || retry.contains(&channel) {
+            return;
+        }
+        match self.conn.ssubscribe(&channel).await {
+            Ok(()) => self.hub.set_subscribed(&channel, true),
+            Err(e) => {
+                tracing::debug!(error = %e, channel, "wake-up subscription failed; will retry");
+                retry.push(channel);
+            }
+        }
+    }
+
+    fn handle(&self, push: redis::PushInfo, retry: &mut Vec<String>) {
+        let text = |value: Option<&redis::Value>| match value {
+            Some(redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            Some(redis::Value::SimpleString(text)) => Some(text.clone()),
+            _ => None,
+        };
+        match push.kind {
+            redis::PushKind::SMessage => {
+                if let Some(channel) = text(push.data.first()) {
+                    let next_offset = text(push.data.get(1)).and_then(|p| p.parse().ok());
+                    self.hub.appended(&channel, next_offset, None);
+                }
+            }
+            redis::PushKind::SSubscribe => {
+                if let Some(channel) = text(push.data.first()) {
+                    self.hub.set_subscribed(&channel, true);
+                }
+            }
+            redis::PushKind::SUnsubscribe => {
+                if let Some(channel) = text(push.data.first())
+                    && self.hub.is_wanted(&channel)
+                {
+                    tracing::debug!(channel, "redis dropped a wake-up subscription; subscribing again");
+                    self.hub.subscription_lost(&channel);
+                    if !retry.contains(&channel) {
+                        retry.push(channel);
+                    }
+                }
+            }
+            redis::PushKind::Disconnection => {
+                tracing::warn!("a wake-up subscription connection to a cluster node was lost");
+                self.hub.connection_lost();
+                for channel in self.hub.channel_names() {
+                    if !retry.contains(&channel) {
+                        retry.push(channel);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -138,6 +138,9 @@ fn retry_port_race<T>(mut start: impl FnMut() -> Result<T, String>) -> T {
 /// A `redis-server` on a loopback port, without persistence; killed on drop.
 pub struct RedisServer {
     port: u16,
+    /// The server's working directory (`--dir`): where a replica's RDB
+    /// and a cluster node's node file go, removed on drop.
+    dir: PathBuf,
     /// Extra `redis-server` arguments (e.g. `--replicaof`).
     args: Vec<String>,
     child: Option<Child>,
@@ -156,8 +159,12 @@ impl RedisServer {
     /// A free port where no server runs yet; [`RedisServer::start_again`]
     /// starts one there.
     pub fn reserve() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("ketch-test-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the redis-server directory");
         Self {
-            port: free_port(),
+            port,
+            dir,
             args: Vec::new(),
             child: None,
             log: LogBuffer::default(),
@@ -215,6 +222,8 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            .arg("--dir")
+            .arg(&self.dir)
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -308,6 +317,217 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Freezes a process with SIGSTOP (still connected, answering nothing);
+/// SIGCONT when dropped, so a failing test leaves nothing stopped behind.
+pub struct Frozen(u32);
+
+impl Frozen {
+    pub fn freeze(pid: u32) -> Self {
+        signal(pid, "-STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+fn signal(pid: u32, which: &str) {
+    let status = Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} {pid}");
+}
+
+/// A Redis Cluster of real `redis-server` processes on loopback ports
+/// (`--cluster-enabled yes`, joined by `redis-cli --cluster create`); every
+/// node is killed on drop and its node file removed.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// `masters` masters with `replicas` replicas each, all slots assigned,
+    /// ready (`cluster_state:ok` on every node).
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        let nodes = (0..masters * (1 + replicas))
+            .map(|_| {
+                // The node file goes to the server's own directory; the bus
+                // port is chosen free too (port + 10000 may be taken, or
+                // past 65535).
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let cluster = Self { nodes };
+        let addresses: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create (apt-get install redis-tools)");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        cluster.await_ok(Duration::from_secs(30));
+        // Replicas answer WAIT only once their link to the master is up.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cluster
+            .nodes
+            .iter()
+            .filter(|n| {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut n.connection())
+                    .unwrap_or_default();
+                info.contains("master_link_status:up")
+            })
+            .count()
+            < masters * replicas
+        {
+            assert!(Instant::now() < deadline, "the replicas did not sync");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and knows
+    /// every node (the gossip that follows `--cluster create` or a change).
+    pub fn await_ok(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let total = self.nodes.iter().filter(|n| n.child.is_some()).count();
+        loop {
+            let ready = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut n.connection())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && total > 0
+            });
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not become ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Seed URLs of every node, comma-separated (`redis.url` in cluster mode).
+    pub fn url(&self) -> String {
+        self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+
+    /// A connection that follows the cluster's redirections.
+    pub fn connection(&self) -> redis::cluster::ClusterConnection {
+        let urls: Vec<String> = self.nodes.iter().map(|n| n.url()).collect();
+        redis::cluster::ClusterClient::new(urls)
+            .expect("cluster client")
+            .get_connection()
+            .expect("connect to the cluster")
+    }
+
+    /// The master serving each slot range: (first, last, port).
+    pub fn slot_ranges(&self) -> Vec<(u16, u16, u16)> {
+        let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut self.nodes[0].connection())
+            .expect("CLUSTER SLOTS");
+        slots
+            .into_iter()
+            .filter_map(|range| {
+                let redis::Value::Array(range) = range else {
+                    return None;
+                };
+                let (redis::Value::Int(first), redis::Value::Int(last), redis::Value::Array(master)) =
+                    (&range[0], &range[1], &range[2])
+                else {
+                    return None;
+                };
+                let redis::Value::Int(port) = master[1] else {
+                    return None;
+                };
+                Some((*first as u16, *last as u16, port as u16))
+            })
+            .collect()
+    }
+
+    /// The replica of the master on `port` (the cluster must have one).
+    pub fn replica_of(&self, port: u16) -> &RedisServer {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut self.nodes[0].connection())
+            .expect("CLUSTER NODES");
+        let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+        let port_of = |fields: &[&str]| -> u16 {
+            let address = fields[1].split('@').next().expect("address");
+            address
+                .rsplit(':')
+                .next()
+                .expect("port")
+                .parse()
+                .expect("port number")
+        };
+        let master_id = lines
+            .iter()
+            .find(|f| port_of(f) == port)
+            .map(|f| f[0])
+            .expect("the master is a node");
+        let replica_port = lines
+            .iter()
+            .find(|f| f[3] == master_id)
+            .map(|f| port_of(f))
+            .expect("the master has a replica");
+        self.nodes
+            .iter()
+            .find(|n| n.port() == replica_port)
+            .expect("the replica is one of ours")
+    }
+
+    /// The port of the master serving `key`.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.nodes[0].connection())
+            .expect("CLUSTER KEYSLOT");
+        self.slot_ranges()
+            .into_iter()
+            .find(|(first, last, _)| (i64::from(*first)..=i64::from(*last)).contains(&slot))
+            .map(|(_, _, port)| port)
+            .expect("every slot is served")
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.stop();
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, unique_topic};
+use ketch_tests::{Frozen, Ketch, RedisServer, unique_topic};
 
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 
@@ -30,31 +30,6 @@ fn wait_for_replication(server: &RedisServer, line: &str) {
         assert!(Instant::now() < deadline, "no `{line}` in:\n{info}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Freezes a process with SIGSTOP; SIGCONT when dropped, so a failing test
-/// leaves nothing stopped behind.
-struct Frozen(u32);
-
-impl Frozen {
-    fn freeze(pid: u32) -> Self {
-        signal(pid, "-STOP");
-        Self(pid)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        signal(self.0, "-CONT");
-    }
-}
-
-fn signal(pid: u32, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {which} {pid}");
 }
 
 fn produce_acks_all(conn: &mut KafkaConn, topic: &str, batch: Vec<u8>) -> (i16, i64) {

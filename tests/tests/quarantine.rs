@@ -77,6 +77,7 @@ fn store_unvalidated(redis: &RedisServer, topic: &str, batch: Vec<u8>) {
     use ketch_storage::{Durability, Store, StoreConfig};
     let config = StoreConfig {
         url: redis.url(),
+        mode: ketch_storage::Mode::Single,
         namespace: "ketch".to_owned(),
         command_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(2),

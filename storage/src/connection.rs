@@ -1,0 +1,244 @@
+//! The connection layer: one Redis server, or a Redis Cluster, behind one
+//! type ([`Conn`]), so the log, topic, group and tiering code never asks
+//! which mode it runs in.
+//!
+//! - Single mode: a [`ConnectionManager`] (one multiplexed connection,
+//!   re-made after a failure).
+//! - Cluster mode: redis-rs's cluster connection (one multiplexed
+//!   connection per node; it follows MOVED and ASK and refreshes its slot
+//!   map). A pipeline whose commands name keys of several slots (a topic's
+//!   partitions, or the group registry beside a group's offsets) is split
+//!   into one command per key, run concurrently: Redis Cluster refuses a
+//!   multi-slot pipeline on one node. Atomic pipelines (MULTI/EXEC) and
+//!   scripts only ever touch one partition's keys, one hash tag, one slot.
+//!
+//! acks=all appends need more than routing: `WAIT` counts the writes of its
+//! own connection, so they run on connections of their own, one pool per
+//! master (`durable.rs`), found with [`Conn::master_of`].
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::{Result, StorageError};
+
+/// Commands of a split pipeline in flight at once.
+const SPLIT_CONCURRENCY: usize = 64;
+
+/// How ketch reaches Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Single,
+    Cluster,
+}
+
+/// A connection to Redis in either mode; cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The nodes named by `redis.url`: one URL, or in cluster mode a
+/// comma-separated list of seed nodes.
+pub(crate) fn seed_urls(url: &str) -> Vec<&str> {
+    url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect()
+}
+
+impl Conn {
+    /// A lazily connected cluster connection to the cluster `seeds` belong
+    /// to; `push` receives its pub/sub messages (RESP3).
+    pub(crate) fn cluster(
+        seeds: &[&str],
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        push: Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>,
+    ) -> Result<Conn> {
+        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
+            .connection_timeout(connect_timeout)
+            .response_timeout(response_timeout)
+            .retries(4)
+            .max_retry_wait(500);
+        if let Some(push) = push {
+            builder = builder
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(push);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| StorageError::Unavailable(format!("invalid redis cluster url: {e}")))?;
+        let config = redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(connect_timeout)
+            .set_response_timeout(response_timeout);
+        Ok(Conn::Cluster(
+            client.get_pending_async_connection_with_config(config),
+        ))
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        match self {
+            Conn::Single(_) => Mode::Single,
+            Conn::Cluster(_) => Mode::Cluster,
+        }
+    }
+
+    /// The slot map as `CLUSTER SLOTS` reports it: each range's first and
+    /// last slot and its master's address (`host:port`).
+    pub(crate) async fn slot_ranges(&self) -> Result<Vec<(u16, u16, String)>> {
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.clone())
+            .await?;
+        parse_cluster_slots(reply)
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let whole = pipeline.is_transaction() || one_slot(pipeline);
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => {
+                if whole {
+                    c.req_packed_commands(pipeline, offset, count)
+                } else {
+                    split(c.clone(), pipeline, offset, count)
+                }
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// Runs a pipeline over several slots as one command per key, concurrently,
+/// the replies in the pipeline's order.
+fn split<'a>(
+    c: ClusterConnection,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisFuture<'a, Vec<Value>> {
+    let commands: Vec<Cmd> = pipeline.cmd_iter().cloned().collect();
+    Box::pin(async move {
+        let values: Vec<Value> = futures::stream::iter(commands)
+            .map(move |cmd| {
+                let mut c = c.clone();
+                async move { c.req_packed_command(&cmd).await }
+            })
+            .buffered(SPLIT_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(values.into_iter().skip(offset).take(count).collect())
+    })
+}
+
+/// The slot of the key a command names, if it names one.
+fn key_slot(cmd: &Cmd) -> Option<Slot> {
+    let mut args = cmd.args_iter().map(|arg| match arg {
+        redis::Arg::Simple(bytes) => bytes,
+        _ => &b""[..],
+    });
+    let name = args.next()?.to_ascii_uppercase();
+    let key = match &name[..] {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
+            let _script = args.next()?;
+            let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+            if keys == 0 {
+                return None;
+            }
+            args.next()?
+        }
+        b"MULTI" | b"EXEC" | b"DISCARD" | b"TIME" | b"PING" | b"INFO" | b"SCRIPT" | b"CLUSTER" | b"WAIT"
+        | b"WAITAOF" | b"CONFIG" | b"CLIENT" | b"DBSIZE" => return None,
+        _ => args.next()?,
+    };
+    Some(Slot::for_key(key))
+}
+
+/// Whether every key the pipeline names is in one slot.
+fn one_slot(pipeline: &Pipeline) -> bool {
+    let mut slots = pipeline.cmd_iter().filter_map(key_slot);
+    match slots.next() {
+        Some(first) => slots.all(|slot| slot == first),
+        None => true,
+    }
+}
+
+fn parse_cluster_slots(reply: Value) -> Result<Vec<(u16, u16, String)>> {
+    let bad = || StorageError::Data("unexpected CLUSTER SLOTS reply".to_owned());
+    let Value::Array(ranges) = reply else {
+        return Err(bad());
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(range) = range else {
+            return Err(bad());
+        };
+        let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(master))) =
+            (range.first(), range.get(1), range.get(2))
+        else {
+            return Err(bad());
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
+            Some(Value::SimpleString(host)) => host.clone(),
+            _ => return Err(bad()),
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return Err(bad());
+        };
+        out.push((*first as u16, *last as u16, format!("{host}:{port}")));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipelines_over_one_hash_tag_stay_whole_and_others_split() {
+        let mut one = redis::pipe();
+        one.cmd("XRANGE").arg("ketch:{a:0}:log").arg(0).arg("+");
+        one.cmd("HMGET").arg("ketch:{a:0}:meta").arg("next_offset");
+        one.cmd("EVALSHA").arg("sha").arg(1).arg("ketch:{a:0}:meta");
+        one.cmd("TIME");
+        assert!(one_slot(&one));
+        let mut many = redis::pipe();
+        many.cmd("HSET").arg("ketch:{a:0}:meta").arg("x").arg(1);
+        many.cmd("HSET").arg("ketch:{a:1}:meta").arg("x").arg(1);
+        assert!(!one_slot(&many));
+        let mut globals = redis::pipe();
+        globals.cmd("EXISTS").arg("ketch:topics");
+        globals.cmd("EXISTS").arg("ketch:brokers");
+        assert!(!one_slot(&globals));
+    }
+
+    #[test]
+    fn seeds_are_a_comma_separated_list() {
+        assert_eq!(
+            seed_urls("redis://a:1, redis://b:2,"),
+            vec!["redis://a:1", "redis://b:2"]
+        );
+        assert_eq!(seed_urls("redis://a:1"), vec!["redis://a:1"]);
+    }
+}

@@ -1,0 +1,322 @@
+//! ketch on a Redis Cluster (issue #11): a real cluster of 3 masters and 3
+//! replicas, two gateways in `redis.mode = cluster`. Partitions are spread
+//! evenly over the masters; produce (idempotent, acks=all waiting for a
+//! replica), fetch, long-poll wake-ups across gateways, consumer-group
+//! offsets, DeleteRecords, ListOffsets, CreatePartitions and topic deletion
+//! all work there, with no CROSSSLOT error.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Frozen, Ketch, RedisCluster, ketch_command, runtime, unique_topic};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 12;
+
+fn gateway(cluster: &RedisCluster, id: &str) -> Ketch {
+    Ketch::start(
+        &cluster.url(),
+        &[
+            "--node-id",
+            id,
+            "--set",
+            "redis.mode=cluster",
+            "--set",
+            "storage.acks_all_replicas=1",
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.node_timeout=2s",
+        ],
+    )
+}
+
+/// The masters (by port) holding each partition of `topic`, read from the
+/// topic record's hash tags.
+fn placement(cluster: &RedisCluster, topic: &str) -> Vec<u16> {
+    let record: String = redis::cmd("HGET")
+        .arg("ketch:topics")
+        .arg(topic)
+        .query(&mut cluster.connection())
+        .expect("topic record");
+    let record: serde_json::Value = serde_json::from_str(&record).expect("topic JSON");
+    record["tags"]
+        .as_array()
+        .expect("tags")
+        .iter()
+        .map(|tag| cluster.master_of(&format!("{{{}}}", tag.as_str().expect("tag"))))
+        .collect()
+}
+
+fn per_master(masters: &[u16]) -> BTreeMap<u16, usize> {
+    let mut counts = BTreeMap::new();
+    for m in masters {
+        *counts.entry(*m).or_default() += 1;
+    }
+    counts
+}
+
+/// Produces records `range` (value `r<i>`, partition `i % PARTITIONS`),
+/// all in flight at once, each acknowledged.
+fn produce(producer: &FutureProducer, topic: &str, range: std::ops::Range<usize>) {
+    let rt = runtime();
+    let deliveries: Vec<_> = range
+        .map(|i| {
+            let value = format!("r{i}");
+            producer
+                .send_result(
+                    FutureRecord::<(), _>::to(topic)
+                        .payload(&value)
+                        .partition(i as i32 % PARTITIONS),
+                )
+                .map_err(|(e, _)| e)
+                .expect("queued")
+        })
+        .collect();
+    for delivery in deliveries {
+        rt.block_on(delivery)
+            .expect("delivered")
+            .map_err(|(e, _)| e)
+            .expect("acknowledged");
+    }
+}
+
+/// Every record `0..count` is in its partition, once, in order.
+fn check_all(ketch: &Ketch, topic: &str, count: usize) {
+    let consumer = ketch.consumer_at(topic, &(0..PARTITIONS).collect::<Vec<_>>(), 0);
+    let mut next = vec![0usize; PARTITIONS as usize];
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen < count {
+        assert!(Instant::now() < deadline, "read {seen} of {count} records");
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let p = message.partition() as usize;
+        assert_eq!(message.offset(), next[p] as i64, "partition {p}: dense offsets");
+        let i = next[p] * PARTITIONS as usize + p;
+        assert_eq!(
+            message.payload(),
+            Some(format!("r{i}").as_bytes()),
+            "partition {p} offset {}",
+            next[p]
+        );
+        next[p] += 1;
+        seen += 1;
+    }
+}
+
+fn group_consumer(ketch: &Ketch, group: &str) -> BaseConsumer {
+    ketch.consumer_with(&[("group.id", group), ("enable.auto.commit", "false")])
+}
+
+#[test]
+fn two_gateways_serve_a_topic_spread_evenly_over_a_redis_cluster() {
+    let cluster = RedisCluster::start(3, 1);
+    let a = gateway(&cluster, "1");
+    let b = gateway(&cluster, "2");
+    let topic = unique_topic("cluster");
+    a.create_topic(&runtime(), &topic, PARTITIONS);
+
+    // Balanced placement: 4 partitions on each of the 3 masters.
+    let masters = placement(&cluster, &topic);
+    let counts = per_master(&masters);
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert!(counts.values().all(|n| *n == 4), "{counts:?}");
+    // The operator's view says the same.
+    let output = ketch_command()
+        .args([
+            "placement",
+            "--redis-url",
+            &cluster.url(),
+            "--set",
+            "redis.mode=cluster",
+        ])
+        .output()
+        .expect("run ketch placement");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(&topic)).collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(lines.iter().all(|l| l.ends_with("\t4")), "{stdout}");
+
+    // Idempotent acks=all producers through both gateways (each partition's
+    // appends land on its leader: some on each gateway).
+    let idempotent = [("enable.idempotence", "true"), ("acks", "all")];
+    produce(&a.producer_with(&idempotent), &topic, 0..600);
+    produce(&b.producer_with(&idempotent), &topic, 600..1200);
+    check_all(&a, &topic, 1200);
+    check_all(&b, &topic, 1200);
+
+    // Committed offsets of a group, spread over slots, read back through
+    // the other gateway.
+    let group = unique_topic("cluster-group");
+    let mut commit = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        commit
+            .add_partition_offset(&topic, p, Offset::Offset(10 + i64::from(p)))
+            .expect("offset");
+    }
+    group_consumer(&a, &group)
+        .commit(&commit, CommitMode::Sync)
+        .expect("commit");
+    let mut asked = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        asked.add_partition(&topic, p);
+    }
+    let got = group_consumer(&b, &group)
+        .committed_offsets(asked, Duration::from_secs(20))
+        .expect("committed offsets");
+    for p in 0..PARTITIONS {
+        assert_eq!(
+            got.find_partition(&topic, p).expect("partition").offset(),
+            Offset::Offset(10 + i64::from(p))
+        );
+    }
+}
+
+#[test]
+fn a_fetch_waiting_on_one_gateway_wakes_for_an_append_through_another() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = gateway(&cluster, "1");
+    let b = gateway(&cluster, "2");
+    let topic = unique_topic("cluster-wake");
+    let mut conn_a = KafkaConn::connect(a.kafka_addr());
+    let mut conn_b = KafkaConn::connect(b.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn_a, &topic, 3), code::NONE);
+    for partition in 0..3 {
+        let first = batch::encode(&[Record::value(1, b"first")]);
+        assert_eq!(
+            raw::produce(&mut conn_a, &topic, partition, first),
+            (code::NONE, 0)
+        );
+        // A first fetch at the end subscribes gateway b to the partition's
+        // channel (on the master that owns its slot).
+        let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 1, 0));
+        assert_eq!(raw::fetch_result(&response).0, code::NONE);
+
+        let waiting = std::thread::scope(|s| {
+            let fetch = s.spawn(|| {
+                let started = Instant::now();
+                let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 1, 20_000));
+                (started.elapsed(), response)
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            let second = batch::encode(&[Record::value(2, b"second")]);
+            assert_eq!(
+                raw::produce(&mut conn_a, &topic, partition, second),
+                (code::NONE, 1)
+            );
+            fetch.join().expect("fetch thread")
+        });
+        let (elapsed, response) = waiting;
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        assert_eq!((error, high_watermark), (code::NONE, 2));
+        assert_eq!(raw::count_records(&records.expect("records")), 1);
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "partition {partition}: the fetch waited {elapsed:?} for a 20 s limit instead of waking"
+        );
+    }
+}
+
+#[test]
+fn admin_operations_touch_partitions_on_every_master() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = gateway(&cluster, "1");
+    let topic = unique_topic("cluster-admin");
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 3), code::NONE);
+    for partition in 0..3 {
+        for n in 0..20 {
+            let record = batch::encode(&[Record::value(1_000 + n, b"x")]);
+            assert_eq!(
+                raw::produce(&mut conn, &topic, partition, record),
+                (code::NONE, n)
+            );
+        }
+        assert_eq!(
+            raw::delete_records(&mut conn, &topic, partition, 5),
+            (code::NONE, 5)
+        );
+        assert_eq!(raw::list_offsets(&mut conn, &topic, partition, -2).1, 5);
+        assert_eq!(raw::list_offsets(&mut conn, &topic, partition, -1).1, 20);
+        let (error, offset, _) = raw::list_offsets(&mut conn, &topic, partition, 1_010);
+        assert_eq!((error, offset), (code::NONE, 10));
+    }
+
+    // CreatePartitions: 3 → 9, the new ones evening out the masters.
+    let rt = runtime();
+    let admin = a.admin();
+    let opts = rdkafka::admin::AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = rt
+        .block_on(admin.create_partitions([&rdkafka::admin::NewPartitions::new(&topic, 9)], &opts))
+        .expect("CreatePartitions");
+    for result in results {
+        result.expect("partitions added");
+    }
+    let counts = per_master(&placement(&cluster, &topic));
+    assert!(counts.values().all(|n| *n == 3), "{counts:?}");
+    let record = batch::encode(&[Record::value(1, b"new")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 8, record), (code::NONE, 0));
+
+    // Deleting the topic removes every partition's keys, on every master.
+    let results = rt
+        .block_on(admin.delete_topics(&[&topic], &opts))
+        .expect("DeleteTopics");
+    for result in results {
+        result.expect("deleted");
+    }
+    for node in &cluster.nodes {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("ketch:{*}:*")
+            .query(&mut node.connection())
+            .expect("KEYS");
+        assert!(keys.is_empty(), "left behind on port {}: {keys:?}", node.port());
+    }
+}
+
+#[test]
+fn acks_all_waits_on_the_master_that_took_the_write() {
+    let cluster = RedisCluster::start(3, 1);
+    let ketch = Ketch::start(
+        &cluster.url(),
+        &[
+            "--set",
+            "redis.mode=cluster",
+            "--set",
+            "storage.acks_all_replicas=1",
+            "--set",
+            "storage.acks_all_timeout=500ms",
+        ],
+    );
+    let topic = unique_topic("cluster-acks");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 3), code::NONE);
+    let masters = placement(&cluster, &topic);
+    assert_eq!(per_master(&masters).len(), 3, "one partition per master");
+    let produce = |conn: &mut KafkaConn, partition: i32, value: &[u8]| {
+        let request =
+            raw::produce_request(&topic, partition, batch::encode(&[Record::value(1, value)])).with_acks(-1);
+        raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &request))
+    };
+    for partition in 0..3 {
+        assert_eq!(produce(&mut conn, partition, b"before"), (code::NONE, 0));
+    }
+
+    // Partition 0's master loses its replica (frozen: connected, silent).
+    // Its acks=all appends time out waiting; the other masters' do not, so
+    // each WAIT ran on its own master's connection.
+    let frozen = Frozen::freeze(cluster.replica_of(masters[0]).pid());
+    let (error, _) = produce(&mut conn, 0, b"unreplicated");
+    assert_eq!(error, 20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND");
+    assert_eq!(produce(&mut conn, 1, b"replicated"), (code::NONE, 1));
+    assert_eq!(produce(&mut conn, 2, b"replicated"), (code::NONE, 1));
+    drop(frozen);
+}
