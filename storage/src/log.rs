@@ -340,8 +340,13 @@ impl Store {
                 .await
             {
                 Ok(outcome) => {
-                    self.wait_durable(durable.conn()).await?;
-                    return Ok(outcome);
+                    let waited = self.wait_durable(durable.conn()).await;
+                    if let Err(StorageError::Unavailable(_)) = &waited
+                        && let Err(refresh) = self.durable.refresh().await
+                    {
+                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    }
+                    return waited.map(|()| outcome);
                 }
                 Err(StorageError::Unavailable(e)) if durable::is_moved(&e) && attempt < MAX_MOVED_RETRIES => {
                     drop(durable);
@@ -350,7 +355,16 @@ impl Store {
                     tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
                     self.durable.refresh().await?;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // The master may be gone (failover): the next attempt
+                    // (the client's retry) must not dial it again.
+                    if matches!(e, StorageError::Unavailable(_))
+                        && let Err(refresh) = self.durable.refresh().await
+                    {
+                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    }
+                    return Err(e);
+                }
             }
         }
     }

@@ -437,6 +437,44 @@ impl RedisCluster {
         }
     }
 
+    /// A node that is running (to ask about the cluster).
+    pub fn running(&self) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a node of the cluster is running")
+    }
+
+    /// The node on `port`, to stop or freeze it.
+    pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .expect("a node of the cluster")
+    }
+
+    /// Waits until the slot of `key` is served by a master other than the
+    /// one on `port` and every running node reports `cluster_state:ok`: a
+    /// failover completed.
+    pub fn await_failover(&self, key: &str, port: u16, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let moved = self.master_of(key) != port;
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut n.connection())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+            });
+            if moved && ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no failover of {key} from port {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Seed URLs of every node, comma-separated (`redis.url` in cluster mode).
     pub fn url(&self) -> String {
         self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
@@ -455,7 +493,7 @@ impl RedisCluster {
     pub fn slot_ranges(&self) -> Vec<(u16, u16, u16)> {
         let slots: Vec<redis::Value> = redis::cmd("CLUSTER")
             .arg("SLOTS")
-            .query(&mut self.nodes[0].connection())
+            .query(&mut self.running().connection())
             .expect("CLUSTER SLOTS");
         slots
             .into_iter()
@@ -476,11 +514,47 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The cluster node id of the node on `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut self.running().connection())
+            .expect("CLUSTER NODES");
+        nodes
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .find(|f| {
+                f[1].split('@')
+                    .next()
+                    .is_some_and(|a| a.ends_with(&format!(":{port}")))
+            })
+            .map(|f| f[0].to_owned())
+            .expect("a node of the cluster")
+    }
+
+    /// Moves every slot of the master on `from` to the master on `to` with
+    /// `redis-cli --cluster reshard`, keys and all.
+    pub fn reshard_all(&self, from: u16, to: u16) {
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{to}")])
+            .args(["--cluster-from", &self.node_id(from)])
+            .args(["--cluster-to", &self.node_id(to)])
+            .args(["--cluster-slots", "16384", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster reshard");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster reshard failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     /// The replica of the master on `port` (the cluster must have one).
     pub fn replica_of(&self, port: u16) -> &RedisServer {
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
-            .query(&mut self.nodes[0].connection())
+            .query(&mut self.running().connection())
             .expect("CLUSTER NODES");
         let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
         let port_of = |fields: &[&str]| -> u16 {
@@ -513,7 +587,7 @@ impl RedisCluster {
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
-            .query(&mut self.nodes[0].connection())
+            .query(&mut self.running().connection())
             .expect("CLUSTER KEYSLOT");
         self.slot_ranges()
             .into_iter()

@@ -19,21 +19,24 @@ use rdkafka::{Offset, TopicPartitionList};
 const PARTITIONS: i32 = 12;
 
 fn gateway(cluster: &RedisCluster, id: &str) -> Ketch {
-    Ketch::start(
-        &cluster.url(),
-        &[
-            "--node-id",
-            id,
-            "--set",
-            "redis.mode=cluster",
-            "--set",
-            "storage.acks_all_replicas=1",
-            "--set",
-            "cluster.heartbeat_interval=100ms",
-            "--set",
-            "cluster.node_timeout=2s",
-        ],
-    )
+    gateway_with(cluster, id, &[])
+}
+
+fn gateway_with(cluster: &RedisCluster, id: &str, extra: &[&str]) -> Ketch {
+    let mut args = vec![
+        "--node-id",
+        id,
+        "--set",
+        "redis.mode=cluster",
+        "--set",
+        "storage.acks_all_replicas=1",
+        "--set",
+        "cluster.heartbeat_interval=100ms",
+        "--set",
+        "cluster.node_timeout=2s",
+    ];
+    args.extend_from_slice(extra);
+    Ketch::start(&cluster.url(), &args)
 }
 
 /// The masters (by port) holding each partition of `topic`, read from the
@@ -319,4 +322,259 @@ fn acks_all_waits_on_the_master_that_took_the_write() {
     assert_eq!(produce(&mut conn, 1, b"replicated"), (code::NONE, 1));
     assert_eq!(produce(&mut conn, 2, b"replicated"), (code::NONE, 1));
     drop(frozen);
+}
+
+/// What one producer thread sent and had acknowledged: (partition, offset,
+/// value) in send order.
+type Acked = Vec<(i32, i64, String)>;
+
+/// Sends `p<id>-<n>` records to partitions `n % partitions` in windows of
+/// 20 in flight until `stop`, recording every acknowledgement; panics on a
+/// delivery that fails (the client gave up: a non-retriable error, or
+/// retriable ones for longer than its timeout).
+fn produce_until(
+    producer: FutureProducer,
+    topic: String,
+    id: usize,
+    partitions: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acked: std::sync::Arc<std::sync::Mutex<Acked>>,
+) {
+    let rt = runtime();
+    let mut n = 0usize;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let window: Vec<_> = (n..n + 20)
+            .map(|n| {
+                let value = format!("p{id}-{n}");
+                let partition = (n % partitions as usize) as i32;
+                let delivery = producer
+                    .send_result(
+                        FutureRecord::<(), _>::to(&topic)
+                            .payload(&value)
+                            .partition(partition),
+                    )
+                    .map_err(|(e, _)| e)
+                    .expect("queued");
+                (partition, value, delivery)
+            })
+            .collect();
+        for (partition, value, delivery) in window {
+            let offset = rt
+                .block_on(delivery)
+                .expect("delivered")
+                .map_err(|(e, _)| e)
+                .unwrap_or_else(|e| panic!("{value}: {e}"))
+                .offset;
+            acked.lock().unwrap().push((partition, offset, value));
+        }
+        n += 20;
+    }
+}
+
+#[test]
+fn a_master_killed_under_idempotent_acks_all_producers_loses_and_repeats_nothing() {
+    const PARTS: i32 = 6;
+    let mut cluster = RedisCluster::start(3, 1);
+    let fast = ["--set", "storage.acks_all_timeout=1s"];
+    let a = gateway_with(&cluster, "1", &fast);
+    let b = gateway_with(&cluster, "2", &fast);
+    let topic = unique_topic("cluster-failover");
+    a.create_topic(&runtime(), &topic, PARTS);
+    let victim = placement(&cluster, &topic)[0];
+    let tag_key = {
+        let record: String = redis::cmd("HGET")
+            .arg("ketch:topics")
+            .arg(&topic)
+            .query(&mut cluster.connection())
+            .expect("topic record");
+        let record: serde_json::Value = serde_json::from_str(&record).expect("JSON");
+        format!("{{{}}}", record["tags"][0].as_str().expect("tag"))
+    };
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked: Vec<std::sync::Arc<std::sync::Mutex<Acked>>> = (0..2).map(|_| Default::default()).collect();
+    let settings = [
+        ("enable.idempotence", "true"),
+        ("acks", "all"),
+        ("message.timeout.ms", "120000"),
+        ("linger.ms", "1"),
+    ];
+    let threads: Vec<_> = [&a, &b]
+        .iter()
+        .enumerate()
+        .map(|(id, ketch)| {
+            let producer = ketch.producer_with(&settings);
+            let (topic, stop, acked) = (topic.clone(), stop.clone(), acked[id].clone());
+            std::thread::spawn(move || produce_until(producer, topic, id, PARTS, stop, acked))
+        })
+        .collect();
+    let acked_count = |acked: &[std::sync::Arc<std::sync::Mutex<Acked>>]| -> Vec<usize> {
+        acked.iter().map(|a| a.lock().unwrap().len()).collect()
+    };
+    let await_acked = |at_least: Vec<usize>| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while acked_count(&acked).iter().zip(&at_least).any(|(n, min)| n < min) {
+            assert!(
+                Instant::now() < deadline,
+                "producers stalled at {:?} (wanted {at_least:?})\n{}\n{}",
+                acked_count(&acked),
+                a.output(),
+                b.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    await_acked(vec![300, 300]);
+
+    // SIGKILL the master of partition 0 while both producers write. Its
+    // replica takes over but has no replica of its own, so acks=all appends
+    // to its partitions fail retriably (NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    // after being written) until the killed node is back, as its replica.
+    cluster.node_mut(victim).stop();
+    cluster.await_failover(&tag_key, victim, Duration::from_secs(60));
+    cluster.node_mut(victim).start_again();
+    cluster.await_ok(Duration::from_secs(60));
+    let before = acked_count(&acked);
+    await_acked(before.iter().map(|n| n + 300).collect());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in threads {
+        thread.join().expect("producer thread");
+    }
+
+    // Every acknowledged record is in the log once, at the offset it was
+    // acknowledged at, and each producer's records keep their order.
+    let acked: Vec<Acked> = acked.iter().map(|a| a.lock().unwrap().clone()).collect();
+    check_exactly_once(&a, &topic, PARTS, &acked);
+}
+
+/// Reads `topic` from the start until `stop`, checking offsets stay dense
+/// per partition; returns how many records it read.
+fn consume_until(
+    consumer: BaseConsumer,
+    partitions: i32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> usize {
+    let mut next = vec![0i64; partitions as usize];
+    let mut read = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let p = message.partition() as usize;
+        assert_eq!(
+            message.offset(),
+            next[p],
+            "partition {p}: dense offsets while resharding"
+        );
+        next[p] += 1;
+        read += 1;
+    }
+    read
+}
+
+/// Checks that every acknowledged record is in the log once, at its
+/// acknowledged offset, each producer's records in order.
+fn check_exactly_once(ketch: &Ketch, topic: &str, partitions: i32, acked: &[Acked]) {
+    let total: usize = acked.iter().map(Vec::len).sum();
+    let consumer = ketch.consumer_at(topic, &(0..partitions).collect::<Vec<_>>(), 0);
+    let mut log: BTreeMap<(i32, i64), String> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while log.len() < total {
+        assert!(Instant::now() < deadline, "read {} of {total} records", log.len());
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let value = String::from_utf8(message.payload().expect("value").to_vec()).expect("UTF-8");
+        log.insert((message.partition(), message.offset()), value);
+    }
+    for (id, records) in acked.iter().enumerate() {
+        let mut last: BTreeMap<i32, i64> = BTreeMap::new();
+        for (partition, offset, value) in records {
+            assert_eq!(
+                log.get(&(*partition, *offset)),
+                Some(value),
+                "producer {id}: {value} acknowledged at {partition}/{offset}"
+            );
+            let previous = last.insert(*partition, *offset);
+            assert!(previous < Some(*offset), "producer {id}: {value} out of order");
+        }
+    }
+    let mut values: Vec<&String> = log.values().collect();
+    values.sort();
+    let before_dedup = values.len();
+    values.dedup();
+    assert_eq!(values.len(), before_dedup, "a record is in the log twice");
+}
+
+#[test]
+fn slots_resharded_under_running_producers_and_consumers_lose_and_repeat_nothing() {
+    const PARTS: i32 = 6;
+    // With replicas, acks=all appends go to their master directly and
+    // follow the moves themselves (MOVED, ASK), beside the reads and
+    // wake-ups of the cluster connection.
+    let cluster = RedisCluster::start(3, 1);
+    let a = gateway(&cluster, "1");
+    let topic = unique_topic("cluster-reshard");
+    a.create_topic(&runtime(), &topic, PARTS);
+    let masters = placement(&cluster, &topic);
+    let (from, to) = (
+        masters[0],
+        *masters
+            .iter()
+            .find(|m| **m != masters[0])
+            .expect("another master"),
+    );
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked: Vec<std::sync::Arc<std::sync::Mutex<Acked>>> = (0..2).map(|_| Default::default()).collect();
+    let settings = [
+        ("enable.idempotence", "true"),
+        ("acks", "all"),
+        ("message.timeout.ms", "120000"),
+        ("linger.ms", "1"),
+    ];
+    let producers: Vec<_> = (0..2)
+        .map(|id| {
+            let producer = a.producer_with(&settings);
+            let (topic, stop, acked) = (topic.clone(), stop.clone(), acked[id].clone());
+            std::thread::spawn(move || produce_until(producer, topic, id, PARTS, stop, acked))
+        })
+        .collect();
+    let consumer = {
+        let consumer = a.consumer_at(&topic, &(0..PARTS).collect::<Vec<_>>(), 0);
+        let stop = stop.clone();
+        std::thread::spawn(move || consume_until(consumer, PARTS, stop))
+    };
+    let acked_count = || -> usize { acked.iter().map(|a| a.lock().unwrap().len()).sum() };
+    let await_acked = |at_least: usize| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while acked_count() < at_least {
+            assert!(
+                Instant::now() < deadline,
+                "producers stalled at {}\n{}",
+                acked_count(),
+                a.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    await_acked(600);
+
+    // Every slot of partition 0's master moves, its partitions' keys with
+    // them, while the producers and the consumer run.
+    cluster.reshard_all(from, to);
+    let moved = placement(&cluster, &topic);
+    assert!(!moved.contains(&from), "{moved:?}");
+    let after = acked_count();
+    await_acked(after + 600);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for producer in producers {
+        producer.join().expect("producer thread");
+    }
+    let read_while_running = consumer.join().expect("consumer thread");
+    assert!(read_while_running > 0);
+    let acked: Vec<Acked> = acked.iter().map(|a| a.lock().unwrap().clone()).collect();
+    check_exactly_once(&a, &topic, PARTS, &acked);
 }
