@@ -85,9 +85,12 @@ pub struct BrokerSettings {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// `redis://[user:password@]host:port[/db]`; in cluster mode one seed
-    /// node or a comma-separated list of them.
+    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS); in
+    /// cluster mode one seed node or a comma-separated list of them.
     pub url: String,
+    /// PEM file of the certificate authorities that sign Redis's TLS
+    /// certificates (`rediss://`); unset: the system's trusted roots.
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// `single` (one Redis server, with or without replicas) or `cluster`
     /// (Redis Cluster: partitions spread over its masters).
     pub mode: RedisMode,
@@ -299,6 +302,7 @@ impl Default for RedisSettings {
         Self {
             url: "redis://127.0.0.1:6379".to_owned(),
             mode: RedisMode::Single,
+            tls_ca_file: None,
             namespace: "ketch".to_owned(),
             command_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -644,8 +648,35 @@ impl Settings {
             return bad("redis.namespace", "must be non-empty, without braces or spaces");
         }
         let urls: Vec<&str> = self.redis.url.split(',').map(str::trim).collect();
-        if urls.iter().any(|url| !url.starts_with("redis://")) {
-            return bad("redis.url", "must start with redis:// (TLS is not supported yet)");
+        if urls
+            .iter()
+            .any(|url| !url.starts_with("redis://") && !url.starts_with("rediss://"))
+        {
+            return bad("redis.url", "must start with redis:// (or rediss:// for TLS)");
+        }
+        if urls.iter().any(|url| url.contains("#insecure")) {
+            return bad(
+                "redis.url",
+                "#insecure (TLS without certificate checks) is not supported: set redis.tls_ca_file to the CA that signed Redis's certificate",
+            );
+        }
+        let tls = urls.iter().filter(|url| url.starts_with("rediss://")).count();
+        if tls != 0 && tls != urls.len() {
+            return bad("redis.url", "mixes redis:// and rediss:// nodes");
+        }
+        if let Some(ca) = &self.redis.tls_ca_file {
+            if tls == 0 {
+                return bad(
+                    "redis.tls_ca_file",
+                    "is set, but redis.url is not rediss:// (TLS)",
+                );
+            }
+            if !ca.is_file() {
+                return bad(
+                    "redis.tls_ca_file",
+                    &format!("{} is not a readable file", ca.display()),
+                );
+            }
         }
         if urls.len() > 1 && self.redis.mode == RedisMode::Single {
             return bad(

@@ -43,6 +43,33 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
 }
 
+/// TLS settings for `rediss://` URLs: the PEM certificate authorities to
+/// trust, or the system's roots when `None`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tls {
+    pub(crate) ca_pem: Option<Vec<u8>>,
+}
+
+impl Tls {
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.ca_pem.as_ref().map(|ca| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.clone()),
+        })
+    }
+
+    /// A client for one server, trusting the configured authorities when
+    /// its address is TLS.
+    pub(crate) fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {
+        let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let client = match self.certificates() {
+            Some(certificates) if tls => redis::Client::build_with_tls(info, certificates),
+            _ => redis::Client::open(info),
+        };
+        client.map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))
+    }
+}
+
 /// The nodes named by `redis.url`: one URL, or in cluster mode a
 /// comma-separated list of seed nodes.
 pub(crate) fn seed_urls(url: &str) -> Vec<&str> {
@@ -54,6 +81,7 @@ impl Conn {
     /// to; `push` receives its pub/sub messages (RESP3).
     pub(crate) fn cluster(
         seeds: &[&str],
+        tls: &Tls,
         connect_timeout: Duration,
         response_timeout: Duration,
         push: Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>,
@@ -63,6 +91,9 @@ impl Conn {
             .response_timeout(response_timeout)
             .retries(4)
             .max_retry_wait(500);
+        if let Some(certificates) = tls.certificates() {
+            builder = builder.certs(certificates);
+        }
         if let Some(push) = push {
             builder = builder
                 .use_protocol(redis::ProtocolVersion::RESP3)

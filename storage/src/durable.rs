@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::connection::Conn;
+use crate::connection::{Conn, Tls};
 use crate::{Result, StorageError};
 
 /// The pools of acks=all connections: one, or one per cluster master.
@@ -42,6 +42,7 @@ struct Masters {
     /// The URL of a seed node: user, password and options for dialling
     /// masters by address.
     template: redis::ConnectionInfo,
+    tls: Tls,
     slots: tokio::sync::RwLock<Vec<(u16, u16, String)>>,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
 }
@@ -116,6 +117,7 @@ impl DurablePool {
     pub(crate) fn cluster(
         conn: Conn,
         seed: &str,
+        tls: Tls,
         config: ConnectionManagerConfig,
         size: usize,
     ) -> Result<Self> {
@@ -127,6 +129,7 @@ impl DurablePool {
             target: Target::Cluster(Box::new(Masters {
                 conn,
                 template,
+                tls,
                 slots: tokio::sync::RwLock::new(Vec::new()),
                 pools: Mutex::new(HashMap::new()),
             })),
@@ -137,6 +140,7 @@ impl DurablePool {
     pub(crate) async fn get(&self, key: &str) -> Result<Durable> {
         let Masters {
             template,
+            tls,
             slots,
             pools,
             ..
@@ -160,7 +164,7 @@ impl DurablePool {
             match pools.get(&master) {
                 Some(pool) => pool.clone(),
                 None => {
-                    let pool = Arc::new(node_pool(template, &master, &self.config, self.size)?);
+                    let pool = Arc::new(node_pool(template, tls, &master, &self.config, self.size)?);
                     pools.insert(master, pool.clone());
                     pool
                 }
@@ -181,6 +185,7 @@ impl DurablePool {
 
 fn node_pool(
     template: &redis::ConnectionInfo,
+    tls: &Tls,
     master: &str,
     config: &ConnectionManagerConfig,
     size: usize,
@@ -189,8 +194,16 @@ fn node_pool(
         .rsplit_once(':')
         .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
         .ok_or_else(|| StorageError::Data(format!("cluster node address {master:?}")))?;
-    let info = template.clone().set_addr(redis::ConnectionAddr::Tcp(host, port));
-    let client = redis::Client::open(info)?;
+    let addr = match template.addr() {
+        redis::ConnectionAddr::TcpTls { insecure, .. } => redis::ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: None,
+        },
+        _ => redis::ConnectionAddr::Tcp(host, port),
+    };
+    let client = tls.client(template.clone().set_addr(addr))?;
     NodePool::new(&client, config, size)
 }
 

@@ -44,6 +44,8 @@ pub struct StoreConfig {
     /// One server's URL; in cluster mode, seed nodes separated by commas.
     pub url: String,
     pub mode: Mode,
+    /// PEM certificate authorities for `rediss://` (unset: system roots).
+    pub tls_ca_file: Option<std::path::PathBuf>,
     pub namespace: String,
     pub command_timeout: std::time::Duration,
     pub connect_timeout: std::time::Duration,
@@ -77,6 +79,7 @@ impl StoreConfig {
     pub fn from_settings(settings: &ketch_config::Settings) -> Self {
         Self {
             url: settings.redis.url.clone(),
+            tls_ca_file: settings.redis.tls_ca_file.clone(),
             mode: match settings.redis.mode {
                 ketch_config::RedisMode::Single => Mode::Single,
                 ketch_config::RedisMode::Cluster => Mode::Cluster,
@@ -141,6 +144,17 @@ impl Store {
             .clone()
             .set_response_timeout(Some(config.command_timeout + config.durability.timeout));
         let size = config.durability.connections;
+        let tls = connection::Tls {
+            ca_pem: match &config.tls_ca_file {
+                Some(path) => Some(std::fs::read(path).map_err(|e| {
+                    StorageError::Unavailable(format!(
+                        "cannot read redis.tls_ca_file {}: {e}",
+                        path.display()
+                    ))
+                })?),
+                None => None,
+            },
+        };
         let (conn, durable, wake) = match config.mode {
             Mode::Single => {
                 if seeds.len() > 1 {
@@ -149,18 +163,21 @@ impl Store {
                             .to_owned(),
                     ));
                 }
-                let client = redis::Client::open(first)
+                let info = redis::IntoConnectionInfo::into_connection_info(first)
                     .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
+                let client = tls.client(info)?;
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
                 let durable = durable::DurablePool::single(&client, durable_config, size)?;
-                let wake = WakeHub::start(client, config.subscription_linger, config.connect_timeout);
+                let wake = WakeHub::start(client, tls, config.subscription_linger, config.connect_timeout);
                 (Conn::Single(conn), durable, wake)
             }
             Mode::Cluster => {
-                let conn = Conn::cluster(&seeds, config.connect_timeout, config.command_timeout, None)?;
-                let durable = durable::DurablePool::cluster(conn.clone(), first, durable_config, size)?;
+                let conn = Conn::cluster(&seeds, &tls, config.connect_timeout, config.command_timeout, None)?;
+                let durable =
+                    durable::DurablePool::cluster(conn.clone(), first, tls.clone(), durable_config, size)?;
                 let wake = WakeHub::start_cluster(
                     &seeds,
+                    &tls,
                     config.subscription_linger,
                     config.connect_timeout,
                     config.command_timeout,

@@ -206,11 +206,17 @@ impl Drop for Watch {
 
 impl WakeHub {
     /// Starts the hub and its subscriber task.
-    pub fn start(client: redis::Client, linger: Duration, connect_timeout: Duration) -> Self {
+    pub(crate) fn start(
+        client: redis::Client,
+        tls: crate::connection::Tls,
+        linger: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
         let (hub, rx) = Self::detached();
         let subscriber = Subscriber {
             hub: hub.clone(),
             client,
+            tls,
             linger,
             connect_timeout,
         };
@@ -219,8 +225,9 @@ impl WakeHub {
     }
 
     /// Starts the hub with a subscriber for the Redis Cluster `seeds` belong to.
-    pub fn start_cluster(
+    pub(crate) fn start_cluster(
         seeds: &[&str],
+        tls: &crate::connection::Tls,
         linger: Duration,
         connect_timeout: Duration,
         response_timeout: Duration,
@@ -228,7 +235,7 @@ impl WakeHub {
         let (hub, commands) = Self::detached();
         let (pushes_tx, pushes) = mpsc::unbounded_channel();
         let conn =
-            crate::connection::Conn::cluster(seeds, connect_timeout, response_timeout, Some(pushes_tx))?;
+            crate::connection::Conn::cluster(seeds, tls, connect_timeout, response_timeout, Some(pushes_tx))?;
         let crate::connection::Conn::Cluster(conn) = conn else {
             unreachable!("Conn::cluster makes a cluster connection");
         };
@@ -430,6 +437,7 @@ impl WakeHub {
 struct Subscriber {
     hub: WakeHub,
     client: redis::Client,
+    tls: crate::connection::Tls,
     linger: Duration,
     connect_timeout: Duration,
 }
@@ -471,18 +479,34 @@ impl Subscriber {
         }
     }
 
-    async fn connect(&self) -> std::io::Result<TcpStream> {
+    async fn connect(&self) -> std::io::Result<Box<dyn Stream>> {
         let info = self.client.get_connection_info();
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return Err(std::io::Error::other(
-                "wake-ups support plain TCP redis:// URLs only",
-            ));
+        let (host, port, tls) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (host, *port, false),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => (host, *port, true),
+            _ => {
+                return Err(std::io::Error::other(
+                    "wake-ups support redis:// and rediss:// URLs only",
+                ));
+            }
         };
-        let mut stream =
-            tokio::time::timeout(self.connect_timeout, TcpStream::connect((host.as_str(), *port)))
-                .await
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
+        let connect = async {
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            if !tls {
+                return Ok::<Box<dyn Stream>, std::io::Error>(Box::new(tcp));
+            }
+            let config = tls_config(&self.tls)?;
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| std::io::Error::other(format!("redis host {host:?}: {e}")))?;
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await?;
+            Ok(Box::new(stream))
+        };
+        let mut stream = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
         if let Some(password) = info.redis_settings().password() {
             let mut args = vec!["AUTH"];
             if let Some(user) = info.redis_settings().username() {
@@ -502,10 +526,10 @@ impl Subscriber {
 
     async fn serve(
         &self,
-        stream: TcpStream,
+        stream: Box<dyn Stream>,
         commands: &mut mpsc::UnboundedReceiver<Command>,
     ) -> std::io::Result<()> {
-        let (read, mut write) = stream.into_split();
+        let (read, mut write) = tokio::io::split(stream);
         let (frames_tx, mut frames) = mpsc::channel(1024);
         let reader = tokio::spawn(async move {
             let mut read = BufReader::new(read);
@@ -661,6 +685,38 @@ impl ClusterSubscriber {
     }
 }
 
+/// The subscriber's connection: TCP, or TLS over it.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+/// The TLS client settings for `rediss://`: the configured certificate
+/// authorities, or the system's.
+fn tls_config(tls: &crate::connection::Tls) -> std::io::Result<Arc<rustls::ClientConfig>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca_pem {
+        Some(pem) => {
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| std::io::Error::other(format!("redis.tls_ca_file: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| std::io::Error::other(format!("redis.tls_ca_file: {e}")))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    Ok(Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
@@ -773,7 +829,12 @@ mod tests {
     #[tokio::test]
     async fn a_local_notify_wakes_a_watch_made_before_it() {
         let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
-        let hub = WakeHub::start(client, Duration::from_secs(1), Duration::from_millis(10));
+        let hub = WakeHub::start(
+            client,
+            crate::connection::Tls::default(),
+            Duration::from_secs(1),
+            Duration::from_millis(10),
+        );
         let watch = hub.watch(vec!["c".into()]);
         hub.appended("c", None, None);
         tokio::time::timeout(Duration::from_secs(1), watch.notified())

@@ -141,6 +141,8 @@ pub struct RedisServer {
     /// The server's working directory (`--dir`): where a replica's RDB
     /// and a cluster node's node file go, removed on drop.
     dir: PathBuf,
+    /// A TLS port beside the plain one (which tests use to inspect).
+    tls_port: Option<u16>,
     /// Extra `redis-server` arguments (e.g. `--replicaof`).
     args: Vec<String>,
     child: Option<Child>,
@@ -165,6 +167,7 @@ impl RedisServer {
         Self {
             port,
             dir,
+            tls_port: None,
             args: Vec::new(),
             child: None,
             log: LogBuffer::default(),
@@ -197,6 +200,24 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// A server that also takes TLS connections, with a certificate of
+    /// `ca` for 127.0.0.1; `args` as for [`RedisServer::start_with`].
+    pub fn start_tls(ca: &TestCa, args: &[&str]) -> Self {
+        retry_port_race(|| {
+            let mut server = Self::reserve();
+            let tls_port = free_port();
+            server.tls_port = Some(tls_port);
+            server.args = ca.redis_args(tls_port);
+            server.args.extend(args.iter().map(|a| (*a).to_owned()));
+            server.try_start().map(|()| server)
+        })
+    }
+
+    /// The `rediss://` URL of a server started with [`RedisServer::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port.expect("a TLS server"))
     }
 
     pub fn url(&self) -> String {
@@ -346,6 +367,103 @@ fn signal(pid: u32, which: &str) {
     assert!(status.success(), "kill {which} {pid}");
 }
 
+/// A test certificate authority and a server certificate it signed for
+/// 127.0.0.1, made with `openssl` in a directory removed on drop.
+pub struct TestCa {
+    dir: tempfile::TempDir,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let run = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .expect("run openssl (apt-get install openssl)");
+            assert!(output.status.success(), "openssl {args:?}: {output:?}");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=ketch test CA",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(
+            dir.path().join("san.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("write");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        Self { dir }
+    }
+
+    /// The CA certificate (PEM), for `redis.tls_ca_file`.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    fn redis_args(&self, tls_port: u16) -> Vec<String> {
+        let path = |name: &str| self.dir.path().join(name).display().to_string();
+        vec![
+            "--tls-port".into(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            path("server.crt"),
+            "--tls-key-file".into(),
+            path("server.key"),
+            "--tls-ca-cert-file".into(),
+            path("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
+    }
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// A Redis Cluster of real `redis-server` processes on loopback ports
 /// (`--cluster-enabled yes`, joined by `redis-cli --cluster create`); every
 /// node is killed on drop and its node file removed.
@@ -357,20 +475,39 @@ impl RedisCluster {
     /// `masters` masters with `replicas` replicas each, all slots assigned,
     /// ready (`cluster_state:ok` on every node).
     pub fn start(masters: usize, replicas: usize) -> Self {
+        Self::start_nodes(masters, replicas, None)
+    }
+
+    /// As [`RedisCluster::start`], every node also taking TLS connections
+    /// (certificates of `ca`) and speaking TLS on the cluster bus and to
+    /// its replicas; CLUSTER SLOTS reports TLS ports to TLS clients.
+    pub fn start_tls(ca: &TestCa, masters: usize, replicas: usize) -> Self {
+        Self::start_nodes(masters, replicas, Some(ca))
+    }
+
+    fn start_nodes(masters: usize, replicas: usize, tls: Option<&TestCa>) -> Self {
         let nodes = (0..masters * (1 + replicas))
             .map(|_| {
                 // The node file goes to the server's own directory; the bus
                 // port is chosen free too (port + 10000 may be taken, or
                 // past 65535).
                 let bus = free_port().to_string();
-                RedisServer::start_with(&[
+                let args = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-port",
                     &bus,
                     "--cluster-node-timeout",
                     "2000",
-                ])
+                ];
+                match tls {
+                    Some(ca) => {
+                        let mut args = args.to_vec();
+                        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                        RedisServer::start_tls(ca, &args)
+                    }
+                    None => RedisServer::start_with(&args),
+                }
             })
             .collect();
         let cluster = Self { nodes };
@@ -478,6 +615,15 @@ impl RedisCluster {
     /// Seed URLs of every node, comma-separated (`redis.url` in cluster mode).
     pub fn url(&self) -> String {
         self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
+    }
+
+    /// `rediss://` seed URLs of every node (a cluster started with TLS).
+    pub fn tls_url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.tls_url())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// A connection that follows the cluster's redirections.

@@ -78,6 +78,7 @@ fn store_unvalidated(redis: &RedisServer, topic: &str, batch: Vec<u8>) {
     let config = StoreConfig {
         url: redis.url(),
         mode: ketch_storage::Mode::Single,
+        tls_ca_file: None,
         namespace: "ketch".to_owned(),
         command_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(2),
