@@ -2,11 +2,13 @@
 # Run every ketch test: formatting, clippy, the Rust unit and end-to-end
 # tests, and the Python / kcat client tests in tests/python.
 #
-# Installs what the tests need when it is missing (redis-server, kcat,
-# postgresql and a C toolchain with apt-get; pytest, confluent-kafka,
-# kafka-python, pyiceberg and psycopg2 with pip).
-# Starts no shared Redis: every test starts its own redis-server on a free
-# port. Respects CARGO_TARGET_DIR. Exits non-zero if any step fails.
+# Installs what the tests need when it is missing (redis-server and
+# redis-tools, kcat, openssl, postgresql and a C toolchain with apt-get;
+# pytest, confluent-kafka, kafka-python, pyiceberg and psycopg2 with pip).
+# Starts no shared Redis: every test starts its own redis-server (or Redis
+# Cluster) on free ports. The suites that hold for either mode run a second
+# time against a 3-master Redis Cluster (TEST_REDIS_MODE=cluster).
+# Respects CARGO_TARGET_DIR. Exits non-zero if any step fails.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -29,6 +31,10 @@ as_root() {
 install_prerequisites() {
     local missing=()
     command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+    # redis-cli --cluster create/reshard for the Redis Cluster tests.
+    command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+    # Test certificates for TLS to Redis.
+    command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     command -v kcat >/dev/null 2>&1 || missing+=(kcat)
     # The tiering tests run a PostgreSQL catalog (initdb + postgres).
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
@@ -101,6 +107,10 @@ export KETCH_BIN="$target_dir/debug/ketch"
 upgrade_base_commit=$(grep -v '^#' scripts/upgrade-base | head -n 1)
 export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_commit"
 
+# End-to-end suites written against TestRedis, which hold in both modes.
+cluster_suites=(roundtrip compression produce_fetch membership multi_gateway list_offsets offsets
+    idempotence admin retention tiering)
+
 results=()
 failed=0
 
@@ -129,10 +139,14 @@ step "cargo build -p ketch-gateway -p ketch-bench" cargo build -p ketch-gateway 
 # The end-to-end tests need a binary built from this tree, not a stale one.
 if [[ "${results[-1]}" == ok* ]] && [ -x "$KETCH_BIN" ]; then
     step "cargo test --workspace" cargo test --workspace --no-fail-fast -- --test-threads=2
+    step "end-to-end suites again on a Redis Cluster (TEST_REDIS_MODE=cluster)" \
+        env TEST_REDIS_MODE=cluster cargo test -p ketch-tests --no-fail-fast \
+        "${cluster_suites[@]/#/--test=}" -- --test-threads=2
     step "python and kcat tests (pytest tests/python)" python3 -m pytest -q tests/python
 else
     failed=1
     skip "cargo test --workspace"
+    skip "end-to-end suites again on a Redis Cluster (TEST_REDIS_MODE=cluster)"
     skip "python and kcat tests (pytest tests/python)"
 fi
 

@@ -279,19 +279,7 @@ impl RedisServer {
 
     /// The hash tags of a topic's partitions, from its `ketch:topics` record.
     pub fn topic_tags(&self, topic: &str) -> Vec<String> {
-        let json: Option<String> = redis::cmd("HGET")
-            .arg("ketch:topics")
-            .arg(topic)
-            .query(&mut self.connection())
-            .expect("HGET ketch:topics");
-        let json = json.unwrap_or_else(|| panic!("topic {topic} is not in ketch:topics"));
-        let record: serde_json::Value = serde_json::from_str(&json).expect("topic record is JSON");
-        record["tags"]
-            .as_array()
-            .unwrap_or_else(|| panic!("topic record has no tags: {json}"))
-            .iter()
-            .map(|t| t.as_str().expect("tag is a string").to_owned())
-            .collect()
+        topic_tags(&mut self.connection(), topic)
     }
 
     /// Number of entries (batches) in a partition's stream.
@@ -365,6 +353,151 @@ fn signal(pid: u32, which: &str) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill {which} {pid}");
+}
+
+/// The Redis an end-to-end suite runs against: one `redis-server`, or a
+/// 3-master Redis Cluster when `TEST_REDIS_MODE=cluster` (scripts/test.sh
+/// runs the suites that matter in both modes). Its URL makes [`Ketch`]
+/// run in the matching `redis.mode`, and its inspection helpers read
+/// through a connection that follows the cluster's slots.
+pub enum TestRedis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+/// A connection to a [`TestRedis`], either mode.
+pub enum TestConnection {
+    Single(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl redis::ConnectionLike for TestConnection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> redis::RedisResult<redis::Value> {
+        match self {
+            TestConnection::Single(c) => c.req_packed_command(cmd),
+            TestConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        match self {
+            TestConnection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            TestConnection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn req_command(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<redis::Value> {
+        match self {
+            TestConnection::Single(c) => c.req_command(cmd),
+            TestConnection::Cluster(c) => c.req_command(cmd),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+
+    fn check_connection(&mut self) -> bool {
+        match self {
+            TestConnection::Single(c) => c.check_connection(),
+            TestConnection::Cluster(c) => c.check_connection(),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            TestConnection::Single(c) => c.is_open(),
+            TestConnection::Cluster(c) => c.is_open(),
+        }
+    }
+}
+
+impl TestRedis {
+    /// Starts the Redis of the mode `TEST_REDIS_MODE` names (`single`,
+    /// the default, or `cluster`).
+    pub fn start() -> Self {
+        match std::env::var("TEST_REDIS_MODE").as_deref() {
+            Ok("cluster") => TestRedis::Cluster(RedisCluster::start(3, 0)),
+            Ok("single") | Err(_) => TestRedis::Single(RedisServer::start()),
+            Ok(other) => panic!("TEST_REDIS_MODE={other}: expected single or cluster"),
+        }
+    }
+
+    /// The URL to give ketch (a cluster's seed list).
+    pub fn url(&self) -> String {
+        match self {
+            TestRedis::Single(server) => server.url(),
+            TestRedis::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    pub fn connection(&self) -> TestConnection {
+        match self {
+            TestRedis::Single(server) => TestConnection::Single(server.connection()),
+            TestRedis::Cluster(cluster) => TestConnection::Cluster(Box::new(cluster.connection())),
+        }
+    }
+
+    /// The hash tags of a topic's partitions, from its `ketch:topics` record.
+    pub fn topic_tags(&self, topic: &str) -> Vec<String> {
+        topic_tags(&mut self.connection(), topic)
+    }
+
+    /// Number of entries (batches) in a partition's stream.
+    pub fn stream_len(&self, topic: &str, partition: usize) -> i64 {
+        let tag = &self.topic_tags(topic)[partition];
+        redis::cmd("XLEN")
+            .arg(format!("ketch:{{{tag}}}:log"))
+            .query(&mut self.connection())
+            .expect("XLEN")
+    }
+
+    /// `next_offset` from a partition's meta hash (absent counts as 0).
+    pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
+        let tag = &self.topic_tags(topic)[partition];
+        let next: Option<i64> = redis::cmd("HGET")
+            .arg(format!("ketch:{{{tag}}}:meta"))
+            .arg("next_offset")
+            .query(&mut self.connection())
+            .expect("HGET meta next_offset");
+        next.unwrap_or(0)
+    }
+
+    /// A partition's segment records (`ketch:{TAG}:segments`), oldest first.
+    pub fn segments(&self, topic: &str, partition: usize) -> Vec<serde_json::Value> {
+        let tag = &self.topic_tags(topic)[partition];
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("ketch:{{{tag}}}:segments"))
+            .arg(0)
+            .arg(-1)
+            .query(&mut self.connection())
+            .expect("ZRANGE segments");
+        members
+            .iter()
+            .map(|m| serde_json::from_str(m).expect("segment JSON"))
+            .collect()
+    }
+}
+
+fn topic_tags(conn: &mut dyn redis::ConnectionLike, topic: &str) -> Vec<String> {
+    let json: Option<String> = redis::cmd("HGET")
+        .arg("ketch:topics")
+        .arg(topic)
+        .query(conn)
+        .expect("HGET ketch:topics");
+    let json = json.unwrap_or_else(|| panic!("topic {topic} is not in ketch:topics"));
+    let record: serde_json::Value = serde_json::from_str(&json).expect("topic record is JSON");
+    record["tags"]
+        .as_array()
+        .unwrap_or_else(|| panic!("topic record has no tags: {json}"))
+        .iter()
+        .map(|t| t.as_str().expect("tag is a string").to_owned())
+        .collect()
 }
 
 /// A test certificate authority and a server certificate it signed for
@@ -933,6 +1066,13 @@ impl Ketch {
             .args(["--listen", &listen, "--advertised-host", "127.0.0.1"])
             .args(["--advertised-port", &kafka_port.to_string()])
             .args(["--redis-url", redis_url, "--http-listen", &http])
+            // A list of seed nodes is a Redis Cluster ([`RedisCluster::url`]);
+            // extra arguments may still set the mode themselves.
+            .args(if redis_url.contains(',') {
+                &["--set", "redis.mode=cluster"][..]
+            } else {
+                &[][..]
+            })
             .args(extra_args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

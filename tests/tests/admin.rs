@@ -8,15 +8,15 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 use rdkafka::admin::{
     AdminOptions, ConfigSource, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
 };
 use rdkafka::consumer::Consumer;
 use rdkafka::error::RDKafkaErrorCode;
 
-fn start() -> (RedisServer, Ketch) {
-    let redis = RedisServer::start();
+fn start() -> (TestRedis, Ketch) {
+    let redis = TestRedis::start();
     // No auto-create: a topic exists only if an admin request made it.
     let ketch = Ketch::start(&redis.url(), &["--set", "topics.auto_create=false"]);
     (redis, ketch)
@@ -26,7 +26,7 @@ fn opts() -> AdminOptions {
     AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
 }
 
-fn topic_exists(redis: &RedisServer, topic: &str) -> bool {
+fn topic_exists(redis: &TestRedis, topic: &str) -> bool {
     redis::cmd("HEXISTS")
         .arg("ketch:topics")
         .arg(topic)
@@ -292,7 +292,7 @@ fn delete_records_moves_the_log_start_offset() {
 
 #[test]
 fn deleting_a_topic_removes_every_key_of_its_partitions() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(
         &redis.url(),
         &[

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 use rdkafka::message::Message;
 use rdkafka::producer::FutureRecord;
 
@@ -16,7 +16,7 @@ fn value(i: usize) -> Vec<u8> {
 }
 
 fn round_trip(codec: &str) {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let rt = runtime();
     let topic = unique_topic(&format!("compression-{codec}"));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, unique_topic};
+use ketch_tests::{Ketch, TestRedis, unique_topic};
 use rdkafka::Message;
 use rdkafka::producer::FutureRecord;
 
@@ -36,7 +36,7 @@ fn record(n: i64) -> Vec<Record> {
 
 #[test]
 fn retries_are_deduplicated_and_gaps_and_stale_epochs_refused() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("idempotence");
@@ -92,7 +92,7 @@ fn retries_are_deduplicated_and_gaps_and_stale_epochs_refused() {
 
 #[test]
 fn rdkafka_idempotent_producer_round_trips() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let topic = unique_topic("idempotent-rdkafka");
     let rt = ketch_tests::runtime();
@@ -145,7 +145,7 @@ fn rdkafka_idempotent_producer_round_trips() {
 
 #[test]
 fn idle_producer_state_expires_like_kafkas() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(
         &redis.url(),
         &[

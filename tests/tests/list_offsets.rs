@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, unique_topic};
+use ketch_tests::{Ketch, TestRedis, unique_topic};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -34,7 +34,7 @@ fn kafka_answer(t: i64) -> Offset {
 
 #[test]
 fn offsets_for_times_finds_the_first_record_at_or_after_t() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let topic = unique_topic("times");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
@@ -108,7 +108,7 @@ fn offsets_for_times_finds_the_first_record_at_or_after_t() {
 
 #[test]
 fn list_offsets_special_timestamps() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let topic = unique_topic("special");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());

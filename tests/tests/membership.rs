@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::{FindCoordinatorRequest, OffsetFetchRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::raw::{self, KafkaConn};
-use ketch_tests::{Ketch, RedisServer, unique_topic};
+use ketch_tests::{Ketch, TestRedis, unique_topic};
 use rdkafka::consumer::Consumer;
 
 const NOT_COORDINATOR: i16 = 16;
 
-fn gateway(redis: &RedisServer, id: i32) -> Ketch {
+fn gateway(redis: &TestRedis, id: i32) -> Ketch {
     Ketch::start_node(&redis.url(), id, "600ms", &[])
 }
 
@@ -51,7 +51,7 @@ fn wait_for_metadata(via: &Ketch, topic: &str, what: &str, done: impl Fn(&BTreeS
 
 #[test]
 fn metadata_lists_live_gateways_and_moves_a_dead_ones_partitions() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let mut gateways: Vec<Ketch> = (1..=3).map(|id| gateway(&redis, id)).collect();
     let topic = unique_topic("membership");
     assert_eq!(
@@ -83,7 +83,7 @@ fn metadata_lists_live_gateways_and_moves_a_dead_ones_partitions() {
 
 #[test]
 fn groups_spread_over_coordinators_and_others_answer_not_coordinator() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let gateways: Vec<Ketch> = (1..=3).map(|id| gateway(&redis, id)).collect();
     let topic = unique_topic("coordinators");
     assert_eq!(

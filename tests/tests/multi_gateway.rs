@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, quantile, unique_topic};
+use ketch_tests::{Ketch, TestRedis, quantile, unique_topic};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 
@@ -26,7 +26,7 @@ fn value(writer: usize, batch: usize, record: usize) -> Vec<u8> {
 
 #[test]
 fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
     let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
     let topic = unique_topic("two-gateways");
@@ -108,7 +108,7 @@ fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
 #[test]
 fn fetch_waiting_on_one_gateway_wakes_for_a_produce_through_another() {
     const TRIALS: usize = 200;
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
     let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
     let topic = unique_topic("wake");

@@ -12,7 +12,7 @@ use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::{OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, unique_topic};
+use ketch_tests::{Ketch, TestRedis, unique_topic};
 
 const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 const ILLEGAL_GENERATION: i16 = 22;
@@ -75,7 +75,7 @@ fn fetch(conn: &mut KafkaConn, group: &str, topic: &str, partitions: &[i32]) -> 
 
 #[test]
 fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(
         &redis.url(),
         &[

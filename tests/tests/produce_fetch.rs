@@ -6,10 +6,10 @@ use kafka_protocol::messages::{ApiVersionsRequest, FetchRequest, ProduceRequest}
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, unique_topic};
+use ketch_tests::{Ketch, TestRedis, unique_topic};
 
-fn start() -> (RedisServer, Ketch, KafkaConn, String) {
-    let redis = RedisServer::start();
+fn start() -> (TestRedis, Ketch, KafkaConn, String) {
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("wire");

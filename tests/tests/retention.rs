@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 
 const WORKER: [&str; 4] = [
     "--set",
@@ -36,7 +36,7 @@ fn wait_for_log_start(conn: &mut KafkaConn, topic: &str, what: &str, done: impl 
 
 #[test]
 fn retention_bytes_deletes_whole_sealed_segments() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &WORKER);
     let topic = unique_topic("retention-bytes");
     ketch.create_topic_with(
@@ -99,7 +99,7 @@ fn retention_bytes_deletes_whole_sealed_segments() {
 
 #[test]
 fn retention_ms_deletes_segments_whose_records_are_old() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &WORKER);
     let topic = unique_topic("retention-ms");
     ketch.create_topic_with(
@@ -126,7 +126,7 @@ fn retention_ms_deletes_segments_whose_records_are_old() {
 
 #[test]
 fn one_gateway_holds_each_partitions_lease() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let a = Ketch::start(&redis.url(), &[&["--node-id", "1"][..], &WORKER].concat());
     let b = Ketch::start(&redis.url(), &[&["--node-id", "2"][..], &WORKER].concat());
     let topic = unique_topic("leases");

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -59,7 +59,7 @@ fn record(i: usize, rng: &mut StdRng) -> Expected {
 
 #[test]
 fn hundred_thousand_records_round_trip_byte_identical() {
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
     let rt = runtime();
     let topic = unique_topic("roundtrip");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use ketch_tests::servers::{Postgres, RestCatalog, S3_ACCESS_KEY, S3_SECRET_KEY, S3Server};
-use ketch_tests::{Ketch, RedisServer, runtime, unique_topic};
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -147,7 +147,7 @@ fn consume_and_check(consumer: &BaseConsumer, topic: &str, ends: &[i64]) {
 }
 
 /// A partition's meta hash.
-fn meta(redis: &RedisServer, topic: &str, partition: usize) -> HashMap<String, i64> {
+fn meta(redis: &TestRedis, topic: &str, partition: usize) -> HashMap<String, i64> {
     let tag = &redis.topic_tags(topic)[partition];
     let fields: HashMap<String, String> = redis::cmd("HGETALL")
         .arg(format!("ketch:{{{tag}}}:meta"))
@@ -165,7 +165,7 @@ fn meta(redis: &RedisServer, topic: &str, partition: usize) -> HashMap<String, i
 /// (`segment_bytes`), so nothing changes until more is produced. Returns
 /// each partition's local start offset.
 fn wait_archived(
-    redis: &RedisServer,
+    redis: &TestRedis,
     ketch: &Ketch,
     topic: &str,
     partitions: usize,
@@ -200,7 +200,7 @@ fn wait_archived(
 /// Waits until the whole log of every partition is archived and trimmed
 /// from Redis (the topic's `segment.ms` seals the last segment); returns
 /// each partition's end offset.
-fn wait_all_trimmed(redis: &RedisServer, ketch: &Ketch, topic: &str, partitions: usize) -> Vec<i64> {
+fn wait_all_trimmed(redis: &TestRedis, ketch: &Ketch, topic: &str, partitions: usize) -> Vec<i64> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let ends: Vec<i64> = (0..partitions).map(|p| redis.next_offset(topic, p)).collect();
@@ -291,7 +291,7 @@ fn hex(bytes: Vec<u8>) -> String {
 /// A gateway whose storage worker ticks every 100 ms, with its data
 /// directory (SQLite catalog, local warehouse) in `data_dir`; `extra` are
 /// more `--set` values.
-fn tiered_gateway(redis: &RedisServer, data_dir: &Path, extra: &[String]) -> Ketch {
+fn tiered_gateway(redis: &TestRedis, data_dir: &Path, extra: &[String]) -> Ketch {
     let mut args = Vec::new();
     set(&mut args, "tiering.tick_interval=100ms".to_owned());
     set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
@@ -330,7 +330,7 @@ fn create_remote_topic(
 fn produce_segments(
     producer: &FutureProducer,
     rt: &tokio::runtime::Runtime,
-    redis: &RedisServer,
+    redis: &TestRedis,
     topic: &str,
     rounds: usize,
     per_round: usize,
@@ -361,7 +361,7 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
     const TAIL: usize = 4_000;
     const PARTITIONS: usize = 4;
     let dir = tempfile::tempdir().expect("temp dir");
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let s3 = S3Server::start(&dir.path().join("s3"), "lake");
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
@@ -487,7 +487,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
     const ROUNDS: usize = 30;
     const PER_ROUND: usize = 5_000;
     let dir = tempfile::tempdir().expect("temp dir");
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     // Nothing listens on this port: every archive attempt fails.
     let unreachable = format!("postgres://postgres@127.0.0.1:{}/none", ketch_tests::free_port());
@@ -572,7 +572,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
 #[test]
 fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(&redis, &data_dir, &[]);
     let rt = runtime();
@@ -660,7 +660,7 @@ fn postgres_catalog_archives_and_serves_the_archive() {
     const PARTITIONS: usize = 2;
     let postgres = Postgres::start();
     let dir = tempfile::tempdir().expect("temp dir");
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(
         &redis,
@@ -701,7 +701,7 @@ fn rest_catalog_archives_and_serves_the_archive() {
     let rest_db = dir.path().join("rest/catalog.db");
     let warehouse = format!("file://{}", dir.path().join("rest-warehouse").display());
     let catalog = RestCatalog::start(&rest_db, &warehouse);
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(
         &redis,
@@ -745,7 +745,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     use ketch_tests::raw::{self, KafkaConn, code};
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let redis = RedisServer::start();
+    let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(&redis, &data_dir, &[]);
     let rt = runtime();
@@ -838,7 +838,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
 
 /// Sets a topic config in the topic's Redis record (ketch has no
 /// AlterConfigs yet); gateways pick it up within their 2 s topic cache.
-fn set_topic_config(redis: &RedisServer, topic: &str, name: &str, value: &str) {
+fn set_topic_config(redis: &TestRedis, topic: &str, name: &str, value: &str) {
     let mut conn = redis.connection();
     let json: String = redis::cmd("HGET")
         .arg("ketch:topics")
