@@ -13,6 +13,12 @@
 #      before full validation), the compressed produce runs alternate between
 #      that build and this one, COMPARE_ROUNDS times, on a fresh Redis each:
 #      the cost of decompressing and checking every record on produce.
+#   6. Redis Cluster: 1 KiB records to 24 partitions (acks=all, spread evenly:
+#      no sticky partitioning), produced and consumed through a ketch in
+#      cluster mode on a 3-master cluster, and the same through the
+#      single-Redis ketch, in one run; each master's share
+#      of the Redis CPU and the ketch + Redis CPU per record of both
+#      (cluster.md beside summary.md).
 #
 # Redis is flushed before each measurement, so its memory delta belongs to
 # that measurement alone. Raw JSON results go to benchmark/results/<date>/,
@@ -22,7 +28,10 @@
 # LATENCY_DURATION (30s), OUT (results directory), BENCH_KETCH_BIN (a ketch binary
 # to measure instead of this checkout's, e.g. an older build for a
 # before/after comparison), COMPARE_KETCH_BIN and COMPARE_ROUNDS (2) for
-# step 5, SKIP_PRESETS=1 (only steps 5; for iterating on it).
+# step 5, SKIP_PRESETS=1 (only steps 5 and 6; for iterating on them),
+# SKIP_COMPRESSED=1 (no step 5), SKIP_CLUSTER=1 (no step 6), CLUSTER_MASTERS (3; 1
+# or at least 3),
+# CLUSTER_PARTITIONS (24).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +54,7 @@ BENCH="$target/release/ketch-bench"
 
 mkdir -p "$OUT"
 work=$(mktemp -d)
+cluster_pids=()
 redis_port=$(free_port)
 kafka_port=$(free_port)
 http_port=$(free_port)
@@ -53,6 +63,8 @@ BOOTSTRAP="127.0.0.1:$kafka_port"
 
 cleanup() {
     [ -n "${ketch_pid:-}" ] && kill "$ketch_pid" 2>/dev/null && wait "$ketch_pid" 2>/dev/null
+    [ -n "${cluster_ketch_pid:-}" ] && kill "$cluster_ketch_pid" 2>/dev/null && wait "$cluster_ketch_pid" 2>/dev/null
+    for pid in "${cluster_pids[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
     [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
     rm -rf "$work"
 }
@@ -145,6 +157,7 @@ compressed() { # codec, binary label, result prefix; sets $topic
         --result-file "$OUT/$prefix-$codec.json" >/dev/null
 }
 for codec in lz4 zstd; do
+    [ -n "${SKIP_COMPRESSED:-}" ] && break
     compressed "$codec" this produce-compressed
     log "compressed: consume them"
     "$BENCH" consumer --bootstrap-server "$BOOTSTRAP" --workload 1-topic-16-partitions-1kb \
@@ -164,12 +177,121 @@ if [ -n "${COMPARE_KETCH_BIN:-}" ]; then
     done
 fi
 
+# 6. Redis Cluster beside single Redis. One measurement: produce, then
+# consume, through the single-Redis ketch or the cluster one (cluster_step's
+# variables: ports, pids, server_pids, cluster_kafka_port, partitions).
+cluster_run() {
+    local mode=$1 round=$2
+    local bootstrap=$BOOTSTRAP pid_args=("${common[@]}")
+    if [ "$mode" = cluster ]; then
+        bootstrap="127.0.0.1:$cluster_kafka_port"
+        pid_args=(--output json --quiet "${server_pids[@]}")
+    fi
+    local topic="bench-$mode-${partitions}p-$run_id-$round"
+    local name="$mode-${partitions}p-1kb-$round"
+    if [ "$mode" = cluster ]; then
+        for port in "${ports[@]}"; do redis-cli -p "$port" config resetstat >/dev/null; done
+    else
+        flush
+    fi
+    log "$mode (round $round): produce $RECORDS_1KB records of 1 KiB to $partitions partitions (acks=all)"
+    "$BENCH" producer --bootstrap-server "$bootstrap" --workload 1-topic-16-partitions-1kb \
+        --partitions "$partitions" --topic "$topic" --create-topic --records "$RECORDS_1KB" --acks all \
+        --compression none --command-config "$work/even.properties" "${pid_args[@]}" \
+        --result-file "$OUT/produce-$name.json" >/dev/null
+    if [ "$mode" = cluster ]; then
+        # What each master took in and holds: how even the load was.
+        printf 'port\tpid\tnet_input_bytes\tkeys\n' >"$OUT/cluster-masters-$round.tsv"
+        for i in "${!ports[@]}"; do
+            printf '%s\t%s\t%s\t%s\n' "${ports[$i]}" "${pids[$i]}" \
+                "$(redis-cli -p "${ports[$i]}" info stats | tr -d '\r' | awk -F: '/total_net_input_bytes/ {print $2}')" \
+                "$(redis-cli -p "${ports[$i]}" dbsize)" >>"$OUT/cluster-masters-$round.tsv"
+        done
+    fi
+    log "$mode (round $round): consume them"
+    "$BENCH" consumer --bootstrap-server "$bootstrap" --workload 1-topic-16-partitions-1kb \
+        --topic "$topic" --from beginning --records "$RECORDS_1KB" --validate checksum \
+        "${pid_args[@]}" --result-file "$OUT/consume-$name.json" >/dev/null
+    if [ "$mode" = cluster ]; then
+        "$KETCH" placement --redis-url "$seeds" --set redis.mode=cluster >"$OUT/cluster-placement-$round.tsv"
+        # Its data goes before the other mode runs (ketch makes its
+        # registry keys again as it needs them).
+        for port in "${ports[@]}"; do redis-cli -p "$port" flushall >/dev/null; done
+    else
+        flush
+    fi
+}
+
+cluster_step() {
+    local masters=${CLUSTER_MASTERS:-3} partitions=${CLUSTER_PARTITIONS:-24}
+    local ports=() pids=() addresses=()
+    for i in $(seq 1 "$masters"); do
+        local port bus dir
+        port=$(free_port)
+        bus=$(free_port)
+        dir="$work/cluster-$i"
+        mkdir -p "$dir"
+        redis-server --port "$port" --cluster-port "$bus" --bind 127.0.0.1 --save "" --appendonly no \
+            --cluster-enabled yes --cluster-node-timeout 5000 --dir "$dir" >"$dir/log" 2>&1 &
+        pids+=($!)
+        ports+=("$port")
+        addresses+=("127.0.0.1:$port")
+        until grep -q "Ready to accept connections" "$dir/log"; do sleep 0.05; done
+    done
+    cluster_pids=("${pids[@]}")
+    if [ "$masters" -eq 1 ]; then
+        # redis-cli --cluster create wants 3 masters; one takes every slot.
+        redis-cli -p "${ports[0]}" cluster addslotsrange 0 16383 >"$work/cluster-create.log"
+    else
+        redis-cli --cluster create "${addresses[@]}" --cluster-replicas 0 --cluster-yes >"$work/cluster-create.log"
+    fi
+    for port in "${ports[@]}"; do
+        until redis-cli -p "$port" cluster info | grep -q "cluster_state:ok"; do sleep 0.1; done
+    done
+    seeds=$(printf 'redis://%s,' "${addresses[@]}")
+    seeds=${seeds%,}
+    local cluster_kafka_port cluster_http_port
+    cluster_kafka_port=$(free_port)
+    cluster_http_port=$(free_port)
+    log "starting $KETCH in cluster mode on $cluster_kafka_port ($masters masters)"
+    "$KETCH" serve --listen "127.0.0.1:$cluster_kafka_port" --http-listen "127.0.0.1:$cluster_http_port" \
+        --redis-url "$seeds" --set redis.mode=cluster >"$work/ketch-cluster.log" 2>&1 &
+    cluster_ketch_pid=$!
+    until grep -q "ketch serving" "$work/ketch-cluster.log"; do
+        kill -0 "$cluster_ketch_pid" || { cat "$work/ketch-cluster.log"; exit 1; }
+        sleep 0.05
+    done
+    local server_pids=(--server-pid "$cluster_ketch_pid")
+    for pid in "${pids[@]}"; do server_pids+=(--server-pid "$pid"); done
+    # Records spread evenly over the partitions (no sticky partitioning),
+    # so each master's share measures placement, not the partitioner's luck.
+    printf 'sticky.partitioning.linger.ms=0\n' >"$work/even.properties"
+    # Whichever mode runs second in a pair measured up to a third slower
+    # here, so the order alternates by round, and each mode's data is
+    # deleted before the other runs.
+    local rounds=${CLUSTER_ROUNDS:-2} round order
+    for round in $(seq 1 "$rounds"); do
+        order="single cluster"
+        [ $((round % 2)) -eq 0 ] && order="cluster single"
+        for mode in $order; do
+            cluster_run "$mode" "$round"
+        done
+    done
+    kill "$cluster_ketch_pid" && wait "$cluster_ketch_pid" 2>/dev/null || true
+    cluster_ketch_pid=
+    python3 benchmark/summarize.py --cluster "$OUT" "$partitions" "$rounds" >"$OUT/cluster.md"
+    cat "$OUT/cluster.md"
+}
+if [ -z "${SKIP_CLUSTER:-}" ]; then
+    cluster_step
+fi
+
 {
     echo "host: $(uname -srm), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
     echo "redis: $(redis-server --version)"
     echo "ketch: $("$KETCH" --version) (${BENCH_KETCH_BIN:+$BENCH_KETCH_BIN, }checkout $(git rev-parse --short HEAD))"
     echo "rustc: $(rustc --version)"
-    echo "command: RECORDS_1KB=$RECORDS_1KB RECORDS_100B=$RECORDS_100B LATENCY_DURATION=$LATENCY_DURATION${COMPARE_KETCH_BIN:+ COMPARE_KETCH_BIN=$COMPARE_KETCH_BIN COMPARE_ROUNDS=${COMPARE_ROUNDS:-2}}${SKIP_PRESETS:+ SKIP_PRESETS=1} benchmark/run-baseline.sh"
+    echo "command: RECORDS_1KB=$RECORDS_1KB RECORDS_100B=$RECORDS_100B LATENCY_DURATION=$LATENCY_DURATION${COMPARE_KETCH_BIN:+ COMPARE_KETCH_BIN=$COMPARE_KETCH_BIN COMPARE_ROUNDS=${COMPARE_ROUNDS:-2}}${SKIP_PRESETS:+ SKIP_PRESETS=1}${SKIP_COMPRESSED:+ SKIP_COMPRESSED=1}${SKIP_CLUSTER:+ SKIP_CLUSTER=1} benchmark/run-baseline.sh"
 } >"$OUT/environment.txt"
 
 python3 benchmark/summarize.py "$OUT" >"$OUT/summary.md"

@@ -2,6 +2,7 @@
 """Turn one run-baseline.sh result directory into a Markdown summary.
 
 Usage: benchmark/summarize.py benchmark/results/<date>  > summary.md
+       benchmark/summarize.py --cluster benchmark/results/<date> PARTITIONS ROUNDS  > cluster.md
 
 Every figure comes from the JSON files ketch-bench wrote in that run; the
 targets of issue #3 are checked as ratios of figures measured side by side.
@@ -98,7 +99,54 @@ def compressed_section(directory, out):
             )
 
 
+def cluster_section(directory, partitions, rounds):
+    """Step 6: single Redis against a Redis Cluster, same workload, one run,
+    the order of the two alternating by round."""
+    out = [f"## Redis Cluster beside single Redis: 1 KiB records, {partitions} partitions, acks=all\n"]
+    out.append(
+        "| round (first) | mode | produce rec/s | consume rec/s | produce CPU µs/rec (ketch+redis) "
+        "| of which ketch | consume CPU µs/rec | busiest master / mean (produce) |"
+    )
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    ratios = []
+    for r in range(1, int(rounds) + 1):
+        first = "single" if r % 2 == 1 else "cluster"
+        runs = {}
+        for mode in ("single", "cluster"):
+            p = load(directory, f"produce-{mode}-{partitions}p-1kb-{r}.json")
+            c = load(directory, f"consume-{mode}-{partitions}p-1kb-{r}.json")
+            if p is not None:
+                runs[mode] = (p, c)
+        for mode, (p, c) in runs.items():
+            busiest = "–"
+            if mode == "cluster":
+                masters = [x["cpu_s"] for x in p["server"]["processes"] if x["name"] != "ketch"]
+                busiest = f"{max(masters) / (sum(masters) / len(masters)):.3f}"
+            out.append(
+                f"| {r} ({first}) | {mode} | {fmt(p['results']['throughput']['records_per_s'])} "
+                f"| {fmt(c['results']['throughput']['records_per_s']) if c else '–'} "
+                f"| {fmt(cpu_us(p), 2)} | {fmt(cpu_us(p, 'ketch'), 2)} | {fmt(cpu_us(c), 2) if c else '–'} | {busiest} |"
+            )
+        if "single" in runs and "cluster" in runs:
+            ratios.append((r, cpu_us(runs["cluster"][0]) / cpu_us(runs["single"][0]),
+                           cpu_us(runs["cluster"][1]) / cpu_us(runs["single"][1])))
+    out.append("")
+    for r, produce, consume in ratios:
+        out.append(f"- round {r}: cluster / single ketch+Redis CPU per record: produce {produce:.3f}, "
+                   f"consume {consume:.3f} (target ≤ 1.10)")
+    for r in range(1, int(rounds) + 1):
+        for name, title in ((f"cluster-masters-{r}.tsv", "what each master received during produce and holds"),
+                            (f"cluster-placement-{r}.tsv", "`ketch placement`")):
+            path = directory / name
+            if path.exists():
+                out.append(f"\nRound {r}, {title}:\n\n```\n" + path.read_text().strip() + "\n```")
+    return "\n".join(out)
+
+
 def main():
+    if sys.argv[1] == "--cluster":
+        print(cluster_section(Path(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else 1))
+        return
     directory = Path(sys.argv[1])
     out = []
     env = directory / "environment.txt"

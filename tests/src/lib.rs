@@ -217,11 +217,26 @@ impl RedisServer {
 
     /// The `rediss://` URL of a server started with [`RedisServer::start_tls`].
     pub fn tls_url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.tls_port.expect("a TLS server"))
+        format!(
+            "rediss://{}127.0.0.1:{}",
+            self.credentials(),
+            self.tls_port.expect("a TLS server")
+        )
+    }
+
+    /// The password the server was started with (`--requirepass`).
+    pub fn password(&self) -> Option<&str> {
+        let at = self.args.iter().position(|a| a == "--requirepass")?;
+        self.args.get(at + 1).map(String::as_str)
+    }
+
+    /// `:password@` for a URL, when the server has one.
+    fn credentials(&self) -> String {
+        self.password().map_or_else(String::new, |p| format!(":{p}@"))
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://{}127.0.0.1:{}", self.credentials(), self.port)
     }
 
     /// Starts (again) on the same port.
@@ -608,24 +623,30 @@ impl RedisCluster {
     /// `masters` masters with `replicas` replicas each, all slots assigned,
     /// ready (`cluster_state:ok` on every node).
     pub fn start(masters: usize, replicas: usize) -> Self {
-        Self::start_nodes(masters, replicas, None)
+        Self::start_nodes(masters, replicas, None, None)
+    }
+
+    /// As [`RedisCluster::start`], every node requiring `password` (its
+    /// replicas authenticating with it too); the URLs carry it.
+    pub fn start_with_password(masters: usize, replicas: usize, password: &str) -> Self {
+        Self::start_nodes(masters, replicas, None, Some(password))
     }
 
     /// As [`RedisCluster::start`], every node also taking TLS connections
     /// (certificates of `ca`) and speaking TLS on the cluster bus and to
     /// its replicas; CLUSTER SLOTS reports TLS ports to TLS clients.
     pub fn start_tls(ca: &TestCa, masters: usize, replicas: usize) -> Self {
-        Self::start_nodes(masters, replicas, Some(ca))
+        Self::start_nodes(masters, replicas, Some(ca), None)
     }
 
-    fn start_nodes(masters: usize, replicas: usize, tls: Option<&TestCa>) -> Self {
+    fn start_nodes(masters: usize, replicas: usize, tls: Option<&TestCa>, password: Option<&str>) -> Self {
         let nodes = (0..masters * (1 + replicas))
             .map(|_| {
                 // The node file goes to the server's own directory; the bus
                 // port is chosen free too (port + 10000 may be taken, or
                 // past 65535).
                 let bus = free_port().to_string();
-                let args = [
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-port",
@@ -633,9 +654,11 @@ impl RedisCluster {
                     "--cluster-node-timeout",
                     "2000",
                 ];
+                if let Some(password) = password {
+                    args.extend(["--requirepass", password, "--masterauth", password]);
+                }
                 match tls {
                     Some(ca) => {
-                        let mut args = args.to_vec();
                         args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
                         RedisServer::start_tls(ca, &args)
                     }
@@ -654,6 +677,7 @@ impl RedisCluster {
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .args(cluster.cli_auth())
             .output()
             .expect("run redis-cli --cluster create (apt-get install redis-tools)");
         assert!(
@@ -750,6 +774,14 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",")
     }
 
+    /// `-a PASSWORD` for redis-cli, when the nodes have one.
+    fn cli_auth(&self) -> Vec<String> {
+        match self.nodes[0].password() {
+            Some(password) => vec!["-a".into(), password.into(), "--no-auth-warning".into()],
+            None => Vec::new(),
+        }
+    }
+
     /// `rediss://` seed URLs of every node (a cluster started with TLS).
     pub fn tls_url(&self) -> String {
         self.nodes
@@ -819,6 +851,7 @@ impl RedisCluster {
             .args(["--cluster-from", &self.node_id(from)])
             .args(["--cluster-to", &self.node_id(to)])
             .args(["--cluster-slots", "16384", "--cluster-yes"])
+            .args(self.cli_auth())
             .output()
             .expect("run redis-cli --cluster reshard");
         assert!(

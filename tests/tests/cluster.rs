@@ -578,3 +578,28 @@ fn slots_resharded_under_running_producers_and_consumers_lose_and_repeat_nothing
     let acked: Vec<Acked> = acked.iter().map(|a| a.lock().unwrap().clone()).collect();
     check_exactly_once(&a, &topic, PARTS, &acked);
 }
+
+#[test]
+fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
+    let cluster = RedisCluster::start_with_password(3, 1, "cl0ster");
+    // user:password (Redis's default user), as an ACL user would be given.
+    let url = cluster.url().replace("redis://:cl0ster@", "redis://default:cl0ster@");
+    let a = Ketch::start(&url, &["--node-id", "1", "--set", "storage.acks_all_replicas=1"]);
+    let b = Ketch::start(&url, &["--node-id", "2", "--set", "storage.acks_all_replicas=1"]);
+    let topic = unique_topic("cluster-auth");
+    let mut conn_a = KafkaConn::connect(a.kafka_addr());
+    let mut conn_b = KafkaConn::connect(b.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn_a, &topic, 3), code::NONE);
+    for partition in 0..3 {
+        let request = raw::produce_request(&topic, partition, batch::encode(&[Record::value(1, b"x")])).with_acks(-1);
+        assert_eq!(
+            raw::produce_result(&conn_a.request(raw::PRODUCE_VERSION, &request)),
+            (code::NONE, 0),
+            "acks=all through the password-protected masters and their replicas"
+        );
+        let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 0, 0));
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        assert_eq!((error, high_watermark), (code::NONE, 1));
+        assert_eq!(raw::count_records(&records.expect("records")), 1);
+    }
+}
