@@ -47,9 +47,11 @@ struct Masters {
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
 }
 
-/// `size` lazily opened connections to one node.
+/// `size` lazily opened connections to one node, and one more shared by
+/// the appends that do not wait (cluster mode).
 struct NodePool {
     connections: Vec<ConnectionManager>,
+    shared: ConnectionManager,
     /// Indexes of the connections nobody holds.
     free: Mutex<Vec<usize>>,
     /// One permit per free connection.
@@ -71,6 +73,7 @@ impl NodePool {
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Self {
             connections,
+            shared: ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
             free: Mutex::new((0..size).rev().collect()),
             permits: Arc::new(Semaphore::new(size)),
         })
@@ -136,8 +139,28 @@ impl DurablePool {
         })
     }
 
+    /// In cluster mode, the shared connection to the master that holds
+    /// `key`, for appends that do not wait: they go to their master
+    /// directly rather than through the cluster connection, which copies
+    /// every command (the batch with it) into its routing task. `None` in
+    /// single mode.
+    pub(crate) async fn shared(&self, key: &str) -> Result<Option<Conn>> {
+        match &self.target {
+            Target::Single(_) => Ok(None),
+            Target::Cluster(_) => Ok(Some(Conn::Single(self.node(key).await?.shared.clone()))),
+        }
+    }
+
     /// Waits for a free connection to the node that holds `key`.
     pub(crate) async fn get(&self, key: &str) -> Result<Durable> {
+        match &self.target {
+            Target::Single(pool) => Ok(pool.get().await),
+            Target::Cluster(_) => Ok(self.node(key).await?.get().await),
+        }
+    }
+
+    /// The pool of the master that holds `key` (cluster mode).
+    async fn node(&self, key: &str) -> Result<Arc<NodePool>> {
         let Masters {
             template,
             tls,
@@ -145,7 +168,7 @@ impl DurablePool {
             pools,
             ..
         } = match &self.target {
-            Target::Single(pool) => return Ok(pool.get().await),
+            Target::Single(pool) => return Ok(pool.clone()),
             Target::Cluster(masters) => &**masters,
         };
         let slot = slot_of(key);
@@ -170,7 +193,7 @@ impl DurablePool {
                 }
             }
         };
-        Ok(pool.get().await)
+        Ok(pool)
     }
 
     /// Reads the slot map again (after a MOVED: a slot changed masters).

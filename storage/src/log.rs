@@ -29,8 +29,8 @@ const MAX_READ_COUNT: usize = 1024;
 /// Batches up to this size pass through the append script in one call:
 /// below it, Lua hashing the bytes costs less than a separate XADD.
 const INLINE_BATCH_BYTES: usize = 4096;
-/// Times an acks=all append follows a moved slot before it gives up (a
-/// retriable error to the client).
+/// Times an append in cluster mode follows a moved slot before it gives up
+/// (a retriable error to the client).
 const MAX_MOVED_RETRIES: u64 = 8;
 /// Reserve attempts before an append gives up (another gateway kept
 /// appending to the same partition in between).
@@ -323,24 +323,41 @@ impl Store {
         header: &BatchHeader,
         acks_all: bool,
     ) -> Result<AppendOutcome> {
-        if !(acks_all && self.durability.waits()) {
+        let wait = acks_all && self.durability.waits();
+        let keys = self.partition_keys(topic, partition);
+        if !wait && self.mode() == crate::Mode::Single {
             return self
                 .append_once(topic, partition, batch, header, self.conn())
                 .await;
         }
-        // In cluster mode the write goes to the partition's master directly;
-        // a master that lost the slot refuses it unwritten (MOVED): read the
+        // In cluster mode the write goes to the partition's master directly
+        // (and a waiting one on a connection of its own, for its WAIT); a
+        // master that lost the slot refuses it unwritten (MOVED): read the
         // slot map again and go to the new one.
-        let keys = self.partition_keys(topic, partition);
         let mut attempt = 0;
+        // A slot being migrated answers ASK for keys already moved; the
+        // cluster connection follows it (ASKING) for an append that need
+        // not WAIT on the connection that wrote.
+        let mut asked = false;
         loop {
-            let durable = self.durable.get(&keys.meta).await?;
+            let (conn, durable) = if wait {
+                let durable = self.durable.get(&keys.meta).await?;
+                (durable.conn(), Some(durable))
+            } else if asked {
+                (self.conn(), None)
+            } else {
+                let shared = self.durable.shared(&keys.meta).await?;
+                (shared.unwrap_or_else(|| self.conn()), None)
+            };
             match self
-                .append_once(topic, partition, batch, header, durable.conn())
+                .append_once(topic, partition, batch, header, conn.clone())
                 .await
             {
                 Ok(outcome) => {
-                    let waited = self.wait_durable(durable.conn()).await;
+                    if !wait {
+                        return Ok(outcome);
+                    }
+                    let waited = self.wait_durable(conn).await;
                     if let Err(StorageError::Unavailable(_)) = &waited
                         && let Err(refresh) = self.durable.refresh().await
                     {
@@ -351,7 +368,8 @@ impl Store {
                 Err(StorageError::Unavailable(e)) if durable::is_moved(&e) && attempt < MAX_MOVED_RETRIES => {
                     drop(durable);
                     attempt += 1;
-                    tracing::debug!(error = %e, attempt, "acks=all append met a moved slot; reading the slot map");
+                    asked = e.contains("ASK");
+                    tracing::debug!(error = %e, attempt, "an append met a moved slot; reading the slot map");
                     tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
                     self.durable.refresh().await?;
                 }

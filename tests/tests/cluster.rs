@@ -510,12 +510,26 @@ fn check_exactly_once(ketch: &Ketch, topic: &str, partitions: i32, acked: &[Acke
 
 #[test]
 fn slots_resharded_under_running_producers_and_consumers_lose_and_repeat_nothing() {
+    // Appends that WAIT for a replica, on connections of their own.
+    reshard_under_load(1);
+}
+
+#[test]
+fn slots_resharded_under_appends_that_do_not_wait_lose_and_repeat_nothing() {
+    // Appends on each master's shared connection, following ASK through
+    // the cluster connection.
+    reshard_under_load(0);
+}
+
+/// Moves every slot of one master while two idempotent producers and a
+/// consumer run; `replicas` per master, and acks=all waits for that many.
+fn reshard_under_load(replicas: usize) {
     const PARTS: i32 = 6;
-    // With replicas, acks=all appends go to their master directly and
-    // follow the moves themselves (MOVED, ASK), beside the reads and
-    // wake-ups of the cluster connection.
-    let cluster = RedisCluster::start(3, 1);
-    let a = gateway(&cluster, "1");
+    // Appends go to their master directly and follow the moves themselves
+    // (MOVED, ASK), beside the reads and wake-ups of the cluster connection.
+    let cluster = RedisCluster::start(3, replicas);
+    let waits = format!("storage.acks_all_replicas={replicas}");
+    let a = gateway_with(&cluster, "1", &["--set", &waits]);
     let topic = unique_topic("cluster-reshard");
     a.create_topic(&runtime(), &topic, PARTS);
     let masters = placement(&cluster, &topic);
@@ -583,7 +597,9 @@ fn slots_resharded_under_running_producers_and_consumers_lose_and_repeat_nothing
 fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
     let cluster = RedisCluster::start_with_password(3, 1, "cl0ster");
     // user:password (Redis's default user), as an ACL user would be given.
-    let url = cluster.url().replace("redis://:cl0ster@", "redis://default:cl0ster@");
+    let url = cluster
+        .url()
+        .replace("redis://:cl0ster@", "redis://default:cl0ster@");
     let a = Ketch::start(&url, &["--node-id", "1", "--set", "storage.acks_all_replicas=1"]);
     let b = Ketch::start(&url, &["--node-id", "2", "--set", "storage.acks_all_replicas=1"]);
     let topic = unique_topic("cluster-auth");
@@ -591,7 +607,8 @@ fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
     let mut conn_b = KafkaConn::connect(b.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn_a, &topic, 3), code::NONE);
     for partition in 0..3 {
-        let request = raw::produce_request(&topic, partition, batch::encode(&[Record::value(1, b"x")])).with_acks(-1);
+        let request =
+            raw::produce_request(&topic, partition, batch::encode(&[Record::value(1, b"x")])).with_acks(-1);
         assert_eq!(
             raw::produce_result(&conn_a.request(raw::PRODUCE_VERSION, &request)),
             (code::NONE, 0),

@@ -60,7 +60,8 @@ fn produce_and_wake(a: &Ketch, b: &Ketch, partitions: i32) {
 fn gateways_use_a_password_protected_redis_over_tls_only() {
     let ca = TestCa::new();
     let redis = RedisServer::start_tls(&ca, &["--requirepass", "s3cret"]);
-    let url = redis.tls_url().replace("rediss://", "rediss://:s3cret@");
+    let url = redis.tls_url();
+    assert!(url.starts_with("rediss://:s3cret@"), "{url}");
     let ca_setting = format!("redis.tls_ca_file={}", ca.ca_file().display());
     let a = Ketch::start(&url, &["--node-id", "1", "--set", &ca_setting]);
     let b = Ketch::start(&url, &["--node-id", "2", "--set", &ca_setting]);
