@@ -177,8 +177,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn segments_command(args: SegmentsArgs) -> std::process::ExitCode {
-    let settings = match args.settings.load(&[]) {
+/// Runs an admin subcommand: its settings loaded (exit 2 when they are
+/// bad), then `run` on a runtime; its error is printed under `name`.
+fn admin_command<F>(
+    name: &str,
+    settings: &SettingsArgs,
+    run: impl FnOnce(Settings) -> F,
+) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let settings = match settings.load(&[]) {
         Ok(settings) => settings,
         Err(e) => {
             eprintln!("ketch: {e}");
@@ -186,43 +195,33 @@ fn segments_command(args: SegmentsArgs) -> std::process::ExitCode {
         }
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    match runtime.block_on(segments::run(&settings, args.action)) {
+    match runtime.block_on(run(settings)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ketch segments: {e:#}");
+            eprintln!("ketch {name}: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
 }
 
+fn segments_command(args: SegmentsArgs) -> std::process::ExitCode {
+    admin_command("segments", &args.settings, |settings| async move {
+        segments::run(&settings, args.action).await
+    })
+}
+
 fn placement_command(args: PlacementArgs) -> std::process::ExitCode {
-    let settings = match args.settings.load(&[]) {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("ketch: {e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let placement = runtime.block_on(async {
+    admin_command("placement", &args.settings, |settings| async move {
         let store = ketch_storage::Store::new(&ketch_storage::StoreConfig::from_settings(&settings))?;
-        store.placement().await
-    });
-    match placement {
-        Ok(placement) => {
-            println!("master\ttopic\tpartitions");
-            for (master, topics) in placement {
-                for (topic, partitions) in topics {
-                    println!("{master}\t{topic}\t{partitions}");
-                }
+        let placement = store.placement().await?;
+        println!("master\ttopic\tpartitions");
+        for (master, topics) in placement {
+            for (topic, partitions) in topics {
+                println!("{master}\t{topic}\t{partitions}");
             }
-            std::process::ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("ketch placement: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+        Ok(())
+    })
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {

@@ -20,6 +20,7 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::BaseConsumer;
+use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 
 /// How long a process may take to become ready.
@@ -299,37 +300,17 @@ impl RedisServer {
 
     /// Number of entries (batches) in a partition's stream.
     pub fn stream_len(&self, topic: &str, partition: usize) -> i64 {
-        let tag = &self.topic_tags(topic)[partition];
-        redis::cmd("XLEN")
-            .arg(format!("ketch:{{{tag}}}:log"))
-            .query(&mut self.connection())
-            .expect("XLEN")
+        stream_len(&mut self.connection(), topic, partition)
     }
 
     /// A partition's segment records (`ketch:{TAG}:segments`), oldest first.
     pub fn segments(&self, topic: &str, partition: usize) -> Vec<serde_json::Value> {
-        let tag = &self.topic_tags(topic)[partition];
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(format!("ketch:{{{tag}}}:segments"))
-            .arg(0)
-            .arg(-1)
-            .query(&mut self.connection())
-            .expect("ZRANGE segments");
-        members
-            .iter()
-            .map(|m| serde_json::from_str(m).expect("segment JSON"))
-            .collect()
+        segments(&mut self.connection(), topic, partition)
     }
 
     /// `next_offset` from a partition's meta hash (absent counts as 0).
     pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
-        let tag = &self.topic_tags(topic)[partition];
-        let next: Option<i64> = redis::cmd("HGET")
-            .arg(format!("ketch:{{{tag}}}:meta"))
-            .arg("next_offset")
-            .query(&mut self.connection())
-            .expect("HGET meta next_offset");
-        next.unwrap_or(0)
+        next_offset(&mut self.connection(), topic, partition)
     }
 
     /// Output so far, for failure messages.
@@ -368,6 +349,83 @@ fn signal(pid: u32, which: &str) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill {which} {pid}");
+}
+
+/// Every record `0..count` (value `r<i>`, produced in order to partition
+/// `i % partitions`) is in its partition, once, in order, read through
+/// `ketch`.
+pub fn check_round_robin_records(ketch: &Ketch, topic: &str, partitions: i32, count: usize) {
+    let consumer = ketch.consumer_at(topic, &(0..partitions).collect::<Vec<_>>(), 0);
+    let mut next = vec![0usize; partitions as usize];
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen < count {
+        assert!(Instant::now() < deadline, "read {seen} of {count} records");
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.expect("consume");
+        let p = message.partition() as usize;
+        assert_eq!(message.offset(), next[p] as i64, "partition {p}: dense offsets");
+        let i = next[p] * partitions as usize + p;
+        assert_eq!(
+            message.payload(),
+            Some(format!("r{i}").as_bytes()),
+            "partition {p} offset {}",
+            next[p]
+        );
+        next[p] += 1;
+        seen += 1;
+    }
+}
+
+/// Creates a topic of `partitions` through `a`, appends a record to each
+/// partition through `a`, reads it through `b`, then checks that a fetch
+/// parked on `b` at the end of each partition wakes (well before its 20 s
+/// limit) for an append through `a`: wake-ups cross gateways.
+pub fn assert_fetch_wakes_across(a: &Ketch, b: &Ketch, partitions: i32) {
+    let topic = unique_topic("tls");
+    let mut conn_a = crate::raw::KafkaConn::connect(a.kafka_addr());
+    let mut conn_b = crate::raw::KafkaConn::connect(b.kafka_addr());
+    assert_eq!(
+        crate::raw::create_topic(&mut conn_a, &topic, partitions),
+        crate::raw::code::NONE
+    );
+    for partition in 0..partitions {
+        let first = crate::batch::encode(&[crate::batch::Record::value(1, b"first")]);
+        assert_eq!(
+            crate::raw::produce(&mut conn_a, &topic, partition, first),
+            (crate::raw::code::NONE, 0)
+        );
+        let response = conn_b.request(12, &crate::raw::fetch_request(&topic, partition, 0, 0));
+        let (error, high_watermark, records) = crate::raw::fetch_result(&response);
+        assert_eq!((error, high_watermark), (crate::raw::code::NONE, 1));
+        assert_eq!(crate::raw::count_records(&records.expect("records")), 1);
+
+        let (elapsed, response) = std::thread::scope(|s| {
+            let fetch = s.spawn(|| {
+                let started = Instant::now();
+                let response = conn_b.request(12, &crate::raw::fetch_request(&topic, partition, 1, 20_000));
+                (started.elapsed(), response)
+            });
+            // Only makes it likely the fetch is parked first; it passes
+            // either way when wake-ups work.
+            std::thread::sleep(Duration::from_millis(300));
+            let second = crate::batch::encode(&[crate::batch::Record::value(2, b"second")]);
+            assert_eq!(
+                crate::raw::produce(&mut conn_a, &topic, partition, second),
+                (crate::raw::code::NONE, 1)
+            );
+            fetch.join().expect("fetch thread")
+        });
+        let (error, high_watermark, records) = crate::raw::fetch_result(&response);
+        assert_eq!((error, high_watermark), (crate::raw::code::NONE, 2));
+        assert_eq!(crate::raw::count_records(&records.expect("records")), 1);
+        assert!(
+            elapsed < Duration::from_secs(10),
+            "partition {partition}: the fetch waited {elapsed:?} instead of waking"
+        );
+    }
 }
 
 /// The Redis an end-to-end suite runs against: one `redis-server`, or a
@@ -465,38 +523,52 @@ impl TestRedis {
 
     /// Number of entries (batches) in a partition's stream.
     pub fn stream_len(&self, topic: &str, partition: usize) -> i64 {
-        let tag = &self.topic_tags(topic)[partition];
-        redis::cmd("XLEN")
-            .arg(format!("ketch:{{{tag}}}:log"))
-            .query(&mut self.connection())
-            .expect("XLEN")
-    }
-
-    /// `next_offset` from a partition's meta hash (absent counts as 0).
-    pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
-        let tag = &self.topic_tags(topic)[partition];
-        let next: Option<i64> = redis::cmd("HGET")
-            .arg(format!("ketch:{{{tag}}}:meta"))
-            .arg("next_offset")
-            .query(&mut self.connection())
-            .expect("HGET meta next_offset");
-        next.unwrap_or(0)
+        stream_len(&mut self.connection(), topic, partition)
     }
 
     /// A partition's segment records (`ketch:{TAG}:segments`), oldest first.
     pub fn segments(&self, topic: &str, partition: usize) -> Vec<serde_json::Value> {
-        let tag = &self.topic_tags(topic)[partition];
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(format!("ketch:{{{tag}}}:segments"))
-            .arg(0)
-            .arg(-1)
-            .query(&mut self.connection())
-            .expect("ZRANGE segments");
-        members
-            .iter()
-            .map(|m| serde_json::from_str(m).expect("segment JSON"))
-            .collect()
+        segments(&mut self.connection(), topic, partition)
     }
+
+    /// `next_offset` from a partition's meta hash (absent counts as 0).
+    pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
+        next_offset(&mut self.connection(), topic, partition)
+    }
+}
+
+fn partition_key(conn: &mut dyn redis::ConnectionLike, topic: &str, partition: usize, key: &str) -> String {
+    let tag = &topic_tags(conn, topic)[partition];
+    format!("ketch:{{{tag}}}:{key}")
+}
+
+fn stream_len(conn: &mut dyn redis::ConnectionLike, topic: &str, partition: usize) -> i64 {
+    let key = partition_key(conn, topic, partition, "log");
+    redis::cmd("XLEN").arg(key).query(conn).expect("XLEN")
+}
+
+fn segments(conn: &mut dyn redis::ConnectionLike, topic: &str, partition: usize) -> Vec<serde_json::Value> {
+    let key = partition_key(conn, topic, partition, "segments");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .expect("ZRANGE segments");
+    members
+        .iter()
+        .map(|m| serde_json::from_str(m).expect("segment JSON"))
+        .collect()
+}
+
+fn next_offset(conn: &mut dyn redis::ConnectionLike, topic: &str, partition: usize) -> i64 {
+    let key = partition_key(conn, topic, partition, "meta");
+    let next: Option<i64> = redis::cmd("HGET")
+        .arg(key)
+        .arg("next_offset")
+        .query(conn)
+        .expect("HGET meta next_offset");
+    next.unwrap_or(0)
 }
 
 fn topic_tags(conn: &mut dyn redis::ConnectionLike, topic: &str) -> Vec<String> {

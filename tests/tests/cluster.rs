@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Frozen, Ketch, RedisCluster, ketch_command, runtime, unique_topic};
+use ketch_tests::{
+    Frozen, Ketch, RedisCluster, assert_fetch_wakes_across, check_round_robin_records, ketch_command,
+    runtime, unique_topic,
+};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -89,32 +92,6 @@ fn produce(producer: &FutureProducer, topic: &str, range: std::ops::Range<usize>
     }
 }
 
-/// Every record `0..count` is in its partition, once, in order.
-fn check_all(ketch: &Ketch, topic: &str, count: usize) {
-    let consumer = ketch.consumer_at(topic, &(0..PARTITIONS).collect::<Vec<_>>(), 0);
-    let mut next = vec![0usize; PARTITIONS as usize];
-    let mut seen = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen < count {
-        assert!(Instant::now() < deadline, "read {seen} of {count} records");
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let message = message.expect("consume");
-        let p = message.partition() as usize;
-        assert_eq!(message.offset(), next[p] as i64, "partition {p}: dense offsets");
-        let i = next[p] * PARTITIONS as usize + p;
-        assert_eq!(
-            message.payload(),
-            Some(format!("r{i}").as_bytes()),
-            "partition {p} offset {}",
-            next[p]
-        );
-        next[p] += 1;
-        seen += 1;
-    }
-}
-
 fn group_consumer(ketch: &Ketch, group: &str) -> BaseConsumer {
     ketch.consumer_with(&[("group.id", group), ("enable.auto.commit", "false")])
 }
@@ -154,8 +131,8 @@ fn two_gateways_serve_a_topic_spread_evenly_over_a_redis_cluster() {
     let idempotent = [("enable.idempotence", "true"), ("acks", "all")];
     produce(&a.producer_with(&idempotent), &topic, 0..600);
     produce(&b.producer_with(&idempotent), &topic, 600..1200);
-    check_all(&a, &topic, 1200);
-    check_all(&b, &topic, 1200);
+    check_round_robin_records(&a, &topic, PARTITIONS, 1200);
+    check_round_robin_records(&b, &topic, PARTITIONS, 1200);
 
     // Committed offsets of a group, spread over slots, read back through
     // the other gateway.
@@ -189,44 +166,9 @@ fn a_fetch_waiting_on_one_gateway_wakes_for_an_append_through_another() {
     let cluster = RedisCluster::start(3, 0);
     let a = gateway(&cluster, "1");
     let b = gateway(&cluster, "2");
-    let topic = unique_topic("cluster-wake");
-    let mut conn_a = KafkaConn::connect(a.kafka_addr());
-    let mut conn_b = KafkaConn::connect(b.kafka_addr());
-    assert_eq!(raw::create_topic(&mut conn_a, &topic, 3), code::NONE);
-    for partition in 0..3 {
-        let first = batch::encode(&[Record::value(1, b"first")]);
-        assert_eq!(
-            raw::produce(&mut conn_a, &topic, partition, first),
-            (code::NONE, 0)
-        );
-        // A first fetch at the end subscribes gateway b to the partition's
-        // channel (on the master that owns its slot).
-        let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 1, 0));
-        assert_eq!(raw::fetch_result(&response).0, code::NONE);
-
-        let waiting = std::thread::scope(|s| {
-            let fetch = s.spawn(|| {
-                let started = Instant::now();
-                let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 1, 20_000));
-                (started.elapsed(), response)
-            });
-            std::thread::sleep(Duration::from_millis(300));
-            let second = batch::encode(&[Record::value(2, b"second")]);
-            assert_eq!(
-                raw::produce(&mut conn_a, &topic, partition, second),
-                (code::NONE, 1)
-            );
-            fetch.join().expect("fetch thread")
-        });
-        let (elapsed, response) = waiting;
-        let (error, high_watermark, records) = raw::fetch_result(&response);
-        assert_eq!((error, high_watermark), (code::NONE, 2));
-        assert_eq!(raw::count_records(&records.expect("records")), 1);
-        assert!(
-            elapsed < Duration::from_secs(10),
-            "partition {partition}: the fetch waited {elapsed:?} for a 20 s limit instead of waking"
-        );
-    }
+    // Three partitions, one per master: each long-poll subscribes on the
+    // master that owns its channel's slot.
+    assert_fetch_wakes_across(&a, &b, 3);
 }
 
 #[test]

@@ -5,56 +5,7 @@
 //! another. A CA file that cannot be read is refused at start, naming the
 //! setting.
 
-use std::time::{Duration, Instant};
-
-use ketch_tests::batch::{self, Record};
-use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisCluster, RedisServer, TestCa, unique_topic};
-
-/// Produces `first` on every partition through `a`, then checks that a
-/// fetch parked on `b` at the end of each partition wakes for an append
-/// through `a`, and returns both records.
-fn produce_and_wake(a: &Ketch, b: &Ketch, partitions: i32) {
-    let topic = unique_topic("tls");
-    let mut conn_a = KafkaConn::connect(a.kafka_addr());
-    let mut conn_b = KafkaConn::connect(b.kafka_addr());
-    assert_eq!(raw::create_topic(&mut conn_a, &topic, partitions), code::NONE);
-    for partition in 0..partitions {
-        let first = batch::encode(&[Record::value(1, b"first")]);
-        assert_eq!(
-            raw::produce(&mut conn_a, &topic, partition, first),
-            (code::NONE, 0)
-        );
-        let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 0, 0));
-        let (error, high_watermark, records) = raw::fetch_result(&response);
-        assert_eq!((error, high_watermark), (code::NONE, 1));
-        assert_eq!(raw::count_records(&records.expect("records")), 1);
-
-        let (elapsed, response) = std::thread::scope(|s| {
-            let fetch = s.spawn(|| {
-                let started = Instant::now();
-                let response = conn_b.request(12, &raw::fetch_request(&topic, partition, 1, 20_000));
-                (started.elapsed(), response)
-            });
-            // Only makes it likely the fetch is parked first; it passes
-            // either way when wake-ups work.
-            std::thread::sleep(Duration::from_millis(300));
-            let second = batch::encode(&[Record::value(2, b"second")]);
-            assert_eq!(
-                raw::produce(&mut conn_a, &topic, partition, second),
-                (code::NONE, 1)
-            );
-            fetch.join().expect("fetch thread")
-        });
-        let (error, high_watermark, records) = raw::fetch_result(&response);
-        assert_eq!((error, high_watermark), (code::NONE, 2));
-        assert_eq!(raw::count_records(&records.expect("records")), 1);
-        assert!(
-            elapsed < Duration::from_secs(10),
-            "partition {partition}: the fetch waited {elapsed:?} instead of waking"
-        );
-    }
-}
+use ketch_tests::{Ketch, RedisCluster, RedisServer, TestCa, assert_fetch_wakes_across};
 
 #[test]
 fn gateways_use_a_password_protected_redis_over_tls_only() {
@@ -65,7 +16,7 @@ fn gateways_use_a_password_protected_redis_over_tls_only() {
     let ca_setting = format!("redis.tls_ca_file={}", ca.ca_file().display());
     let a = Ketch::start(&url, &["--node-id", "1", "--set", &ca_setting]);
     let b = Ketch::start(&url, &["--node-id", "2", "--set", &ca_setting]);
-    produce_and_wake(&a, &b, 2);
+    assert_fetch_wakes_across(&a, &b, 2);
 }
 
 #[test]
@@ -92,7 +43,7 @@ fn a_gateway_in_cluster_mode_uses_tls_to_every_node() {
         Ketch::start(&cluster.tls_url(), &args)
     };
     let (a, b) = (start("1"), start("2"));
-    produce_and_wake(&a, &b, 3);
+    assert_fetch_wakes_across(&a, &b, 3);
 }
 
 #[test]

@@ -9,13 +9,12 @@
 //! `scripts/upgrade-base`.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, ketch_bin, runtime, unique_topic};
+use ketch_tests::{Ketch, RedisServer, check_round_robin_records, ketch_bin, runtime, unique_topic};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -70,32 +69,6 @@ fn produce(producer: &FutureProducer, topic: &str, range: std::ops::Range<usize>
             .expect("delivered")
             .map_err(|(e, _)| e)
             .expect("acknowledged");
-    }
-}
-
-/// Every record `0..count` is in its partition, once, in order.
-fn check_all(ketch: &Ketch, topic: &str, count: usize) {
-    let consumer = ketch.consumer_at(topic, &(0..PARTITIONS).collect::<Vec<_>>(), 0);
-    let mut next = vec![0usize; PARTITIONS as usize];
-    let mut seen = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen < count {
-        assert!(Instant::now() < deadline, "read {seen} of {count} records");
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let message = message.expect("consume");
-        let p = message.partition() as usize;
-        assert_eq!(message.offset(), next[p] as i64, "partition {p}: dense offsets");
-        let i = next[p] * PARTITIONS as usize + p;
-        assert_eq!(
-            message.payload(),
-            Some(format!("r{i}").as_bytes()),
-            "partition {p} offset {}",
-            next[p]
-        );
-        next[p] += 1;
-        seen += 1;
     }
 }
 
@@ -232,13 +205,13 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
         assert_eq!(sized_to, Some(next_offset));
         assert!(sized_from > Some(175), "the classes restart after 525..600");
     }
-    check_all(&b, &topic, 750);
+    check_round_robin_records(&b, &topic, PARTITIONS, 750);
     assert_eq!(committed(&b, &topic), offsets);
 
     b.replace_with(&ketch_bin());
     produce(&b.producer(), &topic, 750..900);
-    check_all(&a, &topic, 900);
-    check_all(&b, &topic, 900);
+    check_round_robin_records(&a, &topic, PARTITIONS, 900);
+    check_round_robin_records(&b, &topic, PARTITIONS, 900);
     assert_eq!(committed(&a, &topic), offsets);
     assert_eq!(committed(&b, &topic), offsets);
 }
