@@ -283,9 +283,17 @@ impl Drop for Durable {
 /// slot map: the node no longer (or not yet) serves the partition's slot.
 /// Nothing was written when Redis answers so.
 pub(crate) fn is_moved(error: &str) -> bool {
+    // Redis answers `MOVED …`; redis-rs shows it as `Moved: …`.
+    let error = error.to_ascii_uppercase();
     ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"]
         .iter()
         .any(|code| error.contains(code))
+}
+
+/// Whether the error is an ASK: the slot is being migrated and the key
+/// already went to its new master.
+pub(crate) fn is_ask(error: &str) -> bool {
+    error.to_ascii_uppercase().contains("ASK")
 }
 
 #[cfg(test)]
@@ -320,6 +328,18 @@ mod tests {
         assert_eq!(slot_of("ketch:{foo}:meta"), 12182);
         assert_eq!(slot_of("{}foo"), slot_of("{}foo"));
         assert_ne!(slot_of("{}foo"), slot_of("foo"));
+    }
+
+    #[test]
+    fn redirections_are_recognised_as_redis_and_redis_rs_spell_them() {
+        assert!(is_moved("MOVED 3283 127.0.0.1:7001"));
+        assert!(is_moved("redis unavailable: Moved: 3283 127.0.0.1:45287"));
+        assert!(is_moved("Ask: 3283 127.0.0.1:45287") && is_ask("Ask: 3283 127.0.0.1:45287"));
+        assert!(is_moved(
+            "TryAgain: Multiple keys request during rehashing of slot"
+        ));
+        assert!(!is_moved("Connection refused (os error 111)"));
+        assert!(!is_ask("MOVED 3283 127.0.0.1:7001"));
     }
 
     #[test]

@@ -368,7 +368,7 @@ impl Store {
                 Err(StorageError::Unavailable(e)) if durable::is_moved(&e) && attempt < MAX_MOVED_RETRIES => {
                     drop(durable);
                     attempt += 1;
-                    asked = e.contains("ASK");
+                    asked = durable::is_ask(&e);
                     tracing::debug!(error = %e, attempt, "an append met a moved slot; reading the slot map");
                     tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
                     self.durable.refresh().await?;

@@ -531,6 +531,13 @@ fn reshard_under_load(replicas: usize) {
     }
     let read_while_running = consumer.join().expect("consumer thread");
     assert!(read_while_running > 0);
+    // A MOVED is followed inside the gateway (the slot map read again), not
+    // answered to the client as an error.
+    assert!(
+        !a.output().to_ascii_uppercase().contains("MOVED"),
+        "a MOVED reached a client:\n{}",
+        a.output()
+    );
     let acked: Vec<Acked> = acked.iter().map(|a| a.lock().unwrap().clone()).collect();
     check_exactly_once(&a, &topic, PARTS, &acked);
 }
@@ -561,4 +568,54 @@ fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
         assert_eq!((error, high_watermark), (code::NONE, 1));
         assert_eq!(raw::count_records(&records.expect("records")), 1);
     }
+}
+
+#[test]
+fn a_wake_up_subscription_follows_its_slot_to_another_master() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = gateway(&cluster, "1");
+    let b = gateway(&cluster, "2");
+    let topic = unique_topic("cluster-wake-move");
+    let mut conn_a = KafkaConn::connect(a.kafka_addr());
+    let mut conn_b = KafkaConn::connect(b.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn_a, &topic, 1), code::NONE);
+    let first = batch::encode(&[Record::value(1, b"first")]);
+    assert_eq!(raw::produce(&mut conn_a, &topic, 0, first), (code::NONE, 0));
+    // Gateway b long-polls the partition at its end: its channel is
+    // subscribed on the partition's master; a short wait keeps it so.
+    let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 1, 100));
+    assert_eq!(raw::fetch_result(&response).0, code::NONE);
+
+    // The partition's slot moves to another master, its keys with it.
+    let from = placement(&cluster, &topic)[0];
+    let to = cluster
+        .slot_ranges()
+        .into_iter()
+        .map(|(_, _, port)| port)
+        .find(|port| *port != from)
+        .expect("another master");
+    cluster.reshard_all(from, to);
+    assert_eq!(placement(&cluster, &topic), vec![to]);
+
+    // A fetch parked on b now wakes for an append through a: b's
+    // subscription followed the slot to its new master.
+    let (elapsed, response) = std::thread::scope(|s| {
+        let fetch = s.spawn(|| {
+            let started = Instant::now();
+            let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 1, 20_000));
+            (started.elapsed(), response)
+        });
+        // Only makes it likely the fetch is parked first.
+        std::thread::sleep(Duration::from_millis(300));
+        let second = batch::encode(&[Record::value(2, b"second")]);
+        assert_eq!(raw::produce(&mut conn_a, &topic, 0, second), (code::NONE, 1));
+        fetch.join().expect("fetch thread")
+    });
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 2));
+    assert_eq!(raw::count_records(&records.expect("records")), 1);
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "the fetch waited {elapsed:?} for a 20 s limit: the subscription stayed on the old master"
+    );
 }
