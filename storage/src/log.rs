@@ -387,6 +387,36 @@ impl Store {
         }
     }
 
+    /// Runs a pipeline over one partition's keys (`key` one of them): in
+    /// cluster mode on the shared connection to the partition's master, as
+    /// appends do, rather than through the cluster connection's routing
+    /// task; after a MOVED or ASK (the slot moved or is moving), through the
+    /// cluster connection, which follows it, the slot map read again for the
+    /// next time.
+    async fn query_partition<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        if let Ok(Some(mut conn)) = self.durable.shared(key).await {
+            match pipe.query_async(&mut conn).await {
+                Ok(value) => return Ok(value),
+                Err(e) if durable::is_moved(&e.to_string()) => {
+                    if let Err(refresh) = self.durable.refresh().await {
+                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    }
+                }
+                Err(e) => {
+                    if let Err(refresh) = self.durable.refresh().await {
+                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(pipe.query_async(&mut self.conn()).await?)
+    }
+
     /// Waits until the writes of `conn` reached the configured replicas (and
     /// disk).
     async fn wait_durable(&self, mut conn: Conn) -> Result<()> {
@@ -607,8 +637,9 @@ impl Store {
                 .arg(&end)
                 .arg("COUNT")
                 .arg(count);
-            let (entries, meta): (Value, Value) =
-                read_meta_query(pipe, keys).query_async(&mut self.conn()).await?;
+            let (entries, meta): (Value, Value) = self
+                .query_partition(&keys.meta, &read_meta_query(pipe, keys))
+                .await?;
             let (offsets, classes) = parse_read_meta(meta)?;
             let offsets = offsets.ok_or(StorageError::UnknownTopicOrPartition)?;
             if out.offsets.is_none()
