@@ -107,7 +107,8 @@ export KETCH_BIN="$target_dir/debug/ketch"
 upgrade_base_commit=$(grep -v '^#' scripts/upgrade-base | head -n 1)
 export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_commit"
 
-# End-to-end suites written against TestRedis, which hold in both modes.
+# End-to-end suites written against TestRedis, which hold in both modes
+# (run with --workspace: the same features, so nothing is built again).
 cluster_suites=(roundtrip compression produce_fetch membership multi_gateway list_offsets offsets
     idempotence admin retention tiering)
 
@@ -140,7 +141,7 @@ step "cargo build -p ketch-gateway -p ketch-bench" cargo build -p ketch-gateway 
 if [[ "${results[-1]}" == ok* ]] && [ -x "$KETCH_BIN" ]; then
     step "cargo test --workspace" cargo test --workspace --no-fail-fast -- --test-threads=2
     step "end-to-end suites again on a Redis Cluster (TEST_REDIS_MODE=cluster)" \
-        env TEST_REDIS_MODE=cluster cargo test -p ketch-tests --no-fail-fast \
+        env TEST_REDIS_MODE=cluster cargo test --workspace --no-fail-fast \
         "${cluster_suites[@]/#/--test=}" -- --test-threads=2
     step "python and kcat tests (pytest tests/python)" python3 -m pytest -q tests/python
 else
