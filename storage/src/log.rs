@@ -475,7 +475,7 @@ impl Store {
                 Err(e) => {
                     *next = None;
                     if is_noscript(&e) {
-                        self.load_append_script().await?;
+                        self.load_append_script(&conn).await?;
                         continue;
                     }
                     return Err(e.into());
@@ -578,8 +578,12 @@ impl Store {
         Ok(reply)
     }
 
-    async fn load_append_script(&self) -> Result<()> {
-        self.scripts.append.load_async(&mut self.conn()).await?;
+    /// Loads the append script where it was missing: on `conn`, the node
+    /// that answered NOSCRIPT (a master promoted by a failover has an empty
+    /// script cache, and the cluster connection may not list it among the
+    /// masters yet).
+    async fn load_append_script(&self, conn: &Conn) -> Result<()> {
+        self.scripts.append.load_async(&mut conn.clone()).await?;
         Ok(())
     }
 
