@@ -999,6 +999,14 @@ mod tests {
     }
 
     #[test]
+    fn the_size_class_fields_are_the_classes_in_order() {
+        let expected: Vec<String> = (SMALLEST_CLASS..=LARGEST_CLASS)
+            .map(|c| format!("sz{c}"))
+            .collect();
+        assert_eq!(SIZE_CLASS_FIELDS.to_vec(), expected);
+    }
+
+    #[test]
     fn size_classes_bound_the_batches_from_an_offset_on() {
         // Offsets 100..200: the newest batch of class 9 (512-1023 bytes)
         // ends at 180, of class 19 (512 KiB-1 MiB) at 149, of class 6 at 199.
@@ -1166,11 +1174,16 @@ fn read_meta_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pi
         .arg("local_start")
         .arg("sized_from")
         .arg("sized_to");
-    for class in SMALLEST_CLASS..=LARGEST_CLASS {
-        cmd.arg(format!("sz{class}"));
-    }
+    cmd.arg(&SIZE_CLASS_FIELDS[..]);
     pipe
 }
+
+/// The meta fields of the size classes, `sz6` to `sz30`, in class order
+/// (written out: every read round asks for them).
+const SIZE_CLASS_FIELDS: [&str; CLASSES] = [
+    "sz6", "sz7", "sz8", "sz9", "sz10", "sz11", "sz12", "sz13", "sz14", "sz15", "sz16", "sz17", "sz18",
+    "sz19", "sz20", "sz21", "sz22", "sz23", "sz24", "sz25", "sz26", "sz27", "sz28", "sz29", "sz30",
+];
 
 fn parse_read_meta(meta: Value) -> Result<(Option<PartitionOffsets>, Option<SizeClasses>)> {
     let fields: Vec<Option<i64>> =
