@@ -3,7 +3,7 @@
 # tests, and the Python / kcat client tests in tests/python.
 #
 # Installs what the tests need when it is missing (redis-server and
-# redis-tools, kcat, openssl, postgresql and a C toolchain with apt-get;
+# redis-tools, kcat, haproxy, openssl, postgresql and a C toolchain with apt-get;
 # pytest, confluent-kafka, kafka-python, pyiceberg and psycopg2 with pip).
 # Starts no shared Redis: every test starts its own redis-server (or Redis
 # Cluster) on free ports. The suites that hold for either mode run a second
@@ -36,6 +36,8 @@ install_prerequisites() {
     # Test certificates for TLS to Redis.
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+    # The load-balancer tests put HAProxy in front of the gateways.
+    command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
     # The tiering tests run a PostgreSQL catalog (initdb + postgres).
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
     # rdkafka-sys compiles librdkafka (C, configure + make) for the Rust tests.
@@ -110,7 +112,7 @@ export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_comm
 # End-to-end suites written against TestRedis, which hold in both modes
 # (run with --workspace: the same features, so nothing is built again).
 cluster_suites=(roundtrip compression produce_fetch membership multi_gateway list_offsets offsets
-    idempotence admin retention tiering)
+    idempotence admin retention tiering load_balancer)
 
 results=()
 failed=0

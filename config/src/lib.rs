@@ -19,6 +19,11 @@ use serde::Deserialize;
 
 pub use duration::Duration;
 
+/// The largest node id a gateway may be given or claim. Larger ids are
+/// reserved for addresses several gateways advertise (a load balancer):
+/// Metadata lists such an address once, under an id derived from it.
+pub const MAX_NODE_ID: i32 = (1 << 30) - 1;
+
 /// Why settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -54,9 +59,9 @@ pub struct Settings {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerSettings {
-    /// Node id reported in Metadata. Until gateway membership exists every
-    /// gateway must be given its own id.
-    pub id: i32,
+    /// This gateway's node id, 0 to [`MAX_NODE_ID`]. Unset: the gateway
+    /// claims the lowest id no live gateway holds, in Redis, at start.
+    pub id: Option<i32>,
     /// Address the Kafka listener binds.
     pub listen: SocketAddr,
     /// Host clients are told to connect to; defaults to the listen host, or
@@ -167,6 +172,15 @@ pub struct ClusterSettings {
     /// A gateway whose heartbeat is older than this is dead: it leaves
     /// Metadata and its partitions and groups move to live gateways.
     pub node_timeout: Duration,
+    /// Address the internal listener binds: other gateways forward group
+    /// requests to this gateway's groups there. Unset: the Kafka listener's
+    /// IP with a free port.
+    pub internal_listen: Option<SocketAddr>,
+    /// Host other gateways dial to reach the internal listener. Unset: the
+    /// internal listen IP, or when that is unspecified (0.0.0.0, ::) the
+    /// first address this machine's hostname resolves to.
+    #[serde(deserialize_with = "lenient::optional_string")]
+    pub internal_advertised_host: Option<String>,
 }
 
 /// The storage worker (segments, retention) and the Iceberg archive.
@@ -283,7 +297,7 @@ pub enum LogFormat {
 impl Default for BrokerSettings {
     fn default() -> Self {
         Self {
-            id: 0,
+            id: None,
             listen: "0.0.0.0:9092".parse().expect("valid default address"),
             advertised_host: None,
             advertised_port: None,
@@ -356,6 +370,8 @@ impl Default for ClusterSettings {
         Self {
             heartbeat_interval: Duration::from_secs(1),
             node_timeout: Duration::from_secs(5),
+            internal_listen: None,
+            internal_advertised_host: None,
         }
     }
 }
@@ -561,8 +577,11 @@ impl Settings {
                 message: message.to_owned(),
             })
         };
-        if self.broker.id < 0 {
-            return bad("broker.id", "must be >= 0");
+        if self.broker.id.is_some_and(|id| !(0..=MAX_NODE_ID).contains(&id)) {
+            return bad(
+                "broker.id",
+                &format!("must be between 0 and {MAX_NODE_ID} (larger ids name load-balanced addresses)"),
+            );
         }
         if self.broker.max_request_bytes < 1024 {
             return bad("broker.max_request_bytes", "must be at least 1024");
@@ -774,7 +793,7 @@ mod tests {
             .set("broker", "advertised_port", "3000")
             .load()
             .unwrap();
-        assert_eq!(s.broker.id, 3);
+        assert_eq!(s.broker.id, Some(3));
         assert_eq!(s.broker.listen.port(), 2000);
         assert!(!s.topics.auto_create);
         assert_eq!(s.fetch.max_wait, Duration::from_secs(2));

@@ -48,6 +48,7 @@ fn settings() -> Settings {
     let mut settings = Settings::default();
     settings.topics.max_partitions = 64;
     settings.topics.default_partitions = 2;
+    settings.broker.id = Some(0);
     settings
 }
 

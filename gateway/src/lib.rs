@@ -5,6 +5,7 @@
 //! parses settings and calls it; tests may run it in-process.
 
 pub mod api;
+pub mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod group;
@@ -26,48 +27,83 @@ pub struct Context {
     pub settings: Settings,
     /// Topics, partitions and offsets: Redis and the archive, or memory.
     pub storage: Arc<dyn storage::Storage>,
-    /// This gateway's node id and advertised address.
-    pub node: Node,
     /// Turns true when the gateway shuts down; long waits end early.
     pub shutdown: watch::Receiver<bool>,
-    /// The live gateways; partition leaders and group coordinators.
+    /// This gateway's node id and addresses, the live gateways, partition
+    /// leaders and group coordinators.
     pub membership: membership::Membership,
+    /// Sends group requests to their coordinator's internal listener.
+    pub forwarder: forward::Forwarder,
     /// The classic consumer groups this gateway coordinates.
     pub groups: group::Coordinator,
     /// The storage worker's and remote reader's counters (`/metrics`).
     pub tiering_metrics: Arc<ketch_tiering::Metrics>,
 }
 
-/// A gateway as clients see it in Metadata.
+/// A gateway: its node id, the address clients are told, and where other
+/// gateways forward requests to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     pub id: i32,
     pub host: String,
     pub port: u16,
+    /// The internal listener (host, port), if the gateway has one.
+    pub internal: Option<(String, u16)>,
+}
+
+impl Node {
+    /// `host:port` of the internal listener, for dialling.
+    pub fn internal_address(&self) -> Option<String> {
+        let (host, port) = self.internal.as_ref()?;
+        Some(if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        })
+    }
 }
 
 impl Context {
     /// A context over `storage`; `tiering_metrics` are the storage worker's
-    /// and remote reader's (rendered at `/metrics`).
+    /// and remote reader's (rendered at `/metrics`). The node id is
+    /// `broker.id`, or [`membership::UNASSIGNED`] until one is claimed.
     pub fn new(
         settings: Settings,
         storage: Arc<dyn storage::Storage>,
         tiering_metrics: Arc<ketch_tiering::Metrics>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
+        Self::with_internal(settings, storage, tiering_metrics, shutdown, None)
+    }
+
+    /// [`Context::new`] for a gateway whose internal listener other
+    /// gateways reach at `internal` (host, port).
+    pub fn with_internal(
+        settings: Settings,
+        storage: Arc<dyn storage::Storage>,
+        tiering_metrics: Arc<ketch_tiering::Metrics>,
+        shutdown: watch::Receiver<bool>,
+        internal: Option<(String, u16)>,
+    ) -> Self {
         let node = Node {
-            id: settings.broker.id,
+            id: settings.broker.id.unwrap_or(membership::UNASSIGNED),
             host: settings.advertised_host(),
             port: settings.advertised_port(),
+            internal,
         };
-        let membership = membership::Membership::new(node.clone());
+        let membership = membership::Membership::new(node);
         let groups = group::Coordinator::with_storage(&settings.groups, storage.clone());
+        let forwarder = forward::Forwarder::new(
+            settings.redis.connect_timeout.get(),
+            settings.broker.max_request_bytes,
+            shutdown.clone(),
+        );
         Self {
             settings,
             storage,
-            node,
             shutdown,
             membership,
+            forwarder,
             groups,
             tiering_metrics,
         }
@@ -117,7 +153,10 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let store = Store::new(&StoreConfig::from_settings(&settings))?;
     let me = format!(
         "node {} pid {} on {}",
-        settings.broker.id,
+        settings
+            .broker
+            .id
+            .map_or_else(|| "(unclaimed)".to_owned(), |id| id.to_string()),
         std::process::id(),
         settings.broker.listen
     );
@@ -137,18 +176,55 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let http = TcpListener::bind(settings.http.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} (http.listen): {e}", settings.http.listen))?;
+    let internal_listen = settings
+        .cluster
+        .internal_listen
+        .unwrap_or_else(|| std::net::SocketAddr::new(settings.broker.listen.ip(), 0));
+    let internal = TcpListener::bind(internal_listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {internal_listen} (cluster.internal_listen): {e}"))?;
+    let internal_port = internal.local_addr()?.port();
+    let internal_host = forward::advertised_internal_host(
+        settings.cluster.internal_advertised_host.as_deref(),
+        &internal_listen,
+    );
     let tiering_metrics = Arc::new(ketch_tiering::Metrics::default());
     let tiers = ketch_tiering::Tiers::new(store.clone(), &settings.tiering, tiering_metrics.clone());
     let storage = Arc::new(storage::Tiered {
         store: store.clone(),
         tiers,
     });
-    let ctx = Arc::new(Context::new(settings, storage, tiering_metrics, shutdown.clone()));
+    let ctx = Arc::new(Context::with_internal(
+        settings,
+        storage,
+        tiering_metrics,
+        shutdown.clone(),
+        Some((internal_host, internal_port)),
+    ));
+    let registering = membership::Registering {
+        configured: ctx.settings.broker.id,
+        heartbeat_interval: ctx.settings.cluster.heartbeat_interval.get(),
+        node_timeout: ctx.settings.cluster.node_timeout.get(),
+    };
+    // Take the node id before serving when Redis answers (a configured id
+    // still held by a crashed incarnation is waited for here); otherwise the
+    // membership task registers once Redis is up, and until then the gateway
+    // serves retriable errors.
+    match ctx.membership.register(&store, &registering).await {
+        Ok(_) => {}
+        Err(membership::RegisterError::Unavailable(e)) => {
+            tracing::warn!(error = %e, "cannot register in Redis yet; registering once it answers");
+        }
+        Err(e) => anyhow::bail!(e),
+    }
+    let node = ctx.membership.me();
     tracing::info!(
         kafka = %ctx.settings.broker.listen,
         http = %ctx.settings.http.listen,
-        advertised = %format!("{}:{}", ctx.node.host, ctx.node.port),
-        node_id = ctx.node.id,
+        internal = %internal.local_addr()?,
+        advertised = %format!("{}:{}", node.host, node.port),
+        internal_advertised = %node.internal_address().unwrap_or_default(),
+        node_id = node.id,
         redis = %ctx.settings.redis.url,
         "ketch serving"
     );
@@ -156,16 +232,16 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         tracing::warn!(error = %e, "redis is not reachable yet; serving retriable errors until it is");
     }
     let http_task = tokio::spawn(http::serve(http, ctx.clone(), shutdown.clone()));
+    let internal_task = tokio::spawn(forward::serve(internal, ctx.clone(), shutdown.clone()));
     let membership_task = tokio::spawn(ctx.membership.clone().run(
         store.clone(),
-        ctx.settings.cluster.heartbeat_interval.get(),
-        ctx.settings.cluster.node_timeout.get(),
+        registering,
         shutdown.clone(),
     ));
+    let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));
     let membership = ctx.membership.clone();
-    let me = ctx.node.id;
     let leads: ketch_tiering::Leads =
-        Arc::new(move |topic, partition| membership.partition_leader(&topic.id, partition).id == me);
+        Arc::new(move |topic, partition| membership.leads(&topic.id, partition));
     let worker = ketch_tiering::StorageWorker::new(
         store,
         &ctx.settings.tiering,
@@ -176,7 +252,25 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     server::serve(kafka, ctx, shutdown).await;
     worker_task.abort();
     http_task.abort();
+    internal_task.abort();
+    handover_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;
     Ok(())
+}
+
+/// When the live gateways change, forgets the groups another gateway
+/// coordinates now: their members reach the new coordinator, which loads
+/// what it needs from Redis (Kafka's coordinator unloads a group when it
+/// loses its offsets partition). Parked requests of a forgotten group are
+/// answered with a retriable error.
+async fn hand_over_groups(ctx: Arc<Context>) {
+    let mut changes = ctx.membership.subscribe();
+    while changes.changed().await.is_ok() {
+        let membership = ctx.membership.clone();
+        let handed = ctx.groups.retain(|group| membership.coordinates(group));
+        if handed > 0 {
+            tracing::info!(groups = handed, "handed groups over to their new coordinators");
+        }
+    }
 }

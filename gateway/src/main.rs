@@ -108,7 +108,7 @@ struct ServeArgs {
     /// HTTP listener for /health and /ready [http.listen; default 127.0.0.1:9644].
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
-    /// This gateway's node id [broker.id; default 0].
+    /// This gateway's node id [broker.id; default: the lowest id no live gateway holds, claimed in Redis].
     #[arg(long, value_name = "ID")]
     node_id: Option<i32>,
 }

@@ -5,34 +5,56 @@
 //!
 //! Any gateway still serves produce and fetch for any partition (storage is
 //! shared); leadership only spreads clients over gateways. Group
-//! coordination does depend on it: a gateway answers group requests only
-//! for the groups it coordinates (NOT_COORDINATOR otherwise).
+//! coordination does depend on it: a gateway runs only the groups it
+//! coordinates, and forwards requests for the others to their coordinator
+//! (`forward.rs`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use ketch_storage::{BrokerRecord, Store};
+use ketch_config::MAX_NODE_ID;
+use ketch_storage::{BrokerRecord, Registration, Store};
 use tokio::sync::watch;
 
 use crate::Node;
 
+/// This gateway's node id before it has one (claimed at start, in Redis).
+pub const UNASSIGNED: i32 = -1;
+
 /// The live gateways as this one last saw them.
 #[derive(Clone)]
 pub struct Membership {
-    me: Node,
+    me: Arc<RwLock<Node>>,
     live: Arc<RwLock<Vec<Node>>>,
     /// A heartbeat of this gateway reached Redis.
     joined: Arc<AtomicBool>,
+    /// Counts changes of the live set (and of this gateway's id).
+    changes: watch::Sender<u64>,
+    /// This process, in the registry.
+    instance: Arc<str>,
+}
+
+/// How a gateway gets its node id.
+#[derive(Debug, Clone)]
+pub struct Registering {
+    /// `broker.id`, if set; otherwise the lowest free id is claimed.
+    pub configured: Option<i32>,
+    pub heartbeat_interval: Duration,
+    pub node_timeout: Duration,
 }
 
 impl Membership {
-    /// Membership with only this gateway, until the first refresh.
+    /// Membership with only this gateway, until the first refresh. `me.id`
+    /// is [`UNASSIGNED`] until [`Membership::register`] claims one.
     pub fn new(me: Node) -> Self {
         Self {
             live: Arc::new(RwLock::new(vec![me.clone()])),
             joined: Arc::new(AtomicBool::new(false)),
-            me,
+            changes: watch::channel(0).0,
+            instance: Arc::from(uuid::Uuid::new_v4().to_string()),
+            me: Arc::new(RwLock::new(me)),
         }
     }
 
@@ -41,9 +63,66 @@ impl Membership {
         self.joined.load(Ordering::Relaxed)
     }
 
+    /// This gateway; its id is [`UNASSIGNED`] until registered.
+    pub fn me(&self) -> Node {
+        self.me.read().expect("membership lock").clone()
+    }
+
+    /// This gateway's node id ([`UNASSIGNED`] until registered).
+    pub fn my_id(&self) -> i32 {
+        self.me.read().expect("membership lock").id
+    }
+
+    /// Ticks whenever the live set changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
     /// The live gateways, by node id; always includes this one.
     pub fn nodes(&self) -> Vec<Node> {
         self.live.read().expect("membership lock").clone()
+    }
+
+    /// The brokers clients see: the live gateways, except that an address
+    /// several of them advertise (a load balancer in front of them) is one
+    /// broker, under [`shared_id`]. Sorted by id; empty until this gateway
+    /// has a node id.
+    pub fn brokers(&self) -> Vec<Node> {
+        if self.my_id() == UNASSIGNED {
+            return Vec::new();
+        }
+        let live = self.live.read().expect("membership lock");
+        let sharing = sharing(&live);
+        let mut brokers: Vec<Node> = Vec::with_capacity(live.len());
+        for node in live.iter() {
+            let presented = present(node, &sharing);
+            if !brokers.iter().any(|b| b.id == presented.id) {
+                brokers.push(presented);
+            }
+        }
+        brokers.sort_by_key(|b| b.id);
+        brokers
+    }
+
+    /// `node` as clients see it: under its address's shared id when other
+    /// live gateways advertise the same address.
+    pub fn presented(&self, node: &Node) -> Node {
+        let live = self.live.read().expect("membership lock");
+        present(node, &sharing(&live))
+    }
+
+    /// This gateway's broker id as clients see it (see [`Membership::brokers`]).
+    pub fn my_broker_id(&self) -> i32 {
+        self.presented(&self.me()).id
+    }
+
+    /// Whether clients reach this gateway through an address other live
+    /// gateways advertise too (so they cannot reach the others directly).
+    pub fn behind_shared_address(&self) -> bool {
+        let me = self.me();
+        let live = self.live.read().expect("membership lock");
+        live.iter()
+            .any(|n| n.id != me.id && n.host == me.host && n.port == me.port)
     }
 
     /// The gateway that leads a partition.
@@ -51,6 +130,12 @@ impl Membership {
         let mut key = topic_id.as_bytes().to_vec();
         key.extend_from_slice(&partition.to_be_bytes());
         self.owner(&key)
+    }
+
+    /// Whether this gateway leads the partition (false until it has an id).
+    pub fn leads(&self, topic_id: &uuid::Uuid, partition: i32) -> bool {
+        let me = self.my_id();
+        me != UNASSIGNED && self.partition_leader(topic_id, partition).id == me
     }
 
     /// The gateway that coordinates a group.
@@ -62,7 +147,7 @@ impl Membership {
 
     /// Whether this gateway coordinates `group`.
     pub fn coordinates(&self, group: &str) -> bool {
-        self.group_coordinator(group).id == self.me.id
+        self.group_coordinator(group).id == self.my_id()
     }
 
     /// Rendezvous (highest random weight) hashing: every gateway computes
@@ -72,74 +157,265 @@ impl Membership {
         live.iter()
             .max_by_key(|node| (weight(node.id, key), node.id))
             .cloned()
-            .unwrap_or_else(|| self.me.clone())
+            .unwrap_or_else(|| self.me())
     }
 
     fn set_live(&self, mut nodes: Vec<Node>) {
-        if !nodes.iter().any(|n| n.id == self.me.id) {
-            nodes.push(self.me.clone());
-            nodes.sort_by_key(|n| n.id);
+        let me = self.me();
+        match nodes.iter_mut().find(|n| n.id == me.id) {
+            Some(registered) => *registered = me,
+            None => {
+                nodes.push(me);
+                nodes.sort_by_key(|n| n.id);
+            }
         }
         let mut live = self.live.write().expect("membership lock");
         if *live != nodes {
             tracing::info!(nodes = ?nodes.iter().map(|n| n.id).collect::<Vec<_>>(), "live gateways changed");
             *live = nodes;
+            drop(live);
+            self.changes.send_modify(|n| *n += 1);
         }
     }
 
-    /// Heartbeats and refreshes the live set until `shutdown`, then
-    /// deregisters this gateway.
-    pub async fn run(
-        self,
-        store: Store,
-        heartbeat_interval: Duration,
-        node_timeout: Duration,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        let instance = uuid::Uuid::new_v4().to_string();
-        let record = BrokerRecord {
-            node_id: self.me.id,
-            host: self.me.host.clone(),
-            port: self.me.port,
-            rack: None,
+    fn record(&self) -> BrokerRecord {
+        let me = self.me();
+        let (internal_host, internal_port) = match &me.internal {
+            Some((host, port)) => (Some(host.clone()), Some(*port)),
+            None => (None, None),
         };
-        let mut ticks = tokio::time::interval(heartbeat_interval);
+        BrokerRecord {
+            node_id: me.id,
+            host: me.host,
+            port: me.port,
+            rack: None,
+            internal_host,
+            internal_port,
+            hostname: hostname(),
+            instance: String::new(),
+            heartbeat_ms: 0,
+        }
+    }
+
+    /// Takes this gateway's node id in the registry: the configured one,
+    /// or the lowest no live gateway holds. A configured id still held by
+    /// another process is waited for while that process's entry may be a
+    /// crashed gateway's (it expires after `node_timeout`); it is an error
+    /// once the holder refreshes its entry, as a live gateway does.
+    /// `Err(Unavailable)` on the first Redis error: the caller retries
+    /// later, in the background.
+    pub async fn register(&self, store: &Store, how: &Registering) -> Result<i32, RegisterError> {
+        let mut waiting_for: Option<BrokerRecord> = None;
+        loop {
+            let registered = store
+                .register(
+                    how.configured,
+                    &self.record(),
+                    &self.instance,
+                    how.node_timeout,
+                    MAX_NODE_ID,
+                )
+                .await
+                .map_err(|e| RegisterError::Unavailable(e.to_string()))?;
+            match registered {
+                Registration::Registered { node_id } => {
+                    self.me.write().expect("membership lock").id = node_id;
+                    self.joined.store(true, Ordering::Relaxed);
+                    match store.live_brokers(how.node_timeout).await {
+                        Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
+                        Err(_) => self.set_live(Vec::new()),
+                    }
+                    self.changes.send_modify(|n| *n += 1);
+                    tracing::info!(
+                        node_id,
+                        claimed = how.configured.is_none(),
+                        "registered in ketch:brokers"
+                    );
+                    return Ok(node_id);
+                }
+                Registration::NoFreeId => return Err(RegisterError::NoFreeId),
+                Registration::Held {
+                    holder,
+                    heartbeat_age,
+                } => {
+                    let refreshed = waiting_for.as_ref().is_some_and(|before| {
+                        before.instance == holder.instance && holder.heartbeat_ms > before.heartbeat_ms
+                    });
+                    if refreshed {
+                        return Err(RegisterError::Held(describe_holder(&holder)));
+                    }
+                    if waiting_for
+                        .as_ref()
+                        .is_none_or(|before| before.instance != holder.instance)
+                    {
+                        tracing::warn!(
+                            node_id = holder.node_id,
+                            holder = %describe_holder(&holder),
+                            last_heartbeat_ms = heartbeat_age.as_millis() as u64,
+                            expires_in_ms = how.node_timeout.saturating_sub(heartbeat_age).as_millis() as u64,
+                            "node id is registered by another process: waiting for its entry to expire \
+                             (a gateway restarted right after a crash) or to be refreshed (a live gateway: an error)"
+                        );
+                    }
+                    waiting_for = Some(holder);
+                    tokio::time::sleep(how.heartbeat_interval.min(how.node_timeout / 4)).await;
+                }
+            }
+        }
+    }
+
+    /// Registers (retrying while Redis is unreachable) unless already
+    /// registered, then heartbeats and refreshes the live set until
+    /// `shutdown`, then deregisters this gateway. A lost node id (another
+    /// process took it while this one could not refresh its entry for
+    /// `node_timeout`) stops the process: two gateways must never serve
+    /// under one id.
+    pub async fn run(self, store: Store, how: Registering, mut shutdown: watch::Receiver<bool>) {
+        while !self.joined() {
+            match self.register(&store, &how).await {
+                Ok(_) => {}
+                Err(RegisterError::Unavailable(e)) => {
+                    tracing::debug!(error = %e, "cannot register yet");
+                    tokio::select! {
+                        () = tokio::time::sleep(how.heartbeat_interval) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    }
+                }
+                Err(e) => fatal(&e),
+            }
+        }
+        let mut ticks = tokio::time::interval(how.heartbeat_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
-            match store.heartbeat(&record, &instance, node_timeout).await {
-                Ok(beat) => {
-                    self.joined.store(true, Ordering::Relaxed);
-                    if let Some(other) = beat.conflicting_instance {
-                        tracing::error!(node_id = self.me.id, other_instance = %other,
-                            "another live gateway uses this node id; give each gateway its own broker.id");
-                    }
+            let id = self.my_id();
+            match store
+                .register(
+                    Some(id),
+                    &self.record(),
+                    &self.instance,
+                    how.node_timeout,
+                    MAX_NODE_ID,
+                )
+                .await
+            {
+                Ok(Registration::Registered { .. }) => {}
+                Ok(Registration::Held { holder, .. }) => {
+                    fatal(&RegisterError::Lost(describe_holder(&holder)))
                 }
+                Ok(Registration::NoFreeId) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "heartbeat failed");
                     continue;
                 }
             }
-            match store.live_brokers(node_timeout).await {
+            match store.live_brokers(how.node_timeout).await {
                 Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
                 Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
             }
         }
-        if let Err(e) = store.deregister(self.me.id).await {
+        if let Err(e) = store.deregister(self.my_id(), &self.instance).await {
             tracing::debug!(error = %e, "cannot deregister");
         }
     }
 }
 
+/// Why a gateway cannot have its node id.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("cannot reach Redis to register: {0}")]
+    Unavailable(String),
+    #[error(
+        "node id is held by a live gateway ({0}); give each gateway its own broker.id, or leave it unset to claim a free one"
+    )]
+    Held(String),
+    #[error(
+        "another gateway took this gateway's node id ({0}) while its heartbeats did not reach Redis; stopping"
+    )]
+    Lost(String),
+    #[error("every node id up to {MAX_NODE_ID} is held by a live gateway")]
+    NoFreeId,
+}
+
+fn fatal(e: &RegisterError) -> ! {
+    tracing::error!("{e}");
+    eprintln!("ketch: {e}");
+    std::process::exit(1)
+}
+
+fn describe_holder(holder: &BrokerRecord) -> String {
+    format!(
+        "node {} advertising {}:{}, instance {}{}",
+        holder.node_id,
+        holder.host,
+        holder.port,
+        holder.instance,
+        holder
+            .hostname
+            .as_deref()
+            .map(|h| format!(" on host {h}"))
+            .unwrap_or_default()
+    )
+}
+
+/// This machine's host name, if it has one.
+pub fn hostname() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
 fn node(record: BrokerRecord) -> Node {
+    let internal = match (record.internal_host, record.internal_port) {
+        (Some(host), Some(port)) => Some((host, port)),
+        _ => None,
+    };
     Node {
         id: record.node_id,
         host: record.host,
         port: record.port,
+        internal,
     }
+}
+
+/// Advertised addresses and how many live gateways advertise each.
+fn sharing(live: &[Node]) -> HashMap<(&str, u16), usize> {
+    let mut counts = HashMap::new();
+    for node in live {
+        *counts.entry((node.host.as_str(), node.port)).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn present(node: &Node, sharing: &HashMap<(&str, u16), usize>) -> Node {
+    if sharing
+        .get(&(node.host.as_str(), node.port))
+        .copied()
+        .unwrap_or(0)
+        < 2
+    {
+        return node.clone();
+    }
+    Node {
+        id: shared_id(&node.host, node.port),
+        host: node.host.clone(),
+        port: node.port,
+        internal: None,
+    }
+}
+
+/// The broker id of an address several gateways advertise: above
+/// [`MAX_NODE_ID`], so it never collides with a gateway's own id, and the
+/// same on every gateway (a hash of the address).
+pub fn shared_id(host: &str, port: u16) -> i32 {
+    let key = format!("{host}:{port}");
+    let hash = weight(0, key.as_bytes());
+    (MAX_NODE_ID + 1) + (hash % (MAX_NODE_ID as u64 + 1)) as i32
 }
 
 /// A stable 64-bit hash of (node, key): FNV-1a, then a murmur3 finalizer
@@ -166,7 +442,8 @@ mod tests {
         Node {
             id,
             host: "h".into(),
-            port: 9092,
+            port: 9092 + id as u16,
+            internal: None,
         }
     }
 
@@ -212,5 +489,56 @@ mod tests {
         let m = Membership::new(node(7));
         m.set_live(vec![node(1)]);
         assert_eq!(m.nodes().iter().map(|n| n.id).collect::<Vec<_>>(), vec![1, 7]);
+    }
+}
+
+#[cfg(test)]
+mod shared_address_tests {
+    use super::*;
+
+    fn behind_lb(id: i32) -> Node {
+        Node {
+            id,
+            host: "lb".into(),
+            port: 9092,
+            internal: Some(("10.0.0.1".into(), 7000 + id as u16)),
+        }
+    }
+
+    #[test]
+    fn an_address_several_gateways_advertise_is_one_broker_with_an_id_no_gateway_can_hold() {
+        let m = Membership::new(behind_lb(0));
+        m.set_live(vec![behind_lb(0), behind_lb(1), behind_lb(2)]);
+        let brokers = m.brokers();
+        assert_eq!(brokers.len(), 1, "{brokers:?}");
+        assert_eq!(brokers[0].id, shared_id("lb", 9092));
+        assert!(brokers[0].id > MAX_NODE_ID);
+        assert_eq!(shared_id("lb", 9092), shared_id("lb", 9092));
+        assert_ne!(shared_id("lb", 9092), shared_id("lb", 9093));
+        assert!(m.behind_shared_address());
+        assert_eq!(m.presented(&behind_lb(2)).id, brokers[0].id);
+    }
+
+    #[test]
+    fn gateways_with_their_own_addresses_are_listed_each() {
+        let own = |id: i32| Node {
+            host: format!("g{id}"),
+            ..behind_lb(id)
+        };
+        let m = Membership::new(own(0));
+        m.set_live(vec![own(0), own(1), behind_lb(2), behind_lb(3)]);
+        let ids: Vec<i32> = m.brokers().iter().map(|b| b.id).collect();
+        assert_eq!(ids, vec![0, 1, shared_id("lb", 9092)]);
+        assert!(!m.behind_shared_address());
+    }
+
+    #[test]
+    fn no_broker_is_listed_before_this_gateway_has_an_id() {
+        let m = Membership::new(Node {
+            id: UNASSIGNED,
+            ..behind_lb(0)
+        });
+        assert!(m.brokers().is_empty());
+        assert!(!m.leads(&uuid::Uuid::from_u128(1), 0));
     }
 }

@@ -37,6 +37,8 @@ struct State {
     topics: BTreeMap<String, Arc<Topic>>,
     partitions: HashMap<String, Partition>,
     groups: BTreeMap<String, BTreeMap<TopicPartition, CommittedOffset>>,
+    /// Group snapshots: (generation, bytes).
+    group_states: HashMap<String, (i32, bytes::Bytes)>,
     next_producer_id: i64,
     stored_bytes: usize,
 }
@@ -384,7 +386,9 @@ impl Storage for MemoryStorage {
     }
 
     async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
-        Ok(self.state().groups.remove(group).is_some_and(|c| !c.is_empty()))
+        let mut state = self.state();
+        state.group_states.remove(group);
+        Ok(state.groups.remove(group).is_some_and(|c| !c.is_empty()))
     }
 
     async fn groups_with_offsets(&self) -> Result<Vec<String>> {
@@ -403,5 +407,24 @@ impl Storage for MemoryStorage {
 
     async fn group_active(&self, _group: &str) -> Result<()> {
         Ok(())
+    }
+
+    async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool> {
+        let mut state = self.state();
+        if state
+            .group_states
+            .get(group)
+            .is_some_and(|(stored, _)| *stored > generation)
+        {
+            return Ok(false);
+        }
+        state
+            .group_states
+            .insert(group.to_owned(), (generation, snapshot));
+        Ok(true)
+    }
+
+    async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>> {
+        Ok(self.state().group_states.get(group).map(|(_, b)| b.clone()))
     }
 }

@@ -235,7 +235,7 @@ async fn respond(
     let version = header.request_api_version;
     let correlation_id = header.correlation_id;
     let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-    let response = api::handle(ctx, api::Client { peer }, &header, body, turns).await?;
+    let response = api::handle(ctx, api::Client::direct(peer), &header, body, turns).await?;
     match encode_response(api_key, version, correlation_id, &response) {
         Ok(bytes) => Some(bytes),
         Err(e) => {
@@ -390,7 +390,7 @@ async fn write_responses(write: tokio::net::tcp::OwnedWriteHalf, mut pending: mp
 }
 
 /// Reads one size-prefixed frame; `None` at a clean end of stream.
-async fn read_frame<R: AsyncReadExt + Unpin>(
+pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
     read: &mut R,
     max: u32,
 ) -> Result<Option<Bytes>, ConnectionError> {
@@ -424,7 +424,7 @@ async fn read_frame<R: AsyncReadExt + Unpin>(
     Ok(Some(buf.freeze()))
 }
 
-enum Rejected {
+pub(crate) enum Rejected {
     /// Close the connection.
     Close(ConnectionError),
     /// Send these bytes (an error response) and go on.
@@ -432,7 +432,7 @@ enum Rejected {
 }
 
 /// Decodes the header and body of a request frame.
-fn decode(mut frame: Bytes) -> Result<(RequestHeader, RequestKind), Rejected> {
+pub(crate) fn decode(mut frame: Bytes) -> Result<(RequestHeader, RequestKind), Rejected> {
     let invalid = |m: String| Rejected::Close(ConnectionError::Invalid(m));
     if frame.len() < 8 {
         return Err(invalid(format!("request of {} bytes has no header", frame.len())));

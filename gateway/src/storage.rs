@@ -77,6 +77,9 @@ pub trait Storage: Send + Sync {
     async fn groups_with_offsets(&self) -> Result<Vec<String>>;
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
     async fn group_active(&self, group: &str) -> Result<()>;
+    /// Stores a group's snapshot unless a newer generation is stored (false).
+    async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool>;
+    async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>>;
 }
 
 /// Redis, with reads below the local start served from the archive.
@@ -207,5 +210,13 @@ impl Storage for Tiered {
 
     async fn group_active(&self, group: &str) -> Result<()> {
         self.store.group_active(group).await
+    }
+
+    async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool> {
+        self.store.store_group(group, generation, &snapshot).await
+    }
+
+    async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>> {
+        Ok(self.store.load_group(group).await?.map(bytes::Bytes::from))
     }
 }

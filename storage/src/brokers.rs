@@ -1,37 +1,70 @@
 //! The broker registry (DESIGN §6): `ketch:brokers`, a hash of node id →
-//! JSON {instance, host, port, rack, heartbeat_ms}. Each gateway refreshes
-//! its entry every `cluster.heartbeat_interval`, stamped with Redis's clock;
-//! an entry older than `cluster.node_timeout` is a dead gateway.
+//! JSON {instance, host, port, rack, internal_host, internal_port, hostname,
+//! heartbeat_ms}. An entry is a lease on its node id: each gateway refreshes
+//! its own every `cluster.heartbeat_interval`, stamped with Redis's clock,
+//! and an entry older than `cluster.node_timeout` is a dead gateway whose id
+//! is free again. A gateway without a configured id claims the lowest free
+//! one (`scripts/heartbeat.lua`), so two gateways never hold one id.
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Result, Store};
 
 /// A gateway as registered.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BrokerRecord {
+    #[serde(skip)]
     pub node_id: i32,
+    /// The address clients are told to connect to.
     pub host: String,
     pub port: u16,
+    #[serde(default)]
     pub rack: Option<String>,
+    /// Where other gateways forward requests to this one (absent for
+    /// gateways from before forwarding).
+    #[serde(default)]
+    pub internal_host: Option<String>,
+    #[serde(default)]
+    pub internal_port: Option<u16>,
+    /// The machine's host name, for messages about who holds an id.
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// The process (a UUID per start).
+    #[serde(default, skip_serializing)]
+    pub instance: String,
+    #[serde(default, skip_serializing)]
+    pub heartbeat_ms: i64,
 }
 
-#[derive(Deserialize)]
-struct StoredBroker {
-    host: String,
-    port: u16,
-    rack: Option<String>,
-    heartbeat_ms: i64,
+impl BrokerRecord {
+    /// `host:port` of the internal listener, if the gateway has one.
+    pub fn internal_address(&self) -> Option<String> {
+        let host = self.internal_host.as_deref()?;
+        let port = self.internal_port?;
+        Some(if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        })
+    }
 }
 
-/// What a heartbeat found.
+/// What registering under a node id found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Heartbeat {
-    /// Another process registered this node id and was alive: two gateways
-    /// share a node id.
-    pub conflicting_instance: Option<String>,
+pub enum Registration {
+    /// The entry is this process's; the node id is held until the entry
+    /// is not refreshed for `node_timeout`.
+    Registered { node_id: i32 },
+    /// Another live process holds the node id; nothing was written.
+    Held {
+        holder: BrokerRecord,
+        /// How long ago (Redis's clock) the holder last refreshed its entry.
+        heartbeat_age: Duration,
+    },
+    /// Every id up to the largest claimable one is held.
+    NoFreeId,
 }
 
 impl Store {
@@ -39,28 +72,52 @@ impl Store {
         format!("{}:brokers", self.keys.namespace())
     }
 
-    /// Registers or refreshes this gateway.
-    pub async fn heartbeat(
+    /// Registers or refreshes this gateway's entry under `node_id`, or
+    /// under the lowest id no live gateway holds when `node_id` is `None`
+    /// (at most `max_node_id`). Never takes an id another live process
+    /// holds.
+    pub async fn register(
         &self,
+        node_id: Option<i32>,
         me: &BrokerRecord,
         instance: &str,
         node_timeout: Duration,
-    ) -> Result<Heartbeat> {
-        let (now, previous_instance, previous_heartbeat): (i64, String, i64) = self
+        max_node_id: i32,
+    ) -> Result<Registration> {
+        let entry = serde_json::to_string(me).expect("a broker record serializes");
+        let (status, id, now, holder): (i64, i32, i64, String) = self
             .scripts
             .heartbeat
             .key(self.brokers_key())
-            .arg(me.node_id)
+            .arg(node_id.unwrap_or(-1))
             .arg(instance)
-            .arg(&me.host)
-            .arg(me.port)
-            .arg(me.rack.as_deref().unwrap_or(""))
+            .arg(entry)
+            .arg(node_timeout.as_millis() as u64)
+            .arg(max_node_id)
             .invoke_async(&mut self.conn())
             .await?;
-        let alive = previous_heartbeat >= 0 && now - previous_heartbeat < node_timeout.as_millis() as i64;
-        let conflicting_instance = (alive && !previous_instance.is_empty() && previous_instance != instance)
-            .then_some(previous_instance);
-        Ok(Heartbeat { conflicting_instance })
+        Ok(match status {
+            1 => Registration::Registered { node_id: id },
+            0 => {
+                let holder = decode_record(id, &holder).unwrap_or_else(|| BrokerRecord {
+                    node_id: id,
+                    host: String::new(),
+                    port: 0,
+                    rack: None,
+                    internal_host: None,
+                    internal_port: None,
+                    hostname: None,
+                    instance: String::new(),
+                    heartbeat_ms: now,
+                });
+                let age = u64::try_from(now - holder.heartbeat_ms).unwrap_or(0);
+                Registration::Held {
+                    holder,
+                    heartbeat_age: Duration::from_millis(age),
+                }
+            }
+            _ => Registration::NoFreeId,
+        })
     }
 
     /// Gateways whose heartbeat is younger than `node_timeout`, by node id.
@@ -75,28 +132,31 @@ impl Store {
         let timeout = node_timeout.as_millis() as i64;
         let mut live: Vec<BrokerRecord> = all
             .into_iter()
-            .filter_map(|(node_id, json)| {
-                let stored: StoredBroker = serde_json::from_str(&json).ok()?;
-                (now - stored.heartbeat_ms < timeout).then_some(BrokerRecord {
-                    node_id,
-                    host: stored.host,
-                    port: stored.port,
-                    rack: stored.rack,
-                })
-            })
+            .filter_map(|(node_id, json)| decode_record(node_id, &json))
+            .filter(|record| now - record.heartbeat_ms < timeout)
             .collect();
         live.sort_by_key(|b| b.node_id);
         Ok(live)
     }
 
     /// Removes this gateway's entry (clean shutdown), so the others stop
-    /// routing to it at once instead of after `node_timeout`.
-    pub async fn deregister(&self, node_id: i32) -> Result<()> {
-        let _: i64 = redis::cmd("HDEL")
-            .arg(self.brokers_key())
+    /// routing to it at once instead of after `node_timeout` — unless another
+    /// process holds the id by now.
+    pub async fn deregister(&self, node_id: i32, instance: &str) -> Result<()> {
+        let _: i64 = self
+            .scripts
+            .deregister
+            .key(self.brokers_key())
             .arg(node_id)
-            .query_async(&mut self.conn())
+            .arg(instance)
+            .invoke_async(&mut self.conn())
             .await?;
         Ok(())
     }
+}
+
+fn decode_record(node_id: i32, json: &str) -> Option<BrokerRecord> {
+    let mut record: BrokerRecord = serde_json::from_str(json).ok()?;
+    record.node_id = node_id;
+    Some(record)
 }

@@ -4,9 +4,12 @@
 //! the set of groups that have committed offsets (for ListGroups after a
 //! coordinator restart).
 //!
-//! Group membership itself lives in the coordinating gateway's memory; only
-//! what must survive it is here. Offsets of a group that became empty
-//! expire after `groups.offsets_retention` (a Redis TTL on the hash).
+//! Group membership itself lives in the coordinating gateway's memory; what
+//! must survive it is here: the offsets, and `ketch:group:{GROUP}:state`, a
+//! hash {generation, snapshot} with what a new coordinator needs to take the
+//! group over (the gateway encodes the snapshot; it is opaque here). Both of
+//! a group that became empty expire after `groups.offsets_retention` (a
+//! Redis TTL).
 
 use std::time::Duration;
 
@@ -58,6 +61,31 @@ fn decode_offset(group: &str, json: &str) -> Result<CommittedOffset> {
 impl Store {
     fn group_offsets_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
+    }
+
+    fn group_state_key(&self, group: &str) -> String {
+        format!("{}:group:{{{group}}}:state", self.keys.namespace())
+    }
+
+    /// Stores a group's snapshot unless Redis holds one of a newer
+    /// generation (written by a coordinator that ran the group later);
+    /// false when refused.
+    pub async fn store_group(&self, group: &str, generation: i32, snapshot: &[u8]) -> Result<bool> {
+        let stored: i64 = self
+            .scripts
+            .store_group
+            .key(self.group_state_key(group))
+            .arg(generation)
+            .arg(snapshot)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(stored == 1)
+    }
+
+    /// A group's snapshot, if one is stored.
+    pub async fn load_group(&self, group: &str) -> Result<Option<Vec<u8>>> {
+        let snapshot: Option<Vec<u8>> = self.conn().hget(self.group_state_key(group), "snapshot").await?;
+        Ok(snapshot)
     }
 
     fn groups_key(&self) -> String {
@@ -145,7 +173,8 @@ impl Store {
 
     /// Deletes every committed offset of the group; true if it had any.
     pub async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
-        let (deleted, _): (i64, i64) = redis::pipe()
+        let (_, deleted, _): (i64, i64, i64) = redis::pipe()
+            .del(self.group_state_key(group))
             .del(self.group_offsets_key(group))
             .srem(self.groups_key(), group)
             .query_async(&mut self.conn())
@@ -156,13 +185,21 @@ impl Store {
     /// The group has no members left: its offsets expire after `retention`.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
         let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX).max(1);
-        let _: i64 = self.conn().pexpire(self.group_offsets_key(group), ms).await?;
+        let _: (i64, i64) = redis::pipe()
+            .pexpire(self.group_offsets_key(group), ms)
+            .pexpire(self.group_state_key(group), ms)
+            .query_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 
     /// The group has members again: its offsets are kept.
     pub async fn group_active(&self, group: &str) -> Result<()> {
-        let _: i64 = self.conn().persist(self.group_offsets_key(group)).await?;
+        let _: (i64, i64) = redis::pipe()
+            .persist(self.group_offsets_key(group))
+            .persist(self.group_state_key(group))
+            .query_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 

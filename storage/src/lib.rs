@@ -28,7 +28,7 @@ use redis::aio::ConnectionManager;
 
 use crate::connection::Conn;
 
-pub use brokers::{BrokerRecord, Heartbeat};
+pub use brokers::{BrokerRecord, Registration};
 pub use connection::Mode;
 pub use error::{Result, SequenceError, StorageError};
 pub use groups::{CommittedOffset, TopicPartition};
@@ -119,6 +119,8 @@ struct Scripts {
     delete_records: redis::Script,
     replace_topic: redis::Script,
     heartbeat: redis::Script,
+    deregister: redis::Script,
+    store_group: redis::Script,
     seal: redis::Script,
     lease: redis::Script,
     segment_state: redis::Script,
@@ -198,6 +200,8 @@ impl Store {
                 delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),
                 replace_topic: redis::Script::new(include_str!("scripts/add_partitions.lua")),
                 heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
+                deregister: redis::Script::new(include_str!("scripts/deregister.lua")),
+                store_group: redis::Script::new(include_str!("scripts/store_group.lua")),
                 seal: redis::Script::new(include_str!("scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),

@@ -1169,7 +1169,12 @@ impl Ketch {
         let mut child = command
             .arg("serve")
             .args(["--listen", &listen, "--advertised-host", "127.0.0.1"])
-            .args(["--advertised-port", &kafka_port.to_string()])
+            // Unless the test advertises another port (a load balancer's).
+            .args(if extra_args.contains(&"--advertised-port") {
+                Vec::new()
+            } else {
+                vec!["--advertised-port".to_owned(), kafka_port.to_string()]
+            })
             .args(["--redis-url", redis_url, "--http-listen", &http])
             // A list of seed nodes is a Redis Cluster ([`RedisCluster::url`]);
             // extra arguments may still set the mode themselves.
@@ -1261,6 +1266,19 @@ impl Ketch {
     }
 
     /// SIGKILL, then reap.
+    /// Waits until the gateway's log has a line containing `needle`.
+    pub fn await_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.output().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needle:?} within {timeout:?}:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

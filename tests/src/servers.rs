@@ -272,3 +272,75 @@ impl Drop for RestCatalog {
         let _ = self.child.wait();
     }
 }
+
+/// HAProxy (Debian's `haproxy` package) in TCP mode on a loopback port in
+/// front of some backends, balancing connections round-robin: the load
+/// balancer of the "behind a load balancer" tests. Killed on drop.
+pub struct Haproxy {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    /// Starts it on `port` (so gateways can advertise the port before it
+    /// listens) in front of `backends`, and waits until it accepts.
+    pub fn start(port: u16, backends: &[std::net::SocketAddr]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = format!(
+            "global\n    maxconn 4096\n\ndefaults\n    mode tcp\n    timeout connect 2s\n    \
+             timeout client 10m\n    timeout server 10m\n\nfrontend kafka\n    bind 127.0.0.1:{port}\n    \
+             default_backend gateways\n\nbackend gateways\n    balance roundrobin\n"
+        );
+        for (i, backend) in backends.iter().enumerate() {
+            // A dead gateway is skipped once its check fails (2 × 200 ms).
+            config.push_str(&format!(
+                "    server g{i} {backend} check inter 200ms fall 2 rise 1\n"
+            ));
+        }
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, config).expect("write haproxy.cfg");
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn haproxy (apt-get install haproxy)");
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "haproxy does not accept on port {port}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Self {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:<port>`, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

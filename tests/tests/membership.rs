@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use kafka_protocol::messages::{FindCoordinatorRequest, OffsetFetchRequest};
+use kafka_protocol::messages::{FindCoordinatorRequest, HeartbeatRequest, OffsetFetchRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::raw::{self, KafkaConn};
 use ketch_tests::{Ketch, TestRedis, unique_topic};
 use rdkafka::consumer::Consumer;
 
-const NOT_COORDINATOR: i16 = 16;
+const UNKNOWN_MEMBER_ID: i16 = 25;
 
 fn gateway(redis: &TestRedis, id: i32) -> Ketch {
     Ketch::start_node(&redis.url(), id, "600ms", &[])
@@ -82,7 +82,7 @@ fn metadata_lists_live_gateways_and_moves_a_dead_ones_partitions() {
 }
 
 #[test]
-fn groups_spread_over_coordinators_and_others_answer_not_coordinator() {
+fn groups_spread_over_coordinators_and_every_gateway_answers_for_every_group() {
     let redis = TestRedis::start();
     let gateways: Vec<Ketch> = (1..=3).map(|id| gateway(&redis, id)).collect();
     let topic = unique_topic("coordinators");
@@ -113,13 +113,28 @@ fn groups_spread_over_coordinators_and_others_answer_not_coordinator() {
         );
         coordinators.insert(answers[0]);
 
+        // Offsets are read from Redis anywhere; group requests reaching
+        // another gateway are forwarded to the coordinator, which answers
+        // (here: an unknown member).
         for (id, g) in (1..=3).zip(&gateways) {
             let fetch = OffsetFetchRequest::default()
                 .with_group_id(StrBytes::from_string(group.clone()).into())
                 .with_topics(None);
             let response = KafkaConn::connect(g.kafka_addr()).request(7, &fetch);
-            let expected = if id == answers[0] { 0 } else { NOT_COORDINATOR };
-            assert_eq!(response.error_code, expected, "{group} asked of gateway {id}");
+            assert_eq!(
+                response.error_code, 0,
+                "{group}: OffsetFetch asked of gateway {id}"
+            );
+            let heartbeat = HeartbeatRequest::default()
+                .with_group_id(StrBytes::from_string(group.clone()).into())
+                .with_member_id(StrBytes::from_static_str("nobody"))
+                .with_generation_id(1);
+            let response = KafkaConn::connect(g.kafka_addr()).request(4, &heartbeat);
+            assert_eq!(
+                response.error_code, UNKNOWN_MEMBER_ID,
+                "{group}: Heartbeat asked of gateway {id}, forwarded to node {}",
+                answers[0]
+            );
         }
     }
     assert_eq!(coordinators, all, "30 groups spread over all three coordinators");

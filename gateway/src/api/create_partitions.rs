@@ -49,7 +49,12 @@ async fn grow(ctx: &Context, request: &CreatePartitionsTopic, validate_only: boo
         }
         Err(e) => return Err(Failure::storage(&e)),
     };
-    check(&ctx.settings.topics, ctx.node.id, topic.partitions(), request)?;
+    check(
+        &ctx.settings.topics,
+        ctx.membership.my_broker_id(),
+        topic.partitions(),
+        request,
+    )?;
     if validate_only {
         return Ok(());
     }

@@ -101,7 +101,7 @@ async fn create(ctx: &Context, topic: CreatableTopic, validate_only: bool) -> Re
         Ok(Some(_)) => return Err(already_exists(name)),
         Err(e) => return Err(Failure::storage(&e)),
     }
-    let partitions = partition_count(&ctx.settings.topics, ctx.node.id, &topic)?;
+    let partitions = partition_count(&ctx.settings.topics, ctx.membership.my_broker_id(), &topic)?;
     let configs = overrides(&topic.configs)?;
     if validate_only {
         return Ok(Created {

@@ -4,20 +4,36 @@
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
-use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader};
+use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader, RequestKind};
 
-use crate::Context;
+use super::{Client, Route, route};
 use crate::group::NotDeleted;
+use crate::{Context, forward};
 
 pub async fn handle(
     ctx: &Context,
-    _header: &RequestHeader,
+    client: &Client,
+    header: &RequestHeader,
     req: DeleteGroupsRequest,
 ) -> DeleteGroupsResponse {
     let mut results = Vec::with_capacity(req.groups_names.len());
     // One at a time: a name given twice is deleted once, then not found.
     for group_id in req.groups_names {
-        let code = delete(ctx, &group_id).await;
+        let code = match route(ctx, client, &group_id) {
+            Route::Here => delete(ctx, &group_id).await,
+            Route::Forward(to) => {
+                let one = DeleteGroupsRequest::default().with_groups_names(vec![group_id.clone()]);
+                let deadline = forward::deadline(ctx, &RequestKind::DeleteGroups(Default::default()));
+                match super::forward(ctx, client, header, &one, deadline, &to).await {
+                    Ok(response) => response
+                        .results
+                        .first()
+                        .map_or(ResponseError::CoordinatorNotAvailable.code(), |r| r.error_code),
+                    Err(code) => code,
+                }
+            }
+            Route::NotCoordinator => ResponseError::NotCoordinator.code(),
+        };
         results.push(
             DeletableGroupResult::default()
                 .with_group_id(group_id)
@@ -28,10 +44,7 @@ pub async fn handle(
 }
 
 async fn delete(ctx: &Context, group_id: &str) -> i16 {
-    if let Some(code) = super::check_coordinator(ctx, group_id) {
-        return code;
-    }
-    let in_memory = match ctx.groups.delete(group_id) {
+    let in_memory = match ctx.groups.delete(group_id).await {
         Ok(()) => true,
         Err(NotDeleted::NonEmpty) => return ResponseError::NonEmptyGroup.code(),
         Err(NotDeleted::Unknown) => false,

@@ -41,8 +41,8 @@ pub fn handle(
             .with_error_code(ResponseError::UnsupportedEndpointType.code())
             .with_error_message(Some(str_bytes(message)));
     }
-    let nodes = ctx.membership.nodes();
-    let controller = nodes.first().map_or(ctx.node.id, |n| n.id);
+    let nodes = ctx.membership.brokers();
+    let controller = nodes.first().map_or(-1, |n| n.id);
     let brokers = nodes
         .into_iter()
         .map(|n| {

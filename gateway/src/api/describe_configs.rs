@@ -110,11 +110,12 @@ pub fn topic_configs(settings: &TopicsSettings, overrides: &BTreeMap<String, Str
 /// This gateway's broker configs: fixed at startup, hence read-only.
 fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
     let topics = &ctx.settings.topics;
-    let listener = format!("PLAINTEXT://{}:{}", ctx.node.host, ctx.node.port);
+    let me = ctx.membership.me();
+    let listener = format!("PLAINTEXT://{}:{}", me.host, me.port);
     [
         (
             "broker.id",
-            ctx.node.id.to_string(),
+            ctx.membership.my_broker_id().to_string(),
             TYPE_INT,
             "This gateway's node id (broker.id).",
         ),
@@ -219,12 +220,18 @@ async fn configs_of(
                 .map_err(|code| (code, None))?;
             Ok(topic_configs(&ctx.settings.topics, &topic.configs))
         }
-        RESOURCE_BROKER if name.is_empty() || name == ctx.node.id.to_string() => Ok(broker_configs(ctx)),
+        RESOURCE_BROKER
+            if name.is_empty()
+                || name == ctx.membership.my_broker_id().to_string()
+                || name == ctx.membership.my_id().to_string() =>
+        {
+            Ok(broker_configs(ctx))
+        }
         RESOURCE_BROKER => Err((
             ResponseError::InvalidRequest.code(),
             Some(format!(
                 "Unexpected broker id, expected {} or empty string, but received {name}",
-                ctx.node.id
+                ctx.membership.my_broker_id()
             )),
         )),
         other => Err((

@@ -6,12 +6,12 @@
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
-use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader};
+use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader, RequestKind};
 use kafka_protocol::protocol::StrBytes;
 
-use super::str_bytes;
-use crate::Context;
+use super::{Client, Route, route, str_bytes};
 use crate::group::State;
+use crate::{Context, forward};
 
 /// Kafka's `AclOperation` codes of the operations on a group resource.
 const GROUP_OPERATIONS: [i32; 3] = [
@@ -25,6 +25,7 @@ const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     header: &RequestHeader,
     req: DescribeGroupsRequest,
 ) -> DescribeGroupsResponse {
@@ -34,23 +35,39 @@ pub async fn handle(
     } else {
         OPERATIONS_NOT_REQUESTED
     };
-    let mut groups = Vec::with_capacity(req.groups.len());
-    for group_id in req.groups {
-        let described = describe(ctx, header.request_api_version, &group_id).await;
-        groups.push(
-            described
-                .with_group_id(group_id)
-                .with_authorized_operations(operations),
-        );
-    }
-    DescribeGroupsResponse::default().with_groups(groups)
+    let include_operations = req.include_authorized_operations;
+    let described = super::each(req.groups.into_iter().map(|group_id| async move {
+        let described = match route(ctx, client, &group_id) {
+            Route::Here => describe(ctx, header.request_api_version, &group_id).await,
+            Route::Forward(to) => {
+                // The coordinator answers for its groups only: one request each.
+                let one = DescribeGroupsRequest::default()
+                    .with_groups(vec![group_id.clone()])
+                    .with_include_authorized_operations(include_operations);
+                let deadline = forward::deadline(ctx, &RequestKind::DescribeGroups(Default::default()));
+                match super::forward(ctx, client, header, &one, deadline, &to).await {
+                    Ok(response) => match response.groups.into_iter().next() {
+                        Some(group) => return group,
+                        None => DescribedGroup::default()
+                            .with_error_code(ResponseError::CoordinatorNotAvailable.code()),
+                    },
+                    Err(code) => DescribedGroup::default().with_error_code(code),
+                }
+            }
+            Route::NotCoordinator => {
+                DescribedGroup::default().with_error_code(ResponseError::NotCoordinator.code())
+            }
+        };
+        described
+            .with_group_id(group_id)
+            .with_authorized_operations(operations)
+    }))
+    .await;
+    DescribeGroupsResponse::default().with_groups(described)
 }
 
 async fn describe(ctx: &Context, version: i16, group_id: &str) -> DescribedGroup {
-    if let Some(code) = super::check_coordinator(ctx, group_id) {
-        return DescribedGroup::default().with_error_code(code);
-    }
-    if let Some(described) = ctx.groups.describe(group_id) {
+    if let Some(described) = ctx.groups.describe(group_id).await {
         return described;
     }
     match ctx.storage.all_committed_offsets(group_id).await {

@@ -51,7 +51,7 @@ fn find(ctx: &Context, key_type: i8, key: StrBytes) -> Coordinator {
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
-    let node = ctx.membership.group_coordinator(&key);
+    let node = ctx.membership.presented(&ctx.membership.group_coordinator(&key));
     coordinator
         .with_node_id(BrokerId(node.id))
         .with_host(str_bytes(node.host))

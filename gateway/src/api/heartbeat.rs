@@ -2,11 +2,28 @@
 //! and learns of rebalances (REBALANCE_IN_PROGRESS). Spec: the Kafka protocol
 //! guide; KIP-345 (v3 `group.instance.id`).
 
-use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader, RequestKind};
 
-use crate::Context;
+use super::{Client, Route, route};
+use crate::{Context, forward};
 
-pub fn handle(ctx: &Context, _header: &RequestHeader, req: HeartbeatRequest) -> HeartbeatResponse {
-    let code = super::check_coordinator(ctx, &req.group_id).unwrap_or_else(|| ctx.groups.heartbeat(&req));
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: HeartbeatRequest,
+) -> HeartbeatResponse {
+    let code = match route(ctx, client, &req.group_id) {
+        Route::Here => ctx.groups.heartbeat(&req).await,
+        Route::Forward(to) => {
+            let deadline = forward::deadline(ctx, &RequestKind::Heartbeat(Default::default()));
+            match super::forward(ctx, client, header, &req, deadline, &to).await {
+                Ok(response) => return response,
+                Err(code) => code,
+            }
+        }
+        Route::NotCoordinator => ResponseError::NotCoordinator.code(),
+    };
     HeartbeatResponse::default().with_error_code(code)
 }

@@ -3,14 +3,31 @@
 //! member id or by `group.instance.id` alone, with an error each (KIP-345).
 //! v5 adds a reason (KIP-800).
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
-use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader};
+use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader, RequestKind};
 
-use crate::Context;
+use super::{Client, Route, route};
+use crate::{Context, forward};
 
-pub fn handle(ctx: &Context, header: &RequestHeader, req: LeaveGroupRequest) -> LeaveGroupResponse {
-    if let Some(code) = super::check_coordinator(ctx, &req.group_id) {
-        return LeaveGroupResponse::default().with_error_code(code);
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: LeaveGroupRequest,
+) -> LeaveGroupResponse {
+    match route(ctx, client, &req.group_id) {
+        Route::Here => {}
+        Route::Forward(to) => {
+            let deadline = forward::deadline(ctx, &RequestKind::LeaveGroup(Default::default()));
+            return match super::forward(ctx, client, header, &req, deadline, &to).await {
+                Ok(response) => response,
+                Err(code) => LeaveGroupResponse::default().with_error_code(code),
+            };
+        }
+        Route::NotCoordinator => {
+            return LeaveGroupResponse::default().with_error_code(ResponseError::NotCoordinator.code());
+        }
     }
     let batched = header.request_api_version >= 3;
     let leaving = if batched {
@@ -18,7 +35,7 @@ pub fn handle(ctx: &Context, header: &RequestHeader, req: LeaveGroupRequest) -> 
     } else {
         vec![MemberIdentity::default().with_member_id(req.member_id)]
     };
-    match ctx.groups.leave(&req.group_id, leaving) {
+    match ctx.groups.leave(&req.group_id, leaving).await {
         Err(code) => LeaveGroupResponse::default().with_error_code(code),
         Ok(members) if batched => LeaveGroupResponse::default().with_members(members),
         // The one member's error is the response's.

@@ -7,20 +7,63 @@ use std::collections::HashSet;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::list_groups_response::ListedGroup;
-use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, RequestHeader};
+use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, RequestHeader, RequestKind};
 use kafka_protocol::protocol::StrBytes;
 
-use crate::Context;
+use super::Client;
 use crate::group::{Listing, State};
+use crate::{Context, forward};
 
 /// The only group type ketch has.
 const CLASSIC: &str = "classic";
 
-pub async fn handle(ctx: &Context, _header: &RequestHeader, req: ListGroupsRequest) -> ListGroupsResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: ListGroupsRequest,
+) -> ListGroupsResponse {
     let wanted_type = |t: &StrBytes| t.eq_ignore_ascii_case(CLASSIC);
     if !req.types_filter.is_empty() && !req.types_filter.iter().any(wanted_type) {
         return ListGroupsResponse::default();
     }
+    if !client.forwarded && ctx.membership.behind_shared_address() {
+        return list_everywhere(ctx, client, header, req).await;
+    }
+    list_here(ctx, req).await
+}
+
+/// Behind a load balancer a client asks one gateway for every group: this
+/// one's, and each other live gateway's, asked over the internal channel.
+async fn list_everywhere(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: ListGroupsRequest,
+) -> ListGroupsResponse {
+    let me = ctx.membership.my_id();
+    let others: Vec<String> = (ctx.membership.nodes().into_iter())
+        .filter(|n| n.id != me)
+        .filter_map(|n| n.internal_address())
+        .collect();
+    let deadline = forward::deadline(ctx, &RequestKind::ListGroups(Default::default()));
+    let asked = others
+        .iter()
+        .map(|to| super::forward(ctx, client, header, &req, deadline, to));
+    let (mine, theirs) = tokio::join!(list_here(ctx, req.clone()), futures::future::join_all(asked));
+    let mut response = mine;
+    for answer in theirs {
+        match answer {
+            Ok(listed) if listed.error_code == 0 => response.groups.extend(listed.groups),
+            Ok(listed) => return ListGroupsResponse::default().with_error_code(listed.error_code),
+            Err(code) => return ListGroupsResponse::default().with_error_code(code),
+        }
+    }
+    response
+}
+
+/// The groups this gateway coordinates.
+async fn list_here(ctx: &Context, req: ListGroupsRequest) -> ListGroupsResponse {
     let mut groups = ctx.groups.list();
     match ctx.storage.groups_with_offsets().await {
         Ok(with_offsets) => groups.extend(only_offsets(&groups, with_offsets)),

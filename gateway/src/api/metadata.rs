@@ -48,8 +48,8 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         });
         super::each(lookups).await
     };
-    let nodes = ctx.membership.nodes();
-    let controller = nodes.first().map_or(ctx.node.id, |n| n.id);
+    let nodes = ctx.membership.brokers();
+    let controller = nodes.first().map_or(-1, |n| n.id);
     MetadataResponse::default()
         .with_brokers(
             nodes
@@ -85,7 +85,8 @@ fn describe(ctx: &Context, topic: &Topic) -> MetadataResponseTopic {
         .with_partitions(
             (0..topic.partitions())
                 .map(|p| {
-                    let node = BrokerId(ctx.membership.partition_leader(&topic.id, p).id);
+                    let leader = ctx.membership.partition_leader(&topic.id, p);
+                    let node = BrokerId(ctx.membership.presented(&leader).id);
                     MetadataResponsePartition::default()
                         .with_partition_index(p)
                         .with_leader_id(node)

@@ -74,10 +74,28 @@ pub fn supported_versions(key: ApiKey) -> Option<(i16, i16)> {
         .map(|(_, min, max)| (*min, *max))
 }
 
-/// The connection a request came on.
-#[derive(Debug, Clone, Copy)]
+/// The principal of a client that did not authenticate (Kafka's name).
+pub const ANONYMOUS: &str = "User:ANONYMOUS";
+
+/// Who sent a request: the client's address and principal, and whether
+/// another gateway forwarded it (forwarded requests are never forwarded
+/// again).
+#[derive(Debug, Clone)]
 pub struct Client {
     pub peer: std::net::SocketAddr,
+    pub principal: Arc<str>,
+    pub forwarded: bool,
+}
+
+impl Client {
+    /// A client connected to this gateway's Kafka listener.
+    pub fn direct(peer: std::net::SocketAddr) -> Self {
+        Self {
+            peer,
+            principal: Arc::from(ANONYMOUS),
+            forwarded: false,
+        }
+    }
 }
 
 /// Runs one request. `None` means no response is sent (acks=0 produce).
@@ -117,25 +135,35 @@ pub async fn handle(
         RequestKind::FindCoordinator(r) => {
             ResponseKind::FindCoordinator(find_coordinator::handle(ctx, header, r))
         }
-        RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offset_fetch::handle(ctx, header, r).await),
+        RequestKind::OffsetFetch(r) => {
+            ResponseKind::OffsetFetch(offset_fetch::handle(ctx, &client, header, r).await)
+        }
         RequestKind::OffsetCommit(r) => {
-            ResponseKind::OffsetCommit(offset_commit::handle(ctx, header, r).await)
+            ResponseKind::OffsetCommit(offset_commit::handle(ctx, &client, header, r).await)
         }
         RequestKind::OffsetDelete(r) => {
-            ResponseKind::OffsetDelete(offset_delete::handle(ctx, header, r).await)
+            ResponseKind::OffsetDelete(offset_delete::handle(ctx, &client, header, r).await)
         }
         RequestKind::JoinGroup(r) => {
             ResponseKind::JoinGroup(join_group::handle(ctx, client, header, r).await)
         }
-        RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(sync_group::handle(ctx, header, r).await),
-        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(heartbeat::handle(ctx, header, r)),
-        RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(leave_group::handle(ctx, header, r)),
-        RequestKind::ListGroups(r) => ResponseKind::ListGroups(list_groups::handle(ctx, header, r).await),
+        RequestKind::SyncGroup(r) => {
+            ResponseKind::SyncGroup(sync_group::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::Heartbeat(r) => {
+            ResponseKind::Heartbeat(heartbeat::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::LeaveGroup(r) => {
+            ResponseKind::LeaveGroup(leave_group::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::ListGroups(r) => {
+            ResponseKind::ListGroups(list_groups::handle(ctx, &client, header, r).await)
+        }
         RequestKind::DescribeGroups(r) => {
-            ResponseKind::DescribeGroups(describe_groups::handle(ctx, header, r).await)
+            ResponseKind::DescribeGroups(describe_groups::handle(ctx, &client, header, r).await)
         }
         RequestKind::DeleteGroups(r) => {
-            ResponseKind::DeleteGroups(delete_groups::handle(ctx, header, r).await)
+            ResponseKind::DeleteGroups(delete_groups::handle(ctx, &client, header, r).await)
         }
         RequestKind::InitProducerId(r) => {
             ResponseKind::InitProducerId(init_producer_id::handle(ctx, header, r).await)
@@ -264,8 +292,53 @@ pub async fn ensure_partition(ctx: &Context, topic: Arc<Topic>, partition: i32) 
     }
 }
 
-/// NOT_COORDINATOR when another live gateway coordinates `group`; group
-/// requests are answered only by the group's coordinator.
+/// Where a group request is handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// This gateway coordinates the group.
+    Here,
+    /// Forward it to the coordinator's internal listener at this address.
+    Forward(String),
+    /// NOT_COORDINATOR: the client looks the coordinator up again. For a
+    /// request another gateway forwarded (it is never forwarded twice), or
+    /// when the coordinator has no internal listener.
+    NotCoordinator,
+}
+
+/// Where a request about `group` from `client` is handled.
+pub fn route(ctx: &Context, client: &Client, group: &str) -> Route {
+    let coordinator = ctx.membership.group_coordinator(group);
+    if coordinator.id == ctx.membership.my_id() {
+        return Route::Here;
+    }
+    match coordinator.internal_address() {
+        Some(address) if !client.forwarded => Route::Forward(address),
+        _ => Route::NotCoordinator,
+    }
+}
+
+/// Forwards a request to the group coordinator at `to`; a failure is
+/// COORDINATOR_NOT_AVAILABLE (the client looks the coordinator up again
+/// and retries).
+pub async fn forward<R: kafka_protocol::protocol::Request>(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    request: &R,
+    deadline: std::time::Duration,
+    to: &str,
+) -> Result<R::Response, i16> {
+    ctx.forwarder
+        .forward(to, header, request, client, deadline)
+        .await
+        .map_err(|e| {
+            tracing::info!(coordinator = to, api_key = header.request_api_key, error = %e, "cannot forward a group request");
+            ResponseError::CoordinatorNotAvailable.code()
+        })
+}
+
+/// NOT_COORDINATOR when another live gateway coordinates `group` (for
+/// requests that are not forwarded).
 pub fn check_coordinator(ctx: &Context, group: &str) -> Option<i16> {
     (!ctx.membership.coordinates(group)).then_some(ResponseError::NotCoordinator.code())
 }

@@ -11,28 +11,39 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
-use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader};
+use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader, RequestKind};
 use ketch_storage::{CommittedOffset, TopicPartition};
 
-use super::{check_coordinator, error_code, resolve_topic};
-use crate::Context;
+use super::{Client, Route, error_code, resolve_topic, route};
+use crate::{Context, forward};
 
 pub async fn handle(
     ctx: &Context,
-    _header: &RequestHeader,
+    client: &Client,
+    header: &RequestHeader,
     request: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let group = request.group_id.0.to_string();
-    let refused = check_coordinator(ctx, &group).or_else(|| {
-        ctx.groups
+    let refused = match route(ctx, client, &group) {
+        Route::Here => ctx
+            .groups
             .validate_offset_commit(
                 &group,
                 &request.member_id,
                 request.group_instance_id.as_ref(),
                 request.generation_id_or_member_epoch,
             )
-            .err()
-    });
+            .await
+            .err(),
+        Route::Forward(to) => {
+            let deadline = forward::deadline(ctx, &RequestKind::OffsetCommit(Default::default()));
+            match super::forward(ctx, client, header, &request, deadline, &to).await {
+                Ok(response) => return response,
+                Err(code) => Some(code),
+            }
+        }
+        Route::NotCoordinator => Some(ResponseError::NotCoordinator.code()),
+    };
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
     let mut positions: Vec<Vec<(usize, usize)>> = Vec::new();
@@ -115,7 +126,11 @@ async fn commit(
         return Ok(());
     }
     ctx.storage.commit_offsets(group, offsets).await?;
-    let has_members = ctx.groups.describe(group).is_some_and(|g| !g.members.is_empty());
+    let has_members = ctx
+        .groups
+        .describe(group)
+        .await
+        .is_some_and(|g| !g.members.is_empty());
     if !has_members {
         ctx.storage
             .group_emptied(group, ctx.settings.groups.offsets_retention.get())

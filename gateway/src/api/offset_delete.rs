@@ -9,13 +9,13 @@ use kafka_protocol::messages::offset_delete_response::{
     OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
 use kafka_protocol::messages::{
-    ConsumerProtocolSubscription, OffsetDeleteRequest, OffsetDeleteResponse, RequestHeader,
+    ConsumerProtocolSubscription, OffsetDeleteRequest, OffsetDeleteResponse, RequestHeader, RequestKind,
 };
 use kafka_protocol::protocol::Decodable;
 use ketch_storage::TopicPartition;
 
-use super::{check_coordinator, error_code};
-use crate::Context;
+use super::{Client, Route, error_code, route};
+use crate::{Context, forward};
 
 /// The protocol type of groups whose members' metadata is a consumer
 /// subscription.
@@ -23,14 +23,25 @@ const CONSUMER_PROTOCOL: &str = "consumer";
 
 pub async fn handle(
     ctx: &Context,
-    _header: &RequestHeader,
+    client: &Client,
+    header: &RequestHeader,
     request: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
     let group = request.group_id.0.to_string();
-    if let Some(code) = check_coordinator(ctx, &group) {
-        return OffsetDeleteResponse::default().with_error_code(code);
+    match route(ctx, client, &group) {
+        Route::Here => {}
+        Route::Forward(to) => {
+            let deadline = forward::deadline(ctx, &RequestKind::OffsetDelete(Default::default()));
+            return match super::forward(ctx, client, header, &request, deadline, &to).await {
+                Ok(response) => response,
+                Err(code) => OffsetDeleteResponse::default().with_error_code(code),
+            };
+        }
+        Route::NotCoordinator => {
+            return OffsetDeleteResponse::default().with_error_code(ResponseError::NotCoordinator.code());
+        }
     }
-    let described = ctx.groups.describe(&group);
+    let described = ctx.groups.describe(&group).await;
     let has_offsets = match ctx.storage.groups_with_offsets().await {
         Ok(groups) => groups.contains(&group),
         Err(e) => return OffsetDeleteResponse::default().with_error_code(error_code(&e)),

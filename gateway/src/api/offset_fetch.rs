@@ -4,6 +4,7 @@
 //! answers offset -1, as Kafka does. Only the group's coordinator answers
 //! (NOT_COORDINATOR elsewhere).
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
@@ -11,11 +12,12 @@ use kafka_protocol::messages::offset_fetch_response::{
 use kafka_protocol::messages::{GroupId, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, TopicName};
 use ketch_storage::{CommittedOffset, TopicPartition};
 
-use super::{check_coordinator, error_code, str_bytes};
+use super::{Client, Route, error_code, route, str_bytes};
 use crate::Context;
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     header: &RequestHeader,
     request: OffsetFetchRequest,
 ) -> OffsetFetchResponse {
@@ -27,7 +29,7 @@ pub async fn handle(
                     .map(|t| (t.name, t.partition_indexes))
                     .collect()
             });
-            let (error, topics) = fetch(ctx, &group.group_id, wanted).await;
+            let (error, topics) = fetch(ctx, client, &group.group_id, wanted).await;
             OffsetFetchResponseGroup::default()
                 .with_group_id(group.group_id)
                 .with_error_code(error)
@@ -41,7 +43,7 @@ pub async fn handle(
             .map(|t| (t.name, t.partition_indexes))
             .collect()
     });
-    let (error, topics) = fetch(ctx, &request.group_id, wanted).await;
+    let (error, topics) = fetch(ctx, client, &request.group_id, wanted).await;
     let version = header.request_api_version;
     let response = OffsetFetchResponse::default()
         .with_topics(topics.into_iter().map(|t| old_topic(version, t)).collect());
@@ -59,13 +61,19 @@ type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>)>);
 /// asked (or by name when all were asked for). A topic named twice, or a
 /// partition named twice within a topic, is answered once. A name no topic
 /// can have is answered without asking Redis: no offset.
+///
+/// Committed offsets are in Redis, so any gateway answers for any group
+/// (behind a load balancer the client cannot pick the coordinator), but
+/// for a coordinator without an internal listener (a gateway from before
+/// forwarding), whose commits it cannot vouch for.
 async fn fetch(
     ctx: &Context,
+    client: &Client,
     group: &GroupId,
     wanted: Option<Vec<(TopicName, Vec<i32>)>>,
 ) -> (i16, Vec<TopicOffsets>) {
-    if let Some(code) = check_coordinator(ctx, group) {
-        return (code, Vec::new());
+    if route(ctx, client, group) == Route::NotCoordinator {
+        return (ResponseError::NotCoordinator.code(), Vec::new());
     }
     let Some(wanted) = wanted else {
         return match ctx.storage.all_committed_offsets(group).await {

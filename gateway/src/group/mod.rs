@@ -1,7 +1,10 @@
 //! The classic consumer-group coordinator (Kafka's `GroupCoordinator` for
 //! classic groups): membership, rebalances and assignments of the groups this
 //! gateway coordinates, in memory (DESIGN §6). Committed offsets live in Redis
-//! and are not kept here.
+//! and are not kept here. What a new coordinator needs to take a group over
+//! (generation, protocol, members and their assignments: a [`Snapshot`]) is
+//! written to Redis at every completed rebalance and loaded by the next
+//! coordinator when the group's first request reaches it.
 //!
 //! Spec: the Kafka protocol guide's group membership APIs; KIP-62 (rebalance
 //! timeout), KIP-134 (initial rebalance delay), KIP-345 (static membership,
@@ -9,6 +12,7 @@
 //! assignment). [`state`] is the state machine; this module locks it, parks
 //! requests that wait for a rebalance, and runs one timer task per group.
 
+mod snapshot;
 pub mod state;
 
 use std::collections::HashMap;
@@ -29,7 +33,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use state::{Group, Reply, Timing, join_error, sync_error};
-pub use state::{Joiner, State};
+pub use state::{Joiner, Snapshot, SnapshotMember, State};
 
 /// The groups this gateway coordinates. Cheap to clone.
 #[derive(Clone)]
@@ -40,7 +44,7 @@ pub struct Coordinator {
 struct Inner {
     timing: Timing,
     groups: Mutex<HashMap<StrBytes, Slot>>,
-    retention: Option<Retention>,
+    writes: Option<Writes>,
 }
 
 struct Slot {
@@ -76,15 +80,15 @@ impl Coordinator {
     /// `groups.offsets_retention` after it becomes Empty, and keeps them
     /// while it has members.
     pub fn with_storage(settings: &GroupsSettings, storage: Arc<dyn Storage>) -> Self {
-        let retention = Retention {
+        let writes = Writes {
             storage,
             retention: settings.offsets_retention.get(),
             queue: Mutex::new(None),
         };
-        Self::build(settings, Some(retention))
+        Self::build(settings, Some(writes))
     }
 
-    fn build(settings: &GroupsSettings, retention: Option<Retention>) -> Self {
+    fn build(settings: &GroupsSettings, writes: Option<Writes>) -> Self {
         let timing = Timing {
             initial_rebalance_delay: settings.initial_rebalance_delay.get(),
             min_session_timeout: settings.min_session_timeout.get(),
@@ -94,7 +98,7 @@ impl Coordinator {
         let inner = Inner {
             timing,
             groups: Mutex::new(HashMap::new()),
-            retention,
+            writes,
         };
         Self {
             inner: Arc::new(inner),
@@ -110,6 +114,9 @@ impl Coordinator {
         joiner: Joiner,
         shutdown: &watch::Receiver<bool>,
     ) -> JoinGroupResponse {
+        if let Err(error) = self.load(&req.group_id).await {
+            return join_error(req.member_id, error);
+        }
         let member_id = req.member_id.clone();
         let reply = self.join_now(req, &joiner);
         let unanswered = join_error(member_id, ResponseError::CoordinatorNotAvailable);
@@ -146,6 +153,9 @@ impl Coordinator {
         mut req: SyncGroupRequest,
         shutdown: &watch::Receiver<bool>,
     ) -> SyncGroupResponse {
+        if let Err(error) = self.load(&req.group_id).await {
+            return sync_error(error);
+        }
         for assignment in &mut req.assignments {
             assignment.member_id = detach(&assignment.member_id);
             assignment.assignment = Bytes::copy_from_slice(&assignment.assignment);
@@ -160,8 +170,11 @@ impl Coordinator {
     }
 
     /// Heartbeat: the error code (0 for none).
-    pub fn heartbeat(&self, req: &HeartbeatRequest) -> i16 {
+    pub async fn heartbeat(&self, req: &HeartbeatRequest) -> i16 {
         if let Some(error) = invalid_group(&req.group_id) {
+            return error.code();
+        }
+        if let Err(error) = self.load(&req.group_id).await {
             return error.code();
         }
         let outcome = self
@@ -174,7 +187,7 @@ impl Coordinator {
     }
 
     /// LeaveGroup: one response per leaving member, or a group-level error.
-    pub fn leave(
+    pub async fn leave(
         &self,
         group_id: &StrBytes,
         leaving: Vec<MemberIdentity>,
@@ -182,6 +195,7 @@ impl Coordinator {
         if group_id.is_empty() {
             return Err(ResponseError::InvalidGroupId.code());
         }
+        self.load(group_id).await.map_err(|e| e.code())?;
         let unknown = |m: &MemberIdentity| {
             MemberResponse::default()
                 .with_member_id(m.member_id.clone())
@@ -208,13 +222,15 @@ impl Coordinator {
 
     /// DescribeGroups for a group in memory (without its id and authorized
     /// operations, which the caller sets).
-    pub fn describe(&self, group_id: &str) -> Option<DescribedGroup> {
+    pub async fn describe(&self, group_id: &str) -> Option<DescribedGroup> {
+        let _ = self.load(group_id).await;
         let groups = self.inner.lock();
         groups.get(group_id.as_bytes()).map(|slot| slot.group.describe())
     }
 
     /// Forgets an Empty group (DeleteGroups); its offsets are the caller's.
-    pub fn delete(&self, group_id: &str) -> Result<(), NotDeleted> {
+    pub async fn delete(&self, group_id: &str) -> Result<(), NotDeleted> {
+        let _ = self.load(group_id).await;
         let mut groups = self.inner.lock();
         let slot = groups.get(group_id.as_bytes()).ok_or(NotDeleted::Unknown)?;
         if slot.group.state() != State::Empty {
@@ -229,13 +245,14 @@ impl Coordinator {
     /// Whether an OffsetCommit (outside a transaction) from this member and
     /// generation may commit: Kafka's `validateOffsetCommit`. A group not in
     /// memory accepts only commits without a generation.
-    pub fn validate_offset_commit(
+    pub async fn validate_offset_commit(
         &self,
         group_id: &str,
         member_id: &StrBytes,
         instance_id: Option<&StrBytes>,
         generation: i32,
     ) -> Result<(), i16> {
+        self.load(group_id).await.map_err(|e| e.code())?;
         let groups = self.inner.lock();
         let outcome = match groups.get(group_id.as_bytes()) {
             Some(slot) => slot
@@ -245,6 +262,64 @@ impl Coordinator {
             None => Err(ResponseError::IllegalGeneration),
         };
         outcome.map_err(|e| e.code())
+    }
+
+    /// Brings a group this gateway does not have in memory in from its
+    /// snapshot in Redis, if it has one (it was coordinated elsewhere
+    /// before). COORDINATOR_LOAD_IN_PROGRESS when Redis cannot say.
+    async fn load(&self, group_id: &str) -> Result<(), ResponseError> {
+        let Some(writes) = &self.inner.writes else {
+            return Ok(());
+        };
+        if group_id.is_empty() || self.inner.lock().contains_key(group_id.as_bytes()) {
+            return Ok(());
+        }
+        let stored = writes.storage.load_group(group_id).await.map_err(|e| {
+            tracing::warn!(group = group_id, error = %e, "cannot load the group's snapshot");
+            ResponseError::CoordinatorLoadInProgress
+        })?;
+        let Some(bytes) = stored else {
+            return Ok(());
+        };
+        let Some(snapshot) = snapshot::decode(bytes) else {
+            tracing::warn!(
+                group = group_id,
+                "ignoring a group snapshot this version cannot read"
+            );
+            return Ok(());
+        };
+        let now = Instant::now();
+        let mut groups = self.inner.lock();
+        let group_id = StrBytes::from_string(group_id.to_owned());
+        if !groups.contains_key(&group_id) {
+            tracing::info!(
+                group = %group_id,
+                generation = snapshot.generation,
+                members = snapshot.members.len(),
+                "took the group over from its snapshot"
+            );
+            let group = Group::restore(self.inner.timing, snapshot, now);
+            let slot = self.inner.start_slot(&group_id, group);
+            slot.timers.notify_one();
+            groups.insert(group_id, slot);
+        }
+        Ok(())
+    }
+
+    /// Forgets every group `keep` rejects (another gateway coordinates it
+    /// now); their parked requests are answered with a retriable error.
+    /// How many were forgotten.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) -> usize {
+        let mut groups = self.inner.lock();
+        let before = groups.len();
+        groups.retain(|id, slot| {
+            let kept = keep(id);
+            if !kept {
+                slot.timers.notify_one();
+            }
+            kept
+        });
+        before - groups.len()
     }
 }
 
@@ -276,22 +351,35 @@ impl Inner {
         if deadline_after.is_some_and(|after| deadline_before.is_none_or(|before| after < before)) {
             slot.timers.notify_one();
         }
+        let snapshot = slot.group.take_snapshot();
         if after == State::Dead {
             groups.remove(group_id);
             tracing::info!(group = %group_id, "forgot empty group");
-        } else if let Some(retention) = &self.retention {
-            retention.track(group_id, before, after);
+        } else if let Some(writes) = &self.writes {
+            // The snapshot first: the retention change applies its TTL.
+            if let Some(snapshot) = snapshot {
+                if after == State::Stable {
+                    tracing::info!(group = %group_id, generation = snapshot.generation,
+                        members = snapshot.members.len(), "group stabilized");
+                }
+                writes.send(
+                    group_id,
+                    Change::Store(snapshot.generation, snapshot::encode(&snapshot)),
+                );
+            }
+            writes.track(group_id, before, after);
         }
         Some(result)
     }
 
     fn start_group(self: &Arc<Self>, group_id: &StrBytes, now: Instant) -> Slot {
+        self.start_slot(group_id, Group::new(self.timing, now))
+    }
+
+    fn start_slot(self: &Arc<Self>, group_id: &StrBytes, group: Group) -> Slot {
         let timers = Arc::new(Notify::new());
         tokio::spawn(run_timers(Arc::downgrade(self), group_id.clone(), timers.clone()));
-        Slot {
-            group: Group::new(self.timing, now),
-            timers,
-        }
+        Slot { group, timers }
     }
 
     /// The group's next deadline; `None` once the group (this incarnation
@@ -374,40 +462,64 @@ fn invalid_group(group_id: &StrBytes) -> Option<ResponseError> {
     group_id.is_empty().then_some(ResponseError::InvalidGroupId)
 }
 
-/// Keeps a group's committed offsets while it has members and lets them
-/// expire once it is Empty (Kafka's `offsets.retention.minutes`), applying
-/// the changes to Redis in the order they happened.
-struct Retention {
+/// What Redis must learn about a group.
+enum Change {
+    /// Its snapshot (generation, encoded [`Snapshot`]).
+    Store(i32, Bytes),
+    /// It became Empty: its offsets and snapshot expire after the retention.
+    Emptied,
+    /// It has members again: they stay.
+    Active,
+}
+
+/// Writes what Redis keeps of a group, in the order it happened: its
+/// snapshot, and the retention of its committed offsets (kept while it has
+/// members, expiring once it is Empty: Kafka's `offsets.retention.minutes`).
+struct Writes {
     storage: Arc<dyn Storage>,
     retention: std::time::Duration,
     /// Started with the first change, inside the runtime.
-    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, bool)>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change)>>>,
 }
 
-impl Retention {
+impl Writes {
     fn track(&self, group_id: &StrBytes, before: State, after: State) {
-        let emptied = before != State::Empty && after == State::Empty;
-        let activated = before == State::Empty && after != State::Empty;
-        if emptied || activated {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let sender = queue.get_or_insert_with(|| self.start());
-            let _ = sender.send((group_id.clone(), emptied));
+        if before != State::Empty && after == State::Empty {
+            self.send(group_id, Change::Emptied);
+        } else if before == State::Empty && after != State::Empty {
+            self.send(group_id, Change::Active);
         }
     }
 
-    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, bool)> {
-        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, bool)>();
+    fn send(&self, group_id: &StrBytes, change: Change) {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let sender = queue.get_or_insert_with(|| self.start());
+        let _ = sender.send((group_id.clone(), change));
+    }
+
+    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change)> {
+        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change)>();
         let storage = self.storage.clone();
         let retention = self.retention;
         tokio::spawn(async move {
-            while let Some((group_id, emptied)) = changes.recv().await {
-                let applied = if emptied {
-                    storage.group_emptied(&group_id, retention).await
-                } else {
-                    storage.group_active(&group_id).await
+            while let Some((group_id, change)) = changes.recv().await {
+                let applied = match change {
+                    Change::Emptied => storage.group_emptied(&group_id, retention).await,
+                    Change::Active => storage.group_active(&group_id).await,
+                    Change::Store(generation, bytes) => {
+                        match storage.store_group(&group_id, generation, bytes).await {
+                            Ok(true) => Ok(()),
+                            Ok(false) => {
+                                tracing::warn!(group = %group_id, generation,
+                                    "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten");
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
                 };
                 if let Err(e) = applied {
-                    tracing::warn!(group = %group_id, emptied, error = %e, "cannot update offsets retention");
+                    tracing::warn!(group = %group_id, error = %e, "cannot update the group in Redis");
                 }
             }
         });

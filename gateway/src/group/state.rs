@@ -210,6 +210,35 @@ pub struct Group {
     /// last had members; at once for a group no member ever joined (a
     /// JoinGroup from an unknown member must not leave state behind it).
     forget_at: Instant,
+    /// What a new coordinator would load changed (a completed rebalance,
+    /// the group emptied, a static member replaced): persist a [`Snapshot`].
+    changed: bool,
+}
+
+/// What a new coordinator needs to take a group over without a rebalance
+/// (persisted in Redis at every completed rebalance, when the group empties
+/// and when a static member is replaced): Kafka's `GroupMetadataValue`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub generation: i32,
+    pub protocol_type: Option<StrBytes>,
+    pub protocol_name: Option<StrBytes>,
+    pub leader: Option<StrBytes>,
+    pub members: Vec<SnapshotMember>,
+}
+
+/// One member of a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotMember {
+    pub id: StrBytes,
+    pub instance_id: Option<StrBytes>,
+    pub client_id: StrBytes,
+    pub client_host: StrBytes,
+    pub session_timeout: Duration,
+    pub rebalance_timeout: Duration,
+    /// (name, metadata) in the member's order of preference.
+    pub protocols: Vec<(StrBytes, Bytes)>,
+    pub assignment: Bytes,
 }
 
 impl Group {
@@ -230,7 +259,80 @@ impl Group {
             initial_delay: None,
             sync_deadline: None,
             forget_at: now,
+            changed: false,
         }
+    }
+
+    /// A group taken over from a [`Snapshot`]: Stable with its members and
+    /// assignments (their sessions start now), or Empty without members.
+    pub fn restore(timing: Timing, snapshot: Snapshot, now: Instant) -> Self {
+        let mut group = Self::new(timing, now);
+        group.generation = snapshot.generation;
+        group.protocol_type = snapshot.protocol_type;
+        group.protocol_name = snapshot.protocol_name;
+        for m in snapshot.members {
+            if let Some(instance_id) = &m.instance_id {
+                group.static_members.insert(instance_id.clone(), m.id.clone());
+            }
+            let member = Member {
+                id: m.id.clone(),
+                instance_id: m.instance_id,
+                client_id: m.client_id,
+                client_host: m.client_host,
+                session_timeout: m.session_timeout,
+                rebalance_timeout: m.rebalance_timeout.max(MIN_REBALANCE_TIMEOUT),
+                protocols: m.protocols,
+                assignment: m.assignment,
+                is_new: false,
+                join_waiter: None,
+                sync_waiter: None,
+                heartbeat_deadline: now + m.session_timeout,
+            };
+            group.members.insert(m.id, member);
+        }
+        group.leader = snapshot
+            .leader
+            .filter(|leader| group.members.contains_key(leader))
+            .or_else(|| group.members.keys().next().cloned());
+        if group.members.is_empty() {
+            group.protocol_name = None;
+            group.leader = None;
+            group.transition(State::Empty, now);
+        } else {
+            group.transition(State::Stable, now);
+        }
+        group
+    }
+
+    /// The group as a new coordinator would load it, if that changed since
+    /// the last call.
+    pub fn take_snapshot(&mut self) -> Option<Snapshot> {
+        if !std::mem::take(&mut self.changed) {
+            return None;
+        }
+        let members = (self.members.values())
+            .map(|m| SnapshotMember {
+                id: m.id.clone(),
+                instance_id: m.instance_id.clone(),
+                client_id: m.client_id.clone(),
+                client_host: m.client_host.clone(),
+                session_timeout: m.session_timeout,
+                rebalance_timeout: m.rebalance_timeout,
+                protocols: m.protocols.clone(),
+                assignment: m.assignment.clone(),
+            })
+            .collect();
+        Some(Snapshot {
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol_name: self.protocol_name.clone(),
+            leader: self.leader.clone(),
+            members,
+        })
+    }
+
+    pub fn generation(&self) -> i32 {
+        self.generation
     }
 
     pub fn state(&self) -> State {
@@ -409,6 +511,7 @@ impl Group {
     }
 
     fn replace_static_member(&mut self, old_id: &StrBytes, new_id: &StrBytes, now: Instant) {
+        self.changed = true;
         let mut member = self.members.remove(old_id).expect("static member");
         member.answer_join(join_error(old_id.clone(), ResponseError::FencedInstanceId));
         member.answer_sync(sync_error(ResponseError::FencedInstanceId));
@@ -591,6 +694,7 @@ impl Group {
         if self.members.is_empty() {
             self.protocol_name = None;
             self.transition(State::Empty, now);
+            self.changed = true;
         } else {
             self.protocol_name = Some(self.select_protocol());
             self.transition(State::CompletingRebalance, now);
@@ -701,6 +805,7 @@ impl Group {
         }
         self.propagate_assignment(None, now);
         self.transition(State::Stable, now);
+        self.changed = true;
     }
 
     fn reset_and_propagate_assignment_error(&mut self, error: ResponseError, now: Instant) {

@@ -81,11 +81,11 @@ impl Harness {
             .with_group_id(GroupId(s("g")))
             .with_member_id(member_id.clone())
             .with_generation_id(generation);
-        self.groups.heartbeat(&req)
+        now(self.groups.heartbeat(&req))
     }
 
     fn describe_state(&self) -> String {
-        let described = self.groups.describe("g").expect("group in memory");
+        let described = now(self.groups.describe("g")).expect("group in memory");
         described.group_state.to_string()
     }
 
@@ -320,7 +320,10 @@ async fn a_restarted_static_member_gets_its_assignment_without_a_rebalance() {
         .with_member_id(two.member_id.clone())
         .with_group_instance_id(Some(s("two")))
         .with_generation_id(generation);
-    assert_eq!(h.groups.heartbeat(&stale), code(ResponseError::FencedInstanceId));
+    assert_eq!(
+        now(h.groups.heartbeat(&stale)),
+        code(ResponseError::FencedInstanceId)
+    );
     let stale_join = h.join(static_join(&two.member_id, "two")).await;
     assert_eq!(stale_join.error_code, code(ResponseError::FencedInstanceId));
 }
@@ -333,7 +336,7 @@ async fn leaving_triggers_a_rebalance_and_answers_each_member() {
         MemberIdentity::default().with_member_id(follower.clone()),
         MemberIdentity::default().with_member_id(s("nobody")),
     ];
-    let responses = h.groups.leave(&s("g"), leaving).unwrap();
+    let responses = now(h.groups.leave(&s("g"), leaving)).unwrap();
     assert_eq!(responses[0].error_code, 0);
     assert_eq!(responses[1].error_code, code(ResponseError::UnknownMemberId));
     assert_eq!(
@@ -356,7 +359,7 @@ async fn a_static_member_leaves_by_instance_id() {
     let h = Harness::new();
     let joined = h.join(static_join("", "one")).await;
     let leaving = vec![MemberIdentity::default().with_group_instance_id(Some(s("one")))];
-    let responses = h.groups.leave(&s("g"), leaving).unwrap();
+    let responses = now(h.groups.leave(&s("g"), leaving)).unwrap();
     assert_eq!(responses[0].error_code, 0);
     assert_eq!(
         h.heartbeat(&joined.member_id, joined.generation_id),
@@ -424,12 +427,12 @@ async fn shutdown_answers_a_parked_join() {
 async fn only_an_empty_group_is_deleted() {
     let h = Harness::new();
     let (leader, follower, _) = h.stable_pair().await;
-    assert_eq!(h.groups.delete("g"), Err(NotDeleted::NonEmpty));
+    assert_eq!(now(h.groups.delete("g")), Err(NotDeleted::NonEmpty));
     let leaving = [leader, follower].map(|id| MemberIdentity::default().with_member_id(id));
-    h.groups.leave(&s("g"), leaving.to_vec()).unwrap();
+    now(h.groups.leave(&s("g"), leaving.to_vec())).unwrap();
     assert_eq!(h.describe_state(), "Empty");
-    assert_eq!(h.groups.delete("g"), Ok(()));
-    assert_eq!(h.groups.delete("g"), Err(NotDeleted::Unknown));
+    assert_eq!(now(h.groups.delete("g")), Ok(()));
+    assert_eq!(now(h.groups.delete("g")), Err(NotDeleted::Unknown));
 }
 
 #[tokio::test(start_paused = true)]
@@ -437,20 +440,21 @@ async fn offset_commits_are_checked_against_the_generation() {
     let h = Harness::new();
     let (leader, _, generation) = h.stable_pair().await;
     assert_eq!(
-        h.groups.validate_offset_commit("g", &leader, None, generation),
+        now(h.groups.validate_offset_commit("g", &leader, None, generation)),
         Ok(())
     );
-    let stale = h
+    let stale = now(h
         .groups
-        .validate_offset_commit("g", &leader, None, generation - 1);
+        .validate_offset_commit("g", &leader, None, generation - 1));
     assert_eq!(stale, Err(code(ResponseError::IllegalGeneration)));
-    let outsider = h
+    let outsider = now(h
         .groups
-        .validate_offset_commit("g", &StrBytes::default(), None, -1);
+        .validate_offset_commit("g", &StrBytes::default(), None, -1));
     assert_eq!(outsider, Err(code(ResponseError::UnknownMemberId)));
     assert_eq!(
-        h.groups
-            .validate_offset_commit("other", &StrBytes::default(), None, -1),
+        now(h
+            .groups
+            .validate_offset_commit("other", &StrBytes::default(), None, -1)),
         Ok(())
     );
 }
@@ -488,11 +492,11 @@ async fn an_empty_group_is_forgotten_after_the_offsets_retention() {
     let joined = h.join(join_request("", RANGE)).await;
     let joined = h.join(join_request(&joined.member_id, RANGE)).await;
     let leaving = vec![MemberIdentity::default().with_member_id(joined.member_id)];
-    h.groups.leave(&s("g"), leaving).unwrap();
+    now(h.groups.leave(&s("g"), leaving)).unwrap();
     assert_eq!(h.describe_state(), "Empty");
     let retention = GroupsSettings::default().offsets_retention.get();
     tokio::time::sleep(retention + Duration::from_secs(1)).await;
-    assert!(h.groups.describe("g").is_none());
+    assert!(now(h.groups.describe("g")).is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -502,10 +506,10 @@ async fn a_group_only_an_unknown_member_asked_for_is_forgotten_with_its_pending_
     // comes back.
     let first = h.join(join_request("", RANGE)).await;
     assert_eq!(first.error_code, code(ResponseError::MemberIdRequired));
-    assert!(h.groups.describe("g").is_some(), "its member id is pending");
+    assert!(now(h.groups.describe("g")).is_some(), "its member id is pending");
     tokio::time::sleep(Duration::from_millis(SESSION_TIMEOUT_MS as u64 + 1_000)).await;
     assert!(
-        h.groups.describe("g").is_none(),
+        now(h.groups.describe("g")).is_none(),
         "a group nobody joined must not outlive the pending member id"
     );
 }
@@ -531,4 +535,11 @@ async fn a_group_keeps_no_slice_of_the_request_frame() {
         frame.is_unique(),
         "the group still holds a slice of the request frame"
     );
+}
+
+/// The answer of a coordinator call that needs no I/O (no storage here).
+fn now<T>(call: impl std::future::Future<Output = T>) -> T {
+    use futures::FutureExt;
+    call.now_or_never()
+        .expect("a coordinator without storage answers at once")
 }

@@ -1,30 +1,64 @@
--- Records a gateway's heartbeat in the broker registry, stamped with
--- Redis's clock so gateways with skewed clocks still agree on who is alive.
+-- Registers a gateway in the broker registry, or refreshes its entry,
+-- stamped with Redis's clock so gateways with skewed clocks still agree on
+-- who is alive. An entry is a lease on its node id: it is live while its
+-- heartbeat is younger than the node timeout, and no other process may
+-- take the id while it is.
 --
--- KEYS[1] ketch:brokers   hash: node id -> JSON {instance, host, port, rack, heartbeat_ms}
--- ARGV[1] node id
+-- KEYS[1] ketch:brokers   hash: node id -> JSON {instance, host, port, rack,
+--                         internal_host, internal_port, hostname, heartbeat_ms}
+-- ARGV[1] node id, or -1: claim the lowest id no live gateway holds
 -- ARGV[2] this process's instance id (a UUID)
--- ARGV[3] advertised host
--- ARGV[4] advertised port
--- ARGV[5] rack ('' for none)
+-- ARGV[3] the entry as JSON, without instance and heartbeat_ms
+-- ARGV[4] node timeout (ms)
+-- ARGV[5] largest node id that may be claimed
 --
--- Reply: {now_ms, previous_instance, previous_heartbeat_ms} ('' and -1 when
--- the node id was not registered), so the caller can tell that another live
--- gateway uses the same node id.
+-- Reply: {1, node_id, now_ms, ''} once registered; {0, node_id, now_ms,
+-- holder_entry} when another live process holds the node id (nothing is
+-- written); {-1, -1, now_ms, ''} when every id up to ARGV[5] is held.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local previous = redis.call('HGET', KEYS[1], ARGV[1])
-local previous_instance, previous_heartbeat = '', -1
-if previous then
-  local ok, record = pcall(cjson.decode, previous)
-  if ok and type(record) == 'table' then
-    previous_instance = record.instance or ''
-    previous_heartbeat = record.heartbeat_ms or -1
+local timeout = tonumber(ARGV[4])
+
+-- The entry, decoded, when it belongs to another process that is alive.
+local function live_other(raw)
+  if not raw then
+    return nil
+  end
+  local ok, entry = pcall(cjson.decode, raw)
+  if not ok or type(entry) ~= 'table' or entry.instance == ARGV[2] then
+    return nil
+  end
+  if type(entry.heartbeat_ms) ~= 'number' or now - entry.heartbeat_ms >= timeout then
+    return nil
+  end
+  return entry
+end
+
+local id = tonumber(ARGV[1])
+if id < 0 then
+  local held = {}
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local n = tonumber(all[i])
+    if n and live_other(all[i + 1]) then
+      held[n] = true
+    end
+  end
+  id = 0
+  while held[id] do
+    id = id + 1
+  end
+  if id > tonumber(ARGV[5]) then
+    return {-1, -1, now, ''}
+  end
+else
+  local raw = redis.call('HGET', KEYS[1], id)
+  if live_other(raw) then
+    return {0, id, now, raw}
   end
 end
-local record = {instance = ARGV[2], host = ARGV[3], port = tonumber(ARGV[4]), heartbeat_ms = now}
-if ARGV[5] ~= '' then
-  record.rack = ARGV[5]
-end
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(record))
-return {now, previous_instance, previous_heartbeat}
+local entry = cjson.decode(ARGV[3])
+entry.instance = ARGV[2]
+entry.heartbeat_ms = now
+redis.call('HSET', KEYS[1], id, cjson.encode(entry))
+return {1, id, now, ''}

@@ -1,0 +1,387 @@
+//! Gateway-to-gateway forwarding of group requests (architecture §6).
+//!
+//! A group is run by one gateway, its coordinator. When a client's group
+//! request lands on another gateway — always possible behind a load
+//! balancer, where every gateway advertises the same address — that gateway
+//! forwards it to the coordinator's internal listener (`cluster.internal_*`)
+//! and relays the answer. The request travels whole, with the client's
+//! identity, in Kafka's own `Envelope` (API key 58, KIP-590: the request's
+//! bytes, the principal and the client's address), so the coordinator
+//! handles it exactly as if the client had sent it: a parked JoinGroup stays
+//! parked there until its rebalance completes, whichever gateways the other
+//! members came through.
+//!
+//! The internal listener accepts only Envelopes, and of those only group
+//! requests; a forwarded request is never forwarded again (a gateway that
+//! no longer coordinates the group answers NOT_COORDINATOR and the client
+//! looks the coordinator up again). Each forwarded request has a connection
+//! of its own for its duration (a JoinGroup may wait minutes), taken from a
+//! small pool of idle connections per coordinator.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{
+    ApiKey, EnvelopeRequest, EnvelopeResponse, RequestHeader, RequestKind, ResponseHeader,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::api::{self, Client};
+use crate::{Context, server};
+
+/// Idle connections kept per coordinator.
+const IDLE_PER_PEER: usize = 8;
+
+/// Why a request could not be forwarded.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cannot reach {0}: {1}")]
+    Connect(String, std::io::Error),
+    #[error("i/o with {0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("no answer from {0} within {1:?}")]
+    Timeout(String, Duration),
+    #[error("{0} refused the forwarded request: error {1}")]
+    Refused(String, i16),
+    #[error("invalid answer from {0}: {1}")]
+    Protocol(String, String),
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+/// Forwards requests to other gateways' internal listeners.
+pub struct Forwarder {
+    idle: Mutex<HashMap<String, Vec<TcpStream>>>,
+    connect_timeout: Duration,
+    max_frame: u32,
+    correlation: AtomicI32,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Forwarder {
+    pub fn new(connect_timeout: Duration, max_frame: u32, shutdown: watch::Receiver<bool>) -> Self {
+        Self {
+            idle: Mutex::new(HashMap::new()),
+            connect_timeout,
+            max_frame,
+            correlation: AtomicI32::new(0),
+            shutdown,
+        }
+    }
+
+    /// Sends `request` (with the client's `header`) to the gateway at `to`
+    /// in an Envelope carrying `client`'s identity; its answer.
+    pub async fn forward<R: Request>(
+        &self,
+        to: &str,
+        header: &RequestHeader,
+        request: &R,
+        client: &Client,
+        timeout: Duration,
+    ) -> Result<R::Response, ForwardError> {
+        let version = header.request_api_version;
+        let protocol = |m: String| ForwardError::Protocol(to.to_owned(), m);
+        let inner = encode_request(header, request).map_err(|e| protocol(format!("encoding: {e}")))?;
+        let envelope = EnvelopeRequest::default()
+            .with_request_data(inner)
+            .with_request_principal(Some(Bytes::from(client.principal.as_bytes().to_vec())))
+            .with_client_host_address(match client.peer.ip() {
+                IpAddr::V4(ip) => Bytes::copy_from_slice(&ip.octets()),
+                IpAddr::V6(ip) => Bytes::copy_from_slice(&ip.octets()),
+            });
+        let correlation_id = self.correlation.fetch_add(1, Ordering::Relaxed);
+        let envelope_header = RequestHeader::default()
+            .with_request_api_key(ApiKey::Envelope as i16)
+            .with_request_api_version(0)
+            .with_correlation_id(correlation_id)
+            .with_client_id(Some(StrBytes::from_static_str("ketch-forwarder")));
+        let frame = frame(&envelope_header, &envelope).map_err(|e| protocol(format!("encoding: {e}")))?;
+
+        let mut shutdown = self.shutdown.clone();
+        let mut conn = self.checkout(to).await?;
+        let exchange = async {
+            conn.write_all(&frame)
+                .await
+                .map_err(|e| ForwardError::Io(to.to_owned(), e))?;
+            server::read_frame(&mut conn, self.max_frame)
+                .await
+                .map_err(|e| protocol(e.to_string()))?
+                .ok_or_else(|| protocol("connection closed".to_owned()))
+        };
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(timeout, exchange) => match answer {
+                Ok(answer) => answer?,
+                Err(_) => return Err(ForwardError::Timeout(to.to_owned(), timeout)),
+            },
+            _ = shutdown.wait_for(|stop| *stop) => return Err(ForwardError::ShuttingDown),
+        };
+        let mut answer = answer;
+        let answer_header = ResponseHeader::decode(&mut answer, ApiKey::Envelope.response_header_version(0))
+            .map_err(|e| protocol(format!("envelope header: {e}")))?;
+        if answer_header.correlation_id != correlation_id {
+            return Err(protocol(format!(
+                "correlation id {} for {correlation_id}",
+                answer_header.correlation_id
+            )));
+        }
+        let envelope =
+            EnvelopeResponse::decode(&mut answer, 0).map_err(|e| protocol(format!("envelope: {e}")))?;
+        self.checkin(to, conn);
+        if envelope.error_code != 0 {
+            return Err(ForwardError::Refused(to.to_owned(), envelope.error_code));
+        }
+        let mut inner = envelope
+            .response_data
+            .ok_or_else(|| protocol("an envelope without a response".to_owned()))?;
+        let api_key = ApiKey::try_from(R::KEY).map_err(|_| protocol(format!("API key {}", R::KEY)))?;
+        ResponseHeader::decode(&mut inner, api_key.response_header_version(version))
+            .map_err(|e| protocol(format!("response header: {e}")))?;
+        R::Response::decode(&mut inner, version).map_err(|e| protocol(format!("{api_key:?} v{version}: {e}")))
+    }
+
+    async fn checkout(&self, to: &str) -> Result<TcpStream, ForwardError> {
+        let idle = self
+            .idle
+            .lock()
+            .expect("forwarder lock")
+            .get_mut(to)
+            .and_then(Vec::pop);
+        if let Some(conn) = idle {
+            return Ok(conn);
+        }
+        let connect = tokio::time::timeout(self.connect_timeout, TcpStream::connect(to)).await;
+        let conn = match connect {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(ForwardError::Connect(to.to_owned(), e)),
+            Err(_) => {
+                return Err(ForwardError::Connect(
+                    to.to_owned(),
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+                ));
+            }
+        };
+        let _ = conn.set_nodelay(true);
+        Ok(conn)
+    }
+
+    fn checkin(&self, to: &str, conn: TcpStream) {
+        let mut idle = self.idle.lock().expect("forwarder lock");
+        let pool = idle.entry(to.to_owned()).or_default();
+        if pool.len() < IDLE_PER_PEER {
+            pool.push(conn);
+        }
+    }
+}
+
+/// A request (header and body) as the bytes of a frame, without its size.
+fn encode_request<R: Request>(header: &RequestHeader, request: &R) -> anyhow::Result<Bytes> {
+    let version = header.request_api_version;
+    let api_key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown API key {}", R::KEY))?;
+    let mut buf = BytesMut::new();
+    header.encode(&mut buf, api_key.request_header_version(version))?;
+    request.encode(&mut buf, version)?;
+    Ok(buf.freeze())
+}
+
+/// A size-prefixed request frame.
+fn frame<R: Request>(header: &RequestHeader, request: &R) -> anyhow::Result<Bytes> {
+    let body = encode_request(header, request)?;
+    let mut buf = BytesMut::with_capacity(4 + body.len());
+    buf.put_i32(i32::try_from(body.len())?);
+    buf.put_slice(&body);
+    Ok(buf.freeze())
+}
+
+/// The group requests a gateway forwards and accepts forwarded.
+fn forwardable(request: &RequestKind) -> bool {
+    matches!(
+        request,
+        RequestKind::JoinGroup(_)
+            | RequestKind::SyncGroup(_)
+            | RequestKind::Heartbeat(_)
+            | RequestKind::LeaveGroup(_)
+            | RequestKind::OffsetCommit(_)
+            | RequestKind::OffsetDelete(_)
+            | RequestKind::DescribeGroups(_)
+            | RequestKind::DeleteGroups(_)
+            | RequestKind::ListGroups(_)
+    )
+}
+
+/// The internal listener: answers Envelopes from other gateways until
+/// `shutdown`. In-flight forwarded requests are answered by the group
+/// coordinator's own shutdown handling.
+pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+    let for_connections = shutdown.clone();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        match accepted {
+            Ok((socket, peer)) => {
+                let _ = socket.set_nodelay(true);
+                let ctx = ctx.clone();
+                let shutdown = for_connections.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(socket, peer, ctx, shutdown).await {
+                        tracing::debug!(%peer, error = %e, "closing internal connection");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "internal listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// One internal connection: one Envelope at a time (the forwarding
+/// gateway sends the next only once this one is answered).
+async fn connection(
+    mut socket: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<Context>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), server::ConnectionError> {
+    let max = ctx.settings.broker.max_request_bytes;
+    let idle = ctx.settings.broker.connections_max_idle.get();
+    loop {
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(idle, server::read_frame(&mut socket, max)) => match frame {
+                Ok(frame) => frame?,
+                Err(_) => return Err(server::ConnectionError::Idle(idle)),
+            },
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+        };
+        let Some(mut frame) = frame else {
+            return Ok(());
+        };
+        let invalid = |m: String| server::ConnectionError::Invalid(m);
+        let header = RequestHeader::decode(&mut frame, ApiKey::Envelope.request_header_version(0))
+            .map_err(|e| invalid(format!("internal listener: header: {e}")))?;
+        if header.request_api_key != ApiKey::Envelope as i16 || header.request_api_version != 0 {
+            return Err(invalid(format!(
+                "internal listener: API key {} v{} (only Envelope v0 is accepted here)",
+                header.request_api_key, header.request_api_version
+            )));
+        }
+        let envelope = EnvelopeRequest::decode(&mut frame, 0)
+            .map_err(|e| invalid(format!("internal listener: envelope: {e}")))?;
+        let response = unwrap(&ctx, peer, envelope).await;
+        let mut buf = BytesMut::new();
+        buf.put_i32(0);
+        ResponseHeader::default()
+            .with_correlation_id(header.correlation_id)
+            .encode(&mut buf, ApiKey::Envelope.response_header_version(0))
+            .map_err(|e| invalid(e.to_string()))?;
+        response.encode(&mut buf, 0).map_err(|e| invalid(e.to_string()))?;
+        let size = (buf.len() - 4) as i32;
+        buf[0..4].copy_from_slice(&size.to_be_bytes());
+        socket.write_all(&buf).await?;
+    }
+}
+
+/// Handles the request inside an Envelope as its client's own.
+async fn unwrap(ctx: &Context, forwarder: SocketAddr, envelope: EnvelopeRequest) -> EnvelopeResponse {
+    let refuse = |error: ResponseError| EnvelopeResponse::default().with_error_code(error.code());
+    let (header, body) = match server::decode(envelope.request_data) {
+        Ok(request) => request,
+        Err(_) => return refuse(ResponseError::InvalidRequest),
+    };
+    if !forwardable(&body) {
+        tracing::warn!(%forwarder, api_key = header.request_api_key, "refusing a forwarded request that is not a group request");
+        return refuse(ResponseError::InvalidRequest);
+    }
+    let ip: Option<IpAddr> = match envelope.client_host_address.len() {
+        4 => <[u8; 4]>::try_from(&envelope.client_host_address[..])
+            .ok()
+            .map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(&envelope.client_host_address[..])
+            .ok()
+            .map(IpAddr::from),
+        _ => None,
+    };
+    let Some(ip) = ip else {
+        return refuse(ResponseError::InvalidRequest);
+    };
+    let principal = envelope
+        .request_principal
+        .as_deref()
+        .and_then(|p| std::str::from_utf8(p).ok())
+        .unwrap_or(api::ANONYMOUS);
+    let client = Client {
+        peer: SocketAddr::new(ip, 0),
+        principal: Arc::from(principal),
+        forwarded: true,
+    };
+    let Ok(api_key) = ApiKey::try_from(header.request_api_key) else {
+        return refuse(ResponseError::InvalidRequest);
+    };
+    let (version, correlation_id) = (header.request_api_version, header.correlation_id);
+    let Some(response) = api::handle(ctx, client, &header, body, Default::default()).await else {
+        return refuse(ResponseError::UnknownServerError);
+    };
+    match server::encode_response(api_key, version, correlation_id, &response) {
+        // Without the size prefix: the envelope's bytes field has its own.
+        Ok(bytes) => EnvelopeResponse::default().with_response_data(Some(bytes.slice(4..))),
+        Err(e) => {
+            tracing::error!(?api_key, version, error = %e, "cannot encode a forwarded request's response");
+            refuse(ResponseError::UnknownServerError)
+        }
+    }
+}
+
+/// The address other gateways reach this one's internal listener at:
+/// `cluster.internal_advertised_host`, else the listen IP when it is a
+/// specific one, else the first address this machine's hostname resolves
+/// to (a container's or pod's own address), else 127.0.0.1.
+pub fn advertised_internal_host(configured: Option<&str>, listen: &SocketAddr) -> String {
+    if let Some(host) = configured {
+        return host.to_owned();
+    }
+    if !listen.ip().is_unspecified() {
+        return listen.ip().to_string();
+    }
+    let resolved = crate::membership::hostname().and_then(|name| {
+        use std::net::ToSocketAddrs;
+        let addrs: Vec<IpAddr> = (name.as_str(), 0)
+            .to_socket_addrs()
+            .ok()?
+            .map(|a| a.ip())
+            .collect();
+        addrs
+            .iter()
+            .find(|ip| ip.is_ipv4() && !ip.is_loopback())
+            .or_else(|| addrs.iter().find(|ip| !ip.is_loopback()))
+            .or_else(|| addrs.first())
+            .copied()
+    });
+    resolved.map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
+}
+
+/// How long a forwarded request may take: a JoinGroup or SyncGroup waits
+/// for its rebalance (up to the rebalance timeout, and a new member up to
+/// five minutes); everything else answers within Redis's timeouts.
+pub fn deadline(ctx: &Context, request: &RequestKind) -> Duration {
+    const REBALANCE_WAIT: Duration = Duration::from_secs(5 * 60);
+    let margin = Duration::from_secs(30);
+    match request {
+        RequestKind::JoinGroup(join) => {
+            let asked =
+                Duration::from_millis(join.rebalance_timeout_ms.max(join.session_timeout_ms).max(0) as u64);
+            asked.max(REBALANCE_WAIT) + margin
+        }
+        RequestKind::SyncGroup(_) => REBALANCE_WAIT + margin,
+        _ => ctx.settings.redis.command_timeout.get() * 2 + margin,
+    }
+}

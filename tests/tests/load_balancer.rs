@@ -1,0 +1,558 @@
+//! Gateways behind a TCP load balancer (HAProxy on loopback), started
+//! without node ids and all advertising the load balancer's address:
+//! clients see one broker, every request works on whichever gateway its
+//! connection lands on (group requests are forwarded to the group's
+//! coordinator), a coordinator's death costs no rebalance to generation 1,
+//! and node ids are claimed without collisions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+use kafka_protocol::messages::{
+    DescribeGroupsRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest,
+    JoinGroupResponse, MetadataRequest, OffsetCommitRequest, SyncGroupRequest,
+};
+use kafka_protocol::protocol::StrBytes;
+use ketch_tests::raw::{self, KafkaConn};
+use ketch_tests::servers::Haproxy;
+use ketch_tests::{Ketch, TestRedis, free_port, runtime, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::FutureRecord;
+
+/// Node ids above this name addresses several gateways share.
+const MAX_NODE_ID: i32 = (1 << 30) - 1;
+const ILLEGAL_GENERATION: i16 = 22;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_owned())
+}
+
+/// A gateway with no node id advertising `127.0.0.1:lb_port`, with fast
+/// membership (heartbeats every 100 ms, dead after 1.5 s).
+fn gateway_behind(redis_url: &str, lb_port: u16, extra: &[&str]) -> Ketch {
+    let port = lb_port.to_string();
+    let mut args = vec![
+        "--advertised-port",
+        &port,
+        "--set",
+        "cluster.heartbeat_interval=100ms",
+        "--set",
+        "cluster.node_timeout=1500ms",
+        "--set",
+        "groups.initial_rebalance_delay=0ms",
+    ];
+    args.extend_from_slice(extra);
+    Ketch::start(redis_url, &args)
+}
+
+struct Stack {
+    redis: TestRedis,
+    gateways: Vec<Ketch>,
+    lb: Haproxy,
+}
+
+/// Redis, `n` gateways and HAProxy in front of them, once every gateway
+/// sees all the others.
+fn stack(n: usize) -> Stack {
+    stack_with(n, &[])
+}
+
+fn stack_with(n: usize, extra: &[&str]) -> Stack {
+    let redis = TestRedis::start();
+    let lb_port = free_port();
+    let gateways: Vec<Ketch> = (0..n)
+        .map(|_| gateway_behind(&redis.url(), lb_port, extra))
+        .collect();
+    let backends: Vec<_> = gateways.iter().map(Ketch::kafka_addr).collect();
+    let lb = Haproxy::start(lb_port, &backends);
+    let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let live = format!("nodes=[{}]", all.join(", "));
+    for g in &gateways {
+        g.await_log(&live, Duration::from_secs(20));
+    }
+    Stack { redis, gateways, lb }
+}
+
+fn config(lb: &Haproxy) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", lb.bootstrap())
+        .set("broker.address.family", "v4")
+        .set("socket.timeout.ms", "15000");
+    config
+}
+
+fn group_consumer(lb: &Haproxy, group: &str, topic: &str) -> BaseConsumer {
+    let consumer: BaseConsumer = config(lb)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("partition.assignment.strategy", "range")
+        .create()
+        .expect("create consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
+
+fn assigned(consumer: &BaseConsumer) -> usize {
+    consumer.assignment().map_or(0, |a| a.count())
+}
+
+/// Polls every consumer until their assignments have the sizes `want`
+/// (in any order).
+fn await_assignment(consumers: &[&BaseConsumer], want: &[usize], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut want = want.to_vec();
+    want.sort_unstable();
+    loop {
+        for c in consumers {
+            if let Some(Err(e)) = c.poll(Duration::from_millis(50)) {
+                eprintln!("consumer error: {e}");
+            }
+        }
+        let mut sizes: Vec<usize> = consumers.iter().map(|c| assigned(c)).collect();
+        sizes.sort_unstable();
+        if sizes == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "assignments {sizes:?}, want {want:?}");
+    }
+}
+
+#[test]
+fn behind_a_load_balancer_clients_see_one_broker_and_groups_split_over_every_gateway() {
+    let stack = stack(3);
+    let lb = &stack.lb;
+
+    // Metadata through the load balancer and from each gateway directly:
+    // one broker, the load balancer, under an id no gateway can hold.
+    let topic = unique_topic("behind-lb");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(lb.addr()), &topic, 12),
+        0
+    );
+    let mut ids = BTreeSet::new();
+    for addr in std::iter::once(lb.addr()).chain(stack.gateways.iter().map(Ketch::kafka_addr)) {
+        let metadata = KafkaConn::connect(addr).request(
+            12,
+            &MetadataRequest::default().with_topics(Some(vec![
+                kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                    .with_name(Some(raw::topic_name(&topic))),
+            ])),
+        );
+        assert_eq!(metadata.brokers.len(), 1, "{addr}: {:?}", metadata.brokers);
+        let broker = &metadata.brokers[0];
+        assert_eq!(
+            (broker.host.as_str(), broker.port),
+            ("127.0.0.1", i32::from(lb.port()))
+        );
+        assert!(broker.node_id.0 > MAX_NODE_ID, "shared id {}", broker.node_id.0);
+        assert!(
+            metadata.topics[0]
+                .partitions
+                .iter()
+                .all(|p| p.leader_id == broker.node_id),
+            "every partition is led by the one broker"
+        );
+        let coordinator =
+            KafkaConn::connect(addr).request(3, &FindCoordinatorRequest::default().with_key(s("any-group")));
+        assert_eq!(coordinator.node_id, broker.node_id);
+        assert_eq!(coordinator.port, i32::from(lb.port()));
+        ids.insert(broker.node_id.0);
+    }
+    assert_eq!(ids.len(), 1, "every gateway reports the same id: {ids:?}");
+
+    // A three-member group through the load balancer splits 12 partitions
+    // 4/4/4, whichever gateways its members' connections landed on; then
+    // 6/6 once one leaves.
+    let group = unique_topic("lb-group");
+    let consumers: Vec<BaseConsumer> = (0..3).map(|_| group_consumer(lb, &group, &topic)).collect();
+    let all: Vec<&BaseConsumer> = consumers.iter().collect();
+    await_assignment(&all, &[4, 4, 4], Duration::from_secs(60));
+    let mut consumers = consumers;
+    let leaving = consumers.pop().expect("a consumer");
+    leaving.unsubscribe();
+    drop(leaving);
+    let rest: Vec<&BaseConsumer> = consumers.iter().collect();
+    await_assignment(&rest, &[6, 6], Duration::from_secs(60));
+    drop(stack);
+}
+
+#[test]
+fn a_gateway_killed_behind_the_load_balancer_loses_no_record_and_no_committed_offset() {
+    let mut stack = stack(3);
+    let topic = unique_topic("lb-kill");
+    let partitions = 6;
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(stack.lb.addr()), &topic, partitions),
+        0
+    );
+    let total = 3000usize;
+    let rt = runtime();
+
+    // An idempotent producer through the load balancer, on its own thread.
+    let producer: rdkafka::producer::FutureProducer = config(&stack.lb)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "60000")
+        .create()
+        .expect("create producer");
+    let produced = Arc::new(AtomicBool::new(false));
+    let producing = {
+        let (topic, produced) = (topic.clone(), produced.clone());
+        thread::spawn(move || {
+            let rt = runtime();
+            for i in 0..total {
+                let value = format!("record-{i}");
+                let key = i.to_string();
+                let sent = rt.block_on(producer.send(
+                    FutureRecord::to(&topic).key(&key).payload(&value),
+                    Duration::from_secs(60),
+                ));
+                sent.unwrap_or_else(|(e, _)| panic!("record {i} not delivered: {e}"));
+                if i % 10 == 0 {
+                    thread::sleep(Duration::from_millis(2));
+                }
+            }
+            produced.store(true, Ordering::SeqCst);
+        })
+    };
+
+    // Two group members consume and commit as they go.
+    let group = unique_topic("lb-kill-group");
+    let consumers = [
+        group_consumer(&stack.lb, &group, &topic),
+        group_consumer(&stack.lb, &group, &topic),
+    ];
+    let mut seen = BTreeSet::new();
+    let mut committed_before_kill: Option<BTreeMap<i32, i64>> = None;
+    let mut killed = false;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while seen.len() < total {
+        assert!(
+            Instant::now() < deadline,
+            "consumed {} of {total} distinct records",
+            seen.len()
+        );
+        for consumer in &consumers {
+            match consumer.poll(Duration::from_millis(50)) {
+                Some(Ok(message)) => {
+                    let value = String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned();
+                    seen.insert(value);
+                    let _ = consumer.commit_message(&message, CommitMode::Async);
+                }
+                Some(Err(e)) => eprintln!("consumer error (retried): {e}"),
+                None => {}
+            }
+        }
+        if !killed && seen.len() >= total / 3 {
+            committed_before_kill = Some(committed(&stack.lb, &group, &topic, partitions));
+            stack.gateways[1].kill9();
+            killed = true;
+            eprintln!("killed a gateway after {} records", seen.len());
+        }
+    }
+    producing.join().expect("producer thread");
+    assert!(produced.load(Ordering::SeqCst));
+    for consumer in &consumers {
+        consumer.commit_consumer_state(CommitMode::Sync).ok();
+    }
+
+    // Exactly once: the partitions hold every record once.
+    let mut stored = 0i64;
+    let mut conn = KafkaConn::connect(stack.lb.addr());
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        let (error, end, _) = raw::list_offsets(&mut conn, &topic, p, -1);
+        assert_eq!(error, 0);
+        stored += end;
+        ends.insert(p, end);
+    }
+    assert_eq!(stored, total as i64, "records stored once each across the kill");
+    assert_eq!(seen.len(), total, "every record consumed");
+
+    // No committed offset went back: what was committed before the kill is
+    // still there (or later), and the final commits reach the end.
+    let before = committed_before_kill.expect("killed mid-run");
+    let after = committed(&stack.lb, &group, &topic, partitions);
+    for (p, offset) in &before {
+        assert!(
+            after.get(p).copied().unwrap_or(-1) >= *offset,
+            "partition {p}: committed {offset} before the kill, {:?} after",
+            after.get(p)
+        );
+    }
+    assert_eq!(after, ends, "final commits reach every partition's end");
+    drop(rt);
+    drop(stack.redis);
+}
+
+/// The group's committed offsets of `topic` (partitions without one left out).
+fn committed(lb: &Haproxy, group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let consumer: BaseConsumer = config(lb)
+        .set("group.id", group)
+        .create()
+        .expect("create consumer");
+    let mut list = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let found = consumer
+        .committed_offsets(list, Duration::from_secs(30))
+        .expect("committed offsets");
+    found
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn join(conn: &mut KafkaConn, group: &str, member_id: &str) -> JoinGroupResponse {
+    let request = JoinGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_session_timeout_ms(10_000)
+        .with_rebalance_timeout_ms(10_000)
+        .with_member_id(s(member_id))
+        .with_protocol_type(s("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(s("range"))
+                .with_metadata(bytes::Bytes::from_static(b"subscription")),
+        ]);
+    conn.request(7, &request)
+}
+
+/// A member id through the MEMBER_ID_REQUIRED round trip.
+fn member_id(conn: &mut KafkaConn, group: &str) -> String {
+    let response = join(conn, group, "");
+    assert_eq!(response.error_code, 79, "MEMBER_ID_REQUIRED");
+    response.member_id.to_string()
+}
+
+#[test]
+fn a_parked_join_completes_when_the_last_member_joins_through_another_gateway_and_survives_its_coordinator() {
+    // The first rebalance waits 2 s for more members: all three join it.
+    let mut stack = stack_with(3, &["--set", "groups.initial_rebalance_delay=2s"]);
+    let group = unique_topic("lb-handover");
+    // Each member talks to a different gateway directly, so at least two
+    // of them are not the coordinator and their requests are forwarded.
+    let addrs: Vec<_> = stack.gateways.iter().map(Ketch::kafka_addr).collect();
+    let members: Vec<String> = addrs
+        .iter()
+        .map(|a| member_id(&mut KafkaConn::connect(*a), &group))
+        .collect();
+    let joins: Vec<_> = addrs
+        .iter()
+        .zip(&members)
+        .map(|(addr, member)| {
+            let (addr, member, group) = (*addr, member.clone(), group.clone());
+            thread::spawn(move || join(&mut KafkaConn::connect(addr), &group, &member))
+        })
+        .collect();
+    let joined: Vec<JoinGroupResponse> = joins.into_iter().map(|j| j.join().expect("join")).collect();
+    let generation = joined[0].generation_id;
+    for j in &joined {
+        assert_eq!(j.error_code, 0, "{j:?}");
+        assert_eq!(j.generation_id, generation, "one rebalance for all three");
+    }
+    let leader = joined[0].leader.to_string();
+    let assignments: Vec<SyncGroupRequestAssignment> = members
+        .iter()
+        .map(|m| {
+            SyncGroupRequestAssignment::default()
+                .with_member_id(s(m))
+                .with_assignment(bytes::Bytes::from(format!("for {m}")))
+        })
+        .collect();
+    let syncs: Vec<_> = addrs
+        .iter()
+        .zip(&members)
+        .map(|(addr, member)| {
+            let mut request = SyncGroupRequest::default()
+                .with_group_id(GroupId(s(&group)))
+                .with_generation_id(generation)
+                .with_member_id(s(member));
+            if *member == leader {
+                request = request.with_assignments(assignments.clone());
+            }
+            let addr = *addr;
+            thread::spawn(move || KafkaConn::connect(addr).request(3, &request))
+        })
+        .collect();
+    for (sync, member) in syncs.into_iter().zip(&members) {
+        let sync = sync.join().expect("sync");
+        assert_eq!(sync.error_code, 0);
+        assert_eq!(&sync.assignment[..], format!("for {member}").as_bytes());
+    }
+
+    // Kill the coordinator; once the others see it gone, the group's new
+    // coordinator takes it over from Redis: same generation, same members.
+    let coordinator = coordinator_of(&stack, &group);
+    let logged: Vec<usize> = stack.gateways.iter().map(|g| g.output().len()).collect();
+    stack.gateways[coordinator].kill9();
+    let survivor = (0..3).find(|i| *i != coordinator).expect("a survivor");
+    let survivors: Vec<String> = (0..3)
+        .filter(|i| *i != coordinator)
+        .map(|i| i.to_string())
+        .collect();
+    let others = stack
+        .gateways
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != coordinator);
+    for (i, g) in others {
+        await_log_after(g, logged[i], &format!("nodes=[{}]", survivors.join(", ")));
+    }
+    let via = stack.gateways[survivor].kafka_addr();
+    let heartbeat = HeartbeatRequest::default()
+        .with_group_id(GroupId(s(&group)))
+        .with_generation_id(generation)
+        .with_member_id(s(&members[0]));
+    assert_eq!(
+        KafkaConn::connect(via).request(4, &heartbeat).error_code,
+        0,
+        "a member of generation {generation} goes on with the new coordinator"
+    );
+    let described = KafkaConn::connect(via).request(
+        5,
+        &DescribeGroupsRequest::default().with_groups(vec![GroupId(s(&group))]),
+    );
+    let described = &described.groups[0];
+    assert_eq!(described.group_state.as_str(), "Stable");
+    assert_eq!(described.members.len(), 3);
+
+    // A commit from an older generation is refused; the current one commits.
+    let topic = unique_topic("lb-handover-topic");
+    assert_eq!(raw::create_topic(&mut KafkaConn::connect(via), &topic, 1), 0);
+    let commit = |generation: i32| {
+        let request = OffsetCommitRequest::default()
+            .with_group_id(GroupId(s(&group)))
+            .with_generation_id_or_member_epoch(generation)
+            .with_member_id(s(&members[0]))
+            .with_topics(vec![
+                OffsetCommitRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(0),
+                    ]),
+            ]);
+        KafkaConn::connect(via).request(8, &request).topics[0].partitions[0].error_code
+    };
+    assert_eq!(commit(generation - 1), ILLEGAL_GENERATION);
+    assert_eq!(commit(generation), 0);
+    drop(stack.lb);
+}
+
+/// Which of the stack's gateways coordinates `group`: the one that logged
+/// its rebalance.
+fn coordinator_of(stack: &Stack, group: &str) -> usize {
+    let needle = format!("group={group} generation=");
+    let found: Vec<usize> = (0..stack.gateways.len())
+        .filter(|i| {
+            stack.gateways[*i]
+                .output()
+                .lines()
+                .any(|l| l.contains("group stabilized") && l.contains(&needle))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one gateway stabilized {group}: {found:?}");
+    found[0]
+}
+
+/// Waits for a log line containing `needle` written after the log's first
+/// `from` bytes.
+fn await_log_after(ketch: &Ketch, from: usize, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ketch.output()[from..].contains(needle) {
+        assert!(Instant::now() < deadline, "no {needle:?} in:\n{}", ketch.output());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn gateways_without_ids_claim_distinct_ones_and_a_taken_id_is_refused_or_awaited() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let fast = [
+        "--set",
+        "cluster.heartbeat_interval=100ms",
+        "--set",
+        "cluster.node_timeout=1500ms",
+    ];
+    // Three started at once get three ids.
+    let starting: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            thread::spawn(move || Ketch::start(&url, &fast))
+        })
+        .collect();
+    let mut gateways: Vec<Ketch> = starting.into_iter().map(|t| t.join().expect("start")).collect();
+    let ids: BTreeSet<i32> = gateways.iter().map(node_id).collect();
+    assert_eq!(ids, BTreeSet::from([0, 1, 2]), "three distinct ids");
+
+    // A gateway killed and started again gets an id again; its old one is
+    // still leased, so another.
+    let old = node_id(&gateways[2]);
+    gateways[2].kill9();
+    gateways[2].restart();
+    let new = node_id(&gateways[2]);
+    let live: BTreeSet<i32> = gateways.iter().map(node_id).collect();
+    assert_eq!(live.len(), 3, "restarted with a free id: {live:?} (was {old})");
+
+    // A configured id a live gateway holds is a clear startup error.
+    let taken = node_id(&gateways[0]).to_string();
+    let mut args = vec!["--node-id", &taken];
+    args.extend_from_slice(&fast);
+    let output = Ketch::start_expecting_failure(&url, &args);
+    assert!(
+        output.contains("held by a live gateway"),
+        "the error names the problem:\n{output}"
+    );
+
+    // A configured id whose holder crashed is waited for, not refused.
+    let mut args = vec!["--node-id", "7"];
+    args.extend_from_slice(&fast);
+    let mut seven = Ketch::start(&url, &args);
+    seven.kill9();
+    seven.restart();
+    assert_eq!(node_id(&seven), 7);
+    assert!(
+        seven.output().contains("waiting for its entry to expire"),
+        "the restarted gateway said it waits:\n{}",
+        seven.output()
+    );
+    let _ = new;
+}
+
+/// The node id a gateway registered under (from its log).
+fn node_id(ketch: &Ketch) -> i32 {
+    let output = ketch.output();
+    let line = output
+        .lines()
+        .find(|l| l.contains("registered in ketch:brokers"))
+        .unwrap_or_else(|| panic!("no registration line:\n{output}"));
+    let id = line
+        .split("node_id=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|digits| digits.parse().ok());
+    id.unwrap_or_else(|| panic!("no node id in {line:?}"))
+}
