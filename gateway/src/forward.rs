@@ -57,6 +57,14 @@ pub enum ForwardError {
     ShuttingDown,
 }
 
+/// How an exchange on a connection failed.
+enum Exchange {
+    /// The connection was closed before an answer began: the request may
+    /// not have arrived, and can go again on a new connection.
+    Closed(ForwardError),
+    Failed(ForwardError),
+}
+
 /// Forwards requests to other gateways' internal listeners.
 pub struct Forwarder {
     idle: Mutex<HashMap<String, Vec<TcpStream>>>,
@@ -106,22 +114,25 @@ impl Forwarder {
         let frame = frame(&envelope_header, &envelope).map_err(|e| protocol(format!("encoding: {e}")))?;
 
         let mut shutdown = self.shutdown.clone();
-        let mut conn = self.checkout(to).await?;
-        let exchange = async {
-            conn.write_all(&frame)
-                .await
-                .map_err(|e| ForwardError::Io(to.to_owned(), e))?;
-            server::read_frame(&mut conn, self.max_frame)
-                .await
-                .map_err(|e| protocol(e.to_string()))?
-                .ok_or_else(|| protocol("connection closed".to_owned()))
-        };
-        let answer = tokio::select! {
-            answer = tokio::time::timeout(timeout, exchange) => match answer {
-                Ok(answer) => answer?,
-                Err(_) => return Err(ForwardError::Timeout(to.to_owned(), timeout)),
-            },
+        let (mut conn, pooled) = self.checkout(to).await?;
+        let mut answer = tokio::select! {
+            answer = tokio::time::timeout(timeout, self.exchange(&mut conn, &frame, to)) => answer,
             _ = shutdown.wait_for(|stop| *stop) => return Err(ForwardError::ShuttingDown),
+        };
+        if pooled && matches!(answer, Ok(Err(Exchange::Closed(_)))) {
+            // The coordinator closed the idle connection (its idle timeout,
+            // or a restart) before this request reached it: once more on a
+            // new one.
+            conn = self.connect(to).await?;
+            answer = tokio::select! {
+                answer = tokio::time::timeout(timeout, self.exchange(&mut conn, &frame, to)) => answer,
+                _ = shutdown.wait_for(|stop| *stop) => return Err(ForwardError::ShuttingDown),
+            };
+        }
+        let answer = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(Exchange::Closed(e) | Exchange::Failed(e))) => return Err(e),
+            Err(_) => return Err(ForwardError::Timeout(to.to_owned(), timeout)),
         };
         let mut answer = answer;
         let answer_header = ResponseHeader::decode(&mut answer, ApiKey::Envelope.response_header_version(0))
@@ -147,16 +158,40 @@ impl Forwarder {
         R::Response::decode(&mut inner, version).map_err(|e| protocol(format!("{api_key:?} v{version}: {e}")))
     }
 
-    async fn checkout(&self, to: &str) -> Result<TcpStream, ForwardError> {
+    /// Sends a frame and reads the answer's frame.
+    async fn exchange(&self, conn: &mut TcpStream, frame: &[u8], to: &str) -> Result<Bytes, Exchange> {
+        let closed = |m: String| Exchange::Closed(ForwardError::Protocol(to.to_owned(), m));
+        if let Err(e) = conn.write_all(frame).await {
+            return Err(Exchange::Closed(ForwardError::Io(to.to_owned(), e)));
+        }
+        match server::read_frame(conn, self.max_frame).await {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Err(closed("connection closed".to_owned())),
+            Err(server::ConnectionError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                Err(closed(e.to_string()))
+            }
+            Err(e) => Err(Exchange::Failed(ForwardError::Protocol(
+                to.to_owned(),
+                e.to_string(),
+            ))),
+        }
+    }
+
+    /// An idle pooled connection (true), or a new one.
+    async fn checkout(&self, to: &str) -> Result<(TcpStream, bool), ForwardError> {
         let idle = self
             .idle
             .lock()
             .expect("forwarder lock")
             .get_mut(to)
             .and_then(Vec::pop);
-        if let Some(conn) = idle {
-            return Ok(conn);
+        match idle {
+            Some(conn) => Ok((conn, true)),
+            None => Ok((self.connect(to).await?, false)),
         }
+    }
+
+    async fn connect(&self, to: &str) -> Result<TcpStream, ForwardError> {
         let connect = tokio::time::timeout(self.connect_timeout, TcpStream::connect(to)).await;
         let conn = match connect {
             Ok(Ok(conn)) => conn,

@@ -16,6 +16,7 @@ mod snapshot;
 pub mod state;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::storage::Storage;
@@ -51,6 +52,8 @@ struct Slot {
     group: Group,
     /// Wakes the group's timer task: its deadlines may have changed.
     timers: Arc<Notify>,
+    /// The write that stores the group's latest snapshot ([`Writes::send`]).
+    snapshot_write: u64,
 }
 
 /// A group's listing in ListGroups.
@@ -84,6 +87,8 @@ impl Coordinator {
             storage,
             retention: settings.offsets_retention.get(),
             queue: Mutex::new(None),
+            sent: AtomicU64::new(0),
+            done: Arc::new(watch::channel(0).0),
         };
         Self::build(settings, Some(writes))
     }
@@ -160,13 +165,37 @@ impl Coordinator {
             assignment.member_id = detach(&assignment.member_id);
             assignment.assignment = Bytes::copy_from_slice(&assignment.assignment);
         }
+        let group_id = req.group_id.0.clone();
         let reply = match invalid_group(&req.group_id) {
             Some(error) => Reply::Now(sync_error(error)),
             None => (self.inner)
-                .update(&req.group_id.0.clone(), false, |group, now| group.sync(req, now))
+                .update(&group_id, false, |group, now| group.sync(req, now))
                 .unwrap_or_else(|| Reply::Now(sync_error(ResponseError::UnknownMemberId))),
         };
-        settle(reply, shutdown, sync_error(ResponseError::RebalanceInProgress)).await
+        let response = settle(reply, shutdown, sync_error(ResponseError::RebalanceInProgress)).await;
+        if response.error_code == 0 {
+            // As Kafka answers SyncGroup once the group's metadata is
+            // written: a coordinator that dies now leaves the generation
+            // its members were just told.
+            self.stored(&group_id).await;
+        }
+        response
+    }
+
+    /// Waits (at most [`STORE_WAIT`]) until the group's latest snapshot is
+    /// written to Redis.
+    async fn stored(&self, group_id: &StrBytes) {
+        let Some(writes) = &self.inner.writes else {
+            return;
+        };
+        let Some(wanted) = self.inner.lock().get(group_id).map(|slot| slot.snapshot_write) else {
+            return;
+        };
+        let mut done = writes.done.subscribe();
+        let written = tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted)).await;
+        if written.is_err() {
+            tracing::warn!(group = %group_id, "the group's snapshot is not written yet; answering SyncGroup anyway");
+        }
     }
 
     /// Heartbeat: the error code (0 for none).
@@ -362,7 +391,7 @@ impl Inner {
                     tracing::info!(group = %group_id, generation = snapshot.generation,
                         members = snapshot.members.len(), "group stabilized");
                 }
-                writes.send(
+                slot.snapshot_write = writes.send(
                     group_id,
                     Change::Store(snapshot.generation, snapshot::encode(&snapshot)),
                 );
@@ -379,7 +408,11 @@ impl Inner {
     fn start_slot(self: &Arc<Self>, group_id: &StrBytes, group: Group) -> Slot {
         let timers = Arc::new(Notify::new());
         tokio::spawn(run_timers(Arc::downgrade(self), group_id.clone(), timers.clone()));
-        Slot { group, timers }
+        Slot {
+            group,
+            timers,
+            snapshot_write: 0,
+        }
     }
 
     /// The group's next deadline; `None` once the group (this incarnation
@@ -462,6 +495,18 @@ fn invalid_group(group_id: &StrBytes) -> Option<ResponseError> {
     group_id.is_empty().then_some(ResponseError::InvalidGroupId)
 }
 
+/// How long a SyncGroup answer waits for its group's snapshot to be written.
+const STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Counts a change as applied when dropped (after it ran, or failed).
+struct Applied<'a>(&'a watch::Sender<u64>);
+
+impl Drop for Applied<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|done| *done += 1);
+    }
+}
+
 /// What Redis must learn about a group.
 enum Change {
     /// Its snapshot (generation, encoded [`Snapshot`]).
@@ -480,6 +525,10 @@ struct Writes {
     retention: std::time::Duration,
     /// Started with the first change, inside the runtime.
     queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change)>>>,
+    /// Changes sent so far (the last one's number).
+    sent: AtomicU64,
+    /// The number of the last change applied (or given up on).
+    done: Arc<watch::Sender<u64>>,
 }
 
 impl Writes {
@@ -491,18 +540,24 @@ impl Writes {
         }
     }
 
-    fn send(&self, group_id: &StrBytes, change: Change) {
+    /// Queues a change; its number, which [`Writes::done`] reaches once
+    /// it is applied.
+    fn send(&self, group_id: &StrBytes, change: Change) -> u64 {
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let sender = queue.get_or_insert_with(|| self.start());
+        let number = self.sent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
         let _ = sender.send((group_id.clone(), change));
+        number
     }
 
     fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change)> {
         let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change)>();
         let storage = self.storage.clone();
         let retention = self.retention;
+        let done = self.done.clone();
         tokio::spawn(async move {
             while let Some((group_id, change)) = changes.recv().await {
+                let _applied = Applied(&done);
                 let applied = match change {
                     Change::Emptied => storage.group_emptied(&group_id, retention).await,
                     Change::Active => storage.group_active(&group_id).await,
