@@ -556,3 +556,51 @@ fn node_id(ketch: &Ketch) -> i32 {
         .and_then(|digits| digits.parse().ok());
     id.unwrap_or_else(|| panic!("no node id in {line:?}"))
 }
+
+#[test]
+fn a_forwarded_request_survives_the_coordinator_closing_an_idle_forwarding_connection() {
+    // Two gateways with their own addresses; the coordinator closes
+    // connections idle for 1 s, the internal ones included.
+    let redis = TestRedis::start();
+    let args = [
+        "--set",
+        "cluster.heartbeat_interval=100ms",
+        "--set",
+        "cluster.node_timeout=1500ms",
+        "--set",
+        "broker.connections_max_idle=1s",
+    ];
+    let gateways = [
+        Ketch::start(&redis.url(), &args),
+        Ketch::start(&redis.url(), &args),
+    ];
+    for g in &gateways {
+        g.await_log("nodes=[0, 1]", Duration::from_secs(20));
+    }
+    // A group the second gateway coordinates, asked through the first.
+    let group = (0..)
+        .map(|n| format!("idle-{n}"))
+        .find(|g| {
+            let found = KafkaConn::connect(gateways[0].kafka_addr())
+                .request(3, &FindCoordinatorRequest::default().with_key(s(g)));
+            found.node_id.0 == node_id(&gateways[1])
+        })
+        .expect("a group gateway 1 coordinates");
+    let heartbeat = HeartbeatRequest::default()
+        .with_group_id(GroupId(s(&group)))
+        .with_generation_id(1)
+        .with_member_id(s("nobody"));
+    let via = gateways[0].kafka_addr();
+    assert_eq!(
+        KafkaConn::connect(via).request(4, &heartbeat).error_code,
+        25,
+        "forwarded: UNKNOWN_MEMBER_ID"
+    );
+    // Past the idle timeout the pooled connection is closed at the far end.
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        KafkaConn::connect(via).request(4, &heartbeat).error_code,
+        25,
+        "forwarded again on a new connection, not COORDINATOR_NOT_AVAILABLE"
+    );
+}

@@ -320,17 +320,17 @@ impl Coordinator {
         let now = Instant::now();
         let mut groups = self.inner.lock();
         let group_id = StrBytes::from_string(group_id.to_owned());
-        if !groups.contains_key(&group_id) {
+        if let std::collections::hash_map::Entry::Vacant(entry) = groups.entry(group_id) {
             tracing::info!(
-                group = %group_id,
+                group = %entry.key(),
                 generation = snapshot.generation,
                 members = snapshot.members.len(),
                 "took the group over from its snapshot"
             );
             let group = Group::restore(self.inner.timing, snapshot, now);
-            let slot = self.inner.start_slot(&group_id, group);
+            let slot = self.inner.start_slot(entry.key(), group);
             slot.timers.notify_one();
-            groups.insert(group_id, slot);
+            entry.insert(slot);
         }
         Ok(())
     }
