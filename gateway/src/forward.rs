@@ -27,7 +27,9 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{
-    ApiKey, EnvelopeRequest, EnvelopeResponse, RequestHeader, RequestKind, ResponseHeader,
+    ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, EnvelopeRequest, EnvelopeResponse, HeartbeatRequest,
+    JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest, OffsetDeleteRequest,
+    RequestHeader, RequestKind, ResponseHeader, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::AsyncWriteExt;
@@ -404,19 +406,43 @@ pub fn advertised_internal_host(configured: Option<&str>, listen: &SocketAddr) -
     resolved.map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
 }
 
-/// How long a forwarded request may take: a JoinGroup or SyncGroup waits
-/// for its rebalance (up to the rebalance timeout, and a new member up to
-/// five minutes); everything else answers within Redis's timeouts.
-pub fn deadline(ctx: &Context, request: &RequestKind) -> Duration {
-    const REBALANCE_WAIT: Duration = Duration::from_secs(5 * 60);
-    let margin = Duration::from_secs(30);
-    match request {
-        RequestKind::JoinGroup(join) => {
-            let asked =
-                Duration::from_millis(join.rebalance_timeout_ms.max(join.session_timeout_ms).max(0) as u64);
-            asked.max(REBALANCE_WAIT) + margin
-        }
-        RequestKind::SyncGroup(_) => REBALANCE_WAIT + margin,
-        _ => ctx.settings.redis.command_timeout.get() * 2 + margin,
+/// A request a gateway forwards, and how long its answer may take beyond
+/// Redis's timeouts.
+pub trait Forwardable: Request {
+    /// How long the coordinator may rightly hold the request: a JoinGroup
+    /// its rebalance timeout, a SyncGroup until the leader assigns.
+    fn wait(&self) -> Duration {
+        Duration::ZERO
     }
+}
+
+/// How long a new member's JoinGroup may wait for its rebalance (the
+/// coordinator's `NEW_MEMBER_JOIN_TIMEOUT`), and a SyncGroup for the leader.
+const REBALANCE_WAIT: Duration = Duration::from_secs(5 * 60);
+
+impl Forwardable for JoinGroupRequest {
+    fn wait(&self) -> Duration {
+        let asked = self.rebalance_timeout_ms.max(self.session_timeout_ms).max(0);
+        Duration::from_millis(asked as u64).max(REBALANCE_WAIT)
+    }
+}
+
+impl Forwardable for SyncGroupRequest {
+    fn wait(&self) -> Duration {
+        REBALANCE_WAIT
+    }
+}
+
+impl Forwardable for HeartbeatRequest {}
+impl Forwardable for LeaveGroupRequest {}
+impl Forwardable for OffsetCommitRequest {}
+impl Forwardable for OffsetDeleteRequest {}
+impl Forwardable for DescribeGroupsRequest {}
+impl Forwardable for DeleteGroupsRequest {}
+impl Forwardable for ListGroupsRequest {}
+
+/// How long a forwarded request may take: what the coordinator may hold it
+/// for, plus Redis's timeouts and a margin.
+pub fn deadline<R: Forwardable>(ctx: &Context, request: &R) -> Duration {
+    request.wait() + ctx.settings.redis.command_timeout.get() * 2 + Duration::from_secs(30)
 }

@@ -4,11 +4,11 @@
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
-use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader};
 
 use super::{Client, Route, route};
+use crate::Context;
 use crate::group::NotDeleted;
-use crate::{Context, forward};
 
 pub async fn handle(
     ctx: &Context,
@@ -23,8 +23,7 @@ pub async fn handle(
             Route::Here => delete(ctx, &group_id).await,
             Route::Forward(to) => {
                 let one = DeleteGroupsRequest::default().with_groups_names(vec![group_id.clone()]);
-                let deadline = forward::deadline(ctx, &RequestKind::DeleteGroups(Default::default()));
-                match super::forward(ctx, client, header, &one, deadline, &to).await {
+                match super::forward(ctx, client, header, &one, &to).await {
                     Ok(response) => response
                         .results
                         .first()

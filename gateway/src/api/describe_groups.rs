@@ -6,12 +6,12 @@
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
-use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
 use super::{Client, Route, route, str_bytes};
+use crate::Context;
 use crate::group::State;
-use crate::{Context, forward};
 
 /// Kafka's `AclOperation` codes of the operations on a group resource.
 const GROUP_OPERATIONS: [i32; 3] = [
@@ -44,8 +44,7 @@ pub async fn handle(
                 let one = DescribeGroupsRequest::default()
                     .with_groups(vec![group_id.clone()])
                     .with_include_authorized_operations(include_operations);
-                let deadline = forward::deadline(ctx, &RequestKind::DescribeGroups(Default::default()));
-                match super::forward(ctx, client, header, &one, deadline, &to).await {
+                match super::forward(ctx, client, header, &one, &to).await {
                     Ok(response) => match response.groups.into_iter().next() {
                         Some(group) => return group,
                         None => DescribedGroup::default()

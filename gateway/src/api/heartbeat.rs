@@ -2,11 +2,10 @@
 //! and learns of rebalances (REBALANCE_IN_PROGRESS). Spec: the Kafka protocol
 //! guide; KIP-345 (v3 `group.instance.id`).
 
-use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader};
 
-use super::{Client, Route, route};
-use crate::{Context, forward};
+use super::Client;
+use crate::Context;
 
 pub async fn handle(
     ctx: &Context,
@@ -14,16 +13,10 @@ pub async fn handle(
     header: &RequestHeader,
     req: HeartbeatRequest,
 ) -> HeartbeatResponse {
-    let code = match route(ctx, client, &req.group_id) {
-        Route::Here => ctx.groups.heartbeat(&req).await,
-        Route::Forward(to) => {
-            let deadline = forward::deadline(ctx, &RequestKind::Heartbeat(Default::default()));
-            match super::forward(ctx, client, header, &req, deadline, &to).await {
-                Ok(response) => return response,
-                Err(code) => code,
-            }
-        }
-        Route::NotCoordinator => ResponseError::NotCoordinator.code(),
+    let code = match super::elsewhere(ctx, client, header, &req.group_id, &req).await {
+        None => ctx.groups.heartbeat(&req).await,
+        Some(Ok(answer)) => return answer,
+        Some(Err(code)) => code,
     };
     HeartbeatResponse::default().with_error_code(code)
 }

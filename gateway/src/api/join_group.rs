@@ -4,8 +4,7 @@
 //! required), KIP-345 (v5 `group.instance.id`), KIP-559 (v7 protocol type
 //! and name), KIP-800 (v8 reason), KIP-814 (v9 skip assignment).
 
-use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::Context;
@@ -24,16 +23,10 @@ pub async fn handle(
             .with_member_id(req.member_id.clone())
             .with_protocol_name(None)
     };
-    let response = match super::route(ctx, &client, &req.group_id) {
-        super::Route::NotCoordinator => refused(ResponseError::NotCoordinator.code(), &req),
-        super::Route::Forward(to) => {
-            let deadline = crate::forward::deadline(ctx, &RequestKind::JoinGroup(req.clone()));
-            match super::forward(ctx, &client, header, &req, deadline, &to).await {
-                Ok(response) => response,
-                Err(code) => refused(code, &req),
-            }
-        }
-        super::Route::Here => {
+    let response = match super::elsewhere(ctx, &client, header, &req.group_id, &req).await {
+        Some(Ok(answer)) => answer,
+        Some(Err(code)) => refused(code, &req),
+        None => {
             if version == 0 {
                 // v0 has no rebalance timeout: Kafka uses the session timeout.
                 req.rebalance_timeout_ms = req.session_timeout_ms;

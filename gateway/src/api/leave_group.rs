@@ -3,12 +3,11 @@
 //! member id or by `group.instance.id` alone, with an error each (KIP-345).
 //! v5 adds a reason (KIP-800).
 
-use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
-use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader};
 
-use super::{Client, Route, route};
-use crate::{Context, forward};
+use super::Client;
+use crate::Context;
 
 pub async fn handle(
     ctx: &Context,
@@ -16,18 +15,10 @@ pub async fn handle(
     header: &RequestHeader,
     req: LeaveGroupRequest,
 ) -> LeaveGroupResponse {
-    match route(ctx, client, &req.group_id) {
-        Route::Here => {}
-        Route::Forward(to) => {
-            let deadline = forward::deadline(ctx, &RequestKind::LeaveGroup(Default::default()));
-            return match super::forward(ctx, client, header, &req, deadline, &to).await {
-                Ok(response) => response,
-                Err(code) => LeaveGroupResponse::default().with_error_code(code),
-            };
-        }
-        Route::NotCoordinator => {
-            return LeaveGroupResponse::default().with_error_code(ResponseError::NotCoordinator.code());
-        }
+    match super::elsewhere(ctx, client, header, &req.group_id, &req).await {
+        None => {}
+        Some(Ok(answer)) => return answer,
+        Some(Err(code)) => return LeaveGroupResponse::default().with_error_code(code),
     }
     let batched = header.request_api_version >= 3;
     let leaving = if batched {

@@ -7,12 +7,12 @@ use std::collections::HashSet;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::list_groups_response::ListedGroup;
-use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
 use super::Client;
+use crate::Context;
 use crate::group::{Listing, State};
-use crate::{Context, forward};
 
 /// The only group type ketch has.
 const CLASSIC: &str = "classic";
@@ -46,10 +46,9 @@ async fn list_everywhere(
         .filter(|n| n.id != me)
         .filter_map(|n| n.internal_address())
         .collect();
-    let deadline = forward::deadline(ctx, &RequestKind::ListGroups(Default::default()));
     let asked = others
         .iter()
-        .map(|to| super::forward(ctx, client, header, &req, deadline, to));
+        .map(|to| super::forward(ctx, client, header, &req, to));
     let (mine, theirs) = tokio::join!(list_here(ctx, req.clone()), futures::future::join_all(asked));
     let mut response = mine;
     for answer in theirs {

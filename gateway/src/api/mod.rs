@@ -320,14 +320,14 @@ pub fn route(ctx: &Context, client: &Client, group: &str) -> Route {
 /// Forwards a request to the group coordinator at `to`; a failure is
 /// COORDINATOR_NOT_AVAILABLE (the client looks the coordinator up again
 /// and retries).
-pub async fn forward<R: kafka_protocol::protocol::Request>(
+pub async fn forward<R: crate::forward::Forwardable>(
     ctx: &Context,
     client: &Client,
     header: &RequestHeader,
     request: &R,
-    deadline: std::time::Duration,
     to: &str,
 ) -> Result<R::Response, i16> {
+    let deadline = crate::forward::deadline(ctx, request);
     ctx.forwarder
         .forward(to, header, request, client, deadline)
         .await
@@ -335,6 +335,23 @@ pub async fn forward<R: kafka_protocol::protocol::Request>(
             tracing::info!(coordinator = to, api_key = header.request_api_key, error = %e, "cannot forward a group request");
             ResponseError::CoordinatorNotAvailable.code()
         })
+}
+
+/// For a request about one group: `None` when this gateway coordinates
+/// it (handle it here); otherwise the coordinator's answer, or the error
+/// code to answer with.
+pub async fn elsewhere<R: crate::forward::Forwardable>(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    group: &str,
+    request: &R,
+) -> Option<Result<R::Response, i16>> {
+    match route(ctx, client, group) {
+        Route::Here => None,
+        Route::Forward(to) => Some(forward(ctx, client, header, request, &to).await),
+        Route::NotCoordinator => Some(Err(ResponseError::NotCoordinator.code())),
+    }
 }
 
 /// NOT_COORDINATOR when another live gateway coordinates `group` (for

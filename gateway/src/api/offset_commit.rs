@@ -11,11 +11,11 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
-use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader, RequestKind};
+use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader};
 use ketch_storage::{CommittedOffset, TopicPartition};
 
-use super::{Client, Route, error_code, resolve_topic, route};
-use crate::{Context, forward};
+use super::{Client, error_code, resolve_topic};
+use crate::Context;
 
 pub async fn handle(
     ctx: &Context,
@@ -24,8 +24,8 @@ pub async fn handle(
     request: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let group = request.group_id.0.to_string();
-    let refused = match route(ctx, client, &group) {
-        Route::Here => ctx
+    let refused = match super::elsewhere(ctx, client, header, &group, &request).await {
+        None => ctx
             .groups
             .validate_offset_commit(
                 &group,
@@ -35,14 +35,8 @@ pub async fn handle(
             )
             .await
             .err(),
-        Route::Forward(to) => {
-            let deadline = forward::deadline(ctx, &RequestKind::OffsetCommit(Default::default()));
-            match super::forward(ctx, client, header, &request, deadline, &to).await {
-                Ok(response) => return response,
-                Err(code) => Some(code),
-            }
-        }
-        Route::NotCoordinator => Some(ResponseError::NotCoordinator.code()),
+        Some(Ok(answer)) => return answer,
+        Some(Err(code)) => Some(code),
     };
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();

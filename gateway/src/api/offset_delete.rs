@@ -9,13 +9,13 @@ use kafka_protocol::messages::offset_delete_response::{
     OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
 use kafka_protocol::messages::{
-    ConsumerProtocolSubscription, OffsetDeleteRequest, OffsetDeleteResponse, RequestHeader, RequestKind,
+    ConsumerProtocolSubscription, OffsetDeleteRequest, OffsetDeleteResponse, RequestHeader,
 };
 use kafka_protocol::protocol::Decodable;
 use ketch_storage::TopicPartition;
 
-use super::{Client, Route, error_code, route};
-use crate::{Context, forward};
+use super::{Client, error_code};
+use crate::Context;
 
 /// The protocol type of groups whose members' metadata is a consumer
 /// subscription.
@@ -28,18 +28,10 @@ pub async fn handle(
     request: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
     let group = request.group_id.0.to_string();
-    match route(ctx, client, &group) {
-        Route::Here => {}
-        Route::Forward(to) => {
-            let deadline = forward::deadline(ctx, &RequestKind::OffsetDelete(Default::default()));
-            return match super::forward(ctx, client, header, &request, deadline, &to).await {
-                Ok(response) => response,
-                Err(code) => OffsetDeleteResponse::default().with_error_code(code),
-            };
-        }
-        Route::NotCoordinator => {
-            return OffsetDeleteResponse::default().with_error_code(ResponseError::NotCoordinator.code());
-        }
+    match super::elsewhere(ctx, client, header, &group, &request).await {
+        None => {}
+        Some(Ok(answer)) => return answer,
+        Some(Err(code)) => return OffsetDeleteResponse::default().with_error_code(code),
     }
     let described = ctx.groups.describe(&group).await;
     let has_offsets = match ctx.storage.groups_with_offsets().await {

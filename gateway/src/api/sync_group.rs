@@ -3,11 +3,10 @@
 //! leader. Spec: the Kafka protocol guide; KIP-345 (v3 `group.instance.id`),
 //! KIP-559 (v5 protocol type and name checks).
 
-use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::{RequestHeader, RequestKind, SyncGroupRequest, SyncGroupResponse};
+use kafka_protocol::messages::{RequestHeader, SyncGroupRequest, SyncGroupResponse};
 
-use super::{Client, Route, route};
-use crate::{Context, forward};
+use super::Client;
+use crate::Context;
 
 pub async fn handle(
     ctx: &Context,
@@ -15,16 +14,9 @@ pub async fn handle(
     header: &RequestHeader,
     req: SyncGroupRequest,
 ) -> SyncGroupResponse {
-    let code = match route(ctx, client, &req.group_id) {
-        Route::Here => return ctx.groups.sync(req, &ctx.shutdown).await,
-        Route::Forward(to) => {
-            let deadline = forward::deadline(ctx, &RequestKind::SyncGroup(Default::default()));
-            match super::forward(ctx, client, header, &req, deadline, &to).await {
-                Ok(response) => return response,
-                Err(code) => code,
-            }
-        }
-        Route::NotCoordinator => ResponseError::NotCoordinator.code(),
-    };
-    SyncGroupResponse::default().with_error_code(code)
+    match super::elsewhere(ctx, client, header, &req.group_id, &req).await {
+        None => ctx.groups.sync(req, &ctx.shutdown).await,
+        Some(Ok(answer)) => answer,
+        Some(Err(code)) => SyncGroupResponse::default().with_error_code(code),
+    }
 }
