@@ -45,6 +45,18 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         asked.elapsed()
     );
 
+    // The gateway has no node id yet (it claims one in Redis): it names no
+    // coordinator, with the error clients retry.
+    let coordinator = conn.request(
+        3,
+        &kafka_protocol::messages::FindCoordinatorRequest::default()
+            .with_key(kafka_protocol::protocol::StrBytes::from_static_str("g")),
+    );
+    assert_eq!(
+        coordinator.error_code, 15,
+        "COORDINATOR_NOT_AVAILABLE while Redis is down"
+    );
+
     eprintln!("while Redis is down: Metadata error {metadata_error}, Produce error {produce_error}");
 
     redis.start_again();

@@ -51,6 +51,13 @@ fn find(ctx: &Context, key_type: i8, key: StrBytes) -> Coordinator {
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
+    if ctx.membership.my_id() == crate::membership::UNASSIGNED {
+        // Not registered yet (Redis unreachable since start): no coordinator to name.
+        return coordinator
+            .with_error_code(ResponseError::CoordinatorNotAvailable.code())
+            .with_node_id(BrokerId(-1))
+            .with_port(-1);
+    }
     let node = ctx.membership.presented(&ctx.membership.group_coordinator(&key));
     coordinator
         .with_node_id(BrokerId(node.id))
