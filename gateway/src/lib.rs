@@ -132,10 +132,13 @@ async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::Stor
 /// Redis was unreachable at start: checks the layout once it answers. A
 /// layout newer than this gateway stops the process — it must not serve
 /// data it does not understand.
-async fn check_layout_until_done(store: Store, me: String) {
+async fn check_layout_until_done(store: Store, me: String, checked: watch::Sender<bool>) {
     loop {
         match check_layout(&store, &me).await {
-            Ok(()) => return,
+            Ok(()) => {
+                checked.send_replace(true);
+                return;
+            }
             Err(e @ ketch_storage::StorageError::LayoutTooNew { .. }) => {
                 tracing::error!("{e}; stopping");
                 eprintln!("ketch: {e}");
@@ -160,14 +163,20 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         std::process::id(),
         settings.broker.listen
     );
+    // This gateway registers (writes `ketch:brokers`) only once the layout is
+    // checked: a namespace whose only key is a registry entry would look
+    // like data from before layouts were recorded to a gateway checking it.
+    let (layout_tx, layout_checked) = watch::channel(false);
     match check_layout(&store, &me).await {
-        Ok(()) => {}
+        Ok(()) => {
+            layout_tx.send_replace(true);
+        }
         Err(ketch_storage::StorageError::LayoutTooNew { found, supported }) => {
             anyhow::bail!(ketch_storage::StorageError::LayoutTooNew { found, supported })
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot check the Redis layout version yet; checking again until Redis answers");
-            tokio::spawn(check_layout_until_done(store.clone(), me));
+            tokio::spawn(check_layout_until_done(store.clone(), me, layout_tx));
         }
     }
     let kafka = TcpListener::bind(settings.broker.listen)
@@ -210,12 +219,14 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     // still held by a crashed incarnation is waited for here); otherwise the
     // membership task registers once Redis is up, and until then the gateway
     // serves retriable errors.
-    match ctx.membership.register(&store, &registering).await {
-        Ok(_) => {}
-        Err(membership::RegisterError::Unavailable(e)) => {
-            tracing::warn!(error = %e, "cannot register in Redis yet; registering once it answers");
+    if *layout_checked.borrow() {
+        match ctx.membership.register(&store, &registering).await {
+            Ok(_) => {}
+            Err(membership::RegisterError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "cannot register in Redis yet; registering once it answers");
+            }
+            Err(e) => anyhow::bail!(e),
         }
-        Err(e) => anyhow::bail!(e),
     }
     let node = ctx.membership.me();
     tracing::info!(
@@ -236,6 +247,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let membership_task = tokio::spawn(ctx.membership.clone().run(
         store.clone(),
         registering,
+        layout_checked,
         shutdown.clone(),
     ));
     let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));

@@ -270,7 +270,18 @@ impl Membership {
     /// process took it while this one could not refresh its entry for
     /// `node_timeout`) stops the process: two gateways must never serve
     /// under one id.
-    pub async fn run(self, store: Store, how: Registering, mut shutdown: watch::Receiver<bool>) {
+    /// Registration waits for `layout_checked` to turn true.
+    pub async fn run(
+        self,
+        store: Store,
+        how: Registering,
+        mut layout_checked: watch::Receiver<bool>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            _ = layout_checked.wait_for(|checked| *checked) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
         while !self.joined() {
             match self.register(&store, &how).await {
                 Ok(_) => {}

@@ -73,6 +73,20 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         thread::sleep(Duration::from_millis(50));
     }
 
+    // The gateway recorded the layout of a new namespace before it
+    // registered: its own registry entry is not mistaken for old data.
+    let layout: Option<String> = redis::cmd("HGET")
+        .arg("ketch:layout")
+        .arg("version")
+        .query(&mut redis.connection())
+        .expect("HGET ketch:layout");
+    assert!(layout.is_some(), "layout version recorded");
+    assert!(
+        !ketch.output().contains("migrated the Redis layout"),
+        "a new namespace is recorded, not migrated:\n{}",
+        ketch.output()
+    );
+
     // The connection opened while Redis was down works now.
     let (error, offset) = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(1, b"first")]));
     assert_eq!((error, offset), (code::NONE, 0));
