@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every ketch test: formatting, clippy, the Rust unit and end-to-end
-# tests, and the Python / kcat client tests in tests/python.
+# tests, the Python / kcat client tests in tests/python, and the Docker
+# Compose stack (scripts/compose-test.sh, which installs and starts Docker).
 #
 # Installs what the tests need when it is missing (redis-server and
 # redis-tools, kcat, haproxy, openssl, postgresql and a C toolchain with apt-get;
@@ -117,6 +118,12 @@ cluster_suites=(roundtrip compression produce_fetch membership multi_gateway lis
 results=()
 failed=0
 
+# A TCP port nothing listens on now (for the compose stack's load balancer,
+# so a ketch already running on 9092 does not collide with it).
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 step() {
     local name="$1"
     shift
@@ -146,11 +153,16 @@ if [[ "${results[-1]}" == ok* ]] && [ -x "$KETCH_BIN" ]; then
         env TEST_REDIS_MODE=cluster cargo test --workspace --no-fail-fast \
         "${cluster_suites[@]/#/--test=}" -- --test-threads=2
     step "python and kcat tests (pytest tests/python)" python3 -m pytest -q tests/python
+    # Docker: installs docker.io and docker-compose, starts (and stops) dockerd,
+    # builds stand-in images from Debian packages and puts this KETCH_BIN in the image.
+    step "docker compose stack (scripts/compose-test.sh)" \
+        as_root env KETCH_BIN="$KETCH_BIN" COMPOSE_TEST_KAFKA_PORT="$(free_port)" bash scripts/compose-test.sh
 else
     failed=1
     skip "cargo test --workspace"
     skip "end-to-end suites again on a Redis Cluster (TEST_REDIS_MODE=cluster)"
     skip "python and kcat tests (pytest tests/python)"
+    skip "docker compose stack (scripts/compose-test.sh)"
 fi
 
 printf '\n==> summary (KETCH_BIN=%s)\n' "$KETCH_BIN"
