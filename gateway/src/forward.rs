@@ -42,6 +42,10 @@ use crate::{Context, server};
 /// Idle connections kept per coordinator.
 const IDLE_PER_PEER: usize = 8;
 
+/// What an Envelope adds to the request it carries, at most: its header,
+/// the principal and the client's address.
+const ENVELOPE_OVERHEAD: u32 = 64 * 1024;
+
 /// Why a request could not be forwarded.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -57,14 +61,6 @@ pub enum ForwardError {
     Protocol(String, String),
     #[error("shutting down")]
     ShuttingDown,
-}
-
-/// How an exchange on a connection failed.
-enum Exchange {
-    /// The connection was closed before an answer began: the request may
-    /// not have arrived, and can go again on a new connection.
-    Closed(ForwardError),
-    Failed(ForwardError),
 }
 
 /// Forwards requests to other gateways' internal listeners.
@@ -116,24 +112,16 @@ impl Forwarder {
         let frame = frame(&envelope_header, &envelope).map_err(|e| protocol(format!("encoding: {e}")))?;
 
         let mut shutdown = self.shutdown.clone();
-        let (mut conn, pooled) = self.checkout(to).await?;
-        let mut answer = tokio::select! {
+        let mut conn = self.checkout(to).await?;
+        let answer = tokio::select! {
             answer = tokio::time::timeout(timeout, self.exchange(&mut conn, &frame, to)) => answer,
             _ = shutdown.wait_for(|stop| *stop) => return Err(ForwardError::ShuttingDown),
         };
-        if pooled && matches!(answer, Ok(Err(Exchange::Closed(_)))) {
-            // The coordinator closed the idle connection (its idle timeout,
-            // or a restart) before this request reached it: once more on a
-            // new one.
-            conn = self.connect(to).await?;
-            answer = tokio::select! {
-                answer = tokio::time::timeout(timeout, self.exchange(&mut conn, &frame, to)) => answer,
-                _ = shutdown.wait_for(|stop| *stop) => return Err(ForwardError::ShuttingDown),
-            };
-        }
+        // A request is sent once: after a failure the coordinator may or
+        // may not have handled it, and the client decides whether to retry.
         let answer = match answer {
             Ok(Ok(answer)) => answer,
-            Ok(Err(Exchange::Closed(e) | Exchange::Failed(e))) => return Err(e),
+            Ok(Err(e)) => return Err(e),
             Err(_) => return Err(ForwardError::Timeout(to.to_owned(), timeout)),
         };
         let mut answer = answer;
@@ -161,36 +149,46 @@ impl Forwarder {
     }
 
     /// Sends a frame and reads the answer's frame.
-    async fn exchange(&self, conn: &mut TcpStream, frame: &[u8], to: &str) -> Result<Bytes, Exchange> {
-        let closed = |m: String| Exchange::Closed(ForwardError::Protocol(to.to_owned(), m));
-        if let Err(e) = conn.write_all(frame).await {
-            return Err(Exchange::Closed(ForwardError::Io(to.to_owned(), e)));
-        }
-        match server::read_frame(conn, self.max_frame).await {
-            Ok(Some(answer)) => Ok(answer),
-            Ok(None) => Err(closed("connection closed".to_owned())),
-            Err(server::ConnectionError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                Err(closed(e.to_string()))
+    async fn exchange(&self, conn: &mut TcpStream, frame: &[u8], to: &str) -> Result<Bytes, ForwardError> {
+        conn.write_all(frame)
+            .await
+            .map_err(|e| ForwardError::Io(to.to_owned(), e))?;
+        server::read_frame(conn, self.max_frame)
+            .await
+            .map_err(|e| ForwardError::Protocol(to.to_owned(), e.to_string()))?
+            .ok_or_else(|| ForwardError::Protocol(to.to_owned(), "connection closed".to_owned()))
+    }
+
+    /// An idle pooled connection the coordinator has not closed, or a new
+    /// one. A pooled connection is checked before anything is sent on it
+    /// (the coordinator closes connections idle for
+    /// `broker.connections_max_idle`, and a restarted one closes them all),
+    /// so a request never goes out twice.
+    async fn checkout(&self, to: &str) -> Result<TcpStream, ForwardError> {
+        loop {
+            let idle = self
+                .idle
+                .lock()
+                .expect("forwarder lock")
+                .get_mut(to)
+                .and_then(Vec::pop);
+            let Some(conn) = idle else {
+                return self.connect(to).await;
+            };
+            // Nothing is due on an idle connection: readable means closed
+            // (or garbage); would-block means it is still open.
+            match conn.try_read(&mut [0u8; 1]) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(conn),
+                _ => continue,
             }
-            Err(e) => Err(Exchange::Failed(ForwardError::Protocol(
-                to.to_owned(),
-                e.to_string(),
-            ))),
         }
     }
 
-    /// An idle pooled connection (true), or a new one.
-    async fn checkout(&self, to: &str) -> Result<(TcpStream, bool), ForwardError> {
-        let idle = self
-            .idle
-            .lock()
-            .expect("forwarder lock")
-            .get_mut(to)
-            .and_then(Vec::pop);
-        match idle {
-            Some(conn) => Ok((conn, true)),
-            None => Ok((self.connect(to).await?, false)),
-        }
+    /// Drops the idle connections to gateways not in `live` (internal
+    /// addresses).
+    pub fn keep_peers(&self, live: &[String]) {
+        let mut idle = self.idle.lock().expect("forwarder lock");
+        idle.retain(|address, _| live.contains(address));
     }
 
     async fn connect(&self, to: &str) -> Result<TcpStream, ForwardError> {
@@ -290,7 +288,12 @@ async fn connection(
     ctx: Arc<Context>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), server::ConnectionError> {
-    let max = ctx.settings.broker.max_request_bytes;
+    // A client's largest request, in an Envelope with the client's identity.
+    let max = ctx
+        .settings
+        .broker
+        .max_request_bytes
+        .saturating_add(ENVELOPE_OVERHEAD);
     let idle = ctx.settings.broker.connections_max_idle.get();
     loop {
         let frame = tokio::select! {
@@ -384,7 +387,8 @@ async fn unwrap(ctx: &Context, forwarder: SocketAddr, envelope: EnvelopeRequest)
 /// to (a container's or pod's own address), else 127.0.0.1.
 pub fn advertised_internal_host(configured: Option<&str>, listen: &SocketAddr) -> String {
     if let Some(host) = configured {
-        return host.to_owned();
+        // `[::1]` and `::1` alike: the brackets are added when dialling.
+        return host.trim_start_matches('[').trim_end_matches(']').to_owned();
     }
     if !listen.ip().is_unspecified() {
         return listen.ip().to_string();
@@ -403,7 +407,15 @@ pub fn advertised_internal_host(configured: Option<&str>, listen: &SocketAddr) -
             .or_else(|| addrs.first())
             .copied()
     });
-    resolved.map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
+    let host = resolved.map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string());
+    if host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()) {
+        tracing::warn!(
+            internal_host = %host,
+            "the internal listener is advertised at a loopback address (this machine's hostname resolves to no other): \
+             gateways on other machines cannot forward group requests to this one; set cluster.internal_advertised_host"
+        );
+    }
+    host
 }
 
 /// A request a gateway forwards, and how long its answer may take beyond
@@ -416,9 +428,14 @@ pub trait Forwardable: Request {
     }
 }
 
-/// How long a new member's JoinGroup may wait for its rebalance (the
-/// coordinator's `NEW_MEMBER_JOIN_TIMEOUT`), and a SyncGroup for the leader.
-const REBALANCE_WAIT: Duration = Duration::from_secs(5 * 60);
+/// How long a JoinGroup or SyncGroup may be parked at least. The
+/// coordinator holds one until the group's rebalance timeout, the largest
+/// of its members' (a consumer's `max.poll.interval.ms`, often minutes),
+/// which the forwarding gateway does not know: it waits this long, or the
+/// request's own rebalance timeout if longer. The coordinator answers well
+/// before (or its connection breaks); this bounds only a coordinator that
+/// hangs without closing its connections.
+const REBALANCE_WAIT: Duration = Duration::from_secs(60 * 60);
 
 impl Forwardable for JoinGroupRequest {
     fn wait(&self) -> Duration {

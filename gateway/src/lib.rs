@@ -92,7 +92,8 @@ impl Context {
             internal,
         };
         let membership = membership::Membership::new(node);
-        let groups = group::Coordinator::with_storage(&settings.groups, storage.clone());
+        let owns: group::Owns = Arc::new(membership.clone());
+        let groups = group::Coordinator::with_storage(&settings.groups, storage.clone(), owns);
         let forwarder = forward::Forwarder::new(
             settings.redis.connect_timeout.get(),
             settings.broker.max_request_bytes,
@@ -280,9 +281,19 @@ async fn hand_over_groups(ctx: Arc<Context>) {
     let mut changes = ctx.membership.subscribe();
     while changes.changed().await.is_ok() {
         let membership = ctx.membership.clone();
-        let handed = ctx.groups.retain(|group| membership.coordinates(group));
+        let handed = if membership.take_forget_all() {
+            ctx.groups.retain(|_| false)
+        } else {
+            ctx.groups.retain(|group| membership.coordinates(group))
+        };
         if handed > 0 {
             tracing::info!(groups = handed, "handed groups over to their new coordinators");
         }
+        let peers: Vec<String> = membership
+            .nodes()
+            .iter()
+            .filter_map(Node::internal_address)
+            .collect();
+        ctx.forwarder.keep_peers(&peers);
     }
 }

@@ -11,8 +11,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use ketch_config::MAX_NODE_ID;
 use ketch_storage::{BrokerRecord, Registration, Store};
@@ -30,10 +30,49 @@ pub struct Membership {
     live: Arc<RwLock<Vec<Node>>>,
     /// A heartbeat of this gateway reached Redis.
     joined: Arc<AtomicBool>,
+    /// See [`Membership::take_forget_all`].
+    forget_all: Arc<AtomicBool>,
     /// Counts changes of the live set (and of this gateway's id).
     changes: watch::Sender<u64>,
     /// This process, in the registry.
     instance: Arc<str>,
+    /// When a heartbeat last reached Redis, and after how long without one
+    /// this gateway stops coordinating groups (the others take them over
+    /// after `node_timeout`).
+    beat: Arc<Mutex<Beat>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Beat {
+    /// When the last heartbeat that reached Redis was sent.
+    last: Option<Instant>,
+    /// `node_timeout - heartbeat_interval`: past this without a heartbeat,
+    /// the others are about to take this gateway for dead.
+    fence_after: Duration,
+    /// Counts the lapses noticed: a change of a group queued before one
+    /// must not be written after it (see [`Membership::epoch`]).
+    epoch: u64,
+    /// A lapse was noticed and has not ended yet.
+    noticed: bool,
+}
+
+impl Beat {
+    fn lapsed(&self) -> bool {
+        self.last.is_none_or(|last| last.elapsed() >= self.fence_after)
+    }
+}
+
+/// What a heartbeat's outcome changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lapse {
+    None,
+    /// Heartbeats have failed for `fence_after`.
+    Began,
+    /// A heartbeat reached Redis again after a lapse: noticed while it
+    /// lasted, or only now (the process was paused).
+    Ended {
+        noticed: bool,
+    },
 }
 
 /// How a gateway gets its node id.
@@ -52,9 +91,16 @@ impl Membership {
         Self {
             live: Arc::new(RwLock::new(vec![me.clone()])),
             joined: Arc::new(AtomicBool::new(false)),
+            forget_all: Arc::new(AtomicBool::new(false)),
             changes: watch::channel(0).0,
             instance: Arc::from(uuid::Uuid::new_v4().to_string()),
             me: Arc::new(RwLock::new(me)),
+            beat: Arc::new(Mutex::new(Beat {
+                last: None,
+                fence_after: Duration::MAX,
+                epoch: 0,
+                noticed: false,
+            })),
         }
     }
 
@@ -147,7 +193,62 @@ impl Membership {
 
     /// Whether this gateway coordinates `group`.
     pub fn coordinates(&self, group: &str) -> bool {
-        self.group_coordinator(group).id == self.my_id()
+        self.can_coordinate() && self.group_coordinator(group).id == self.my_id()
+    }
+
+    /// Whether this gateway may coordinate groups at all: it has a node id
+    /// and its heartbeats reach Redis. A gateway whose heartbeats have not
+    /// for `node_timeout - heartbeat_interval` is about to be taken for
+    /// dead, and its groups over by others: it stops first.
+    ///
+    /// Computed when asked, not at heartbeats: a gateway resumed after a
+    /// pause longer than that stops coordinating at once, before its group
+    /// timers (overdue, firing first) could write what its stale groups did.
+    pub fn can_coordinate(&self) -> bool {
+        self.my_id() != UNASSIGNED && !self.beat.lock().expect("membership lock").lapsed()
+    }
+
+    /// Changes whenever a lapse of this gateway's heartbeats is noticed. A
+    /// group change queued in one epoch is not written to Redis in another:
+    /// the group was handed over in between, and this gateway's copy of it
+    /// is stale.
+    pub fn epoch(&self) -> u64 {
+        self.beat.lock().expect("membership lock").epoch
+    }
+
+    /// A heartbeat sent at `sent` reached Redis (`Some`), or failed (`None`).
+    fn beat(&self, reached: Option<Instant>) -> Lapse {
+        let mut beat = self.beat.lock().expect("membership lock");
+        let lapsed = beat.lapsed();
+        match reached {
+            Some(sent) => {
+                let lapse = if lapsed || beat.noticed {
+                    // The epoch moves before the lapse ends: changes queued
+                    // during it are never written.
+                    beat.epoch += 1;
+                    Lapse::Ended {
+                        noticed: beat.noticed,
+                    }
+                } else {
+                    Lapse::None
+                };
+                beat.last = Some(sent);
+                beat.noticed = false;
+                lapse
+            }
+            None if lapsed && !beat.noticed => {
+                beat.noticed = true;
+                beat.epoch += 1;
+                Lapse::Began
+            }
+            None => Lapse::None,
+        }
+    }
+
+    /// Set when this gateway's groups must all be forgotten (a lapse ended
+    /// that was not noticed while it lasted); taken by the hand-over task.
+    pub fn take_forget_all(&self) -> bool {
+        self.forget_all.swap(false, Ordering::SeqCst)
     }
 
     /// Rendezvous (highest random weight) hashing: every gateway computes
@@ -219,6 +320,11 @@ impl Membership {
                 .map_err(|e| RegisterError::Unavailable(e.to_string()))?;
             match registered {
                 Registration::Registered { node_id } => {
+                    {
+                        let mut beat = self.beat.lock().expect("membership lock");
+                        beat.fence_after = how.node_timeout.saturating_sub(how.heartbeat_interval);
+                        beat.last = Some(Instant::now());
+                    }
                     self.me.write().expect("membership lock").id = node_id;
                     self.joined.store(true, Ordering::Relaxed);
                     match store.live_brokers(how.node_timeout).await {
@@ -303,7 +409,8 @@ impl Membership {
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
             let id = self.my_id();
-            match store
+            let started = Instant::now();
+            let registered = store
                 .register(
                     Some(id),
                     &self.record(),
@@ -311,17 +418,43 @@ impl Membership {
                     how.node_timeout,
                     MAX_NODE_ID,
                 )
-                .await
-            {
-                Ok(Registration::Registered { .. }) => {}
+                .await;
+            let reached = match registered {
+                Ok(Registration::Registered { .. }) => Some(started),
                 Ok(Registration::Held { holder, .. }) => {
                     fatal(&RegisterError::Lost(describe_holder(&holder)))
                 }
-                Ok(Registration::NoFreeId) => {}
+                Ok(Registration::NoFreeId) => None,
                 Err(e) => {
                     tracing::debug!(error = %e, "heartbeat failed");
-                    continue;
+                    None
                 }
+            };
+            match self.beat(reached) {
+                Lapse::None => {}
+                Lapse::Began => {
+                    tracing::warn!(
+                        "heartbeats have not reached Redis for cluster.node_timeout - cluster.heartbeat_interval: \
+                         forgetting this gateway's groups before the others take it for dead"
+                    );
+                    self.forget_all.store(true, Ordering::SeqCst);
+                    self.changes.send_modify(|n| *n += 1);
+                }
+                Lapse::Ended { noticed } => {
+                    if !noticed {
+                        tracing::warn!(
+                            "no heartbeat reached Redis for cluster.node_timeout - cluster.heartbeat_interval \
+                             (was this process paused?): forgetting its groups, their new coordinators have them"
+                        );
+                    } else {
+                        tracing::info!("heartbeats reach Redis again: coordinating groups again");
+                    }
+                    self.forget_all.store(true, Ordering::SeqCst);
+                    self.changes.send_modify(|n| *n += 1);
+                }
+            }
+            if reached.is_none() {
+                continue;
             }
             match store.live_brokers(how.node_timeout).await {
                 Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
@@ -551,5 +684,15 @@ mod shared_address_tests {
         });
         assert!(m.brokers().is_empty());
         assert!(!m.leads(&uuid::Uuid::from_u128(1), 0));
+    }
+}
+
+impl crate::group::Ownership for Membership {
+    fn owns(&self, group: &str) -> bool {
+        self.coordinates(group)
+    }
+
+    fn epoch(&self) -> u64 {
+        Membership::epoch(self)
     }
 }

@@ -239,7 +239,7 @@ fn a_gateway_killed_behind_the_load_balancer_loses_no_record_and_no_committed_of
     ];
     let mut seen = BTreeSet::new();
     let mut committed_before_kill: Option<BTreeMap<i32, i64>> = None;
-    let mut killed = false;
+    let mut killed: Option<usize> = None;
     let deadline = Instant::now() + Duration::from_secs(180);
     while seen.len() < total {
         assert!(
@@ -258,11 +258,17 @@ fn a_gateway_killed_behind_the_load_balancer_loses_no_record_and_no_committed_of
                 None => {}
             }
         }
-        if !killed && seen.len() >= total / 3 {
+        if killed.is_none() && seen.len() >= total / 3 {
+            // Kill the group's coordinator: the group must go on with
+            // another, from its snapshot in Redis.
             committed_before_kill = Some(committed(&stack.lb, &group, &topic, partitions));
-            stack.gateways[1].kill9();
-            killed = true;
-            eprintln!("killed a gateway after {} records", seen.len());
+            let coordinator = coordinator_of(&stack, &group);
+            stack.gateways[coordinator].kill9();
+            killed = Some(coordinator);
+            eprintln!(
+                "killed the coordinator, gateway {coordinator}, after {} records",
+                seen.len()
+            );
         }
     }
     producing.join().expect("producer thread");
@@ -296,6 +302,20 @@ fn a_gateway_killed_behind_the_load_balancer_loses_no_record_and_no_committed_of
         );
     }
     assert_eq!(after, ends, "final commits reach every partition's end");
+    let killed = killed.expect("killed mid-run");
+    let took_over = format!("group={group} generation=");
+    assert!(
+        stack
+            .gateways
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != killed)
+            .any(|(_, g)| g
+                .output()
+                .lines()
+                .any(|l| l.contains("took the group over from its snapshot") && l.contains(&took_over))),
+        "a surviving gateway took the group over from its snapshot"
+    );
     drop(rt);
     drop(stack.redis);
 }
@@ -324,9 +344,18 @@ fn committed(lb: &Haproxy, group: &str, topic: &str, partitions: i32) -> BTreeMa
 }
 
 fn join(conn: &mut KafkaConn, group: &str, member_id: &str) -> JoinGroupResponse {
+    join_with(conn, group, member_id, 10_000)
+}
+
+fn join_with(
+    conn: &mut KafkaConn,
+    group: &str,
+    member_id: &str,
+    session_timeout_ms: i32,
+) -> JoinGroupResponse {
     let request = JoinGroupRequest::default()
         .with_group_id(GroupId(s(group)))
-        .with_session_timeout_ms(10_000)
+        .with_session_timeout_ms(session_timeout_ms)
         .with_rebalance_timeout_ms(10_000)
         .with_member_id(s(member_id))
         .with_protocol_type(s("consumer"))
@@ -345,24 +374,23 @@ fn member_id(conn: &mut KafkaConn, group: &str) -> String {
     response.member_id.to_string()
 }
 
-#[test]
-fn a_parked_join_completes_when_the_last_member_joins_through_another_gateway_and_survives_its_coordinator() {
-    // The first rebalance waits 2 s for more members: all three join it.
-    let mut stack = stack_with(3, &["--set", "groups.initial_rebalance_delay=2s"]);
-    let group = unique_topic("lb-handover");
-    // Each member talks to a different gateway directly, so at least two
-    // of them are not the coordinator and their requests are forwarded.
+/// Three members, each talking to a different gateway directly (so at
+/// least two are forwarded), join `group` in one rebalance and sync: their
+/// member ids and the generation.
+fn form_group(stack: &Stack, group: &str, session_timeout_ms: i32) -> (Vec<String>, i32) {
     let addrs: Vec<_> = stack.gateways.iter().map(Ketch::kafka_addr).collect();
     let members: Vec<String> = addrs
         .iter()
-        .map(|a| member_id(&mut KafkaConn::connect(*a), &group))
+        .map(|a| member_id(&mut KafkaConn::connect(*a), group))
         .collect();
     let joins: Vec<_> = addrs
         .iter()
         .zip(&members)
         .map(|(addr, member)| {
-            let (addr, member, group) = (*addr, member.clone(), group.clone());
-            thread::spawn(move || join(&mut KafkaConn::connect(addr), &group, &member))
+            let (addr, member, group) = (*addr, member.clone(), group.to_owned());
+            thread::spawn(move || {
+                join_with(&mut KafkaConn::connect(addr), &group, &member, session_timeout_ms)
+            })
         })
         .collect();
     let joined: Vec<JoinGroupResponse> = joins.into_iter().map(|j| j.join().expect("join")).collect();
@@ -385,7 +413,7 @@ fn a_parked_join_completes_when_the_last_member_joins_through_another_gateway_an
         .zip(&members)
         .map(|(addr, member)| {
             let mut request = SyncGroupRequest::default()
-                .with_group_id(GroupId(s(&group)))
+                .with_group_id(GroupId(s(group)))
                 .with_generation_id(generation)
                 .with_member_id(s(member));
             if *member == leader {
@@ -400,6 +428,80 @@ fn a_parked_join_completes_when_the_last_member_joins_through_another_gateway_an
         assert_eq!(sync.error_code, 0);
         assert_eq!(&sync.assignment[..], format!("for {member}").as_bytes());
     }
+    (members, generation)
+}
+
+/// Every member's heartbeat at `generation`, asked of `via`.
+fn heartbeats(via: std::net::SocketAddr, group: &str, members: &[String], generation: i32) -> Vec<i16> {
+    members
+        .iter()
+        .map(|m| {
+            let heartbeat = HeartbeatRequest::default()
+                .with_group_id(GroupId(s(group)))
+                .with_generation_id(generation)
+                .with_member_id(s(m));
+            KafkaConn::connect(via).request(4, &heartbeat).error_code
+        })
+        .collect()
+}
+
+#[test]
+fn a_coordinator_paused_past_its_lease_forgets_its_groups_instead_of_expiring_them() {
+    let stack = stack_with(3, &["--set", "groups.initial_rebalance_delay=2s"]);
+    let group = unique_topic("lb-pause");
+    // The shortest session Kafka allows by default: the pause outlasts it.
+    let (members, generation) = form_group(&stack, &group, 6_000);
+    let coordinator = coordinator_of(&stack, &group);
+    let survivor = (0..3).find(|i| *i != coordinator).expect("a survivor");
+    let via = stack.gateways[survivor].kafka_addr();
+
+    // Pause the coordinator for longer than the members' session timeout
+    // while they heartbeat through another gateway: once the others take
+    // it for dead, a new coordinator loads the group and keeps it alive.
+    let paused = ketch_tests::Frozen::freeze(stack.gateways[coordinator].pid());
+    let resumed_at = Instant::now() + Duration::from_secs(9);
+    while Instant::now() < resumed_at {
+        let codes = heartbeats(via, &group, &members, generation);
+        assert!(
+            codes.iter().all(|c| [0, 15, 16].contains(c)),
+            "heartbeats during the pause: {codes:?}"
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(heartbeats(via, &group, &members, generation), vec![0, 0, 0]);
+    let logged = stack.gateways[coordinator].output().len();
+    drop(paused);
+
+    // Resumed, its own copy of the group is overdue: every member's session
+    // has passed there. It must forget the copy (and write nothing of it),
+    // not expire the members: the group goes on at its generation.
+    await_log_after(&stack.gateways[coordinator], logged, "forgetting its groups");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        for g in &stack.gateways {
+            let codes = heartbeats(g.kafka_addr(), &group, &members, generation);
+            assert!(
+                codes.iter().all(|c| [0, 15, 16].contains(c)),
+                "heartbeats after the pause, through {}: {codes:?}",
+                g.kafka_addr()
+            );
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    let described = KafkaConn::connect(stack.lb.addr()).request(
+        5,
+        &DescribeGroupsRequest::default().with_groups(vec![GroupId(s(&group))]),
+    );
+    assert_eq!(described.groups[0].group_state.as_str(), "Stable");
+    assert_eq!(described.groups[0].members.len(), 3);
+}
+
+#[test]
+fn a_parked_join_completes_when_the_last_member_joins_through_another_gateway_and_survives_its_coordinator() {
+    // The first rebalance waits 2 s for more members: all three join it.
+    let mut stack = stack_with(3, &["--set", "groups.initial_rebalance_delay=2s"]);
+    let group = unique_topic("lb-handover");
+    let (members, generation) = form_group(&stack, &group, 10_000);
 
     // Kill the coordinator; once the others see it gone, the group's new
     // coordinator takes it over from Redis: same generation, same members.

@@ -32,6 +32,7 @@ pub async fn handle(
                 }
             }
             Route::NotCoordinator => ResponseError::NotCoordinator.code(),
+            Route::Unavailable => ResponseError::CoordinatorNotAvailable.code(),
         };
         results.push(
             DeletableGroupResult::default()
@@ -47,6 +48,7 @@ async fn delete(ctx: &Context, group_id: &str) -> i16 {
         Ok(()) => true,
         Err(NotDeleted::NonEmpty) => return ResponseError::NonEmptyGroup.code(),
         Err(NotDeleted::Unknown) => false,
+        Err(NotDeleted::Refused(code)) => return code,
     };
     match ctx.storage.delete_group_offsets(group_id).await {
         Ok(had_offsets) if in_memory || had_offsets => {

@@ -56,6 +56,9 @@ pub async fn handle(
             Route::NotCoordinator => {
                 DescribedGroup::default().with_error_code(ResponseError::NotCoordinator.code())
             }
+            Route::Unavailable => {
+                DescribedGroup::default().with_error_code(ResponseError::CoordinatorNotAvailable.code())
+            }
         };
         described
             .with_group_id(group_id)

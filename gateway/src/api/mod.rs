@@ -303,10 +303,17 @@ pub enum Route {
     /// request another gateway forwarded (it is never forwarded twice), or
     /// when the coordinator has no internal listener.
     NotCoordinator,
+    /// COORDINATOR_NOT_AVAILABLE: this gateway has no node id yet, or its
+    /// heartbeats do not reach Redis, so it can neither run the group nor
+    /// trust its view of who does.
+    Unavailable,
 }
 
 /// Where a request about `group` from `client` is handled.
 pub fn route(ctx: &Context, client: &Client, group: &str) -> Route {
+    if !ctx.membership.can_coordinate() {
+        return Route::Unavailable;
+    }
     let coordinator = ctx.membership.group_coordinator(group);
     if coordinator.id == ctx.membership.my_id() {
         return Route::Here;
@@ -328,13 +335,32 @@ pub async fn forward<R: crate::forward::Forwardable>(
     to: &str,
 ) -> Result<R::Response, i16> {
     let deadline = crate::forward::deadline(ctx, request);
-    ctx.forwarder
-        .forward(to, header, request, client, deadline)
-        .await
-        .map_err(|e| {
+    // A coordinator that hangs (paused, or cut off) holds its requests
+    // until it is taken for dead; then they are answered so that clients
+    // look the new coordinator up.
+    let mut changes = ctx.membership.subscribe();
+    let gone = async {
+        loop {
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            let live = ctx.membership.nodes();
+            if !live.iter().any(|n| n.internal_address().as_deref() == Some(to)) {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        answer = ctx.forwarder.forward(to, header, request, client, deadline) => answer.map_err(|e| {
             tracing::info!(coordinator = to, api_key = header.request_api_key, error = %e, "cannot forward a group request");
             ResponseError::CoordinatorNotAvailable.code()
-        })
+        }),
+        () = gone => {
+            tracing::info!(coordinator = to, api_key = header.request_api_key,
+                "the coordinator left the live gateways before answering a forwarded request");
+            Err(ResponseError::CoordinatorNotAvailable.code())
+        }
+    }
 }
 
 /// For a request about one group: `None` when this gateway coordinates
@@ -351,6 +377,7 @@ pub async fn elsewhere<R: crate::forward::Forwardable>(
         Route::Here => None,
         Route::Forward(to) => Some(forward(ctx, client, header, request, &to).await),
         Route::NotCoordinator => Some(Err(ResponseError::NotCoordinator.code())),
+        Route::Unavailable => Some(Err(ResponseError::CoordinatorNotAvailable.code())),
     }
 }
 

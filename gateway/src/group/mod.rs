@@ -46,6 +46,32 @@ struct Inner {
     timing: Timing,
     groups: Mutex<HashMap<StrBytes, Slot>>,
     writes: Option<Writes>,
+    /// Whether this gateway coordinates a group now: checked, under the
+    /// groups lock, before a group is created or loaded, so a group handed
+    /// over to another gateway never comes back into this one's memory.
+    owns: Owns,
+}
+
+/// Whether this gateway coordinates a group (membership's answer).
+pub trait Ownership: Send + Sync {
+    /// Whether this gateway coordinates `group` now.
+    fn owns(&self, group: &str) -> bool;
+    /// Changes when this gateway's claim on its groups lapsed: a change
+    /// queued before is not written after.
+    fn epoch(&self) -> u64 {
+        0
+    }
+}
+
+pub type Owns = Arc<dyn Ownership>;
+
+/// Owns every group (a coordinator alone: tests).
+struct Alone;
+
+impl Ownership for Alone {
+    fn owns(&self, _: &str) -> bool {
+        true
+    }
 }
 
 struct Slot {
@@ -71,29 +97,36 @@ pub enum NotDeleted {
     NonEmpty,
     /// The group is not in memory: it may still have offsets in Redis.
     Unknown,
+    /// Redis could not say whether the group has a snapshot, or another
+    /// gateway coordinates the group now: the error code to answer.
+    Refused(i16),
 }
 
 impl Coordinator {
     /// A coordinator that keeps no offsets alive (tests).
     pub fn new(settings: &GroupsSettings) -> Self {
-        Self::build(settings, None)
+        Self::build(settings, None, Arc::new(Alone))
     }
 
     /// A coordinator that makes a group's committed offsets expire
     /// `groups.offsets_retention` after it becomes Empty, and keeps them
     /// while it has members.
-    pub fn with_storage(settings: &GroupsSettings, storage: Arc<dyn Storage>) -> Self {
+    /// `owns` says whether this gateway coordinates a group now: a group
+    /// it does not is neither created nor loaded here, and what Redis keeps
+    /// of it is not written from here.
+    pub fn with_storage(settings: &GroupsSettings, storage: Arc<dyn Storage>, owns: Owns) -> Self {
         let writes = Writes {
+            owns: owns.clone(),
             storage,
             retention: settings.offsets_retention.get(),
             queue: Mutex::new(None),
             sent: AtomicU64::new(0),
             done: Arc::new(watch::channel(0).0),
         };
-        Self::build(settings, Some(writes))
+        Self::build(settings, Some(writes), owns)
     }
 
-    fn build(settings: &GroupsSettings, writes: Option<Writes>) -> Self {
+    fn build(settings: &GroupsSettings, writes: Option<Writes>, owns: Owns) -> Self {
         let timing = Timing {
             initial_rebalance_delay: settings.initial_rebalance_delay.get(),
             min_session_timeout: settings.min_session_timeout.get(),
@@ -104,6 +137,7 @@ impl Coordinator {
             timing,
             groups: Mutex::new(HashMap::new()),
             writes,
+            owns,
         };
         Self {
             inner: Arc::new(inner),
@@ -146,6 +180,9 @@ impl Coordinator {
         // Only a member without an id may create the group.
         let create = req.member_id.is_empty();
         let member_id = req.member_id.clone();
+        if create && !self.inner.owns.owns(&group_id) {
+            return Reply::Now(join_error(member_id, ResponseError::NotCoordinator));
+        }
         self.inner
             .update(&group_id, create, |group, now| group.join(req, joiner, now))
             .unwrap_or_else(|| Reply::Now(join_error(member_id, ResponseError::UnknownMemberId)))
@@ -203,8 +240,10 @@ impl Coordinator {
         if let Some(error) = invalid_group(&req.group_id) {
             return error.code();
         }
-        if let Err(error) = self.load(&req.group_id).await {
-            return error.code();
+        if self.load(&req.group_id).await.is_err() {
+            // The Java client retries a heartbeat answered this way after
+            // looking the coordinator up again.
+            return ResponseError::CoordinatorNotAvailable.code();
         }
         let outcome = self
             .inner
@@ -259,7 +298,9 @@ impl Coordinator {
 
     /// Forgets an Empty group (DeleteGroups); its offsets are the caller's.
     pub async fn delete(&self, group_id: &str) -> Result<(), NotDeleted> {
-        let _ = self.load(group_id).await;
+        self.load(group_id)
+            .await
+            .map_err(|e| NotDeleted::Refused(e.code()))?;
         let mut groups = self.inner.lock();
         let slot = groups.get(group_id.as_bytes()).ok_or(NotDeleted::Unknown)?;
         if slot.group.state() != State::Empty {
@@ -320,6 +361,10 @@ impl Coordinator {
         let now = Instant::now();
         let mut groups = self.inner.lock();
         let group_id = StrBytes::from_string(group_id.to_owned());
+        if !self.inner.owns.owns(&group_id) {
+            // Handed over to another gateway while this one read Redis.
+            return Err(ResponseError::NotCoordinator);
+        }
         if let std::collections::hash_map::Entry::Vacant(entry) = groups.entry(group_id) {
             tracing::info!(
                 group = %entry.key(),
@@ -328,6 +373,11 @@ impl Coordinator {
                 "took the group over from its snapshot"
             );
             let group = Group::restore(self.inner.timing, snapshot, now);
+            if group.state() != State::Empty {
+                // Its offsets may have been left to expire by a coordinator
+                // that saw it empty; it has members again.
+                writes.send(entry.key(), Change::Active);
+            }
             let slot = self.inner.start_slot(entry.key(), group);
             slot.timers.notify_one();
             entry.insert(slot);
@@ -369,6 +419,9 @@ impl Inner {
         let now = Instant::now();
         let mut groups = self.lock();
         if create && !groups.contains_key(group_id) {
+            if !self.owns.owns(group_id) {
+                return None;
+            }
             groups.insert(group_id.clone(), self.start_group(group_id, now));
         }
         let slot = groups.get_mut(group_id)?;
@@ -380,7 +433,12 @@ impl Inner {
         if deadline_after.is_some_and(|after| deadline_before.is_none_or(|before| after < before)) {
             slot.timers.notify_one();
         }
-        let snapshot = slot.group.take_snapshot();
+        // A snapshot is what a new coordinator restores as Stable (or
+        // Empty): taken only in those states, so a change in the middle of a
+        // rebalance is written with the rebalance's outcome.
+        let snapshot = matches!(after, State::Stable | State::Empty)
+            .then(|| slot.group.take_snapshot())
+            .flatten();
         if after == State::Dead {
             groups.remove(group_id);
             tracing::info!(group = %group_id, "forgot empty group");
@@ -521,10 +579,12 @@ enum Change {
 /// snapshot, and the retention of its committed offsets (kept while it has
 /// members, expiring once it is Empty: Kafka's `offsets.retention.minutes`).
 struct Writes {
+    /// Changes of a group another gateway coordinates now are not written.
+    owns: Owns,
     storage: Arc<dyn Storage>,
     retention: std::time::Duration,
     /// Started with the first change, inside the runtime.
-    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change)>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change, u64)>>>,
     /// Changes sent so far (the last one's number).
     sent: AtomicU64,
     /// The number of the last change applied (or given up on).
@@ -546,18 +606,25 @@ impl Writes {
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let sender = queue.get_or_insert_with(|| self.start());
         let number = self.sent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-        let _ = sender.send((group_id.clone(), change));
+        let _ = sender.send((group_id.clone(), change, self.owns.epoch()));
         number
     }
 
-    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change)> {
-        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change)>();
+    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change, u64)> {
+        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change, u64)>();
         let storage = self.storage.clone();
         let retention = self.retention;
         let done = self.done.clone();
+        let owns = self.owns.clone();
         tokio::spawn(async move {
-            while let Some((group_id, change)) = changes.recv().await {
+            while let Some((group_id, change, epoch)) = changes.recv().await {
                 let _applied = Applied(&done);
+                if epoch != owns.epoch() || !owns.owns(&group_id) {
+                    // Handed over (and forgotten here) before this was
+                    // written: the group's new coordinator keeps Redis now.
+                    tracing::debug!(group = %group_id, "not writing a change of a group handed over");
+                    continue;
+                }
                 let applied = match change {
                     Change::Emptied => storage.group_emptied(&group_id, retention).await,
                     Change::Active => storage.group_active(&group_id).await,

@@ -54,8 +54,8 @@ pub fn decode(mut buf: Bytes) -> Option<Snapshot> {
         let instance_id = get_str(buf)?;
         let client_id = get_str(buf)??;
         let client_host = get_str(buf)??;
-        let session_timeout = Duration::from_millis(get_u64(buf)?);
-        let rebalance_timeout = Duration::from_millis(get_u64(buf)?);
+        let session_timeout = get_timeout(buf)?;
+        let rebalance_timeout = get_timeout(buf)?;
         let protocol_count = get_u32(buf)?;
         let mut protocols = Vec::new();
         for _ in 0..protocol_count {
@@ -96,6 +96,13 @@ fn put_bytes(buf: &mut BytesMut, b: Option<&[u8]>) {
         }
         None => buf.put_u32(NONE),
     }
+}
+
+/// A timeout in ms; a protocol's timeouts are i32 ms, so anything longer
+/// is not a snapshot this module wrote.
+fn get_timeout(buf: &mut Bytes) -> Option<Duration> {
+    let ms = get_u64(buf)?;
+    (ms <= i32::MAX as u64).then(|| Duration::from_millis(ms))
 }
 
 fn get_u8(buf: &mut Bytes) -> Option<u8> {

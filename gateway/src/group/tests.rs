@@ -38,9 +38,23 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
+        Self::over(Coordinator::new(&GroupsSettings::default()))
+    }
+
+    /// A coordinator writing snapshots to `storage`, owning the groups
+    /// `owns` says it does: one gateway of several.
+    fn with_storage(storage: Arc<dyn Storage>, owns: Owns) -> Self {
+        Self::over(Coordinator::with_storage(
+            &GroupsSettings::default(),
+            storage,
+            owns,
+        ))
+    }
+
+    fn over(groups: Coordinator) -> Self {
         let (stop, shutdown) = watch::channel(false);
         Self {
-            groups: Coordinator::new(&GroupsSettings::default()),
+            groups,
             stop,
             shutdown,
         }
@@ -542,4 +556,77 @@ fn now<T>(call: impl std::future::Future<Output = T>) -> T {
     use futures::FutureExt;
     call.now_or_never()
         .expect("a coordinator without storage answers at once")
+}
+
+struct Owning(Arc<std::sync::atomic::AtomicBool>);
+
+impl Ownership for Owning {
+    fn owns(&self, _: &str) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn owning(owns: &Arc<std::sync::atomic::AtomicBool>) -> Owns {
+    Arc::new(Owning(owns.clone()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_coordinator_takes_a_stable_group_over_at_its_generation_and_refuses_older_commits() {
+    let storage: Arc<dyn Storage> = Arc::new(crate::memory::MemoryStorage::default());
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let first = Harness::with_storage(storage.clone(), owning(&yes));
+    let (leader, follower, generation) = first.stable_pair().await;
+
+    // SyncGroup was answered once the snapshot was stored: another
+    // gateway loads the group from it, Stable at the same generation.
+    let second = Harness::with_storage(storage.clone(), owning(&yes));
+    assert_eq!(second.heartbeat(&leader, generation), 0);
+    assert_eq!(second.heartbeat(&follower, generation), 0);
+    assert_eq!(second.describe_state(), "Stable");
+    let described = now(second.groups.describe("g")).expect("loaded");
+    assert_eq!(described.members.len(), 2);
+    assert!(
+        described.members.iter().all(|m| !m.member_assignment.is_empty()),
+        "assignments restored"
+    );
+    assert_eq!(
+        now(second
+            .groups
+            .validate_offset_commit("g", &leader, None, generation - 1)),
+        Err(code(ResponseError::IllegalGeneration))
+    );
+    assert_eq!(
+        now(second
+            .groups
+            .validate_offset_commit("g", &leader, None, generation)),
+        Ok(())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_coordinator_that_lost_a_group_neither_loads_it_nor_overwrites_what_the_new_one_keeps() {
+    let storage: Arc<dyn Storage> = Arc::new(crate::memory::MemoryStorage::default());
+    let owned = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let old = Harness::with_storage(storage.clone(), owning(&owned));
+    let (leader, _, generation) = old.stable_pair().await;
+
+    // Another gateway coordinates the group now. Until the old one forgets
+    // it, its copy's members expire (no heartbeats reach it) and the group
+    // empties at a newer generation: not written.
+    owned.store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(SESSION_TIMEOUT_MS as u64 * 2)).await;
+    assert_eq!(old.describe_state(), "Empty", "the stale copy emptied");
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let new = Harness::with_storage(storage.clone(), owning(&yes));
+    assert_eq!(
+        new.heartbeat(&leader, generation),
+        0,
+        "Redis still has the Stable generation"
+    );
+
+    // Forgotten, it is not loaded again while another gateway owns it.
+    assert_eq!(old.groups.retain(|_| false), 1);
+    assert!(now(old.groups.describe("g")).is_none());
+    assert_ne!(old.heartbeat(&leader, generation), 0);
+    assert!(now(old.groups.describe("g")).is_none(), "not loaded back");
 }
