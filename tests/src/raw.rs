@@ -364,3 +364,33 @@ pub fn produce_claiming_topics(version: i16, count: &[u8]) -> Vec<u8> {
     frame.extend_from_slice(&request);
     frame
 }
+
+/// An OffsetCommit of one partition's offset, by `member` of `generation`
+/// (`""` and -1 for a commit outside the group's generations).
+pub fn offset_commit_request(
+    group: &str,
+    member: &str,
+    generation: i32,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> kafka_protocol::messages::OffsetCommitRequest {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    kafka_protocol::messages::OffsetCommitRequest::default()
+        .with_group_id(kafka_protocol::messages::GroupId(StrBytes::from_string(
+            group.to_owned(),
+        )))
+        .with_generation_id_or_member_epoch(generation)
+        .with_member_id(StrBytes::from_string(member.to_owned()))
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(topic_name(topic))
+                .with_partitions(vec![
+                    OffsetCommitRequestPartition::default()
+                        .with_partition_index(partition)
+                        .with_committed_offset(offset),
+                ]),
+        ])
+}

@@ -12,13 +12,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
-use kafka_protocol::messages::offset_commit_request::{
-    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-};
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
     DescribeGroupsRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest,
-    JoinGroupResponse, MetadataRequest, OffsetCommitRequest, SyncGroupRequest,
+    JoinGroupResponse, MetadataRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::raw::{self, KafkaConn};
@@ -543,19 +540,7 @@ fn a_parked_join_completes_when_the_last_member_joins_through_another_gateway_an
     let topic = unique_topic("lb-handover-topic");
     assert_eq!(raw::create_topic(&mut KafkaConn::connect(via), &topic, 1), 0);
     let commit = |generation: i32| {
-        let request = OffsetCommitRequest::default()
-            .with_group_id(GroupId(s(&group)))
-            .with_generation_id_or_member_epoch(generation)
-            .with_member_id(s(&members[0]))
-            .with_topics(vec![
-                OffsetCommitRequestTopic::default()
-                    .with_name(raw::topic_name(&topic))
-                    .with_partitions(vec![
-                        OffsetCommitRequestPartition::default()
-                            .with_partition_index(0)
-                            .with_committed_offset(0),
-                    ]),
-            ]);
+        let request = raw::offset_commit_request(&group, &members[0], generation, &topic, 0, 0);
         KafkaConn::connect(via).request(8, &request).topics[0].partitions[0].error_code
     };
     assert_eq!(commit(generation - 1), ILLEGAL_GENERATION);

@@ -5,9 +5,6 @@
 //! second saw the first's effect; repeated, since on a gateway that ran them
 //! concurrently the second would usually win the race.
 
-use kafka_protocol::messages::offset_commit_request::{
-    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-};
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::{
     CreateTopicsRequest, DeleteRecordsRequest, GroupId, ListOffsetsRequest, OffsetCommitRequest,
@@ -78,18 +75,7 @@ fn offset_fetch_after_offset_commit_sees_the_commit() {
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let group = GroupId(StrBytes::from_string(unique_topic("group")));
     for round in 0..ROUNDS {
-        let commit = OffsetCommitRequest::default()
-            .with_group_id(group.clone())
-            .with_generation_id_or_member_epoch(-1)
-            .with_topics(vec![
-                OffsetCommitRequestTopic::default()
-                    .with_name(raw::topic_name(&topic))
-                    .with_partitions(vec![
-                        OffsetCommitRequestPartition::default()
-                            .with_partition_index(0)
-                            .with_committed_offset(round * 10),
-                    ]),
-            ]);
+        let commit = raw::offset_commit_request(&group.0, "", -1, &topic, 0, round * 10);
         let fetch = OffsetFetchRequest::default()
             .with_group_id(group.clone())
             .with_topics(Some(vec![

@@ -80,6 +80,10 @@ struct Slot {
     timers: Arc<Notify>,
     /// The write that stores the group's latest snapshot ([`Writes::send`]).
     snapshot_write: u64,
+    /// [`Ownership::epoch`] when the group came into memory: a copy from an
+    /// earlier epoch is stale (this gateway's claim lapsed since, and the
+    /// group may have moved on elsewhere) and is dropped when next touched.
+    epoch: u64,
 }
 
 /// A group's listing in ListGroups.
@@ -341,8 +345,15 @@ impl Coordinator {
         let Some(writes) = &self.inner.writes else {
             return Ok(());
         };
-        if group_id.is_empty() || self.inner.lock().contains_key(group_id.as_bytes()) {
+        if group_id.is_empty() {
             return Ok(());
+        }
+        {
+            let mut groups = self.inner.lock();
+            self.inner.drop_stale(&mut groups, group_id.as_bytes());
+            if groups.contains_key(group_id.as_bytes()) {
+                return Ok(());
+            }
         }
         let stored = writes.storage.load_group(group_id).await.map_err(|e| {
             tracing::warn!(group = group_id, error = %e, "cannot load the group's snapshot");
@@ -418,6 +429,7 @@ impl Inner {
     ) -> Option<R> {
         let now = Instant::now();
         let mut groups = self.lock();
+        self.drop_stale(&mut groups, group_id.as_bytes());
         if create && !groups.contains_key(group_id) {
             if !self.owns.owns(group_id) {
                 return None;
@@ -470,6 +482,19 @@ impl Inner {
             group,
             timers,
             snapshot_write: 0,
+            epoch: self.owns.epoch(),
+        }
+    }
+
+    /// Drops this gateway's copy of a group if it is from an earlier epoch.
+    fn drop_stale(&self, groups: &mut HashMap<StrBytes, Slot>, group_id: &[u8]) {
+        if groups
+            .get(group_id)
+            .is_some_and(|slot| slot.epoch != self.owns.epoch())
+            && let Some(slot) = groups.remove(group_id)
+        {
+            slot.timers.notify_one();
+            tracing::info!(group = %String::from_utf8_lossy(group_id), "dropped a stale copy of the group");
         }
     }
 
