@@ -1175,6 +1175,24 @@ impl Ketch {
             } else {
                 vec!["--advertised-port".to_owned(), kafka_port.to_string()]
             })
+            // The internal listener on a port below the ephemeral range, so
+            // it can never take a port a test reserved with `free_port` and
+            // binds later (a load balancer's, a Redis started late); a clash
+            // between two tests fails the start and is retried.
+            .args(
+                if extra_args
+                    .iter()
+                    .any(|a| a.starts_with("cluster.internal_listen"))
+                {
+                    Vec::new()
+                } else {
+                    let port = 20_000 + rand::random::<u16>() % 12_000;
+                    vec![
+                        "--set".to_owned(),
+                        format!("cluster.internal_listen=127.0.0.1:{port}"),
+                    ]
+                },
+            )
             .args(["--redis-url", redis_url, "--http-listen", &http])
             // A list of seed nodes is a Redis Cluster ([`RedisCluster::url`]);
             // extra arguments may still set the mode themselves.

@@ -238,7 +238,9 @@ fn acks_all_waits_on_the_master_that_took_the_write() {
             "--set",
             "storage.acks_all_replicas=1",
             "--set",
-            "storage.acks_all_timeout=500ms",
+            // Long enough for a healthy replica on a busy machine (a timeout
+            // here is the failure the test provokes on purpose).
+            "storage.acks_all_timeout=2s",
         ],
     );
     let topic = unique_topic("cluster-acks");

@@ -20,7 +20,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::raw::{self, KafkaConn};
 use ketch_tests::servers::Haproxy;
-use ketch_tests::{Ketch, TestRedis, free_port, runtime, unique_topic};
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
@@ -66,11 +66,16 @@ fn stack(n: usize) -> Stack {
 
 fn stack_with(n: usize, extra: &[&str]) -> Stack {
     let redis = TestRedis::start();
-    let lb_port = free_port();
+    // The load balancer's port stays bound until HAProxy takes it: the
+    // gateways bind free ports (their internal listeners) meanwhile, and
+    // must not be given this one.
+    let reserved = std::net::TcpListener::bind("127.0.0.1:0").expect("reserve a port");
+    let lb_port = reserved.local_addr().expect("reserved port").port();
     let gateways: Vec<Ketch> = (0..n)
         .map(|_| gateway_behind(&redis.url(), lb_port, extra))
         .collect();
     let backends: Vec<_> = gateways.iter().map(Ketch::kafka_addr).collect();
+    drop(reserved);
     let lb = Haproxy::start(lb_port, &backends);
     let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
     let live = format!("nodes=[{}]", all.join(", "));

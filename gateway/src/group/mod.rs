@@ -387,7 +387,7 @@ impl Coordinator {
             if group.state() != State::Empty {
                 // Its offsets may have been left to expire by a coordinator
                 // that saw it empty; it has members again.
-                writes.send(entry.key(), Change::Active);
+                writes.send(entry.key(), Change::Active, self.inner.owns.epoch());
             }
             let slot = self.inner.start_slot(entry.key(), group);
             slot.timers.notify_one();
@@ -464,9 +464,10 @@ impl Inner {
                 slot.snapshot_write = writes.send(
                     group_id,
                     Change::Store(snapshot.generation, snapshot::encode(&snapshot)),
+                    slot.epoch,
                 );
             }
-            writes.track(group_id, before, after);
+            writes.track(group_id, before, after, slot.epoch);
         }
         Some(result)
     }
@@ -617,21 +618,22 @@ struct Writes {
 }
 
 impl Writes {
-    fn track(&self, group_id: &StrBytes, before: State, after: State) {
+    fn track(&self, group_id: &StrBytes, before: State, after: State, epoch: u64) {
         if before != State::Empty && after == State::Empty {
-            self.send(group_id, Change::Emptied);
+            self.send(group_id, Change::Emptied, epoch);
         } else if before == State::Empty && after != State::Empty {
-            self.send(group_id, Change::Active);
+            self.send(group_id, Change::Active, epoch);
         }
     }
 
-    /// Queues a change; its number, which [`Writes::done`] reaches once
-    /// it is applied.
-    fn send(&self, group_id: &StrBytes, change: Change) -> u64 {
+    /// Queues a change made by a copy of the group from `epoch`; its
+    /// number, which [`Writes::done`] reaches once it is applied (or skipped:
+    /// a change of a copy from another epoch than the current is stale).
+    fn send(&self, group_id: &StrBytes, change: Change, epoch: u64) -> u64 {
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let sender = queue.get_or_insert_with(|| self.start());
         let number = self.sent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-        let _ = sender.send((group_id.clone(), change, self.owns.epoch()));
+        let _ = sender.send((group_id.clone(), change, epoch));
         number
     }
 
