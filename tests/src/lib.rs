@@ -1179,10 +1179,13 @@ impl Ketch {
             // it can never take a port a test reserved with `free_port` and
             // binds later (a load balancer's, a Redis started late); a clash
             // between two tests fails the start and is retried.
+            // Only for this tree's binary: an older release (an upgrade
+            // test's) has no such setting.
             .args(
-                if extra_args
-                    .iter()
-                    .any(|a| a.starts_with("cluster.internal_listen"))
+                if binary != ketch_bin()
+                    || extra_args
+                        .iter()
+                        .any(|a| a.starts_with("cluster.internal_listen"))
                 {
                     Vec::new()
                 } else {
