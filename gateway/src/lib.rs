@@ -49,6 +49,12 @@ pub struct Node {
     pub port: u16,
     /// The internal listener (host, port), if the gateway has one.
     pub internal: Option<(String, u16)>,
+    /// Clients see it under an id derived from its advertised address
+    /// ([`membership::address_id`]) even when no other gateway advertises
+    /// that address: its node id was claimed (no `broker.id`) and it
+    /// advertises an address other than the one it listens on (a load
+    /// balancer's, a NAT's), which other gateways may come to share.
+    pub by_address: bool,
 }
 
 impl Node {
@@ -90,6 +96,7 @@ impl Context {
             host: settings.advertised_host(),
             port: settings.advertised_port(),
             internal,
+            by_address: settings.broker.id.is_none() && advertises_elsewhere(&settings),
         };
         let membership = membership::Membership::new(node);
         let owns: group::Owns = Arc::new(membership.clone());
@@ -109,6 +116,17 @@ impl Context {
             tiering_metrics,
         }
     }
+}
+
+/// Whether the advertised address is not the listen address (a load
+/// balancer's or a NAT's in front of this gateway).
+fn advertises_elsewhere(settings: &Settings) -> bool {
+    let host_elsewhere = settings
+        .broker
+        .advertised_host
+        .as_deref()
+        .is_some_and(|host| host != settings.broker.listen.ip().to_string());
+    host_elsewhere || settings.advertised_port() != settings.broker.listen.port()
 }
 
 /// Checks (and migrates) the Redis layout version, with a bounded wait.

@@ -131,7 +131,7 @@ impl Membership {
 
     /// The brokers clients see: the live gateways, except that an address
     /// several of them advertise (a load balancer in front of them) is one
-    /// broker, under [`shared_id`]. Sorted by id; empty until this gateway
+    /// broker, under [`address_id`]. Sorted by id; empty until this gateway
     /// has a node id.
     pub fn brokers(&self) -> Vec<Node> {
         if self.my_id() == UNASSIGNED {
@@ -293,6 +293,7 @@ impl Membership {
             internal_host,
             internal_port,
             hostname: hostname(),
+            by_address: me.by_address,
             instance: String::new(),
             heartbeat_ms: 0,
         }
@@ -524,6 +525,7 @@ fn node(record: BrokerRecord) -> Node {
         host: record.host,
         port: record.port,
         internal,
+        by_address: record.by_address,
     }
 }
 
@@ -536,27 +538,35 @@ fn sharing(live: &[Node]) -> HashMap<(&str, u16), usize> {
     counts
 }
 
+/// A gateway as clients see it: under the address's id when other live
+/// gateways advertise its address, or when it is [`Node::by_address`] (a
+/// claimed id — arbitrary, the lowest free one — behind an address it does
+/// not listen on): the same after a restart, and the same from the first
+/// gateway behind a load balancer as from the third. Otherwise under its
+/// own node id.
 fn present(node: &Node, sharing: &HashMap<(&str, u16), usize>) -> Node {
-    if sharing
+    let shared = sharing
         .get(&(node.host.as_str(), node.port))
         .copied()
         .unwrap_or(0)
-        < 2
-    {
+        >= 2;
+    if !shared && !node.by_address {
         return node.clone();
     }
     Node {
-        id: shared_id(&node.host, node.port),
+        id: address_id(&node.host, node.port),
         host: node.host.clone(),
         port: node.port,
         internal: None,
+        by_address: node.by_address,
     }
 }
 
-/// The broker id of an address several gateways advertise: above
-/// [`MAX_NODE_ID`], so it never collides with a gateway's own id, and the
-/// same on every gateway (a hash of the address).
-pub fn shared_id(host: &str, port: u16) -> i32 {
+/// The broker id of an advertised address (that several gateways share, or
+/// of a gateway whose node id was claimed): above [`MAX_NODE_ID`], so it
+/// never collides with a configured id, and the same on every gateway and
+/// after restarts (a hash of the address).
+pub fn address_id(host: &str, port: u16) -> i32 {
     let key = format!("{host}:{port}");
     let hash = weight(0, key.as_bytes());
     (MAX_NODE_ID + 1) + (hash % (MAX_NODE_ID as u64 + 1)) as i32
@@ -588,6 +598,7 @@ mod tests {
             host: "h".into(),
             port: 9092 + id as u16,
             internal: None,
+            by_address: false,
         }
     }
 
@@ -646,6 +657,7 @@ mod shared_address_tests {
             host: "lb".into(),
             port: 9092,
             internal: Some(("10.0.0.1".into(), 7000 + id as u16)),
+            by_address: false,
         }
     }
 
@@ -655,10 +667,10 @@ mod shared_address_tests {
         m.set_live(vec![behind_lb(0), behind_lb(1), behind_lb(2)]);
         let brokers = m.brokers();
         assert_eq!(brokers.len(), 1, "{brokers:?}");
-        assert_eq!(brokers[0].id, shared_id("lb", 9092));
+        assert_eq!(brokers[0].id, address_id("lb", 9092));
         assert!(brokers[0].id > MAX_NODE_ID);
-        assert_eq!(shared_id("lb", 9092), shared_id("lb", 9092));
-        assert_ne!(shared_id("lb", 9092), shared_id("lb", 9093));
+        assert_eq!(address_id("lb", 9092), address_id("lb", 9092));
+        assert_ne!(address_id("lb", 9092), address_id("lb", 9093));
         assert!(m.behind_shared_address());
         assert_eq!(m.presented(&behind_lb(2)).id, brokers[0].id);
     }
@@ -672,8 +684,24 @@ mod shared_address_tests {
         let m = Membership::new(own(0));
         m.set_live(vec![own(0), own(1), behind_lb(2), behind_lb(3)]);
         let ids: Vec<i32> = m.brokers().iter().map(|b| b.id).collect();
-        assert_eq!(ids, vec![0, 1, shared_id("lb", 9092)]);
+        assert_eq!(ids, vec![0, 1, address_id("lb", 9092)]);
         assert!(!m.behind_shared_address());
+    }
+
+    #[test]
+    fn a_gateway_with_a_claimed_id_behind_another_address_is_listed_under_its_address_id_even_alone() {
+        let claimed = |id: i32, port: u16| Node {
+            port,
+            by_address: true,
+            ..behind_lb(id)
+        };
+        let m = Membership::new(claimed(3, 9092));
+        m.set_live(vec![claimed(3, 9092), claimed(4, 9093)]);
+        let ids: Vec<i32> = m.brokers().iter().map(|b| b.id).collect();
+        let mut want = vec![address_id("lb", 9092), address_id("lb", 9093)];
+        want.sort_unstable();
+        assert_eq!(ids, want, "each under its address, whatever id it claimed");
+        assert_eq!(m.my_broker_id(), address_id("lb", 9092));
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct BrokerRecord {
     /// The machine's host name, for messages about who holds an id.
     #[serde(default)]
     pub hostname: Option<String>,
+    /// Clients see the gateway under an id derived from its advertised
+    /// address (a claimed node id behind an address it does not listen on).
+    #[serde(default)]
+    pub by_address: bool,
     /// The process (a UUID per start).
     #[serde(default, skip_serializing)]
     pub instance: String,
@@ -107,6 +111,7 @@ impl Store {
                     internal_host: None,
                     internal_port: None,
                     hostname: None,
+                    by_address: false,
                     instance: String::new(),
                     heartbeat_ms: now,
                 });

@@ -134,10 +134,11 @@ FAST_GROUP_SETTINGS = (
 )
 
 
-def start_ketch(redis_url, node_id=None, settings=()):
+def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None):
     """Starts a ketch gateway on free ports against `redis_url`; returns a
     Ketch once it logged "ketch serving". `settings` are `section.key=value`
-    strings passed with --set."""
+    strings passed with --set; `advertised_port` is the port it tells clients
+    (a load balancer's), by default its own."""
     kafka_port, http_port = free_port(), free_port()
     argv = [
         ketch_binary(),
@@ -147,6 +148,8 @@ def start_ketch(redis_url, node_id=None, settings=()):
         "--http-listen", f"127.0.0.1:{http_port}",
         "--redis-url", redis_url,
     ]
+    if advertised_port is not None:
+        argv += ["--advertised-port", str(advertised_port)]
     if node_id is not None:
         argv += ["--node-id", str(node_id)]
     for setting in settings:
