@@ -168,7 +168,7 @@ impl Membership {
         let me = self.me();
         let live = self.live.read().expect("membership lock");
         live.iter()
-            .any(|n| n.id != me.id && n.host == me.host && n.port == me.port)
+            .any(|n| n.id != me.id && n.host.eq_ignore_ascii_case(&me.host) && n.port == me.port)
     }
 
     /// The gateway that leads a partition.
@@ -530,10 +530,14 @@ fn node(record: BrokerRecord) -> Node {
 }
 
 /// Advertised addresses and how many live gateways advertise each.
-fn sharing(live: &[Node]) -> HashMap<(&str, u16), usize> {
+/// Advertised addresses (host names compared without regard to case, as
+/// DNS does) and how many live gateways advertise each.
+fn sharing(live: &[Node]) -> HashMap<(String, u16), usize> {
     let mut counts = HashMap::new();
     for node in live {
-        *counts.entry((node.host.as_str(), node.port)).or_insert(0) += 1;
+        *counts
+            .entry((node.host.to_ascii_lowercase(), node.port))
+            .or_insert(0) += 1;
     }
     counts
 }
@@ -544,9 +548,9 @@ fn sharing(live: &[Node]) -> HashMap<(&str, u16), usize> {
 /// not listen on): the same after a restart, and the same from the first
 /// gateway behind a load balancer as from the third. Otherwise under its
 /// own node id.
-fn present(node: &Node, sharing: &HashMap<(&str, u16), usize>) -> Node {
+fn present(node: &Node, sharing: &HashMap<(String, u16), usize>) -> Node {
     let shared = sharing
-        .get(&(node.host.as_str(), node.port))
+        .get(&(node.host.to_ascii_lowercase(), node.port))
         .copied()
         .unwrap_or(0)
         >= 2;
@@ -567,7 +571,7 @@ fn present(node: &Node, sharing: &HashMap<(&str, u16), usize>) -> Node {
 /// never collides with a configured id, and the same on every gateway and
 /// after restarts (a hash of the address).
 pub fn address_id(host: &str, port: u16) -> i32 {
-    let key = format!("{host}:{port}");
+    let key = format!("{}:{port}", host.to_ascii_lowercase());
     let hash = weight(0, key.as_bytes());
     (MAX_NODE_ID + 1) + (hash % (MAX_NODE_ID as u64 + 1)) as i32
 }
@@ -671,6 +675,11 @@ mod shared_address_tests {
         assert!(brokers[0].id > MAX_NODE_ID);
         assert_eq!(address_id("lb", 9092), address_id("lb", 9092));
         assert_ne!(address_id("lb", 9092), address_id("lb", 9093));
+        assert_eq!(
+            address_id("LB", 9092),
+            address_id("lb", 9092),
+            "host names ignore case"
+        );
         assert!(m.behind_shared_address());
         assert_eq!(m.presented(&behind_lb(2)).id, brokers[0].id);
     }
