@@ -29,7 +29,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{
     ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, EnvelopeRequest, EnvelopeResponse, HeartbeatRequest,
     JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest, OffsetDeleteRequest,
-    RequestHeader, RequestKind, ResponseHeader, SyncGroupRequest,
+    RequestHeader, RequestKind, ResponseHeader, ResponseKind, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::AsyncWriteExt;
@@ -95,7 +95,7 @@ impl Forwarder {
     ) -> Result<R::Response, ForwardError> {
         let version = header.request_api_version;
         let protocol = |m: String| ForwardError::Protocol(to.to_owned(), m);
-        let inner = encode_request(header, request).map_err(|e| protocol(format!("encoding: {e}")))?;
+        let inner = encode_request(header, request, false).map_err(|e| protocol(format!("encoding: {e}")))?;
         let envelope = EnvelopeRequest::default()
             .with_request_data(inner)
             .with_request_principal(Some(Bytes::from(client.principal.as_bytes().to_vec())))
@@ -109,7 +109,8 @@ impl Forwarder {
             .with_request_api_version(0)
             .with_correlation_id(correlation_id)
             .with_client_id(Some(StrBytes::from_static_str("ketch-forwarder")));
-        let frame = frame(&envelope_header, &envelope).map_err(|e| protocol(format!("encoding: {e}")))?;
+        let frame = encode_request(&envelope_header, &envelope, true)
+            .map_err(|e| protocol(format!("encoding: {e}")))?;
 
         let mut shutdown = self.shutdown.clone();
         let mut conn = self.checkout(to).await?;
@@ -216,22 +217,21 @@ impl Forwarder {
     }
 }
 
-/// A request (header and body) as the bytes of a frame, without its size.
-fn encode_request<R: Request>(header: &RequestHeader, request: &R) -> anyhow::Result<Bytes> {
+/// A request (header and body) as a frame's bytes: size-prefixed (to
+/// send), or not (an Envelope's payload).
+fn encode_request<R: Request>(header: &RequestHeader, request: &R, sized: bool) -> anyhow::Result<Bytes> {
     let version = header.request_api_version;
     let api_key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown API key {}", R::KEY))?;
     let mut buf = BytesMut::new();
+    if sized {
+        buf.put_i32(0);
+    }
     header.encode(&mut buf, api_key.request_header_version(version))?;
     request.encode(&mut buf, version)?;
-    Ok(buf.freeze())
-}
-
-/// A size-prefixed request frame.
-fn frame<R: Request>(header: &RequestHeader, request: &R) -> anyhow::Result<Bytes> {
-    let body = encode_request(header, request)?;
-    let mut buf = BytesMut::with_capacity(4 + body.len());
-    buf.put_i32(i32::try_from(body.len())?);
-    buf.put_slice(&body);
+    if sized {
+        let size = i32::try_from(buf.len() - 4)?;
+        buf[0..4].copy_from_slice(&size.to_be_bytes());
+    }
     Ok(buf.freeze())
 }
 
@@ -317,17 +317,10 @@ async fn connection(
         }
         let envelope = EnvelopeRequest::decode(&mut frame, 0)
             .map_err(|e| invalid(format!("internal listener: envelope: {e}")))?;
-        let response = unwrap(&ctx, peer, envelope).await;
-        let mut buf = BytesMut::new();
-        buf.put_i32(0);
-        ResponseHeader::default()
-            .with_correlation_id(header.correlation_id)
-            .encode(&mut buf, ApiKey::Envelope.response_header_version(0))
+        let response = ResponseKind::Envelope(unwrap(&ctx, peer, envelope).await);
+        let frame = server::encode_response(ApiKey::Envelope, 0, header.correlation_id, &response)
             .map_err(|e| invalid(e.to_string()))?;
-        response.encode(&mut buf, 0).map_err(|e| invalid(e.to_string()))?;
-        let size = (buf.len() - 4) as i32;
-        buf[0..4].copy_from_slice(&size.to_be_bytes());
-        socket.write_all(&buf).await?;
+        socket.write_all(&frame).await?;
     }
 }
 

@@ -150,11 +150,21 @@ impl Membership {
         brokers
     }
 
-    /// `node` as clients see it: under its address's shared id when other
-    /// live gateways advertise the same address.
+    /// `node` as clients see it: under its address id when other live
+    /// gateways advertise the same address, or when it is
+    /// [`Node::by_address`]; see [`present`].
     pub fn presented(&self, node: &Node) -> Node {
         let live = self.live.read().expect("membership lock");
         present(node, &sharing(&live))
+    }
+
+    /// Each live gateway's broker id as clients see it, by node id: for a
+    /// request that presents many nodes (a Metadata response's partition
+    /// leaders), computed once.
+    pub fn broker_ids(&self) -> HashMap<i32, i32> {
+        let live = self.live.read().expect("membership lock");
+        let sharing = sharing(&live);
+        live.iter().map(|n| (n.id, present(n, &sharing).id)).collect()
     }
 
     /// This gateway's broker id as clients see it (see [`Membership::brokers`]).

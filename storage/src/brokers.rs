@@ -42,19 +42,6 @@ pub struct BrokerRecord {
     pub heartbeat_ms: i64,
 }
 
-impl BrokerRecord {
-    /// `host:port` of the internal listener, if the gateway has one.
-    pub fn internal_address(&self) -> Option<String> {
-        let host = self.internal_host.as_deref()?;
-        let port = self.internal_port?;
-        Some(if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        })
-    }
-}
-
 /// What registering under a node id found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Registration {

@@ -75,7 +75,7 @@ async fn list_here(ctx: &Context, req: ListGroupsRequest) -> ListGroupsResponse 
     let listed = groups
         .into_iter()
         .filter(|g| in_states(g.state, &req.states_filter))
-        .filter(|g| super::check_coordinator(ctx, &g.group_id).is_none())
+        .filter(|g| ctx.membership.coordinates(&g.group_id))
         .map(listed)
         .collect();
     ListGroupsResponse::default().with_groups(listed)

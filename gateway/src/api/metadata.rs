@@ -5,6 +5,8 @@
 //! rendezvous hashing over them (see `membership`). Storage is shared, so
 //! any gateway still serves any partition: leadership only spreads clients.
 
+use std::collections::HashMap;
+
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -22,9 +24,11 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         None => true,
         Some(topics) => version == 0 && topics.is_empty(),
     };
+    let broker_ids = ctx.membership.broker_ids();
+    let broker_ids = &broker_ids;
     let topics = if wants_all {
         match ctx.storage.all_topics().await {
-            Ok(all) => all.iter().map(|t| describe(ctx, t)).collect(),
+            Ok(all) => all.iter().map(|t| describe(ctx, broker_ids, t)).collect(),
             Err(e) => {
                 error_code(&e);
                 Vec::new()
@@ -38,7 +42,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
                 None => resolve_topic_id(ctx, t.topic_id).await,
             };
             match result {
-                Ok(topic) => describe(ctx, &topic),
+                Ok(topic) => describe(ctx, broker_ids, &topic),
                 Err(code) => MetadataResponseTopic::default()
                     .with_name(t.name.clone())
                     .with_topic_id(t.topic_id)
@@ -77,7 +81,10 @@ fn retriable_when_storage(code: i16) -> i16 {
     }
 }
 
-fn describe(ctx: &Context, topic: &Topic) -> MetadataResponseTopic {
+/// `broker_ids`: each live gateway's broker id ([`Membership::broker_ids`]).
+///
+/// [`Membership::broker_ids`]: crate::membership::Membership::broker_ids
+fn describe(ctx: &Context, broker_ids: &HashMap<i32, i32>, topic: &Topic) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(str_bytes(topic.name.clone()))))
         .with_topic_id(topic.id)
@@ -86,7 +93,12 @@ fn describe(ctx: &Context, topic: &Topic) -> MetadataResponseTopic {
             (0..topic.partitions())
                 .map(|p| {
                     let leader = ctx.membership.partition_leader(&topic.id, p);
-                    let node = BrokerId(ctx.membership.presented(&leader).id);
+                    let id = match broker_ids.get(&leader.id) {
+                        Some(id) => *id,
+                        // The live set changed since the ids were taken.
+                        None => ctx.membership.presented(&leader).id,
+                    };
+                    let node = BrokerId(id);
                     MetadataResponsePartition::default()
                         .with_partition_index(p)
                         .with_leader_id(node)

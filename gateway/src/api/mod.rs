@@ -381,12 +381,6 @@ pub async fn elsewhere<R: crate::forward::Forwardable>(
     }
 }
 
-/// NOT_COORDINATOR when another live gateway coordinates `group` (for
-/// requests that are not forwarded).
-pub fn check_coordinator(ctx: &Context, group: &str) -> Option<i16> {
-    (!ctx.membership.coordinates(group)).then_some(ResponseError::NotCoordinator.code())
-}
-
 pub fn str_bytes(s: impl Into<String>) -> StrBytes {
     StrBytes::from_string(s.into())
 }

@@ -331,10 +331,6 @@ impl Group {
         })
     }
 
-    pub fn generation(&self) -> i32 {
-        self.generation
-    }
-
     pub fn state(&self) -> State {
         self.state
     }
