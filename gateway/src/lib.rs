@@ -5,6 +5,7 @@
 //! parses settings and calls it; tests may run it in-process.
 
 pub mod api;
+pub mod auth;
 pub mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
