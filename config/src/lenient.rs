@@ -33,3 +33,23 @@ pub fn string<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::E
 pub fn optional_string<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
     Option::<Lenient>::deserialize(deserializer).map(|v| v.map(String::from))
 }
+
+/// A list given as an array or as one comma-separated string (how an
+/// environment variable or `--set` writes it).
+pub fn string_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum List {
+        One(String),
+        Many(Vec<Lenient>),
+    }
+    Ok(match List::deserialize(deserializer)? {
+        List::One(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        List::Many(items) => items.into_iter().map(String::from).collect(),
+    })
+}

@@ -10,6 +10,7 @@
 
 pub mod duration;
 mod lenient;
+pub mod security;
 pub mod topic;
 
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 pub use duration::Duration;
+pub use security::{AclSettings, Listener, SaslSettings, SecurityProtocol, TlsSettings};
 
 /// The largest node id a gateway may be given or claim. Larger ids are
 /// reserved for addresses several gateways advertise (a load balancer):
@@ -53,6 +55,9 @@ pub struct Settings {
     pub storage: StorageSettings,
     pub producers: ProducersSettings,
     pub log: LogSettings,
+    pub tls: TlsSettings,
+    pub sasl: SaslSettings,
+    pub acl: AclSettings,
 }
 
 /// The Kafka listener and this gateway's identity.
@@ -84,6 +89,20 @@ pub struct BrokerSettings {
     /// Cluster id reported in Metadata and DescribeCluster.
     #[serde(deserialize_with = "lenient::string")]
     pub cluster_id: String,
+    /// The listener's protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    pub security_protocol: SecurityProtocol,
+    /// Several listeners, as Kafka's `listeners`: `NAME://ip:port,…`. Set,
+    /// it replaces `listen`, `advertised_*` and `security_protocol`.
+    #[serde(deserialize_with = "lenient::optional_string")]
+    pub listeners: Option<String>,
+    /// Kafka's `advertised.listeners`: `NAME://host:port,…`; a listener not
+    /// named here advertises its listen address.
+    #[serde(deserialize_with = "lenient::optional_string")]
+    pub advertised_listeners: Option<String>,
+    /// Kafka's `listener.security.protocol.map`: `NAME:PROTOCOL,…`. A
+    /// listener named like a protocol needs no entry.
+    #[serde(deserialize_with = "lenient::string")]
+    pub listener_security_protocol_map: String,
 }
 
 /// How ketch reaches Redis.
@@ -307,6 +326,10 @@ impl Default for BrokerSettings {
             connections_max_idle: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(30),
             cluster_id: "ketch".to_owned(),
+            security_protocol: SecurityProtocol::Plaintext,
+            listeners: None,
+            advertised_listeners: None,
+            listener_security_protocol_map: String::new(),
         }
     }
 }
@@ -703,7 +726,7 @@ impl Settings {
                 "names several nodes: set redis.mode = \"cluster\" for Redis Cluster seed nodes",
             );
         }
-        Ok(())
+        self.validate_security()
     }
 
     /// The host clients are told to connect to.

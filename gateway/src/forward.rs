@@ -39,6 +39,13 @@ use tokio::sync::watch;
 use crate::api::{self, Client};
 use crate::{Context, server};
 
+/// The internal listener's challenge, in bytes.
+const NONCE_BYTES: usize = 32;
+
+/// How long a gateway connecting to the internal listener has to prove it
+/// knows the internal secret.
+const PROOF_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Idle connections kept per coordinator.
 const IDLE_PER_PEER: usize = 8;
 
@@ -92,6 +99,7 @@ impl Forwarder {
         request: &R,
         client: &Client,
         timeout: Duration,
+        secret: Option<Arc<[u8]>>,
     ) -> Result<R::Response, ForwardError> {
         let version = header.request_api_version;
         let protocol = |m: String| ForwardError::Protocol(to.to_owned(), m);
@@ -113,7 +121,7 @@ impl Forwarder {
             .map_err(|e| protocol(format!("encoding: {e}")))?;
 
         let mut shutdown = self.shutdown.clone();
-        let mut conn = self.checkout(to).await?;
+        let mut conn = self.checkout(to, secret.as_deref()).await?;
         let answer = tokio::select! {
             answer = tokio::time::timeout(timeout, self.exchange(&mut conn, &frame, to)) => answer,
             _ = shutdown.wait_for(|stop| *stop) => return Err(ForwardError::ShuttingDown),
@@ -165,7 +173,7 @@ impl Forwarder {
     /// (the coordinator closes connections idle for
     /// `broker.connections_max_idle`, and a restarted one closes them all),
     /// so a request never goes out twice.
-    async fn checkout(&self, to: &str) -> Result<TcpStream, ForwardError> {
+    async fn checkout(&self, to: &str, secret: Option<&[u8]>) -> Result<TcpStream, ForwardError> {
         loop {
             let idle = self
                 .idle
@@ -174,7 +182,7 @@ impl Forwarder {
                 .get_mut(to)
                 .and_then(Vec::pop);
             let Some(conn) = idle else {
-                return self.connect(to).await;
+                return self.connect(to, secret).await;
             };
             // Nothing is due on an idle connection: readable means closed
             // (or garbage); would-block means it is still open.
@@ -192,7 +200,7 @@ impl Forwarder {
         idle.retain(|address, _| live.contains(address));
     }
 
-    async fn connect(&self, to: &str) -> Result<TcpStream, ForwardError> {
+    async fn connect(&self, to: &str, secret: Option<&[u8]>) -> Result<TcpStream, ForwardError> {
         let connect = tokio::time::timeout(self.connect_timeout, TcpStream::connect(to)).await;
         let conn = match connect {
             Ok(Ok(conn)) => conn,
@@ -205,7 +213,29 @@ impl Forwarder {
             }
         };
         let _ = conn.set_nodelay(true);
+        let mut conn = conn;
+        if let Some(secret) = secret {
+            self.prove(&mut conn, to, secret).await?;
+        }
         Ok(conn)
+    }
+
+    /// Answers the internal listener's challenge: its nonce, then our
+    /// proof of the internal secret.
+    async fn prove(&self, conn: &mut TcpStream, to: &str, secret: &[u8]) -> Result<(), ForwardError> {
+        let protocol = |m: String| ForwardError::Protocol(to.to_owned(), m);
+        let nonce = tokio::time::timeout(self.connect_timeout, server::read_frame(conn, NONCE_BYTES as u32))
+            .await
+            .map_err(|_| protocol("no challenge from the internal listener".to_owned()))?
+            .map_err(|e| protocol(format!("challenge: {e}")))?
+            .ok_or_else(|| protocol("closed before its challenge".to_owned()))?;
+        let proof = crate::auth::internal_proof(secret, &nonce);
+        let mut frame = BytesMut::with_capacity(4 + proof.len());
+        frame.put_i32(proof.len() as i32);
+        frame.put_slice(&proof);
+        conn.write_all(&frame)
+            .await
+            .map_err(|e| ForwardError::Io(to.to_owned(), e))
     }
 
     fn checkin(&self, to: &str, conn: TcpStream) {
@@ -295,6 +325,7 @@ async fn connection(
         .max_request_bytes
         .saturating_add(ENVELOPE_OVERHEAD);
     let idle = ctx.settings.broker.connections_max_idle.get();
+    challenge(&mut socket, &ctx).await?;
     loop {
         let frame = tokio::select! {
             frame = tokio::time::timeout(idle, server::read_frame(&mut socket, max)) => match frame {
@@ -322,6 +353,34 @@ async fn connection(
             .map_err(|e| invalid(e.to_string()))?;
         socket.write_all(&frame).await?;
     }
+}
+
+/// With ACLs on, a connecting gateway must prove it knows the internal
+/// secret before its first Envelope: the principal an Envelope names is
+/// what its request is authorised as, so nothing but a gateway may send
+/// one. The listener sends a random nonce; the gateway answers
+/// HMAC-SHA256(secret, label ‖ nonce).
+async fn challenge(socket: &mut TcpStream, ctx: &Context) -> Result<(), server::ConnectionError> {
+    let refuse = |m: String| server::ConnectionError::Auth(format!("internal listener: {m}"));
+    let secret = match ctx.security.internal_secret(ctx.storage.as_ref()).await {
+        Ok(None) => return Ok(()),
+        Ok(Some(secret)) => secret,
+        Err(e) => return Err(refuse(format!("cannot read the internal secret: {e}"))),
+    };
+    let nonce: [u8; NONCE_BYTES] = rand::random();
+    let mut frame = BytesMut::with_capacity(4 + NONCE_BYTES);
+    frame.put_i32(NONCE_BYTES as i32);
+    frame.put_slice(&nonce);
+    socket.write_all(&frame).await?;
+    let proof = tokio::time::timeout(PROOF_TIMEOUT, server::read_frame(socket, 64))
+        .await
+        .map_err(|_| refuse("no proof of the internal secret in time".to_owned()))??
+        .ok_or_else(|| refuse("closed before proving the internal secret".to_owned()))?;
+    if !crate::auth::verify_internal_proof(&secret, &nonce, &proof) {
+        tracing::warn!(peer = ?socket.peer_addr().ok(), "a connection to the internal listener did not prove the internal secret");
+        return Err(refuse("wrong proof of the internal secret".to_owned()));
+    }
+    Ok(())
 }
 
 /// Handles the request inside an Envelope as its client's own.
@@ -356,6 +415,7 @@ async fn unwrap(ctx: &Context, forwarder: SocketAddr, envelope: EnvelopeRequest)
         peer: SocketAddr::new(ip, 0),
         principal: Arc::from(principal),
         forwarded: true,
+        listener: Arc::from(""),
     };
     let Ok(api_key) = ApiKey::try_from(header.request_api_key) else {
         return refuse(ResponseError::InvalidRequest);

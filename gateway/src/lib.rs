@@ -39,6 +39,8 @@ pub struct Context {
     pub groups: group::Coordinator,
     /// The storage worker's and remote reader's counters (`/metrics`).
     pub tiering_metrics: Arc<ketch_tiering::Metrics>,
+    /// TLS, SASL and ACLs.
+    pub security: auth::Security,
 }
 
 /// A gateway: its node id, the address clients are told, and where other
@@ -56,9 +58,38 @@ pub struct Node {
     /// advertises an address other than the one it listens on (a load
     /// balancer's, a NAT's), which other gateways may come to share.
     pub by_address: bool,
+    /// Every Kafka listener's advertised address, the first being `host`
+    /// and `port` (empty for a gateway from before named listeners).
+    pub listeners: Vec<ListenerAddress>,
+}
+
+/// A gateway's advertised address on one named listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerAddress {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    /// As [`Node::by_address`], for this listener.
+    pub by_address: bool,
 }
 
 impl Node {
+    /// This gateway as clients of `listener` see it: with that listener's
+    /// address. The first listener for an empty name, and for a listener
+    /// the gateway does not have (gateways are meant to share their
+    /// listener names; one from before named listeners has only one).
+    pub fn on(&self, listener: &str) -> Node {
+        match self.listeners.iter().find(|l| l.name == listener) {
+            Some(l) if !listener.is_empty() => Node {
+                host: l.host.clone(),
+                port: l.port,
+                by_address: l.by_address,
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
     /// `host:port` of the internal listener, for dialling.
     pub fn internal_address(&self) -> Option<String> {
         let (host, port) = self.internal.as_ref()?;
@@ -80,7 +111,8 @@ impl Context {
         tiering_metrics: Arc<ketch_tiering::Metrics>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        Self::with_internal(settings, storage, tiering_metrics, shutdown, None)
+        let security = auth::Security::without_files(&settings);
+        Self::with_internal(settings, storage, tiering_metrics, shutdown, None, security)
     }
 
     /// [`Context::new`] for a gateway whose internal listener other
@@ -91,13 +123,28 @@ impl Context {
         tiering_metrics: Arc<ketch_tiering::Metrics>,
         shutdown: watch::Receiver<bool>,
         internal: Option<(String, u16)>,
+        security: auth::Security,
     ) -> Self {
+        let claimed = settings.broker.id.is_none();
+        let listeners: Vec<ListenerAddress> = settings
+            .listeners()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| ListenerAddress {
+                name: l.name,
+                host: l.advertised_host,
+                port: l.advertised_port,
+                by_address: claimed && l.advertises_elsewhere,
+            })
+            .collect();
+        let first = listeners.first();
         let node = Node {
             id: settings.broker.id.unwrap_or(membership::UNASSIGNED),
-            host: settings.advertised_host(),
-            port: settings.advertised_port(),
+            host: first.map_or_else(|| settings.advertised_host(), |l| l.host.clone()),
+            port: first.map_or_else(|| settings.advertised_port(), |l| l.port),
             internal,
-            by_address: settings.broker.id.is_none() && advertises_elsewhere(&settings),
+            by_address: first.is_some_and(|l| l.by_address),
+            listeners,
         };
         let membership = membership::Membership::new(node);
         let owns: group::Owns = Arc::new(membership.clone());
@@ -115,19 +162,9 @@ impl Context {
             forwarder,
             groups,
             tiering_metrics,
+            security,
         }
     }
-}
-
-/// Whether the advertised address is not the listen address (a load
-/// balancer's or a NAT's in front of this gateway).
-fn advertises_elsewhere(settings: &Settings) -> bool {
-    let host_elsewhere = settings
-        .broker
-        .advertised_host
-        .as_deref()
-        .is_some_and(|host| host != settings.broker.listen.ip().to_string());
-    host_elsewhere || settings.advertised_port() != settings.broker.listen.port()
 }
 
 /// Checks (and migrates) the Redis layout version, with a bounded wait.
@@ -199,16 +236,26 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
             tokio::spawn(check_layout_until_done(store.clone(), me, layout_tx));
         }
     }
-    let kafka = TcpListener::bind(settings.broker.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {} (broker.listen): {e}", settings.broker.listen))?;
+    let security = auth::Security::load(&settings)?;
+    let mut endpoints = Vec::new();
+    for listener in settings.listeners()? {
+        let socket = TcpListener::bind(listener.listen).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {} (listener {}): {e}",
+                listener.listen,
+                listener.name
+            )
+        })?;
+        endpoints.push(server::Endpoint { socket, listener });
+    }
+    let first_listen = endpoints[0].listener.listen;
     let http = TcpListener::bind(settings.http.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} (http.listen): {e}", settings.http.listen))?;
     let internal_listen = settings
         .cluster
         .internal_listen
-        .unwrap_or_else(|| std::net::SocketAddr::new(settings.broker.listen.ip(), 0));
+        .unwrap_or_else(|| std::net::SocketAddr::new(first_listen.ip(), 0));
     let internal = TcpListener::bind(internal_listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {internal_listen} (cluster.internal_listen): {e}"))?;
@@ -229,6 +276,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         tiering_metrics,
         shutdown.clone(),
         Some((internal_host, internal_port)),
+        security,
     ));
     let registering = membership::Registering {
         configured: ctx.settings.broker.id,
@@ -249,8 +297,19 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         }
     }
     let node = ctx.membership.me();
+    let listeners: Vec<String> = endpoints
+        .iter()
+        .map(|e| {
+            format!(
+                "{}://{} ({})",
+                e.listener.name,
+                e.listener.listen,
+                e.listener.protocol.name()
+            )
+        })
+        .collect();
     tracing::info!(
-        kafka = %ctx.settings.broker.listen,
+        kafka = %listeners.join(", "),
         http = %ctx.settings.http.listen,
         internal = %internal.local_addr()?,
         advertised = %format!("{}:{}", node.host, node.port),
@@ -271,6 +330,16 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         shutdown.clone(),
     ));
     let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));
+    let acl_task = ctx
+        .security
+        .acls
+        .enabled()
+        .then(|| tokio::spawn(api::acls::keep_current(ctx.clone())));
+    let tls_task = ctx
+        .security
+        .tls
+        .clone()
+        .map(|tls| tokio::spawn(tls.watch(shutdown.clone())));
     let membership = ctx.membership.clone();
     let leads: ketch_tiering::Leads =
         Arc::new(move |topic, partition| membership.leads(&topic.id, partition));
@@ -281,8 +350,11 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         ctx.tiering_metrics.clone(),
     );
     let worker_task = tokio::spawn(worker.run(leads, shutdown.clone()));
-    server::serve(kafka, ctx, shutdown).await;
+    server::serve(endpoints, ctx, shutdown).await;
     worker_task.abort();
+    for task in [acl_task, tls_task].into_iter().flatten() {
+        task.abort();
+    }
     http_task.abort();
     internal_task.abort();
     handover_task.abort();

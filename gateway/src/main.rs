@@ -8,6 +8,7 @@ use ketch_config::{Loader, LogFormat, Settings};
 use tokio::sync::watch;
 
 mod segments;
+mod users;
 
 /// jemalloc maps memory with MAP_NORESERVE where the kernel overcommits, so
 /// an absurd capacity read off the wire by the protocol decoder (it sizes
@@ -46,6 +47,20 @@ enum Command {
     /// Takes the same settings as `serve` (--config, KETCH_* variables,
     /// --redis-url, --set redis.mode=cluster).
     Placement(PlacementArgs),
+    /// SCRAM users for SASL (SCRAM-SHA-256/512 and PLAIN): set (password on
+    /// standard input), list, delete.
+    ///
+    /// Takes the same settings as `serve` (--config, KETCH_* variables,
+    /// --redis-url, --set redis.mode=cluster).
+    Users(UsersArgs),
+}
+
+#[derive(Debug, Args)]
+struct UsersArgs {
+    #[command(flatten)]
+    settings: SettingsArgs,
+    #[command(subcommand)]
+    action: users::Action,
 }
 
 #[derive(Debug, Args)]
@@ -157,6 +172,11 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => args,
         Command::Segments(args) => return segments_command(args),
         Command::Placement(args) => return placement_command(args),
+        Command::Users(args) => {
+            return admin_command("users", &args.settings, |settings| async move {
+                users::run(&settings, args.action).await
+            });
+        }
     };
     let settings = match args.settings() {
         Ok(settings) => settings,

@@ -129,15 +129,23 @@ impl Membership {
         self.live.read().expect("membership lock").clone()
     }
 
-    /// The brokers clients see: the live gateways, except that an address
-    /// several of them advertise (a load balancer in front of them) is one
-    /// broker, under [`address_id`]. Sorted by id; empty until this gateway
-    /// has a node id.
-    pub fn brokers(&self) -> Vec<Node> {
+    /// The live gateways as clients of `listener` see them (their
+    /// addresses on it; see [`Node::on`]).
+    fn live_on(&self, listener: &str) -> Vec<Node> {
+        let live = self.live.read().expect("membership lock");
+        live.iter().map(|n| n.on(listener)).collect()
+    }
+
+    /// The brokers clients of `listener` see: the live gateways, except
+    /// that an address several of them advertise (a load balancer in front
+    /// of them) is one broker, under [`address_id`]. Sorted by id; empty
+    /// until this gateway has a node id. An empty listener name is the
+    /// first listener.
+    pub fn brokers(&self, listener: &str) -> Vec<Node> {
         if self.my_id() == UNASSIGNED {
             return Vec::new();
         }
-        let live = self.live.read().expect("membership lock");
+        let live = self.live_on(listener);
         let sharing = sharing(&live);
         let mut brokers: Vec<Node> = Vec::with_capacity(live.len());
         for node in live.iter() {
@@ -150,34 +158,35 @@ impl Membership {
         brokers
     }
 
-    /// `node` as clients see it: under its address id when other live
-    /// gateways advertise the same address, or when it is
+    /// `node` as clients of `listener` see it: under its address id when
+    /// other live gateways advertise the same address, or when it is
     /// [`Node::by_address`]; see [`present`].
-    pub fn presented(&self, node: &Node) -> Node {
-        let live = self.live.read().expect("membership lock");
-        present(node, &sharing(&live))
+    pub fn presented(&self, node: &Node, listener: &str) -> Node {
+        present(&node.on(listener), &sharing(&self.live_on(listener)))
     }
 
-    /// Each live gateway's broker id as clients see it, by node id: for a
-    /// request that presents many nodes (a Metadata response's partition
-    /// leaders), computed once.
-    pub fn broker_ids(&self) -> HashMap<i32, i32> {
-        let live = self.live.read().expect("membership lock");
+    /// Each live gateway's broker id as clients of `listener` see it, by
+    /// node id: for a request that presents many nodes (a Metadata
+    /// response's partition leaders), computed once.
+    pub fn broker_ids(&self, listener: &str) -> HashMap<i32, i32> {
+        let live = self.live_on(listener);
         let sharing = sharing(&live);
         live.iter().map(|n| (n.id, present(n, &sharing).id)).collect()
     }
 
-    /// This gateway's broker id as clients see it (see [`Membership::brokers`]).
-    pub fn my_broker_id(&self) -> i32 {
-        self.presented(&self.me()).id
+    /// This gateway's broker id as clients of `listener` see it (see
+    /// [`Membership::brokers`]).
+    pub fn my_broker_id(&self, listener: &str) -> i32 {
+        self.presented(&self.me(), listener).id
     }
 
-    /// Whether clients reach this gateway through an address other live
-    /// gateways advertise too (so they cannot reach the others directly).
-    pub fn behind_shared_address(&self) -> bool {
-        let me = self.me();
-        let live = self.live.read().expect("membership lock");
-        live.iter()
+    /// Whether clients of `listener` reach this gateway through an address
+    /// other live gateways advertise too (so they cannot reach the others
+    /// directly).
+    pub fn behind_shared_address(&self, listener: &str) -> bool {
+        let me = self.me().on(listener);
+        self.live_on(listener)
+            .iter()
             .any(|n| n.id != me.id && n.host.eq_ignore_ascii_case(&me.host) && n.port == me.port)
     }
 
@@ -304,6 +313,16 @@ impl Membership {
             internal_port,
             hostname: hostname(),
             by_address: me.by_address,
+            listeners: me
+                .listeners
+                .iter()
+                .map(|l| ketch_storage::ListenerRecord {
+                    name: l.name.clone(),
+                    host: l.host.clone(),
+                    port: l.port,
+                    by_address: l.by_address,
+                })
+                .collect(),
             instance: String::new(),
             heartbeat_ms: 0,
         }
@@ -536,6 +555,16 @@ fn node(record: BrokerRecord) -> Node {
         port: record.port,
         internal,
         by_address: record.by_address,
+        listeners: record
+            .listeners
+            .into_iter()
+            .map(|l| crate::ListenerAddress {
+                name: l.name,
+                host: l.host,
+                port: l.port,
+                by_address: l.by_address,
+            })
+            .collect(),
     }
 }
 
@@ -573,6 +602,7 @@ fn present(node: &Node, sharing: &HashMap<(String, u16), usize>) -> Node {
         port: node.port,
         internal: None,
         by_address: node.by_address,
+        listeners: Vec::new(),
     }
 }
 
@@ -613,6 +643,7 @@ mod tests {
             port: 9092 + id as u16,
             internal: None,
             by_address: false,
+            listeners: Vec::new(),
         }
     }
 
@@ -672,6 +703,7 @@ mod shared_address_tests {
             port: 9092,
             internal: Some(("10.0.0.1".into(), 7000 + id as u16)),
             by_address: false,
+            listeners: Vec::new(),
         }
     }
 
@@ -679,7 +711,7 @@ mod shared_address_tests {
     fn an_address_several_gateways_advertise_is_one_broker_with_an_id_no_gateway_can_hold() {
         let m = Membership::new(behind_lb(0));
         m.set_live(vec![behind_lb(0), behind_lb(1), behind_lb(2)]);
-        let brokers = m.brokers();
+        let brokers = m.brokers("");
         assert_eq!(brokers.len(), 1, "{brokers:?}");
         assert_eq!(brokers[0].id, address_id("lb", 9092));
         assert!(brokers[0].id > MAX_NODE_ID);
@@ -690,8 +722,8 @@ mod shared_address_tests {
             address_id("lb", 9092),
             "host names ignore case"
         );
-        assert!(m.behind_shared_address());
-        assert_eq!(m.presented(&behind_lb(2)).id, brokers[0].id);
+        assert!(m.behind_shared_address(""));
+        assert_eq!(m.presented(&behind_lb(2), "").id, brokers[0].id);
     }
 
     #[test]
@@ -702,9 +734,9 @@ mod shared_address_tests {
         };
         let m = Membership::new(own(0));
         m.set_live(vec![own(0), own(1), behind_lb(2), behind_lb(3)]);
-        let ids: Vec<i32> = m.brokers().iter().map(|b| b.id).collect();
+        let ids: Vec<i32> = m.brokers("").iter().map(|b| b.id).collect();
         assert_eq!(ids, vec![0, 1, address_id("lb", 9092)]);
-        assert!(!m.behind_shared_address());
+        assert!(!m.behind_shared_address(""));
     }
 
     #[test]
@@ -716,11 +748,11 @@ mod shared_address_tests {
         };
         let m = Membership::new(claimed(3, 9092));
         m.set_live(vec![claimed(3, 9092), claimed(4, 9093)]);
-        let ids: Vec<i32> = m.brokers().iter().map(|b| b.id).collect();
+        let ids: Vec<i32> = m.brokers("").iter().map(|b| b.id).collect();
         let mut want = vec![address_id("lb", 9092), address_id("lb", 9093)];
         want.sort_unstable();
         assert_eq!(ids, want, "each under its address, whatever id it claimed");
-        assert_eq!(m.my_broker_id(), address_id("lb", 9092));
+        assert_eq!(m.my_broker_id(""), address_id("lb", 9092));
     }
 
     #[test]
@@ -729,7 +761,7 @@ mod shared_address_tests {
             id: UNASSIGNED,
             ..behind_lb(0)
         });
-        assert!(m.brokers().is_empty());
+        assert!(m.brokers("").is_empty());
         assert!(!m.leads(&uuid::Uuid::from_u128(1), 0));
     }
 }

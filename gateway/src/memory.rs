@@ -15,7 +15,7 @@ use bytes::Bytes;
 use ketch_storage::batch::{self, BatchHeader, Records};
 use ketch_storage::{
     AppendOutcome, CommittedOffset, Keys, PartitionOffsets, ReadPartition, ReadRequest, Result, StorageError,
-    Topic, TopicPartition, WakeHub,
+    StoredCredential, Topic, TopicPartition, WakeHub,
 };
 
 use crate::storage::Storage;
@@ -39,6 +39,10 @@ struct State {
     groups: BTreeMap<String, BTreeMap<TopicPartition, CommittedOffset>>,
     /// Group snapshots: (generation, bytes).
     group_states: HashMap<String, (i32, bytes::Bytes)>,
+    /// SCRAM credentials by (mechanism, user).
+    credentials: BTreeMap<(String, String), String>,
+    acls: std::collections::BTreeSet<String>,
+    acl_version: u64,
     next_producer_id: i64,
     stored_bytes: usize,
 }
@@ -426,5 +430,81 @@ impl Storage for MemoryStorage {
 
     async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>> {
         Ok(self.state().group_states.get(group).map(|(_, b)| b.clone()))
+    }
+
+    async fn scram_credential(&self, mechanism: &str, user: &str) -> Result<Option<String>> {
+        Ok(self
+            .state()
+            .credentials
+            .get(&(mechanism.to_owned(), user.to_owned()))
+            .cloned())
+    }
+
+    async fn set_scram_credential(&self, mechanism: &str, user: &str, credential: &str) -> Result<()> {
+        self.state()
+            .credentials
+            .insert((mechanism.to_owned(), user.to_owned()), credential.to_owned());
+        Ok(())
+    }
+
+    async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool> {
+        Ok(self
+            .state()
+            .credentials
+            .remove(&(mechanism.to_owned(), user.to_owned()))
+            .is_some())
+    }
+
+    async fn scram_credentials(&self) -> Result<Vec<StoredCredential>> {
+        let mut all: Vec<StoredCredential> = self
+            .state()
+            .credentials
+            .iter()
+            .map(|((mechanism, user), credential)| StoredCredential {
+                user: user.clone(),
+                mechanism: mechanism.clone(),
+                credential: credential.clone(),
+            })
+            .collect();
+        all.sort_by(|a, b| (&a.user, &a.mechanism).cmp(&(&b.user, &b.mechanism)));
+        Ok(all)
+    }
+
+    async fn acls(&self) -> Result<(u64, Vec<String>)> {
+        let state = self.state();
+        Ok((state.acl_version, state.acls.iter().cloned().collect()))
+    }
+
+    async fn acl_version(&self) -> Result<u64> {
+        Ok(self.state().acl_version)
+    }
+
+    async fn add_acls(&self, bindings: &[String]) -> Result<usize> {
+        let mut state = self.state();
+        let added = bindings
+            .iter()
+            .filter(|b| state.acls.insert((*b).clone()))
+            .count();
+        state.acl_version += 1;
+        drop(state);
+        self.wake.appended(&self.acl_channel(), None, None);
+        Ok(added)
+    }
+
+    async fn remove_acls(&self, bindings: &[String]) -> Result<usize> {
+        let mut state = self.state();
+        let removed = bindings.iter().filter(|b| state.acls.remove(*b)).count();
+        state.acl_version += 1;
+        drop(state);
+        self.wake.appended(&self.acl_channel(), None, None);
+        Ok(removed)
+    }
+
+    fn acl_channel(&self) -> String {
+        format!("{}:{{security}}:changed", self.keys.namespace())
+    }
+
+    async fn internal_secret(&self) -> Result<Vec<u8>> {
+        Ok(b"the in-memory gateway's internal secret".to_vec())
     }
 }

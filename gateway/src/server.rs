@@ -20,17 +20,50 @@ use tokio::task::JoinSet;
 
 use crate::Context;
 use crate::api;
+use crate::auth::sasl::{Outcome, Session};
 
 /// The most a frame's length field alone may make us allocate; a larger
 /// frame's buffer grows to its full size only once this much has arrived.
 const FIRST_ALLOCATION: usize = 1024 * 1024;
 
-/// Accepts connections until `shutdown`, then waits for every connection to
-/// finish its in-flight requests (bounded by `broker.shutdown_timeout`).
-pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
+/// A bound Kafka listener and what it is configured as.
+pub struct Endpoint {
+    pub socket: TcpListener,
+    pub listener: ketch_config::Listener,
+}
+
+/// How long a TLS handshake may take before the connection is dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves every listener until `shutdown`, then waits for their
+/// connections' in-flight requests. `broker.max_connections` bounds the
+/// connections of all listeners together.
+pub async fn serve(endpoints: Vec<Endpoint>, ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.settings.broker.max_connections));
+    futures::future::join_all(
+        endpoints
+            .into_iter()
+            .map(|endpoint| serve_one(endpoint, ctx.clone(), slots.clone(), shutdown.clone())),
+    )
+    .await;
+}
+
+/// Accepts connections on one listener until `shutdown`, then waits for
+/// every connection to finish its in-flight requests (bounded by
+/// `broker.shutdown_timeout`).
+async fn serve_one(
+    endpoint: Endpoint,
+    ctx: Arc<Context>,
+    slots: Arc<tokio::sync::Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Endpoint {
+        socket: listener,
+        listener: config,
+    } = endpoint;
+    let config = Arc::new(config);
     let mut connections = JoinSet::new();
     let for_connections = shutdown.clone();
-    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.settings.broker.max_connections));
     let mut refused = Refusals::default();
     loop {
         tokio::select! {
@@ -44,9 +77,10 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
                     let _ = socket.set_nodelay(true);
                     let ctx = ctx.clone();
                     let shutdown = for_connections.clone();
+                    let config = config.clone();
                     connections.spawn(async move {
                         let _slot = slot;
-                        if let Err(e) = connection(socket, peer, ctx, shutdown).await {
+                        if let Err(e) = accept(socket, peer, ctx, config, shutdown).await {
                             tracing::info!(%peer, error = %e, "closing connection");
                         }
                     });
@@ -63,6 +97,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
     drop(listener);
     let grace = ctx.settings.broker.shutdown_timeout.get();
     tracing::info!(
+        listener = config.name,
         connections = connections.len(),
         "shutting down; finishing in-flight requests"
     );
@@ -72,6 +107,43 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, mut shutdown: watch
     {
         tracing::warn!("in-flight requests did not finish within broker.shutdown_timeout");
     }
+}
+
+/// Sets a new connection up (the TLS handshake, on TLS listeners) and
+/// serves it.
+async fn accept(
+    socket: TcpStream,
+    peer: std::net::SocketAddr,
+    ctx: Arc<Context>,
+    listener: Arc<ketch_config::Listener>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError> {
+    if !listener.protocol.tls() {
+        let session = Session::new(ctx.security.sasl.clone(), false, Arc::from(api::ANONYMOUS));
+        let (read, write) = socket.into_split();
+        return connection(read, write, peer, ctx, listener, session, shutdown).await;
+    }
+    let Some(tls) = ctx.security.tls.clone() else {
+        return Err(ConnectionError::Auth(
+            "TLS listener without a TLS configuration".to_owned(),
+        ));
+    };
+    let stream = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.acceptor().accept(socket))
+        .await
+        .map_err(|_| ConnectionError::Auth("the TLS handshake took too long".to_owned()))?
+        .map_err(|e| ConnectionError::Auth(format!("TLS handshake failed: {e}")))?;
+    let principal = match stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+    {
+        Some(cert) => tls.principal(cert).map_err(ConnectionError::Auth)?,
+        None => api::ANONYMOUS.to_owned(),
+    };
+    let session = Session::new(ctx.security.sasl.clone(), true, Arc::from(principal));
+    let (read, write) = tokio::io::split(stream);
+    connection(read, write, peer, ctx, listener, session, shutdown).await
 }
 
 /// Connections refused because `broker.max_connections` are open, logged
@@ -110,6 +182,8 @@ pub enum ConnectionError {
     Invalid(String),
     #[error("idle for broker.connections_max_idle ({0:?})")]
     Idle(Duration),
+    #[error("authentication: {0}")]
+    Auth(String),
 }
 
 /// A response to send, with the share of the connection's response budget
@@ -141,13 +215,35 @@ fn response_share_kib(ctx: &Context, request: &RequestKind) -> Option<u32> {
     Some(u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX))
 }
 
-async fn connection(
-    socket: TcpStream,
+/// A response ready now (SASL answers, error answers), in the response order.
+fn ready(bytes: Bytes) -> Pending {
+    tokio::spawn(async move { Some(Response { bytes, _budget: None }) })
+}
+
+/// A SASL token sent as a raw size-prefixed frame (after a v0 handshake).
+fn raw_frame(token: &[u8]) -> Bytes {
+    let mut buf = BytesMut::with_capacity(4 + token.len());
+    buf.put_i32(token.len() as i32);
+    buf.put_slice(token);
+    buf.freeze()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connection<R, W>(
+    mut read: R,
+    write: W,
     peer: std::net::SocketAddr,
     ctx: Arc<Context>,
+    listener: Arc<ketch_config::Listener>,
+    mut session: Session,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(), ConnectionError> {
-    let (mut read, write) = socket.into_split();
+) -> Result<(), ConnectionError>
+where
+    R: tokio::io::AsyncRead + Unpin + Send,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let sasl_required = listener.protocol.sasl();
+    let listener_name: Arc<str> = Arc::from(listener.name.as_str());
     let (pending_tx, pending_rx) = mpsc::channel::<Pending>(ctx.settings.broker.max_inflight_requests);
     let writer = tokio::spawn(write_responses(write, pending_rx));
     let max = ctx.settings.broker.max_request_bytes;
@@ -168,6 +264,18 @@ async fn connection(
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
+        if session.expects_raw_token() {
+            match session.raw_token(ctx.storage.as_ref(), &frame).await {
+                Outcome::Raw(token) => {
+                    if pending_tx.send(ready(raw_frame(&token))).await.is_err() {
+                        break Ok(());
+                    }
+                    continue;
+                }
+                Outcome::Answer(_) => continue,
+                Outcome::Close(_, why) => break Err(ConnectionError::Auth(why)),
+            }
+        }
         let request = match decode(frame) {
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
@@ -178,6 +286,69 @@ async fn connection(
                 }
                 continue;
             }
+        };
+        let (header, body) = &request;
+        let outcome = match body {
+            RequestKind::SaslHandshake(r) if sasl_required => {
+                Some(session.handshake(header.request_api_version, r))
+            }
+            RequestKind::SaslAuthenticate(r) if sasl_required => Some(
+                session
+                    .authenticate(ctx.storage.as_ref(), header.request_api_version, r)
+                    .await,
+            ),
+            RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_) => Some(Outcome::Close(
+                None,
+                format!(
+                    "SASL request on listener {} ({})",
+                    listener.name,
+                    listener.protocol.name()
+                ),
+            )),
+            RequestKind::ApiVersions(_) => None,
+            _ if sasl_required && !session.authenticated() => Some(Outcome::Close(
+                None,
+                format!(
+                    "{:?} request before SASL authentication",
+                    ApiKey::try_from(header.request_api_key)
+                ),
+            )),
+            _ if session.expired() => Some(Outcome::Close(
+                None,
+                "the SASL session expired without re-authentication (sasl.connections_max_reauth)".to_owned(),
+            )),
+            _ => None,
+        };
+        if let Some(outcome) = outcome {
+            let api_key = ApiKey::try_from(header.request_api_key).expect("decoded requests have known keys");
+            let encode = |kind: &ResponseKind| {
+                encode_response(api_key, header.request_api_version, header.correlation_id, kind)
+                    .map_err(|e| ConnectionError::Invalid(format!("cannot encode a SASL response: {e}")))
+            };
+            match outcome {
+                Outcome::Answer(kind) => match encode(&kind) {
+                    Ok(bytes) => {
+                        if pending_tx.send(ready(bytes)).await.is_err() {
+                            break Ok(());
+                        }
+                        continue;
+                    }
+                    Err(e) => break Err(e),
+                },
+                Outcome::Raw(_) => continue,
+                Outcome::Close(kind, why) => {
+                    if let Some(Ok(bytes)) = kind.as_ref().map(encode) {
+                        let _ = pending_tx.send(ready(bytes)).await;
+                    }
+                    break Err(ConnectionError::Auth(why));
+                }
+            }
+        }
+        let client = api::Client {
+            peer,
+            principal: session.principal(),
+            forwarded: false,
+            listener: listener_name.clone(),
         };
         // The response budget is reserved here, in request order, before
         // the next frame is read: responses are written in that order, so
@@ -207,7 +378,7 @@ async fn connection(
             let _done = done;
             futures::future::join_all(after.into_iter().map(Done::wait)).await;
             let (header, body) = request;
-            let bytes = respond(&ctx, peer, header, body, turns).await?;
+            let bytes = respond(&ctx, client, header, body, turns).await?;
             Some(Response {
                 bytes,
                 _budget: reserved,
@@ -227,7 +398,7 @@ async fn connection(
 /// none to send (acks=0 produce) or it cannot be encoded (logged).
 async fn respond(
     ctx: &Context,
-    peer: std::net::SocketAddr,
+    client: api::Client,
     header: RequestHeader,
     body: RequestKind,
     turns: api::produce::Turns,
@@ -235,7 +406,7 @@ async fn respond(
     let version = header.request_api_version;
     let correlation_id = header.correlation_id;
     let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-    let response = api::handle(ctx, api::Client::direct(peer), &header, body, turns).await?;
+    let response = api::handle(ctx, client, &header, body, turns).await?;
     match encode_response(api_key, version, correlation_id, &response) {
         Ok(bytes) => Some(bytes),
         Err(e) => {
@@ -259,7 +430,7 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
         _ => api::produce::Turns::default(),
     };
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    Ok(respond(ctx, peer, header, body, turns).await)
+    Ok(respond(ctx, api::Client::direct(peer), header, body, turns).await)
 }
 
 /// What a request does, for ordering it after the earlier requests of its
@@ -366,7 +537,7 @@ impl Order {
     }
 }
 
-async fn write_responses(write: tokio::net::tcp::OwnedWriteHalf, mut pending: mpsc::Receiver<Pending>) {
+async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, mut pending: mpsc::Receiver<Pending>) {
     let mut write = BufWriter::new(write);
     while let Some(handle) = pending.recv().await {
         let response = match handle.await {

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ketch_storage::batch::BatchHeader;
 use ketch_storage::{
-    AppendOutcome, CommittedOffset, PartitionOffsets, ReadPartition, ReadRequest, Result, Store, Topic,
-    TopicPartition, WakeHub,
+    AppendOutcome, CommittedOffset, PartitionOffsets, ReadPartition, ReadRequest, Result, Store,
+    StoredCredential, Topic, TopicPartition, WakeHub,
 };
 use ketch_tiering::Tiers;
 
@@ -80,6 +80,20 @@ pub trait Storage: Send + Sync {
     /// Stores a group's snapshot unless a newer generation is stored (false).
     async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool>;
     async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>>;
+
+    // ---- users and ACLs (ketch_storage's security module) ----
+    async fn scram_credential(&self, mechanism: &str, user: &str) -> Result<Option<String>>;
+    async fn set_scram_credential(&self, mechanism: &str, user: &str, credential: &str) -> Result<()>;
+    async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool>;
+    async fn scram_credentials(&self) -> Result<Vec<StoredCredential>>;
+    async fn acls(&self) -> Result<(u64, Vec<String>)>;
+    async fn acl_version(&self) -> Result<u64>;
+    async fn add_acls(&self, bindings: &[String]) -> Result<usize>;
+    async fn remove_acls(&self, bindings: &[String]) -> Result<usize>;
+    /// The wake-up channel ACL changes are announced on.
+    fn acl_channel(&self) -> String;
+    /// The secret gateways prove to each other on the internal listener.
+    async fn internal_secret(&self) -> Result<Vec<u8>>;
 }
 
 /// Redis, with reads below the local start served from the archive.
@@ -218,5 +232,45 @@ impl Storage for Tiered {
 
     async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>> {
         Ok(self.store.load_group(group).await?.map(bytes::Bytes::from))
+    }
+
+    async fn scram_credential(&self, mechanism: &str, user: &str) -> Result<Option<String>> {
+        self.store.scram_credential(mechanism, user).await
+    }
+
+    async fn set_scram_credential(&self, mechanism: &str, user: &str, credential: &str) -> Result<()> {
+        self.store.set_scram_credential(mechanism, user, credential).await
+    }
+
+    async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool> {
+        self.store.delete_scram_credential(mechanism, user).await
+    }
+
+    async fn scram_credentials(&self) -> Result<Vec<StoredCredential>> {
+        self.store.scram_credentials().await
+    }
+
+    async fn acls(&self) -> Result<(u64, Vec<String>)> {
+        self.store.acls().await
+    }
+
+    async fn acl_version(&self) -> Result<u64> {
+        self.store.acl_version().await
+    }
+
+    async fn add_acls(&self, bindings: &[String]) -> Result<usize> {
+        self.store.add_acls(bindings).await
+    }
+
+    async fn remove_acls(&self, bindings: &[String]) -> Result<usize> {
+        self.store.remove_acls(bindings).await
+    }
+
+    fn acl_channel(&self) -> String {
+        self.store.acl_channel()
+    }
+
+    async fn internal_secret(&self) -> Result<Vec<u8>> {
+        self.store.internal_secret().await
     }
 }

@@ -1,6 +1,6 @@
 //! The broker registry (DESIGN §6): `ketch:brokers`, a hash of node id →
 //! JSON {instance, host, port, rack, internal_host, internal_port, hostname,
-//! heartbeat_ms}. An entry is a lease on its node id: each gateway refreshes
+//! by_address, listeners, heartbeat_ms}. An entry is a lease on its node id: each gateway refreshes
 //! its own every `cluster.heartbeat_interval`, stamped with Redis's clock,
 //! and an entry older than `cluster.node_timeout` is a dead gateway whose id
 //! is free again. A gateway without a configured id claims the lowest free
@@ -35,11 +35,26 @@ pub struct BrokerRecord {
     /// address (a claimed node id behind an address it does not listen on).
     #[serde(default)]
     pub by_address: bool,
+    /// Every Kafka listener's advertised address (absent for gateways from
+    /// before named listeners: `host` and `port` are then their only one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<ListenerRecord>,
     /// The process (a UUID per start).
     #[serde(default, skip_serializing)]
     pub instance: String,
     #[serde(default, skip_serializing)]
     pub heartbeat_ms: i64,
+}
+
+/// One Kafka listener of a gateway, as registered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerRecord {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    /// As [`BrokerRecord::by_address`], for this listener.
+    #[serde(default)]
+    pub by_address: bool,
 }
 
 /// What registering under a node id found.
@@ -99,6 +114,7 @@ impl Store {
                     internal_port: None,
                     hostname: None,
                     by_address: false,
+                    listeners: Vec::new(),
                     instance: String::new(),
                     heartbeat_ms: now,
                 });

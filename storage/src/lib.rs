@@ -18,6 +18,7 @@ mod layout;
 mod log;
 mod placement;
 mod producers;
+mod security;
 pub mod segments;
 mod topics;
 pub mod wake;
@@ -28,13 +29,14 @@ use redis::aio::ConnectionManager;
 
 use crate::connection::Conn;
 
-pub use brokers::{BrokerRecord, Registration};
+pub use brokers::{BrokerRecord, ListenerRecord, Registration};
 pub use connection::Mode;
 pub use error::{Result, SequenceError, StorageError};
 pub use groups::{CommittedOffset, TopicPartition};
 pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
+pub use security::StoredCredential;
 pub use topics::{Topic, validate_topic_name};
 pub use wake::{Fired, WakeHub};
 
@@ -124,6 +126,7 @@ struct Scripts {
     seal: redis::Script,
     lease: redis::Script,
     segment_state: redis::Script,
+    change_acls: redis::Script,
 }
 
 impl Store {
@@ -205,6 +208,7 @@ impl Store {
                 seal: redis::Script::new(include_str!("scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
+                change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
             }),
         })
     }

@@ -9,11 +9,13 @@ use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse
 use ketch_config::TopicsSettings;
 
 use super::create_topics::{Failure, unique_by};
-use super::str_bytes;
+use super::{Client, authorized, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     _header: &RequestHeader,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
@@ -21,7 +23,13 @@ pub async fn handle(
     let topics = unique_by(req.topics, |t| t.name.clone());
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
-            Some(topic) => grow(ctx, &topic, validate_only).await,
+            Some(topic) if !authorized(ctx, client, Operation::Alter, ResourceType::Topic, &topic.name) => {
+                Err(Failure::new(
+                    ResponseError::TopicAuthorizationFailed,
+                    "Authorization failed.",
+                ))
+            }
+            Some(topic) => grow(ctx, client, &topic, validate_only).await,
             None => Err(Failure::duplicate("name")),
         };
         let result = CreatePartitionsTopicResult::default().with_name(name);
@@ -36,7 +44,12 @@ pub async fn handle(
     CreatePartitionsResponse::default().with_results(results)
 }
 
-async fn grow(ctx: &Context, request: &CreatePartitionsTopic, validate_only: bool) -> Result<(), Failure> {
+async fn grow(
+    ctx: &Context,
+    client: &Client,
+    request: &CreatePartitionsTopic,
+    validate_only: bool,
+) -> Result<(), Failure> {
     let name = request.name.as_str();
     // Read fresh, not cached: storage replaces the record only if it is unchanged.
     let topic = match ctx.storage.topic_fresh(name).await {
@@ -51,7 +64,7 @@ async fn grow(ctx: &Context, request: &CreatePartitionsTopic, validate_only: boo
     };
     check(
         &ctx.settings.topics,
-        ctx.membership.my_broker_id(),
+        ctx.membership.my_broker_id(&client.listener),
         topic.partitions(),
         request,
     )?;

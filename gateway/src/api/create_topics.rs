@@ -16,8 +16,10 @@ use ketch_storage::StorageError;
 use uuid::Uuid;
 
 use super::describe_configs::topic_configs;
+use super::{Client, authorized, cluster_authorized};
 use super::{error_code, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// A per-topic failure: the Kafka error code and the message sent with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,13 +76,29 @@ struct Created {
     configs: BTreeMap<String, String>,
 }
 
-pub async fn handle(ctx: &Context, header: &RequestHeader, req: CreateTopicsRequest) -> CreateTopicsResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: CreateTopicsRequest,
+) -> CreateTopicsResponse {
     let version = header.request_api_version;
     let validate_only = req.validate_only;
     let topics = unique_by(req.topics, |t| t.name.clone());
+    // CREATE on the cluster allows every topic; otherwise CREATE on each.
+    let on_cluster = cluster_authorized(ctx, client, Operation::Create);
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
-            Some(topic) => create(ctx, topic, validate_only).await,
+            Some(topic)
+                if !on_cluster
+                    && !authorized(ctx, client, Operation::Create, ResourceType::Topic, &topic.name) =>
+            {
+                Err(Failure::new(
+                    ResponseError::TopicAuthorizationFailed,
+                    "Authorization failed.",
+                ))
+            }
+            Some(topic) => create(ctx, client, topic, validate_only).await,
             None => Err(Failure::duplicate("name")),
         };
         topic_result(&ctx.settings.topics, version, name, outcome)
@@ -89,7 +107,12 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, req: CreateTopicsRequ
     CreateTopicsResponse::default().with_topics(results)
 }
 
-async fn create(ctx: &Context, topic: CreatableTopic, validate_only: bool) -> Result<Created, Failure> {
+async fn create(
+    ctx: &Context,
+    client: &Client,
+    topic: CreatableTopic,
+    validate_only: bool,
+) -> Result<Created, Failure> {
     let name = topic.name.as_str();
     ketch_storage::validate_topic_name(name)
         .map_err(|m| Failure::new(ResponseError::InvalidTopicException, m))?;
@@ -101,7 +124,11 @@ async fn create(ctx: &Context, topic: CreatableTopic, validate_only: bool) -> Re
         Ok(Some(_)) => return Err(already_exists(name)),
         Err(e) => return Err(Failure::storage(&e)),
     }
-    let partitions = partition_count(&ctx.settings.topics, ctx.membership.my_broker_id(), &topic)?;
+    let partitions = partition_count(
+        &ctx.settings.topics,
+        ctx.membership.my_broker_id(&client.listener),
+        &topic,
+    )?;
     let configs = overrides(&topic.configs)?;
     if validate_only {
         return Ok(Created {

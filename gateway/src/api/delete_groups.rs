@@ -19,7 +19,15 @@ pub async fn handle(
     let mut results = Vec::with_capacity(req.groups_names.len());
     // One at a time: a name given twice is deleted once, then not found.
     for group_id in req.groups_names {
+        let may_delete = super::authorized(
+            ctx,
+            client,
+            crate::auth::acl::Operation::Delete,
+            crate::auth::acl::ResourceType::Group,
+            &group_id,
+        );
         let code = match route(ctx, client, &group_id) {
+            _ if !may_delete => ResponseError::GroupAuthorizationFailed.code(),
             Route::Here => delete(ctx, &group_id).await,
             Route::Forward(to) => {
                 let one = DeleteGroupsRequest::default().with_groups_names(vec![group_id.clone()]);

@@ -11,23 +11,38 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, RequestHeader};
 use ketch_storage::Topic;
 
-use super::{ensure_partition, error_code, resolve_topic};
+use super::{Client, authorized, ensure_partition, error_code, resolve_topic};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// Kafka's `DeleteRecordsResponse.INVALID_LOW_WATERMARK`, sent with every error.
 const INVALID_LOW_WATERMARK: i64 = -1;
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     _header: &RequestHeader,
     req: DeleteRecordsRequest,
 ) -> DeleteRecordsResponse {
-    let topics = super::each(req.topics.into_iter().map(|topic| delete_in_topic(ctx, topic))).await;
+    let topics = super::each(
+        req.topics
+            .into_iter()
+            .map(|topic| delete_in_topic(ctx, client, topic)),
+    )
+    .await;
     DeleteRecordsResponse::default().with_topics(topics)
 }
 
-async fn delete_in_topic(ctx: &Context, request: DeleteRecordsTopic) -> DeleteRecordsTopicResult {
-    let topic = resolve_topic(ctx, &request.name, false).await;
+async fn delete_in_topic(
+    ctx: &Context,
+    client: &Client,
+    request: DeleteRecordsTopic,
+) -> DeleteRecordsTopicResult {
+    let topic = if authorized(ctx, client, Operation::Delete, ResourceType::Topic, &request.name) {
+        resolve_topic(ctx, &request.name, false).await
+    } else {
+        Err(kafka_protocol::error::ResponseError::TopicAuthorizationFailed.code())
+    };
     let partitions = request
         .partitions
         .into_iter()

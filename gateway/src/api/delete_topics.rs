@@ -10,10 +10,16 @@ use ketch_storage::StorageError;
 use uuid::Uuid;
 
 use super::create_topics::{Failure, unique_by};
-use super::{resolve_topic_id, str_bytes};
+use super::{Client, authorized, resolve_topic_id, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
-pub async fn handle(ctx: &Context, header: &RequestHeader, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: DeleteTopicsRequest,
+) -> DeleteTopicsResponse {
     let states = if header.request_api_version >= 6 {
         req.topics
     } else {
@@ -27,7 +33,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, req: DeleteTopicsRequ
     let states = unique_by(states, |s| (s.name.clone(), s.topic_id));
     let responses = super::each(states.into_iter().map(|((name, id), state)| async move {
         let outcome = match state {
-            Some(state) => delete(ctx, state).await,
+            Some(state) => delete(ctx, client, state).await,
             None if name.is_some() => Err(Failure::duplicate("name")),
             None => Err(Failure::duplicate("id")),
         };
@@ -38,7 +44,11 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, req: DeleteTopicsRequ
 }
 
 /// Deletes one topic; returns its name and id.
-async fn delete(ctx: &Context, state: DeleteTopicState) -> Result<(TopicName, Uuid), Failure> {
+async fn delete(
+    ctx: &Context,
+    client: &Client,
+    state: DeleteTopicState,
+) -> Result<(TopicName, Uuid), Failure> {
     let by_id = state.topic_id != Uuid::nil();
     let name = match (state.name, by_id) {
         (Some(name), false) => name.as_str().to_owned(),
@@ -60,6 +70,12 @@ async fn delete(ctx: &Context, state: DeleteTopicState) -> Result<(TopicName, Uu
             ));
         }
     };
+    if !authorized(ctx, client, Operation::Delete, ResourceType::Topic, &name) {
+        return Err(Failure::new(
+            ResponseError::TopicAuthorizationFailed,
+            "Authorization failed.",
+        ));
+    }
     match ctx.storage.delete_topic(&name).await {
         Ok(topic) => {
             tracing::info!(topic = name, "deleted topic");

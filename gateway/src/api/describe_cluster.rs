@@ -6,32 +6,28 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::{BrokerId, DescribeClusterRequest, DescribeClusterResponse, RequestHeader};
 
-use super::str_bytes;
+use super::{Client, cluster_authorized, str_bytes};
 use crate::Context;
+use crate::auth::acl::{CLUSTER_NAME, Operation, ResourceType};
 
 /// Kafka's `EndpointType.BROKER`; ketch serves no controller endpoint.
 const BROKER_ENDPOINT: i8 = 1;
-
-/// Kafka's `AclOperation` codes of the operations on a cluster resource.
-const CLUSTER_OPERATIONS: [i32; 7] = [
-    5,  // CREATE
-    7,  // ALTER
-    8,  // DESCRIBE
-    9,  // CLUSTER_ACTION
-    10, // DESCRIBE_CONFIGS
-    11, // ALTER_CONFIGS
-    12, // IDEMPOTENT_WRITE
-];
 
 /// Kafka's "authorized operations were not requested" marker.
 const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
 
 pub fn handle(
     ctx: &Context,
+    client: &Client,
     _header: &RequestHeader,
     req: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     let response = DescribeClusterResponse::default().with_endpoint_type(req.endpoint_type);
+    if !cluster_authorized(ctx, client, Operation::Describe) {
+        return response
+            .with_error_code(ResponseError::ClusterAuthorizationFailed.code())
+            .with_error_message(Some(str_bytes("Authorization failed.")));
+    }
     if req.endpoint_type != BROKER_ENDPOINT {
         let message = format!(
             "ketch serves only broker endpoints (type 1), not type {}",
@@ -41,7 +37,7 @@ pub fn handle(
             .with_error_code(ResponseError::UnsupportedEndpointType.code())
             .with_error_message(Some(str_bytes(message)));
     }
-    let nodes = ctx.membership.brokers();
+    let nodes = ctx.membership.brokers(&client.listener);
     let controller = nodes.first().map_or(-1, |n| n.id);
     let brokers = nodes
         .into_iter()
@@ -54,7 +50,7 @@ pub fn handle(
         .collect();
     // Without an authorizer every operation is allowed, as in Kafka.
     let operations = if req.include_cluster_authorized_operations {
-        authorized_operations()
+        super::authorized_operations(ctx, client, ResourceType::Cluster, CLUSTER_NAME)
     } else {
         OPERATIONS_NOT_REQUESTED
     };
@@ -63,20 +59,4 @@ pub fn handle(
         .with_controller_id(BrokerId(controller))
         .with_brokers(brokers)
         .with_cluster_authorized_operations(operations)
-}
-
-/// The bitfield of [`CLUSTER_OPERATIONS`]: bit n set for operation code n.
-fn authorized_operations() -> i32 {
-    CLUSTER_OPERATIONS.iter().fold(0, |bits, op| bits | (1 << op))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn authorized_operations_match_kafka_without_an_authorizer() {
-        // What a Kafka broker without an authorizer reports for the cluster.
-        assert_eq!(authorized_operations(), 0b1_1111_1010_0000);
-    }
 }

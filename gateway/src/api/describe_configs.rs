@@ -13,8 +13,9 @@ use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, 
 use ketch_config::TopicsSettings;
 use ketch_config::topic::{ConfigType, TOPIC_CONFIGS};
 
-use super::{resolve_topic, str_bytes};
+use super::{Client, authorized, cluster_authorized, resolve_topic, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// Kafka's `ConfigResource.Type` codes ketch answers for.
 const RESOURCE_TOPIC: i8 = 2;
@@ -115,7 +116,7 @@ fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
     [
         (
             "broker.id",
-            ctx.membership.my_broker_id().to_string(),
+            ctx.membership.my_broker_id("").to_string(),
             TYPE_INT,
             "This gateway's node id (broker.id).",
         ),
@@ -167,6 +168,7 @@ fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     _header: &RequestHeader,
     req: DescribeConfigsRequest,
 ) -> DescribeConfigsResponse {
@@ -174,7 +176,12 @@ pub async fn handle(
         include_synonyms: req.include_synonyms,
         include_documentation: req.include_documentation,
     };
-    let results = super::each(req.resources.into_iter().map(|r| describe(ctx, r, options))).await;
+    let results = super::each(
+        req.resources
+            .into_iter()
+            .map(|r| describe(ctx, client, r, options)),
+    )
+    .await;
     DescribeConfigsResponse::default().with_results(results)
 }
 
@@ -186,6 +193,7 @@ struct Options {
 
 async fn describe(
     ctx: &Context,
+    client: &Client,
     resource: DescribeConfigsResource,
     options: Options,
 ) -> DescribeConfigsResult {
@@ -193,6 +201,28 @@ async fn describe(
         .with_resource_type(resource.resource_type)
         .with_resource_name(resource.resource_name.clone())
         .with_error_message(None);
+    // DESCRIBE_CONFIGS on the topic, or on the cluster for a broker.
+    let permitted = match resource.resource_type {
+        RESOURCE_TOPIC => authorized(
+            ctx,
+            client,
+            Operation::DescribeConfigs,
+            ResourceType::Topic,
+            resource.resource_name.as_str(),
+        ),
+        RESOURCE_BROKER => cluster_authorized(ctx, client, Operation::DescribeConfigs),
+        _ => true,
+    };
+    if !permitted {
+        let error = if resource.resource_type == RESOURCE_TOPIC {
+            ResponseError::TopicAuthorizationFailed
+        } else {
+            ResponseError::ClusterAuthorizationFailed
+        };
+        return result
+            .with_error_code(error.code())
+            .with_error_message(Some(str_bytes("Authorization failed.")));
+    }
     match configs_of(ctx, &resource).await {
         Ok(mut configs) => {
             if let Some(keys) = &resource.configuration_keys {
@@ -222,7 +252,7 @@ async fn configs_of(
         }
         RESOURCE_BROKER
             if name.is_empty()
-                || name == ctx.membership.my_broker_id().to_string()
+                || name == ctx.membership.my_broker_id("").to_string()
                 || name == ctx.membership.my_id().to_string() =>
         {
             Ok(broker_configs(ctx))
@@ -231,7 +261,7 @@ async fn configs_of(
             ResponseError::InvalidRequest.code(),
             Some(format!(
                 "Unexpected broker id, expected {} or empty string, but received {name}",
-                ctx.membership.my_broker_id()
+                ctx.membership.my_broker_id("")
             )),
         )),
         other => Err((

@@ -11,14 +11,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::{Client, Route, route, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 use crate::group::State;
-
-/// Kafka's `AclOperation` codes of the operations on a group resource.
-const GROUP_OPERATIONS: [i32; 3] = [
-    3, // READ
-    6, // DELETE
-    8, // DESCRIBE
-];
 
 /// Kafka's "authorized operations were not requested" marker.
 const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
@@ -29,14 +23,20 @@ pub async fn handle(
     header: &RequestHeader,
     req: DescribeGroupsRequest,
 ) -> DescribeGroupsResponse {
-    // Without an authorizer every operation is allowed, as in Kafka.
-    let operations = if req.include_authorized_operations {
-        GROUP_OPERATIONS.iter().fold(0, |bits, op| bits | (1 << op))
-    } else {
-        OPERATIONS_NOT_REQUESTED
-    };
     let include_operations = req.include_authorized_operations;
     let described = super::each(req.groups.into_iter().map(|group_id| async move {
+        if !super::authorized(ctx, client, Operation::Describe, ResourceType::Group, &group_id) {
+            return DescribedGroup::default()
+                .with_group_id(group_id)
+                .with_error_code(ResponseError::GroupAuthorizationFailed.code())
+                .with_authorized_operations(OPERATIONS_NOT_REQUESTED);
+        }
+        // Without an authorizer every operation is allowed, as in Kafka.
+        let operations = if include_operations {
+            super::authorized_operations(ctx, client, ResourceType::Group, &group_id)
+        } else {
+            OPERATIONS_NOT_REQUESTED
+        };
         let described = match route(ctx, client, &group_id) {
             Route::Here => describe(ctx, header.request_api_version, &group_id).await,
             Route::Forward(to) => {
@@ -96,12 +96,6 @@ mod tests {
     use kafka_protocol::protocol::Encodable;
 
     use super::*;
-
-    #[test]
-    fn group_operations_match_kafka_without_an_authorizer() {
-        let bits = GROUP_OPERATIONS.iter().fold(0, |bits, op| bits | (1 << op));
-        assert_eq!(bits, 0b1_0100_1000);
-    }
 
     #[test]
     fn dead_group_encodes_in_every_supported_version() {

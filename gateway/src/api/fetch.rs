@@ -18,8 +18,9 @@ use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHea
 use ketch_storage::{Fired, PartitionOffsets, ReadPartition, ReadRequest, StorageError, Topic};
 use tokio::time::Instant;
 
-use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id};
+use super::{Client, authorized, ensure_partition, error_code, resolve_topic, resolve_topic_id};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// One partition of the request, resolved.
 struct Target {
@@ -29,7 +30,12 @@ struct Target {
     max_bytes: usize,
 }
 
-pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest) -> FetchResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    request: FetchRequest,
+) -> FetchResponse {
     let version = header.request_api_version;
     if version >= 7 && request.session_id != 0 {
         return FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
@@ -45,7 +51,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
 
     let mut topics = Vec::with_capacity(request.topics.len());
     for fetch_topic in &request.topics {
-        topics.push(resolve(ctx, version, fetch_topic).await);
+        topics.push(resolve(ctx, client, version, fetch_topic).await);
     }
 
     // Register for wake-ups before the first read, so an append between the
@@ -82,9 +88,15 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: FetchRequest
     }
 }
 
-async fn resolve(ctx: &Context, version: i16, fetch_topic: &FetchTopic) -> Vec<Target> {
+async fn resolve(ctx: &Context, client: &Client, version: i16, fetch_topic: &FetchTopic) -> Vec<Target> {
+    let readable = |name: &str| authorized(ctx, client, Operation::Read, ResourceType::Topic, name);
     let topic = if version >= 13 {
-        resolve_topic_id(ctx, fetch_topic.topic_id).await
+        match resolve_topic_id(ctx, fetch_topic.topic_id).await {
+            Ok(topic) if !readable(&topic.name) => Err(ResponseError::TopicAuthorizationFailed.code()),
+            other => other,
+        }
+    } else if !readable(&fetch_topic.topic) {
+        Err(ResponseError::TopicAuthorizationFailed.code())
     } else {
         resolve_topic(ctx, &fetch_topic.topic, false).await
     };

@@ -8,14 +8,16 @@ use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
-use super::str_bytes;
+use super::{Client, authorized, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// `key_type` of a consumer group.
 const GROUP_KEY: i8 = 0;
 
 pub fn handle(
     ctx: &Context,
+    client: &Client,
     header: &RequestHeader,
     request: FindCoordinatorRequest,
 ) -> FindCoordinatorResponse {
@@ -23,11 +25,11 @@ pub fn handle(
         let coordinators = request
             .coordinator_keys
             .into_iter()
-            .map(|key| find(ctx, request.key_type, key))
+            .map(|key| find(ctx, client, request.key_type, key))
             .collect();
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
-    let found = find(ctx, request.key_type, request.key);
+    let found = find(ctx, client, request.key_type, request.key);
     let response = FindCoordinatorResponse::default()
         .with_error_code(found.error_code)
         .with_node_id(found.node_id)
@@ -40,7 +42,7 @@ pub fn handle(
     }
 }
 
-fn find(ctx: &Context, key_type: i8, key: StrBytes) -> Coordinator {
+fn find(ctx: &Context, client: &Client, key_type: i8, key: StrBytes) -> Coordinator {
     let coordinator = Coordinator::default().with_key(key.clone());
     if key_type != GROUP_KEY {
         return coordinator
@@ -51,6 +53,12 @@ fn find(ctx: &Context, key_type: i8, key: StrBytes) -> Coordinator {
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
+    if !authorized(ctx, client, Operation::Describe, ResourceType::Group, &key) {
+        return coordinator
+            .with_error_code(ResponseError::GroupAuthorizationFailed.code())
+            .with_node_id(BrokerId(-1))
+            .with_port(-1);
+    }
     if ctx.membership.my_id() == crate::membership::UNASSIGNED {
         // Not registered yet (Redis unreachable since start): no coordinator to name.
         return coordinator
@@ -58,7 +66,9 @@ fn find(ctx: &Context, key_type: i8, key: StrBytes) -> Coordinator {
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
-    let node = ctx.membership.presented(&ctx.membership.group_coordinator(&key));
+    let node = ctx
+        .membership
+        .presented(&ctx.membership.group_coordinator(&key), &client.listener);
     coordinator
         .with_node_id(BrokerId(node.id))
         .with_host(str_bytes(node.host))

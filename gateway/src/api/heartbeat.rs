@@ -13,7 +13,15 @@ pub async fn handle(
     header: &RequestHeader,
     req: HeartbeatRequest,
 ) -> HeartbeatResponse {
-    let code = match super::elsewhere(ctx, client, header, &req.group_id, &req).await {
+    let code = match super::elsewhere(
+        ctx,
+        client,
+        header,
+        (crate::auth::acl::Operation::Read, &req.group_id),
+        &req,
+    )
+    .await
+    {
         None => ctx.groups.heartbeat(&req).await,
         Some(Ok(answer)) => return answer,
         Some(Err(code)) => code,

@@ -7,11 +7,13 @@
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId, RequestHeader};
 
-use super::error_code;
+use super::{Client, cluster_authorized, error_code};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     _header: &RequestHeader,
     request: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
@@ -20,6 +22,20 @@ pub async fn handle(
         .with_producer_epoch(-1);
     if request.transactional_id.is_some() {
         return response.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
+    }
+    // An idempotent producer needs IDEMPOTENT_WRITE on the cluster or WRITE
+    // on some topic (KIP-679).
+    let acls = &ctx.security.acls;
+    if acls.enabled()
+        && !cluster_authorized(ctx, client, Operation::IdempotentWrite)
+        && !acls.authorize_any(
+            &client.principal,
+            &client.peer.ip().to_string(),
+            Operation::Write,
+            ResourceType::Topic,
+        )
+    {
+        return response.with_error_code(ResponseError::ClusterAuthorizationFailed.code());
     }
     // KIP-360: an idempotent producer that hit an error bumps its epoch,
     // keeping its id while the epoch has room.

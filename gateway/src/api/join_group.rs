@@ -23,7 +23,15 @@ pub async fn handle(
             .with_member_id(req.member_id.clone())
             .with_protocol_name(None)
     };
-    let response = match super::elsewhere(ctx, &client, header, &req.group_id, &req).await {
+    let response = match super::elsewhere(
+        ctx,
+        &client,
+        header,
+        (crate::auth::acl::Operation::Read, &req.group_id),
+        &req,
+    )
+    .await
+    {
         Some(Ok(answer)) => answer,
         Some(Err(code)) => refused(code, &req),
         None => {

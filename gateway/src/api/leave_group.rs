@@ -15,7 +15,15 @@ pub async fn handle(
     header: &RequestHeader,
     req: LeaveGroupRequest,
 ) -> LeaveGroupResponse {
-    match super::elsewhere(ctx, client, header, &req.group_id, &req).await {
+    match super::elsewhere(
+        ctx,
+        client,
+        header,
+        (crate::auth::acl::Operation::Read, &req.group_id),
+        &req,
+    )
+    .await
+    {
         None => {}
         Some(Ok(answer)) => return answer,
         Some(Err(code)) => return LeaveGroupResponse::default().with_error_code(code),

@@ -12,6 +12,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::Client;
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 use crate::group::{Listing, State};
 
 /// The only group type ketch has.
@@ -27,10 +28,19 @@ pub async fn handle(
     if !req.types_filter.is_empty() && !req.types_filter.iter().any(wanted_type) {
         return ListGroupsResponse::default();
     }
-    if !client.forwarded && ctx.membership.behind_shared_address() {
-        return list_everywhere(ctx, client, header, req).await;
+    let mut response = if !client.forwarded && ctx.membership.behind_shared_address(&client.listener) {
+        list_everywhere(ctx, client, header, req).await
+    } else {
+        list_here(ctx, req).await
+    };
+    // DESCRIBE on the cluster lists every group; otherwise those the client
+    // may describe.
+    if !super::cluster_authorized(ctx, client, Operation::Describe) {
+        response.groups.retain(|g| {
+            super::authorized(ctx, client, Operation::Describe, ResourceType::Group, &g.group_id)
+        });
     }
-    list_here(ctx, req).await
+    response
 }
 
 /// Behind a load balancer a client asks one gateway for every group: this

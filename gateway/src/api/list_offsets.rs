@@ -12,8 +12,9 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, RequestHeader};
 use ketch_storage::Topic;
 
-use super::{ensure_partition, error_code, resolve_topic};
+use super::{Client, authorized, ensure_partition, error_code, resolve_topic};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 const LATEST_TIMESTAMP: i64 = -1;
 const EARLIEST_TIMESTAMP: i64 = -2;
@@ -24,20 +25,40 @@ const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
 /// Every partition has leader epoch 0: this node leads it and never hands it over.
 const LEADER_EPOCH: i32 = 0;
 
-pub async fn handle(ctx: &Context, header: &RequestHeader, req: ListOffsetsRequest) -> ListOffsetsResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    req: ListOffsetsRequest,
+) -> ListOffsetsResponse {
     let leader_epoch = leader_epoch(header.request_api_version);
     // `isolation_level` does not matter: without transactions the last
     // stable offset is the high watermark.
     let topics = req
         .topics
         .into_iter()
-        .map(|topic| list_topic(ctx, topic, leader_epoch));
+        .map(|topic| list_topic(ctx, client, topic, leader_epoch));
     let topics = super::each(topics).await;
     ListOffsetsResponse::default().with_topics(topics)
 }
 
-async fn list_topic(ctx: &Context, request: ListOffsetsTopic, leader_epoch: i32) -> ListOffsetsTopicResponse {
-    let topic = resolve_topic(ctx, &request.name, false).await;
+async fn list_topic(
+    ctx: &Context,
+    client: &Client,
+    request: ListOffsetsTopic,
+    leader_epoch: i32,
+) -> ListOffsetsTopicResponse {
+    let topic = if authorized(
+        ctx,
+        client,
+        Operation::Describe,
+        ResourceType::Topic,
+        &request.name,
+    ) {
+        resolve_topic(ctx, &request.name, false).await
+    } else {
+        Err(ResponseError::TopicAuthorizationFailed.code())
+    };
     let partitions = request
         .partitions
         .into_iter()

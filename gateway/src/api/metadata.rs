@@ -14,21 +14,36 @@ use kafka_protocol::messages::metadata_response::{
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, RequestHeader, TopicName};
 use ketch_storage::Topic;
 
-use super::{error_code, resolve_topic, resolve_topic_id, str_bytes};
+use super::{
+    Client, authorized, authorized_operations, cluster_authorized, error_code, resolve_topic,
+    resolve_topic_id, str_bytes,
+};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
-pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequest) -> MetadataResponse {
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    request: MetadataRequest,
+) -> MetadataResponse {
     let version = header.request_api_version;
     let auto_create = version < 4 || request.allow_auto_topic_creation;
+    let topic_operations = request.include_topic_authorized_operations;
     let wants_all = match &request.topics {
         None => true,
         Some(topics) => version == 0 && topics.is_empty(),
     };
-    let broker_ids = ctx.membership.broker_ids();
+    let broker_ids = ctx.membership.broker_ids(&client.listener);
     let broker_ids = &broker_ids;
     let topics = if wants_all {
         match ctx.storage.all_topics().await {
-            Ok(all) => all.iter().map(|t| describe(ctx, broker_ids, t)).collect(),
+            // Topics the client may not describe are left out.
+            Ok(all) => all
+                .iter()
+                .filter(|t| authorized(ctx, client, Operation::Describe, ResourceType::Topic, &t.name))
+                .map(|t| describe(ctx, client, broker_ids, t, topic_operations))
+                .collect(),
             Err(e) => {
                 error_code(&e);
                 Vec::new()
@@ -38,11 +53,34 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         let requested = request.topics.unwrap_or_default();
         let lookups = requested.into_iter().map(|t| async move {
             let result = match &t.name {
-                Some(name) => resolve_topic(ctx, name, auto_create).await,
-                None => resolve_topic_id(ctx, t.topic_id).await,
+                Some(name) if !authorized(ctx, client, Operation::Describe, ResourceType::Topic, name) => {
+                    Err(ResponseError::TopicAuthorizationFailed.code())
+                }
+                Some(name) => {
+                    // Auto-creation takes CREATE on the cluster or the topic.
+                    let may_create = auto_create
+                        && (cluster_authorized(ctx, client, Operation::Create)
+                            || authorized(ctx, client, Operation::Create, ResourceType::Topic, name));
+                    resolve_topic(ctx, name, may_create).await
+                }
+                None => match resolve_topic_id(ctx, t.topic_id).await {
+                    // Unknown to a client that may not see it, as Kafka answers.
+                    Ok(topic)
+                        if !authorized(
+                            ctx,
+                            client,
+                            Operation::Describe,
+                            ResourceType::Topic,
+                            &topic.name,
+                        ) =>
+                    {
+                        Err(ResponseError::UnknownTopicId.code())
+                    }
+                    other => other,
+                },
             };
             match result {
-                Ok(topic) => describe(ctx, broker_ids, &topic),
+                Ok(topic) => describe(ctx, client, broker_ids, &topic, topic_operations),
                 Err(code) => MetadataResponseTopic::default()
                     .with_name(t.name.clone())
                     .with_topic_id(t.topic_id)
@@ -52,7 +90,7 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         });
         super::each(lookups).await
     };
-    let nodes = ctx.membership.brokers();
+    let nodes = ctx.membership.brokers(&client.listener);
     let controller = nodes.first().map_or(-1, |n| n.id);
     MetadataResponse::default()
         .with_brokers(
@@ -69,7 +107,11 @@ pub async fn handle(ctx: &Context, header: &RequestHeader, request: MetadataRequ
         .with_cluster_id(Some(str_bytes(ctx.settings.broker.cluster_id.clone())))
         .with_controller_id(BrokerId(controller))
         .with_topics(topics)
-        .with_cluster_authorized_operations(i32::MIN)
+        .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {
+            authorized_operations(ctx, client, ResourceType::Cluster, crate::auth::acl::CLUSTER_NAME)
+        } else {
+            i32::MIN
+        })
 }
 
 /// Metadata clients retry LEADER_NOT_AVAILABLE; use it while Redis is away.
@@ -84,11 +126,21 @@ fn retriable_when_storage(code: i16) -> i16 {
 /// `broker_ids`: each live gateway's broker id ([`Membership::broker_ids`]).
 ///
 /// [`Membership::broker_ids`]: crate::membership::Membership::broker_ids
-fn describe(ctx: &Context, broker_ids: &HashMap<i32, i32>, topic: &Topic) -> MetadataResponseTopic {
+fn describe(
+    ctx: &Context,
+    client: &Client,
+    broker_ids: &HashMap<i32, i32>,
+    topic: &Topic,
+    operations: bool,
+) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(str_bytes(topic.name.clone()))))
         .with_topic_id(topic.id)
-        .with_topic_authorized_operations(i32::MIN)
+        .with_topic_authorized_operations(if operations {
+            authorized_operations(ctx, client, ResourceType::Topic, &topic.name)
+        } else {
+            i32::MIN
+        })
         .with_partitions(
             (0..topic.partitions())
                 .map(|p| {
@@ -96,7 +148,7 @@ fn describe(ctx: &Context, broker_ids: &HashMap<i32, i32>, topic: &Topic) -> Met
                     let id = match broker_ids.get(&leader.id) {
                         Some(id) => *id,
                         // The live set changed since the ids were taken.
-                        None => ctx.membership.presented(&leader).id,
+                        None => ctx.membership.presented(&leader, &client.listener).id,
                     };
                     let node = BrokerId(id);
                     MetadataResponsePartition::default()

@@ -5,6 +5,7 @@
 //! Spec: the Kafka protocol guide (<https://kafka.apache.org/protocol>) and
 //! the message schemas `kafka-protocol` 0.18 is generated from (Kafka 4.1).
 
+pub mod acls;
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
@@ -27,6 +28,7 @@ pub mod offset_commit;
 pub mod offset_delete;
 pub mod offset_fetch;
 pub mod produce;
+pub mod scram_credentials;
 pub mod sync_group;
 
 use std::sync::Arc;
@@ -37,6 +39,7 @@ use kafka_protocol::protocol::StrBytes;
 use ketch_storage::{SequenceError, StorageError, Topic};
 
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// Every API ketch serves and the versions whose semantics it implements.
 /// ApiVersions advertises exactly these; anything else closes the connection.
@@ -64,6 +67,13 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 6),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
 ];
 
 /// The (min, max) versions ketch supports for `key`, if any.
@@ -77,25 +87,99 @@ pub fn supported_versions(key: ApiKey) -> Option<(i16, i16)> {
 /// The principal of a client that did not authenticate (Kafka's name).
 pub const ANONYMOUS: &str = "User:ANONYMOUS";
 
-/// Who sent a request: the client's address and principal, and whether
-/// another gateway forwarded it (forwarded requests are never forwarded
-/// again).
+/// Who sent a request: the client's address and principal, the listener
+/// it came through, and whether another gateway forwarded it (forwarded
+/// requests are never forwarded again).
 #[derive(Debug, Clone)]
 pub struct Client {
     pub peer: std::net::SocketAddr,
     pub principal: Arc<str>,
     pub forwarded: bool,
+    /// The listener's name: Metadata and FindCoordinator answer with the
+    /// gateways' addresses on it. Empty: the first listener.
+    pub listener: Arc<str>,
 }
 
 impl Client {
-    /// A client connected to this gateway's Kafka listener.
+    /// An unauthenticated client of the first listener.
     pub fn direct(peer: std::net::SocketAddr) -> Self {
         Self {
             peer,
             principal: Arc::from(ANONYMOUS),
             forwarded: false,
+            listener: Arc::from(""),
         }
     }
+}
+
+/// The authorisation check of a request: whether `client` may perform
+/// `op` on the resource. Free when ACLs are off.
+pub fn authorized(
+    ctx: &Context,
+    client: &Client,
+    op: Operation,
+    resource_type: ResourceType,
+    name: &str,
+) -> bool {
+    let acls = &ctx.security.acls;
+    if !acls.enabled() {
+        return true;
+    }
+    let allowed = acls.authorize(
+        &client.principal,
+        &client.peer.ip().to_string(),
+        op,
+        resource_type,
+        name,
+    );
+    if !allowed {
+        tracing::debug!(principal = %client.principal, ?op, ?resource_type, name, "not authorized");
+    }
+    allowed
+}
+
+/// The operations `client` may perform on a resource, as the bit set
+/// Metadata and DescribeCluster report (bit = Kafka's operation code).
+pub fn authorized_operations(ctx: &Context, client: &Client, resource_type: ResourceType, name: &str) -> i32 {
+    use Operation::*;
+    let candidates: &[Operation] = match resource_type {
+        ResourceType::Topic => &[
+            Read,
+            Write,
+            Create,
+            Delete,
+            Alter,
+            Describe,
+            DescribeConfigs,
+            AlterConfigs,
+        ],
+        ResourceType::Group => &[Read, Describe, Delete],
+        ResourceType::Cluster => &[
+            Create,
+            Alter,
+            Describe,
+            ClusterAction,
+            DescribeConfigs,
+            AlterConfigs,
+            IdempotentWrite,
+        ],
+        ResourceType::TransactionalId => &[Describe, Write],
+    };
+    candidates
+        .iter()
+        .filter(|op| authorized(ctx, client, **op, resource_type, name))
+        .fold(0, |bits, op| bits | 1 << op.code())
+}
+
+/// [`authorized`] for the cluster resource.
+pub fn cluster_authorized(ctx: &Context, client: &Client, op: Operation) -> bool {
+    authorized(
+        ctx,
+        client,
+        op,
+        ResourceType::Cluster,
+        crate::auth::acl::CLUSTER_NAME,
+    )
 }
 
 /// Runs one request. `None` means no response is sent (acks=0 produce).
@@ -110,30 +194,34 @@ pub async fn handle(
 ) -> Option<ResponseKind> {
     let response = match request {
         RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(ctx, header, r)),
-        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, header, r).await),
-        RequestKind::Produce(r) => ResponseKind::Produce(produce::handle(ctx, header, r, turns).await?),
-        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(ctx, header, r).await),
-        RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(ctx, header, r).await),
+        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, &client, header, r).await),
+        RequestKind::Produce(r) => {
+            ResponseKind::Produce(produce::handle(ctx, &client, header, r, turns).await?)
+        }
+        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(ctx, &client, header, r).await),
+        RequestKind::ListOffsets(r) => {
+            ResponseKind::ListOffsets(list_offsets::handle(ctx, &client, header, r).await)
+        }
         RequestKind::CreateTopics(r) => {
-            ResponseKind::CreateTopics(create_topics::handle(ctx, header, r).await)
+            ResponseKind::CreateTopics(create_topics::handle(ctx, &client, header, r).await)
         }
         RequestKind::DeleteTopics(r) => {
-            ResponseKind::DeleteTopics(delete_topics::handle(ctx, header, r).await)
+            ResponseKind::DeleteTopics(delete_topics::handle(ctx, &client, header, r).await)
         }
         RequestKind::CreatePartitions(r) => {
-            ResponseKind::CreatePartitions(create_partitions::handle(ctx, header, r).await)
+            ResponseKind::CreatePartitions(create_partitions::handle(ctx, &client, header, r).await)
         }
         RequestKind::DescribeConfigs(r) => {
-            ResponseKind::DescribeConfigs(describe_configs::handle(ctx, header, r).await)
+            ResponseKind::DescribeConfigs(describe_configs::handle(ctx, &client, header, r).await)
         }
         RequestKind::DescribeCluster(r) => {
-            ResponseKind::DescribeCluster(describe_cluster::handle(ctx, header, r))
+            ResponseKind::DescribeCluster(describe_cluster::handle(ctx, &client, header, r))
         }
         RequestKind::DeleteRecords(r) => {
-            ResponseKind::DeleteRecords(delete_records::handle(ctx, header, r).await)
+            ResponseKind::DeleteRecords(delete_records::handle(ctx, &client, header, r).await)
         }
         RequestKind::FindCoordinator(r) => {
-            ResponseKind::FindCoordinator(find_coordinator::handle(ctx, header, r))
+            ResponseKind::FindCoordinator(find_coordinator::handle(ctx, &client, header, r))
         }
         RequestKind::OffsetFetch(r) => {
             ResponseKind::OffsetFetch(offset_fetch::handle(ctx, &client, header, r).await)
@@ -166,7 +254,16 @@ pub async fn handle(
             ResponseKind::DeleteGroups(delete_groups::handle(ctx, &client, header, r).await)
         }
         RequestKind::InitProducerId(r) => {
-            ResponseKind::InitProducerId(init_producer_id::handle(ctx, header, r).await)
+            ResponseKind::InitProducerId(init_producer_id::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::CreateAcls(r) => ResponseKind::CreateAcls(acls::create(ctx, &client, r).await),
+        RequestKind::DescribeAcls(r) => ResponseKind::DescribeAcls(acls::describe(ctx, &client, r)),
+        RequestKind::DeleteAcls(r) => ResponseKind::DeleteAcls(acls::delete(ctx, &client, r).await),
+        RequestKind::DescribeUserScramCredentials(r) => {
+            ResponseKind::DescribeUserScramCredentials(scram_credentials::describe(ctx, &client, r).await)
+        }
+        RequestKind::AlterUserScramCredentials(r) => {
+            ResponseKind::AlterUserScramCredentials(scram_credentials::alter(ctx, &client, r).await)
         }
         other => {
             // Unreachable: the server refuses unsupported API keys before decoding.
@@ -350,8 +447,15 @@ pub async fn forward<R: crate::forward::Forwardable>(
             }
         }
     };
+    let secret = match ctx.security.internal_secret(ctx.storage.as_ref()).await {
+        Ok(secret) => secret,
+        Err(e) => {
+            tracing::info!(error = %e, "cannot read the internal secret to forward a group request");
+            return Err(ResponseError::CoordinatorNotAvailable.code());
+        }
+    };
     tokio::select! {
-        answer = ctx.forwarder.forward(to, header, request, client, deadline) => answer.map_err(|e| {
+        answer = ctx.forwarder.forward(to, header, request, client, deadline, secret) => answer.map_err(|e| {
             tracing::info!(coordinator = to, api_key = header.request_api_key, error = %e, "cannot forward a group request");
             ResponseError::CoordinatorNotAvailable.code()
         }),
@@ -363,16 +467,21 @@ pub async fn forward<R: crate::forward::Forwardable>(
     }
 }
 
-/// For a request about one group: `None` when this gateway coordinates
-/// it (handle it here); otherwise the coordinator's answer, or the error
-/// code to answer with.
+/// For a request about one group that takes `op` on it: `None` when this
+/// gateway coordinates it (handle it here); otherwise the coordinator's
+/// answer, or the error code to answer with (GROUP_AUTHORIZATION_FAILED
+/// when the client may not, checked before anything is forwarded; the
+/// coordinator checks the forwarded principal again).
 pub async fn elsewhere<R: crate::forward::Forwardable>(
     ctx: &Context,
     client: &Client,
     header: &RequestHeader,
-    group: &str,
+    (op, group): (Operation, &str),
     request: &R,
 ) -> Option<Result<R::Response, i16>> {
+    if !authorized(ctx, client, op, ResourceType::Group, group) {
+        return Some(Err(ResponseError::GroupAuthorizationFailed.code()));
+    }
     match route(ctx, client, group) {
         Route::Here => None,
         Route::Forward(to) => Some(forward(ctx, client, header, request, &to).await),

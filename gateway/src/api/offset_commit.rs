@@ -24,7 +24,15 @@ pub async fn handle(
     request: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let group = request.group_id.0.to_string();
-    let refused = match super::elsewhere(ctx, client, header, &group, &request).await {
+    let refused = match super::elsewhere(
+        ctx,
+        client,
+        header,
+        (crate::auth::acl::Operation::Read, &group),
+        &request,
+    )
+    .await
+    {
         None => ctx
             .groups
             .validate_offset_commit(
@@ -44,6 +52,17 @@ pub async fn handle(
     for topic in &request.topics {
         let known = match refused {
             Some(code) => Err(code),
+            // Committing for a topic takes READ on it.
+            None if !super::authorized(
+                ctx,
+                client,
+                crate::auth::acl::Operation::Read,
+                crate::auth::acl::ResourceType::Topic,
+                &topic.name,
+            ) =>
+            {
+                Err(ResponseError::TopicAuthorizationFailed.code())
+            }
             None => resolve_topic(ctx, &topic.name, false)
                 .await
                 .map(|t| t.partitions()),

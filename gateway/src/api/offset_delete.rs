@@ -28,7 +28,15 @@ pub async fn handle(
     request: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
     let group = request.group_id.0.to_string();
-    match super::elsewhere(ctx, client, header, &group, &request).await {
+    match super::elsewhere(
+        ctx,
+        client,
+        header,
+        (crate::auth::acl::Operation::Delete, &group),
+        &request,
+    )
+    .await
+    {
         None => {}
         Some(Ok(answer)) => return answer,
         Some(Err(code)) => return OffsetDeleteResponse::default().with_error_code(code),
@@ -56,7 +64,16 @@ pub async fn handle(
     let mut topics = Vec::with_capacity(request.topics.len());
     for topic in request.topics {
         let name = topic.name.0.to_string();
-        let code = if subscribed.contains(&name) {
+        let readable = super::authorized(
+            ctx,
+            client,
+            crate::auth::acl::Operation::Read,
+            crate::auth::acl::ResourceType::Topic,
+            &name,
+        );
+        let code = if !readable {
+            ResponseError::TopicAuthorizationFailed.code()
+        } else if subscribed.contains(&name) {
             ResponseError::GroupSubscribedToTopic.code()
         } else {
             deletable.extend(topic.partitions.iter().map(|p| (name.clone(), p.partition_index)));

@@ -12,8 +12,9 @@ use kafka_protocol::messages::offset_fetch_response::{
 use kafka_protocol::messages::{GroupId, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, TopicName};
 use ketch_storage::{CommittedOffset, TopicPartition};
 
-use super::{Client, Route, error_code, route, str_bytes};
+use super::{Client, Route, authorized, error_code, route, str_bytes};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 pub async fn handle(
     ctx: &Context,
@@ -54,8 +55,9 @@ pub async fn handle(
     }
 }
 
-/// One topic's answer: name, then (partition, committed offset or none).
-type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>)>);
+/// One topic's answer: name, (partition, committed offset or none), and
+/// the error of every partition (TOPIC_AUTHORIZATION_FAILED, or none).
+type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>)>, i16);
 
 /// The group's error code and its offsets, grouped by topic in the order
 /// asked (or by name when all were asked for). A topic named twice, or a
@@ -72,12 +74,20 @@ async fn fetch(
     group: &GroupId,
     wanted: Option<Vec<(TopicName, Vec<i32>)>>,
 ) -> (i16, Vec<TopicOffsets>) {
+    if !authorized(ctx, client, Operation::Describe, ResourceType::Group, group) {
+        return (ResponseError::GroupAuthorizationFailed.code(), Vec::new());
+    }
     if route(ctx, client, group) == Route::NotCoordinator {
         return (ResponseError::NotCoordinator.code(), Vec::new());
     }
+    let describable = |topic: &str| authorized(ctx, client, Operation::Describe, ResourceType::Topic, topic);
     let Some(wanted) = wanted else {
+        // All of them: those of topics the client may not see are left out.
         return match ctx.storage.all_committed_offsets(group).await {
-            Ok(all) => (0, by_topic(all)),
+            Ok(all) => (
+                0,
+                by_topic(all.into_iter().filter(|((t, _), _)| describable(t)).collect()),
+            ),
             Err(e) => (error_code(&e), Vec::new()),
         };
     };
@@ -94,6 +104,14 @@ async fn fetch(
     // The topics' reads overlap (as many at once as `each` allows), so a
     // group of many topics does not pay a round trip per topic in turn.
     let reads = super::each(unique.into_iter().map(|(name, partitions)| async move {
+        if !describable(&name) {
+            let none = partitions.into_iter().map(|p| (p, None)).collect();
+            return Ok((
+                name.0.to_string(),
+                none,
+                ResponseError::TopicAuthorizationFailed.code(),
+            ));
+        }
         let offsets = if ketch_storage::validate_topic_name(&name).is_err() {
             vec![None; partitions.len()]
         } else {
@@ -104,6 +122,7 @@ async fn fetch(
         Ok::<_, ketch_storage::StorageError>((
             name.0.to_string(),
             partitions.into_iter().zip(offsets).collect(),
+            0,
         ))
     }))
     .await;
@@ -118,15 +137,15 @@ fn by_topic(all: Vec<(TopicPartition, CommittedOffset)>) -> Vec<TopicOffsets> {
     let mut topics: Vec<TopicOffsets> = Vec::new();
     for ((topic, partition), committed) in all {
         match topics.last_mut() {
-            Some((name, partitions)) if *name == topic => partitions.push((partition, Some(committed))),
-            _ => topics.push((topic, vec![(partition, Some(committed))])),
+            Some((name, partitions, _)) if *name == topic => partitions.push((partition, Some(committed))),
+            _ => topics.push((topic, vec![(partition, Some(committed))], 0)),
         }
     }
     topics
 }
 
 /// v1–v7 answer; the leader epoch exists from v5.
-fn old_topic(version: i16, (name, partitions): TopicOffsets) -> OffsetFetchResponseTopic {
+fn old_topic(version: i16, (name, partitions, error): TopicOffsets) -> OffsetFetchResponseTopic {
     OffsetFetchResponseTopic::default()
         .with_name(TopicName(str_bytes(name)))
         .with_partitions(
@@ -139,12 +158,13 @@ fn old_topic(version: i16, (name, partitions): TopicOffsets) -> OffsetFetchRespo
                         .with_committed_offset(offset)
                         .with_committed_leader_epoch(if version >= 5 { epoch } else { -1 })
                         .with_metadata(Some(str_bytes(metadata)))
+                        .with_error_code(error)
                 })
                 .collect(),
         )
 }
 
-fn v8_topic((name, partitions): TopicOffsets) -> OffsetFetchResponseTopics {
+fn v8_topic((name, partitions, error): TopicOffsets) -> OffsetFetchResponseTopics {
     OffsetFetchResponseTopics::default()
         .with_name(TopicName(str_bytes(name)))
         .with_partitions(
@@ -157,6 +177,7 @@ fn v8_topic((name, partitions): TopicOffsets) -> OffsetFetchResponseTopics {
                         .with_committed_offset(offset)
                         .with_committed_leader_epoch(epoch)
                         .with_metadata(Some(str_bytes(metadata)))
+                        .with_error_code(error)
                 })
                 .collect(),
         )

@@ -31,8 +31,12 @@ use ketch_storage::batch::{
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::{ensure_partition, error_code, resolve_topic, resolve_topic_id, str_bytes};
+use super::{
+    Client, authorized, cluster_authorized, ensure_partition, error_code, resolve_topic, resolve_topic_id,
+    str_bytes,
+};
 use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
 
 /// A partition of a produce request, as the sequencer keys it: a hash of
 /// the topic (name, or id from v13) and the partition. Hashing keeps
@@ -120,6 +124,7 @@ impl Sequencer {
 
 pub async fn handle(
     ctx: &Context,
+    client: &Client,
     header: &RequestHeader,
     request: ProduceRequest,
     mut turns: Turns,
@@ -148,7 +153,7 @@ pub async fn handle(
             }
         }
         data.partition_data = kept;
-        produce_topic(ctx, acks, deadline, by_id, data, turns_of_topic)
+        produce_topic(ctx, client, acks, deadline, by_id, data, turns_of_topic)
     });
     let responses = super::each(topics).await;
     if acks == 0 {
@@ -159,6 +164,7 @@ pub async fn handle(
 
 async fn produce_topic(
     ctx: &Context,
+    client: &Client,
     acks: i16,
     deadline: Option<tokio::time::Instant>,
     by_id: bool,
@@ -168,9 +174,18 @@ async fn produce_topic(
     let topic = if !matches!(acks, -1..=1) {
         Err(ResponseError::InvalidRequiredAcks.code())
     } else if by_id {
-        resolve_topic_id(ctx, data.topic_id).await
+        match resolve_topic_id(ctx, data.topic_id).await {
+            Ok(topic) if !authorized(ctx, client, Operation::Write, ResourceType::Topic, &topic.name) => {
+                Err(ResponseError::TopicAuthorizationFailed.code())
+            }
+            other => other,
+        }
+    } else if !authorized(ctx, client, Operation::Write, ResourceType::Topic, &data.name) {
+        Err(ResponseError::TopicAuthorizationFailed.code())
     } else {
-        resolve_topic(ctx, &data.name, true).await
+        let may_create = cluster_authorized(ctx, client, Operation::Create)
+            || authorized(ctx, client, Operation::Create, ResourceType::Topic, &data.name);
+        resolve_topic(ctx, &data.name, may_create).await
     };
     let partitions = data.partition_data.into_iter().zip(turns).map(|(p, mut turn)| {
         let topic = topic.clone();

@@ -14,7 +14,15 @@ pub async fn handle(
     header: &RequestHeader,
     req: SyncGroupRequest,
 ) -> SyncGroupResponse {
-    match super::elsewhere(ctx, client, header, &req.group_id, &req).await {
+    match super::elsewhere(
+        ctx,
+        client,
+        header,
+        (crate::auth::acl::Operation::Read, &req.group_id),
+        &req,
+    )
+    .await
+    {
         None => ctx.groups.sync(req, &ctx.shutdown).await,
         Some(Ok(answer)) => answer,
         Some(Err(code)) => SyncGroupResponse::default().with_error_code(code),

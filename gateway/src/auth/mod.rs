@@ -1,7 +1,85 @@
-//! Authentication and authorisation: TLS and mTLS, SASL (SCRAM, PLAIN,
-//! OAUTHBEARER) and ACLs.
+//! Authentication and authorisation: TLS and mTLS on the listeners, SASL
+//! (SCRAM-SHA-256/512, PLAIN, OAUTHBEARER) and ACLs. See docs/security.md.
 
+pub mod acl;
 pub mod jwt;
 pub mod oauthbearer;
+pub mod sasl;
 pub mod scram;
+pub mod tls;
 pub mod x509;
+
+use std::sync::Arc;
+
+use ketch_config::Settings;
+
+/// A gateway's security: what every connection and request is checked by.
+pub struct Security {
+    /// The listeners' TLS configuration, when a certificate is set.
+    pub tls: Option<Arc<tls::Tls>>,
+    pub sasl: Arc<sasl::Sasl>,
+    pub acls: acl::Authorizer,
+    /// The secret gateways prove to each other on their internal listeners
+    /// when ACLs are on (read from Redis once).
+    internal_secret: tokio::sync::OnceCell<Arc<[u8]>>,
+}
+
+/// The label of the internal listener's proof (HMAC-SHA256 of it and the
+/// listener's nonce, keyed with the internal secret).
+const INTERNAL_PROOF_LABEL: &[u8] = b"ketch internal listener v1";
+
+/// The proof of knowing `secret` for `nonce`.
+pub fn internal_proof(secret: &[u8], nonce: &[u8]) -> Vec<u8> {
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, secret);
+    let mut context = aws_lc_rs::hmac::Context::with_key(&key);
+    context.update(INTERNAL_PROOF_LABEL);
+    context.update(nonce);
+    context.sign().as_ref().to_vec()
+}
+
+/// Whether `proof` proves `secret` for `nonce` (constant time).
+pub fn verify_internal_proof(secret: &[u8], nonce: &[u8], proof: &[u8]) -> bool {
+    aws_lc_rs::constant_time::verify_slices_are_equal(&internal_proof(secret, nonce), proof).is_ok()
+}
+
+impl Security {
+    /// Loads the certificates and keys the settings name.
+    pub fn load(settings: &Settings) -> anyhow::Result<Self> {
+        Ok(Self {
+            tls: tls::Tls::load(&settings.tls)?,
+            sasl: Arc::new(sasl::Sasl::new(settings)?),
+            acls: acl::Authorizer::new(&settings.acl),
+            internal_secret: Default::default(),
+        })
+    }
+
+    /// The internal listener's secret when gateways must prove it (ACLs
+    /// are on: a forwarded request carries the principal it is checked
+    /// as, so only gateways may send one); `None` otherwise.
+    pub async fn internal_secret(
+        &self,
+        storage: &dyn crate::storage::Storage,
+    ) -> Result<Option<Arc<[u8]>>, ketch_storage::StorageError> {
+        if !self.acls.enabled() {
+            return Ok(None);
+        }
+        let secret = self
+            .internal_secret
+            .get_or_try_init(|| async { storage.internal_secret().await.map(Arc::from) })
+            .await?;
+        Ok(Some(secret.clone()))
+    }
+
+    /// Without TLS or OAUTHBEARER keys (nothing to load from files): for
+    /// contexts made in tests and the fuzz target.
+    pub fn without_files(settings: &Settings) -> Self {
+        let mut plain = settings.clone();
+        plain.sasl.mechanisms.retain(|m| m != "OAUTHBEARER");
+        Self {
+            tls: None,
+            sasl: Arc::new(sasl::Sasl::new(&plain).expect("SASL without key files")),
+            acls: acl::Authorizer::new(&settings.acl),
+            internal_secret: Default::default(),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! DescribeUserScramCredentials and AlterUserScramCredentials (API keys 50
+//! and 51, KIP-554): the SCRAM users SASL authenticates against, kept in
+//! Redis (salt, iterations, stored and server keys; never a password).
+//! Describing takes DESCRIBE on the cluster, altering ALTER.
+
+use std::collections::HashSet;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
+use kafka_protocol::messages::describe_user_scram_credentials_response::{
+    CredentialInfo, DescribeUserScramCredentialsResult,
+};
+use kafka_protocol::messages::{
+    AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse, DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
+};
+use ketch_storage::StoredCredential;
+
+use super::{Client, cluster_authorized, error_code, str_bytes};
+use crate::Context;
+use crate::auth::acl::Operation;
+use crate::auth::scram::{Algorithm, Credential};
+
+pub async fn describe(
+    ctx: &Context,
+    client: &Client,
+    request: DescribeUserScramCredentialsRequest,
+) -> DescribeUserScramCredentialsResponse {
+    let response = DescribeUserScramCredentialsResponse::default();
+    if !cluster_authorized(ctx, client, Operation::Describe) {
+        return response
+            .with_error_code(ResponseError::ClusterAuthorizationFailed.code())
+            .with_error_message(Some(str_bytes("Authorization failed.")));
+    }
+    let all = match ctx.storage.scram_credentials().await {
+        Ok(all) => all,
+        Err(e) => {
+            return response
+                .with_error_code(error_code(&e))
+                .with_error_message(Some(str_bytes(e.to_string())));
+        }
+    };
+    let info = |c: &StoredCredential| {
+        let alg = Algorithm::from_mechanism(&c.mechanism)?;
+        let credential: Credential = serde_json::from_str(&c.credential).ok()?;
+        Some(
+            CredentialInfo::default()
+                .with_mechanism(alg.kafka_type())
+                .with_iterations(credential.iterations() as i32),
+        )
+    };
+    let of_user = |user: &str| -> Vec<CredentialInfo> {
+        all.iter().filter(|c| c.user == user).filter_map(info).collect()
+    };
+    // Null or empty: every user (as Kafka reads it).
+    let named = request.users.filter(|users| !users.is_empty());
+    let results = match named {
+        None => {
+            let mut users: Vec<&str> = all.iter().map(|c| c.user.as_str()).collect();
+            users.dedup();
+            users
+                .into_iter()
+                .map(|user| {
+                    DescribeUserScramCredentialsResult::default()
+                        .with_user(str_bytes(user))
+                        .with_credential_infos(of_user(user))
+                })
+                .collect()
+        }
+        Some(names) => {
+            let mut seen = HashSet::new();
+            let duplicated: HashSet<String> = names
+                .iter()
+                .filter(|n| !seen.insert(n.name.to_string()))
+                .map(|n| n.name.to_string())
+                .collect();
+            let mut answered = HashSet::new();
+            names
+                .into_iter()
+                .filter(|n| answered.insert(n.name.to_string()))
+                .map(|n| {
+                    let result = DescribeUserScramCredentialsResult::default().with_user(n.name.clone());
+                    let infos = of_user(&n.name);
+                    if duplicated.contains(n.name.as_str()) {
+                        result
+                            .with_error_code(ResponseError::DuplicateResource.code())
+                            .with_error_message(Some(str_bytes(format!(
+                                "Cannot describe SCRAM credentials for the same user twice in a single request: {}",
+                                n.name.as_str()
+                            ))))
+                    } else if infos.is_empty() {
+                        result
+                            .with_error_code(ResponseError::ResourceNotFound.code())
+                            .with_error_message(Some(str_bytes(format!(
+                                "Attempt to describe a user credential that does not exist: {}",
+                                n.name.as_str()
+                            ))))
+                    } else {
+                        result.with_credential_infos(infos)
+                    }
+                })
+                .collect()
+        }
+    };
+    response.with_results(results)
+}
+
+/// Why one alteration is refused: (error, message).
+type Refusal = (ResponseError, String);
+
+pub async fn alter(
+    ctx: &Context,
+    client: &Client,
+    request: AlterUserScramCredentialsRequest,
+) -> AlterUserScramCredentialsResponse {
+    let allowed = cluster_authorized(ctx, client, Operation::Alter);
+    // (user, mechanism) named more than once is refused for every entry.
+    let mut seen = HashSet::new();
+    let mut duplicated = HashSet::new();
+    let keys = request
+        .deletions
+        .iter()
+        .map(|d| (d.name.to_string(), d.mechanism))
+        .chain(
+            request
+                .upsertions
+                .iter()
+                .map(|u| (u.name.to_string(), u.mechanism)),
+        );
+    for key in keys {
+        if !seen.insert(key.clone()) {
+            duplicated.insert(key);
+        }
+    }
+    let mut results = Vec::new();
+    let mut answer = |user: &str, outcome: Result<(), Refusal>| {
+        let result = AlterUserScramCredentialsResult::default().with_user(str_bytes(user));
+        results.push(match outcome {
+            Ok(()) => result,
+            Err((error, message)) => result
+                .with_error_code(error.code())
+                .with_error_message(Some(str_bytes(message))),
+        });
+    };
+    for d in &request.deletions {
+        let outcome = check(allowed, &duplicated, &d.name, d.mechanism);
+        let outcome = match outcome {
+            Ok(alg) => match ctx
+                .storage
+                .delete_scram_credential(alg.mechanism(), &d.name)
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(principal = %client.principal, user = %d.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential deleted");
+                    Ok(())
+                }
+                Ok(false) => Err((
+                    ResponseError::ResourceNotFound,
+                    format!(
+                        "Attempt to delete a user credential that does not exist: {} {}",
+                        d.name.as_str(),
+                        alg.mechanism()
+                    ),
+                )),
+                Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
+            },
+            Err(refusal) => Err(refusal),
+        };
+        answer(&d.name, outcome);
+    }
+    for u in &request.upsertions {
+        let outcome = check(allowed, &duplicated, &u.name, u.mechanism).and_then(|alg| {
+            let iterations = u32::try_from(u.iterations).unwrap_or(0);
+            if !(Credential::MIN_ITERATIONS..=Credential::MAX_ITERATIONS).contains(&iterations) {
+                return Err((
+                    ResponseError::UnacceptableCredential,
+                    format!(
+                        "Iterations must be between {} and {}, not {}",
+                        Credential::MIN_ITERATIONS,
+                        Credential::MAX_ITERATIONS,
+                        u.iterations
+                    ),
+                ));
+            }
+            if u.salt.is_empty() || u.salted_password.is_empty() {
+                return Err((
+                    ResponseError::UnacceptableCredential,
+                    "The salt and the salted password must not be empty".to_owned(),
+                ));
+            }
+            Ok(Credential::from_salted_password(
+                alg,
+                &u.salted_password,
+                &u.salt,
+                iterations,
+            ))
+        });
+        let outcome = match outcome {
+            Ok(credential) => {
+                let alg = Algorithm::from_kafka_type(u.mechanism).expect("checked");
+                let json = serde_json::to_string(&credential).expect("a credential serializes");
+                match ctx
+                    .storage
+                    .set_scram_credential(alg.mechanism(), &u.name, &json)
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::info!(principal = %client.principal, user = %u.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential set");
+                        Ok(())
+                    }
+                    Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
+                }
+            }
+            Err(refusal) => Err(refusal),
+        };
+        answer(&u.name, outcome);
+    }
+    AlterUserScramCredentialsResponse::default().with_results(results)
+}
+
+fn check(
+    allowed: bool,
+    duplicated: &HashSet<(String, i8)>,
+    user: &str,
+    mechanism: i8,
+) -> Result<Algorithm, Refusal> {
+    if !allowed {
+        return Err((
+            ResponseError::ClusterAuthorizationFailed,
+            "Authorization failed.".to_owned(),
+        ));
+    }
+    if user.is_empty() {
+        return Err((
+            ResponseError::UnacceptableCredential,
+            "Username must not be empty".to_owned(),
+        ));
+    }
+    if duplicated.contains(&(user.to_owned(), mechanism)) {
+        return Err((
+            ResponseError::DuplicateResource,
+            format!("A user credential cannot be altered twice in the same request: {user}"),
+        ));
+    }
+    Algorithm::from_kafka_type(mechanism).ok_or_else(|| {
+        (
+            ResponseError::UnsupportedSaslMechanism,
+            format!("Unknown SCRAM mechanism {mechanism}"),
+        )
+    })
+}

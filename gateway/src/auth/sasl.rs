@@ -1,0 +1,490 @@
+//! SASL authentication of one connection: SaslHandshake v0–1,
+//! SaslAuthenticate v0–2 (and the raw tokens of a v0 handshake), the
+//! SCRAM-SHA-256/512, PLAIN and OAUTHBEARER mechanisms, and KIP-368
+//! re-authentication.
+//!
+//! A SASL listener answers nothing but ApiVersions, SaslHandshake and
+//! SaslAuthenticate until the client has authenticated; anything else
+//! closes the connection, as Kafka does. A failed authentication is
+//! answered with SASL_AUTHENTICATION_FAILED after
+//! `sasl.failed_authentication_delay`, and the connection is closed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+};
+use ketch_config::Settings;
+
+use super::scram::{self, Algorithm, Credential};
+use super::{jwt, oauthbearer};
+use crate::api::str_bytes;
+use crate::storage::Storage;
+
+/// SASL settings and counters shared by every connection of a gateway.
+pub struct Sasl {
+    mechanisms: Vec<String>,
+    plain_without_tls: bool,
+    reauth: Option<Duration>,
+    failure_delay: Duration,
+    jwt: Option<jwt::Validator>,
+    pub successes: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+impl Sasl {
+    pub fn new(settings: &Settings) -> anyhow::Result<Self> {
+        let sasl = &settings.sasl;
+        let jwt = if sasl.mechanisms.iter().any(|m| m == "OAUTHBEARER")
+            && (sasl.oauth_jwks_file.is_some() || sasl.oauth_public_key_file.is_some())
+        {
+            Some(
+                jwt::Validator::new(&jwt::ValidatorConfig {
+                    jwks_file: sasl.oauth_jwks_file.as_deref(),
+                    public_key_file: sasl.oauth_public_key_file.as_deref(),
+                    issuer: sasl.oauth_issuer.as_deref(),
+                    audience: sasl.oauth_audience.as_deref(),
+                    subject_claim: &sasl.oauth_subject_claim,
+                    clock_skew: sasl.oauth_clock_skew.get(),
+                })
+                .map_err(|e| anyhow::anyhow!("OAUTHBEARER keys: {e}"))?,
+            )
+        } else {
+            None
+        };
+        let reauth = sasl.connections_max_reauth.get();
+        Ok(Self {
+            mechanisms: sasl.mechanisms.clone(),
+            plain_without_tls: sasl.plain_without_tls,
+            reauth: (!reauth.is_zero()).then_some(reauth),
+            failure_delay: sasl.failed_authentication_delay.get(),
+            jwt,
+            successes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        })
+    }
+
+    /// The mechanisms a client on a listener with or without TLS may use.
+    fn offered(&self, tls: bool) -> Vec<&str> {
+        self.mechanisms
+            .iter()
+            .map(String::as_str)
+            .filter(|m| *m != "PLAIN" || tls || self.plain_without_tls)
+            .filter(|m| *m != "OAUTHBEARER" || self.jwt.is_some())
+            .collect()
+    }
+}
+
+/// One connection's authentication state.
+pub struct Session {
+    sasl: Arc<Sasl>,
+    /// Whether the connection is TLS (PLAIN is offered only then, by default).
+    tls: bool,
+    /// The principal: `User:ANONYMOUS` (or the client certificate's) until
+    /// SASL succeeds.
+    principal: Arc<str>,
+    /// Whether a SASL authentication has succeeded.
+    authenticated: bool,
+    /// The mechanism of the first authentication (re-authentication must
+    /// use it) and the exchange under way.
+    mechanism: Option<Mechanism>,
+    exchange: Option<Exchange>,
+    /// A v0 handshake: the next frames are raw SASL tokens, not requests.
+    raw_tokens: bool,
+    /// When the session ends (KIP-368); the client must re-authenticate by then.
+    expires: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mechanism {
+    Scram(Algorithm),
+    Plain,
+    OAuthBearer,
+}
+
+impl Mechanism {
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "PLAIN" => Some(Mechanism::Plain),
+            "OAUTHBEARER" => Some(Mechanism::OAuthBearer),
+            other => Algorithm::from_mechanism(other).map(Mechanism::Scram),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mechanism::Scram(alg) => alg.mechanism(),
+            Mechanism::Plain => "PLAIN",
+            Mechanism::OAuthBearer => "OAUTHBEARER",
+        }
+    }
+}
+
+enum Exchange {
+    /// Waiting for the client's first message.
+    Start(Mechanism),
+    /// SCRAM: server-first sent, waiting for client-final.
+    ScramFinal {
+        state: scram::ServerFirst,
+        user: String,
+        alg: Algorithm,
+    },
+}
+
+/// What a SASL step produced.
+pub enum Outcome {
+    /// Send this response and go on.
+    Answer(kafka_protocol::messages::ResponseKind),
+    /// Send these raw token bytes (a v0 handshake's exchange) and go on.
+    Raw(Vec<u8>),
+    /// Send this response (if any), then close the connection.
+    Close(Option<kafka_protocol::messages::ResponseKind>, String),
+}
+
+/// Why one step of an exchange failed.
+struct Failure(String);
+
+/// The result of one step: a challenge to send, or success.
+enum Step {
+    Challenge(Vec<u8>),
+    Done {
+        response: Vec<u8>,
+        principal: String,
+        /// The credential's own expiry (an OAuth token's).
+        expires: Option<SystemTime>,
+    },
+}
+
+impl Session {
+    pub fn new(sasl: Arc<Sasl>, tls: bool, principal: Arc<str>) -> Self {
+        Self {
+            sasl,
+            tls,
+            principal,
+            authenticated: false,
+            mechanism: None,
+            exchange: None,
+            raw_tokens: false,
+            expires: None,
+        }
+    }
+
+    pub fn principal(&self) -> Arc<str> {
+        self.principal.clone()
+    }
+
+    /// Whether the client may send requests other than SASL ones.
+    pub fn authenticated(&self) -> bool {
+        self.authenticated && self.exchange.is_none()
+    }
+
+    /// Whether the next frame is a raw SASL token (after a v0 handshake).
+    pub fn expects_raw_token(&self) -> bool {
+        self.raw_tokens
+    }
+
+    /// Whether the session lifetime has passed (the client did not
+    /// re-authenticate in time): the connection must be closed unless the
+    /// client is re-authenticating now.
+    pub fn expired(&self) -> bool {
+        self.exchange.is_none() && self.expires.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Answers a SaslHandshake.
+    pub fn handshake(&mut self, version: i16, request: &SaslHandshakeRequest) -> Outcome {
+        let offered: Vec<_> = self.sasl.offered(self.tls).into_iter().map(str_bytes).collect();
+        let response = |code: i16| {
+            kafka_protocol::messages::ResponseKind::SaslHandshake(
+                SaslHandshakeResponse::default()
+                    .with_error_code(code)
+                    .with_mechanisms(offered.clone()),
+            )
+        };
+        if self.exchange.is_some() {
+            return Outcome::Close(
+                Some(response(ResponseError::IllegalSaslState.code())),
+                "a second SaslHandshake during an exchange".to_owned(),
+            );
+        }
+        let name = request.mechanism.as_str();
+        let Some(mechanism) = Mechanism::parse(name).filter(|_| offered.iter().any(|m| m.as_str() == name))
+        else {
+            return Outcome::Close(
+                Some(response(ResponseError::UnsupportedSaslMechanism.code())),
+                format!("unsupported SASL mechanism {name:?}"),
+            );
+        };
+        if let Some(first) = self.mechanism
+            && first != mechanism
+        {
+            return Outcome::Close(
+                Some(response(ResponseError::IllegalSaslState.code())),
+                format!(
+                    "re-authentication with {} after {}",
+                    mechanism.name(),
+                    first.name()
+                ),
+            );
+        }
+        if version == 0 && self.authenticated {
+            return Outcome::Close(
+                Some(response(ResponseError::IllegalSaslState.code())),
+                "re-authentication needs SaslHandshake v1".to_owned(),
+            );
+        }
+        self.exchange = Some(Exchange::Start(mechanism));
+        self.raw_tokens = version == 0;
+        Outcome::Answer(response(0))
+    }
+
+    /// Answers a SaslAuthenticate.
+    pub async fn authenticate(
+        &mut self,
+        storage: &dyn Storage,
+        version: i16,
+        request: &SaslAuthenticateRequest,
+    ) -> Outcome {
+        let response = SaslAuthenticateResponse::default();
+        if self.raw_tokens || self.exchange.is_none() {
+            return Outcome::Close(
+                Some(kafka_protocol::messages::ResponseKind::SaslAuthenticate(
+                    response
+                        .with_error_code(ResponseError::IllegalSaslState.code())
+                        .with_error_message(Some(str_bytes(
+                            "SaslAuthenticate without a SaslHandshake before it",
+                        ))),
+                )),
+                "SaslAuthenticate without a handshake".to_owned(),
+            );
+        }
+        match self.step(storage, &request.auth_bytes).await {
+            Ok(Step::Challenge(bytes)) => {
+                Outcome::Answer(kafka_protocol::messages::ResponseKind::SaslAuthenticate(
+                    response.with_auth_bytes(bytes.into()),
+                ))
+            }
+            Ok(Step::Done {
+                response: bytes,
+                principal,
+                expires,
+            }) => match self.complete(principal, expires) {
+                Ok(lifetime) => {
+                    let mut answer = response.with_auth_bytes(bytes.into());
+                    if version >= 1 {
+                        answer.session_lifetime_ms =
+                            lifetime.map_or(0, |d| d.as_millis().min(i64::MAX as u128) as i64);
+                    }
+                    Outcome::Answer(kafka_protocol::messages::ResponseKind::SaslAuthenticate(answer))
+                }
+                Err(Failure(message)) => self.failed(message).await,
+            },
+            Err(Failure(message)) => self.failed(message).await,
+        }
+    }
+
+    /// Takes a raw token (after a v0 handshake).
+    pub async fn raw_token(&mut self, storage: &dyn Storage, token: &[u8]) -> Outcome {
+        match self.step(storage, token).await {
+            Ok(Step::Challenge(bytes)) => Outcome::Raw(bytes),
+            Ok(Step::Done {
+                response,
+                principal,
+                expires,
+            }) => match self.complete(principal, expires) {
+                Ok(_) => {
+                    self.raw_tokens = false;
+                    Outcome::Raw(response)
+                }
+                Err(Failure(message)) => {
+                    self.sasl.failures.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(self.sasl.failure_delay).await;
+                    Outcome::Close(None, message)
+                }
+            },
+            Err(Failure(message)) => {
+                // A v0 exchange has no error frame: the connection closes.
+                self.sasl.failures.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(self.sasl.failure_delay).await;
+                Outcome::Close(None, message)
+            }
+        }
+    }
+
+    async fn failed(&mut self, message: String) -> Outcome {
+        self.sasl.failures.fetch_add(1, Ordering::Relaxed);
+        self.exchange = None;
+        tokio::time::sleep(self.sasl.failure_delay).await;
+        Outcome::Close(
+            Some(kafka_protocol::messages::ResponseKind::SaslAuthenticate(
+                SaslAuthenticateResponse::default()
+                    .with_error_code(ResponseError::SaslAuthenticationFailed.code())
+                    .with_error_message(Some(str_bytes(message.clone()))),
+            )),
+            message,
+        )
+    }
+
+    /// Records a successful exchange; the session lifetime to report.
+    fn complete(
+        &mut self,
+        principal: String,
+        expires: Option<SystemTime>,
+    ) -> Result<Option<Duration>, Failure> {
+        let mechanism = self
+            .mechanism
+            .ok_or_else(|| Failure("no SASL exchange under way".to_owned()))?;
+        let principal = format!("User:{principal}");
+        if self.authenticated && *self.principal != *principal {
+            return Err(Failure(format!(
+                "re-authentication as {principal} on a connection authenticated as {}",
+                self.principal
+            )));
+        }
+        let lifetime = self.sasl.reauth.map(|reauth| match expires {
+            Some(at) => reauth.min(at.duration_since(SystemTime::now()).unwrap_or_default()),
+            None => reauth,
+        });
+        self.expires = lifetime.map(|d| Instant::now() + d);
+        if !self.authenticated {
+            tracing::debug!(principal, mechanism = mechanism.name(), "authenticated");
+        }
+        self.principal = Arc::from(principal);
+        self.authenticated = true;
+        self.sasl.successes.fetch_add(1, Ordering::Relaxed);
+        Ok(lifetime)
+    }
+
+    /// One step of the exchange under way; on success or failure the
+    /// exchange is over.
+    async fn step(&mut self, storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
+        match self.exchange.take() {
+            Some(Exchange::Start(mechanism)) => {
+                self.mechanism.get_or_insert(mechanism);
+                match mechanism {
+                    Mechanism::Scram(alg) => self.scram_first(storage, alg, token).await,
+                    Mechanism::Plain => plain(storage, token).await,
+                    Mechanism::OAuthBearer => self.oauthbearer(token),
+                }
+            }
+            Some(Exchange::ScramFinal { state, user, alg }) => match state.client_final(token) {
+                Ok(response) => Ok(Step::Done {
+                    response,
+                    principal: user,
+                    expires: None,
+                }),
+                Err(e) => {
+                    tracing::info!(user, error = %e, "SCRAM authentication failed");
+                    Err(invalid_credentials(Mechanism::Scram(alg)))
+                }
+            },
+            None => Err(Failure("no SASL exchange under way".to_owned())),
+        }
+    }
+
+    async fn scram_first(
+        &mut self,
+        storage: &dyn Storage,
+        alg: Algorithm,
+        token: &[u8],
+    ) -> Result<Step, Failure> {
+        let first = scram::parse_client_first(token)
+            .map_err(|e| Failure(format!("invalid SCRAM client-first message: {e}")))?;
+        let user = first.username.clone();
+        let credential = stored_credential(storage, alg, &user).await?;
+        let Some(credential) = credential else {
+            tracing::info!(
+                user,
+                mechanism = alg.mechanism(),
+                "SCRAM authentication of an unknown user"
+            );
+            return Err(invalid_credentials(Mechanism::Scram(alg)));
+        };
+        let (state, message) = first.server_first(alg, credential);
+        self.exchange = Some(Exchange::ScramFinal { state, user, alg });
+        Ok(Step::Challenge(message))
+    }
+
+    fn oauthbearer(&self, token: &[u8]) -> Result<Step, Failure> {
+        let Some(validator) = &self.sasl.jwt else {
+            return Err(Failure("OAUTHBEARER is not configured".to_owned()));
+        };
+        let initial =
+            oauthbearer::parse(token).map_err(|e| Failure(format!("invalid OAUTHBEARER message: {e}")))?;
+        let validated = validator
+            .validate(&initial.token, SystemTime::now())
+            .map_err(|e| Failure(format!("invalid OAUTHBEARER token: {e}")))?;
+        if let Some(authzid) = &initial.authzid
+            && *authzid != validated.subject
+        {
+            return Err(Failure(format!(
+                "the authorization id {authzid:?} is not the token's subject"
+            )));
+        }
+        Ok(Step::Done {
+            response: Vec::new(),
+            principal: validated.subject,
+            expires: Some(validated.expires_at),
+        })
+    }
+}
+
+fn invalid_credentials(mechanism: Mechanism) -> Failure {
+    Failure(format!(
+        "Authentication failed during authentication due to invalid credentials with SASL mechanism {}",
+        mechanism.name()
+    ))
+}
+
+async fn stored_credential(
+    storage: &dyn Storage,
+    alg: Algorithm,
+    user: &str,
+) -> Result<Option<Credential>, Failure> {
+    let stored = storage
+        .scram_credential(alg.mechanism(), user)
+        .await
+        .map_err(|e| Failure(format!("cannot read credentials: {e}")))?;
+    match stored {
+        None => Ok(None),
+        Some(json) => serde_json::from_str(&json)
+            .map(Some)
+            .map_err(|e| Failure(format!("the stored credential of {user} is unreadable: {e}"))),
+    }
+}
+
+/// PLAIN (RFC 4616): `authzid NUL authcid NUL password`, checked against
+/// the user's SCRAM credential.
+async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
+    let mut parts = token.split(|b| *b == 0);
+    let (Some(authzid), Some(user), Some(password), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Failure(
+            "invalid PLAIN message: expected authzid, user and password".to_owned(),
+        ));
+    };
+    let user = std::str::from_utf8(user)
+        .map_err(|_| Failure("invalid PLAIN message: the user is not UTF-8".to_owned()))?;
+    if user.is_empty() || (!authzid.is_empty() && authzid != user.as_bytes()) {
+        return Err(Failure(
+            "invalid PLAIN message: empty user, or an authorization id that is not the user".to_owned(),
+        ));
+    }
+    for alg in [Algorithm::Sha512, Algorithm::Sha256] {
+        if let Some(credential) = stored_credential(storage, alg, user).await? {
+            if credential.verify_password(alg, password) {
+                return Ok(Step::Done {
+                    response: Vec::new(),
+                    principal: user.to_owned(),
+                    expires: None,
+                });
+            }
+            break;
+        }
+    }
+    tracing::info!(user, "PLAIN authentication failed");
+    Err(invalid_credentials(Mechanism::Plain))
+}

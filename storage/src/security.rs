@@ -1,0 +1,152 @@
+//! Users and ACLs (DESIGN §3, docs/security.md), under the hash tag
+//! `{security}` so that one script changes them atomically in Redis
+//! Cluster too:
+//!
+//! - `ketch:{security}:users`: hash `MECHANISM:user` → SCRAM credential
+//!   (JSON made by the gateway: salt, iterations, stored and server keys;
+//!   never a password);
+//! - `ketch:{security}:acls`: hash ACL binding (JSON) → `1`;
+//! - `ketch:{security}:internal-secret`: what gateways prove to each other
+//!   on their internal listeners (random, made by the first gateway);
+//! - `ketch:{security}:version`: bumped at every ACL change, and published
+//!   on the sharded channel `ketch:{security}:changed`, so every gateway
+//!   reloads its in-memory ACLs at once.
+
+use redis::AsyncCommands;
+
+use crate::{Result, Store};
+
+/// One stored SCRAM credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCredential {
+    pub user: String,
+    pub mechanism: String,
+    /// The credential as the gateway encoded it.
+    pub credential: String,
+}
+
+impl Store {
+    fn security_key(&self, name: &str) -> String {
+        format!("{}:{{security}}:{name}", self.keys.namespace())
+    }
+
+    /// The sharded pub/sub channel ACL changes are announced on.
+    pub fn acl_channel(&self) -> String {
+        self.security_key("changed")
+    }
+
+    /// A user's credential for `mechanism`, if it has one.
+    pub async fn scram_credential(&self, mechanism: &str, user: &str) -> Result<Option<String>> {
+        let credential: Option<String> = self
+            .conn()
+            .hget(self.security_key("users"), format!("{mechanism}:{user}"))
+            .await?;
+        Ok(credential)
+    }
+
+    /// Sets (creates or replaces) a user's credential for `mechanism`.
+    pub async fn set_scram_credential(&self, mechanism: &str, user: &str, credential: &str) -> Result<()> {
+        let _: i64 = self
+            .conn()
+            .hset(
+                self.security_key("users"),
+                format!("{mechanism}:{user}"),
+                credential,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes a user's credential for `mechanism`; false if there was none.
+    pub async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool> {
+        let removed: i64 = self
+            .conn()
+            .hdel(self.security_key("users"), format!("{mechanism}:{user}"))
+            .await?;
+        Ok(removed > 0)
+    }
+
+    /// Every stored credential, sorted by user and mechanism.
+    pub async fn scram_credentials(&self) -> Result<Vec<StoredCredential>> {
+        let all: Vec<(String, String)> = self.conn().hgetall(self.security_key("users")).await?;
+        let mut credentials: Vec<StoredCredential> = all
+            .into_iter()
+            .filter_map(|(field, credential)| {
+                let (mechanism, user) = field.split_once(':')?;
+                Some(StoredCredential {
+                    user: user.to_owned(),
+                    mechanism: mechanism.to_owned(),
+                    credential,
+                })
+            })
+            .collect();
+        credentials.sort_by(|a, b| (&a.user, &a.mechanism).cmp(&(&b.user, &b.mechanism)));
+        Ok(credentials)
+    }
+
+    /// The secret gateways prove to each other on the internal listener
+    /// (made, at random, by the first gateway that asks).
+    pub async fn internal_secret(&self) -> Result<Vec<u8>> {
+        let key = self.security_key("internal-secret");
+        let fresh: [u8; 32] = rand::random();
+        let (secret,): (Vec<u8>,) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(&fresh[..])
+            .arg("NX")
+            .ignore()
+            .get(&key)
+            .query_async(&mut self.conn())
+            .await?;
+        if secret.len() < 16 {
+            return Err(crate::StorageError::Data(format!(
+                "{key} holds {} bytes, fewer than 16",
+                secret.len()
+            )));
+        }
+        Ok(secret)
+    }
+
+    /// The ACL version and every binding.
+    pub async fn acls(&self) -> Result<(u64, Vec<String>)> {
+        let (version, bindings): (Option<u64>, Vec<String>) = redis::pipe()
+            .get(self.security_key("version"))
+            .hkeys(self.security_key("acls"))
+            .query_async(&mut self.conn())
+            .await?;
+        Ok((version.unwrap_or(0), bindings))
+    }
+
+    /// Only the ACL version (cheap: what a gateway polls between wake-ups).
+    pub async fn acl_version(&self) -> Result<u64> {
+        let version: Option<u64> = self.conn().get(self.security_key("version")).await?;
+        Ok(version.unwrap_or(0))
+    }
+
+    /// Adds bindings (those already present stay); how many were new.
+    pub async fn add_acls(&self, bindings: &[String]) -> Result<usize> {
+        self.change_acls("add", bindings).await
+    }
+
+    /// Removes bindings; how many were present.
+    pub async fn remove_acls(&self, bindings: &[String]) -> Result<usize> {
+        self.change_acls("remove", bindings).await
+    }
+
+    async fn change_acls(&self, op: &str, bindings: &[String]) -> Result<usize> {
+        if bindings.is_empty() {
+            return Ok(0);
+        }
+        let changed: i64 = self
+            .scripts
+            .change_acls
+            .key(self.security_key("acls"))
+            .key(self.security_key("version"))
+            .arg(op)
+            .arg(self.acl_channel())
+            .arg(bindings)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(changed.max(0) as usize)
+    }
+}
