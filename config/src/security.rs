@@ -414,3 +414,168 @@ impl crate::Settings {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Loader, SecurityProtocol};
+
+    #[test]
+    fn one_listener_is_named_by_its_protocol() {
+        let s = Loader::new()
+            .set("broker", "listen", "127.0.0.1:9093")
+            .set("broker", "security_protocol", "SASL_PLAINTEXT")
+            .load()
+            .unwrap();
+        let listeners = s.listeners().unwrap();
+        assert_eq!(listeners.len(), 1);
+        assert_eq!(listeners[0].name, "SASL_PLAINTEXT");
+        assert_eq!(listeners[0].protocol, SecurityProtocol::SaslPlaintext);
+        assert_eq!(
+            (
+                listeners[0].advertised_host.as_str(),
+                listeners[0].advertised_port
+            ),
+            ("127.0.0.1", 9093)
+        );
+        assert!(!listeners[0].advertises_elsewhere);
+    }
+
+    #[test]
+    fn named_listeners_take_kafkas_three_settings() {
+        let s = Loader::new()
+            .set(
+                "broker",
+                "listeners",
+                "EXTERNAL://0.0.0.0:9093, internal://10.0.0.5:9092",
+            )
+            .set(
+                "broker",
+                "advertised_listeners",
+                "EXTERNAL://kafka.example.com:443",
+            )
+            .set(
+                "broker",
+                "listener_security_protocol_map",
+                "EXTERNAL:SASL_SSL,INTERNAL:PLAINTEXT",
+            )
+            .set(
+                "tls",
+                "cert_file",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            )
+            .set(
+                "tls",
+                "key_file",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            )
+            .load()
+            .unwrap();
+        let l = s.listeners().unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(
+            (l[0].name.as_str(), l[0].protocol),
+            ("EXTERNAL", SecurityProtocol::SaslSsl)
+        );
+        assert_eq!(
+            (l[0].advertised_host.as_str(), l[0].advertised_port),
+            ("kafka.example.com", 443)
+        );
+        assert!(l[0].advertises_elsewhere);
+        assert_eq!(
+            (l[1].name.as_str(), l[1].protocol),
+            ("INTERNAL", SecurityProtocol::Plaintext)
+        );
+        assert_eq!(
+            (l[1].advertised_host.as_str(), l[1].advertised_port),
+            ("10.0.0.5", 9092)
+        );
+        assert!(!l[1].advertises_elsewhere);
+        // A listener named like a protocol needs no map entry.
+        let s = Loader::new()
+            .set(
+                "broker",
+                "listeners",
+                "PLAINTEXT://127.0.0.1:1,SASL_PLAINTEXT://127.0.0.1:2",
+            )
+            .load()
+            .unwrap();
+        assert_eq!(
+            s.listeners().unwrap()[1].protocol,
+            SecurityProtocol::SaslPlaintext
+        );
+    }
+
+    #[test]
+    fn bad_listener_settings_are_refused_with_their_key() {
+        let cases = [
+            (
+                vec![("broker", "listeners", "EXTERNAL://0.0.0.0:9093")],
+                "broker.listener_security_protocol_map",
+            ),
+            (
+                vec![("broker", "listeners", "PLAINTEXT://kafka.example.com:9092")],
+                "broker.listeners",
+            ),
+            (
+                vec![("broker", "listeners", "PLAINTEXT://0.0.0.0")],
+                "broker.listeners",
+            ),
+            (
+                vec![(
+                    "broker",
+                    "listeners",
+                    "PLAINTEXT://0.0.0.0:1,PLAINTEXT://0.0.0.0:2",
+                )],
+                "broker.listeners",
+            ),
+            (
+                vec![
+                    ("broker", "listeners", "PLAINTEXT://0.0.0.0:1"),
+                    ("broker", "advertised_listeners", "OTHER://h:1"),
+                ],
+                "broker.advertised_listeners",
+            ),
+            (
+                vec![
+                    ("broker", "listeners", "A://0.0.0.0:1"),
+                    ("broker", "listener_security_protocol_map", "A:TLS"),
+                ],
+                "broker.listener_security_protocol_map",
+            ),
+            (vec![("broker", "security_protocol", "SSL")], "tls.cert_file"),
+            (vec![("sasl", "mechanisms", "GSSAPI")], "sasl.mechanisms"),
+            (vec![("sasl", "scram_iterations", "100")], "sasl.scram_iterations"),
+            (
+                vec![
+                    ("broker", "security_protocol", "SASL_PLAINTEXT"),
+                    ("sasl", "mechanisms", "OAUTHBEARER"),
+                ],
+                "sasl.mechanisms",
+            ),
+            (
+                vec![("tls", "cert_file", "/nonexistent/cert.pem")],
+                "tls.cert_file",
+            ),
+        ];
+        for (settings, key) in cases {
+            let mut loader = Loader::new();
+            for (section, k, v) in &settings {
+                loader = loader.set(section, k, v);
+            }
+            let err = loader.load().unwrap_err().to_string();
+            assert!(err.contains(key), "{settings:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn lists_are_arrays_or_comma_separated_strings() {
+        let s = Loader::new()
+            .set("sasl", "mechanisms", "SCRAM-SHA-512, PLAIN")
+            .set("acl", "super_users", "admin,User:ops")
+            .load()
+            .unwrap();
+        assert_eq!(s.sasl.mechanisms, ["SCRAM-SHA-512", "PLAIN"]);
+        assert!(s.acl.is_super_user("User:admin") && s.acl.is_super_user("User:ops"));
+        assert!(!s.acl.is_super_user("User:alice"));
+    }
+}

@@ -134,11 +134,26 @@ FAST_GROUP_SETTINGS = (
 )
 
 
-def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None):
+def ketch_env():
+    """The environment to run ketch in: ketch reads every KETCH_* variable as
+    a setting (KETCH_BIN would be an error), and "ketch serving" is logged at
+    info."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KETCH_")}
+    env["RUST_LOG"] = "info"
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None, protocol=None, listeners=None):
     """Starts a ketch gateway on free ports against `redis_url`; returns a
     Ketch once it logged "ketch serving". `settings` are `section.key=value`
     strings passed with --set; `advertised_port` is the port it tells clients
-    (a load balancer's), by default its own."""
+    (a load balancer's), by default its own. `protocol` is the single
+    listener's broker.security_protocol (default PLAINTEXT); `listeners`, a
+    list of (NAME, PROTOCOL), gives it named listeners on free ports instead
+    (broker.listeners, advertised_listeners and listener_security_protocol_map;
+    the first is `bootstrap`). Ketch.listeners maps each listener's name to
+    its address."""
     kafka_port, http_port = free_port(), free_port()
     argv = [
         ketch_binary(),
@@ -152,16 +167,24 @@ def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None):
         argv += ["--advertised-port", str(advertised_port)]
     if node_id is not None:
         argv += ["--node-id", str(node_id)]
+    if protocol is not None:
+        argv += ["--set", f"broker.security_protocol={protocol}"]
+    addresses = {(protocol or "PLAINTEXT"): f"127.0.0.1:{kafka_port}"}
+    if listeners:
+        addresses = {name: f"127.0.0.1:{free_port()}" for name, _ in listeners}
+        endpoints = ",".join(f"{name}://{address}" for name, address in addresses.items())
+        argv += [
+            "--set", f"broker.listeners={endpoints}",
+            "--set", f"broker.advertised_listeners={endpoints}",
+            "--set", "broker.listener_security_protocol_map=" + ",".join(f"{n}:{p}" for n, p in listeners),
+        ]
     for setting in settings:
         argv += ["--set", setting]
-    # ketch reads every KETCH_* variable as a setting (KETCH_BIN would be an
-    # error), and "ketch serving" is logged at info.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KETCH_")}
-    env["RUST_LOG"] = "info"
-    env["NO_COLOR"] = "1"
     name = "ketch" if node_id is None else f"ketch node {node_id}"
-    process = Process(name, argv, "stderr", "ketch serving", env=env)
-    return Ketch(process, f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}", node_id or 0)
+    process = Process(name, argv, "stderr", "ketch serving", env=ketch_env())
+    gateway = Ketch(process, next(iter(addresses.values())), f"127.0.0.1:{http_port}", node_id or 0)
+    gateway.listeners = addresses
+    return gateway
 
 
 def stop_ketch(gateway):
@@ -188,15 +211,16 @@ def ketch(redis_url):
         assert error is None, error
 
 
-def wait_for_brokers(gateways, timeout=15.0):
+def wait_for_brokers(gateways, timeout=15.0, client_config=None):
     """Waits until Metadata from each gateway lists exactly the node ids of
-    `gateways`."""
+    `gateways`; `client_config` is added to the AdminClient's configuration
+    (security settings)."""
     from confluent_kafka.admin import AdminClient
 
     want = {g.node_id for g in gateways}
     deadline = time.monotonic() + timeout
     for gateway in gateways:
-        admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+        admin = AdminClient({"bootstrap.servers": gateway.bootstrap, **(client_config or {})})
         while True:
             seen = set(admin.list_topics(timeout=5).brokers)
             if seen == want:
@@ -211,17 +235,18 @@ def ketch_cluster(redis_url):
     """A factory starting gateways on the test's one Redis with distinct node
     ids (1, 2, ...) and FAST_GROUP_SETTINGS (or `settings`):
     `ketch_cluster(3)` returns a list of Ketch once every gateway's Metadata
-    lists all of them. Every gateway is stopped at teardown (SIGTERM, must
+    lists all of them (asked with `client_config` added to the client's
+    configuration; other keyword arguments go to start_ketch). Every gateway is stopped at teardown (SIGTERM, must
     exit 0, unless the test killed it) and its log printed."""
     started = []
 
-    def start(count, settings=FAST_GROUP_SETTINGS):
+    def start(count, settings=FAST_GROUP_SETTINGS, client_config=None, **kwargs):
         gateways = []
         for _ in range(count):
-            gateway = start_ketch(redis_url, node_id=len(started) + 1, settings=settings)
+            gateway = start_ketch(redis_url, node_id=len(started) + 1, settings=settings, **kwargs)
             started.append(gateway)
             gateways.append(gateway)
-        wait_for_brokers([g for g in started if not g.killed])
+        wait_for_brokers([g for g in started if not g.killed], client_config=client_config)
         return gateways
 
     try:

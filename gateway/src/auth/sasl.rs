@@ -128,7 +128,7 @@ enum Exchange {
     Start(Mechanism),
     /// SCRAM: server-first sent, waiting for client-final.
     ScramFinal {
-        state: scram::ServerFirst,
+        state: Box<scram::ServerFirst>,
         user: String,
         alg: Algorithm,
     },
@@ -403,7 +403,11 @@ impl Session {
             return Err(invalid_credentials(Mechanism::Scram(alg)));
         };
         let (state, message) = first.server_first(alg, credential);
-        self.exchange = Some(Exchange::ScramFinal { state, user, alg });
+        self.exchange = Some(Exchange::ScramFinal {
+            state: Box::new(state),
+            user,
+            alg,
+        });
         Ok(Step::Challenge(message))
     }
 

@@ -1,0 +1,440 @@
+//! Security end to end with the Rust client (librdkafka here is built
+//! without OpenSSL, so SASL PLAIN over SASL_PLAINTEXT): `ketch users`, ACLs
+//! made with CreateAcls, group requests forwarded between gateways behind a
+//! load balancer with ACLs on (the internal listener's secret), and a
+//! forged Envelope refused. TLS, SCRAM, OAUTHBEARER, mTLS and
+//! re-authentication are tested with Python clients
+//! (tests/python/test_security.py).
+
+use std::io::{Read, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::{
+    ApiKey, CreateAclsRequest, EnvelopeRequest, MetadataRequest, RequestHeader, SaslAuthenticateRequest,
+    SaslHandshakeRequest,
+};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use ketch_tests::raw::KafkaConn;
+use ketch_tests::servers::Haproxy;
+use ketch_tests::{Ketch, TestRedis, free_port, ketch_command, unique_topic};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+const SASL_AUTHENTICATION_FAILED: i16 = 58;
+const GROUP_AUTHORIZATION_FAILED: &str = "GroupAuthorizationFailed";
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_owned())
+}
+
+/// Runs `ketch users <args>` against `redis_url` with `stdin`: success and
+/// output.
+fn users(redis_url: &str, args: &[&str], stdin: &str) -> (bool, String) {
+    let mut child = ketch_command()
+        .arg("users")
+        .args(args)
+        .args(["--redis-url", redis_url])
+        // A list of seed nodes is a Redis Cluster (TEST_REDIS_MODE=cluster).
+        .args(if redis_url.contains(',') {
+            &["--set", "redis.mode=cluster"][..]
+        } else {
+            &[][..]
+        })
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ketch users");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write the password");
+    let output = child.wait_with_output().expect("ketch users");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// The settings of a gateway with SASL PLAIN on a plaintext listener and
+/// ACLs on, `admin` a super user.
+const SECURE: &[&str] = &[
+    "--set",
+    "broker.security_protocol=SASL_PLAINTEXT",
+    "--set",
+    "sasl.mechanisms=PLAIN,SCRAM-SHA-512",
+    "--set",
+    "sasl.plain_without_tls=true",
+    "--set",
+    "acl.enabled=true",
+    "--set",
+    "acl.super_users=admin",
+];
+
+/// A raw connection authenticated with SASL PLAIN.
+fn plain_conn(ketch: &Ketch, user: &str, password: &str) -> Result<KafkaConn, (i16, String)> {
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let handshake = conn.request(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
+    assert_eq!(handshake.error_code, 0, "{handshake:?}");
+    let token = format!("\0{user}\0{password}");
+    let answer = conn.request(
+        2,
+        &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token.into_bytes())),
+    );
+    if answer.error_code != 0 {
+        return Err((
+            answer.error_code,
+            answer.error_message.map(|m| m.to_string()).unwrap_or_default(),
+        ));
+    }
+    Ok(conn)
+}
+
+fn acl(resource_type: i8, name: &str, principal: &str, operation: i8) -> AclCreation {
+    AclCreation::default()
+        .with_resource_type(resource_type)
+        .with_resource_name(s(name))
+        .with_resource_pattern_type(3)
+        .with_principal(s(principal))
+        .with_host(s("*"))
+        .with_operation(operation)
+        .with_permission_type(3)
+}
+
+const TOPIC: i8 = 2;
+const GROUP: i8 = 3;
+const READ: i8 = 3;
+const WRITE: i8 = 4;
+const CREATE: i8 = 5;
+
+#[test]
+fn users_are_set_listed_and_deleted_and_redis_never_holds_a_password() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let (ok, out) = users(&url, &["set", "alice"], "wonderland-7\n");
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("SCRAM-SHA-256") && out.contains("SCRAM-SHA-512"),
+        "{out}"
+    );
+    let (ok, out) = users(
+        &url,
+        &[
+            "set",
+            "bob",
+            "--mechanism",
+            "SCRAM-SHA-512",
+            "--iterations",
+            "4096",
+        ],
+        "pw\n",
+    );
+    assert!(ok, "{out}");
+    let (ok, listed) = users(&url, &["list"], "");
+    assert!(ok, "{listed}");
+    for line in [
+        "alice\tSCRAM-SHA-256\t8192",
+        "alice\tSCRAM-SHA-512\t8192",
+        "bob\tSCRAM-SHA-512\t4096",
+    ] {
+        assert!(listed.contains(line), "{line:?} not in {listed}");
+    }
+    assert!(!listed.contains("bob\tSCRAM-SHA-256"), "{listed}");
+    let stored: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("ketch:{security}:users")
+        .query(&mut redis.connection())
+        .expect("users hash");
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    assert!(
+        stored
+            .values()
+            .all(|v| !v.contains("wonderland") && v.contains("stored_key")),
+        "{stored:?}"
+    );
+
+    let (ok, out) = users(&url, &["delete", "alice", "--mechanism", "SCRAM-SHA-256"], "");
+    assert!(ok, "{out}");
+    let (_, listed) = users(&url, &["list"], "");
+    assert!(
+        !listed.contains("alice\tSCRAM-SHA-256") && listed.contains("alice\tSCRAM-SHA-512"),
+        "{listed}"
+    );
+
+    // Bad input: a clear error, nothing written.
+    let (ok, out) = users(&url, &["set", "carol", "--mechanism", "SCRAM-MD5"], "pw\n");
+    assert!(!ok && out.contains("unknown mechanism"), "{out}");
+    let (ok, out) = users(&url, &["set", "carol"], "\n");
+    assert!(!ok && out.contains("password is empty"), "{out}");
+    let (ok, out) = users(&url, &["set", "carol", "--iterations", "100"], "pw\n");
+    assert!(!ok && out.contains("--iterations"), "{out}");
+    let (ok, out) = users(&url, &["delete", "nobody"], "");
+    assert!(!ok && out.contains("no such credentials"), "{out}");
+    let (_, listed) = users(&url, &["list"], "");
+    assert!(!listed.contains("carol"), "{listed}");
+}
+
+#[test]
+fn sasl_plain_checks_the_scram_credentials_and_nothing_is_served_before_authentication() {
+    let redis = TestRedis::start();
+    let (ok, out) = users(&redis.url(), &["set", "alice"], "right\n");
+    assert!(ok, "{out}");
+    let ketch = Ketch::start(&redis.url(), SECURE);
+    assert!(plain_conn(&ketch, "alice", "right").is_ok());
+    let (code, message) = plain_conn(&ketch, "alice", "wrong")
+        .err()
+        .expect("a wrong password is refused");
+    assert_eq!(code, SASL_AUTHENTICATION_FAILED);
+    assert!(message.contains("invalid credentials"), "{message}");
+    let (code, _) = plain_conn(&ketch, "mallory", "x")
+        .err()
+        .expect("an unknown user is refused");
+    assert_eq!(code, SASL_AUTHENTICATION_FAILED);
+
+    // A request other than ApiVersions and SASL before authenticating
+    // closes the connection, unanswered.
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    conn.send(12, &MetadataRequest::default());
+    conn.assert_closed();
+    // A mechanism that is not enabled is refused in the handshake.
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let handshake = conn.request(1, &SaslHandshakeRequest::default().with_mechanism(s("GSSAPI")));
+    assert_eq!(handshake.error_code, 33, "UNSUPPORTED_SASL_MECHANISM");
+    assert!(
+        handshake.mechanisms.iter().any(|m| m.as_str() == "PLAIN"),
+        "{handshake:?}"
+    );
+    conn.assert_closed();
+    // A garbage SCRAM client-first message fails the authentication.
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let handshake = conn.request(
+        1,
+        &SaslHandshakeRequest::default().with_mechanism(s("SCRAM-SHA-512")),
+    );
+    assert_eq!(handshake.error_code, 0);
+    let answer = conn.request(
+        2,
+        &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\xff\xfe garbage")),
+    );
+    assert_eq!(answer.error_code, SASL_AUTHENTICATION_FAILED, "{answer:?}");
+    conn.assert_closed();
+    // The gateway still serves authenticated clients.
+    let mut conn = plain_conn(&ketch, "alice", "right").expect("authenticated");
+    let metadata = conn.request(12, &MetadataRequest::default());
+    assert!(!metadata.brokers.is_empty());
+    ketch.await_log("failed", Duration::from_secs(5));
+}
+
+/// Two gateways behind HAProxy with ACLs on: a consumer group of alice's
+/// works through either (group requests forwarded to the coordinator
+/// prove the internal secret), a group alice may not use is refused, and
+/// ACLs created through one gateway hold on the other.
+#[test]
+fn acls_hold_on_every_gateway_and_group_requests_are_forwarded_behind_a_load_balancer() {
+    let redis = TestRedis::start();
+    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
+        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
+        assert!(ok, "{out}");
+    }
+    let reserved = std::net::TcpListener::bind("127.0.0.1:0").expect("reserve a port");
+    let lb_port = reserved.local_addr().expect("port").port().to_string();
+    let mut args = vec![
+        "--advertised-port",
+        &lb_port,
+        "--set",
+        "cluster.heartbeat_interval=100ms",
+        "--set",
+        "cluster.node_timeout=1500ms",
+        "--set",
+        "groups.initial_rebalance_delay=0ms",
+    ];
+    args.extend_from_slice(SECURE);
+    let gateways: Vec<Ketch> = (0..2).map(|_| Ketch::start(&redis.url(), &args)).collect();
+    let backends: Vec<_> = gateways.iter().map(Ketch::kafka_addr).collect();
+    drop(reserved);
+    let lb = Haproxy::start(lb_port.parse().expect("port"), &backends);
+    for g in &gateways {
+        g.await_log("nodes=[0, 1]", Duration::from_secs(20));
+    }
+
+    let topic = unique_topic("secure");
+    let group = "alices-group";
+    let mut admin = plain_conn(&gateways[0], "admin", "admin-pw").expect("admin authenticates");
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(TOPIC, &topic, "User:alice", READ),
+            acl(TOPIC, &topic, "User:alice", WRITE),
+            acl(TOPIC, &topic, "User:alice", CREATE),
+            acl(GROUP, group, "User:alice", READ),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    // Alice may not create ACLs.
+    let mut alice = plain_conn(&gateways[1], "alice", "alice-pw").expect("alice authenticates");
+    let refused = alice.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![acl(GROUP, "*", "User:alice", READ)]),
+    );
+    assert_eq!(
+        refused.results[0].error_code, 31,
+        "CLUSTER_AUTHORIZATION_FAILED: {refused:?}"
+    );
+
+    let client = |extra: &[(&str, &str)]| {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", lb.bootstrap())
+            .set("broker.address.family", "v4")
+            .set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", "PLAIN")
+            .set("sasl.username", "alice")
+            .set("sasl.password", "alice-pw");
+        for (k, v) in extra {
+            config.set(*k, *v);
+        }
+        config
+    };
+    let producer: ThreadedProducer<DefaultProducerContext> = client(&[]).create().expect("producer");
+    for i in 0..20 {
+        producer
+            .send(
+                BaseRecord::to(&topic)
+                    .key(&format!("k{i}"))
+                    .payload(&format!("v{i}")),
+            )
+            .expect("enqueue");
+    }
+    producer.flush(Duration::from_secs(20)).expect("produced");
+
+    let consumer = |group: &str| -> BaseConsumer {
+        let c: BaseConsumer = client(&[
+            ("group.id", group),
+            ("enable.auto.commit", "false"),
+            ("auto.offset.reset", "earliest"),
+            ("session.timeout.ms", "6000"),
+            ("heartbeat.interval.ms", "500"),
+        ])
+        .create()
+        .expect("consumer");
+        c.subscribe(&[&topic]).expect("subscribe");
+        c
+    };
+    // Several consumers in turn, so their group requests land on both
+    // gateways: each joins, reads, commits and leaves.
+    let mut consumed = 0;
+    for round in 0..3 {
+        let c = consumer(group);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = None;
+        while last.is_none() || (round == 0 && consumed < 20) {
+            assert!(Instant::now() < deadline, "round {round}: consumed {consumed}");
+            match c.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    if round == 0 {
+                        consumed += 1;
+                    }
+                    last = Some(m.offset());
+                }
+                Some(Err(e)) => panic!("round {round}: {e}"),
+                None if round > 0 && c.assignment().is_ok_and(|a| a.count() > 0) => break,
+                None => {}
+            }
+        }
+        if last.is_some() {
+            c.commit_consumer_state(CommitMode::Sync).expect("commit");
+        }
+    }
+    assert_eq!(consumed, 20);
+
+    // A group without an ACL is refused, wherever its requests land.
+    let stranger = consumer("someone-elses-group");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "the group was not refused");
+        if let Some(Err(e)) = stranger.poll(Duration::from_millis(100))
+            && format!("{e:?}").contains(GROUP_AUTHORIZATION_FAILED)
+        {
+            break;
+        }
+    }
+    for g in &gateways {
+        assert!(
+            !g.output().contains("did not prove the internal secret"),
+            "{}",
+            g.output()
+        );
+    }
+}
+
+/// With ACLs on, the internal listener answers nothing to a connection that
+/// does not prove the internal secret: an Envelope naming `User:admin` as
+/// its principal cannot be slipped in.
+#[test]
+fn the_internal_listener_refuses_a_forged_envelope() {
+    let redis = TestRedis::start();
+    let internal_port = free_port();
+    let internal = format!("cluster.internal_listen=127.0.0.1:{internal_port}");
+    let mut args = vec!["--set", &internal];
+    args.extend_from_slice(SECURE);
+    let ketch = Ketch::start(&redis.url(), &args);
+
+    let envelope = |principal: &str| {
+        let inner = {
+            let mut buf = bytes::BytesMut::new();
+            RequestHeader::default()
+                .with_request_api_key(ApiKey::DeleteGroups as i16)
+                .with_request_api_version(2)
+                .encode(&mut buf, ApiKey::DeleteGroups.request_header_version(2))
+                .expect("header");
+            kafka_protocol::messages::DeleteGroupsRequest::default()
+                .with_groups_names(vec![kafka_protocol::messages::GroupId(s("g"))])
+                .encode(&mut buf, 2)
+                .expect("body");
+            buf.freeze()
+        };
+        let request = EnvelopeRequest::default()
+            .with_request_data(inner)
+            .with_request_principal(Some(Bytes::from(principal.as_bytes().to_vec())))
+            .with_client_host_address(Bytes::from_static(&[127, 0, 0, 1]));
+        ketch_tests::raw::encode_frame(1, 0, &request)
+    };
+    let connect = || {
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", internal_port)).expect("connect");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        // The listener's challenge comes first: a 32-byte nonce.
+        let mut size = [0u8; 4];
+        socket.read_exact(&mut size).expect("challenge size");
+        assert_eq!(i32::from_be_bytes(size), 32);
+        let mut nonce = [0u8; 32];
+        socket.read_exact(&mut nonce).expect("challenge");
+        socket
+    };
+    let closed = |socket: &mut std::net::TcpStream| {
+        let mut buf = [0u8; 64];
+        matches!(socket.read(&mut buf), Ok(0) | Err(_))
+    };
+
+    // An Envelope instead of the proof.
+    let mut socket = connect();
+    socket.write_all(&envelope("User:admin")).expect("send");
+    assert!(closed(&mut socket), "a forged Envelope was answered");
+    // A wrong proof.
+    let mut socket = connect();
+    let mut proof = vec![0, 0, 0, 32];
+    proof.extend_from_slice(&[7u8; 32]);
+    socket.write_all(&proof).expect("send");
+    socket.write_all(&envelope("User:admin")).expect("send");
+    assert!(closed(&mut socket), "a wrong proof was accepted");
+    ketch.await_log("did not prove the internal secret", Duration::from_secs(5));
+}
