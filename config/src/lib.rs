@@ -128,11 +128,21 @@ pub struct RedisSettings {
     pub connect_timeout: Duration,
 }
 
-/// The HTTP listener (`/health`, `/ready`).
+/// The HTTP listener (`/health`, `/ready`, `/metrics`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpSettings {
     pub listen: SocketAddr,
+    /// Serve HTTPS with `tls.cert_file` and `tls.key_file` (no client
+    /// certificates are asked for).
+    pub tls: bool,
+    /// Require authentication on every path but `open_paths`: HTTP Basic
+    /// checked against the SCRAM users, or a bearer JWT checked as
+    /// OAUTHBEARER tokens are. Needs `http.tls`.
+    pub auth: bool,
+    /// Paths served without authentication when `auth` is on.
+    #[serde(deserialize_with = "lenient::string_list")]
+    pub open_paths: Vec<String>,
 }
 
 /// Topic creation defaults.
@@ -351,6 +361,9 @@ impl Default for HttpSettings {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9644".parse().expect("valid default address"),
+            tls: false,
+            auth: false,
+            open_paths: vec!["/health".to_owned(), "/ready".to_owned(), "/metrics".to_owned()],
         }
     }
 }

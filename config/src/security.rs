@@ -366,6 +366,15 @@ impl crate::Settings {
                 "a listener uses SSL or SASL_SSL: set tls.cert_file and tls.key_file",
             ));
         }
+        if self.http.tls && self.tls.cert_file.is_none() {
+            return Err(value_error("http.tls", "needs tls.cert_file and tls.key_file"));
+        }
+        if self.http.auth && !self.http.tls {
+            return Err(value_error(
+                "http.auth",
+                "needs http.tls: passwords and tokens must not cross the network in the clear",
+            ));
+        }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return Err(value_error(
                 "tls.key_file",

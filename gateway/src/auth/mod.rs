@@ -75,6 +75,8 @@ impl Security {
     pub fn without_files(settings: &Settings) -> Self {
         let mut plain = settings.clone();
         plain.sasl.mechanisms.retain(|m| m != "OAUTHBEARER");
+        plain.sasl.oauth_jwks_file = None;
+        plain.sasl.oauth_public_key_file = None;
         Self {
             tls: None,
             sasl: Arc::new(sasl::Sasl::new(&plain).expect("SASL without key files")),

@@ -38,9 +38,9 @@ pub struct Sasl {
 impl Sasl {
     pub fn new(settings: &Settings) -> anyhow::Result<Self> {
         let sasl = &settings.sasl;
-        let jwt = if sasl.mechanisms.iter().any(|m| m == "OAUTHBEARER")
-            && (sasl.oauth_jwks_file.is_some() || sasl.oauth_public_key_file.is_some())
-        {
+        // Tokens are checked for OAUTHBEARER and for HTTP bearer
+        // authentication alike.
+        let jwt = if sasl.oauth_jwks_file.is_some() || sasl.oauth_public_key_file.is_some() {
             Some(
                 jwt::Validator::new(&jwt::ValidatorConfig {
                     jwks_file: sasl.oauth_jwks_file.as_deref(),
@@ -477,18 +477,63 @@ async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
             "invalid PLAIN message: empty user, or an authorization id that is not the user".to_owned(),
         ));
     }
-    for alg in [Algorithm::Sha512, Algorithm::Sha256] {
-        if let Some(credential) = stored_credential(storage, alg, user).await? {
-            if credential.verify_password(alg, password) {
-                return Ok(Step::Done {
-                    response: Vec::new(),
-                    principal: user.to_owned(),
-                    expires: None,
-                });
-            }
-            break;
-        }
+    if check_password(storage, user, password).await? {
+        return Ok(Step::Done {
+            response: Vec::new(),
+            principal: user.to_owned(),
+            expires: None,
+        });
     }
     tracing::info!(user, "PLAIN authentication failed");
     Err(invalid_credentials(Mechanism::Plain))
+}
+
+/// Whether `password` is `user`'s, by the user's SCRAM credential
+/// (SCRAM-SHA-512's, else SCRAM-SHA-256's). `Err` when the store cannot
+/// be read.
+async fn check_password(storage: &dyn Storage, user: &str, password: &[u8]) -> Result<bool, Failure> {
+    for alg in [Algorithm::Sha512, Algorithm::Sha256] {
+        if let Some(credential) = stored_credential(storage, alg, user).await? {
+            return Ok(credential.verify_password(alg, password));
+        }
+    }
+    Ok(false)
+}
+
+impl Sasl {
+    /// HTTP Basic: the principal when `password` is `user`'s, with the
+    /// failure delay and counters of a failed SASL authentication.
+    pub async fn basic(&self, storage: &dyn Storage, user: &str, password: &str) -> Result<String, String> {
+        match check_password(storage, user, password.as_bytes()).await {
+            Ok(true) => {
+                self.successes.fetch_add(1, Ordering::Relaxed);
+                Ok(format!("User:{user}"))
+            }
+            Ok(false) => Err(self.fail(format!("invalid credentials for {user}")).await),
+            Err(Failure(message)) => Err(message),
+        }
+    }
+
+    /// A bearer token, checked as OAUTHBEARER tokens are: the principal.
+    pub async fn bearer(&self, token: &str) -> Result<String, String> {
+        let Some(validator) = &self.jwt else {
+            return Err(
+                "bearer tokens are not configured (sasl.oauth_jwks_file, sasl.oauth_public_key_file)"
+                    .to_owned(),
+            );
+        };
+        match validator.validate(token, SystemTime::now()) {
+            Ok(validated) => {
+                self.successes.fetch_add(1, Ordering::Relaxed);
+                Ok(format!("User:{}", validated.subject))
+            }
+            Err(e) => Err(self.fail(format!("invalid token: {e}")).await),
+        }
+    }
+
+    async fn fail(&self, message: String) -> String {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(self.failure_delay).await;
+        message
+    }
 }

@@ -23,6 +23,9 @@ use super::x509::{self, PrincipalMapper};
 pub struct Tls {
     settings: TlsSettings,
     acceptor: RwLock<TlsAcceptor>,
+    /// The HTTP listener's (`http.tls`): the same certificate, no client
+    /// certificates asked for.
+    http_acceptor: RwLock<TlsAcceptor>,
     /// The files and their modification times when last loaded.
     loaded: RwLock<Vec<(PathBuf, Option<SystemTime>)>>,
     mapper: PrincipalMapper,
@@ -42,10 +45,12 @@ impl Tls {
             .map_err(|e| anyhow::anyhow!("tls.principal_mapping_rules: {e}"))?;
         let files = Self::files(settings);
         let stamps = files.iter().map(|f| (f.clone(), modified(f))).collect();
-        let config = server_config(settings)?;
+        let config = server_config(settings, true)?;
+        let http = server_config(settings, false)?;
         Ok(Some(Arc::new(Self {
             settings: settings.clone(),
             acceptor: RwLock::new(TlsAcceptor::from(config)),
+            http_acceptor: RwLock::new(TlsAcceptor::from(http)),
             loaded: RwLock::new(stamps),
             mapper,
         })))
@@ -69,12 +74,19 @@ impl Tls {
         self.acceptor.read().expect("tls lock").clone()
     }
 
+    /// The HTTP listener's acceptor for a new connection.
+    pub fn http_acceptor(&self) -> TlsAcceptor {
+        self.http_acceptor.read().expect("tls lock").clone()
+    }
+
     /// Loads the files again; on failure the previous configuration stays.
     pub fn reload(&self) -> anyhow::Result<()> {
         let files = Self::files(&self.settings);
         let stamps: Vec<_> = files.iter().map(|f| (f.clone(), modified(f))).collect();
-        let config = server_config(&self.settings)?;
+        let config = server_config(&self.settings, true)?;
+        let http = server_config(&self.settings, false)?;
         *self.acceptor.write().expect("tls lock") = TlsAcceptor::from(config);
+        *self.http_acceptor.write().expect("tls lock") = TlsAcceptor::from(http);
         *self.loaded.write().expect("tls lock") = stamps;
         Ok(())
     }
@@ -142,7 +154,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-fn server_config(settings: &TlsSettings) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+/// A server configuration from the files; `client_auth`: ask for client
+/// certificates when `tls.client_ca_file` is set.
+fn server_config(settings: &TlsSettings, client_auth: bool) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let (Some(cert_file), Some(key_file)) = (&settings.cert_file, &settings.key_file) else {
         anyhow::bail!("tls.cert_file and tls.key_file are required");
     };
@@ -158,7 +172,7 @@ fn server_config(settings: &TlsSettings) -> anyhow::Result<Arc<rustls::ServerCon
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
-    let builder = match &settings.client_ca_file {
+    let builder = match settings.client_ca_file.as_ref().filter(|_| client_auth) {
         Some(ca_file) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in CertificateDer::pem_file_iter(ca_file)

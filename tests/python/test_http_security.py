@@ -1,0 +1,91 @@
+"""The HTTP listener with http.tls and http.auth: HTTPS with the listeners'
+certificate, HTTP Basic checked against the SCRAM users, open paths served
+without credentials, ACLs (DESCRIBE on the cluster) on the rest."""
+
+import base64
+import pathlib
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import ketch_binary, ketch_env, start_ketch, stop_ketch
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("http-certs")
+
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ketch http test CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (d / "ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "ext")
+    return d
+
+
+def set_user(redis_url, name, password):
+    subprocess.run([ketch_binary(), "users", "set", name, "--redis-url", redis_url],
+                   input=f"{password}\n", text=True, check=True, capture_output=True, env=ketch_env())
+
+
+def get(url, context, user=None, password=None):
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_https_with_basic_authentication_and_open_paths(redis_url, certs):
+    set_user(redis_url, "admin", "admin-pw")
+    set_user(redis_url, "viewer", "viewer-pw")
+    gateway = start_ketch(redis_url, node_id=0, settings=[
+        f"tls.cert_file={certs / 'server.pem'}",
+        f"tls.key_file={certs / 'server.key'}",
+        "http.tls=true",
+        "http.auth=true",
+        "http.open_paths=/health",
+        "acl.enabled=true",
+        "acl.super_users=admin",
+    ])
+    try:
+        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        base = f"https://{gateway.http}"
+        assert get(f"{base}/health", context) == (200, "ok\n")
+        status, body = get(f"{base}/metrics", context)
+        assert status == 401, body
+        assert get(f"{base}/metrics", context, "admin", "wrong")[0] == 401
+        status, body = get(f"{base}/metrics", context, "admin", "admin-pw")
+        assert status == 200 and "ketch_authentication_failures_total" in body, body
+        failures = next(float(l.split()[1]) for l in body.splitlines()
+                        if l.startswith("ketch_authentication_failures_total"))
+        assert failures >= 1
+        # Authenticated, but without DESCRIBE on the cluster.
+        status, body = get(f"{base}/ready", context, "viewer", "viewer-pw")
+        assert status == 403 and "DESCRIBE" in body, body
+        # Plain HTTP on the HTTPS port gets nowhere.
+        with pytest.raises(Exception):
+            urllib.request.urlopen(f"http://{gateway.http}/health", timeout=5).read()
+    finally:
+        error = stop_ketch(gateway)
+    assert error is None, error
+
+
+def test_http_auth_without_tls_is_refused_at_start(redis_url):
+    result = subprocess.run(
+        [ketch_binary(), "serve", "--redis-url", redis_url, "--set", "http.auth=true"],
+        capture_output=True, text=True, env=ketch_env(), timeout=30)
+    assert result.returncode == 2, result
+    assert "http.auth" in result.stderr and "http.tls" in result.stderr, result.stderr
