@@ -537,3 +537,170 @@ impl Sasl {
         message
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use kafka_protocol::messages::ResponseKind;
+
+    use super::*;
+    use crate::memory::MemoryStorage;
+
+    fn sasl(reauth: &str) -> Arc<Sasl> {
+        let mut settings = Settings::default();
+        settings.sasl.plain_without_tls = true;
+        settings.sasl.connections_max_reauth = reauth.parse().unwrap();
+        settings.sasl.failed_authentication_delay = ketch_config::Duration::from_millis(0);
+        Arc::new(Sasl::new(&settings).unwrap())
+    }
+
+    async fn storage_with(user: &str, password: &str) -> MemoryStorage {
+        let storage = MemoryStorage::default();
+        let credential = Credential::generate(Algorithm::Sha512, password.as_bytes(), 4096);
+        storage
+            .set_scram_credential(
+                "SCRAM-SHA-512",
+                user,
+                &serde_json::to_string(&credential).unwrap(),
+            )
+            .await
+            .unwrap();
+        storage
+    }
+
+    fn handshake(mechanism: &str) -> SaslHandshakeRequest {
+        SaslHandshakeRequest::default().with_mechanism(str_bytes(mechanism))
+    }
+
+    fn plain(user: &str, password: &str) -> SaslAuthenticateRequest {
+        SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(format!("\0{user}\0{password}")))
+    }
+
+    fn code(outcome: &Outcome) -> Option<i16> {
+        match outcome {
+            Outcome::Answer(ResponseKind::SaslAuthenticate(r)) => Some(r.error_code),
+            Outcome::Answer(ResponseKind::SaslHandshake(r)) => Some(r.error_code),
+            Outcome::Close(Some(ResponseKind::SaslAuthenticate(r)), _) => Some(r.error_code),
+            Outcome::Close(Some(ResponseKind::SaslHandshake(r)), _) => Some(r.error_code),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn plain_authenticates_against_the_scram_credential_and_reports_the_session_lifetime() {
+        let storage = storage_with("alice", "pw").await;
+        let mut session = Session::new(sasl("1h"), false, Arc::from("User:ANONYMOUS"));
+        assert!(!session.authenticated());
+        assert_eq!(code(&session.handshake(1, &handshake("PLAIN"))), Some(0));
+        let outcome = session.authenticate(&storage, 1, &plain("alice", "pw")).await;
+        let Outcome::Answer(ResponseKind::SaslAuthenticate(answer)) = outcome else {
+            panic!("not answered")
+        };
+        assert_eq!(answer.error_code, 0);
+        assert!(
+            (3_599_000..=3_600_000).contains(&answer.session_lifetime_ms),
+            "{answer:?}"
+        );
+        assert!(session.authenticated());
+        assert_eq!(&*session.principal(), "User:alice");
+        assert!(!session.expired());
+    }
+
+    #[tokio::test]
+    async fn a_wrong_password_fails_closes_and_counts() {
+        let storage = storage_with("alice", "pw").await;
+        let sasl = sasl("0s");
+        let mut session = Session::new(sasl.clone(), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("PLAIN"));
+        let outcome = session.authenticate(&storage, 1, &plain("alice", "nope")).await;
+        assert!(matches!(outcome, Outcome::Close(Some(_), _)));
+        assert_eq!(
+            code(&outcome),
+            Some(ResponseError::SaslAuthenticationFailed.code())
+        );
+        assert!(!session.authenticated());
+        assert_eq!(sasl.failures.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn re_authentication_keeps_the_principal_and_the_mechanism() {
+        let storage = storage_with("alice", "pw").await;
+        let credential = Credential::generate(Algorithm::Sha512, b"pw2", 4096);
+        storage
+            .set_scram_credential(
+                "SCRAM-SHA-512",
+                "bob",
+                &serde_json::to_string(&credential).unwrap(),
+            )
+            .await
+            .unwrap();
+        let mut session = Session::new(sasl("1h"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("PLAIN"));
+        session.authenticate(&storage, 2, &plain("alice", "pw")).await;
+        assert!(session.authenticated());
+        // Re-authenticating as alice again works.
+        assert_eq!(code(&session.handshake(1, &handshake("PLAIN"))), Some(0));
+        assert!(!session.authenticated(), "nothing else is served mid-exchange");
+        assert_eq!(
+            code(&session.authenticate(&storage, 2, &plain("alice", "pw")).await),
+            Some(0)
+        );
+        // As bob, no.
+        session.handshake(1, &handshake("PLAIN"));
+        let outcome = session.authenticate(&storage, 2, &plain("bob", "pw2")).await;
+        assert_eq!(
+            code(&outcome),
+            Some(ResponseError::SaslAuthenticationFailed.code())
+        );
+        // With another mechanism, no.
+        let mut session = Session::new(sasl("1h"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("PLAIN"));
+        session.authenticate(&storage, 2, &plain("alice", "pw")).await;
+        let outcome = session.handshake(1, &handshake("SCRAM-SHA-512"));
+        assert_eq!(code(&outcome), Some(ResponseError::IllegalSaslState.code()));
+    }
+
+    #[tokio::test]
+    async fn handshakes_refuse_what_is_not_offered_and_authenticate_needs_one() {
+        let storage = MemoryStorage::default();
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        let outcome = session.authenticate(&storage, 1, &plain("a", "b")).await;
+        assert_eq!(code(&outcome), Some(ResponseError::IllegalSaslState.code()));
+        let outcome = session.handshake(1, &handshake("GSSAPI"));
+        assert_eq!(
+            code(&outcome),
+            Some(ResponseError::UnsupportedSaslMechanism.code())
+        );
+        // PLAIN is not offered without TLS unless allowed.
+        let mut settings = Settings::default();
+        settings.sasl.failed_authentication_delay = ketch_config::Duration::from_millis(0);
+        let strict = Arc::new(Sasl::new(&settings).unwrap());
+        let mut session = Session::new(strict.clone(), false, Arc::from("User:ANONYMOUS"));
+        let outcome = session.handshake(1, &handshake("PLAIN"));
+        assert_eq!(
+            code(&outcome),
+            Some(ResponseError::UnsupportedSaslMechanism.code())
+        );
+        let mut session = Session::new(strict, true, Arc::from("User:ANONYMOUS"));
+        assert_eq!(code(&session.handshake(1, &handshake("PLAIN"))), Some(0));
+    }
+
+    #[tokio::test]
+    async fn a_v0_handshake_exchanges_raw_tokens() {
+        let storage = storage_with("alice", "pw").await;
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        assert_eq!(code(&session.handshake(0, &handshake("PLAIN"))), Some(0));
+        assert!(session.expects_raw_token());
+        let outcome = session.raw_token(&storage, b"\0alice\0pw").await;
+        assert!(matches!(outcome, Outcome::Raw(ref token) if token.is_empty()));
+        assert!(!session.expects_raw_token());
+        assert!(session.authenticated());
+        // A bad raw token closes the connection without an answer.
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(0, &handshake("PLAIN"));
+        assert!(matches!(
+            session.raw_token(&storage, b"garbage").await,
+            Outcome::Close(None, _)
+        ));
+    }
+}

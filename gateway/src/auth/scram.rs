@@ -414,7 +414,12 @@ impl ServerFirst {
         for extension in attributes {
             parse_extension(extension, "client-final")?;
         }
-        if nonce != self.nonce {
+        // RFC 5802 wants the nonce we sent back verbatim. librdkafka before
+        // 2.2 (Debian's kcat among its users) sends its own nonce in front of
+        // it again, and Kafka's ScramSaslServer accepts that (it checks
+        // `endsWith`), so ketch does too. The proof covers the message as
+        // sent, and the suffix is our fresh nonce: nothing can be replayed.
+        if !nonce.ends_with(&self.nonce) {
             return Err(ScramError::NonceMismatch);
         }
         let auth_message = format!(
@@ -599,6 +604,9 @@ mod tests {
         password: &'static [u8],
         gs2_header: &'static str,
         client_first_bare: String,
+        /// Sent in front of the server's nonce in the final message, as
+        /// librdkafka before 2.2 sends its own nonce again.
+        nonce_prefix: String,
     }
 
     impl TestClient {
@@ -609,6 +617,7 @@ mod tests {
                 password,
                 gs2_header,
                 client_first_bare: format!("n={user},r={nonce}"),
+                nonce_prefix: String::new(),
             }
         }
 
@@ -629,7 +638,11 @@ mod tests {
                 .alg
                 .salted_password(self.password, &salt, iterations)
                 .unwrap();
-            let without_proof = format!("c={},r={nonce}", STANDARD.encode(self.gs2_header));
+            let without_proof = format!(
+                "c={},r={}{nonce}",
+                STANDARD.encode(self.gs2_header),
+                self.nonce_prefix
+            );
             let auth = format!("{},{server_first},{without_proof}", self.client_first_bare);
             let client_key = self.alg.hmac_of(&salted, b"Client Key");
             let signature = self.alg.hmac_of(&self.alg.hash(&client_key), auth.as_bytes());
@@ -651,6 +664,20 @@ mod tests {
         let (state, server_first) = first.server_first(client.alg, credential);
         let (client_final, expected) = client.last(&server_first);
         Ok((state.client_final(&client_final)?, expected))
+    }
+
+    #[test]
+    fn a_final_nonce_with_the_client_nonce_repeated_in_front_is_accepted_as_kafka_does() {
+        let credential = Credential::generate(Algorithm::Sha256, b"pw", 4096);
+        let mut client = TestClient::new(Algorithm::Sha256, "kcat", b"pw", "n,,");
+        let client_nonce = client.client_first_bare.split("r=").nth(1).unwrap().to_owned();
+        client.nonce_prefix = client_nonce;
+        let (server_final, expected) = exchange(&client, credential.clone()).unwrap();
+        assert_eq!(String::from_utf8(server_final).unwrap(), expected);
+        // Kafka accepts any prefix: the client's proof covers it, and the
+        // nonce still ends with ours (a wrong ending is refused, below).
+        client.nonce_prefix = "x".to_owned();
+        assert!(exchange(&client, credential).is_ok());
     }
 
     #[test]
