@@ -1,6 +1,8 @@
-"""The HTTP listener with http.tls and http.auth: HTTPS with the listeners'
-certificate, HTTP Basic checked against the SCRAM users, open paths served
-without credentials, ACLs (DESCRIBE on the cluster) on the rest."""
+"""Security seen by clients other than the Kafka libraries under test
+elsewhere: the HTTP listener with http.tls and http.auth (HTTPS with the
+listeners' certificate, HTTP Basic checked against the SCRAM users, open
+paths served without credentials, DESCRIBE on the cluster for the rest),
+and Debian's kcat authenticating with SCRAM and PLAIN over TLS."""
 
 import base64
 import pathlib
@@ -89,3 +91,34 @@ def test_http_auth_without_tls_is_refused_at_start(redis_url):
         capture_output=True, text=True, env=ketch_env(), timeout=30)
     assert result.returncode == 2, result
     assert "http.auth" in result.stderr and "http.tls" in result.stderr, result.stderr
+
+
+def test_kcat_authenticates_with_scram_over_tls(redis_url, certs, topic_name):
+    """Debian's kcat is librdkafka 2.0.2, whose SCRAM client repeats its
+    nonce in the final message (Kafka accepts it; so must ketch)."""
+    import shutil
+
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is not installed (scripts/test.sh installs it)"
+    set_user(redis_url, "kc", "kc-secret")
+    gateway = start_ketch(redis_url, node_id=0, protocol="SASL_SSL", settings=[
+        f"tls.cert_file={certs / 'server.pem'}",
+        f"tls.key_file={certs / 'server.key'}",
+    ])
+    try:
+        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"):
+            auth = ["-b", gateway.bootstrap, "-X", "security.protocol=SASL_SSL",
+                    "-X", f"sasl.mechanisms={mechanism}", "-X", "sasl.username=kc",
+                    "-X", "sasl.password=kc-secret", "-X", f"ssl.ca.location={certs / 'ca.pem'}"]
+            subprocess.run([kcat, *auth, "-P", "-t", topic_name, "-p", "0"], input=f"{mechanism}\n",
+                           text=True, check=True, capture_output=True, timeout=30)
+        out = subprocess.run([kcat, *auth, "-C", "-t", topic_name, "-p", "0", "-o", "beginning", "-e"],
+                             text=True, check=True, capture_output=True, timeout=30).stdout
+        assert out.splitlines() == ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+        wrong = subprocess.run([kcat, *auth[:-4], "-X", "sasl.password=nope", "-X",
+                                f"ssl.ca.location={certs / 'ca.pem'}", "-L"],
+                               text=True, capture_output=True, timeout=30)
+        assert wrong.returncode != 0 and "Authentication failed" in wrong.stderr, wrong.stderr
+    finally:
+        error = stop_ketch(gateway)
+    assert error is None, error
