@@ -11,7 +11,7 @@
 # paths pay for authorisation. Each round produces RECORDS records of 1 KiB
 # with kcat (librdkafka, acks=all, linger 5 ms) to a fresh 16-partition topic
 # through each listener in turn, alternating which goes first, and prints
-# records/s and the gateway's CPU µs per record for each. Knobs
+# records/s and the gateway's and kcat's CPU µs per record for each. Knobs
 # (environment): RECORDS (default 300000).
 set -euo pipefail
 
@@ -21,6 +21,7 @@ rounds=${2:-3}
 records=${RECORDS:-300000}
 [ -x "$ketch" ] || { echo "no ketch binary at $ketch (cargo build --release -p ketch-gateway)" >&2; exit 1; }
 command -v kcat >/dev/null || { echo "kcat is needed (apt-get install kcat)" >&2; exit 1; }
+[ -x /usr/bin/time ] || { echo "/usr/bin/time is needed (apt-get install time)" >&2; exit 1; }
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -121,14 +122,16 @@ EOF
     local cpu0 t0 t1 cpu1
     cpu0=$(cpu_ticks)
     t0=$(date +%s.%N)
-    kcat -P "$@" -t "$topic" -X acks=all -X linger.ms=5 -X batch.num.messages=10000 \
+    /usr/bin/time -f "%U %S" -o "$work/kcat.time" \
+        kcat -P "$@" -t "$topic" -X acks=all -X linger.ms=5 -X batch.num.messages=10000 \
         -X queue.buffering.max.messages=1000000 <"$work/records"
     t1=$(date +%s.%N)
     cpu1=$(cpu_ticks)
+    read -r user sys <"$work/kcat.time"
     python3 -c "
-import sys
-n, t, cpu = $records, $t1 - $t0, ($cpu1 - $cpu0) / $hz
-print(f'{\"$name\":<10} {n / t:>10,.0f} rec/s  {n * 1024 / t / 2**20:>6.1f} MiB/s  ketch CPU {cpu * 1e6 / n:5.2f} µs/record')"
+n, t, cpu, client = $records, $t1 - $t0, ($cpu1 - $cpu0) / $hz, $user + $sys
+print(f'{\"$name\":<10} {n / t:>10,.0f} rec/s  {n * 1024 / t / 2**20:>6.1f} MiB/s  '
+      f'CPU µs/record: ketch {cpu * 1e6 / n:5.2f}, kcat {client * 1e6 / n:5.2f}')"
 }
 
 echo "ketch $("$ketch" --version 2>/dev/null || true), $records × 1 KiB, 16 partitions, acks=all, kcat $(kcat -V 2>&1 | head -1 | awk '{print $2}')"
