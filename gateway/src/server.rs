@@ -32,6 +32,11 @@ pub struct Endpoint {
     pub listener: ketch_config::Listener,
 }
 
+/// The largest frame a client of a SASL listener may send before it has
+/// authenticated (Kafka's `sasl.server.max.receive.size`): a stranger gets
+/// no 100 MiB buffer.
+const MAX_UNAUTHENTICATED_FRAME: u32 = 512 * 1024;
+
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -252,8 +257,13 @@ where
     let mut sequencer = api::produce::Sequencer::default();
     let mut order = Order::default();
     let result = loop {
+        let limit = if sasl_required && !session.authenticated() {
+            max.min(MAX_UNAUTHENTICATED_FRAME)
+        } else {
+            max
+        };
         let frame = tokio::select! {
-            frame = tokio::time::timeout(idle, read_frame(&mut read, max)) => match frame {
+            frame = tokio::time::timeout(idle, read_frame(&mut read, limit)) => match frame {
                 Ok(frame) => frame,
                 Err(_) => break Err(ConnectionError::Idle(idle)),
             },
@@ -297,14 +307,21 @@ where
                     .authenticate(ctx.storage.as_ref(), header.request_api_version, r)
                     .await,
             ),
-            RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_) => Some(Outcome::Close(
-                None,
-                format!(
-                    "SASL request on listener {} ({})",
-                    listener.name,
-                    listener.protocol.name()
-                ),
-            )),
+            // A listener without SASL answers them as Kafka does, with
+            // ILLEGAL_SASL_STATE, and goes on.
+            RequestKind::SaslHandshake(_) => Some(Outcome::Answer(ResponseKind::SaslHandshake(
+                kafka_protocol::messages::SaslHandshakeResponse::default()
+                    .with_error_code(kafka_protocol::error::ResponseError::IllegalSaslState.code()),
+            ))),
+            RequestKind::SaslAuthenticate(_) => Some(Outcome::Answer(ResponseKind::SaslAuthenticate(
+                kafka_protocol::messages::SaslAuthenticateResponse::default()
+                    .with_error_code(kafka_protocol::error::ResponseError::IllegalSaslState.code())
+                    .with_error_message(Some(api::str_bytes(format!(
+                        "listener {} ({}) does not use SASL",
+                        listener.name,
+                        listener.protocol.name()
+                    )))),
+            ))),
             RequestKind::ApiVersions(_) => None,
             _ if sasl_required && !session.authenticated() => Some(Outcome::Close(
                 None,

@@ -23,11 +23,6 @@ pub fn handle(
     req: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     let response = DescribeClusterResponse::default().with_endpoint_type(req.endpoint_type);
-    if !cluster_authorized(ctx, client, Operation::Describe) {
-        return response
-            .with_error_code(ResponseError::ClusterAuthorizationFailed.code())
-            .with_error_message(Some(str_bytes("Authorization failed.")));
-    }
     if req.endpoint_type != BROKER_ENDPOINT {
         let message = format!(
             "ketch serves only broker endpoints (type 1), not type {}",
@@ -48,9 +43,15 @@ pub fn handle(
                 .with_port(i32::from(n.port))
         })
         .collect();
-    // Without an authorizer every operation is allowed, as in Kafka.
+    // Anyone may describe the cluster; its authorised operations are
+    // reported to a principal with DESCRIBE on it (0 to others), as in
+    // Kafka. Without an authorizer every operation is allowed.
     let operations = if req.include_cluster_authorized_operations {
-        super::authorized_operations(ctx, client, ResourceType::Cluster, CLUSTER_NAME)
+        if cluster_authorized(ctx, client, Operation::Describe) {
+            super::authorized_operations(ctx, client, ResourceType::Cluster, CLUSTER_NAME)
+        } else {
+            0
+        }
     } else {
         OPERATIONS_NOT_REQUESTED
     };
