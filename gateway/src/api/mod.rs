@@ -141,31 +141,8 @@ pub fn authorized(
 /// The operations `client` may perform on a resource, as the bit set
 /// Metadata and DescribeCluster report (bit = Kafka's operation code).
 pub fn authorized_operations(ctx: &Context, client: &Client, resource_type: ResourceType, name: &str) -> i32 {
-    use Operation::*;
-    let candidates: &[Operation] = match resource_type {
-        ResourceType::Topic => &[
-            Read,
-            Write,
-            Create,
-            Delete,
-            Alter,
-            Describe,
-            DescribeConfigs,
-            AlterConfigs,
-        ],
-        ResourceType::Group => &[Read, Describe, Delete],
-        ResourceType::Cluster => &[
-            Create,
-            Alter,
-            Describe,
-            ClusterAction,
-            DescribeConfigs,
-            AlterConfigs,
-            IdempotentWrite,
-        ],
-        ResourceType::TransactionalId => &[Describe, Write],
-    };
-    candidates
+    resource_type
+        .operations()
         .iter()
         .filter(|op| authorized(ctx, client, **op, resource_type, name))
         .fold(0, |bits, op| bits | 1 << op.code())

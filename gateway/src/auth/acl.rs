@@ -53,34 +53,38 @@ impl ResourceType {
         })
     }
 
-    /// The operations an ACL on this resource type may name (Kafka's
-    /// `AclEntry.supportedOperations`).
-    fn supports(self, op: Operation) -> bool {
+    /// The operations on a resource of this type (Kafka's
+    /// `AclEntry.supportedOperations`): what an ACL on it may name besides
+    /// ALL, and what authorised-operation bit sets report.
+    pub fn operations(self) -> &'static [Operation] {
         use Operation::*;
-        let supported: &[Operation] = match self {
+        match self {
             ResourceType::Topic => &[
                 Read,
                 Write,
                 Create,
-                Describe,
                 Delete,
                 Alter,
+                Describe,
                 DescribeConfigs,
                 AlterConfigs,
             ],
-            ResourceType::Group => &[Read, Describe, Delete],
+            ResourceType::Group => &[Read, Delete, Describe],
             ResourceType::Cluster => &[
                 Create,
+                Alter,
+                Describe,
                 ClusterAction,
                 DescribeConfigs,
                 AlterConfigs,
                 IdempotentWrite,
-                Alter,
-                Describe,
             ],
-            ResourceType::TransactionalId => &[Describe, Write],
-        };
-        op == All || supported.contains(&op)
+            ResourceType::TransactionalId => &[Write, Describe],
+        }
+    }
+
+    fn supports(self, op: Operation) -> bool {
+        op == Operation::All || self.operations().contains(&op)
     }
 }
 
@@ -509,6 +513,19 @@ impl Authorizer {
             .collect()
     }
 
+    /// The bindings to check `principal` against, or the answer without
+    /// them: allowed with ACLs off or for a super user, refused before the
+    /// ACLs were first loaded.
+    fn bindings_for(&self, principal: &str) -> Result<Arc<Snapshot>, bool> {
+        if !self.enabled || self.is_super_user(principal) {
+            return Err(true);
+        }
+        if !self.loaded.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(false);
+        }
+        Ok(self.snapshot.read().expect("acl lock").clone())
+    }
+
     /// Whether `principal` connecting from `host` may perform `op` on the
     /// resource.
     pub fn authorize(
@@ -519,13 +536,10 @@ impl Authorizer {
         resource_type: ResourceType,
         name: &str,
     ) -> bool {
-        if !self.enabled || self.is_super_user(principal) {
-            return true;
-        }
-        if !self.loaded.load(std::sync::atomic::Ordering::Acquire) {
-            return false;
-        }
-        let snapshot = self.snapshot.read().expect("acl lock").clone();
+        let snapshot = match self.bindings_for(principal) {
+            Ok(snapshot) => snapshot,
+            Err(decided) => return decided,
+        };
         let mut any_for_resource = false;
         let mut allowed = false;
         for b in snapshot
@@ -558,13 +572,10 @@ impl Authorizer {
         op: Operation,
         resource_type: ResourceType,
     ) -> bool {
-        if !self.enabled || self.is_super_user(principal) {
-            return true;
-        }
-        if !self.loaded.load(std::sync::atomic::Ordering::Acquire) {
-            return false;
-        }
-        let snapshot = self.snapshot.read().expect("acl lock").clone();
+        let snapshot = match self.bindings_for(principal) {
+            Ok(snapshot) => snapshot,
+            Err(decided) => return decided,
+        };
         let of_type = || {
             snapshot
                 .bindings
@@ -700,6 +711,16 @@ mod tests {
             ],
         );
         assert!(!a.authorize_any("User:alice", "h", Write, Topic));
+    }
+
+    #[test]
+    fn the_operations_of_each_resource_type_are_kafkas() {
+        // What a Kafka broker without an authorizer reports as authorised
+        // operations (bit n: operation code n).
+        let bits = |t: ResourceType| t.operations().iter().fold(0, |b, op| b | 1 << op.code());
+        assert_eq!(bits(Group), 0b1_0100_1000);
+        assert_eq!(bits(Cluster), 0b1_1111_1010_0000);
+        assert_eq!(bits(Topic), 0b1101_1111_1000);
     }
 
     #[test]
