@@ -775,3 +775,54 @@ impl crate::group::Ownership for Membership {
         Membership::epoch(self)
     }
 }
+
+#[cfg(test)]
+mod listener_tests {
+    use super::*;
+    use crate::ListenerAddress;
+
+    /// A gateway with an EXTERNAL listener behind a load balancer and an
+    /// INTERNAL one of its own.
+    fn two_listeners(id: i32) -> Node {
+        let listener = |name: &str, host: String, port: u16| ListenerAddress {
+            name: name.to_owned(),
+            host,
+            port,
+            by_address: false,
+        };
+        Node {
+            id,
+            host: "lb.example.com".into(),
+            port: 9093,
+            internal: None,
+            by_address: false,
+            listeners: vec![
+                listener("EXTERNAL", "lb.example.com".into(), 9093),
+                listener("INTERNAL", format!("10.0.0.{id}"), 9092),
+            ],
+        }
+    }
+
+    #[test]
+    fn each_listener_presents_the_gateways_by_its_own_addresses() {
+        let m = Membership::new(two_listeners(1));
+        m.set_live(vec![two_listeners(1), two_listeners(2)]);
+        let external = m.brokers("EXTERNAL");
+        assert_eq!(external.len(), 1, "{external:?}");
+        assert_eq!(external[0].id, address_id("lb.example.com", 9093));
+        assert!(m.behind_shared_address("EXTERNAL"));
+        let internal = m.brokers("INTERNAL");
+        let addresses: Vec<(i32, String, u16)> =
+            internal.iter().map(|n| (n.id, n.host.clone(), n.port)).collect();
+        assert_eq!(
+            addresses,
+            vec![(1, "10.0.0.1".into(), 9092), (2, "10.0.0.2".into(), 9092)]
+        );
+        assert!(!m.behind_shared_address("INTERNAL"));
+        assert_eq!(m.my_broker_id("INTERNAL"), 1);
+        assert_eq!(m.my_broker_id("EXTERNAL"), address_id("lb.example.com", 9093));
+        // The first listener for an unnamed or unknown one.
+        assert_eq!(m.brokers("").len(), 1);
+        assert_eq!(m.brokers("NO_SUCH").len(), 1);
+    }
+}
