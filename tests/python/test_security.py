@@ -823,7 +823,9 @@ def test_oauthbearer_tokens_name_the_principal_and_bad_tokens_are_refused(gatewa
     expired = token("svc-reporter", lifetime=-3600)
     error = first_error(oauth_config(gateway.bootstrap, pki, expired, "svc-reporter"))
     assert error is not None and error.code() == KafkaError._AUTHENTICATION, error
-    # ... and on the wire each bad token is answered SASL_AUTHENTICATION_FAILED, then closed.
+    # ... and on the wire each bad token gets RFC 7628's error challenge; the
+    # client's acknowledgement (%x01) is answered SASL_AUTHENTICATION_FAILED,
+    # and the connection closed, as Kafka's OAuthBearerSaslServer does.
     bad = {
         "expired": expired,
         "signed by another key": token("svc-reporter", signer=other_key),
@@ -832,8 +834,10 @@ def test_oauthbearer_tokens_name_the_principal_and_bad_tokens_are_refused(gatewa
     }
     for why, bad_token in bad.items():
         conn = KafkaConnection(gateway.bootstrap, tls=tls_client(pki))
-        code, message, _, _ = oauth_authenticate(conn, bad_token)
-        assert code == SASL_AUTHENTICATION_FAILED, (why, code, message)
+        code, message, challenge, _ = oauth_authenticate(conn, bad_token)
+        assert code == 0 and json.loads(challenge) == {"status": "invalid_token"}, (why, code, challenge)
+        code, message, _, _ = conn.authenticate(b"\x01")
+        assert code == SASL_AUTHENTICATION_FAILED and "OAUTHBEARER" in message, (why, code, message)
         assert conn.closed_by_server(), why
         conn.close()
     wait_for_log(gateway, "invalid OAUTHBEARER token", count=len(bad) + 1)

@@ -126,6 +126,10 @@ impl Mechanism {
 enum Exchange {
     /// Waiting for the client's first message.
     Start(Mechanism),
+    /// OAUTHBEARER: the token was refused and the RFC 7628 error challenge
+    /// sent; the client's acknowledgement (`%x01`) ends the exchange with
+    /// this failure, as Kafka's OAuthBearerSaslServer does.
+    OAuthRefused(String),
     /// SCRAM: server-first sent, waiting for client-final.
     ScramFinal {
         state: Box<scram::ServerFirst>,
@@ -369,6 +373,7 @@ impl Session {
                     Mechanism::OAuthBearer => self.oauthbearer(token),
                 }
             }
+            Some(Exchange::OAuthRefused(message)) => Err(Failure(message)),
             Some(Exchange::ScramFinal { state, user, alg }) => match state.client_final(token) {
                 Ok(response) => Ok(Step::Done {
                     response,
@@ -411,27 +416,28 @@ impl Session {
         Ok(Step::Challenge(message))
     }
 
-    fn oauthbearer(&self, token: &[u8]) -> Result<Step, Failure> {
+    fn oauthbearer(&mut self, token: &[u8]) -> Result<Step, Failure> {
         let Some(validator) = &self.sasl.jwt else {
             return Err(Failure("OAUTHBEARER is not configured".to_owned()));
         };
         let initial =
             oauthbearer::parse(token).map_err(|e| Failure(format!("invalid OAUTHBEARER message: {e}")))?;
-        let validated = validator
-            .validate(&initial.token, SystemTime::now())
-            .map_err(|e| Failure(format!("invalid OAUTHBEARER token: {e}")))?;
-        if let Some(authzid) = &initial.authzid
-            && *authzid != validated.subject
-        {
-            return Err(Failure(format!(
-                "the authorization id {authzid:?} is not the token's subject"
-            )));
-        }
-        Ok(Step::Done {
-            response: Vec::new(),
-            principal: validated.subject,
-            expires: Some(validated.expires_at),
-        })
+        let message = match validator.validate(&initial.token, SystemTime::now()) {
+            Ok(validated) if initial.authzid.as_ref().is_none_or(|a| *a == validated.subject) => {
+                return Ok(Step::Done {
+                    response: Vec::new(),
+                    principal: validated.subject,
+                    expires: Some(validated.expires_at),
+                });
+            }
+            Ok(_) => "the authorization id is not the token's subject".to_owned(),
+            Err(e) => format!("invalid OAUTHBEARER token: {e}"),
+        };
+        // RFC 7628 §3.2.2: an error challenge, then the failure once the
+        // client acknowledges it.
+        tracing::info!(reason = message, "OAUTHBEARER token refused");
+        self.exchange = Some(Exchange::OAuthRefused(message));
+        Ok(Step::Challenge(br#"{"status":"invalid_token"}"#.to_vec()))
     }
 }
 
