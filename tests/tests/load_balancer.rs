@@ -697,3 +697,71 @@ fn a_forwarded_request_survives_the_coordinator_closing_an_idle_forwarding_conne
         "forwarded again on a new connection, not COORDINATOR_NOT_AVAILABLE"
     );
 }
+
+/// Named listeners: each gateway has an EXTERNAL listener advertising one
+/// shared address (a load balancer's) and an INTERNAL one of its own.
+/// Metadata through EXTERNAL lists the shared address as one broker;
+/// through INTERNAL, every gateway at its own address — on either gateway,
+/// so each learns the other's listeners from the registry.
+#[test]
+fn each_listener_lists_the_gateways_by_its_own_addresses() {
+    let redis = TestRedis::start();
+    let shared_port = ketch_tests::free_port();
+    let ports: Vec<(u16, u16)> = (0..2)
+        .map(|_| (ketch_tests::free_port(), ketch_tests::free_port()))
+        .collect();
+    let gateways: Vec<Ketch> = ports
+        .iter()
+        .map(|(external, internal)| {
+            let listeners =
+                format!("broker.listeners=EXTERNAL://127.0.0.1:{external},INTERNAL://127.0.0.1:{internal}");
+            let advertised = format!(
+                "broker.advertised_listeners=EXTERNAL://127.0.0.1:{shared_port},INTERNAL://127.0.0.1:{internal}"
+            );
+            Ketch::start(
+                &redis.url(),
+                &[
+                    "--set",
+                    &listeners,
+                    "--set",
+                    &advertised,
+                    "--set",
+                    "broker.listener_security_protocol_map=EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT",
+                    "--set",
+                    "cluster.heartbeat_interval=100ms",
+                    "--set",
+                    "cluster.node_timeout=1500ms",
+                ],
+            )
+        })
+        .collect();
+    for g in &gateways {
+        g.await_log("nodes=[0, 1]", Duration::from_secs(20));
+    }
+    let metadata = |port: u16| {
+        let mut conn = KafkaConn::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        let response = conn.request(12, &MetadataRequest::default().with_topics(Some(Vec::new())));
+        let mut brokers: Vec<(i32, i32)> = response.brokers.iter().map(|b| (b.node_id.0, b.port)).collect();
+        brokers.sort_unstable();
+        brokers
+    };
+    let internal_ports = {
+        let mut p: Vec<i32> = ports.iter().map(|(_, i)| i32::from(*i)).collect();
+        p.sort_unstable();
+        p
+    };
+    for (external, internal) in &ports {
+        let through_external = metadata(*external);
+        assert_eq!(through_external.len(), 1, "{through_external:?}");
+        assert!(through_external[0].0 > MAX_NODE_ID, "{through_external:?}");
+        assert_eq!(through_external[0].1, i32::from(shared_port));
+        let through_internal = metadata(*internal);
+        let mut seen: Vec<i32> = through_internal.iter().map(|(_, port)| *port).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, internal_ports, "{through_internal:?}");
+        assert!(
+            through_internal.iter().all(|(id, _)| *id <= MAX_NODE_ID),
+            "{through_internal:?}"
+        );
+    }
+}
