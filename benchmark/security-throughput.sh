@@ -11,7 +11,7 @@
 # paths pay for authorisation. Each round produces RECORDS records of 1 KiB
 # with kcat (librdkafka, acks=all, linger 5 ms) to a fresh 16-partition topic
 # through each listener in turn, alternating which goes first, and prints
-# records/s and the gateway's and kcat's CPU µs per record for each. Knobs
+# records/s and the CPU µs per record of the gateway, Redis and kcat. Knobs
 # (environment): RECORDS (default 300000).
 set -euo pipefail
 
@@ -89,14 +89,23 @@ plain=(-b "127.0.0.1:$plain_port")
 sasl=(-b "127.0.0.1:$sasl_port" -X security.protocol=SASL_SSL -X sasl.mechanisms=SCRAM-SHA-512
     -X sasl.username=bench -X sasl.password=bench-secret -X "ssl.ca.location=$work/ca.pem")
 
-# ACLs: WRITE (and CREATE, for the topics) on `bench-*` for both principals.
-python3 - "127.0.0.1:$sasl_port" "$work/ca.pem" <<'EOF'
+# Runs Python (on stdin) with `connect()`, an AdminClient of the admin user;
+# sys.argv[3] is the first argument.
+admin_python() {
+    python3 -c "
 import sys
-from confluent_kafka.admin import (AdminClient, AclBinding, AclOperation, AclPermissionType,
-                                   ResourcePatternType, ResourceType)
-admin = AdminClient({"bootstrap.servers": sys.argv[1], "security.protocol": "SASL_SSL",
-                     "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin",
-                     "sasl.password": "admin-secret", "ssl.ca.location": sys.argv[2]})
+from confluent_kafka.admin import *
+def connect():
+    return AdminClient({'bootstrap.servers': sys.argv[1], 'security.protocol': 'SASL_SSL',
+                        'sasl.mechanism': 'SCRAM-SHA-512', 'sasl.username': 'admin',
+                        'sasl.password': 'admin-secret', 'ssl.ca.location': sys.argv[2]})
+exec(sys.stdin.read())
+" "127.0.0.1:$sasl_port" "$work/ca.pem" "$@"
+}
+
+# ACLs: WRITE (and CREATE, for the topics) on `bench-*` for both principals.
+admin_python <<'EOF'
+admin = connect()
 acls = [AclBinding(ResourceType.TOPIC, "bench-", ResourcePatternType.PREFIXED, p, "*", op,
                    AclPermissionType.ALLOW)
         for p in ("User:bench", "User:ANONYMOUS")
@@ -105,33 +114,40 @@ for f in admin.create_acls(acls).values():
     f.result()
 EOF
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$ketch_pid/stat"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 produce() { # name, kcat connection args...
     local name=$1; shift
     local topic="bench-$name-$RANDOM$RANDOM"
-    python3 - "127.0.0.1:$sasl_port" "$work/ca.pem" "$topic" <<'EOF'
-import sys
-from confluent_kafka.admin import AdminClient, NewTopic
-admin = AdminClient({"bootstrap.servers": sys.argv[1], "security.protocol": "SASL_SSL",
-                     "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin",
-                     "sasl.password": "admin-secret", "ssl.ca.location": sys.argv[2]})
+    admin_python "$topic" <<'EOF'
+admin = connect()
 admin.create_topics([NewTopic(sys.argv[3], 16, 1)])[sys.argv[3]].result()
 EOF
     local cpu0 t0 t1 cpu1
-    cpu0=$(cpu_ticks)
+    cpu0=$(cpu_ticks "$ketch_pid")
+    rcpu0=$(cpu_ticks "$redis_pid")
     t0=$(date +%s.%N)
     /usr/bin/time -f "%U %S" -o "$work/kcat.time" \
         kcat -P "$@" -t "$topic" -X acks=all -X linger.ms=5 -X batch.num.messages=10000 \
         -X queue.buffering.max.messages=1000000 <"$work/records"
     t1=$(date +%s.%N)
-    cpu1=$(cpu_ticks)
+    cpu1=$(cpu_ticks "$ketch_pid")
+    rcpu1=$(cpu_ticks "$redis_pid")
     read -r user sys <"$work/kcat.time"
     python3 -c "
-n, t, cpu, client = $records, $t1 - $t0, ($cpu1 - $cpu0) / $hz, $user + $sys
+n, t, client = $records, $t1 - $t0, $user + $sys
+cpu, redis = ($cpu1 - $cpu0) / $hz, ($rcpu1 - $rcpu0) / $hz
 print(f'{\"$name\":<10} {n / t:>10,.0f} rec/s  {n * 1024 / t / 2**20:>6.1f} MiB/s  '
-      f'CPU µs/record: ketch {cpu * 1e6 / n:5.2f}, kcat {client * 1e6 / n:5.2f}')"
+      f'CPU µs/record: ketch {cpu * 1e6 / n:5.2f}, Redis {redis * 1e6 / n:5.2f}, kcat {client * 1e6 / n:5.2f}')"
+    # Each round starts from an empty Redis: delete the topic and wait for
+    # Redis to have freed it (a Redis holding gigabytes more costs more per
+    # record, which would favour whichever listener went first).
+    admin_python "$topic" <<'EOF'
+admin = connect()
+admin.delete_topics([sys.argv[3]])[sys.argv[3]].result()
+EOF
+    until redis-cli -p "$redis_port" info memory | grep -q "^lazyfree_pending_objects:0"; do sleep 0.1; done
 }
 
 echo "ketch $("$ketch" --version 2>/dev/null || true), $records × 1 KiB, 16 partitions, acks=all, kcat $(kcat -V 2>&1 | head -1 | awk '{print $2}')"
