@@ -20,6 +20,19 @@
 #      of the Redis CPU and the ketch + Redis CPU per record of both
 #      (cluster.md beside summary.md).
 #
+# A peer (any Kafka-compatible broker) is measured in the same run with the
+# same presets and fixed-rate latency, alternated with ketch (odd presets
+# ketch first, even presets the peer first), so a reader sees ketch, the
+# peer and the direct-XADD baseline side by side (summary.md):
+#
+#   benchmark/run-baseline.sh --peer-bootstrap HOST:PORT [--peer-pid PID] [--peer-name NAME]
+#   benchmark/run-baseline.sh --peer-cmd 'BROKER ARGS… {port} …' [--peer-name NAME]
+#
+# --peer-bootstrap names a broker already running (--peer-pid gives its
+# process for CPU and peak RSS); --peer-cmd starts one, `{port}` replaced by
+# a free port, and stops it at the end. benchmark/README.md shows both for
+# nisshi, Apache Kafka and Redpanda.
+#
 # Redis is flushed before each measurement, so its memory delta belongs to
 # that measurement alone. Raw JSON results go to benchmark/results/<date>/,
 # with summary.md (made by benchmark/summarize.py) beside them.
@@ -34,6 +47,21 @@
 # CLUSTER_PARTITIONS (24).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+PEER_BOOTSTRAP= PEER_PID= PEER_CMD= PEER_NAME=peer
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --peer-bootstrap) PEER_BOOTSTRAP=${2:?--peer-bootstrap HOST:PORT}; shift 2 ;;
+        --peer-pid) PEER_PID=${2:?--peer-pid PID}; shift 2 ;;
+        --peer-cmd) PEER_CMD=${2:?--peer-cmd 'COMMAND with {port}'}; shift 2 ;;
+        --peer-name) PEER_NAME=${2:?--peer-name NAME}; shift 2 ;;
+        *) echo "run-baseline.sh: unknown argument $1 (--peer-bootstrap, --peer-pid, --peer-cmd, --peer-name)" >&2; exit 2 ;;
+    esac
+done
+if [ -n "$PEER_CMD" ] && [ -n "$PEER_BOOTSTRAP" ]; then
+    echo "run-baseline.sh: give --peer-cmd or --peer-bootstrap, not both" >&2
+    exit 2
+fi
 
 RECORDS_1KB=${RECORDS_1KB:-500000}
 RECORDS_100B=${RECORDS_100B:-2000000}
@@ -66,9 +94,24 @@ cleanup() {
     [ -n "${cluster_ketch_pid:-}" ] && kill "$cluster_ketch_pid" 2>/dev/null && wait "$cluster_ketch_pid" 2>/dev/null
     for pid in "${cluster_pids[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
     [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
+    [ -n "$PEER_CMD" ] && [ -n "${PEER_PID:-}" ] && kill "$PEER_PID" 2>/dev/null && wait "$PEER_PID" 2>/dev/null
     rm -rf "$work"
 }
 trap cleanup EXIT
+
+if [ -n "$PEER_CMD" ]; then
+    peer_port=$(free_port)
+    PEER_BOOTSTRAP="127.0.0.1:$peer_port"
+    log "starting the peer ($PEER_NAME) on $peer_port: ${PEER_CMD//\{port\}/$peer_port}"
+    bash -c "exec ${PEER_CMD//\{port\}/$peer_port}" >"$work/peer.log" 2>&1 &
+    PEER_PID=$!
+    until python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $peer_port), 1)" 2>/dev/null; do
+        kill -0 "$PEER_PID" || { cat "$work/peer.log"; exit 1; }
+        sleep 0.1
+    done
+fi
+peer_common=(--output json --quiet)
+[ -n "$PEER_PID" ] && peer_common+=(--server-pid "$PEER_PID")
 
 log "starting redis-server on $redis_port"
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
@@ -109,18 +152,39 @@ records_for() {
 presets=(1-topic-1-partition-1kb 1-topic-16-partitions-1kb 1-topic-16-partitions-100b
     1-topic-3-partitions-100b-3producers 1-topic-100-partitions-1kb)
 [ -n "${SKIP_PRESETS:-}" ] && presets=()
-for workload in "${presets[@]}"; do
+# One preset through ketch (`ketch`) or the peer (`peer`): produce, then
+# consume what was produced.
+preset() { # side, workload
+    local side=$1 workload=$2 records bootstrap prefix args
     records=$(records_for "$workload")
-    topic="bench-$workload-$run_id"
-    flush
-    log "$workload: produce $records records (acks=all, no compression)"
-    "$BENCH" producer --bootstrap-server "$BOOTSTRAP" --workload "$workload" --topic "$topic" \
-        --create-topic --records "$records" --acks all --compression none "${common[@]}" \
-        --result-file "$OUT/produce-$workload.json" >/dev/null
-    log "$workload: consume them"
-    "$BENCH" consumer --bootstrap-server "$BOOTSTRAP" --workload "$workload" --topic "$topic" \
-        --from beginning --records "$records" --validate checksum "${common[@]}" \
-        --result-file "$OUT/consume-$workload.json" >/dev/null
+    if [ "$side" = ketch ]; then
+        flush
+        bootstrap=$BOOTSTRAP prefix= args=("${common[@]}")
+    else
+        bootstrap=$PEER_BOOTSTRAP prefix=peer- args=("${peer_common[@]}")
+    fi
+    local topic="bench-$workload-$run_id"
+    log "$workload ($side): produce $records records (acks=all, no compression)"
+    "$BENCH" producer --bootstrap-server "$bootstrap" --workload "$workload" --topic "$topic" \
+        --create-topic --records "$records" --acks all --compression none "${args[@]}" \
+        --result-file "$OUT/${prefix}produce-$workload.json" >/dev/null
+    log "$workload ($side): consume them"
+    "$BENCH" consumer --bootstrap-server "$bootstrap" --workload "$workload" --topic "$topic" \
+        --from beginning --records "$records" --validate checksum "${args[@]}" \
+        --result-file "$OUT/${prefix}consume-$workload.json" >/dev/null
+}
+index=0
+for workload in "${presets[@]}"; do
+    index=$((index + 1))
+    if [ -z "$PEER_BOOTSTRAP" ]; then
+        preset ketch "$workload"
+    elif (( index % 2 )); then
+        preset ketch "$workload"
+        preset peer "$workload"
+    else
+        preset peer "$workload"
+        preset ketch "$workload"
+    fi
 done
 
 for size in 1KB 100B; do
@@ -143,6 +207,11 @@ for linger in 0 1; do
     "$BENCH" roundtrip --bootstrap-server "$BOOTSTRAP" --workload 1-topic-16-partitions-1kb \
         --topic "bench-latency-$linger-$run_id" --create-topic --rate 10000 --duration "$LATENCY_DURATION" \
         --linger-ms "$linger" "${common[@]}" --result-file "$OUT/roundtrip-10k-1kb-linger$linger.json" >/dev/null
+    [ -z "$PEER_BOOTSTRAP" ] && continue
+    log "fixed rate through the peer ($PEER_NAME), linger.ms=$linger"
+    "$BENCH" roundtrip --bootstrap-server "$PEER_BOOTSTRAP" --workload 1-topic-16-partitions-1kb \
+        --topic "bench-latency-$linger-$run_id" --create-topic --rate 10000 --duration "$LATENCY_DURATION" \
+        --linger-ms "$linger" "${peer_common[@]}" --result-file "$OUT/peer-roundtrip-10k-1kb-linger$linger.json" >/dev/null
 done
 
 # 5. Compressed batches: every record is decompressed and checked on produce.
@@ -291,7 +360,8 @@ fi
     echo "redis: $(redis-server --version)"
     echo "ketch: $("$KETCH" --version) (${BENCH_KETCH_BIN:+$BENCH_KETCH_BIN, }checkout $(git rev-parse --short HEAD))"
     echo "rustc: $(rustc --version)"
-    echo "command: RECORDS_1KB=$RECORDS_1KB RECORDS_100B=$RECORDS_100B LATENCY_DURATION=$LATENCY_DURATION${COMPARE_KETCH_BIN:+ COMPARE_KETCH_BIN=$COMPARE_KETCH_BIN COMPARE_ROUNDS=${COMPARE_ROUNDS:-2}}${SKIP_PRESETS:+ SKIP_PRESETS=1}${SKIP_COMPRESSED:+ SKIP_COMPRESSED=1}${SKIP_CLUSTER:+ SKIP_CLUSTER=1} benchmark/run-baseline.sh"
+    [ -n "$PEER_BOOTSTRAP" ] && echo "peer: $PEER_NAME at $PEER_BOOTSTRAP${PEER_PID:+ (pid $PEER_PID)}${PEER_CMD:+, started as: $PEER_CMD}"
+    echo "command: RECORDS_1KB=$RECORDS_1KB RECORDS_100B=$RECORDS_100B LATENCY_DURATION=$LATENCY_DURATION${COMPARE_KETCH_BIN:+ COMPARE_KETCH_BIN=$COMPARE_KETCH_BIN COMPARE_ROUNDS=${COMPARE_ROUNDS:-2}}${SKIP_PRESETS:+ SKIP_PRESETS=1}${SKIP_COMPRESSED:+ SKIP_COMPRESSED=1}${SKIP_CLUSTER:+ SKIP_CLUSTER=1} benchmark/run-baseline.sh${PEER_BOOTSTRAP:+ (with the peer above)}"
 } >"$OUT/environment.txt"
 
 python3 benchmark/summarize.py "$OUT" >"$OUT/summary.md"

@@ -257,8 +257,54 @@ def main():
             f"| 10k rec/s, linger.ms={linger}: end-to-end p99 ≤ 10 ms | {el['p99_ms']:.2f} ms "
             f"| {check(el['p99_ms'] <= 10)} |"
         )
+    peer_section(directory, rows, out)
     compressed_section(directory, out)
     print("\n".join(out))
+
+
+def peer_section(directory, rows, out):
+    """The peer broker (--peer-bootstrap / --peer-cmd) beside ketch, same
+    presets, alternated in one run."""
+    peer = {}
+    for w in WORKLOADS:
+        p = load(directory, f"peer-produce-{w}.json")
+        if p is not None:
+            peer[w] = (p, load(directory, f"peer-consume-{w}.json"))
+    if not peer:
+        return
+    out.append("\n## ketch beside the peer (same presets, alternated in this run)\n")
+    out.append(
+        "| workload | ketch produce rec/s | peer produce rec/s | ketch / peer | ketch consume rec/s "
+        "| peer consume rec/s | ketch / peer | server CPU µs/rec produce: ketch+redis / peer | peer peak RSS MiB |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    def rate(result):
+        return result["results"]["throughput"]["records_per_s"] if result else None
+
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "–"
+
+    for w, (pp, pc) in peer.items():
+        if w not in rows:
+            continue
+        kp, kc = rows[w]
+        peer_cpu = cpu_us(pp) if pp["server"]["processes"] else None
+        peer_rss = max((x["peak_rss_mib"] or 0 for x in pp["server"]["processes"]), default=None)
+        out.append(
+            f"| {w} | {fmt(rate(kp))} | {fmt(rate(pp))} | {ratio(rate(kp), rate(pp))} "
+            f"| {fmt(rate(kc))} | {fmt(rate(pc))} | {ratio(rate(kc), rate(pc))} "
+            f"| {fmt(cpu_us(kp), 2)} / {fmt(peer_cpu, 2)} | {fmt(peer_rss, 1)} |"
+        )
+    for linger in (0, 1):
+        k = load(directory, f"roundtrip-10k-1kb-linger{linger}.json")
+        q = load(directory, f"peer-roundtrip-10k-1kb-linger{linger}.json")
+        if k and q:
+            kl, ql = k["results"], q["results"]
+            out.append(
+                f"- 10k rec/s, linger.ms={linger}: produce p99 ketch {kl['produce']['latency']['p99_ms']:.2f} ms, "
+                f"peer {ql['produce']['latency']['p99_ms']:.2f} ms; end-to-end p99 ketch "
+                f"{kl['end_to_end_latency']['p99_ms']:.2f} ms, peer {ql['end_to_end_latency']['p99_ms']:.2f} ms"
+            )
 
 
 if __name__ == "__main__":
