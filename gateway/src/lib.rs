@@ -15,6 +15,7 @@ pub mod membership;
 pub mod memory;
 pub mod server;
 pub mod storage;
+pub mod time;
 
 use std::sync::Arc;
 

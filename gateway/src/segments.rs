@@ -160,7 +160,7 @@ async fn list(store: &Store, only: Option<&str>) -> anyhow::Result<()> {
                     segment.last,
                     segment.bytes,
                     state,
-                    timestamp(since),
+                    ketch_gateway::time::utc_timestamp(since),
                 );
             }
         }
@@ -169,39 +169,4 @@ async fn list(store: &Store, only: Option<&str>) -> anyhow::Result<()> {
         println!("(no quarantined or skipped segments)");
     }
     Ok(())
-}
-
-/// A Unix time in ms as UTC `YYYY-MM-DDTHH:MM:SSZ`.
-fn timestamp(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil-from-days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn timestamps_are_utc() {
-        assert_eq!(super::timestamp(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::timestamp(1_764_547_200_000), "2025-12-01T00:00:00Z");
-        assert_eq!(
-            super::timestamp(951_782_400_000 + 86_399_000),
-            "2000-02-29T23:59:59Z"
-        );
-    }
 }

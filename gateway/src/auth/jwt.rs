@@ -352,18 +352,18 @@ impl Validator {
             reason: "missing",
         })?;
         if now >= expires_at.checked_add(self.clock_skew).unwrap_or(expires_at) {
-            return Err(JwtError::Expired(format_time(expires_at)));
+            return Err(JwtError::Expired(crate::time::utc(expires_at)));
         }
         let skewed_now = now.checked_add(self.clock_skew).unwrap_or(now);
         if let Some(not_before) = numeric_date(claims, "nbf")?
             && skewed_now < not_before
         {
-            return Err(JwtError::NotYetValid(format_time(not_before)));
+            return Err(JwtError::NotYetValid(crate::time::utc(not_before)));
         }
         if let Some(issued_at) = numeric_date(claims, "iat")?
             && skewed_now < issued_at
         {
-            return Err(JwtError::IssuedInFuture(format_time(issued_at)));
+            return Err(JwtError::IssuedInFuture(crate::time::utc(issued_at)));
         }
         self.check_issuer(claims)?;
         self.check_audience(claims)?;
@@ -475,24 +475,6 @@ fn printable(text: &str) -> String {
         .take(64)
         .map(|c| if c.is_control() { '?' } else { c })
         .collect()
-}
-
-/// `2024-05-01T12:00:00Z`, for error messages (days to civil date after
-/// Howard Hinnant's algorithm; dates are bounded to years 1970..=9999).
-fn format_time(time: SystemTime) -> String {
-    let seconds = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rest) = (seconds / 86_400, seconds % 86_400);
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let mp = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    let (hour, minute, second) = (rest / 3600, rest / 60 % 60, rest % 60);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
 /// Reads a key file, refusing anything implausibly large.
@@ -1146,18 +1128,5 @@ mod tests {
             mutated[index] ^= (seed >> 24) as u8 | 1;
             let _ = parse_spki(&mutated);
         }
-    }
-
-    #[test]
-    fn time_formatting() {
-        assert_eq!(format_time(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            format_time(UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "2000-02-29T00:00:00Z"
-        );
-        assert_eq!(
-            format_time(UNIX_EPOCH + Duration::from_secs(253_402_300_799)),
-            "9999-12-31T23:59:59Z"
-        );
     }
 }
