@@ -80,14 +80,25 @@ impl Node {
     /// the gateway does not have (gateways are meant to share their
     /// listener names; one from before named listeners has only one).
     pub fn on(&self, listener: &str) -> Node {
-        match self.listeners.iter().find(|l| l.name == listener) {
-            Some(l) if !listener.is_empty() => Node {
-                host: l.host.clone(),
-                port: l.port,
-                by_address: l.by_address,
-                ..self.clone()
-            },
-            _ => self.clone(),
+        let (host, port, by_address) = self.address_on(listener);
+        Node {
+            host: host.to_owned(),
+            port,
+            by_address,
+            ..self.clone()
+        }
+    }
+
+    /// The advertised host and port on `listener` (as [`Node::on`] picks
+    /// it) and whether it is presented by address, without a copy.
+    pub fn address_on(&self, listener: &str) -> (&str, u16, bool) {
+        match self
+            .listeners
+            .iter()
+            .find(|l| !listener.is_empty() && l.name == listener)
+        {
+            Some(l) => (&l.host, l.port, l.by_address),
+            None => (&self.host, self.port, self.by_address),
         }
     }
 

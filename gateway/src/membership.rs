@@ -129,13 +129,6 @@ impl Membership {
         self.live.read().expect("membership lock").clone()
     }
 
-    /// The live gateways as clients of `listener` see them (their
-    /// addresses on it; see [`Node::on`]).
-    fn live_on(&self, listener: &str) -> Vec<Node> {
-        let live = self.live.read().expect("membership lock");
-        live.iter().map(|n| n.on(listener)).collect()
-    }
-
     /// The brokers clients of `listener` see: the live gateways, except
     /// that an address several of them advertise (a load balancer in front
     /// of them) is one broker, under [`address_id`]. Sorted by id; empty
@@ -145,11 +138,11 @@ impl Membership {
         if self.my_id() == UNASSIGNED {
             return Vec::new();
         }
-        let live = self.live_on(listener);
-        let sharing = sharing(&live);
+        let live = self.live.read().expect("membership lock");
+        let sharing = sharing(&live, listener);
         let mut brokers: Vec<Node> = Vec::with_capacity(live.len());
         for node in live.iter() {
-            let presented = present(node, &sharing);
+            let presented = present(&node.on(listener), &sharing);
             if !brokers.iter().any(|b| b.id == presented.id) {
                 brokers.push(presented);
             }
@@ -162,32 +155,39 @@ impl Membership {
     /// other live gateways advertise the same address, or when it is
     /// [`Node::by_address`]; see [`present`].
     pub fn presented(&self, node: &Node, listener: &str) -> Node {
-        present(&node.on(listener), &sharing(&self.live_on(listener)))
+        let live = self.live.read().expect("membership lock");
+        present(&node.on(listener), &sharing(&live, listener))
     }
 
     /// Each live gateway's broker id as clients of `listener` see it, by
     /// node id: for a request that presents many nodes (a Metadata
     /// response's partition leaders), computed once.
     pub fn broker_ids(&self, listener: &str) -> HashMap<i32, i32> {
-        let live = self.live_on(listener);
-        let sharing = sharing(&live);
-        live.iter().map(|n| (n.id, present(n, &sharing).id)).collect()
+        let live = self.live.read().expect("membership lock");
+        let sharing = sharing(&live, listener);
+        live.iter()
+            .map(|n| (n.id, presented_id(n, listener, &sharing)))
+            .collect()
     }
 
     /// This gateway's broker id as clients of `listener` see it (see
     /// [`Membership::brokers`]).
     pub fn my_broker_id(&self, listener: &str) -> i32 {
-        self.presented(&self.me(), listener).id
+        let live = self.live.read().expect("membership lock");
+        presented_id(&self.me(), listener, &sharing(&live, listener))
     }
 
     /// Whether clients of `listener` reach this gateway through an address
     /// other live gateways advertise too (so they cannot reach the others
     /// directly).
     pub fn behind_shared_address(&self, listener: &str) -> bool {
-        let me = self.me().on(listener);
-        self.live_on(listener)
-            .iter()
-            .any(|n| n.id != me.id && n.host.eq_ignore_ascii_case(&me.host) && n.port == me.port)
+        let me = self.me();
+        let (host, port, _) = me.address_on(listener);
+        let live = self.live.read().expect("membership lock");
+        live.iter().any(|n| {
+            let (h, p, _) = n.address_on(listener);
+            n.id != me.id && h.eq_ignore_ascii_case(host) && p == port
+        })
     }
 
     /// The gateway that leads a partition.
@@ -568,17 +568,33 @@ fn node(record: BrokerRecord) -> Node {
     }
 }
 
-/// Advertised addresses and how many live gateways advertise each.
-/// Advertised addresses (host names compared without regard to case, as
-/// DNS does) and how many live gateways advertise each.
-fn sharing(live: &[Node]) -> HashMap<(String, u16), usize> {
+/// The addresses advertised on `listener` (host names compared without
+/// regard to case, as DNS does) and how many live gateways advertise each.
+fn sharing(live: &[Node], listener: &str) -> HashMap<(String, u16), usize> {
     let mut counts = HashMap::new();
     for node in live {
-        *counts
-            .entry((node.host.to_ascii_lowercase(), node.port))
-            .or_insert(0) += 1;
+        let (host, port, _) = node.address_on(listener);
+        *counts.entry((host.to_ascii_lowercase(), port)).or_insert(0) += 1;
     }
     counts
+}
+
+/// Whether an advertised address is shared by two or more live gateways.
+fn shared(sharing: &HashMap<(String, u16), usize>, host: &str, port: u16) -> bool {
+    sharing
+        .get(&(host.to_ascii_lowercase(), port))
+        .is_some_and(|n| *n >= 2)
+}
+
+/// The broker id of `node` on `listener` as [`present`] gives it, without
+/// a copy of the node.
+fn presented_id(node: &Node, listener: &str, sharing: &HashMap<(String, u16), usize>) -> i32 {
+    let (host, port, by_address) = node.address_on(listener);
+    if shared(sharing, host, port) || by_address {
+        address_id(host, port)
+    } else {
+        node.id
+    }
 }
 
 /// A gateway as clients see it: under the address's id when other live
@@ -588,12 +604,7 @@ fn sharing(live: &[Node]) -> HashMap<(String, u16), usize> {
 /// gateway behind a load balancer as from the third. Otherwise under its
 /// own node id.
 fn present(node: &Node, sharing: &HashMap<(String, u16), usize>) -> Node {
-    let shared = sharing
-        .get(&(node.host.to_ascii_lowercase(), node.port))
-        .copied()
-        .unwrap_or(0)
-        >= 2;
-    if !shared && !node.by_address {
+    if !shared(sharing, &node.host, node.port) && !node.by_address {
         return node.clone();
     }
     Node {
