@@ -280,6 +280,12 @@ where
         let frame = match frame {
             Ok(Some(frame)) => frame,
             Ok(None) => break Ok(()),
+            // Name the limit that applied.
+            Err(ConnectionError::FrameTooLarge(size, _)) if size >= 0 && limit < max => {
+                break Err(ConnectionError::Auth(format!(
+                    "frame of {size} bytes before SASL authentication (at most {limit} bytes until then)"
+                )));
+            }
             Err(e) => break Err(e),
         };
         if session.expects_raw_token() {
