@@ -344,3 +344,54 @@ impl Drop for Haproxy {
         let _ = self.child.wait();
     }
 }
+
+/// Redis, gateways behind HAProxy, each without a node id and advertising
+/// the load balancer's address, with fast membership (heartbeats every
+/// 100 ms, dead after 1.5 s) and no initial rebalance delay.
+pub struct Balanced {
+    pub redis: crate::TestRedis,
+    pub gateways: Vec<crate::Ketch>,
+    pub lb: Haproxy,
+}
+
+impl Balanced {
+    /// `n` gateways (with `extra` arguments each) and the load balancer,
+    /// once every gateway sees all the others.
+    pub fn start(n: usize, extra: &[&str]) -> Self {
+        let redis = crate::TestRedis::start();
+        // The load balancer's port stays bound until HAProxy takes it: the
+        // gateways bind free ports (their internal listeners) meanwhile, and
+        // must not be given this one.
+        let reserved = std::net::TcpListener::bind("127.0.0.1:0").expect("reserve a port");
+        let lb_port = reserved.local_addr().expect("reserved port").port();
+        let gateways: Vec<crate::Ketch> = (0..n)
+            .map(|_| Self::gateway(&redis.url(), lb_port, extra))
+            .collect();
+        let backends: Vec<_> = gateways.iter().map(crate::Ketch::kafka_addr).collect();
+        drop(reserved);
+        let lb = Haproxy::start(lb_port, &backends);
+        let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        let live = format!("nodes=[{}]", all.join(", "));
+        for g in &gateways {
+            g.await_log(&live, std::time::Duration::from_secs(20));
+        }
+        Self { redis, gateways, lb }
+    }
+
+    /// One gateway behind the load balancer on `lb_port`.
+    pub fn gateway(redis_url: &str, lb_port: u16, extra: &[&str]) -> crate::Ketch {
+        let port = lb_port.to_string();
+        let mut args = vec![
+            "--advertised-port",
+            &port,
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.node_timeout=1500ms",
+            "--set",
+            "groups.initial_rebalance_delay=0ms",
+        ];
+        args.extend_from_slice(extra);
+        crate::Ketch::start(redis_url, &args)
+    }
+}

@@ -19,7 +19,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::raw::{self, KafkaConn};
-use ketch_tests::servers::Haproxy;
+use ketch_tests::servers::{Balanced, Haproxy};
 use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -34,55 +34,16 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
 }
 
-/// A gateway with no node id advertising `127.0.0.1:lb_port`, with fast
-/// membership (heartbeats every 100 ms, dead after 1.5 s).
-fn gateway_behind(redis_url: &str, lb_port: u16, extra: &[&str]) -> Ketch {
-    let port = lb_port.to_string();
-    let mut args = vec![
-        "--advertised-port",
-        &port,
-        "--set",
-        "cluster.heartbeat_interval=100ms",
-        "--set",
-        "cluster.node_timeout=1500ms",
-        "--set",
-        "groups.initial_rebalance_delay=0ms",
-    ];
-    args.extend_from_slice(extra);
-    Ketch::start(redis_url, &args)
-}
-
-struct Stack {
-    redis: TestRedis,
-    gateways: Vec<Ketch>,
-    lb: Haproxy,
-}
+type Stack = Balanced;
 
 /// Redis, `n` gateways and HAProxy in front of them, once every gateway
 /// sees all the others.
 fn stack(n: usize) -> Stack {
-    stack_with(n, &[])
+    Balanced::start(n, &[])
 }
 
 fn stack_with(n: usize, extra: &[&str]) -> Stack {
-    let redis = TestRedis::start();
-    // The load balancer's port stays bound until HAProxy takes it: the
-    // gateways bind free ports (their internal listeners) meanwhile, and
-    // must not be given this one.
-    let reserved = std::net::TcpListener::bind("127.0.0.1:0").expect("reserve a port");
-    let lb_port = reserved.local_addr().expect("reserved port").port();
-    let gateways: Vec<Ketch> = (0..n)
-        .map(|_| gateway_behind(&redis.url(), lb_port, extra))
-        .collect();
-    let backends: Vec<_> = gateways.iter().map(Ketch::kafka_addr).collect();
-    drop(reserved);
-    let lb = Haproxy::start(lb_port, &backends);
-    let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
-    let live = format!("nodes=[{}]", all.join(", "));
-    for g in &gateways {
-        g.await_log(&live, Duration::from_secs(20));
-    }
-    Stack { redis, gateways, lb }
+    Balanced::start(n, extra)
 }
 
 fn config(lb: &Haproxy) -> ClientConfig {

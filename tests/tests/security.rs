@@ -18,7 +18,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use ketch_tests::raw::KafkaConn;
-use ketch_tests::servers::Haproxy;
+use ketch_tests::servers::Balanced;
 use ketch_tests::{Ketch, TestRedis, free_port, ketch_command, unique_topic};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -239,30 +239,10 @@ fn sasl_plain_checks_the_scram_credentials_and_nothing_is_served_before_authenti
 /// ACLs created through one gateway hold on the other.
 #[test]
 fn acls_hold_on_every_gateway_and_group_requests_are_forwarded_behind_a_load_balancer() {
-    let redis = TestRedis::start();
+    let Balanced { redis, gateways, lb } = Balanced::start(2, SECURE);
     for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
         let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
         assert!(ok, "{out}");
-    }
-    let reserved = std::net::TcpListener::bind("127.0.0.1:0").expect("reserve a port");
-    let lb_port = reserved.local_addr().expect("port").port().to_string();
-    let mut args = vec![
-        "--advertised-port",
-        &lb_port,
-        "--set",
-        "cluster.heartbeat_interval=100ms",
-        "--set",
-        "cluster.node_timeout=1500ms",
-        "--set",
-        "groups.initial_rebalance_delay=0ms",
-    ];
-    args.extend_from_slice(SECURE);
-    let gateways: Vec<Ketch> = (0..2).map(|_| Ketch::start(&redis.url(), &args)).collect();
-    let backends: Vec<_> = gateways.iter().map(Ketch::kafka_addr).collect();
-    drop(reserved);
-    let lb = Haproxy::start(lb_port.parse().expect("port"), &backends);
-    for g in &gateways {
-        g.await_log("nodes=[0, 1]", Duration::from_secs(20));
     }
 
     let topic = unique_topic("secure");
