@@ -13,6 +13,7 @@ settings (FAST_GROUP_SETTINGS).
 import collections
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import socket
@@ -267,3 +268,85 @@ def group_ketch(ketch_cluster):
 def topic_name(request):
     """A topic name unique to this test."""
     return f"{request.node.name.replace('[', '-').replace(']', '')}-{uuid.uuid4().hex[:8]}"
+
+
+def ketch_users(redis_url, *args, password=None):
+    """Runs `ketch users ARGS` against `redis_url`; returns its stdout."""
+    done = subprocess.run(
+        [ketch_binary(), "users", *args, "--redis-url", redis_url],
+        input=None if password is None else password + "\n",
+        capture_output=True,
+        text=True,
+        env=ketch_env(),
+        timeout=30,
+    )
+    assert done.returncode == 0, f"ketch users {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+# --- certificates -----------------------------------------------------------
+
+OPENSSL_CONFIG = """\
+[req]
+distinguished_name = dn
+[dn]
+[ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost,IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+[client]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+class Pki:
+    """EC P-256 keys and certificates made with openssl in one directory."""
+
+    def __init__(self, directory):
+        self.dir = pathlib.Path(directory)
+        self.config = self.dir / "openssl.cnf"
+        self.config.write_text(OPENSSL_CONFIG)
+
+    def _openssl(self, *args):
+        done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True)
+        assert done.returncode == 0, f"openssl {args}: {done.stderr}"
+
+    def _key(self, name):
+        key = self.dir / f"{name}.key"
+        self._openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", key)
+        return key
+
+    def ca(self, name, subject):
+        """A self-signed CA: (certificate, key) paths."""
+        key = self._key(name)
+        cert = self.dir / f"{name}.pem"
+        self._openssl(
+            "req", "-new", "-x509", "-key", key, "-subj", subject, "-days", "2",
+            "-config", self.config, "-extensions", "ca", "-out", cert,
+        )
+        return cert, key
+
+    def issue(self, name, subject, ca, kind):
+        """A certificate for `subject` signed by `ca` ((cert, key)), of
+        `kind` "server" (localhost, 127.0.0.1) or "client": (certificate,
+        key, serial)."""
+        key = self._key(name)
+        csr, cert = self.dir / f"{name}.csr", self.dir / f"{name}.pem"
+        serial = secrets.randbits(62) + 1
+        self._openssl("req", "-new", "-key", key, "-subj", subject, "-config", self.config, "-out", csr)
+        self._openssl(
+            "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-set_serial", serial,
+            "-days", "2", "-extfile", self.config, "-extensions", kind, "-out", cert,
+        )
+        return cert, key, serial

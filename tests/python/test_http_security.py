@@ -5,7 +5,6 @@ paths served without credentials, DESCRIBE on the cluster for the rest),
 and Debian's kcat authenticating with SCRAM and PLAIN over TLS."""
 
 import base64
-import pathlib
 import ssl
 import subprocess
 import urllib.error
@@ -13,29 +12,21 @@ import urllib.request
 
 import pytest
 
-from conftest import ketch_binary, ketch_env, start_ketch, stop_ketch
+from conftest import Pki, ketch_binary, ketch_env, ketch_users, start_ketch, stop_ketch
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("http-certs")
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ketch http test CA")
-    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
-    (d / "ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.pem", "-days", "2", "-extfile", "ext")
-    return d
+    """A CA and a server certificate for localhost/127.0.0.1 signed by it:
+    the directory, with `ca.pem`, `server.pem` and `server.key`."""
+    pki = Pki(tmp_path_factory.mktemp("http-certs"))
+    pki.ca("ca", "/CN=ketch http test CA")
+    pki.issue("server", "/CN=localhost", (pki.dir / "ca.pem", pki.dir / "ca.key"), "server")
+    return pki.dir
 
 
 def set_user(redis_url, name, password):
-    subprocess.run([ketch_binary(), "users", "set", name, "--redis-url", redis_url],
-                   input=f"{password}\n", text=True, check=True, capture_output=True, env=ketch_env())
+    ketch_users(redis_url, "set", name, password=password)
 
 
 def get(url, context, user=None, password=None):
