@@ -148,7 +148,32 @@ pub struct ValidBatch {
 /// carry offset deltas 0, 1, 2, … (Kafka's `LogValidator`).
 pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
     let header = validate_header(bytes)?;
-    let mut records = Records::new(bytes.slice(HEADER_LEN..), &header)?;
+    // Uncompressed records are walked over the slice first; only a batch
+    // that walk refuses goes through the general reader, for its error.
+    let plain = header.compression()? == Compression::None;
+    let max_timestamp = match plain
+        .then(|| records::walk_plain(&bytes[HEADER_LEN..], header.record_count, header.base_timestamp))
+        .flatten()
+    {
+        Some(max_timestamp) => max_timestamp,
+        None => walk_records(bytes, &header)?,
+    };
+    let mut header = header;
+    // A LogAppendTime batch's records all carry its max timestamp.
+    let corrected = !header.is_log_append_time() && header.max_timestamp != max_timestamp;
+    if corrected {
+        header.max_timestamp = max_timestamp;
+    }
+    Ok(ValidBatch {
+        header,
+        max_timestamp_corrected: corrected,
+    })
+}
+
+/// Walks every record of the batch (decompressing as it goes): their
+/// framing, dense offset deltas; their largest timestamp.
+fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<i64, BatchError> {
+    let mut records = Records::new(bytes.slice(HEADER_LEN..), header)?;
     let mut max_timestamp = NO_TIMESTAMP;
     let mut expected = 0;
     while let Some(record) = records.next_meta()? {
@@ -161,16 +186,7 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
         max_timestamp = max_timestamp.max(record.timestamp);
         expected += 1;
     }
-    let mut header = header;
-    // A LogAppendTime batch's records all carry its max timestamp.
-    let corrected = !header.is_log_append_time() && header.max_timestamp != max_timestamp;
-    if corrected {
-        header.max_timestamp = max_timestamp;
-    }
-    Ok(ValidBatch {
-        header,
-        max_timestamp_corrected: corrected,
-    })
+    Ok(max_timestamp)
 }
 
 /// The checks of the fixed header: length, magic, CRC, counts, attributes.
@@ -311,6 +327,60 @@ pub(crate) mod tests {
             body.extend_from_slice(&rec);
         }
         body
+    }
+
+    #[test]
+    fn the_slice_walk_agrees_with_the_record_reader_on_damaged_bodies() {
+        let long = vec![b'x'; 300];
+        let records: Vec<TestRecord> = (0..6)
+            .map(|i| {
+                let value = if i % 2 == 0 { Some(&long[..]) } else { Some(&b"v"[..]) };
+                (1_700_000_000_000 + i * 37 - (i % 3) * 100, (i % 3 != 0).then_some(&b"key"[..]), value)
+            })
+            .collect();
+        let body = records_body(&records);
+        let header = |count: i32| BatchHeader {
+            record_count: count,
+            base_timestamp: 1_700_000_000_000,
+            ..BatchHeader::read(&wrap(&body, 0, count, 1_700_000_000_000, 0))
+        };
+        let slow = |body: &[u8], count: i32| -> Option<i64> {
+            let mut records = Records::new(Bytes::copy_from_slice(body), &header(count)).ok()?;
+            let (mut max, mut expected) = (NO_TIMESTAMP, 0);
+            while let Some(meta) = records.next_meta().ok()? {
+                if meta.offset_delta != expected {
+                    return None;
+                }
+                max = max.max(meta.timestamp);
+                expected += 1;
+            }
+            Some(max)
+        };
+        let fast = |body: &[u8], count: i32| records::walk_plain(body, count, 1_700_000_000_000);
+        assert_eq!(fast(&body, 6), slow(&body, 6));
+        assert!(fast(&body, 6).is_some());
+        for count in [0, 5, 7, -1] {
+            assert_eq!(fast(&body, count), None, "count {count}");
+            assert_eq!(slow(&body, count), None, "count {count}");
+        }
+        // Every single-byte change, truncation and extension: both accept
+        // or both refuse, with the same largest timestamp.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for at in 0..body.len() {
+            for _ in 0..8 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let mut damaged = body.clone();
+                damaged[at] = state as u8;
+                assert_eq!(fast(&damaged, 6), slow(&damaged, 6), "byte {at} = {}", state as u8);
+            }
+            assert_eq!(fast(&body[..at], 6), slow(&body[..at], 6), "cut at {at}");
+        }
+        let mut longer = body.clone();
+        longer.push(0);
+        assert_eq!(fast(&longer, 6), None);
+        assert_eq!(slow(&longer, 6), None);
     }
 
     /// A batch around `body` claiming `count` records, CRC correct.

@@ -241,6 +241,88 @@ pub(crate) fn read_varlong(mut next: impl FnMut() -> Result<u8, BatchError>) -> 
     Err(malformed("varint too long"))
 }
 
+/// The checks [`Records::next_meta`] and `validate_produce_batch` make of
+/// an uncompressed body — framing, lengths within their record, dense
+/// offset deltas, the count — done over the slice in one pass, for the
+/// produce path: `Some(largest timestamp)` when every check passes, `None`
+/// when one fails (the general reader then says which).
+pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option<i64> {
+    if count < 0 || count as usize > body.len() / MIN_RECORD_LEN {
+        return None;
+    }
+    let mut max_timestamp = super::NO_TIMESTAMP;
+    let mut pos = 0;
+    for expected in 0..i64::from(count) {
+        let (len, n) = varlong_at(body, pos)?;
+        pos += n;
+        let len = usize::try_from(len).ok().filter(|len| *len >= MIN_RECORD_LEN - 1)?;
+        let record = body.get(pos..pos.checked_add(len)?)?;
+        pos += len;
+        // Attributes, then the timestamp and offset deltas.
+        let mut at = 1;
+        let (timestamp_delta, n) = varlong_at(record, at)?;
+        at += n;
+        let (offset_delta, n) = varlong_at(record, at)?;
+        at += n;
+        if offset_delta != expected {
+            return None;
+        }
+        max_timestamp = max_timestamp.max(base_timestamp.wrapping_add(timestamp_delta));
+        at = skip_nullable(record, at)?.1; // key
+        at = skip_nullable(record, at)?.1; // value
+        let (headers, n) = varlong_at(record, at)?;
+        at += n;
+        if headers < 0 || headers as usize > (record.len() - at) / 2 {
+            return None;
+        }
+        for _ in 0..headers {
+            let (present, next) = skip_nullable(record, at)?;
+            if !present {
+                return None;
+            }
+            at = skip_nullable(record, next)?.1;
+        }
+        if at != record.len() {
+            return None;
+        }
+    }
+    (pos == body.len()).then_some(max_timestamp)
+}
+
+/// Skips a length-prefixed field that may be null: whether it was there,
+/// and where the record goes on.
+#[inline]
+fn skip_nullable(record: &[u8], at: usize) -> Option<(bool, usize)> {
+    let (len, n) = varlong_at(record, at)?;
+    let at = at + n;
+    match len {
+        -1 => Some((false, at)),
+        len if len >= 0 && len <= i64::from(i32::MAX) && len as usize <= record.len() - at => {
+            Some((true, at + len as usize))
+        }
+        _ => None,
+    }
+}
+
+/// A zig-zag varlong at `pos` (at most 10 bytes), with its length.
+#[inline]
+fn varlong_at(buf: &[u8], pos: usize) -> Option<(i64, usize)> {
+    let zigzag = |v: u64| ((v >> 1) as i64) ^ -((v & 1) as i64);
+    let first = *buf.get(pos)?;
+    if first < 0x80 {
+        return Some((zigzag(u64::from(first)), 1));
+    }
+    let mut value = u64::from(first & 0x7f);
+    for i in 1..10 {
+        let byte = *buf.get(pos + i)?;
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte < 0x80 {
+            return Some((zigzag(value), i + 1));
+        }
+    }
+    None
+}
+
 /// Iterates the records of a batch body.
 pub struct Records {
     input: Input,
