@@ -58,6 +58,34 @@ impl Tls {
         })
     }
 
+    /// The TLS client settings for `rediss://` on ketch's own connections
+    /// (wake-ups, the data path): the configured certificate authorities,
+    /// or the system's.
+    pub(crate) fn client_config(&self) -> std::io::Result<std::sync::Arc<rustls::ClientConfig>> {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_pem {
+            Some(pem) => {
+                for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| std::io::Error::other(format!("redis.tls_ca_file: {e}")))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| std::io::Error::other(format!("redis.tls_ca_file: {e}")))?;
+                }
+            }
+            None => {
+                for cert in rustls_native_certs::load_native_certs().certs {
+                    let _ = roots.add(cert);
+                }
+            }
+        }
+        Ok(std::sync::Arc::new(
+            rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        ))
+    }
+
     /// A client for one server, trusting the configured authorities when
     /// its address is TLS.
     pub(crate) fn client(&self, info: redis::ConnectionInfo) -> Result<redis::Client> {

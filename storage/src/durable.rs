@@ -21,11 +21,21 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::connection::{Conn, Tls};
+use crate::wire::Wire;
 use crate::{Result, StorageError};
+
+/// How the pools dial the data path's own connections ([`Wire`]).
+#[derive(Clone)]
+pub(crate) struct WireSettings {
+    pub(crate) tls: Tls,
+    pub(crate) connect_timeout: std::time::Duration,
+    pub(crate) response_timeout: std::time::Duration,
+}
 
 /// The pools of acks=all connections: one, or one per cluster master.
 pub(crate) struct DurablePool {
     config: ConnectionManagerConfig,
+    wire: WireSettings,
     size: usize,
     target: Target,
 }
@@ -48,10 +58,13 @@ struct Masters {
 }
 
 /// `size` lazily opened connections to one node, and one more shared by
-/// the appends that do not wait (cluster mode).
+/// the appends that do not wait (cluster mode); the node's data-path
+/// connection (appends that do not wait and partition reads, both modes).
 struct NodePool {
     connections: Vec<ConnectionManager>,
     shared: ConnectionManager,
+    /// `None` for a Unix socket: redis-rs serves those.
+    wire: Option<Wire>,
     /// Indexes of the connections nobody holds.
     free: Mutex<Vec<usize>>,
     /// One permit per free connection.
@@ -66,7 +79,12 @@ pub(crate) struct Durable {
 }
 
 impl NodePool {
-    fn new(client: &redis::Client, config: &ConnectionManagerConfig, size: usize) -> Result<Self> {
+    fn new(
+        client: &redis::Client,
+        config: &ConnectionManagerConfig,
+        wire: &WireSettings,
+        size: usize,
+    ) -> Result<Self> {
         let size = size.max(1);
         let connections = (0..size)
             .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
@@ -74,6 +92,12 @@ impl NodePool {
         Ok(Self {
             connections,
             shared: ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
+            wire: Wire::new(
+                client,
+                wire.tls.clone(),
+                wire.connect_timeout,
+                wire.response_timeout,
+            ),
             free: Mutex::new((0..size).rev().collect()),
             permits: Arc::new(Semaphore::new(size)),
         })
@@ -105,11 +129,13 @@ impl DurablePool {
     pub(crate) fn single(
         client: &redis::Client,
         config: ConnectionManagerConfig,
+        wire: WireSettings,
         size: usize,
     ) -> Result<Self> {
-        let pool = NodePool::new(client, &config, size)?;
+        let pool = NodePool::new(client, &config, &wire, size)?;
         Ok(Self {
             config,
+            wire,
             size,
             target: Target::Single(Arc::new(pool)),
         })
@@ -120,8 +146,8 @@ impl DurablePool {
     pub(crate) fn cluster(
         conn: Conn,
         seed: &str,
-        tls: Tls,
         config: ConnectionManagerConfig,
+        wire: WireSettings,
         size: usize,
     ) -> Result<Self> {
         let template = redis::IntoConnectionInfo::into_connection_info(seed)
@@ -132,11 +158,19 @@ impl DurablePool {
             target: Target::Cluster(Box::new(Masters {
                 conn,
                 template,
-                tls,
+                tls: wire.tls.clone(),
                 slots: tokio::sync::RwLock::new(Vec::new()),
                 pools: Mutex::new(HashMap::new()),
             })),
+            wire,
         })
+    }
+
+    /// The data-path connection ([`Wire`]) to the server, or in cluster
+    /// mode to the master that holds `key`; `None` where redis-rs must serve
+    /// (a Unix socket).
+    pub(crate) async fn wire(&self, key: &str) -> Result<Option<Wire>> {
+        Ok(self.node(key).await?.wire.clone())
     }
 
     /// In cluster mode, the shared connection to the master that holds
@@ -187,7 +221,14 @@ impl DurablePool {
             match pools.get(&master) {
                 Some(pool) => pool.clone(),
                 None => {
-                    let pool = Arc::new(node_pool(template, tls, &master, &self.config, self.size)?);
+                    let pool = Arc::new(node_pool(
+                        template,
+                        tls,
+                        &master,
+                        &self.config,
+                        &self.wire,
+                        self.size,
+                    )?);
                     pools.insert(master, pool.clone());
                     pool
                 }
@@ -211,6 +252,7 @@ fn node_pool(
     tls: &Tls,
     master: &str,
     config: &ConnectionManagerConfig,
+    wire: &WireSettings,
     size: usize,
 ) -> Result<NodePool> {
     let (host, port) = master
@@ -227,7 +269,7 @@ fn node_pool(
         _ => redis::ConnectionAddr::Tcp(host, port),
     };
     let client = tls.client(template.clone().set_addr(addr))?;
-    NodePool::new(&client, config, size)
+    NodePool::new(&client, config, wire, size)
 }
 
 /// The master serving `slot` in `ranges` (first slot, last slot, address).
@@ -303,7 +345,12 @@ mod tests {
     fn pool(size: usize) -> DurablePool {
         // Lazy connections: nothing is dialled by these tests.
         let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
-        DurablePool::single(&client, ConnectionManagerConfig::new(), size).unwrap()
+        let wire = WireSettings {
+            tls: Tls::default(),
+            connect_timeout: std::time::Duration::from_secs(1),
+            response_timeout: std::time::Duration::from_secs(1),
+        };
+        DurablePool::single(&client, ConnectionManagerConfig::new(), wire, size).unwrap()
     }
 
     #[tokio::test]

@@ -22,6 +22,7 @@ mod security;
 pub mod segments;
 mod topics;
 pub mod wake;
+mod wire;
 
 use std::sync::Arc;
 
@@ -160,6 +161,11 @@ impl Store {
                 None => None,
             },
         };
+        let wire = durable::WireSettings {
+            tls: tls.clone(),
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.command_timeout,
+        };
         let (conn, durable, wake) = match config.mode {
             Mode::Single => {
                 if seeds.len() > 1 {
@@ -172,14 +178,14 @@ impl Store {
                     .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
                 let client = tls.client(info)?;
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
-                let durable = durable::DurablePool::single(&client, durable_config, size)?;
+                let durable = durable::DurablePool::single(&client, durable_config, wire, size)?;
                 let wake = WakeHub::start(client, tls, config.subscription_linger, config.connect_timeout);
                 (Conn::Single(conn), durable, wake)
             }
             Mode::Cluster => {
                 let conn = Conn::cluster(&seeds, &tls, config.connect_timeout, config.command_timeout, None)?;
                 let durable =
-                    durable::DurablePool::cluster(conn.clone(), first, tls.clone(), durable_config, size)?;
+                    durable::DurablePool::cluster(conn.clone(), first, durable_config, wire, size)?;
                 let wake = WakeHub::start_cluster(
                     &seeds,
                     &tls,

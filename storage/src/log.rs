@@ -16,6 +16,7 @@ use crate::connection::Conn;
 use crate::durable;
 use crate::keys::PartitionKeys;
 use crate::topics::Topic;
+use crate::wire::{Packed, Reply, Wire};
 use crate::{Result, SequenceError, StorageError, Store};
 
 /// Kafka's `index.interval.bytes`: bytes between two time index entries.
@@ -326,9 +327,11 @@ impl Store {
         let wait = acks_all && self.durability.waits();
         let keys = self.partition_keys(topic, partition);
         if !wait && self.mode() == crate::Mode::Single {
-            return self
-                .append_once(topic, partition, batch, header, self.conn())
-                .await;
+            let via = match self.durable.wire(&keys.meta).await? {
+                Some(wire) => Via::Wire(wire),
+                None => Via::Conn(self.conn()),
+            };
+            return self.append_once(topic, partition, batch, header, via).await;
         }
         // In cluster mode the write goes to the partition's master directly
         // (and a waiting one on a connection of its own, for its WAIT); a
@@ -340,20 +343,28 @@ impl Store {
         // not WAIT on the connection that wrote.
         let mut asked = false;
         loop {
-            let (conn, durable) = if wait {
+            let (via, durable) = if wait {
                 let durable = self.durable.get(&keys.meta).await?;
-                (durable.conn(), Some(durable))
+                (Via::Conn(durable.conn()), Some(durable))
             } else if asked {
-                (self.conn(), None)
+                (Via::Conn(self.conn()), None)
             } else {
-                let shared = self.durable.shared(&keys.meta).await?;
-                (shared.unwrap_or_else(|| self.conn()), None)
+                match self.durable.wire(&keys.meta).await? {
+                    Some(wire) => (Via::Wire(wire), None),
+                    None => {
+                        let shared = self.durable.shared(&keys.meta).await?;
+                        (Via::Conn(shared.unwrap_or_else(|| self.conn())), None)
+                    }
+                }
             };
             match self
-                .append_once(topic, partition, batch, header, conn.clone())
+                .append_once(topic, partition, batch, header, via.clone())
                 .await
             {
                 Ok(outcome) => {
+                    let Via::Conn(conn) = via else {
+                        return Ok(outcome);
+                    };
                     if !wait {
                         return Ok(outcome);
                     }
@@ -460,7 +471,7 @@ impl Store {
         partition: i32,
         batch: &Bytes,
         header: &BatchHeader,
-        conn: Conn,
+        via: Via,
     ) -> Result<AppendOutcome> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
@@ -470,15 +481,36 @@ impl Store {
         let mut next = slot.lock().await;
         for _ in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
-            let reply = match self.try_append(conn.clone(), keys, expected, batch, header).await {
+            let attempt = match &via {
+                Via::Conn(conn) => self
+                    .try_append(conn.clone(), keys, expected, batch, header)
+                    .await
+                    .map_err(|e| {
+                        if is_noscript(&e) {
+                            AppendFailure::NoScript
+                        } else {
+                            AppendFailure::Other(e.into())
+                        }
+                    }),
+                Via::Wire(wire) => self
+                    .try_append_wire(wire, keys, expected, batch, header)
+                    .await
+                    .map_err(|e| match e {
+                        StorageError::Unavailable(m) if m.starts_with("NOSCRIPT") => AppendFailure::NoScript,
+                        e => AppendFailure::Other(e),
+                    }),
+            };
+            let reply = match attempt {
                 Ok(reply) => reply,
-                Err(e) => {
+                Err(failure) => {
                     *next = None;
-                    if is_noscript(&e) {
-                        self.load_append_script(&conn).await?;
-                        continue;
+                    match failure {
+                        AppendFailure::NoScript => {
+                            self.load_append_script(&via).await?;
+                            continue;
+                        }
+                        AppendFailure::Other(e) => return Err(e),
                     }
-                    return Err(e.into());
                 }
             };
             match reply {
@@ -578,13 +610,140 @@ impl Store {
         Ok(reply)
     }
 
-    /// Loads the append script where it was missing: on `conn`, the node
-    /// that answered NOSCRIPT (a master promoted by a failover has an empty
-    /// script cache, and the cluster connection may not list it among the
-    /// masters yet).
-    async fn load_append_script(&self, conn: &Conn) -> Result<()> {
-        self.scripts.append.load_async(&mut conn.clone()).await?;
+    /// The same attempt on the data path's own connection: the batch goes
+    /// from the request to the socket uncopied ([`Packed::bytes`]).
+    async fn try_append_wire(
+        &self,
+        wire: &Wire,
+        keys: &PartitionKeys,
+        expected: i64,
+        batch: &Bytes,
+        header: &BatchHeader,
+    ) -> Result<AppendReply> {
+        let sha = self.scripts.append.get_hash();
+        let count = header.record_count;
+        let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging, &keys.producers];
+        let evalsha = |packed: &mut Packed, args: usize| {
+            packed
+                .command(3 + script_keys.len() + args)
+                .arg("EVALSHA")
+                .arg(sha)
+                .int(script_keys.len() as i64);
+            for key in script_keys {
+                packed.arg(key);
+            }
+        };
+        let reserve = |packed: &mut Packed, mode: &str, inline: bool| {
+            evalsha(packed, 10 + usize::from(inline));
+            packed
+                .arg(mode)
+                .int(expected)
+                .int(i64::from(count))
+                .int(header.max_timestamp)
+                .arg(&keys.wake)
+                .int(TIME_INDEX_INTERVAL_BYTES as i64)
+                .int(batch.len() as i64)
+                .int(header.producer_id)
+                .int(i64::from(header.producer_epoch))
+                .int(i64::from(header.base_sequence));
+        };
+        let mut packed = Packed::default();
+        if batch.len() <= INLINE_BATCH_BYTES {
+            reserve(&mut packed, "inline", true);
+            packed.bytes(batch);
+            let mut replies = wire.request(packed).await?.into_iter();
+            let reply = replies.next().ok_or_else(|| StorageError::Data("no append reply".to_owned()))?;
+            return parse_append_reply(reply.ok()?);
+        }
+        let last = expected.max(0) + i64::from(count) - 1;
+        packed.command(1).arg("MULTI");
+        reserve(&mut packed, "reserve", false);
+        packed
+            .command(8)
+            .arg("XADD")
+            .arg(&keys.staging)
+            .arg("NOMKSTREAM")
+            .arg(format!("{last}-{count}"))
+            .arg("b")
+            .bytes(batch)
+            .arg("t")
+            .int(header.max_timestamp);
+        evalsha(&mut packed, 1);
+        packed.arg("finish");
+        packed.command(1).arg("EXEC");
+        let mut replies = wire.request(packed).await?;
+        let exec = replies.pop().ok_or_else(|| StorageError::Data("no EXEC reply".to_owned()))?;
+        // A command refused while queued (MOVED, a wrong argument) aborts
+        // the transaction: its own error says why.
+        for queued in replies {
+            queued.ok()?;
+        }
+        match exec.ok()? {
+            Reply::Array(results) => {
+                let reserve = results
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| StorageError::Data("empty EXEC reply".to_owned()))?;
+                parse_append_reply(reserve.ok()?)
+            }
+            other => Err(StorageError::Data(format!("append transaction replied {other:?}"))),
+        }
+    }
+
+    /// Loads the append script where it was missing: on the connection to
+    /// the node that answered NOSCRIPT (a master promoted by a failover has
+    /// an empty script cache, and the cluster connection may not list it
+    /// among the masters yet).
+    async fn load_append_script(&self, via: &Via) -> Result<()> {
+        match via {
+            Via::Conn(conn) => {
+                self.scripts.append.load_async(&mut conn.clone()).await?;
+            }
+            Via::Wire(wire) => {
+                let mut packed = Packed::default();
+                packed
+                    .command(3)
+                    .arg("SCRIPT")
+                    .arg("LOAD")
+                    .arg(include_str!("scripts/append.lua"));
+                for reply in wire.request(packed).await? {
+                    reply.ok()?;
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// One round of a partition read: the entries of `XRANGE` and the meta
+    /// fields `read_meta_query` asks for, on the data path's connection when
+    /// there is one (the batches are then regions of its read buffer,
+    /// patched in place, not copies).
+    async fn read_round(&self, keys: &PartitionKeys, pipe: &redis::Pipeline) -> Result<(Vec<Entry>, Value)> {
+        if let Ok(Some(wire)) = self.durable.wire(&keys.meta).await {
+            let mut packed = Packed::default();
+            packed.pipeline(pipe);
+            let replies = wire.request(packed).await.and_then(|replies| {
+                let mut replies = replies.into_iter();
+                match (replies.next(), replies.next()) {
+                    (Some(entries), Some(meta)) => Ok((entries.ok()?, meta.ok()?)),
+                    _ => Err(StorageError::Data("a read got too few replies".to_owned())),
+                }
+            });
+            match replies {
+                Ok((entries, meta)) => return Ok((wire_entries(entries)?, meta.into_value())),
+                // The slot moved: the cluster connection follows it.
+                Err(StorageError::Unavailable(e)) if self.mode() == crate::Mode::Cluster && durable::is_moved(&e) => {
+                    if let Err(refresh) = self.durable.refresh().await {
+                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    }
+                    let (entries, meta): (Value, Value) = pipe.query_async(&mut self.conn()).await?;
+                    return Ok((stream_entries(entries)?, meta));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (entries, meta): (Value, Value) = self.query_partition(&keys.meta, pipe).await?;
+        Ok((stream_entries(entries)?, meta))
     }
 
     /// The partition's log start offset and high watermark.
@@ -641,9 +800,7 @@ impl Store {
                 .arg(&end)
                 .arg("COUNT")
                 .arg(count);
-            let (entries, meta): (Value, Value) = self
-                .query_partition(&keys.meta, &read_meta_query(pipe, keys))
-                .await?;
+            let (entries, meta) = self.read_round(keys, &read_meta_query(pipe, keys)).await?;
             let (offsets, classes) = parse_read_meta(meta)?;
             let offsets = offsets.ok_or(StorageError::UnknownTopicOrPartition)?;
             if out.offsets.is_none()
@@ -661,7 +818,6 @@ impl Store {
                 });
             }
             out.offsets = Some(offsets);
-            let entries = stream_entries(entries)?;
             let got = entries.len();
             let (mut read, mut largest) = (0, 0);
             for entry in entries {
@@ -1114,6 +1270,74 @@ enum AppendReply {
     Moved { next_offset: i64 },
     /// The idempotent producer's epoch or sequence is refused.
     Refused(SequenceError),
+}
+
+/// How an append reaches Redis.
+#[derive(Clone)]
+enum Via {
+    /// The data path's own connection.
+    Wire(Wire),
+    /// redis-rs: acks=all appends that `WAIT` on their connection, Unix
+    /// sockets, and a slot being migrated (the cluster connection follows
+    /// ASK).
+    Conn(Conn),
+}
+
+enum AppendFailure {
+    /// Redis does not have the script (restart, failover, SCRIPT FLUSH).
+    NoScript,
+    Other(StorageError),
+}
+
+fn parse_append_reply(reply: Reply) -> Result<AppendReply> {
+    redis::from_redis_value(reply.into_value()).map_err(|e| StorageError::Data(e.to_string()))
+}
+
+/// Stream entries from an XRANGE reply read by [`Wire`]: each batch is
+/// its region of the read buffer, its base offset patched there.
+fn wire_entries(reply: Reply) -> Result<Vec<Entry>> {
+    let bad = |what: &str| StorageError::Data(format!("stream entry: {what}"));
+    let Reply::Array(items) = reply else {
+        return Err(bad("XRANGE reply is not an array"));
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
+        let Reply::Array(pair) = item else {
+            return Err(bad("entry is not an array"));
+        };
+        let [Reply::Bulk(id), Reply::Array(fields)] = <[Reply; 2]>::try_from(pair)
+            .map_err(|_| bad("entry is not [id, fields]"))?
+        else {
+            return Err(bad("entry is not [id, fields]"));
+        };
+        let (last_offset, record_count) = parse_entry_id(&id).ok_or_else(|| bad("id"))?;
+        let mut batch = None;
+        let mut it = fields.into_iter();
+        while let (Some(name), Some(value)) = (it.next(), it.next()) {
+            if let (Reply::Bulk(name), Reply::Bulk(value)) = (name, value)
+                && &name[..] == b"b"
+            {
+                batch = Some(value);
+            }
+        }
+        let mut batch = batch.ok_or_else(|| bad("no b field"))?;
+        if batch.len() < batch::HEADER_LEN {
+            return Err(bad("batch shorter than its header"));
+        }
+        batch::patch_header(&mut batch, last_offset - i64::from(record_count) + 1, 0);
+        entries.push(Entry {
+            last_offset,
+            record_count,
+            batch: batch.freeze(),
+        });
+    }
+    Ok(entries)
+}
+
+/// A stream entry id `<last_offset>-<record_count>`.
+fn parse_entry_id(id: &[u8]) -> Option<(i64, i32)> {
+    let (last, count) = std::str::from_utf8(id).ok()?.split_once('-')?;
+    Some((last.parse().ok()?, count.parse().ok()?))
 }
 
 impl redis::FromRedisValue for AppendReply {

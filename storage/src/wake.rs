@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+
+use crate::wire::Stream;
 use tokio::sync::{Notify, mpsc, watch};
 
 /// Largest pub/sub payload accepted from Redis (ours are a few bytes).
@@ -480,48 +481,7 @@ impl Subscriber {
     }
 
     async fn connect(&self) -> std::io::Result<Box<dyn Stream>> {
-        let info = self.client.get_connection_info();
-        let (host, port, tls) = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => (host, *port, false),
-            redis::ConnectionAddr::TcpTls { host, port, .. } => (host, *port, true),
-            _ => {
-                return Err(std::io::Error::other(
-                    "wake-ups support redis:// and rediss:// URLs only",
-                ));
-            }
-        };
-        let connect = async {
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
-            if !tls {
-                return Ok::<Box<dyn Stream>, std::io::Error>(Box::new(tcp));
-            }
-            let config = tls_config(&self.tls)?;
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| std::io::Error::other(format!("redis host {host:?}: {e}")))?;
-            let stream = tokio_rustls::TlsConnector::from(config)
-                .connect(name, tcp)
-                .await?;
-            Ok(Box::new(stream))
-        };
-        let mut stream = tokio::time::timeout(self.connect_timeout, connect)
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-        if let Some(password) = info.redis_settings().password() {
-            let mut args = vec!["AUTH"];
-            if let Some(user) = info.redis_settings().username() {
-                args.push(user);
-            }
-            args.push(password);
-            stream.write_all(&encode(&args)).await?;
-            let mut reader = BufReader::new(&mut stream);
-            let mut line = String::new();
-            reader.read_line(&mut line).await?;
-            if !line.starts_with('+') {
-                return Err(std::io::Error::other(format!("AUTH refused: {}", line.trim())));
-            }
-        }
-        Ok(stream)
+        crate::wire::open(self.client.get_connection_info(), &self.tls, self.connect_timeout).await
     }
 
     async fn serve(
@@ -683,38 +643,6 @@ impl ClusterSubscriber {
             _ => {}
         }
     }
-}
-
-/// The subscriber's connection: TCP, or TLS over it.
-trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
-
-/// The TLS client settings for `rediss://`: the configured certificate
-/// authorities, or the system's.
-fn tls_config(tls: &crate::connection::Tls) -> std::io::Result<Arc<rustls::ClientConfig>> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    match &tls.ca_pem {
-        Some(pem) => {
-            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| std::io::Error::other(format!("redis.tls_ca_file: {e}")))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| std::io::Error::other(format!("redis.tls_ca_file: {e}")))?;
-            }
-        }
-        None => {
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
-        }
-    }
-    Ok(Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    ))
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -1,0 +1,749 @@
+//! The data path's own Redis connection: appends and partition reads.
+//!
+//! redis-rs copies every argument into its command, packs the command into
+//! a buffer and copies that into its connection's write buffer: three
+//! copies of every record batch on the produce path (a fifth of the
+//! gateway's CPU time at full rate), and one more of every batch read, into
+//! a `Vec` per bulk string. [`Wire`] speaks the little RESP2 these paths
+//! need over a connection of its own:
+//!
+//! - a request is a list of chunks written with vectored writes, so a
+//!   batch's bytes go from the client's produce request to the socket
+//!   without a copy ([`Packed::bytes`]);
+//! - replies are parsed in the read buffer, and each bulk string is split
+//!   off it ([`Reply::Bulk`] is a `BytesMut` over the buffer, not a copy),
+//!   so a stored batch goes from Redis's reply into the fetch response with
+//!   its base offset patched in place.
+//!
+//! Requests are pipelined: a writer task sends them in order, a reader task
+//! answers them in order (Redis answers one connection's commands in the
+//! order it got them). The connection is dialled on first use and again
+//! after it fails; a request in flight when it fails gets
+//! [`StorageError::Unavailable`], as with redis-rs.
+//!
+//! Everything else (scripts loaded, admin commands, groups, topics) stays
+//! on redis-rs.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use redis::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::connection::Tls;
+use crate::{Result, StorageError};
+
+/// Arguments up to this size are copied into the command's own chunk:
+/// below it, a copy costs less than an extra entry of the vectored write.
+const COPY_BELOW: usize = 2048;
+/// Requests queued for the writer at most (then senders wait).
+const QUEUE: usize = 1024;
+/// Requests written by one vectored write at most.
+const WRITE_BATCH: usize = 64;
+/// The reader reads at least this much at a time.
+const READ_CHUNK: usize = 64 * 1024;
+/// A bulk string or array longer than this is a protocol error, not a
+/// reason to allocate.
+const MAX_BULK: usize = 1 << 30;
+
+/// A pipelined RESP2 connection to one Redis server; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Wire(Arc<Inner>);
+
+struct Inner {
+    info: redis::ConnectionInfo,
+    tls: Tls,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    live: tokio::sync::Mutex<Option<mpsc::Sender<Request>>>,
+}
+
+/// One request: its chunks, how many replies it gets, where they go.
+struct Request {
+    chunks: Vec<Bytes>,
+    replies: usize,
+    answer: oneshot::Sender<Vec<Reply>>,
+}
+
+/// A request waiting for its replies.
+struct Pending {
+    replies: usize,
+    got: Vec<Reply>,
+    answer: oneshot::Sender<Vec<Reply>>,
+}
+
+/// A RESP2 reply.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    Nil,
+    Status(String),
+    Error(String),
+    Int(i64),
+    /// A bulk string: its own region of the read buffer, mutable in place.
+    Bulk(BytesMut),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// As redis-rs's value, for the parsers written against it (copies
+    /// bulk strings: for small replies).
+    pub(crate) fn into_value(self) -> Value {
+        match self {
+            Reply::Nil => Value::Nil,
+            Reply::Status(s) => Value::SimpleString(s),
+            Reply::Error(e) => Value::SimpleString(format!("-{e}")),
+            Reply::Int(i) => Value::Int(i),
+            Reply::Bulk(b) => Value::BulkString(b.to_vec()),
+            Reply::Array(items) => Value::Array(items.into_iter().map(Reply::into_value).collect()),
+        }
+    }
+
+    /// The reply, or the error Redis answered with as
+    /// [`StorageError::Unavailable`] (its text kept: `MOVED`, `NOSCRIPT`…).
+    pub(crate) fn ok(self) -> Result<Reply> {
+        match self {
+            Reply::Error(e) => Err(StorageError::Unavailable(e)),
+            other => Ok(other),
+        }
+    }
+}
+
+/// Commands packed for one request.
+#[derive(Default)]
+pub(crate) struct Packed {
+    chunks: Vec<Bytes>,
+    current: BytesMut,
+    replies: usize,
+}
+
+impl Packed {
+    /// Starts a command of `args` arguments (its name included).
+    pub(crate) fn command(&mut self, args: usize) -> &mut Self {
+        self.replies += 1;
+        self.header(b'*', args);
+        self
+    }
+
+    /// An argument, copied.
+    pub(crate) fn arg(&mut self, arg: impl AsRef<[u8]>) -> &mut Self {
+        let arg = arg.as_ref();
+        self.header(b'$', arg.len());
+        self.current.extend_from_slice(arg);
+        self.current.extend_from_slice(b"\r\n");
+        self
+    }
+
+    /// An integer argument.
+    pub(crate) fn int(&mut self, n: i64) -> &mut Self {
+        let mut digits = itoa_buf();
+        let text = format_int(n, &mut digits);
+        self.arg(text)
+    }
+
+    /// An argument written from `bytes` itself when it is large (no copy).
+    pub(crate) fn bytes(&mut self, bytes: &Bytes) -> &mut Self {
+        if bytes.len() < COPY_BELOW {
+            return self.arg(bytes);
+        }
+        self.header(b'$', bytes.len());
+        self.flush();
+        self.chunks.push(bytes.clone());
+        self.current.extend_from_slice(b"\r\n");
+        self
+    }
+
+    /// Commands packed by redis-rs (small ones: their arguments are copied).
+    pub(crate) fn pipeline(&mut self, pipe: &redis::Pipeline) -> &mut Self {
+        self.current.extend_from_slice(&pipe.get_packed_pipeline());
+        self.replies += pipe.cmd_iter().count() + if pipe.is_transaction() { 2 } else { 0 };
+        self
+    }
+
+    fn header(&mut self, kind: u8, len: usize) {
+        let mut digits = itoa_buf();
+        self.current.reserve(32);
+        self.current.put_u8(kind);
+        self.current
+            .extend_from_slice(format_int(len as i64, &mut digits).as_bytes());
+        self.current.extend_from_slice(b"\r\n");
+    }
+
+    fn flush(&mut self) {
+        if !self.current.is_empty() {
+            self.chunks.push(self.current.split().freeze());
+        }
+    }
+
+    fn finish(mut self) -> (Vec<Bytes>, usize) {
+        self.flush();
+        (self.chunks, self.replies)
+    }
+}
+
+fn itoa_buf() -> [u8; 20] {
+    [0; 20]
+}
+
+/// `n` in decimal, written into `buf`.
+fn format_int(n: i64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    let negative = n < 0;
+    let mut rest = n.unsigned_abs();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if negative {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    std::str::from_utf8(&buf[i..]).expect("ASCII digits")
+}
+
+impl Wire {
+    /// A connection to the server `client` names, dialled on first use;
+    /// `None` for a Unix socket (those stay on redis-rs).
+    pub(crate) fn new(
+        client: &redis::Client,
+        tls: Tls,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Option<Wire> {
+        let info = client.get_connection_info().clone();
+        if !matches!(
+            info.addr(),
+            redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            return None;
+        }
+        Some(Wire(Arc::new(Inner {
+            info,
+            tls,
+            connect_timeout,
+            response_timeout,
+            live: tokio::sync::Mutex::new(None),
+        })))
+    }
+
+    /// Sends the commands and waits for their replies, one per command (an
+    /// error reply among them is a [`Reply::Error`]).
+    pub(crate) async fn request(&self, packed: Packed) -> Result<Vec<Reply>> {
+        let (chunks, replies) = packed.finish();
+        let (answer, answered) = oneshot::channel();
+        let request = Request {
+            chunks,
+            replies,
+            answer,
+        };
+        let sender = self.sender().await?;
+        if sender.send(request).await.is_err() {
+            return Err(StorageError::Unavailable("redis connection lost".to_owned()));
+        }
+        match tokio::time::timeout(self.0.response_timeout, answered).await {
+            Ok(Ok(replies)) => Ok(replies),
+            Ok(Err(_)) => Err(StorageError::Unavailable("redis connection lost".to_owned())),
+            Err(_) => {
+                // A server that does not answer in time is dropped: the
+                // next request dials again, as redis-rs's manager does.
+                let mut live = self.0.live.lock().await;
+                if live.as_ref().is_some_and(|live| live.same_channel(&sender)) {
+                    *live = None;
+                }
+                Err(StorageError::Unavailable(format!(
+                    "redis did not answer within {:?}",
+                    self.0.response_timeout
+                )))
+            }
+        }
+    }
+
+    /// The live connection's queue, dialled when there is none.
+    async fn sender(&self) -> Result<mpsc::Sender<Request>> {
+        let mut live = self.0.live.lock().await;
+        if let Some(sender) = live.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(sender.clone());
+        }
+        *live = None;
+        let stream = open(&self.0.info, &self.0.tls, self.0.connect_timeout)
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("cannot connect to redis: {e}")))?;
+        let (sender, requests) = mpsc::channel(QUEUE);
+        tokio::spawn(serve(stream, requests));
+        *live = Some(sender.clone());
+        Ok(sender)
+    }
+}
+
+/// A connection to Redis: TCP, or TLS over it.
+pub(crate) trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+/// Dials the server `info` names (TCP or TLS), authenticates and selects
+/// its database.
+pub(crate) async fn open(
+    info: &redis::ConnectionInfo,
+    tls: &Tls,
+    timeout: Duration,
+) -> std::io::Result<Box<dyn Stream>> {
+    let (host, port, secure) = match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port) => (host, *port, false),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => (host, *port, true),
+        _ => {
+            return Err(std::io::Error::other(
+                "only redis:// and rediss:// URLs have a direct connection",
+            ));
+        }
+    };
+    let connect = async {
+        let tcp = TcpStream::connect((host.as_str(), port)).await?;
+        tcp.set_nodelay(true)?;
+        if !secure {
+            return Ok::<Box<dyn Stream>, std::io::Error>(Box::new(tcp));
+        }
+        let config = tls.client_config()?;
+        let name = rustls::pki_types::ServerName::try_from(host.clone())
+            .map_err(|e| std::io::Error::other(format!("redis host {host:?}: {e}")))?;
+        let stream = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await?;
+        Ok(Box::new(stream))
+    };
+    let mut stream = tokio::time::timeout(timeout, connect)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let settings = info.redis_settings();
+    let mut setup = Packed::default();
+    if let Some(password) = settings.password() {
+        match settings.username() {
+            Some(user) => setup.command(3).arg("AUTH").arg(user).arg(password),
+            None => setup.command(2).arg("AUTH").arg(password),
+        };
+    }
+    if settings.db() != 0 {
+        setup.command(2).arg("SELECT").int(settings.db());
+    }
+    let (chunks, replies) = setup.finish();
+    if replies > 0 {
+        let handshake = async {
+            for chunk in &chunks {
+                stream.write_all(chunk).await?;
+            }
+            let mut buf = BytesMut::with_capacity(1024);
+            let mut scanner = Scanner::default();
+            let mut got = 0;
+            while got < replies {
+                if stream.read_buf(&mut buf).await? == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "redis closed the connection",
+                    ));
+                }
+                while let Some(reply) = next_reply(&mut buf, &mut scanner)? {
+                    got += 1;
+                    if let Reply::Error(e) = reply {
+                        return Err(std::io::Error::other(format!("redis refused the connection setup: {e}")));
+                    }
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, handshake)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "redis handshake timed out"))??;
+    }
+    Ok(stream)
+}
+
+/// Runs one connection until it fails or every sender is gone; requests in
+/// flight then see their answer dropped.
+async fn serve(stream: Box<dyn Stream>, requests: mpsc::Receiver<Request>) {
+    let (read, write) = tokio::io::split(stream);
+    let (pending_tx, pending_rx) = mpsc::unbounded_channel();
+    let outcome = tokio::select! {
+        outcome = write_requests(write, requests, pending_tx) => outcome,
+        outcome = read_replies(read, pending_rx) => outcome,
+    };
+    if let Err(e) = outcome {
+        tracing::debug!(error = %e, "redis data connection closed");
+    }
+}
+
+async fn write_requests<W: tokio::io::AsyncWrite + Unpin>(
+    mut write: W,
+    mut requests: mpsc::Receiver<Request>,
+    pending: mpsc::UnboundedSender<Pending>,
+) -> std::io::Result<()> {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    loop {
+        if requests.recv_many(&mut batch, WRITE_BATCH).await == 0 {
+            return Ok(());
+        }
+        let mut chunks: Vec<Bytes> = Vec::new();
+        for request in batch.drain(..) {
+            chunks.extend(request.chunks);
+            let waiting = Pending {
+                replies: request.replies,
+                got: Vec::with_capacity(request.replies),
+                answer: request.answer,
+            };
+            if pending.send(waiting).is_err() {
+                return Ok(());
+            }
+        }
+        write_all_vectored(&mut write, &chunks).await?;
+        write.flush().await?;
+    }
+}
+
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(write: &mut W, chunks: &[Bytes]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = chunks.iter().map(|c| IoSlice::new(c)).collect();
+    let mut slices = &mut slices[..];
+    // IOV_MAX is 1024 on Linux: larger lists are written in parts.
+    while !slices.is_empty() {
+        let upto = slices.len().min(1024);
+        let written = write.write_vectored(&slices[..upto]).await?;
+        if written == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "redis connection closed while writing",
+            ));
+        }
+        IoSlice::advance_slices(&mut slices, written);
+    }
+    Ok(())
+}
+
+async fn read_replies<R: tokio::io::AsyncRead + Unpin>(
+    mut read: R,
+    mut waiting: mpsc::UnboundedReceiver<Pending>,
+) -> std::io::Result<()> {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut queue: VecDeque<Pending> = VecDeque::new();
+    let mut scanner = Scanner::default();
+    loop {
+        loop {
+            let Some(reply) = next_reply(&mut buf, &mut scanner)? else {
+                break;
+            };
+            if queue.is_empty() {
+                while let Ok(p) = waiting.try_recv() {
+                    queue.push_back(p);
+                }
+            }
+            let Some(front) = queue.front_mut() else {
+                return Err(std::io::Error::other("redis sent a reply nobody asked for"));
+            };
+            front.got.push(reply);
+            if front.got.len() >= front.replies {
+                let done = queue.pop_front().expect("front exists");
+                let _ = done.answer.send(done.got);
+            }
+        }
+        // A reply still arriving is kept whole in the buffer: grow it at
+        // least twofold, so a long reply is moved a few times, not once
+        // per read (split-off replies keep the old buffer alive, and bytes
+        // then grows it by no more than asked).
+        buf.reserve(scanner.need.saturating_sub(buf.len()).max(READ_CHUNK).max(buf.len()));
+        if read.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "redis closed the connection",
+            ));
+        }
+    }
+}
+
+/// How far the reply at the front of the read buffer has been scanned, so
+/// the bytes of a long reply arriving over many reads are looked at once,
+/// not again after every read.
+#[derive(Debug)]
+struct Scanner {
+    /// Where the next element header starts.
+    pos: usize,
+    /// Elements still to come in each open array, outermost first.
+    open: Vec<usize>,
+    /// The buffer must hold this many bytes before scanning can go on.
+    need: usize,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Scanner {
+            pos: 0,
+            open: Vec::new(),
+            need: 1,
+        }
+    }
+}
+
+/// Arrays nested deeper than this are a protocol error (ketch's replies
+/// nest three deep).
+const MAX_DEPTH: usize = 8;
+
+impl Scanner {
+    /// Scans on from where the last call stopped: the length of the first
+    /// reply once it is all in `buf`, else `None` (`need` then says how much
+    /// `buf` must hold before there is more to scan).
+    fn scan(&mut self, buf: &[u8]) -> std::io::Result<Option<usize>> {
+        while buf.len() >= self.need {
+            let start = self.pos;
+            let Some(line_end) = find_crlf(buf, start) else {
+                self.need = buf.len() + 1;
+                return Ok(None);
+            };
+            let after = line_end + 2;
+            match buf[start] {
+                b'+' | b'-' | b':' => self.pos = after,
+                b'$' => match length(&buf[start + 1..line_end])? {
+                    None => self.pos = after,
+                    Some(len) => {
+                        let end = after + len + 2;
+                        if end > buf.len() {
+                            self.need = end;
+                            return Ok(None);
+                        }
+                        self.pos = end;
+                    }
+                },
+                b'*' => {
+                    self.pos = after;
+                    let items = length(&buf[start + 1..line_end])?.unwrap_or(0);
+                    if items > 0 {
+                        if self.open.len() >= MAX_DEPTH {
+                            return Err(std::io::Error::other("redis reply nested too deep"));
+                        }
+                        self.open.push(items);
+                        continue;
+                    }
+                }
+                other => {
+                    return Err(std::io::Error::other(format!(
+                        "unexpected redis reply type {:?}",
+                        other as char
+                    )));
+                }
+            }
+            // An element is complete: so is every array it was the last of.
+            loop {
+                match self.open.last_mut() {
+                    None => {
+                        let end = self.pos;
+                        *self = Scanner::default();
+                        return Ok(Some(end));
+                    }
+                    Some(left) if *left > 1 => {
+                        *left -= 1;
+                        break;
+                    }
+                    Some(_) => {
+                        self.open.pop();
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Takes the first reply off `buf` when it is all there; otherwise leaves
+/// `buf` as it is, `scanner` remembering how far it got.
+fn next_reply(buf: &mut BytesMut, scanner: &mut Scanner) -> std::io::Result<Option<Reply>> {
+    match scanner.scan(buf)? {
+        Some(end) => {
+            let mut frame = buf.split_to(end);
+            Ok(Some(parse(&mut frame)?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Parses one reply the [`Scanner`] found complete, consuming `frame`.
+fn parse(frame: &mut BytesMut) -> std::io::Result<Reply> {
+    let line_end = find_crlf(frame, 0).ok_or_else(|| std::io::Error::other("truncated reply"))?;
+    let kind = frame[0];
+    let line = frame.split_to(line_end);
+    frame.advance(2);
+    let text = || String::from_utf8_lossy(&line[1..]).into_owned();
+    Ok(match kind {
+        b'+' => Reply::Status(text()),
+        b'-' => Reply::Error(text()),
+        b':' => Reply::Int(
+            std::str::from_utf8(&line[1..])
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| std::io::Error::other("bad integer reply"))?,
+        ),
+        b'$' => match length(&line[1..])? {
+            None => Reply::Nil,
+            Some(len) => {
+                let bulk = frame.split_to(len);
+                frame.advance(2);
+                Reply::Bulk(bulk)
+            }
+        },
+        b'*' => match length(&line[1..])? {
+            None => Reply::Nil,
+            Some(n) => {
+                let mut items = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    items.push(parse(frame)?);
+                }
+                Reply::Array(items)
+            }
+        },
+        other => {
+            return Err(std::io::Error::other(format!(
+                "unexpected redis reply type {:?}",
+                other as char
+            )));
+        }
+    })
+}
+
+fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    loop {
+        let nl = at + buf.get(at..)?.iter().position(|b| *b == b'\n')?;
+        if nl > from && buf[nl - 1] == b'\r' {
+            return Some(nl - 1);
+        }
+        at = nl + 1;
+    }
+}
+
+/// A RESP length: `None` for -1 (nil).
+fn length(text: &[u8]) -> std::io::Result<Option<usize>> {
+    if text == b"-1" {
+        return Ok(None);
+    }
+    let n: usize = std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| std::io::Error::other("bad length in redis reply"))?;
+    if n > MAX_BULK {
+        return Err(std::io::Error::other("redis reply too large"));
+    }
+    Ok(Some(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replies(wire: &[u8]) -> Vec<Reply> {
+        let mut buf = BytesMut::from(wire);
+        let mut scanner = Scanner::default();
+        let mut out = Vec::new();
+        while let Some(reply) = next_reply(&mut buf, &mut scanner).unwrap() {
+            out.push(reply);
+        }
+        assert!(buf.is_empty(), "left over: {buf:?}");
+        out
+    }
+
+    #[test]
+    fn parses_every_reply_type() {
+        let got = replies(b"+OK\r\n-ERR no\r\n:42\r\n$-1\r\n$3\r\nab\n\r\n*2\r\n$0\r\n\r\n*-1\r\n*0\r\n*2\r\n*1\r\n*0\r\n:1\r\n");
+        assert!(matches!(&got[0], Reply::Status(s) if s == "OK"));
+        assert!(matches!(&got[1], Reply::Error(e) if e == "ERR no"));
+        assert!(matches!(got[2], Reply::Int(42)));
+        assert!(matches!(got[3], Reply::Nil));
+        assert!(matches!(&got[4], Reply::Bulk(b) if &b[..] == b"ab\n"), "a bulk may hold CR and LF");
+        assert!(matches!(&got[5], Reply::Array(items) if matches!(&items[..], [Reply::Bulk(b), Reply::Nil] if b.is_empty())));
+        assert!(matches!(&got[6], Reply::Array(items) if items.is_empty()));
+        assert!(
+            matches!(&got[7], Reply::Array(items) if matches!(&items[..], [Reply::Array(inner), Reply::Int(1)] if matches!(&inner[..], [Reply::Array(e)] if e.is_empty())))
+        );
+        assert_eq!(got.len(), 8);
+    }
+
+    #[test]
+    fn a_reply_arriving_in_pieces_is_scanned_once_and_parsed_when_whole() {
+        let whole: &[u8] = b"*3\r\n*2\r\n$5\r\n1-1\r\n\r\n*2\r\n$1\r\nb\r\n$4\r\nabcd\r\n$3\r\nxyz\r\n:7\r\n+OK\r\n";
+        for step in 1..whole.len() {
+            let mut buf = BytesMut::new();
+            let mut scanner = Scanner::default();
+            let mut got = Vec::new();
+            for piece in whole.chunks(step) {
+                buf.extend_from_slice(piece);
+                while let Some(reply) = next_reply(&mut buf, &mut scanner).unwrap() {
+                    got.push(reply);
+                }
+                if got.is_empty() {
+                    assert!(scanner.need > buf.len(), "step {step}: waits for more ({scanner:?})");
+                    assert!(scanner.pos <= buf.len());
+                }
+            }
+            assert_eq!(got.len(), 2, "step {step}");
+            let Reply::Array(items) = &got[0] else { panic!("an array") };
+            assert_eq!(items.len(), 3);
+            assert!(matches!(got[1], Reply::Status(_)));
+            assert!(buf.is_empty());
+        }
+        // A long bulk says how long at once: nothing is scanned again
+        // until it is all there.
+        let mut buf = BytesMut::from(&b"*1\r\n$100000\r\nabc"[..]);
+        let mut scanner = Scanner::default();
+        assert!(next_reply(&mut buf, &mut scanner).unwrap().is_none());
+        assert_eq!(scanner.need, 4 + 9 + 100_000 + 2);
+        assert_eq!(scanner.pos, 4, "the array header is not scanned again");
+    }
+
+    #[test]
+    fn bulk_strings_are_regions_of_the_read_buffer() {
+        let mut buf = BytesMut::from(&b"$4\r\nabcd\r\n"[..]);
+        let start = buf.as_ptr() as usize;
+        let Some(Reply::Bulk(mut bulk)) = next_reply(&mut buf, &mut Scanner::default()).unwrap() else {
+            panic!("a bulk string");
+        };
+        assert_eq!(bulk.as_ptr() as usize, start + 4, "not copied");
+        bulk[0] = b'x';
+        assert_eq!(&bulk[..], b"xbcd");
+    }
+
+    #[test]
+    fn bad_replies_are_errors() {
+        for wire in [&b"?x\r\n"[..], b"$abc\r\n", b":12x\r\n", b"$99999999999\r\n"] {
+            let mut buf = BytesMut::from(wire);
+            assert!(next_reply(&mut buf, &mut Scanner::default()).is_err(), "{wire:?}");
+        }
+    }
+
+    #[test]
+    fn commands_are_packed_as_resp_with_large_arguments_by_reference() {
+        let big = Bytes::from(vec![7u8; COPY_BELOW]);
+        let mut packed = Packed::default();
+        packed.command(3).arg("XADD").int(-12).bytes(&big);
+        let (chunks, replies) = packed.finish();
+        assert_eq!(replies, 1);
+        assert_eq!(chunks.len(), 3);
+        assert_eq!(&chunks[0][..], format!("*3\r\n$4\r\nXADD\r\n$3\r\n-12\r\n${}\r\n", COPY_BELOW).as_bytes());
+        assert_eq!(chunks[1].as_ptr(), big.as_ptr(), "the batch is not copied");
+        assert_eq!(&chunks[2][..], b"\r\n");
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING").cmd("ECHO").arg("x");
+        let mut packed = Packed::default();
+        packed.pipeline(&pipe);
+        let (chunks, replies) = packed.finish();
+        assert_eq!(replies, 2);
+        assert_eq!(&chunks[0][..], b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n");
+    }
+
+    #[test]
+    fn integers_format_like_display() {
+        for n in [0, 7, -1, 10, i64::MAX, i64::MIN, 1234567890] {
+            let mut buf = itoa_buf();
+            assert_eq!(format_int(n, &mut buf), n.to_string());
+        }
+    }
+}
