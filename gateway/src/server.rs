@@ -202,7 +202,9 @@ pub enum ConnectionError {
 /// A response to send, with the share of the connection's response budget
 /// it holds until it is written.
 struct Response {
-    bytes: Bytes,
+    /// The frame, in one chunk or in several (a Fetch response's stored
+    /// batches are chunks of their own, written vectored).
+    chunks: Vec<Bytes>,
     _budget: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -230,7 +232,12 @@ fn response_share_kib(ctx: &Context, request: &RequestKind) -> Option<u32> {
 
 /// A response ready now (SASL answers, error answers), in the response order.
 fn ready(bytes: Bytes) -> Pending {
-    tokio::spawn(async move { Some(Response { bytes, _budget: None }) })
+    tokio::spawn(async move {
+        Some(Response {
+            chunks: vec![bytes],
+            _budget: None,
+        })
+    })
 }
 
 /// A SASL token sent as a raw size-prefixed frame (after a v0 handshake).
@@ -304,8 +311,7 @@ where
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
             Err(Rejected::Answer(bytes)) => {
-                let answer = tokio::spawn(async move { Some(Response { bytes, _budget: None }) });
-                if pending_tx.send(answer).await.is_err() {
+                if pending_tx.send(ready(bytes)).await.is_err() {
                     break Ok(());
                 }
                 continue;
@@ -409,9 +415,9 @@ where
             let _done = done;
             futures::future::join_all(after.into_iter().map(Done::wait)).await;
             let (header, body) = request;
-            let bytes = respond(&ctx, client, header, body, turns).await?;
+            let chunks = respond(&ctx, client, header, body, turns).await?;
             Some(Response {
-                bytes,
+                chunks,
                 _budget: reserved,
             })
         });
@@ -433,13 +439,25 @@ async fn respond(
     header: RequestHeader,
     body: RequestKind,
     turns: api::produce::Turns,
-) -> Option<Bytes> {
+) -> Option<Vec<Bytes>> {
     let version = header.request_api_version;
     let correlation_id = header.correlation_id;
     let api_key = ApiKey::try_from(header.request_api_key).ok()?;
+    if let RequestKind::Fetch(fetch) = body {
+        // The stored batches go out as they came from Redis (see
+        // api::fetch::encode).
+        let answer = api::fetch::handle(ctx, &client, &header, fetch).await;
+        return match api::fetch::encode(answer, version, correlation_id) {
+            Ok(chunks) => Some(chunks),
+            Err(e) => {
+                tracing::error!(?api_key, version, error = %e, "cannot encode response");
+                None
+            }
+        };
+    }
     let response = api::handle(ctx, client, &header, body, turns).await?;
     match encode_response(api_key, version, correlation_id, &response) {
-        Ok(bytes) => Some(bytes),
+        Ok(bytes) => Some(vec![bytes]),
         Err(e) => {
             tracing::error!(?api_key, version, error = %e, "cannot encode response");
             None
@@ -461,7 +479,9 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
         _ => api::produce::Turns::default(),
     };
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    Ok(respond(ctx, api::Client::direct(peer), header, body, turns).await)
+    Ok(respond(ctx, api::Client::direct(peer), header, body, turns)
+        .await
+        .map(|chunks| Bytes::from(chunks.concat())))
 }
 
 /// What a request does, for ordering it after the earlier requests of its
@@ -570,7 +590,15 @@ impl Order {
 
 async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, mut pending: mpsc::Receiver<Pending>) {
     let mut write = BufWriter::new(write);
-    while let Some(handle) = pending.recv().await {
+    let mut next = None;
+    loop {
+        let handle = match next.take() {
+            Some(handle) => handle,
+            None => match pending.recv().await {
+                Some(handle) => handle,
+                None => break,
+            },
+        };
         let response = match handle.await {
             Ok(response) => response,
             Err(e) => {
@@ -579,16 +607,40 @@ async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, mut pending
             }
         };
         if let Some(response) = response
-            && write.write_all(&response.bytes).await.is_err()
+            && write_chunks(&mut write, &response.chunks).await.is_err()
         {
             return;
         }
-        // Flush when nothing else is ready, so pipelined responses share a write.
-        if pending.is_empty() && write.flush().await.is_err() {
+        // Pipelined responses that are ready share a write; one whose
+        // successor is still being worked on goes out now (a request in
+        // flight is not a reason to hold the answer to an earlier one: the
+        // client may be waiting for it before it sends more).
+        next = pending.try_recv().ok();
+        if next.as_ref().is_none_or(|handle| !handle.is_finished()) && write.flush().await.is_err() {
             return;
         }
     }
     let _ = write.flush().await;
+}
+
+/// Writes a response's chunks: one write of the whole list (`writev`), so a
+/// Fetch response's batches are not copied into a buffer first.
+async fn write_chunks<W: tokio::io::AsyncWrite + Unpin>(write: &mut W, chunks: &[Bytes]) -> std::io::Result<()> {
+    if let [one] = chunks {
+        return write.write_all(one).await;
+    }
+    let mut slices: Vec<std::io::IoSlice<'_>> = chunks.iter().map(|c| std::io::IoSlice::new(c)).collect();
+    let mut slices = &mut slices[..];
+    while !slices.is_empty() {
+        // IOV_MAX is 1024 on Linux.
+        let upto = slices.len().min(1024);
+        let written = write.write_vectored(&slices[..upto]).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut slices, written);
+    }
+    Ok(())
 }
 
 /// Reads one size-prefixed frame; `None` at a clean end of stream.

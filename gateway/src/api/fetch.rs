@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
@@ -30,15 +30,170 @@ struct Target {
     max_bytes: usize,
 }
 
+/// A fetch's response with its record batches kept apart: the batches of a
+/// partition are the stored ones (regions of what Redis sent), written to
+/// the client as they are by [`encode`], not joined into one buffer first.
+#[derive(Debug, Default)]
+pub struct FetchAnswer {
+    /// The response; a partition whose batches are in `records` has its
+    /// `records` field `None` here.
+    pub response: FetchResponse,
+    /// Per topic, per partition: the batches of its records, or `None`
+    /// where the response's own `records` field holds them.
+    pub records: Vec<Vec<Option<Vec<Bytes>>>>,
+}
+
+impl FetchAnswer {
+    /// The response with every partition's batches joined into its
+    /// `records` field (one copy; for paths that want a plain response).
+    pub fn into_response(mut self) -> FetchResponse {
+        for (topic, records) in self.response.responses.iter_mut().zip(self.records) {
+            for (partition, batches) in topic.partitions.iter_mut().zip(records) {
+                if let Some(batches) = batches {
+                    partition.records = Some(join(batches));
+                }
+            }
+        }
+        self.response
+    }
+}
+
+fn join(mut batches: Vec<Bytes>) -> Bytes {
+    match batches.len() {
+        0 => Bytes::new(),
+        1 => batches.pop().expect("one batch"),
+        _ => {
+            let mut buf = BytesMut::with_capacity(batches.iter().map(Bytes::len).sum());
+            for batch in batches {
+                buf.extend_from_slice(&batch);
+            }
+            buf.freeze()
+        }
+    }
+}
+
+/// Encodes a size-prefixed Fetch response frame as chunks: the stored
+/// batches are chunks of their own, between the encoded fields, so the
+/// connection writes them (vectored) without copying them into a response
+/// buffer. The bytes are those of the response kafka-protocol would encode
+/// ([`FetchAnswer::into_response`]); a response with fields this encoder
+/// does not write (tagged fields ketch never sets) is encoded by
+/// kafka-protocol instead.
+pub fn encode(answer: FetchAnswer, version: i16, correlation_id: i32) -> anyhow::Result<Vec<Bytes>> {
+    use kafka_protocol::messages::ResponseHeader;
+    use kafka_protocol::protocol::Encodable;
+    let response = &answer.response;
+    let plain = |p: &PartitionData| {
+        p.diverging_epoch == Default::default()
+            && p.current_leader == Default::default()
+            && p.snapshot_id == Default::default()
+            && p.unknown_tagged_fields.is_empty()
+    };
+    let simple = response.node_endpoints.is_empty()
+        && response.unknown_tagged_fields.is_empty()
+        && response.responses.len() == answer.records.len()
+        && response.responses.iter().zip(&answer.records).all(|(t, records)| {
+            t.unknown_tagged_fields.is_empty()
+                && t.partitions.len() == records.len()
+                && t.partitions.iter().all(plain)
+        });
+    if !simple || !(4..=18).contains(&version) {
+        let kind = kafka_protocol::messages::ResponseKind::Fetch(answer.into_response());
+        let frame = crate::server::encode_response(
+            kafka_protocol::messages::ApiKey::Fetch,
+            version,
+            correlation_id,
+            &kind,
+        )?;
+        return Ok(vec![frame]);
+    }
+    let flexible = version >= 12;
+    let mut chunks = Vec::new();
+    let mut buf = BytesMut::with_capacity(256);
+    ResponseHeader::default()
+        .with_correlation_id(correlation_id)
+        .encode(&mut buf, if flexible { 1 } else { 0 })?;
+    buf.put_i32(response.throttle_time_ms);
+    if version >= 7 {
+        buf.put_i16(response.error_code);
+        buf.put_i32(response.session_id);
+    }
+    put_array_len(&mut buf, response.responses.len(), flexible);
+    for (topic, records) in response.responses.iter().zip(answer.records) {
+        if version >= 13 {
+            buf.put_slice(topic.topic_id.as_bytes());
+        } else {
+            let name = topic.topic.0.as_bytes();
+            if flexible {
+                put_uvarint(&mut buf, name.len() as u64 + 1);
+            } else {
+                buf.put_i16(i16::try_from(name.len())?);
+            }
+            buf.put_slice(name);
+        }
+        put_array_len(&mut buf, topic.partitions.len(), flexible);
+        for (partition, batches) in topic.partitions.iter().zip(records) {
+            partition.encode(&mut buf, version)?;
+            let Some(batches) = batches else {
+                continue;
+            };
+            // Encoded with null records: the null marker is the last field
+            // (then, when flexible, the empty tagged fields byte).
+            let tail = if flexible { 2 } else { 4 };
+            buf.truncate(buf.len() - tail);
+            let len: usize = batches.iter().map(Bytes::len).sum();
+            if flexible {
+                put_uvarint(&mut buf, len as u64 + 1);
+            } else {
+                buf.put_i32(i32::try_from(len)?);
+            }
+            chunks.push(buf.split().freeze());
+            chunks.extend(batches.into_iter().filter(|b| !b.is_empty()));
+            if flexible {
+                buf.put_u8(0);
+            }
+        }
+        if flexible {
+            buf.put_u8(0);
+        }
+    }
+    if flexible {
+        buf.put_u8(0);
+    }
+    chunks.push(buf.freeze());
+    let size: usize = chunks.iter().map(Bytes::len).sum();
+    chunks.insert(0, Bytes::copy_from_slice(&i32::try_from(size)?.to_be_bytes()));
+    Ok(chunks)
+}
+
+fn put_array_len(buf: &mut BytesMut, len: usize, flexible: bool) {
+    if flexible {
+        put_uvarint(buf, len as u64 + 1);
+    } else {
+        buf.put_i32(len as i32);
+    }
+}
+
+fn put_uvarint(buf: &mut BytesMut, mut v: u64) {
+    while v >= 0x80 {
+        buf.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.put_u8(v as u8);
+}
+
 pub async fn handle(
     ctx: &Context,
     client: &Client,
     header: &RequestHeader,
     request: FetchRequest,
-) -> FetchResponse {
+) -> FetchAnswer {
     let version = header.request_api_version;
     if version >= 7 && request.session_id != 0 {
-        return FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code());
+        return FetchAnswer {
+            response: FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code()),
+            records: Vec::new(),
+        };
     }
     let read_committed = request.isolation_level == 1;
     let max_bytes = usize::try_from(request.max_bytes)
@@ -63,13 +218,16 @@ pub async fn handle(
     let mut shutdown = ctx.shutdown.clone();
     let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes).await;
     loop {
-        let (responses, bytes, any_error) =
+        let (responses, records, bytes, any_error) =
             assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
         let Some(w) = watch
             .as_ref()
             .filter(|_| bytes < min_bytes && !any_error && Instant::now() < deadline && !*shutdown.borrow())
         else {
-            return FetchResponse::default().with_responses(responses);
+            return FetchAnswer {
+                response: FetchResponse::default().with_responses(responses),
+                records,
+            };
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let fired = if confirmed {
@@ -216,21 +374,26 @@ async fn read_partition(
     read
 }
 
-/// Builds the response within the byte limits; returns it with the bytes it
-/// carries and whether any partition failed.
+/// Builds the response within the byte limits; returns it with its
+/// partitions' batches (see [`FetchAnswer`]), the bytes it carries and
+/// whether any partition failed.
+#[allow(clippy::type_complexity)]
 fn assemble(
     requested: &[FetchTopic],
     topics: &[Vec<Target>],
     reads: &[Vec<Option<ReadResult>>],
     max_bytes: usize,
     read_committed: bool,
-) -> (Vec<FetchableTopicResponse>, usize, bool) {
+) -> (Vec<FetchableTopicResponse>, Vec<Vec<Option<Vec<Bytes>>>>, usize, bool) {
     let mut total = 0usize;
     let mut any_error = false;
     let mut responses = Vec::with_capacity(requested.len());
+    let mut records_of_topics = Vec::with_capacity(requested.len());
     for ((fetch_topic, targets), reads) in requested.iter().zip(topics).zip(reads) {
         let mut partitions = Vec::with_capacity(targets.len());
+        let mut records_of_partitions = Vec::with_capacity(targets.len());
         for (target, read) in targets.iter().zip(reads) {
+            let mut batches = None;
             let data = PartitionData::default()
                 .with_partition_index(target.partition)
                 .with_high_watermark(-1)
@@ -244,12 +407,12 @@ fn assemble(
                 }
                 (Ok(_), Some(Ok(read))) => {
                     let offsets = read.offsets.expect("a successful read has offsets");
-                    let records = take_batches(&read.batches, target.max_bytes, max_bytes, &mut total);
+                    batches = Some(take_batches(&read.batches, target.max_bytes, max_bytes, &mut total));
                     data.with_high_watermark(offsets.high_watermark)
                         .with_last_stable_offset(offsets.high_watermark)
                         .with_log_start_offset(offsets.log_start_offset)
                         .with_aborted_transactions(read_committed.then(Vec::new))
-                        .with_records(Some(records))
+                        .with_records(None)
                 }
                 (Ok(_), Some(Err(e))) => {
                     any_error = true;
@@ -268,7 +431,9 @@ fn assemble(
                 (Ok(_), None) => data.with_error_code(ResponseError::UnknownServerError.code()),
             };
             partitions.push(data);
+            records_of_partitions.push(batches);
         }
+        records_of_topics.push(records_of_partitions);
         responses.push(
             FetchableTopicResponse::default()
                 .with_topic(fetch_topic.topic.clone())
@@ -276,12 +441,12 @@ fn assemble(
                 .with_partitions(partitions),
         );
     }
-    (responses, total, any_error)
+    (responses, records_of_topics, total, any_error)
 }
 
 /// Takes whole batches while they fit the partition and response limits;
 /// the first batch of the response is taken whatever its size (KIP-74).
-fn take_batches(batches: &[Bytes], partition_max: usize, response_max: usize, total: &mut usize) -> Bytes {
+fn take_batches(batches: &[Bytes], partition_max: usize, response_max: usize, total: &mut usize) -> Vec<Bytes> {
     let mut taken: Vec<Bytes> = Vec::new();
     let mut size = 0usize;
     for batch in batches {
@@ -293,22 +458,86 @@ fn take_batches(batches: &[Bytes], partition_max: usize, response_max: usize, to
         *total += batch.len();
         taken.push(batch.clone());
     }
-    match taken.len() {
-        0 => Bytes::new(),
-        1 => taken.pop().expect("one batch"),
-        _ => {
-            let mut buf = BytesMut::with_capacity(size);
-            for batch in taken {
-                buf.extend_from_slice(&batch);
-            }
-            buf.freeze()
-        }
-    }
+    taken
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::messages::fetch_response::{AbortedTransaction, EpochEndOffset};
+    use uuid::Uuid;
+
+    fn answer(with_tagged: bool) -> FetchAnswer {
+        let partition = |index: i32| {
+            PartitionData::default()
+                .with_partition_index(index)
+                .with_high_watermark(1000 + i64::from(index))
+                .with_last_stable_offset(999)
+                .with_log_start_offset(3)
+                .with_preferred_read_replica(BrokerId(-1))
+        };
+        let topic = |name: &str, id: u128, partitions: Vec<PartitionData>| {
+            FetchableTopicResponse::default()
+                .with_topic(TopicName(kafka_protocol::protocol::StrBytes::from_string(name.to_owned())))
+                .with_topic_id(Uuid::from_u128(id))
+                .with_partitions(partitions)
+        };
+        let mut first = partition(0).with_records(None);
+        if with_tagged {
+            first = first.with_diverging_epoch(EpochEndOffset::default().with_epoch(3).with_end_offset(9));
+        }
+        let response = FetchResponse::default().with_throttle_time_ms(0).with_responses(vec![
+            topic(
+                "orders",
+                7,
+                vec![
+                    first,
+                    partition(1).with_error_code(1),
+                    partition(2)
+                        .with_records(None)
+                        .with_aborted_transactions(Some(vec![AbortedTransaction::default().with_producer_id(kafka_protocol::messages::ProducerId(5))])),
+                    partition(3).with_records(None).with_aborted_transactions(Some(Vec::new())),
+                ],
+            ),
+            topic("empty", 8, Vec::new()),
+            topic("one", 9, vec![partition(0).with_records(Some(Bytes::from_static(b"inline")))]),
+        ]);
+        let records = vec![
+            vec![
+                Some(vec![Bytes::from(vec![1u8; 300]), Bytes::from(vec![2u8; 5000])]),
+                None,
+                Some(vec![Bytes::from(vec![3u8; 70])]),
+                Some(Vec::new()),
+            ],
+            Vec::new(),
+            vec![None],
+        ];
+        FetchAnswer { response, records }
+    }
+
+    #[test]
+    fn the_chunked_encoding_is_kafka_protocols_for_every_version() {
+        for with_tagged in [false, true] {
+            for version in 4..=18 {
+                let expected = crate::server::encode_response(
+                    kafka_protocol::messages::ApiKey::Fetch,
+                    version,
+                    42,
+                    &kafka_protocol::messages::ResponseKind::Fetch(answer(with_tagged).into_response()),
+                )
+                .unwrap();
+                let chunks = encode(answer(with_tagged), version, 42).unwrap();
+                assert_eq!(chunks.concat(), expected.to_vec(), "v{version}, tagged fields {with_tagged}");
+                if !with_tagged {
+                    assert!(
+                        chunks.iter().any(|c| c.len() == 5000 && c[0] == 2),
+                        "v{version}: a stored batch is a chunk of its own"
+                    );
+                }
+            }
+        }
+    }
 
     fn batches(sizes: &[usize]) -> Vec<Bytes> {
         sizes.iter().map(|&n| Bytes::from(vec![0u8; n])).collect()
@@ -318,7 +547,7 @@ mod tests {
     fn the_first_batch_of_a_response_is_taken_even_when_too_large() {
         let mut total = 0;
         assert_eq!(
-            take_batches(&batches(&[500, 10]), 100, 100, &mut total).len(),
+            join(take_batches(&batches(&[500, 10]), 100, 100, &mut total)).len(),
             500
         );
         assert_eq!(total, 500);
@@ -328,11 +557,11 @@ mod tests {
     fn batches_stop_at_the_partition_and_response_limits() {
         let mut total = 0;
         assert_eq!(
-            take_batches(&batches(&[40, 40, 40]), 100, 1000, &mut total).len(),
+            join(take_batches(&batches(&[40, 40, 40]), 100, 1000, &mut total)).len(),
             80
         );
-        assert_eq!(take_batches(&batches(&[40, 40]), 100, 150, &mut total).len(), 40);
+        assert_eq!(join(take_batches(&batches(&[40, 40]), 100, 150, &mut total)).len(), 40);
         assert_eq!(total, 120);
-        assert_eq!(take_batches(&batches(&[40]), 100, 150, &mut total).len(), 0);
+        assert_eq!(join(take_batches(&batches(&[40]), 100, 150, &mut total)).len(), 0);
     }
 }
