@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Consume through two ketch builds, alternated, for a before/after of the
-# fetch path measured in one run on one machine:
+# Produce and consume through two ketch builds, alternated, for a
+# before/after of the data path measured in one run on one machine:
 #
 #   benchmark/consume-compare.sh BEFORE_BIN AFTER_BIN [ROUNDS]
 #
 # For each workload and round, and each build in turn: a fresh redis-server,
 # produce the workload through the build (acks=all), restart the build,
 # consume everything from the beginning, and print a line with produce and
-# consume rec/s, the consuming gateway's peak RSS (VmHWM) and the bytes
+# consume rec/s, server CPU (ketch + redis-server, user + system) per
+# record on each path, the consuming gateway's peak RSS (VmHWM) and the bytes
 # Redis sent (total_net_output_bytes, produce and consume) and the XRANGE
 # calls it served (reads: the produce phase makes none). Knobs
 # (environment): WORKLOADS (default "1-topic-16-partitions-1kb:500000
@@ -62,8 +63,9 @@ start_ketch() {
 }
 
 rate() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['results']['throughput']['records_per_s']))" "$1"; }
+cpu() { python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))['server']['cpu_us_per_record'])" "$1"; }
 
-printf 'workload\tround\tbuild\tproduce_rec_s\tconsume_rec_s\tconsume_peak_rss_kib\tredis_sent_bytes\txrange_calls\n'
+printf 'workload\tround\tbuild\tproduce_rec_s\tconsume_rec_s\tproduce_cpu_us_rec\tconsume_cpu_us_rec\tconsume_peak_rss_kib\tredis_sent_bytes\txrange_calls\n'
 for entry in $workloads; do
     workload=${entry%%:*}
     records=${entry##*:}
@@ -74,19 +76,22 @@ for entry in $workloads; do
             start_redis
             start_ketch "$bin"
             "$BENCH" producer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
-                --create-topic --records "$records" --acks all --compression none --output json --quiet >"$work/p.json"
+                --create-topic --records "$records" --acks all --compression none --output json --quiet \
+                --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/p.json"
             stop ketch_pid
             start_ketch "$bin"
             "$BENCH" consumer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
-                --from beginning --records "$records" --output json --quiet >"$work/c.json"
+                --from beginning --records "$records" --output json --quiet \
+                --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/c.json"
             peak=$(awk '/VmHWM/ {print $2}' "/proc/$ketch_pid/status")
             sent=$(redis-cli -p "$redis_port" info stats | tr -d '\r' | awk -F: '/total_net_output_bytes/ {print $2}')
             xranges=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' |
                 sed -n 's/^cmdstat_xrange:calls=\([0-9]*\),.*/\1/p')
             stop ketch_pid
             stop redis_pid
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$side" \
-                "$(rate "$work/p.json")" "$(rate "$work/c.json")" "$peak" "$sent" "${xranges:-0}"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$side" \
+                "$(rate "$work/p.json")" "$(rate "$work/c.json")" "$(cpu "$work/p.json")" "$(cpu "$work/c.json")" \
+                "$peak" "$sent" "${xranges:-0}"
         done
     done
 done

@@ -96,6 +96,11 @@ pub fn consumer_config(kafka: &KafkaArgs, group: Option<&str>, start_at: StartAt
         ("enable.auto.commit", group.is_some().to_string()),
         ("enable.partition.eof", "false".to_owned()),
         ("auto.offset.reset", reset.to_owned()),
+        // librdkafka stops fetching a partition for fetch.queue.backoff.ms
+        // (1 s by default) once its local queue holds queued.min.messages
+        // (100,000): at a million records a second one fetch does that, and
+        // the pause, not the broker, would set the rate.
+        ("fetch.queue.backoff.ms", "10".to_owned()),
     ];
     client_config(kafka, &settings)
 }
