@@ -729,17 +729,24 @@ impl Store {
                     _ => Err(StorageError::Data("a read got too few replies".to_owned())),
                 }
             });
-            match replies {
+            let e = match replies {
                 Ok((entries, meta)) => return Ok((wire_entries(entries)?, meta.into_value())),
-                // The slot moved: the cluster connection follows it.
-                Err(StorageError::Unavailable(e)) if self.mode() == crate::Mode::Cluster && durable::is_moved(&e) => {
-                    if let Err(refresh) = self.durable.refresh().await {
-                        tracing::debug!(error = %refresh, "cannot read the slot map");
-                    }
+                Err(e) => e,
+            };
+            if self.mode() == crate::Mode::Single {
+                return Err(e);
+            }
+            // The slot moved, or its master is gone (failover): read the
+            // slot map again; the cluster connection follows a move now.
+            if let Err(refresh) = self.durable.refresh().await {
+                tracing::debug!(error = %refresh, "cannot read the slot map");
+            }
+            match e {
+                StorageError::Unavailable(e) if durable::is_moved(&e) => {
                     let (entries, meta): (Value, Value) = pipe.query_async(&mut self.conn()).await?;
                     return Ok((stream_entries(entries)?, meta));
                 }
-                Err(e) => return Err(e),
+                e => return Err(e),
             }
         }
         let (entries, meta): (Value, Value) = self.query_partition(&keys.meta, pipe).await?;
