@@ -625,7 +625,10 @@ async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, mut pending
 
 /// Writes a response's chunks: one write of the whole list (`writev`), so a
 /// Fetch response's batches are not copied into a buffer first.
-async fn write_chunks<W: tokio::io::AsyncWrite + Unpin>(write: &mut W, chunks: &[Bytes]) -> std::io::Result<()> {
+async fn write_chunks<W: tokio::io::AsyncWrite + Unpin>(
+    write: &mut W,
+    chunks: &[Bytes],
+) -> std::io::Result<()> {
     if let [one] = chunks {
         return write.write_all(one).await;
     }

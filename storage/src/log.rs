@@ -652,7 +652,9 @@ impl Store {
             reserve(&mut packed, "inline", true);
             packed.bytes(batch);
             let mut replies = wire.request(packed).await?.into_iter();
-            let reply = replies.next().ok_or_else(|| StorageError::Data("no append reply".to_owned()))?;
+            let reply = replies
+                .next()
+                .ok_or_else(|| StorageError::Data("no append reply".to_owned()))?;
             return parse_append_reply(reply.ok()?);
         }
         let last = expected.max(0) + i64::from(count) - 1;
@@ -672,7 +674,9 @@ impl Store {
         packed.arg("finish");
         packed.command(1).arg("EXEC");
         let mut replies = wire.request(packed).await?;
-        let exec = replies.pop().ok_or_else(|| StorageError::Data("no EXEC reply".to_owned()))?;
+        let exec = replies
+            .pop()
+            .ok_or_else(|| StorageError::Data("no EXEC reply".to_owned()))?;
         // A command refused while queued (MOVED, a wrong argument) aborts
         // the transaction: its own error says why.
         for queued in replies {
@@ -686,7 +690,9 @@ impl Store {
                     .ok_or_else(|| StorageError::Data("empty EXEC reply".to_owned()))?;
                 parse_append_reply(reserve.ok()?)
             }
-            other => Err(StorageError::Data(format!("append transaction replied {other:?}"))),
+            other => Err(StorageError::Data(format!(
+                "append transaction replied {other:?}"
+            ))),
         }
     }
 
@@ -1312,8 +1318,8 @@ fn wire_entries(reply: Reply) -> Result<Vec<Entry>> {
         let Reply::Array(pair) = item else {
             return Err(bad("entry is not an array"));
         };
-        let [Reply::Bulk(id), Reply::Array(fields)] = <[Reply; 2]>::try_from(pair)
-            .map_err(|_| bad("entry is not [id, fields]"))?
+        let [Reply::Bulk(id), Reply::Array(fields)] =
+            <[Reply; 2]>::try_from(pair).map_err(|_| bad("entry is not [id, fields]"))?
         else {
             return Err(bad("entry is not [id, fields]"));
         };

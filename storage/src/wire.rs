@@ -351,7 +351,9 @@ pub(crate) async fn open(
                 while let Some(reply) = next_reply(&mut buf, &mut scanner)? {
                     got += 1;
                     if let Reply::Error(e) = reply {
-                        return Err(std::io::Error::other(format!("redis refused the connection setup: {e}")));
+                        return Err(std::io::Error::other(format!(
+                            "redis refused the connection setup: {e}"
+                        )));
                     }
                 }
             }
@@ -405,7 +407,10 @@ async fn write_requests<W: tokio::io::AsyncWrite + Unpin>(
     }
 }
 
-async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(write: &mut W, chunks: &[Bytes]) -> std::io::Result<()> {
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    write: &mut W,
+    chunks: &[Bytes],
+) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = chunks.iter().map(|c| IoSlice::new(c)).collect();
     let mut slices = &mut slices[..];
     // IOV_MAX is 1024 on Linux: larger lists are written in parts.
@@ -453,7 +458,13 @@ async fn read_replies<R: tokio::io::AsyncRead + Unpin>(
         // least twofold, so a long reply is moved a few times, not once
         // per read (split-off replies keep the old buffer alive, and bytes
         // then grows it by no more than asked).
-        buf.reserve(scanner.need.saturating_sub(buf.len()).max(READ_CHUNK).max(buf.len()));
+        buf.reserve(
+            scanner
+                .need
+                .saturating_sub(buf.len())
+                .max(READ_CHUNK)
+                .max(buf.len()),
+        );
         if read.read_buf(&mut buf).await? == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -658,8 +669,13 @@ mod tests {
         assert!(matches!(&got[1], Reply::Error(e) if e == "ERR no"));
         assert!(matches!(got[2], Reply::Int(42)));
         assert!(matches!(got[3], Reply::Nil));
-        assert!(matches!(&got[4], Reply::Bulk(b) if &b[..] == b"ab\n"), "a bulk may hold CR and LF");
-        assert!(matches!(&got[5], Reply::Array(items) if matches!(&items[..], [Reply::Bulk(b), Reply::Nil] if b.is_empty())));
+        assert!(
+            matches!(&got[4], Reply::Bulk(b) if &b[..] == b"ab\n"),
+            "a bulk may hold CR and LF"
+        );
+        assert!(
+            matches!(&got[5], Reply::Array(items) if matches!(&items[..], [Reply::Bulk(b), Reply::Nil] if b.is_empty()))
+        );
         assert!(matches!(&got[6], Reply::Array(items) if items.is_empty()));
         assert!(
             matches!(&got[7], Reply::Array(items) if matches!(&items[..], [Reply::Array(inner), Reply::Int(1)] if matches!(&inner[..], [Reply::Array(e)] if e.is_empty())))
@@ -669,7 +685,8 @@ mod tests {
 
     #[test]
     fn a_reply_arriving_in_pieces_is_scanned_once_and_parsed_when_whole() {
-        let whole: &[u8] = b"*3\r\n*2\r\n$5\r\n1-1\r\n\r\n*2\r\n$1\r\nb\r\n$4\r\nabcd\r\n$3\r\nxyz\r\n:7\r\n+OK\r\n";
+        let whole: &[u8] =
+            b"*3\r\n*2\r\n$5\r\n1-1\r\n\r\n*2\r\n$1\r\nb\r\n$4\r\nabcd\r\n$3\r\nxyz\r\n:7\r\n+OK\r\n";
         for step in 1..whole.len() {
             let mut buf = BytesMut::new();
             let mut scanner = Scanner::default();
@@ -680,12 +697,17 @@ mod tests {
                     got.push(reply);
                 }
                 if got.is_empty() {
-                    assert!(scanner.need > buf.len(), "step {step}: waits for more ({scanner:?})");
+                    assert!(
+                        scanner.need > buf.len(),
+                        "step {step}: waits for more ({scanner:?})"
+                    );
                     assert!(scanner.pos <= buf.len());
                 }
             }
             assert_eq!(got.len(), 2, "step {step}");
-            let Reply::Array(items) = &got[0] else { panic!("an array") };
+            let Reply::Array(items) = &got[0] else {
+                panic!("an array")
+            };
             assert_eq!(items.len(), 3);
             assert!(matches!(got[1], Reply::Status(_)));
             assert!(buf.is_empty());
@@ -727,7 +749,10 @@ mod tests {
         let (chunks, replies) = packed.finish();
         assert_eq!(replies, 1);
         assert_eq!(chunks.len(), 3);
-        assert_eq!(&chunks[0][..], format!("*3\r\n$4\r\nXADD\r\n$3\r\n-12\r\n${}\r\n", COPY_BELOW).as_bytes());
+        assert_eq!(
+            &chunks[0][..],
+            format!("*3\r\n$4\r\nXADD\r\n$3\r\n-12\r\n${}\r\n", COPY_BELOW).as_bytes()
+        );
         assert_eq!(chunks[1].as_ptr(), big.as_ptr(), "the batch is not copied");
         assert_eq!(&chunks[2][..], b"\r\n");
         let mut pipe = redis::pipe();
@@ -736,7 +761,10 @@ mod tests {
         packed.pipeline(&pipe);
         let (chunks, replies) = packed.finish();
         assert_eq!(replies, 2);
-        assert_eq!(&chunks[0][..], b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n");
+        assert_eq!(
+            &chunks[0][..],
+            b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n"
+        );
     }
 
     #[test]

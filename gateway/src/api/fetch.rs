@@ -92,11 +92,15 @@ pub fn encode(answer: FetchAnswer, version: i16, correlation_id: i32) -> anyhow:
     let simple = response.node_endpoints.is_empty()
         && response.unknown_tagged_fields.is_empty()
         && response.responses.len() == answer.records.len()
-        && response.responses.iter().zip(&answer.records).all(|(t, records)| {
-            t.unknown_tagged_fields.is_empty()
-                && t.partitions.len() == records.len()
-                && t.partitions.iter().all(plain)
-        });
+        && response
+            .responses
+            .iter()
+            .zip(&answer.records)
+            .all(|(t, records)| {
+                t.unknown_tagged_fields.is_empty()
+                    && t.partitions.len() == records.len()
+                    && t.partitions.iter().all(plain)
+            });
     if !simple || !(4..=18).contains(&version) {
         let kind = kafka_protocol::messages::ResponseKind::Fetch(answer.into_response());
         let frame = crate::server::encode_response(
@@ -384,7 +388,12 @@ fn assemble(
     reads: &[Vec<Option<ReadResult>>],
     max_bytes: usize,
     read_committed: bool,
-) -> (Vec<FetchableTopicResponse>, Vec<Vec<Option<Vec<Bytes>>>>, usize, bool) {
+) -> (
+    Vec<FetchableTopicResponse>,
+    Vec<Vec<Option<Vec<Bytes>>>>,
+    usize,
+    bool,
+) {
     let mut total = 0usize;
     let mut any_error = false;
     let mut responses = Vec::with_capacity(requested.len());
@@ -407,7 +416,12 @@ fn assemble(
                 }
                 (Ok(_), Some(Ok(read))) => {
                     let offsets = read.offsets.expect("a successful read has offsets");
-                    batches = Some(take_batches(&read.batches, target.max_bytes, max_bytes, &mut total));
+                    batches = Some(take_batches(
+                        &read.batches,
+                        target.max_bytes,
+                        max_bytes,
+                        &mut total,
+                    ));
                     data.with_high_watermark(offsets.high_watermark)
                         .with_last_stable_offset(offsets.high_watermark)
                         .with_log_start_offset(offsets.log_start_offset)
@@ -446,7 +460,12 @@ fn assemble(
 
 /// Takes whole batches while they fit the partition and response limits;
 /// the first batch of the response is taken whatever its size (KIP-74).
-fn take_batches(batches: &[Bytes], partition_max: usize, response_max: usize, total: &mut usize) -> Vec<Bytes> {
+fn take_batches(
+    batches: &[Bytes],
+    partition_max: usize,
+    response_max: usize,
+    total: &mut usize,
+) -> Vec<Bytes> {
     let mut taken: Vec<Bytes> = Vec::new();
     let mut size = 0usize;
     for batch in batches {
@@ -479,7 +498,9 @@ mod tests {
         };
         let topic = |name: &str, id: u128, partitions: Vec<PartitionData>| {
             FetchableTopicResponse::default()
-                .with_topic(TopicName(kafka_protocol::protocol::StrBytes::from_string(name.to_owned())))
+                .with_topic(TopicName(kafka_protocol::protocol::StrBytes::from_string(
+                    name.to_owned(),
+                )))
                 .with_topic_id(Uuid::from_u128(id))
                 .with_partitions(partitions)
         };
@@ -487,22 +508,33 @@ mod tests {
         if with_tagged {
             first = first.with_diverging_epoch(EpochEndOffset::default().with_epoch(3).with_end_offset(9));
         }
-        let response = FetchResponse::default().with_throttle_time_ms(0).with_responses(vec![
-            topic(
-                "orders",
-                7,
-                vec![
-                    first,
-                    partition(1).with_error_code(1),
-                    partition(2)
-                        .with_records(None)
-                        .with_aborted_transactions(Some(vec![AbortedTransaction::default().with_producer_id(kafka_protocol::messages::ProducerId(5))])),
-                    partition(3).with_records(None).with_aborted_transactions(Some(Vec::new())),
-                ],
-            ),
-            topic("empty", 8, Vec::new()),
-            topic("one", 9, vec![partition(0).with_records(Some(Bytes::from_static(b"inline")))]),
-        ]);
+        let response = FetchResponse::default()
+            .with_throttle_time_ms(0)
+            .with_responses(vec![
+                topic(
+                    "orders",
+                    7,
+                    vec![
+                        first,
+                        partition(1).with_error_code(1),
+                        partition(2)
+                            .with_records(None)
+                            .with_aborted_transactions(Some(vec![
+                                AbortedTransaction::default()
+                                    .with_producer_id(kafka_protocol::messages::ProducerId(5)),
+                            ])),
+                        partition(3)
+                            .with_records(None)
+                            .with_aborted_transactions(Some(Vec::new())),
+                    ],
+                ),
+                topic("empty", 8, Vec::new()),
+                topic(
+                    "one",
+                    9,
+                    vec![partition(0).with_records(Some(Bytes::from_static(b"inline")))],
+                ),
+            ]);
         let records = vec![
             vec![
                 Some(vec![Bytes::from(vec![1u8; 300]), Bytes::from(vec![2u8; 5000])]),
@@ -528,7 +560,11 @@ mod tests {
                 )
                 .unwrap();
                 let chunks = encode(answer(with_tagged), version, 42).unwrap();
-                assert_eq!(chunks.concat(), expected.to_vec(), "v{version}, tagged fields {with_tagged}");
+                assert_eq!(
+                    chunks.concat(),
+                    expected.to_vec(),
+                    "v{version}, tagged fields {with_tagged}"
+                );
                 if !with_tagged {
                     assert!(
                         chunks.iter().any(|c| c.len() == 5000 && c[0] == 2),
@@ -560,7 +596,10 @@ mod tests {
             join(take_batches(&batches(&[40, 40, 40]), 100, 1000, &mut total)).len(),
             80
         );
-        assert_eq!(join(take_batches(&batches(&[40, 40]), 100, 150, &mut total)).len(), 40);
+        assert_eq!(
+            join(take_batches(&batches(&[40, 40]), 100, 150, &mut total)).len(),
+            40
+        );
         assert_eq!(total, 120);
         assert_eq!(join(take_batches(&batches(&[40]), 100, 150, &mut total)).len(), 0);
     }

@@ -175,7 +175,9 @@ pub async fn handle(
         RequestKind::Produce(r) => {
             ResponseKind::Produce(produce::handle(ctx, &client, header, r, turns).await?)
         }
-        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(ctx, &client, header, r).await.into_response()),
+        RequestKind::Fetch(r) => {
+            ResponseKind::Fetch(fetch::handle(ctx, &client, header, r).await.into_response())
+        }
         RequestKind::ListOffsets(r) => {
             ResponseKind::ListOffsets(list_offsets::handle(ctx, &client, header, r).await)
         }

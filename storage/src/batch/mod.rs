@@ -334,8 +334,16 @@ pub(crate) mod tests {
         let long = vec![b'x'; 300];
         let records: Vec<TestRecord> = (0..6)
             .map(|i| {
-                let value = if i % 2 == 0 { Some(&long[..]) } else { Some(&b"v"[..]) };
-                (1_700_000_000_000 + i * 37 - (i % 3) * 100, (i % 3 != 0).then_some(&b"key"[..]), value)
+                let value = if i % 2 == 0 {
+                    Some(&long[..])
+                } else {
+                    Some(&b"v"[..])
+                };
+                (
+                    1_700_000_000_000 + i * 37 - (i % 3) * 100,
+                    (i % 3 != 0).then_some(&b"key"[..]),
+                    value,
+                )
             })
             .collect();
         let body = records_body(&records);
@@ -373,7 +381,12 @@ pub(crate) mod tests {
                 state ^= state << 17;
                 let mut damaged = body.clone();
                 damaged[at] = state as u8;
-                assert_eq!(fast(&damaged, 6), slow(&damaged, 6), "byte {at} = {}", state as u8);
+                assert_eq!(
+                    fast(&damaged, 6),
+                    slow(&damaged, 6),
+                    "byte {at} = {}",
+                    state as u8
+                );
             }
             assert_eq!(fast(&body[..at], 6), slow(&body[..at], 6), "cut at {at}");
         }

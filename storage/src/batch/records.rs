@@ -255,7 +255,9 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
     for expected in 0..i64::from(count) {
         let (len, n) = varlong_at(body, pos)?;
         pos += n;
-        let len = usize::try_from(len).ok().filter(|len| *len >= MIN_RECORD_LEN - 1)?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| *len >= MIN_RECORD_LEN - 1)?;
         let record = body.get(pos..pos.checked_add(len)?)?;
         pos += len;
         // Attributes, then the timestamp and offset deltas.
