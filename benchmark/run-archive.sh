@@ -16,7 +16,9 @@
 #
 # Knobs (environment): RECORDS (default 2000000), SEGMENT_BYTES (64 MiB),
 # OUT (results directory, default benchmark/results/<date>/archive),
-# PROFILE=1 (perf profiles of ketch while it serves each tier, profile-*.txt).
+# BENCH_KETCH_BIN (another gateway binary to measure),
+# PROFILE=1 (perf profiles of ketch while it archives and while it serves each
+# tier, profile-*.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +40,7 @@ wait_for() { # file marker pid
 
 log "building release binaries"
 cargo build --release -p ketch-gateway -p ketch-bench
-KETCH="$target/release/ketch"
+KETCH="${BENCH_KETCH_BIN:-$target/release/ketch}"
 BENCH="$target/release/ketch-bench"
 S3="$target/release/ketch-s3"
 
@@ -123,11 +125,20 @@ for partitions in 1 4; do
     log "$partitions partition(s): archive them"
     start=$(date +%s.%N)
     start_ketch ""
+    if [ -n "${PROFILE:-}" ]; then
+        perf record -e cpu-clock -F 999 -g -p "$ketch_pid" -o "$work/perf-archive.data" 2>/dev/null &
+        perf_pid=$!
+    fi
     until [ "$(metric ketch_archive_records_total)" = "$RECORDS" ]; do
         kill -0 "$ketch_pid" || { cat "$work/ketch.log"; exit 1; }
         sleep 0.05
     done
     end=$(date +%s.%N)
+    if [ -n "${PROFILE:-}" ]; then
+        kill -INT "$perf_pid" && wait "$perf_pid" || true
+        perf report -i "$work/perf-archive.data" --no-children --percent-limit 1 --stdio 2>/dev/null \
+            | grep -E '^ +[0-9]' >"$OUT/profile-archive-$partitions.txt" || true
+    fi
     python3 - "$partitions" "$start" "$end" "$RECORDS" "$(metric ketch_archive_bytes_total)" \
         "$(metric ketch_archive_segments_total)" "$(metric ketch_archive_failures_total)" >>"$results" <<'PY'
 import json, sys
