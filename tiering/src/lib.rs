@@ -448,11 +448,21 @@ impl CommitCount {
 pub struct Tiers {
     store: Store,
     reader: Arc<RemoteReader>,
-    /// Per partition (its meta key): the local start offset last seen and
-    /// the archived segment last read. The local start only grows, so an
-    /// offset below it is read from the archive without first asking Redis
-    /// for batches it no longer has.
-    hints: std::sync::Mutex<std::collections::HashMap<String, (i64, Option<Segment>)>>,
+    /// Per partition (its meta key): what its last archive read learnt.
+    hints: std::sync::Mutex<std::collections::HashMap<String, Hint>>,
+}
+
+/// What the last archive read of a partition learnt.
+#[derive(Clone)]
+struct Hint {
+    /// The local start offset. It only grows, so an offset below it is read
+    /// from the archive without first asking Redis for batches it no
+    /// longer has.
+    local_start: i64,
+    /// The archived segment read.
+    segment: Segment,
+    /// The first offset after `segment` was looked up to be read ahead.
+    next_started: bool,
 }
 
 impl Tiers {
@@ -476,8 +486,8 @@ impl Tiers {
     ) -> ketch_storage::Result<ReadPartition> {
         let key = &self.store.partition_keys(topic, partition).meta;
         let hint = self.hints.lock().expect("hints").get(key).cloned();
-        let offsets = match hint {
-            Some((local_start, _)) if request.offset < local_start => {
+        let offsets = match &hint {
+            Some(hint) if request.offset < hint.local_start => {
                 let offsets = self.store.offsets(topic, partition).await?;
                 if request.offset < offsets.log_start_offset {
                     return Err(StorageError::OffsetOutOfRange {
@@ -492,7 +502,7 @@ impl Tiers {
                 other => return other,
             },
         };
-        let mut cached = hint.and_then(|(_, segment)| segment);
+        let mut cached = hint.as_ref().map(|hint| hint.segment.clone());
         let mut offset = request.offset;
         loop {
             let segment = match cached.take().filter(|s| (s.base..=s.last).contains(&offset)) {
@@ -510,11 +520,15 @@ impl Tiers {
                 },
             };
             let batches = if segment.path.is_some() {
-                self.reader.read(&segment, offset, request.max_bytes).await
+                self.reader
+                    .read(&segment, offset, request.max_bytes)
+                    .await
+                    .map(|read| (read.batches, read.near_end))
             } else if segment.quarantine.is_some() {
                 self.store
                     .read_quarantined(topic, partition, &segment, offset, request.max_bytes)
                     .await
+                    .map(|batches| (batches, false))
                     .map_err(Error::from)
             } else if segment.skipped.is_some() {
                 offset = segment.last + 1;
@@ -529,22 +543,57 @@ impl Tiers {
                     segment.base, segment.last
                 )))
             };
-            let batches = match batches {
-                Ok(batches) => batches,
+            let (batches, near_end) = match batches {
+                Ok(read) => read,
                 Err(e) => {
                     // The segment may have changed state (archived on retry).
                     self.hints.lock().expect("hints").remove(key);
                     return Err(e.into());
                 }
             };
-            self.hints
-                .lock()
-                .expect("hints")
-                .insert(key.clone(), (offsets.local_start_offset, Some(segment)));
+            let same = hint.as_ref().filter(|h| h.segment.base == segment.base);
+            let mut next_started = same.is_some_and(|h| h.next_started);
+            if near_end && !next_started {
+                next_started = true;
+                self.read_next_segment_ahead(topic, partition, &segment, offsets.local_start_offset)
+                    .await;
+            }
+            self.hints.lock().expect("hints").insert(
+                key.clone(),
+                Hint {
+                    local_start: offsets.local_start_offset,
+                    segment,
+                    next_started,
+                },
+            );
             return Ok(ReadPartition {
                 offsets: Some(offsets),
                 batches,
             });
+        }
+    }
+
+    /// Starts reading the archived segment after `segment` ahead, once a
+    /// sequential reader's read-ahead reached `segment`'s end (a segment
+    /// that is still in Redis needs none).
+    async fn read_next_segment_ahead(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        local_start: i64,
+    ) {
+        let next = segment.last + 1;
+        if next >= local_start {
+            return;
+        }
+        match self.store.segment_at(topic, partition, next).await {
+            Ok(Some(after)) if after.path.is_some() && after.base == next => {
+                self.reader.read_ahead_segment(after);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
+                "cannot look up the next archived segment to read ahead"),
         }
     }
 

@@ -91,6 +91,15 @@ impl Metrics {
         self.remote_cache_misses.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Slices served from memory and read from the archive.
+    #[cfg(test)]
+    pub(crate) fn remote_cache(&self) -> (u64, u64) {
+        (
+            self.remote_cache_hits.load(Ordering::Relaxed),
+            self.remote_cache_misses.load(Ordering::Relaxed),
+        )
+    }
+
     /// Sets a partition's archive lag (0: nothing waits).
     pub fn set_lag(&self, topic: &str, partition: i32, lag_ms: i64) {
         let mut lag = self.lag.lock().expect("lag");
