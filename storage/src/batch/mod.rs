@@ -16,7 +16,7 @@ mod snappy;
 use bytes::{Buf, Bytes};
 
 pub use builder::BatchBuilder;
-pub use records::{Record, RecordMeta, Records};
+pub use records::{PlainRecords, Record, RecordMeta, RecordRef, Records};
 
 /// Size of the fixed v2 batch header, up to and including the record count.
 pub const HEADER_LEN: usize = 61;
@@ -394,6 +394,97 @@ pub(crate) mod tests {
         longer.push(0);
         assert_eq!(fast(&longer, 6), None);
         assert_eq!(slow(&longer, 6), None);
+    }
+
+    #[test]
+    fn plain_records_read_what_the_record_reader_reads_and_refuse_what_it_refuses() {
+        let long = vec![b'y'; 200];
+        let records: Vec<TestRecord> = (0..5)
+            .map(|i| {
+                let key = (i % 2 == 0).then_some(&b"k"[..]);
+                let value = match i % 3 {
+                    0 => None,
+                    1 => Some(&long[..]),
+                    _ => Some(&b""[..]),
+                };
+                (1_700_000_000_000 + i * 11 - (i % 2) * 50, key, value)
+            })
+            .collect();
+        let body = records_body(&records);
+        type Read = (
+            i32,
+            i64,
+            Option<Vec<u8>>,
+            Option<Vec<u8>>,
+            Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        );
+        let streamed = |batch: &[u8]| -> Option<Vec<Read>> {
+            let mut reader = Records::of_batch(&Bytes::copy_from_slice(batch)).ok()?;
+            let mut out = Vec::new();
+            while let Some(r) = reader.next_record().ok()? {
+                // The offset deltas must be dense (validation checks them
+                // apart from the reader).
+                if r.offset_delta as usize != out.len() {
+                    return None;
+                }
+                out.push((
+                    r.offset_delta,
+                    r.timestamp,
+                    r.key.map(|k| k.to_vec()),
+                    r.value.map(|v| v.to_vec()),
+                    r.headers
+                        .iter()
+                        .map(|(k, v)| (k.to_vec(), v.as_ref().map(|v| v.to_vec())))
+                        .collect(),
+                ));
+            }
+            Some(out)
+        };
+        let plain = |batch: &[u8]| -> Option<Vec<Read>> {
+            PlainRecords::of_batch(batch)
+                .ok()?
+                .expect("uncompressed")
+                .map(|r| {
+                    r.map(|r| {
+                        (
+                            r.offset_delta,
+                            r.timestamp,
+                            r.key.map(<[u8]>::to_vec),
+                            r.value.map(<[u8]>::to_vec),
+                            r.headers()
+                                .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
+                                .collect(),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .ok()
+        };
+        let batch = |body: &[u8], count: i32| wrap(body, 0, count, 1_700_000_000_000, 0);
+        let whole = plain(&batch(&body, 5)).expect("a valid batch");
+        assert_eq!(Some(whole.clone()), streamed(&batch(&body, 5)));
+        assert_eq!(whole[1].3.as_deref(), Some(&long[..]));
+        assert_eq!(whole[0].4, vec![(b"h".to_vec(), Some(b"v".to_vec()))]);
+        for count in [0, 4, 6, -1] {
+            assert_eq!(plain(&batch(&body, count)), None, "count {count}");
+            assert_eq!(streamed(&batch(&body, count)), None, "count {count}");
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for at in 0..body.len() {
+            for _ in 0..8 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let mut damaged = body.clone();
+                damaged[at] = state as u8;
+                let damaged = batch(&damaged, 5);
+                assert_eq!(plain(&damaged), streamed(&damaged), "byte {at} = {}", state as u8);
+            }
+            let cut = batch(&body[..at], 5);
+            assert_eq!(plain(&cut), streamed(&cut), "cut at {at}");
+        }
+        let compressed = wrap(&body, 1, 5, 1_700_000_000_000, 0);
+        assert!(PlainRecords::of_batch(&compressed).unwrap().is_none());
     }
 
     /// A batch around `body` claiming `count` records, CRC correct.

@@ -291,6 +291,156 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
     (pos == body.len()).then_some(max_timestamp)
 }
 
+/// A record of an uncompressed batch, its fields borrowed from the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    pub offset_delta: i32,
+    pub timestamp: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    /// The headers, as they are in the record (checked when it was read).
+    headers: &'a [u8],
+}
+
+impl<'a> RecordRef<'a> {
+    /// The headers' keys and values, in order.
+    pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + use<'a> {
+        let record = self.headers;
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let (key, next) = nullable_at(record, at)?;
+            let (value, next) = nullable_at(record, next)?;
+            at = next;
+            Some((key?, value))
+        })
+    }
+}
+
+/// The records of an uncompressed body read in place, in one pass, each
+/// checked as [`Records::next_record`] checks it (framing, lengths within
+/// the record, a key for every header, offset deltas 0, 1, 2, …, the
+/// declared count exactly): the archive reads every record of a segment
+/// this way, with no copy or reference count per field. A record that
+/// fails a check ends the iteration with an error.
+pub struct PlainRecords<'a> {
+    body: &'a [u8],
+    pos: usize,
+    next_delta: i64,
+    count: i64,
+    base_timestamp: i64,
+}
+
+impl<'a> PlainRecords<'a> {
+    /// The records of a stored batch, or `None` when its body is compressed
+    /// (then [`Records`] reads it).
+    pub fn of_batch(batch: &'a [u8]) -> Result<Option<Self>, BatchError> {
+        let header = super::header(batch)?;
+        if header.compression()? != Compression::None {
+            return Ok(None);
+        }
+        let body = &batch[super::HEADER_LEN..];
+        if header.record_count < 0 {
+            return Err(BatchError::RecordCount(header.record_count));
+        }
+        if header.record_count as usize > body.len() / MIN_RECORD_LEN {
+            return Err(BatchError::CountTooLarge {
+                count: header.record_count,
+                bytes: body.len(),
+            });
+        }
+        Ok(Some(Self {
+            body,
+            pos: 0,
+            next_delta: 0,
+            count: i64::from(header.record_count),
+            base_timestamp: header.base_timestamp,
+        }))
+    }
+
+    fn record(&mut self) -> Option<RecordRef<'a>> {
+        let (len, n) = varlong_at(self.body, self.pos)?;
+        let start = self.pos + n;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| *len >= MIN_RECORD_LEN - 1)?;
+        let record = self.body.get(start..start.checked_add(len)?)?;
+        // Attributes, then the timestamp and offset deltas.
+        let mut at = 1;
+        let (timestamp_delta, n) = varlong_at(record, at)?;
+        at += n;
+        let (offset_delta, n) = varlong_at(record, at)?;
+        at += n;
+        if offset_delta != self.next_delta {
+            return None;
+        }
+        let (key, next) = nullable_at(record, at)?;
+        let (value, next) = nullable_at(record, next)?;
+        let (headers, n) = varlong_at(record, next)?;
+        let headers_start = next + n;
+        if headers < 0 || headers as usize > (record.len() - headers_start) / 2 {
+            return None;
+        }
+        let mut at = headers_start;
+        for _ in 0..headers {
+            let (present, next) = skip_nullable(record, at)?;
+            if !present {
+                return None;
+            }
+            at = skip_nullable(record, next)?.1;
+        }
+        if at != record.len() {
+            return None;
+        }
+        self.pos = start + len;
+        self.next_delta += 1;
+        Some(RecordRef {
+            offset_delta: offset_delta as i32,
+            timestamp: self.base_timestamp.wrapping_add(timestamp_delta),
+            key,
+            value,
+            headers: &record[headers_start..],
+        })
+    }
+}
+
+impl<'a> Iterator for PlainRecords<'a> {
+    type Item = Result<RecordRef<'a>, BatchError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next_delta == self.count {
+            if self.pos == self.body.len() {
+                return None;
+            }
+            self.next_delta += 1; // reported once
+            return Some(Err(malformed(format!(
+                "{} bytes follow the batch's {} records",
+                self.body.len() - self.pos,
+                self.count
+            ))));
+        }
+        if self.next_delta > self.count {
+            return None;
+        }
+        let delta = self.next_delta;
+        Some(self.record().ok_or_else(|| {
+            self.next_delta = self.count + 1;
+            malformed(format!("record {delta} of {} is malformed", self.count))
+        }))
+    }
+}
+
+/// A length-prefixed field that may be null, and where the record goes on.
+#[inline]
+fn nullable_at(record: &[u8], at: usize) -> Option<(Option<&[u8]>, usize)> {
+    match skip_nullable(record, at)? {
+        (false, next) => Some((None, next)),
+        (true, next) => {
+            let (len, _) = varlong_at(record, at)?;
+            Some((Some(&record[next - len as usize..next]), next))
+        }
+    }
+}
+
 /// Skips a length-prefixed field that may be null: whether it was there,
 /// and where the record goes on.
 #[inline]
