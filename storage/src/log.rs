@@ -725,38 +725,67 @@ impl Store {
     /// there is one (the batches are then regions of its read buffer,
     /// patched in place, not copies).
     async fn read_round(&self, keys: &PartitionKeys, pipe: &redis::Pipeline) -> Result<(Vec<Entry>, Value)> {
-        if let Ok(Some(wire)) = self.durable.wire(&keys.meta).await {
-            let mut packed = Packed::default();
-            packed.pipeline(pipe);
-            let replies = wire.request(packed).await.and_then(|replies| {
+        let (entries, meta): (Value, Value) = match self.on_wire(keys, pipe).await? {
+            OnWire::Replies(replies) => {
                 let mut replies = replies.into_iter();
-                match (replies.next(), replies.next()) {
-                    (Some(entries), Some(meta)) => Ok((entries.ok()?, meta.ok()?)),
-                    _ => Err(StorageError::Data("a read got too few replies".to_owned())),
-                }
-            });
-            let e = match replies {
-                Ok((entries, meta)) => return Ok((wire_entries(entries)?, meta.into_value())),
-                Err(e) => e,
-            };
-            if self.mode() == crate::Mode::Single {
-                return Err(e);
+                let (Some(entries), Some(meta)) = (replies.next(), replies.next()) else {
+                    return Err(StorageError::Data("a read got too few replies".to_owned()));
+                };
+                return Ok((wire_entries(entries)?, meta.into_value()));
             }
-            // The slot moved, or its master is gone (failover): read the
-            // slot map again; the cluster connection follows a move now.
-            if let Err(refresh) = self.durable.refresh().await {
-                tracing::debug!(error = %refresh, "cannot read the slot map");
-            }
-            match e {
-                StorageError::Unavailable(e) if durable::is_moved(&e) => {
-                    let (entries, meta): (Value, Value) = pipe.query_async(&mut self.conn()).await?;
-                    return Ok((stream_entries(entries)?, meta));
-                }
-                e => return Err(e),
+            OnWire::Moved => pipe.query_async(&mut self.conn()).await?,
+            OnWire::None => self.query_partition(&keys.meta, pipe).await?,
+        };
+        Ok((stream_entries(entries)?, meta))
+    }
+
+    /// The entries of one `XRANGE` of a partition's stream (`xrange`), on
+    /// the data path's connection when there is one, as [`Store::read`]
+    /// reads them.
+    pub(crate) async fn read_entries(&self, keys: &PartitionKeys, xrange: redis::Cmd) -> Result<Vec<Entry>> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(xrange);
+        match self.on_wire(keys, &pipe).await? {
+            OnWire::Replies(replies) => match replies.into_iter().next() {
+                Some(entries) => wire_entries(entries),
+                None => Err(StorageError::Data("XRANGE got no reply".to_owned())),
+            },
+            OnWire::Moved | OnWire::None => {
+                let (entries,): (Value,) = pipe.query_async(&mut self.conn()).await?;
+                stream_entries(entries)
             }
         }
-        let (entries, meta): (Value, Value) = self.query_partition(&keys.meta, pipe).await?;
-        Ok((stream_entries(entries)?, meta))
+    }
+
+    /// Runs `pipe` over one partition's keys on the data path's connection
+    /// (its replies, every one a success), unless there is none; in cluster
+    /// mode a failure reads the slot map again (the slot moved, or its
+    /// master is gone), and a moved slot is left to the cluster connection,
+    /// which follows the move.
+    async fn on_wire(&self, keys: &PartitionKeys, pipe: &redis::Pipeline) -> Result<OnWire> {
+        let Ok(Some(wire)) = self.durable.wire(&keys.meta).await else {
+            return Ok(OnWire::None);
+        };
+        let mut packed = Packed::default();
+        packed.pipeline(pipe);
+        let e = match wire
+            .request(packed)
+            .await
+            .and_then(|replies| replies.into_iter().map(Reply::ok).collect::<Result<Vec<_>>>())
+        {
+            Ok(replies) => return Ok(OnWire::Replies(replies)),
+            Err(e) => e,
+        };
+        if self.mode() == crate::Mode::Single {
+            return Err(e);
+        }
+        if let Err(refresh) = self.durable.refresh().await {
+            tracing::debug!(error = %refresh, "cannot read the slot map");
+        }
+        match e {
+            StorageError::Unavailable(e) if durable::is_moved(&e) => Ok(OnWire::Moved),
+            e => Err(e),
+        }
     }
 
     /// The partition's log start offset and high watermark.
@@ -1286,6 +1315,15 @@ enum AppendReply {
 }
 
 /// How an append reaches Redis.
+/// What a pipeline on the data path's connection came to.
+enum OnWire {
+    Replies(Vec<Reply>),
+    /// The slot moved: the cluster connection follows it.
+    Moved,
+    /// There is no such connection.
+    None,
+}
+
 #[derive(Clone)]
 enum Via {
     /// The data path's own connection.

@@ -409,15 +409,14 @@ impl Store {
             Tier::Log => &keys.log,
             Tier::Quarantine => &keys.quarantine,
         };
-        let reply: Value = redis::cmd("XRANGE")
+        let mut xrange = redis::cmd("XRANGE");
+        xrange
             .arg(key)
             .arg(next)
             .arg(segment.last)
             .arg("COUNT")
-            .arg(max_entries.max(1))
-            .query_async(&mut self.conn())
-            .await?;
-        let entries = stream_entries(reply)?;
+            .arg(max_entries.max(1));
+        let entries = self.read_entries(keys, xrange).await?;
         match entries.first() {
             Some(first)
                 if first.last_offset - i64::from(first.record_count) < next && first.last_offset >= next => {}
