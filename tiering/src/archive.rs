@@ -39,6 +39,7 @@ use ketch_storage::segments::{Segment, Tier};
 use ketch_storage::{Store, Topic};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use tokio::sync::Mutex;
 
 use crate::maintenance::{self, Expired, Rewrite};
@@ -136,30 +137,81 @@ pub trait Chunks: Send {
     fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send;
 }
 
-/// A segment's batches in Redis, [`CHUNK_ENTRIES`] at a time.
+/// A segment's batches in Redis, about [`CHUNK_BYTES`] at a time.
 struct Redis<'a> {
     store: &'a Store,
     topic: &'a Topic,
     partition: i32,
     segment: &'a Segment,
     tier: Tier,
+    /// Entries the next read asks for.
+    entries: usize,
 }
 
 impl Chunks for Redis<'_> {
     fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
-        self.store.segment_chunk(
-            self.topic,
-            self.partition,
-            self.segment,
-            self.tier,
-            next,
-            CHUNK_ENTRIES,
-        )
+        async move {
+            let (batches, after) = self
+                .store
+                .segment_chunk(
+                    self.topic,
+                    self.partition,
+                    self.segment,
+                    self.tier,
+                    next,
+                    self.entries,
+                )
+                .await?;
+            self.entries = chunk_entries(&batches);
+            Ok((batches, after))
+        }
     }
 }
 
-/// Stream entries (batches) read from Redis at a time while archiving.
-const CHUNK_ENTRIES: usize = 512;
+/// Entries the next read of a segment asks for, from the batches of the
+/// last read: about [`CHUNK_BYTES`] of them (a segment's batches are
+/// mostly alike), so a read neither holds a segment of large batches at
+/// once nor crosses the network for every few small ones.
+fn chunk_entries(last: &[Bytes]) -> usize {
+    let bytes: usize = last.iter().map(Bytes::len).sum();
+    let average = bytes.div_ceil(last.len().max(1)).max(1);
+    (CHUNK_BYTES / average).clamp(1, MAX_CHUNK_ENTRIES)
+}
+
+/// How data files are written: zstd (level 1), row groups of `rows` rows,
+/// column statistics (a reader prunes row groups by partition, offset,
+/// timestamp and key) but none of values (min/max of payloads prune
+/// nothing, and comparing every value cost a tenth of archiving's CPU), no
+/// dictionary for the columns whose values rarely repeat (offsets,
+/// timestamps, values: the dictionary is built for each row group until
+/// it outgrows its page, then thrown away).
+fn writer_properties(rows: usize) -> WriterProperties {
+    let value = ColumnPath::from("value");
+    let header_value = ColumnPath::from(vec![
+        "headers".to_owned(),
+        "list".to_owned(),
+        "element".to_owned(),
+        "value".to_owned(),
+    ]);
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("a valid level")))
+        .set_max_row_group_row_count(Some(rows))
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_column_statistics_enabled(value.clone(), EnabledStatistics::None)
+        .set_column_statistics_enabled(header_value, EnabledStatistics::None)
+        .set_column_dictionary_enabled(value, false)
+        .set_column_dictionary_enabled(ColumnPath::from("offset"), false)
+        .set_column_dictionary_enabled(ColumnPath::from("timestamp"), false)
+        .build()
+}
+
+/// Bytes of batches read from Redis at a time while archiving (about).
+const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// Stream entries read from Redis at a time while archiving: at most this
+/// many, and at first [`FIRST_CHUNK_ENTRIES`] (batches of up to
+/// `max.message.bytes`, 1 MiB by default).
+const MAX_CHUNK_ENTRIES: usize = 4096;
+const FIRST_CHUNK_ENTRIES: usize = 4;
 /// How long opening the catalog may take.
 const CATALOG_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// After a failed open, the catalog is not tried again for this long (the
@@ -278,6 +330,7 @@ impl Archiver {
             partition,
             segment,
             tier,
+            entries: FIRST_CHUNK_ENTRIES,
         };
         self.archive_from(table, topic, partition, segment, chunks).await
     }
@@ -306,11 +359,7 @@ impl Archiver {
         }
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
 
-        let properties = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("a valid level")))
-            .set_max_row_group_row_count(Some(self.settings.row_group_rows))
-            .set_statistics_enabled(EnabledStatistics::Chunk)
-            .build();
+        let properties = writer_properties(self.settings.row_group_rows);
         let rolling = RollingFileWriterBuilder::new(
             ParquetWriterBuilder::new(properties, schema),
             usize::MAX,
@@ -322,16 +371,32 @@ impl Archiver {
         let mut rows = Rows::new(arrow_schema, partition)?;
         let mut records = 0u64;
         let mut next = segment.base;
-        while next <= segment.last {
-            let (batches, after) = chunks.chunk(next).await?;
-            for batch in &batches {
-                rows.add_batch(batch)?;
-            }
+        let mut chunk = chunks.chunk(next).await?;
+        loop {
+            let (batches, after) = chunk;
+            // The next chunk is read while this one is encoded.
+            let work = async {
+                for batch in &batches {
+                    rows.add_batch(batch)?;
+                    if rows.len() >= self.settings.row_group_rows {
+                        records += rows.len() as u64;
+                        writer.write(rows.finish()?).await?;
+                    }
+                }
+                Ok::<_, Error>(())
+            };
             next = after;
-            if rows.len() >= self.settings.row_group_rows || next > segment.last {
-                records += rows.len() as u64;
-                writer.write(rows.finish()?).await?;
+            if next > segment.last {
+                work.await?;
+                break;
             }
+            let (read, worked) = tokio::join!(chunks.chunk(next), work);
+            worked?;
+            chunk = read?;
+        }
+        if !rows.is_empty() {
+            records += rows.len() as u64;
+            writer.write(rows.finish()?).await?;
         }
         let expected = segment.last - segment.base + 1;
         if records as i64 != expected {
