@@ -43,6 +43,11 @@ const MAX_UNAUTHENTICATED_FRAME: u32 = 512 * 1024;
 /// `recvfrom` calls, Redis's replies included (benchmark/README.md, "TLS
 /// and SASL").
 const TLS_READ_BUFFER: usize = 32 * 1024;
+/// The read buffer under a plaintext connection (8 KiB each): a request's
+/// size prefix and body, and the requests a client pipelines, come in one
+/// `recvfrom` instead of two or more (a frame larger than what is buffered
+/// is read straight into its own buffer).
+const PLAIN_READ_BUFFER: usize = 8 * 1024;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -133,6 +138,7 @@ async fn accept(
     if !listener.protocol.tls() {
         let session = Session::new(ctx.security.sasl.clone(), false, Arc::from(api::ANONYMOUS));
         let (read, write) = socket.into_split();
+        let read = tokio::io::BufReader::with_capacity(PLAIN_READ_BUFFER, read);
         return connection(read, write, peer, ctx, listener, session, shutdown).await;
     }
     let Some(tls) = ctx.security.tls.clone() else {
