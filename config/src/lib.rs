@@ -103,6 +103,10 @@ pub struct BrokerSettings {
     /// listener named like a protocol needs no entry.
     #[serde(deserialize_with = "lenient::string")]
     pub listener_security_protocol_map: String,
+    /// Threads that run connections, requests and the storage worker
+    /// (Kafka's `num.network.threads` and `num.io.threads` in one); 0: one
+    /// per CPU core the process may use.
+    pub worker_threads: usize,
 }
 
 /// How ketch reaches Redis.
@@ -340,6 +344,7 @@ impl Default for BrokerSettings {
             listeners: None,
             advertised_listeners: None,
             listener_security_protocol_map: String::new(),
+            worker_threads: 0,
         }
     }
 }

@@ -186,7 +186,11 @@ fn main() -> std::process::ExitCode {
         }
     };
     init_logging(&settings);
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if settings.broker.worker_threads > 0 {
+        runtime.worker_threads(settings.broker.worker_threads);
+    }
+    let runtime = runtime.enable_all().build().expect("tokio runtime");
     match runtime.block_on(serve(settings)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
