@@ -50,7 +50,8 @@ type WindowKey = (String, usize, usize);
 /// twice and skipped their way into the middle of a group, a fifth of the
 /// gateway's CPU time while a consumer replayed the archive.
 const WINDOW_SLICES: usize = 4;
-/// Slices read ahead of a sequential reader (whole windows).
+/// Slices read ahead of a sequential reader (whole windows), at most: a
+/// quarter of the cache's slices at most, so four sequential readers fit.
 const READ_AHEAD: usize = 16;
 /// Footers kept.
 const FOOTERS: usize = 1024;
@@ -72,6 +73,8 @@ pub struct RemoteReader {
     /// Windows being read, so concurrent readers share one read.
     loading: Mutex<HashMap<WindowKey, Arc<tokio::sync::OnceCell<Arc<Vec<Arc<RecordBatch>>>>>>>,
     metrics: Arc<Metrics>,
+    /// Slices read ahead of a sequential reader.
+    read_ahead: usize,
 }
 
 impl RemoteReader {
@@ -86,13 +89,14 @@ impl RemoteReader {
             ahead: Mutex::new(std::collections::HashSet::new()),
             loading: Mutex::new(HashMap::new()),
             metrics,
+            read_ahead: (settings.read_cache_bytes / (4 * SLICE_BYTES)).clamp(1, READ_AHEAD),
         }
     }
 
     /// Record batches from `offset` (inside `segment`, which is archived)
     /// up to about `max_bytes`, never past the segment's end. The windows
-    /// of the next [`READ_AHEAD`] slices are read in the background, so a
-    /// sequential reader finds them decoded; when they reach past the
+    /// of the next slices (up to [`READ_AHEAD`]) are read in the background,
+    /// so a sequential reader finds them decoded; when they reach past the
     /// segment's end, [`RemoteRead::near_end`] says so, for the caller to
     /// start on the next segment ([`RemoteReader::read_ahead_segment`]).
     pub async fn read(
@@ -110,7 +114,7 @@ impl RemoteReader {
         while next <= segment.last && (out.is_empty() || total < max_bytes) {
             let at = Position::of(&footer, segment, next)?;
             let rows = self.slice(segment, path, &footer, at).await?;
-            for ahead in 1..=READ_AHEAD {
+            for ahead in 1..=self.read_ahead {
                 match at.after(&footer, ahead) {
                     Some(later) => self.read_ahead(segment, path, &footer, later),
                     None => {
@@ -144,7 +148,7 @@ impl RemoteReader {
         })
     }
 
-    /// Starts reading the footer and first [`READ_AHEAD`] slices of
+    /// Starts reading the footer and first slices (up to [`READ_AHEAD`]) of
     /// `segment` (archived) in the background: a sequential reader about to
     /// finish the segment before it then finds them decoded, instead of
     /// waiting for a footer and a window at every segment's start.
@@ -155,7 +159,7 @@ impl RemoteReader {
                 let path = segment_path(&segment)?;
                 let footer = reader.footer(&segment, path).await?;
                 let first = Position::of(&footer, &segment, segment.base)?;
-                for ahead in 0..READ_AHEAD {
+                for ahead in 0..reader.read_ahead {
                     match first.after(&footer, ahead) {
                         Some(at) => reader.read_ahead(&segment, path, &footer, at),
                         None => break,
