@@ -149,22 +149,20 @@ struct Redis<'a> {
 }
 
 impl Chunks for Redis<'_> {
-    fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
-        async move {
-            let (batches, after) = self
-                .store
-                .segment_chunk(
-                    self.topic,
-                    self.partition,
-                    self.segment,
-                    self.tier,
-                    next,
-                    self.entries,
-                )
-                .await?;
-            self.entries = chunk_entries(&batches);
-            Ok((batches, after))
-        }
+    async fn chunk(&mut self, next: i64) -> ketch_storage::Result<(Vec<Bytes>, i64)> {
+        let (batches, after) = self
+            .store
+            .segment_chunk(
+                self.topic,
+                self.partition,
+                self.segment,
+                self.tier,
+                next,
+                self.entries,
+            )
+            .await?;
+        self.entries = chunk_entries(&batches);
+        Ok((batches, after))
     }
 }
 

@@ -63,6 +63,9 @@ pub struct RemoteRead {
     pub near_end: bool,
 }
 
+/// A window's slices, as read once and shared by its readers.
+type Window = Arc<Vec<Arc<RecordBatch>>>;
+
 /// Reads archived segments.
 pub struct RemoteReader {
     file_io: FileIO,
@@ -71,7 +74,7 @@ pub struct RemoteReader {
     /// Windows being read ahead.
     ahead: Mutex<std::collections::HashSet<WindowKey>>,
     /// Windows being read, so concurrent readers share one read.
-    loading: Mutex<HashMap<WindowKey, Arc<tokio::sync::OnceCell<Arc<Vec<Arc<RecordBatch>>>>>>>,
+    loading: Mutex<HashMap<WindowKey, Arc<tokio::sync::OnceCell<Window>>>>,
     metrics: Arc<Metrics>,
     /// Slices read ahead of a sequential reader.
     read_ahead: usize,

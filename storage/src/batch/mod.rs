@@ -398,7 +398,7 @@ pub(crate) mod tests {
 
     #[test]
     fn plain_records_read_what_the_record_reader_reads_and_refuse_what_it_refuses() {
-        let long = vec![b'y'; 200];
+        let long = [b'y'; 200];
         let records: Vec<TestRecord> = (0..5)
             .map(|i| {
                 let key = (i % 2 == 0).then_some(&b"k"[..]);
