@@ -1314,7 +1314,6 @@ enum AppendReply {
     Refused(SequenceError),
 }
 
-/// How an append reaches Redis.
 /// What a pipeline on the data path's connection came to.
 enum OnWire {
     Replies(Vec<Reply>),
@@ -1324,6 +1323,7 @@ enum OnWire {
     None,
 }
 
+/// How an append reaches Redis.
 #[derive(Clone)]
 enum Via {
     /// The data path's own connection.
