@@ -13,6 +13,13 @@
 # calls it served (reads: the produce phase makes none). Knobs
 # (environment): WORKLOADS (default "1-topic-16-partitions-1kb:500000
 # 1-topic-16-partitions-100b:2000000").
+#
+# MODE=latency measures fixed-rate latency instead: for each producer
+# linger.ms in LINGERS (default "0 1") and round, each build on a fresh
+# Redis, 10,000 records/s of 1 KiB to 16 partitions for LATENCY_DURATION
+# (20s) through `ketch-bench roundtrip`; a line per run with produce
+# (send to ack) and end-to-end (send to consume) p50 and p99, and the
+# server CPU per record.
 set -euo pipefail
 
 before=${1:?usage: consume-compare.sh BEFORE_BIN AFTER_BIN [ROUNDS]}
@@ -64,6 +71,29 @@ start_ketch() {
 
 rate() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['results']['throughput']['records_per_s']))" "$1"; }
 cpu() { python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))['server']['cpu_us_per_record'])" "$1"; }
+
+if [ "${MODE:-}" = latency ]; then
+    field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+    printf 'linger_ms\tround\tbuild\tproduce_p50_ms\tproduce_p99_ms\te2e_p50_ms\te2e_p99_ms\tserver_cpu_us_rec\n'
+    for linger in ${LINGERS:-0 1}; do
+        for round in $(seq 1 "$rounds"); do
+            for side in before after; do
+                bin=$before
+                [ "$side" = after ] && bin=$after
+                start_redis
+                start_ketch "$bin"
+                "$BENCH" roundtrip --bootstrap-server "127.0.0.1:$kafka_port" --workload 1-topic-16-partitions-1kb \
+                    --topic t --create-topic --rate 10000 --duration "${LATENCY_DURATION:-20s}" --linger-ms "$linger" \
+                    --output json --quiet --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/r.json"
+                stop ketch_pid
+                stop redis_pid
+                printf '%s\t%s\t%s\t%s\n' "$linger" "$round" "$side" "$(field "$work/r.json" \
+                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record']))")"
+            done
+        done
+    done
+    exit 0
+fi
 
 printf 'workload\tround\tbuild\tproduce_rec_s\tconsume_rec_s\tproduce_cpu_us_rec\tconsume_cpu_us_rec\tconsume_peak_rss_kib\tredis_sent_bytes\txrange_calls\n'
 for entry in $workloads; do
