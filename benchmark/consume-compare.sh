@@ -69,6 +69,14 @@ start_ketch() {
     done
 }
 
+# A fresh Redis and the build of $side (before or after) on it.
+start_side() {
+    bin=$before
+    [ "$side" = after ] && bin=$after
+    start_redis
+    start_ketch "$bin"
+}
+
 rate() { python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['results']['throughput']['records_per_s']))" "$1"; }
 cpu() { python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))['server']['cpu_us_per_record'])" "$1"; }
 
@@ -78,10 +86,7 @@ if [ "${MODE:-}" = latency ]; then
     for linger in ${LINGERS:-0 1}; do
         for round in $(seq 1 "$rounds"); do
             for side in before after; do
-                bin=$before
-                [ "$side" = after ] && bin=$after
-                start_redis
-                start_ketch "$bin"
+                start_side
                 "$BENCH" roundtrip --bootstrap-server "127.0.0.1:$kafka_port" --workload 1-topic-16-partitions-1kb \
                     --topic t --create-topic --rate 10000 --duration "${LATENCY_DURATION:-20s}" --linger-ms "$linger" \
                     --output json --quiet --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/r.json"
@@ -101,10 +106,7 @@ for entry in $workloads; do
     records=${entry##*:}
     for round in $(seq 1 "$rounds"); do
         for side in before after; do
-            bin=$before
-            [ "$side" = after ] && bin=$after
-            start_redis
-            start_ketch "$bin"
+            start_side
             "$BENCH" producer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
                 --create-topic --records "$records" --acks all --compression none --output json --quiet \
                 --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/p.json"

@@ -376,16 +376,13 @@ pub(crate) mod tests {
         let mut state = 0x2545_f491_4f6c_dd1du64;
         for at in 0..body.len() {
             for _ in 0..8 {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
                 let mut damaged = body.clone();
-                damaged[at] = state as u8;
+                damaged[at] = xorshift(&mut state);
                 assert_eq!(
                     fast(&damaged, 6),
                     slow(&damaged, 6),
                     "byte {at} = {}",
-                    state as u8
+                    damaged[at]
                 );
             }
             assert_eq!(fast(&body[..at], 6), slow(&body[..at], 6), "cut at {at}");
@@ -472,19 +469,26 @@ pub(crate) mod tests {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         for at in 0..body.len() {
             for _ in 0..8 {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
                 let mut damaged = body.clone();
-                damaged[at] = state as u8;
+                damaged[at] = xorshift(&mut state);
+                let byte = damaged[at];
                 let damaged = batch(&damaged, 5);
-                assert_eq!(plain(&damaged), streamed(&damaged), "byte {at} = {}", state as u8);
+                assert_eq!(plain(&damaged), streamed(&damaged), "byte {at} = {byte}");
             }
             let cut = batch(&body[..at], 5);
             assert_eq!(plain(&cut), streamed(&cut), "cut at {at}");
         }
         let compressed = wrap(&body, 1, 5, 1_700_000_000_000, 0);
         assert!(PlainRecords::of_batch(&compressed).unwrap().is_none());
+    }
+
+    /// The next byte of a xorshift64 sequence (damage for the tests that
+    /// compare two readers of one body).
+    fn xorshift(state: &mut u64) -> u8 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state as u8
     }
 
     /// A batch around `body` claiming `count` records, CRC correct.

@@ -272,23 +272,30 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
         max_timestamp = max_timestamp.max(base_timestamp.wrapping_add(timestamp_delta));
         at = skip_nullable(record, at)?.1; // key
         at = skip_nullable(record, at)?.1; // value
-        let (headers, n) = varlong_at(record, at)?;
-        at += n;
-        if headers < 0 || headers as usize > (record.len() - at) / 2 {
-            return None;
-        }
-        for _ in 0..headers {
-            let (present, next) = skip_nullable(record, at)?;
-            if !present {
-                return None;
-            }
-            at = skip_nullable(record, next)?.1;
-        }
-        if at != record.len() {
-            return None;
-        }
+        check_headers(record, at)?;
     }
     (pos == body.len()).then_some(max_timestamp)
+}
+
+/// Checks a record's headers, from `at` (their count) to the record's
+/// end: a count that fits, a key for each, nothing after the last. Where
+/// they start (after the count).
+#[inline]
+fn check_headers(record: &[u8], at: usize) -> Option<usize> {
+    let (headers, n) = varlong_at(record, at)?;
+    let start = at + n;
+    if headers < 0 || headers as usize > (record.len() - start) / 2 {
+        return None;
+    }
+    let mut at = start;
+    for _ in 0..headers {
+        let (present, next) = skip_nullable(record, at)?;
+        if !present {
+            return None;
+        }
+        at = skip_nullable(record, next)?.1;
+    }
+    (at == record.len()).then_some(start)
 }
 
 /// A record of an uncompressed batch, its fields borrowed from the batch.
@@ -375,22 +382,7 @@ impl<'a> PlainRecords<'a> {
         }
         let (key, next) = nullable_at(record, at)?;
         let (value, next) = nullable_at(record, next)?;
-        let (headers, n) = varlong_at(record, next)?;
-        let headers_start = next + n;
-        if headers < 0 || headers as usize > (record.len() - headers_start) / 2 {
-            return None;
-        }
-        let mut at = headers_start;
-        for _ in 0..headers {
-            let (present, next) = skip_nullable(record, at)?;
-            if !present {
-                return None;
-            }
-            at = skip_nullable(record, next)?.1;
-        }
-        if at != record.len() {
-            return None;
-        }
+        let headers_start = check_headers(record, next)?;
         self.pos = start + len;
         self.next_delta += 1;
         Some(RecordRef {
