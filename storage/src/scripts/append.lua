@@ -14,7 +14,9 @@
 -- caller's expected next offset is the partition's real one, assigns the
 -- offsets and renames the log to the staging key; the XADD writes there
 -- (NOMKSTREAM: it does nothing when the staging key is absent); `finish`
--- renames it back. When `reserve` refuses (unknown partition, stale offset,
+-- renames it back. An inline call takes the partition's next offset as it
+-- finds it, so appends of small batches through several gateways never
+-- retry. When `reserve` refuses (unknown partition, stale offset,
 -- or this script not loaded), the staging key does not exist and the XADD
 -- stores nothing. EXEC makes the three steps atomic: no other client ever
 -- sees the staging key.
@@ -41,7 +43,8 @@
 --       original's (the producer's last-activity time is still written, so
 --       a WAIT on this connection covers the original batch too);
 --   {'no_partition'}  the partition does not exist;
---   {'moved', next_offset}  the expected offset was wrong: retry with it;
+--   {'moved', next_offset}  (reserve only) the expected offset was wrong:
+--       retry with it;
 --   {'out_of_order'}, {'stale_epoch'}, {'unknown_producer'}  the producer's
 --       sequence or epoch is refused (unknown_producer: a producer this
 --       partition does not know, with a sequence other than 0).
@@ -60,7 +63,10 @@ if not meta[1] then
   return {'no_partition'}
 end
 local base = tonumber(meta[1])
-if base ~= tonumber(ARGV[2]) then
+-- An inline batch is stored at the partition's next offset as it finds it
+-- (the XADD below computes its id); a staged one needs the offset its XADD
+-- was queued with.
+if ARGV[1] == 'reserve' and base ~= tonumber(ARGV[2]) then
   return {'moved', base}
 end
 local count = tonumber(ARGV[3])
