@@ -50,8 +50,9 @@ type WindowKey = (String, usize, usize);
 /// twice and skipped their way into the middle of a group, a fifth of the
 /// gateway's CPU time while a consumer replayed the archive.
 const WINDOW_SLICES: usize = 4;
-/// Slices read ahead of a sequential reader (whole windows), at most: a
-/// quarter of the cache's slices at most, so four sequential readers fit.
+/// Slices read ahead of a sequential reader (whole windows) at most; fewer
+/// when a quarter of the read cache holds fewer, so four sequential
+/// readers fit in it.
 const READ_AHEAD: usize = 16;
 /// Footers kept.
 const FOOTERS: usize = 1024;
