@@ -4,7 +4,7 @@
 # Compose stack (scripts/compose-test.sh, which installs and starts Docker).
 #
 # Installs what the tests need when it is missing (redis-server and
-# redis-tools, kcat, haproxy, openssl, postgresql and a C toolchain with apt-get;
+# redis-tools, kcat, haproxy, openssl, postgresql, chromium and a C toolchain with apt-get;
 # pytest, confluent-kafka, kafka-python, pyiceberg and psycopg2 with pip).
 # Starts no shared Redis: every test starts its own redis-server (or Redis
 # Cluster) on free ports. The suites that hold for either mode run a second
@@ -41,6 +41,8 @@ install_prerequisites() {
     command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
     # The tiering tests run a PostgreSQL catalog (initdb + postgres).
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+    # The web console is tested in headless Chromium (tests/tests/console.rs).
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     # rdkafka-sys compiles librdkafka (C, configure + make) for the Rust tests.
     if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
         missing+=(build-essential)
@@ -113,7 +115,7 @@ export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_comm
 # End-to-end suites written against TestRedis, which hold in both modes
 # (run with --workspace: the same features, so nothing is built again).
 cluster_suites=(roundtrip compression produce_fetch membership multi_gateway list_offsets offsets
-    idempotence admin retention tiering load_balancer security)
+    idempotence admin retention tiering load_balancer security observability)
 
 results=()
 failed=0

@@ -147,6 +147,10 @@ pub struct HttpSettings {
     /// Paths served without authentication when `auth` is on.
     #[serde(deserialize_with = "lenient::string_list")]
     pub open_paths: Vec<String>,
+    /// Allow the admin API's writes (POST, PATCH, DELETE under `/api/v1`)
+    /// without `auth`. With `auth` on they are allowed to authenticated
+    /// principals (and ACLs decide, when on).
+    pub admin_writes: bool,
 }
 
 /// Topic creation defaults.
@@ -369,6 +373,7 @@ impl Default for HttpSettings {
             tls: false,
             auth: false,
             open_paths: vec!["/health".to_owned(), "/ready".to_owned(), "/metrics".to_owned()],
+            admin_writes: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The HTTP listener: `/health` (the process is alive), `/ready` (Redis
-//! answers and this gateway has registered in it) and `/metrics`
-//! (Prometheus text).
+//! answers, has memory for writes, and this gateway has registered in it),
+//! `/metrics` (Prometheus text), the admin API under `/api/v1` and the
+//! console at `/` ([`crate::admin`]).
 //!
 //! With `http.tls` it serves HTTPS (the Kafka listeners' certificate, no
 //! client certificates). With `http.auth` every path but `http.open_paths`
@@ -30,6 +31,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .merge(crate::admin::routes(ctx.clone()))
         .layer(middleware::from_fn_with_state(ctx.clone(), authenticate))
         .with_state(ctx.clone());
     let stop = {
@@ -63,7 +65,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
 
 /// A request's client address (for ACL host checks), over TCP or TLS.
 #[derive(Debug, Clone, Copy)]
-struct Peer(SocketAddr);
+pub struct Peer(pub SocketAddr);
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>> for Peer {
     fn connect_info(stream: axum::serve::IncomingStream<'_, TcpListener>) -> Self {
@@ -139,7 +141,7 @@ async fn accept_tls(
 }
 
 /// `http.auth`: Basic or Bearer credentials on every path but the open ones.
-async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: Next) -> Response {
+async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, next: Next) -> Response {
     let http = &ctx.settings.http;
     if !http.auth || http.open_paths.iter().any(|p| p == request.uri().path()) {
         return next.run(request).await;
@@ -203,37 +205,46 @@ async fn authenticate(State(ctx): State<Arc<Context>>, request: Request, next: N
         )
             .into_response();
     }
+    request
+        .extensions_mut()
+        .insert(crate::admin::Principal(Arc::from(principal.as_str())));
     next.run(request).await
 }
 
 async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
-    match ctx.storage.ping().await {
-        Ok(()) if ctx.membership.joined() => (StatusCode::OK, "ready\n".to_owned()),
-        Ok(()) => (
+    if let Err(e) = ctx.storage.ping().await {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n"));
+    }
+    if !ctx.membership.joined() {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: not yet registered in ketch:brokers\n".to_owned(),
-        ),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+        );
     }
+    let health = crate::metrics::check_redis(&ctx).await;
+    let warnings: String = health
+        .warnings()
+        .iter()
+        .map(|w| format!("warning: {w}\n"))
+        .collect();
+    if health.refuses_writes() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: Redis refuses writes\n{warnings}"),
+        );
+    }
+    (StatusCode::OK, format!("ready\n{warnings}"))
 }
 
-async fn metrics(
-    State(ctx): State<Arc<Context>>,
-) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
-    let mut text = ctx.tiering_metrics.render();
+async fn metrics(State(ctx): State<Arc<Context>>) -> ([(header::HeaderName, &'static str); 1], String) {
+    crate::metrics::refresh(&ctx);
     let sasl = &ctx.security.sasl;
-    text.push_str(&format!(
-        "# HELP ketch_authentications_total Successful SASL and HTTP authentications.\n\
-         # TYPE ketch_authentications_total counter\n\
-         ketch_authentications_total {}\n\
-         # HELP ketch_authentication_failures_total Failed SASL and HTTP authentications.\n\
-         # TYPE ketch_authentication_failures_total counter\n\
-         ketch_authentication_failures_total {}\n",
-        sasl.successes.load(std::sync::atomic::Ordering::Relaxed),
-        sasl.failures.load(std::sync::atomic::Ordering::Relaxed),
-    ));
-    (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        text,
-    )
+    metrics::counter!("ketch_authentications_total")
+        .absolute(sasl.successes.load(std::sync::atomic::Ordering::Relaxed));
+    metrics::counter!("ketch_authentication_failures_total")
+        .absolute(sasl.failures.load(std::sync::atomic::Ordering::Relaxed));
+    let text = crate::metrics::render().unwrap_or_else(|| {
+        "# no metrics recorder in this process (ketch_gateway::metrics::install)\n".to_owned()
+    });
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

@@ -4,6 +4,7 @@
 //! then lets in-flight requests finish. The `ketch` binary (`main.rs`) only
 //! parses settings and calls it; tests may run it in-process.
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod forward;
@@ -13,6 +14,7 @@ pub mod group;
 pub mod http;
 pub mod membership;
 pub mod memory;
+pub mod metrics;
 pub mod server;
 pub mod storage;
 pub mod time;
@@ -42,6 +44,12 @@ pub struct Context {
     pub tiering_metrics: Arc<ketch_tiering::Metrics>,
     /// TLS, SASL and ACLs.
     pub security: auth::Security,
+    /// Request, connection and fetch-wait metrics.
+    pub requests: Arc<metrics::Requests>,
+    /// Produced and fetched records and bytes per topic.
+    pub topic_counters: metrics::TopicCounters,
+    /// Redis memory as last checked (`/ready`, the admin API).
+    pub redis_health: std::sync::RwLock<metrics::RedisHealth>,
 }
 
 /// A gateway: its node id, the address clients are told, and where other
@@ -175,6 +183,9 @@ impl Context {
             groups,
             tiering_metrics,
             security,
+            requests: Arc::default(),
+            topic_counters: metrics::TopicCounters::default(),
+            redis_health: std::sync::RwLock::default(),
         }
     }
 }
@@ -342,6 +353,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         shutdown.clone(),
     ));
     let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));
+    let metrics_task = tokio::spawn(metrics::upkeep(ctx.clone()));
     let acl_task = ctx
         .security
         .acls
@@ -370,6 +382,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     http_task.abort();
     internal_task.abort();
     handover_task.abort();
+    metrics_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;
     Ok(())

@@ -186,6 +186,10 @@ fn main() -> std::process::ExitCode {
         }
     };
     init_logging(&settings);
+    if let Err(e) = ketch_gateway::metrics::install() {
+        eprintln!("ketch: cannot install the metrics recorder: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if settings.broker.worker_threads > 0 {
         runtime.worker_threads(settings.broker.worker_threads);

@@ -199,6 +199,44 @@ impl Storage for MemoryStorage {
         Ok(topic)
     }
 
+    async fn set_topic_configs(
+        &self,
+        topic: &Topic,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>> {
+        let mut state = self.state();
+        let current = state
+            .topics
+            .get(&topic.name)
+            .filter(|t| t.id == topic.id)
+            .ok_or(StorageError::UnknownTopicOrPartition)?;
+        if current.configs != topic.configs {
+            return Err(StorageError::Conflict(format!(
+                "topic {} changed meanwhile",
+                topic.name
+            )));
+        }
+        let changed = Arc::new(current.with_configs(configs));
+        state.topics.insert(topic.name.clone(), changed.clone());
+        Ok(changed)
+    }
+
+    async fn partition_memory(&self, _topic: &Topic, _partition: i32) -> Result<Option<i64>> {
+        Ok(None)
+    }
+
+    async fn segments(
+        &self,
+        _topic: &Topic,
+        _partition: i32,
+    ) -> Result<Vec<ketch_storage::segments::Segment>> {
+        Ok(Vec::new())
+    }
+
+    async fn server_info(&self) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
+
     async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
         let mut state = self.state();
         let current = state

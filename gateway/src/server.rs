@@ -268,6 +268,7 @@ where
     R: tokio::io::AsyncRead + Unpin + Send,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let _open = ctx.requests.connection();
     let sasl_required = listener.protocol.sasl();
     let listener_name: Arc<str> = Arc::from(listener.name.as_str());
     let (pending_tx, pending_rx) = mpsc::channel::<Pending>(ctx.settings.broker.max_inflight_requests);
@@ -313,6 +314,7 @@ where
                 Outcome::Close(_, why) => break Err(ConnectionError::Auth(why)),
             }
         }
+        let received = std::time::Instant::now();
         let request = match decode(frame) {
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
@@ -414,14 +416,16 @@ where
             _ => api::produce::Turns::default(),
         };
         let (after, done) = order.admit(Effect::of(&request.1));
+        let inflight = ctx.requests.request();
         let ctx = ctx.clone();
         let handle = tokio::spawn(async move {
+            let _inflight = inflight;
             // Dropped when this request has taken effect, releasing the
             // requests that wait for it.
             let _done = done;
             futures::future::join_all(after.into_iter().map(Done::wait)).await;
             let (header, body) = request;
-            let chunks = respond(&ctx, client, header, body, turns).await?;
+            let chunks = respond(&ctx, client, header, body, turns, received).await?;
             Some(Response {
                 chunks,
                 _budget: reserved,
@@ -438,32 +442,51 @@ where
 }
 
 /// Runs a decoded request and encodes its response; `None` when there is
-/// none to send (acks=0 produce) or it cannot be encoded (logged).
+/// none to send (acks=0 produce) or it cannot be encoded (logged). Counts
+/// it, its errors and its time since `received` (`ketch_request_*`).
 async fn respond(
     ctx: &Context,
     client: api::Client,
     header: RequestHeader,
     body: RequestKind,
     turns: api::produce::Turns,
+    received: std::time::Instant,
 ) -> Option<Vec<Bytes>> {
     let version = header.request_api_version;
     let correlation_id = header.correlation_id;
     let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-    if let RequestKind::Fetch(fetch) = body {
+    let encoded = if let RequestKind::Fetch(fetch) = body {
         // The stored batches go out as they came from Redis (see
         // api::fetch::encode).
         let answer = api::fetch::handle(ctx, &client, &header, fetch).await;
-        return match api::fetch::encode(answer, version, correlation_id) {
-            Ok(chunks) => Some(chunks),
-            Err(e) => {
-                tracing::error!(?api_key, version, error = %e, "cannot encode response");
-                None
+        ctx.requests.error(api_key, answer.response.error_code);
+        for topic in &answer.response.responses {
+            for partition in &topic.partitions {
+                ctx.requests.error(api_key, partition.error_code);
             }
-        };
-    }
-    let response = api::handle(ctx, client, &header, body, turns).await?;
-    match encode_response(api_key, version, correlation_id, &response) {
-        Ok(bytes) => Some(vec![bytes]),
+        }
+        api::fetch::encode(answer, version, correlation_id).map(Some)
+    } else {
+        match api::handle(ctx, client, &header, body, turns).await {
+            Some(response) => {
+                ctx.requests.errors(api_key, &response);
+                encode_response(api_key, version, correlation_id, &response).map(|bytes| Some(vec![bytes]))
+            }
+            None => Ok(None),
+        }
+    };
+    let elapsed = received.elapsed();
+    ctx.requests.answered(api_key, elapsed);
+    tracing::debug!(
+        client_id = header.client_id.as_deref().unwrap_or(""),
+        api = ?api_key,
+        version,
+        correlation_id,
+        duration_us = elapsed.as_micros() as u64,
+        "request"
+    );
+    match encoded {
+        Ok(chunks) => chunks,
         Err(e) => {
             tracing::error!(?api_key, version, error = %e, "cannot encode response");
             None
@@ -485,9 +508,16 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
         _ => api::produce::Turns::default(),
     };
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    Ok(respond(ctx, api::Client::direct(peer), header, body, turns)
-        .await
-        .map(|chunks| Bytes::from(chunks.concat())))
+    Ok(respond(
+        ctx,
+        api::Client::direct(peer),
+        header,
+        body,
+        turns,
+        std::time::Instant::now(),
+    )
+    .await
+    .map(|chunks| Bytes::from(chunks.concat())))
 }
 
 /// What a request does, for ordering it after the earlier requests of its

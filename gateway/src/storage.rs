@@ -41,6 +41,16 @@ pub trait Storage: Send + Sync {
     ) -> Result<Arc<Topic>>;
     async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>>;
     async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>>;
+    /// Replaces a topic's config overrides (validated by the caller).
+    async fn set_topic_configs(&self, topic: &Topic, configs: BTreeMap<String, String>)
+    -> Result<Arc<Topic>>;
+    /// Bytes a partition's log takes in Redis (`None`: not stored there).
+    async fn partition_memory(&self, topic: &Topic, partition: i32) -> Result<Option<i64>>;
+    /// A partition's sealed segments, oldest first.
+    async fn segments(&self, topic: &Topic, partition: i32) -> Result<Vec<ketch_storage::segments::Segment>>;
+    /// `INFO memory stats errorstats` of each Redis server (every master
+    /// of a cluster): (address, text); empty without Redis.
+    async fn server_info(&self) -> Result<Vec<(String, String)>>;
 
     // ---- partitions ----
     async fn append(
@@ -143,6 +153,26 @@ impl Storage for Tiered {
 
     async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
         self.store.delete_topic(name).await
+    }
+
+    async fn set_topic_configs(
+        &self,
+        topic: &Topic,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>> {
+        self.store.set_topic_configs(topic, configs).await
+    }
+
+    async fn partition_memory(&self, topic: &Topic, partition: i32) -> Result<Option<i64>> {
+        self.store.partition_memory(topic, partition).await.map(Some)
+    }
+
+    async fn segments(&self, topic: &Topic, partition: i32) -> Result<Vec<ketch_storage::segments::Segment>> {
+        self.store.segments(topic, partition).await
+    }
+
+    async fn server_info(&self) -> Result<Vec<(String, String)>> {
+        self.store.server_info().await
     }
 
     async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {

@@ -24,7 +24,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::{Result, StorageError};
+use crate::{Result, StorageError, metrics};
 
 /// Commands of a split pipeline in flight at once.
 const SPLIT_CONCURRENCY: usize = 64;
@@ -158,10 +158,12 @@ impl Conn {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
+        let command = first_command(cmd);
+        let reply = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        };
+        timed(command, reply)
     }
 
     fn req_packed_commands<'a>(
@@ -171,7 +173,12 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let whole = pipeline.is_transaction() || one_slot(pipeline);
-        match self {
+        let command = if pipeline.is_transaction() {
+            "MULTI"
+        } else {
+            pipeline.cmd_iter().next().map_or("OTHER", first_command)
+        };
+        let replies = match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => {
                 if whole {
@@ -180,12 +187,31 @@ impl ConnectionLike for Conn {
                     split(c.clone(), pipeline, offset, count)
                 }
             }
-        }
+        };
+        timed(command, replies)
     }
 
     fn get_db(&self) -> i64 {
         0
     }
+}
+
+/// The metrics label of a command.
+fn first_command(cmd: &Cmd) -> &'static str {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(name)) => metrics::command_label(name),
+        _ => "OTHER",
+    }
+}
+
+/// `reply`, timed and its failure counted (`ketch_redis_*` metrics).
+fn timed<'a, T: Send + 'a>(command: &'static str, reply: RedisFuture<'a, T>) -> RedisFuture<'a, T> {
+    Box::pin(async move {
+        let started = std::time::Instant::now();
+        let reply = reply.await;
+        metrics::observe(command, started, reply.as_ref().err().map(metrics::error_kind));
+        reply
+    })
 }
 
 /// Runs a pipeline over several slots as one command per key, concurrently,

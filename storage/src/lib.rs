@@ -16,6 +16,7 @@ pub mod groups;
 pub mod keys;
 mod layout;
 mod log;
+mod metrics;
 mod placement;
 mod producers;
 mod security;
@@ -26,6 +27,7 @@ mod wire;
 
 use std::sync::Arc;
 
+use redis::Value;
 use redis::aio::ConnectionManager;
 
 use crate::connection::Conn;
@@ -37,6 +39,7 @@ pub use groups::{CommittedOffset, TopicPartition};
 pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
+pub use metrics::describe_metrics;
 pub use security::StoredCredential;
 pub use topics::{Topic, validate_topic_name};
 pub use wake::{Fired, WakeHub};
@@ -115,6 +118,8 @@ pub struct Store {
     topics: Arc<topics::TopicCache>,
     appenders: Arc<log::Appenders>,
     scripts: Arc<Scripts>,
+    /// The server's address in single mode (`host:port`), for reports.
+    server: Arc<str>,
 }
 
 struct Scripts {
@@ -166,6 +171,7 @@ impl Store {
             connect_timeout: config.connect_timeout,
             response_timeout: config.command_timeout,
         };
+        let mut server = String::new();
         let (conn, durable, wake) = match config.mode {
             Mode::Single => {
                 if seeds.len() > 1 {
@@ -176,6 +182,7 @@ impl Store {
                 }
                 let info = redis::IntoConnectionInfo::into_connection_info(first)
                     .map_err(|e| StorageError::Unavailable(format!("invalid redis url: {e}")))?;
+                server = info.addr().to_string();
                 let client = tls.client(info)?;
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
                 let durable = durable::DurablePool::single(&client, durable_config, wire, size)?;
@@ -215,6 +222,7 @@ impl Store {
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
             }),
+            server: Arc::from(server),
         })
     }
 
@@ -242,6 +250,37 @@ impl Store {
 
     pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// `INFO memory stats errorstats` of the Redis server, or of every
+    /// master of a Redis Cluster: (address, text) pairs.
+    pub async fn server_info(&self) -> Result<Vec<(String, String)>> {
+        let reply: Value = redis::cmd("INFO")
+            .arg("memory")
+            .arg("stats")
+            .arg("errorstats")
+            .query_async(&mut self.conn())
+            .await?;
+        let text = |v: Value| -> Result<String> {
+            match v {
+                Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+                Value::VerbatimString { text, .. } => Ok(text),
+                Value::SimpleString(s) => Ok(s),
+                Value::ServerError(e) => Err(StorageError::Unavailable(format!("INFO: {e:?}"))),
+                other => Err(StorageError::Data(format!("unexpected INFO reply {other:?}"))),
+            }
+        };
+        match reply {
+            Value::Map(servers) => {
+                let mut out = Vec::with_capacity(servers.len());
+                for (address, info) in servers {
+                    out.push((text(address)?, text(info)?));
+                }
+                out.sort();
+                Ok(out)
+            }
+            single => Ok(vec![(self.server.to_string(), text(single)?)]),
+        }
     }
 
     /// Whether this store talks to one Redis server or a Redis Cluster.

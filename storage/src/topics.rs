@@ -84,6 +84,14 @@ impl Topic {
         partition >= 0 && (partition as usize) < self.tags.len()
     }
 
+    /// This topic with `configs` as its config overrides.
+    pub fn with_configs(&self, configs: BTreeMap<String, String>) -> Self {
+        Self {
+            configs,
+            ..self.clone()
+        }
+    }
+
     pub fn config(&self, name: &str) -> Option<&str> {
         self.configs.get(name).map(String::as_str)
     }
@@ -305,6 +313,47 @@ impl Store {
         let grown = Arc::new(grown);
         self.topics.put(grown.clone());
         Ok(grown)
+    }
+
+    /// Replaces a topic's config overrides (`configs`, validated by the
+    /// caller), if the topic is still as `topic` was read; other gateways
+    /// see the change when their cached record expires.
+    pub async fn set_topic_configs(
+        &self,
+        topic: &Topic,
+        configs: BTreeMap<String, String>,
+    ) -> Result<Arc<Topic>> {
+        let changed = topic.with_configs(configs);
+        let replaced: i32 = self
+            .scripts
+            .replace_topic
+            .key(self.keys.topics())
+            .arg(&topic.name)
+            .arg(topic.encode())
+            .arg(changed.encode())
+            .invoke_async(&mut self.conn())
+            .await?;
+        if replaced == 0 {
+            self.topics.forget(&topic.name);
+            return Err(StorageError::Conflict(format!(
+                "topic {} changed meanwhile",
+                topic.name
+            )));
+        }
+        let changed = Arc::new(changed);
+        self.topics.put(changed.clone());
+        Ok(changed)
+    }
+
+    /// Bytes Redis uses for a partition's log stream (`MEMORY USAGE`,
+    /// sampled), 0 when it has none.
+    pub async fn partition_memory(&self, topic: &Topic, partition: i32) -> Result<i64> {
+        let bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&self.partition_keys(topic, partition).log)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(bytes.unwrap_or(0))
     }
 
     async fn init_partitions(&self, topic: &Topic, from: i32) -> Result<()> {

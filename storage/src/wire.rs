@@ -61,6 +61,7 @@ struct Inner {
     connect_timeout: Duration,
     response_timeout: Duration,
     live: tokio::sync::Mutex<Option<mpsc::Sender<Request>>>,
+    timers: crate::metrics::Timers,
 }
 
 /// One request: its chunks, how many replies it gets, where they go.
@@ -119,6 +120,8 @@ pub(crate) struct Packed {
     chunks: Vec<Bytes>,
     current: BytesMut,
     replies: usize,
+    /// The first command's name, as a metrics label.
+    name: Option<&'static str>,
 }
 
 impl Packed {
@@ -132,6 +135,9 @@ impl Packed {
     /// An argument, copied.
     pub(crate) fn arg(&mut self, arg: impl AsRef<[u8]>) -> &mut Self {
         let arg = arg.as_ref();
+        if self.name.is_none() {
+            self.name = Some(crate::metrics::command_label(arg));
+        }
         self.header(b'$', arg.len());
         self.current.extend_from_slice(arg);
         self.current.extend_from_slice(b"\r\n");
@@ -231,12 +237,31 @@ impl Wire {
             connect_timeout,
             response_timeout,
             live: tokio::sync::Mutex::new(None),
+            timers: crate::metrics::Timers::default(),
         })))
     }
 
     /// Sends the commands and waits for their replies, one per command (an
     /// error reply among them is a [`Reply::Error`]).
     pub(crate) async fn request(&self, packed: Packed) -> Result<Vec<Reply>> {
+        let started = std::time::Instant::now();
+        let command = packed.name.unwrap_or("OTHER");
+        let replies = self.exchange(packed).await;
+        self.0.timers.record(command, started);
+        match &replies {
+            Ok(replies) => {
+                for reply in replies {
+                    if let Reply::Error(e) = reply {
+                        crate::metrics::failed(if e.starts_with("OOM") { "oom" } else { "reply" });
+                    }
+                }
+            }
+            Err(_) => self.0.timers.failed(),
+        }
+        replies
+    }
+
+    async fn exchange(&self, packed: Packed) -> Result<Vec<Reply>> {
         let (chunks, replies) = packed.finish();
         let (answer, answered) = oneshot::channel();
         let request = Request {

@@ -1240,6 +1240,38 @@ impl Ketch {
         SocketAddr::from(([127, 0, 0, 1], self.kafka_port))
     }
 
+    /// `method` `path` on the HTTP listener with a JSON `body`: (status,
+    /// body).
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect to http listener");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("read timeout");
+        let body = body.unwrap_or("");
+        write!(
+            stream,
+            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send request");
+        let mut response = String::new();
+        // A server may answer before reading a body it refuses, and close.
+        let _ = stream.read_to_string(&mut response);
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+        (status, body)
+    }
+
+    /// The HTTP listener's port.
+    pub fn http_port(&self) -> u16 {
+        self.http_port
+    }
+
     /// GET `path` on the HTTP listener: (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect to http listener");

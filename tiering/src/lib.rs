@@ -29,7 +29,7 @@ use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, 
 use tokio::sync::watch;
 
 pub use archive::Archiver;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, describe_metrics};
 pub use reader::RemoteReader;
 
 /// Why archiving or a remote read failed.

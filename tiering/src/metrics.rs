@@ -1,28 +1,110 @@
-//! The storage worker's and the remote reader's counters, rendered in the
-//! Prometheus text format at the gateway's `/metrics`.
+//! The storage worker's and the remote reader's metrics, recorded with the
+//! `metrics` crate (the gateway binary installs the Prometheus recorder;
+//! docs/observability.md lists them).
 
-use std::fmt::Write;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
-/// Counters since this gateway started, and the archive lag gauge.
-#[derive(Debug, Default)]
+use metrics::{Counter, Gauge, describe_counter, describe_gauge};
+
+/// Describes this crate's metrics to the installed recorder.
+pub fn describe_metrics() {
+    for (name, help) in COUNTERS {
+        describe_counter!(*name, *help);
+    }
+    describe_gauge!(
+        "ketch_archive_quarantined_segments",
+        "Quarantined segments waiting for an operator (`ketch segments`), over the partitions this gateway works."
+    );
+    describe_gauge!(
+        "ketch_archive_lag_seconds",
+        "Age of the oldest sealed segment not yet archived, over the partitions this gateway works."
+    );
+}
+
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "ketch_archive_segments_total",
+        "Segments archived to Iceberg by this gateway.",
+    ),
+    (
+        "ketch_archive_records_total",
+        "Records archived to Iceberg by this gateway.",
+    ),
+    (
+        "ketch_archive_bytes_total",
+        "Bytes of Parquet data files written by this gateway.",
+    ),
+    (
+        "ketch_archive_failures_total",
+        "Failed attempts to archive a segment (retried on the next tick).",
+    ),
+    (
+        "ketch_archive_quarantines_total",
+        "Segments quarantined because the archive cannot write their records.",
+    ),
+    (
+        "ketch_archive_snapshots_expired_total",
+        "Snapshots of topic tables expired by this gateway's maintenance.",
+    ),
+    (
+        "ketch_archive_metadata_files_deleted_total",
+        "Manifest lists of expired snapshots and old table metadata files deleted by this gateway's maintenance.",
+    ),
+    (
+        "ketch_archive_manifest_rewrites_total",
+        "Commits by this gateway's maintenance that merged small manifests.",
+    ),
+    (
+        "ketch_archive_manifests_merged_total",
+        "Manifests those rewrites replaced.",
+    ),
+    (
+        "ketch_archive_maintenance_failures_total",
+        "Failed snapshot expiries and manifest rewrites (tried again after tiering.maintenance_commits more commits).",
+    ),
+    (
+        "ketch_segments_sealed_total",
+        "Segments sealed by this gateway's storage worker.",
+    ),
+    (
+        "ketch_segments_deleted_total",
+        "Segments deleted by retention.ms / retention.bytes.",
+    ),
+    (
+        "ketch_remote_read_bytes_total",
+        "Record batch bytes served from the archive.",
+    ),
+    (
+        "ketch_remote_read_cache_hits_total",
+        "Remote reads served from decoded row groups in memory.",
+    ),
+    (
+        "ketch_remote_read_cache_misses_total",
+        "Row groups read and decoded from the archive.",
+    ),
+];
+
+/// The handles, taken when the storage worker and reader are made (after
+/// the recorder is installed), and the per-partition gauges' sources.
 pub struct Metrics {
-    archived_segments: AtomicU64,
-    archived_records: AtomicU64,
-    archived_bytes: AtomicU64,
-    archive_failures: AtomicU64,
-    quarantines: AtomicU64,
-    snapshots_expired: AtomicU64,
-    metadata_files_deleted: AtomicU64,
-    manifest_rewrites: AtomicU64,
-    manifests_merged: AtomicU64,
-    maintenance_failures: AtomicU64,
-    sealed_segments: AtomicU64,
-    deleted_segments: AtomicU64,
-    remote_read_bytes: AtomicU64,
-    remote_cache_hits: AtomicU64,
-    remote_cache_misses: AtomicU64,
+    archived_segments: Counter,
+    archived_records: Counter,
+    archived_bytes: Counter,
+    archive_failures: Counter,
+    quarantines: Counter,
+    snapshots_expired: Counter,
+    metadata_files_deleted: Counter,
+    manifest_rewrites: Counter,
+    manifests_merged: Counter,
+    maintenance_failures: Counter,
+    sealed_segments: Counter,
+    deleted_segments: Counter,
+    remote_read_bytes: Counter,
+    remote_cache_hits: Counter,
+    remote_cache_misses: Counter,
+    quarantined_gauge: Gauge,
+    lag_gauge: Gauge,
     /// Age in ms of the oldest sealed segment not yet archived, per
     /// partition this gateway works (topic, partition → ms).
     lag: Mutex<std::collections::BTreeMap<(String, i32), i64>>,
@@ -30,38 +112,77 @@ pub struct Metrics {
     lag_max_ms: AtomicI64,
     /// Quarantined segments per partition this gateway works.
     quarantined: Mutex<std::collections::BTreeMap<(String, i32), u64>>,
+    /// Cache hits and misses, for this crate's tests.
+    #[cfg(test)]
+    cache: Mutex<(u64, u64)>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let c = |name: &'static str| metrics::counter!(name);
+        Self {
+            archived_segments: c("ketch_archive_segments_total"),
+            archived_records: c("ketch_archive_records_total"),
+            archived_bytes: c("ketch_archive_bytes_total"),
+            archive_failures: c("ketch_archive_failures_total"),
+            quarantines: c("ketch_archive_quarantines_total"),
+            snapshots_expired: c("ketch_archive_snapshots_expired_total"),
+            metadata_files_deleted: c("ketch_archive_metadata_files_deleted_total"),
+            manifest_rewrites: c("ketch_archive_manifest_rewrites_total"),
+            manifests_merged: c("ketch_archive_manifests_merged_total"),
+            maintenance_failures: c("ketch_archive_maintenance_failures_total"),
+            sealed_segments: c("ketch_segments_sealed_total"),
+            deleted_segments: c("ketch_segments_deleted_total"),
+            remote_read_bytes: c("ketch_remote_read_bytes_total"),
+            remote_cache_hits: c("ketch_remote_read_cache_hits_total"),
+            remote_cache_misses: c("ketch_remote_read_cache_misses_total"),
+            quarantined_gauge: metrics::gauge!("ketch_archive_quarantined_segments"),
+            lag_gauge: metrics::gauge!("ketch_archive_lag_seconds"),
+            lag: Mutex::default(),
+            lag_max_ms: AtomicI64::new(0),
+            quarantined: Mutex::default(),
+            #[cfg(test)]
+            cache: Mutex::default(),
+        }
+    }
 }
 
 impl Metrics {
     pub fn archived(&self, records: u64, file_bytes: u64) {
-        self.archived_segments.fetch_add(1, Ordering::Relaxed);
-        self.archived_records.fetch_add(records, Ordering::Relaxed);
-        self.archived_bytes.fetch_add(file_bytes, Ordering::Relaxed);
+        self.archived_segments.increment(1);
+        self.archived_records.increment(records);
+        self.archived_bytes.increment(file_bytes);
     }
 
     pub fn archive_failed(&self) {
-        self.archive_failures.fetch_add(1, Ordering::Relaxed);
+        self.archive_failures.increment(1);
     }
 
     /// A segment was quarantined.
     pub fn quarantined(&self) {
-        self.quarantines.fetch_add(1, Ordering::Relaxed);
+        self.quarantines.increment(1);
     }
 
     /// An expiry removed `snapshots` and deleted `files` metadata files.
     pub fn snapshots_expired(&self, snapshots: u64, files: u64) {
-        self.snapshots_expired.fetch_add(snapshots, Ordering::Relaxed);
-        self.metadata_files_deleted.fetch_add(files, Ordering::Relaxed);
+        self.snapshots_expired.increment(snapshots);
+        self.metadata_files_deleted.increment(files);
     }
 
     /// A manifest rewrite replaced `merged` manifests.
     pub fn manifests_rewritten(&self, merged: u64) {
-        self.manifest_rewrites.fetch_add(1, Ordering::Relaxed);
-        self.manifests_merged.fetch_add(merged, Ordering::Relaxed);
+        self.manifest_rewrites.increment(1);
+        self.manifests_merged.increment(merged);
     }
 
     pub fn maintenance_failed(&self) {
-        self.maintenance_failures.fetch_add(1, Ordering::Relaxed);
+        self.maintenance_failures.increment(1);
     }
 
     /// Sets how many quarantined segments a partition has.
@@ -72,32 +193,47 @@ impl Metrics {
         } else {
             quarantined.remove(&(topic.to_owned(), partition));
         }
+        self.quarantined_gauge
+            .set(quarantined.values().sum::<u64>() as f64);
     }
 
     pub fn sealed(&self, sealed: u64, deleted: u64) {
-        self.sealed_segments.fetch_add(sealed, Ordering::Relaxed);
-        self.deleted_segments.fetch_add(deleted, Ordering::Relaxed);
+        self.sealed_segments.increment(sealed);
+        self.deleted_segments.increment(deleted);
     }
 
     pub fn remote_read(&self, bytes: u64) {
-        self.remote_read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.remote_read_bytes.increment(bytes);
     }
 
     pub fn cache_hit(&self) {
-        self.remote_cache_hits.fetch_add(1, Ordering::Relaxed);
+        self.remote_cache_hits.increment(1);
+        #[cfg(test)]
+        {
+            self.cache.lock().expect("cache").0 += 1;
+        }
     }
 
     pub fn cache_miss(&self) {
-        self.remote_cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.remote_cache_misses.increment(1);
+        #[cfg(test)]
+        {
+            self.cache.lock().expect("cache").1 += 1;
+        }
     }
 
     /// Slices served from memory and read from the archive.
     #[cfg(test)]
     pub(crate) fn remote_cache(&self) -> (u64, u64) {
-        (
-            self.remote_cache_hits.load(Ordering::Relaxed),
-            self.remote_cache_misses.load(Ordering::Relaxed),
-        )
+        *self.cache.lock().expect("cache")
+    }
+
+    /// Sets the gauges again (the exporter drops gauges left unset).
+    pub fn refresh_gauges(&self) {
+        let quarantined: u64 = self.quarantined.lock().expect("quarantined").values().sum();
+        self.quarantined_gauge.set(quarantined as f64);
+        self.lag_gauge
+            .set(self.lag_max_ms.load(Ordering::Relaxed) as f64 / 1000.0);
     }
 
     /// Sets a partition's archive lag (0: nothing waits).
@@ -110,6 +246,8 @@ impl Metrics {
         }
         self.lag_max_ms
             .store(lag.values().copied().max().unwrap_or(0), Ordering::Relaxed);
+        drop(lag);
+        self.refresh_gauges();
     }
 
     /// Forgets partitions this gateway no longer works.
@@ -120,108 +258,7 @@ impl Metrics {
         lag.retain(|(topic, partition), _| keep(topic, *partition));
         self.lag_max_ms
             .store(lag.values().copied().max().unwrap_or(0), Ordering::Relaxed);
-    }
-
-    pub fn archived_segments(&self) -> u64 {
-        self.archived_segments.load(Ordering::Relaxed)
-    }
-
-    pub fn archive_failures(&self) -> u64 {
-        self.archive_failures.load(Ordering::Relaxed)
-    }
-
-    /// The Prometheus text exposition of these metrics.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let mut counter = |name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
-        };
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter(
-            "ketch_archive_segments_total",
-            "Segments archived to Iceberg by this gateway.",
-            get(&self.archived_segments),
-        );
-        counter(
-            "ketch_archive_records_total",
-            "Records archived to Iceberg by this gateway.",
-            get(&self.archived_records),
-        );
-        counter(
-            "ketch_archive_bytes_total",
-            "Bytes of Parquet data files written by this gateway.",
-            get(&self.archived_bytes),
-        );
-        counter(
-            "ketch_archive_failures_total",
-            "Failed attempts to archive a segment (retried on the next tick).",
-            get(&self.archive_failures),
-        );
-        counter(
-            "ketch_archive_quarantines_total",
-            "Segments quarantined because the archive cannot write their records.",
-            get(&self.quarantines),
-        );
-        counter(
-            "ketch_archive_snapshots_expired_total",
-            "Snapshots of topic tables expired by this gateway's maintenance.",
-            get(&self.snapshots_expired),
-        );
-        counter(
-            "ketch_archive_metadata_files_deleted_total",
-            "Manifest lists of expired snapshots and old table metadata files deleted by this gateway's maintenance.",
-            get(&self.metadata_files_deleted),
-        );
-        counter(
-            "ketch_archive_manifest_rewrites_total",
-            "Commits by this gateway's maintenance that merged small manifests.",
-            get(&self.manifest_rewrites),
-        );
-        counter(
-            "ketch_archive_manifests_merged_total",
-            "Manifests those rewrites replaced.",
-            get(&self.manifests_merged),
-        );
-        counter(
-            "ketch_archive_maintenance_failures_total",
-            "Failed snapshot expiries and manifest rewrites (tried again after tiering.maintenance_commits more commits).",
-            get(&self.maintenance_failures),
-        );
-        counter(
-            "ketch_segments_sealed_total",
-            "Segments sealed by this gateway's storage worker.",
-            get(&self.sealed_segments),
-        );
-        counter(
-            "ketch_segments_deleted_total",
-            "Segments deleted by retention.ms / retention.bytes.",
-            get(&self.deleted_segments),
-        );
-        counter(
-            "ketch_remote_read_bytes_total",
-            "Record batch bytes served from the archive.",
-            get(&self.remote_read_bytes),
-        );
-        counter(
-            "ketch_remote_read_cache_hits_total",
-            "Remote reads served from decoded row groups in memory.",
-            get(&self.remote_cache_hits),
-        );
-        counter(
-            "ketch_remote_read_cache_misses_total",
-            "Row groups read and decoded from the archive.",
-            get(&self.remote_cache_misses),
-        );
-        let quarantined: u64 = self.quarantined.lock().expect("quarantined").values().sum();
-        let _ = writeln!(
-            out,
-            "# HELP ketch_archive_quarantined_segments Quarantined segments waiting for an operator (`ketch segments`), over the partitions this gateway works.\n# TYPE ketch_archive_quarantined_segments gauge\nketch_archive_quarantined_segments {quarantined}"
-        );
-        let lag = self.lag_max_ms.load(Ordering::Relaxed) as f64 / 1000.0;
-        let _ = writeln!(
-            out,
-            "# HELP ketch_archive_lag_seconds Age of the oldest sealed segment not yet archived, over the partitions this gateway works.\n# TYPE ketch_archive_lag_seconds gauge\nketch_archive_lag_seconds {lag}"
-        );
-        out
+        drop(lag);
+        self.refresh_gauges();
     }
 }

@@ -221,6 +221,7 @@ pub async fn handle(
     let mut confirmed = false;
     let mut shutdown = ctx.shutdown.clone();
     let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes).await;
+    let mut waited: Option<Instant> = None;
     loop {
         let (responses, records, bytes, any_error) =
             assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
@@ -228,12 +229,17 @@ pub async fn handle(
             .as_ref()
             .filter(|_| bytes < min_bytes && !any_error && Instant::now() < deadline && !*shutdown.borrow())
         else {
+            if let Some(since) = waited {
+                ctx.requests.fetch_waited(since.elapsed());
+            }
+            count_fetched(ctx, &topics, &records);
             return FetchAnswer {
                 response: FetchResponse::default().with_responses(responses),
                 records,
             };
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
+        waited.get_or_insert_with(Instant::now);
         let fired = if confirmed {
             tokio::select! {
                 _ = w.notified() => {}
@@ -247,6 +253,24 @@ pub async fn handle(
             w.take_fired_since_start()
         };
         reads = read_all(ctx, &topics, &fired, reads, max_bytes).await;
+    }
+}
+
+/// Adds the records and bytes a response sends to its topics' counters.
+fn count_fetched(ctx: &Context, topics: &[Vec<Target>], records: &[Vec<Option<Vec<Bytes>>>]) {
+    for (targets, partitions) in topics.iter().zip(records) {
+        let Some(Ok(topic)) = targets.first().map(|t| &t.topic) else {
+            continue;
+        };
+        let (mut count, mut bytes) = (0, 0);
+        for batch in partitions.iter().flatten().flatten() {
+            let (c, b) = crate::metrics::batch_totals(batch);
+            count += c;
+            bytes += b;
+        }
+        if bytes > 0 {
+            ctx.topic_counters.fetched(&topic.name).add(count, bytes);
+        }
     }
 }
 

@@ -289,6 +289,12 @@ async fn produce_partition(
         .append(&topic, partition, &batch, &header, acks == -1)
         .await
         .map_err(|e| (error_code(&e), Some(e.to_string())))?;
+    if !outcome.duplicate {
+        (ctx.topic_counters.produced(&topic.name)).add(
+            u64::try_from(header.record_count).unwrap_or(0),
+            batch.len() as u64,
+        );
+    }
     Ok((outcome.base_offset, outcome.log_start_offset, append_time))
 }
 

@@ -281,6 +281,15 @@ impl Coordinator {
         Ok(left.unwrap_or(unknown_group))
     }
 
+    /// The state and member count of every group in memory.
+    pub fn census(&self) -> Vec<(State, usize)> {
+        let groups = self.inner.lock();
+        groups
+            .values()
+            .map(|slot| (slot.group.state(), slot.group.member_count()))
+            .collect()
+    }
+
     /// Every group in memory.
     pub fn list(&self) -> Vec<Listing> {
         let groups = self.inner.lock();

@@ -331,6 +331,11 @@ impl Group {
         })
     }
 
+    /// How many members the group has.
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
     pub fn state(&self) -> State {
         self.state
     }
@@ -579,6 +584,7 @@ impl Group {
         }
         self.pending_sync.clear();
         self.sync_deadline = None;
+        metrics::counter!("ketch_group_rebalances_total").increment(1);
         let initial = self.state == State::Empty;
         self.transition(State::PreparingRebalance, now);
         if initial {

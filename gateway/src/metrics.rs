@@ -1,0 +1,764 @@
+//! The gateway's metrics, recorded with the `metrics` crate and exported in
+//! the Prometheus text format at `/metrics` (docs/observability.md lists
+//! every one).
+//!
+//! The libraries record (ketch-storage: Redis commands; ketch-tiering: the
+//! storage worker and remote reads; this crate: requests, records, groups),
+//! the binary installs the recorder ([`install`]) before anything records:
+//! a handle taken before that stays a no-op. A process without a recorder
+//! (tests running a gateway in-process) records nothing and `/metrics`
+//! says so.
+//!
+//! Hot-path metrics hold their handles ([`Requests`], [`TopicCounters`]):
+//! recording is an atomic add, with no registry lookup. Gauges whose value
+//! lives elsewhere (connections, in-flight requests, Redis memory, group
+//! lag) are set by [`upkeep`] every few seconds and before each scrape;
+//! gauges no longer set (a group this gateway stopped coordinating) are
+//! dropped after [`GAUGE_IDLE`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{ApiKey, ResponseKind};
+use metrics::{Counter, Histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
+
+use crate::Context;
+
+/// Histogram buckets of every `_seconds` histogram: 50 µs to 30 s.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0,
+];
+
+/// A gauge not set for this long leaves the exposition.
+const GAUGE_IDLE: Duration = Duration::from_secs(90);
+
+/// How often [`upkeep`] runs; Redis health and group lag are refreshed on
+/// every other run.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Redis memory use, as a share of `maxmemory`, from which the gateway
+/// warns (log, `/ready`'s text, the admin API).
+pub const MEMORY_WARN_RATIO: f64 = 0.9;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder for this process. Call it once, before
+/// the gateway starts (handles taken before it record nothing).
+pub fn install() -> anyhow::Result<()> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS_BUCKETS)?
+        .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE))
+        .install_recorder()?;
+    let _ = HANDLE.set(handle);
+    describe();
+    ketch_storage::describe_metrics();
+    ketch_tiering::describe_metrics();
+    Ok(())
+}
+
+/// The Prometheus text exposition, or `None` without a recorder.
+pub fn render() -> Option<String> {
+    HANDLE.get().map(PrometheusHandle::render)
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("ketch_requests_total", "Kafka requests answered, by API.");
+    describe_histogram!(
+        "ketch_request_duration_seconds",
+        Unit::Seconds,
+        "Time from a request's decoding to its response being ready, by API (a fetch's wait included)."
+    );
+    describe_counter!(
+        "ketch_request_errors_total",
+        "Error codes in responses, by API and Kafka error name (one per partition, group or resource that failed)."
+    );
+    describe_counter!("ketch_produced_records_total", "Records appended, by topic.");
+    describe_counter!(
+        "ketch_produced_bytes_total",
+        "Record batch bytes appended, by topic."
+    );
+    describe_counter!(
+        "ketch_fetched_records_total",
+        "Records sent to fetching clients, by topic."
+    );
+    describe_counter!(
+        "ketch_fetched_bytes_total",
+        "Record batch bytes sent to fetching clients, by topic."
+    );
+    describe_gauge!("ketch_connections", "Open Kafka client connections.");
+    describe_gauge!("ketch_inflight_requests", "Requests read and not yet answered.");
+    describe_histogram!(
+        "ketch_fetch_wait_seconds",
+        Unit::Seconds,
+        "Time fetches waited for data (min_bytes, max_wait_ms); only fetches that waited."
+    );
+    describe_counter!(
+        "ketch_group_rebalances_total",
+        "Rebalances started in the groups this gateway coordinates."
+    );
+    describe_gauge!(
+        "ketch_group_members",
+        "Members of the groups this gateway coordinates."
+    );
+    describe_gauge!("ketch_groups", "Groups in this gateway's memory, by state.");
+    describe_gauge!(
+        "ketch_group_lag",
+        "Records between the high watermark and the committed offset, summed over a topic's partitions, by group and topic (groups this gateway coordinates)."
+    );
+    describe_counter!(
+        "ketch_authentications_total",
+        "Successful SASL and HTTP authentications."
+    );
+    describe_counter!(
+        "ketch_authentication_failures_total",
+        "Failed SASL and HTTP authentications."
+    );
+    describe_gauge!("ketch_redis_used_memory_bytes", "Redis used_memory, by server.");
+    describe_gauge!(
+        "ketch_redis_maxmemory_bytes",
+        "Redis maxmemory (0: no limit), by server."
+    );
+    describe_counter!(
+        "ketch_redis_evicted_keys_total",
+        "Keys Redis evicted (its evicted_keys), by server."
+    );
+    describe_counter!(
+        "ketch_redis_rejected_writes_total",
+        "Commands Redis refused for lack of memory (its errorstat_OOM), by server."
+    );
+}
+
+/// Kafka's name of an error code (`NOT_LEADER_OR_FOLLOWER`).
+pub fn error_name(code: i16) -> String {
+    let camel = match ResponseError::try_from_code(code) {
+        Some(error) => format!("{error:?}"),
+        None => String::new(),
+    };
+    // Codes kafka-protocol does not know (its `Unknown(n)`).
+    if camel.is_empty() || camel.contains('(') {
+        return format!("UNKNOWN_CODE_{code}");
+    }
+    let mut name = String::with_capacity(camel.len() + 8);
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+/// One API's handles.
+struct Api {
+    name: String,
+    requests: Counter,
+    duration: Histogram,
+}
+
+/// The request metrics, with a handle per API served.
+pub struct Requests {
+    apis: Vec<Option<Api>>,
+    errors: Mutex<HashMap<(i16, i16), Counter>>,
+    connections: AtomicI64,
+    inflight: AtomicI64,
+    fetch_wait: Histogram,
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        let top = crate::api::SUPPORTED_APIS
+            .iter()
+            .map(|(key, ..)| *key as usize)
+            .max()
+            .unwrap_or(0);
+        let mut apis: Vec<Option<Api>> = (0..=top).map(|_| None).collect();
+        for (key, ..) in crate::api::SUPPORTED_APIS {
+            let name = format!("{key:?}");
+            apis[*key as usize] = Some(Api {
+                requests: metrics::counter!("ketch_requests_total", "api" => name.clone()),
+                duration: metrics::histogram!("ketch_request_duration_seconds", "api" => name.clone()),
+                name,
+            });
+        }
+        Self {
+            apis,
+            errors: Mutex::default(),
+            connections: AtomicI64::new(0),
+            inflight: AtomicI64::new(0),
+            fetch_wait: metrics::histogram!("ketch_fetch_wait_seconds"),
+        }
+    }
+}
+
+impl Requests {
+    /// A request of `api` answered after `elapsed`.
+    pub fn answered(&self, api: ApiKey, elapsed: Duration) {
+        if let Some(Some(handles)) = self.apis.get(api as usize) {
+            handles.requests.increment(1);
+            handles.duration.record(elapsed.as_secs_f64());
+        }
+    }
+
+    /// Counts the error codes of a response.
+    pub fn errors(&self, api: ApiKey, response: &ResponseKind) {
+        error_codes(response, &mut |code| self.error(api, code));
+    }
+
+    /// Counts one error code (`NONE` is not an error).
+    pub fn error(&self, api: ApiKey, code: i16) {
+        if code == 0 {
+            return;
+        }
+        let key = (api as i16, code);
+        let mut errors = self.errors.lock().expect("error counters");
+        let counter = errors.entry(key).or_insert_with(|| {
+            let api = self
+                .apis
+                .get(api as usize)
+                .and_then(Option::as_ref)
+                .map_or_else(|| format!("{api:?}"), |a| a.name.clone());
+            metrics::counter!("ketch_request_errors_total", "api" => api, "error" => error_name(code))
+        });
+        counter.increment(1);
+    }
+
+    /// A fetch waited `waited` for data.
+    pub fn fetch_waited(&self, waited: Duration) {
+        self.fetch_wait.record(waited.as_secs_f64());
+    }
+
+    /// A connection opened; closed when the guard drops.
+    pub fn connection(self: &Arc<Self>) -> Open {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        Open {
+            requests: self.clone(),
+            inflight: false,
+        }
+    }
+
+    /// A request read; answered when the guard drops.
+    pub fn request(self: &Arc<Self>) -> Open {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        Open {
+            requests: self.clone(),
+            inflight: true,
+        }
+    }
+
+    pub fn open_connections(&self) -> i64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    fn set_gauges(&self) {
+        metrics::gauge!("ketch_connections").set(self.connections.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("ketch_inflight_requests").set(self.inflight.load(Ordering::Relaxed) as f64);
+    }
+}
+
+/// An open connection or request, counted until dropped.
+pub struct Open {
+    requests: Arc<Requests>,
+    inflight: bool,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let gauge = if self.inflight {
+            &self.requests.inflight
+        } else {
+            &self.requests.connections
+        };
+        gauge.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One topic's record and byte counters of one direction.
+#[derive(Clone)]
+pub struct Flow {
+    records: Counter,
+    bytes: Counter,
+}
+
+impl Flow {
+    pub fn add(&self, records: u64, bytes: u64) {
+        self.records.increment(records);
+        self.bytes.increment(bytes);
+    }
+}
+
+/// Per-topic produced and fetched counters, their handles made once per
+/// topic name. Topic names are bounded by the topics that exist.
+#[derive(Default)]
+pub struct TopicCounters {
+    produced: RwLock<HashMap<String, Flow>>,
+    fetched: RwLock<HashMap<String, Flow>>,
+}
+
+impl TopicCounters {
+    pub fn produced(&self, topic: &str) -> Flow {
+        flow(
+            &self.produced,
+            topic,
+            "ketch_produced_records_total",
+            "ketch_produced_bytes_total",
+        )
+    }
+
+    pub fn fetched(&self, topic: &str) -> Flow {
+        flow(
+            &self.fetched,
+            topic,
+            "ketch_fetched_records_total",
+            "ketch_fetched_bytes_total",
+        )
+    }
+}
+
+fn flow(
+    map: &RwLock<HashMap<String, Flow>>,
+    topic: &str,
+    records: &'static str,
+    bytes: &'static str,
+) -> Flow {
+    if let Some(flow) = map.read().expect("topic counters").get(topic) {
+        return flow.clone();
+    }
+    map.write()
+        .expect("topic counters")
+        .entry(topic.to_owned())
+        .or_insert_with(|| Flow {
+            records: metrics::counter!(records, "topic" => topic.to_owned()),
+            bytes: metrics::counter!(bytes, "topic" => topic.to_owned()),
+        })
+        .clone()
+}
+
+/// Record count and bytes of the record batches in `data` (batches laid
+/// end to end, as stored and as sent).
+pub fn batch_totals(data: &[u8]) -> (u64, u64) {
+    let mut records = 0u64;
+    let mut at = 0usize;
+    // base offset (8), batch length (4) … record count at byte 57 (v2).
+    while let Some(header) = data.get(at..at + 61) {
+        let length = i32::from_be_bytes(header[8..12].try_into().expect("4 bytes"));
+        let Ok(length) = usize::try_from(length) else {
+            break;
+        };
+        records += u64::from(u32::from_be_bytes(header[57..61].try_into().expect("4 bytes")));
+        at += 12 + length;
+    }
+    (records, data.len() as u64)
+}
+
+/// One Redis server's memory, from INFO.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RedisMemory {
+    pub server: String,
+    pub used_memory: u64,
+    /// 0: no limit.
+    pub maxmemory: u64,
+    pub maxmemory_policy: String,
+    pub evicted_keys: u64,
+    /// `errorstat_OOM`: commands refused for lack of memory.
+    pub rejected_writes: u64,
+}
+
+impl RedisMemory {
+    /// used / maxmemory, when there is a limit.
+    pub fn ratio(&self) -> Option<f64> {
+        (self.maxmemory > 0).then(|| self.used_memory as f64 / self.maxmemory as f64)
+    }
+
+    /// What an operator should know, if anything.
+    pub fn warning(&self) -> Option<String> {
+        let ratio = self.ratio()?;
+        let what = if ratio >= 1.0 {
+            if self.maxmemory_policy == "noeviction" {
+                "is full and refuses writes (maxmemory-policy noeviction): appends, offset commits and heartbeats fail"
+            } else {
+                "is full and evicts keys: partitions lose data"
+            }
+        } else if ratio >= MEMORY_WARN_RATIO {
+            "is nearly full"
+        } else {
+            return None;
+        };
+        Some(format!(
+            "Redis {} {what} (used_memory {} of maxmemory {}, {:.0}%)",
+            self.server,
+            self.used_memory,
+            self.maxmemory,
+            ratio * 100.0
+        ))
+    }
+
+    /// 0: room, 1: nearly full, 2: full.
+    fn level(&self) -> u8 {
+        match self.ratio() {
+            Some(r) if r >= 1.0 => 2,
+            Some(r) if r >= MEMORY_WARN_RATIO => 1,
+            _ => 0,
+        }
+    }
+
+    /// Whether this server refuses writes now.
+    pub fn refuses_writes(&self) -> bool {
+        self.ratio().is_some_and(|r| r >= 1.0) && self.maxmemory_policy == "noeviction"
+    }
+}
+
+/// Parses one server's `INFO memory stats errorstats` text.
+pub fn parse_info(server: &str, info: &str) -> RedisMemory {
+    let mut memory = RedisMemory {
+        server: server.to_owned(),
+        ..RedisMemory::default()
+    };
+    for line in info.lines() {
+        let Some((key, value)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let number = || value.parse::<u64>().unwrap_or(0);
+        match key {
+            "used_memory" => memory.used_memory = number(),
+            "maxmemory" => memory.maxmemory = number(),
+            "maxmemory_policy" => memory.maxmemory_policy = value.to_owned(),
+            "evicted_keys" => memory.evicted_keys = number(),
+            "errorstat_OOM" => {
+                memory.rejected_writes = value
+                    .split(',')
+                    .find_map(|field| field.strip_prefix("count="))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    memory
+}
+
+/// The last Redis health check.
+#[derive(Debug, Clone, Default)]
+pub struct RedisHealth {
+    pub servers: Vec<RedisMemory>,
+    pub checked: Option<Instant>,
+    pub error: Option<String>,
+}
+
+impl RedisHealth {
+    pub fn warnings(&self) -> Vec<String> {
+        self.servers.iter().filter_map(RedisMemory::warning).collect()
+    }
+
+    pub fn refuses_writes(&self) -> bool {
+        self.servers.iter().any(RedisMemory::refuses_writes)
+    }
+}
+
+/// Reads every Redis server's memory now and records it.
+pub async fn check_redis(ctx: &Context) -> RedisHealth {
+    let health = match ctx.storage.server_info().await {
+        Ok(servers) => {
+            let servers: Vec<RedisMemory> = servers.iter().map(|(s, info)| parse_info(s, info)).collect();
+            for s in &servers {
+                let label = || s.server.clone();
+                metrics::gauge!("ketch_redis_used_memory_bytes", "server" => label())
+                    .set(s.used_memory as f64);
+                metrics::gauge!("ketch_redis_maxmemory_bytes", "server" => label()).set(s.maxmemory as f64);
+                metrics::counter!("ketch_redis_evicted_keys_total", "server" => label())
+                    .absolute(s.evicted_keys);
+                metrics::counter!("ketch_redis_rejected_writes_total", "server" => label())
+                    .absolute(s.rejected_writes);
+            }
+            RedisHealth {
+                servers,
+                checked: Some(Instant::now()),
+                error: None,
+            }
+        }
+        Err(e) => RedisHealth {
+            servers: Vec::new(),
+            checked: Some(Instant::now()),
+            error: Some(e.to_string()),
+        },
+    };
+    // Warn when a server becomes nearly full or full, not on every check.
+    let before: Vec<(String, u8)> = (ctx.redis_health.read().expect("redis health").servers.iter())
+        .map(|s| (s.server.clone(), s.level()))
+        .collect();
+    for server in &health.servers {
+        let was = before
+            .iter()
+            .find(|(s, _)| *s == server.server)
+            .map_or(0, |(_, l)| *l);
+        if server.level() > was
+            && let Some(warning) = server.warning()
+        {
+            tracing::warn!("{warning}; size maxmemory against local.retention.* (docs/observability.md)");
+        }
+    }
+    *ctx.redis_health.write().expect("redis health") = health.clone();
+    health
+}
+
+/// A group's committed offsets and their lag, per partition.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PartitionLag {
+    pub topic: String,
+    pub partition: i32,
+    pub committed_offset: i64,
+    pub high_watermark: Option<i64>,
+    pub lag: Option<i64>,
+}
+
+/// The committed offsets of `group` with the high watermark and lag of
+/// each partition (lag: high watermark minus committed offset, at least 0;
+/// `None` where the topic or partition is gone).
+pub async fn group_lag(ctx: &Context, group: &str) -> ketch_storage::Result<Vec<PartitionLag>> {
+    let committed = ctx.storage.all_committed_offsets(group).await?;
+    let mut topics: HashMap<String, Option<Arc<ketch_storage::Topic>>> = HashMap::new();
+    let mut out = Vec::with_capacity(committed.len());
+    for ((name, partition), offset) in committed {
+        let topic = match topics.get(&name) {
+            Some(topic) => topic.clone(),
+            None => {
+                let topic = ctx.storage.topic(&name).await?;
+                topics.insert(name.clone(), topic.clone());
+                topic
+            }
+        };
+        let high_watermark = match topic.filter(|t| t.has_partition(partition)) {
+            Some(topic) => Some(ctx.storage.offsets(&topic, partition).await?.high_watermark),
+            None => None,
+        };
+        out.push(PartitionLag {
+            lag: high_watermark.map(|hw| (hw - offset.offset).max(0)),
+            topic: name,
+            partition,
+            committed_offset: offset.offset,
+            high_watermark,
+        });
+    }
+    out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok(out)
+}
+
+/// Sets `ketch_group_lag` for every group with committed offsets that this
+/// gateway coordinates (each group is reported by one gateway, so sums over
+/// gateways count it once).
+async fn record_group_lag(ctx: &Context) -> ketch_storage::Result<()> {
+    for group in ctx.storage.groups_with_offsets().await? {
+        if !ctx.membership.coordinates(&group) {
+            continue;
+        }
+        let mut per_topic: HashMap<String, i64> = HashMap::new();
+        for p in group_lag(ctx, &group).await? {
+            if let Some(lag) = p.lag {
+                *per_topic.entry(p.topic).or_default() += lag;
+            }
+        }
+        for (topic, lag) in per_topic {
+            metrics::gauge!("ketch_group_lag", "group" => group.clone(), "topic" => topic).set(lag as f64);
+        }
+    }
+    Ok(())
+}
+
+fn record_groups(ctx: &Context) {
+    let mut states: HashMap<&'static str, usize> = HashMap::new();
+    let mut members = 0;
+    for (state, count) in ctx.groups.census() {
+        *states.entry(state.name()).or_default() += 1;
+        members += count;
+    }
+    metrics::gauge!("ketch_group_members").set(members as f64);
+    for state in crate::group::State::ALL {
+        let groups = states.get(state.name()).copied().unwrap_or(0);
+        metrics::gauge!("ketch_groups", "state" => state.name()).set(groups as f64);
+    }
+}
+
+/// Sets the gauges whose values live elsewhere (before a scrape).
+pub fn refresh(ctx: &Context) {
+    ctx.requests.set_gauges();
+    ctx.tiering_metrics.refresh_gauges();
+    record_groups(ctx);
+}
+
+/// Keeps the exposition current until shutdown: the recorder's upkeep,
+/// the gauges, Redis memory (with a warning when it nears maxmemory) and
+/// group lag.
+pub async fn upkeep(ctx: Arc<Context>) {
+    let mut shutdown = ctx.shutdown.clone();
+    let mut tick = tokio::time::interval(UPKEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        if let Some(handle) = HANDLE.get() {
+            handle.run_upkeep();
+        }
+        refresh(&ctx);
+        if n.is_multiple_of(2) {
+            check_redis(&ctx).await;
+            if let Err(e) = record_group_lag(&ctx).await {
+                tracing::debug!(error = %e, "group lag not computed");
+            }
+        }
+        n += 1;
+    }
+}
+
+/// Calls `f` with every error code in a response: the top-level one and
+/// those of each topic, partition, group or resource.
+pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
+    match response {
+        ResponseKind::Produce(r) => {
+            for t in &r.responses {
+                t.partition_responses.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::Fetch(r) => {
+            f(r.error_code);
+            for t in &r.responses {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::ListOffsets(r) => {
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::Metadata(r) => {
+            for t in &r.topics {
+                f(t.error_code);
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::ApiVersions(r) => f(r.error_code),
+        ResponseKind::CreateTopics(r) => r.topics.iter().for_each(|t| f(t.error_code)),
+        ResponseKind::DeleteTopics(r) => r.responses.iter().for_each(|t| f(t.error_code)),
+        ResponseKind::DeleteRecords(r) => {
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::DescribeConfigs(r) => r.results.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::CreatePartitions(r) => r.results.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::DescribeCluster(r) => f(r.error_code),
+        ResponseKind::FindCoordinator(r) => {
+            f(r.error_code);
+            r.coordinators.iter().for_each(|c| f(c.error_code));
+        }
+        ResponseKind::OffsetFetch(r) => {
+            f(r.error_code);
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+            for g in &r.groups {
+                f(g.error_code);
+                for t in &g.topics {
+                    t.partitions.iter().for_each(|p| f(p.error_code));
+                }
+            }
+        }
+        ResponseKind::OffsetCommit(r) => {
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::OffsetDelete(r) => {
+            f(r.error_code);
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::InitProducerId(r) => f(r.error_code),
+        ResponseKind::JoinGroup(r) => f(r.error_code),
+        ResponseKind::SyncGroup(r) => f(r.error_code),
+        ResponseKind::Heartbeat(r) => f(r.error_code),
+        ResponseKind::LeaveGroup(r) => {
+            f(r.error_code);
+            r.members.iter().for_each(|m| f(m.error_code));
+        }
+        ResponseKind::ListGroups(r) => f(r.error_code),
+        ResponseKind::DescribeGroups(r) => r.groups.iter().for_each(|g| f(g.error_code)),
+        ResponseKind::DeleteGroups(r) => r.results.iter().for_each(|g| f(g.error_code)),
+        ResponseKind::SaslHandshake(r) => f(r.error_code),
+        ResponseKind::SaslAuthenticate(r) => f(r.error_code),
+        ResponseKind::DescribeAcls(r) => f(r.error_code),
+        ResponseKind::CreateAcls(r) => r.results.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::DeleteAcls(r) => r.filter_results.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::DescribeUserScramCredentials(r) => {
+            f(r.error_code);
+            r.results.iter().for_each(|x| f(x.error_code));
+        }
+        ResponseKind::AlterUserScramCredentials(r) => r.results.iter().for_each(|x| f(x.error_code)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_names_are_kafkas() {
+        assert_eq!(error_name(6), "NOT_LEADER_OR_FOLLOWER");
+        assert_eq!(error_name(3), "UNKNOWN_TOPIC_OR_PARTITION");
+        assert_eq!(error_name(-1), "UNKNOWN_SERVER_ERROR");
+        assert_eq!(error_name(12345), "UNKNOWN_CODE_12345");
+    }
+
+    #[test]
+    fn batch_totals_count_the_records_of_each_batch_and_stop_at_a_partial_one() {
+        let batch = |records: u32, len: usize| {
+            let mut b = vec![0u8; 61 + len];
+            b[8..12].copy_from_slice(&((49 + len) as i32).to_be_bytes());
+            b[57..61].copy_from_slice(&records.to_be_bytes());
+            b
+        };
+        let mut data = batch(3, 10);
+        data.extend(batch(5, 0));
+        assert_eq!(batch_totals(&data), (8, data.len() as u64));
+        data.extend_from_slice(&[0u8; 30]);
+        assert_eq!(batch_totals(&data).0, 8, "a partial batch adds nothing");
+        assert_eq!(batch_totals(&[]), (0, 0));
+    }
+
+    #[test]
+    fn info_gives_memory_evictions_and_refused_writes() {
+        let info = "# Memory\r\nused_memory:1048576\r\nmaxmemory:2097152\r\nmaxmemory_policy:noeviction\r\n\
+                    # Stats\r\nevicted_keys:7\r\n# Errorstats\r\nerrorstat_OOM:count=42\r\nerrorstat_ERR:count=1\r\n";
+        let m = parse_info("127.0.0.1:6379", info);
+        assert_eq!(
+            (m.used_memory, m.maxmemory, m.evicted_keys, m.rejected_writes),
+            (1048576, 2097152, 7, 42)
+        );
+        assert_eq!(m.maxmemory_policy, "noeviction");
+        assert!(m.warning().is_none(), "50% warns of nothing");
+        let full = RedisMemory {
+            used_memory: 2097152,
+            ..m.clone()
+        };
+        assert!(full.refuses_writes());
+        assert!(full.warning().unwrap().contains("refuses writes"));
+        let near = RedisMemory {
+            used_memory: 1_950_000,
+            ..m.clone()
+        };
+        assert!(near.warning().unwrap().contains("nearly full"));
+        assert!(!near.refuses_writes());
+        let unlimited = RedisMemory { maxmemory: 0, ..m };
+        assert!(unlimited.warning().is_none() && !unlimited.refuses_writes());
+    }
+}

@@ -1,0 +1,601 @@
+//! Metrics, the admin API and request logs, end to end: Prometheus metrics
+//! move as records are produced and fetched, consumer lag is the high
+//! watermark minus the committed offset, the admin API answers what
+//! Kafka's own APIs answer (on any gateway), and bad input to it gets a
+//! clear 4xx and changes nothing. Holds for one Redis and Redis Cluster.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
+use rdkafka::Offset;
+use rdkafka::TopicPartitionList;
+use rdkafka::admin::{AdminOptions, ResourceSpecifier};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{Value, json};
+
+const WRITES: &[&str] = &[
+    "--set",
+    "http.admin_writes=true",
+    "--set",
+    "topics.auto_create=false",
+];
+
+/// The value of the sample of `name` whose labels include `labels`.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (sample, rest) = match series.split_once('{') {
+            Some((sample, rest)) => (sample, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if sample != name {
+            return None;
+        }
+        let all = labels
+            .iter()
+            .all(|(k, v)| rest.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+        if all { value.parse().ok() } else { None }
+    })
+}
+
+/// Scrapes `/metrics` until `name{labels}` satisfies `ok`.
+fn await_metric(ketch: &Ketch, name: &str, labels: &[(&str, &str)], ok: impl Fn(f64) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (status, text) = ketch.http_get("/metrics");
+        assert_eq!(status, 200);
+        if metric(&text, name, labels).is_some_and(&ok) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{labels:?} never as expected: {:?}\n{text}",
+            metric(&text, name, labels)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+fn api(ketch: &Ketch, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let (status, body) = ketch.http(method, path, body);
+    (status, json_of(&body))
+}
+
+fn create(ketch: &Ketch, topic: &str, partitions: i32) {
+    let body = json!({"name": topic, "partitions": partitions}).to_string();
+    let (status, created) = api(ketch, "POST", "/api/v1/topics", Some(&body));
+    assert_eq!(status, 201, "{created}");
+}
+
+fn produce(producer: &FutureProducer, topic: &str, partition: i32, count: usize) {
+    let rt = runtime();
+    rt.block_on(async {
+        let sends = (0..count).map(|i| {
+            let payload = format!("record {i} of partition {partition}");
+            async move {
+                producer
+                    .send(
+                        FutureRecord::<(), _>::to(topic)
+                            .partition(partition)
+                            .payload(&payload),
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    .map_err(|(e, _)| e)
+            }
+        });
+        for sent in futures::future::join_all(sends).await {
+            sent.expect("delivered");
+        }
+    });
+}
+
+fn commit(ketch: &Ketch, group: &str, topic: &str, offsets: &[(i32, i64)]) {
+    let consumer = ketch.consumer_with(&[("group.id", group)]);
+    let mut list = TopicPartitionList::new();
+    for (p, o) in offsets {
+        list.add_partition_offset(topic, *p, Offset::Offset(*o))
+            .expect("offset");
+    }
+    consumer.commit(&list, CommitMode::Sync).expect("commit");
+}
+
+/// The group's committed offsets as OffsetFetch reports them.
+fn committed(ketch: &Ketch, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer = ketch.consumer_with(&[("group.id", group)]);
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("OffsetFetch");
+    (0..partitions)
+        .map(
+            |p| match committed.find_partition(topic, p).expect("listed").offset() {
+                Offset::Offset(o) => o,
+                other => panic!("no committed offset for {topic}-{p}: {other:?}"),
+            },
+        )
+        .collect()
+}
+
+fn watermarks(consumer: &BaseConsumer, topic: &str, partition: i32) -> (i64, i64) {
+    consumer
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .expect("ListOffsets")
+}
+
+#[test]
+fn metrics_count_requests_records_bytes_and_errors_as_traffic_flows() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[WRITES, &["--set", "log.level=info,ketch_gateway::server=debug"]].concat(),
+    );
+    let topic = unique_topic("metered");
+    create(&ketch, &topic, 2);
+    let producer = ketch.producer_with(&[("acks", "all")]);
+    produce(&producer, &topic, 0, 120);
+    produce(&producer, &topic, 1, 80);
+
+    let consumer = ketch.consumer_at(&topic, &[0, 1], 0);
+    let mut fetched = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fetched < 200 {
+        assert!(Instant::now() < deadline, "fetched only {fetched} of 200");
+        if let Some(message) = consumer.poll(Duration::from_millis(500)) {
+            message.expect("a record");
+            fetched += 1;
+        }
+    }
+    // An error: Metadata for a topic that does not exist (auto-create off).
+    let _ = consumer.fetch_metadata(Some("no-such-topic-here"), Duration::from_secs(5));
+
+    let text = await_metric(&ketch, "ketch_fetched_records_total", &[("topic", &topic)], |v| {
+        v >= 200.0
+    });
+    let get = |name: &str, labels: &[(&str, &str)]| metric(&text, name, labels);
+    assert_eq!(
+        get("ketch_produced_records_total", &[("topic", &topic)]),
+        Some(200.0)
+    );
+    assert_eq!(
+        get("ketch_fetched_records_total", &[("topic", &topic)]),
+        Some(200.0),
+        "each record fetched once"
+    );
+    let produced_bytes = get("ketch_produced_bytes_total", &[("topic", &topic)]).expect("produced bytes");
+    let fetched_bytes = get("ketch_fetched_bytes_total", &[("topic", &topic)]).expect("fetched bytes");
+    assert!(
+        produced_bytes >= 200.0 * 20.0,
+        "{produced_bytes} bytes for 200 records"
+    );
+    assert_eq!(
+        fetched_bytes, produced_bytes,
+        "the stored batches go out as they came in"
+    );
+    let produces = get("ketch_requests_total", &[("api", "Produce")]).expect("Produce requests");
+    assert!(produces >= 1.0);
+    // A histogram with buckets (not a summary), one observation per request.
+    assert_eq!(
+        get("ketch_request_duration_seconds_count", &[("api", "Produce")]),
+        Some(produces)
+    );
+    assert_eq!(
+        get(
+            "ketch_request_duration_seconds_bucket",
+            &[("api", "Produce"), ("le", "+Inf")]
+        ),
+        Some(produces)
+    );
+    assert!(
+        get(
+            "ketch_request_duration_seconds_bucket",
+            &[("api", "Fetch"), ("le", "0.001")]
+        )
+        .is_some()
+    );
+    assert!(
+        get(
+            "ketch_request_errors_total",
+            &[("api", "Metadata"), ("error", "UNKNOWN_TOPIC_OR_PARTITION")]
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
+    assert!(
+        get("ketch_connections", &[]).is_some_and(|v| v >= 1.0),
+        "the consumer's connection"
+    );
+    assert!(get("ketch_inflight_requests", &[]).is_some());
+    assert!(
+        get(
+            "ketch_redis_command_duration_seconds_count",
+            &[("command", "EVALSHA")]
+        )
+        .is_some_and(|v| v >= 1.0)
+    );
+    assert!(
+        text.contains("# TYPE ketch_archive_segments_total counter"),
+        "tiering metrics in the same registry"
+    );
+    // Redis memory is read on every upkeep (and /ready).
+    assert_eq!(ketch.http_get("/ready").0, 200);
+    let text = await_metric(&ketch, "ketch_redis_used_memory_bytes", &[], |v| v > 0.0);
+    assert!(metric(&text, "ketch_redis_maxmemory_bytes", &[]).is_some());
+    // Per-request debug lines name the client, API, correlation id and time.
+    ketch.await_log("api=Produce", Duration::from_secs(5));
+    let log = ketch.output();
+    let line = log
+        .lines()
+        .find(|l| l.contains("api=Produce") && l.contains("request"))
+        .expect("a request line");
+    for field in ["client_id=", "correlation_id=", "duration_us="] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
+    drop(consumer);
+}
+
+#[test]
+fn lag_is_the_high_watermark_minus_the_committed_offset_in_metrics_and_the_api() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), WRITES);
+    let topic = unique_topic("lagging");
+    let group = unique_topic("laggards");
+    create(&ketch, &topic, 2);
+    let producer = ketch.producer();
+    produce(&producer, &topic, 0, 100);
+    produce(&producer, &topic, 1, 50);
+    commit(&ketch, &group, &topic, &[(0, 30), (1, 50)]);
+
+    await_metric(
+        &ketch,
+        "ketch_group_lag",
+        &[("group", &group), ("topic", &topic)],
+        |v| v == 70.0,
+    );
+
+    let (status, described) = api(&ketch, "GET", &format!("/api/v1/groups/{group}"), None);
+    assert_eq!(status, 200, "{described}");
+    assert_eq!(described["state"], "Empty");
+    assert_eq!(described["lag"], 70);
+    let consumer = ketch.consumer();
+    let kafka_committed = committed(&ketch, &group, &topic, 2);
+    for (p, offset) in described["offsets"]
+        .as_array()
+        .expect("offsets")
+        .iter()
+        .enumerate()
+    {
+        let p = p as i32;
+        assert_eq!(offset["partition"], p);
+        assert_eq!(
+            offset["committed_offset"], kafka_committed[p as usize],
+            "as OffsetFetch says"
+        );
+        let (_, high) = watermarks(&consumer, &topic, p);
+        assert_eq!(offset["high_watermark"], high, "as ListOffsets says");
+        assert_eq!(offset["lag"], high - kafka_committed[p as usize]);
+    }
+    let (_, groups) = api(&ketch, "GET", "/api/v1/groups", None);
+    let listed = groups["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .find(|g| g["group_id"] == group.as_str())
+        .unwrap_or_else(|| panic!("{group} not listed: {groups}"));
+    assert_eq!(listed["lag"], 70);
+
+    // Resets of an empty group, as Kafka's reset tool does them.
+    let reset = |body: Value| {
+        api(
+            &ketch,
+            "POST",
+            &format!("/api/v1/groups/{group}/offsets"),
+            Some(&body.to_string()),
+        )
+    };
+    let (status, after) = reset(json!({"to": "earliest"}));
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(committed(&ketch, &group, &topic, 2), vec![0, 0]);
+    assert_eq!(after["lag"], 150);
+    let (status, _) = reset(json!({"to": "latest"}));
+    assert_eq!(status, 200);
+    assert_eq!(committed(&ketch, &group, &topic, 2), vec![100, 50]);
+    let (status, _) = reset(json!({"to": "timestamp", "timestamp": 0, "topics": [topic]}));
+    assert_eq!(status, 200);
+    assert_eq!(
+        committed(&ketch, &group, &topic, 2),
+        vec![0, 0],
+        "every record is after time 0"
+    );
+
+    // Bad resets change nothing.
+    for bad in [
+        json!({"to": "sideways"}),
+        json!({"to": "timestamp"}),
+        json!({"to": "earliest", "timestamp": 5}),
+        json!({"to": "earliest", "surprise": true}),
+        json!({"to": "earliest", "topics": ["no-such-topic"]}),
+    ] {
+        let (status, error) = reset(bad.clone());
+        assert!(status == 400 || status == 404, "{bad} → {status} {error}");
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{error}"
+        );
+    }
+    assert_eq!(committed(&ketch, &group, &topic, 2), vec![0, 0]);
+
+    // A group with a member is not reset: the member would commit over it.
+    let member = ketch.consumer_with(&[
+        ("group.id", group.as_str()),
+        ("auto.offset.reset", "earliest"),
+        ("session.timeout.ms", "6000"),
+    ]);
+    member.subscribe(&[&topic]).expect("subscribe");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while member.assignment().map_or(0, |a| a.count()) == 0 {
+        assert!(Instant::now() < deadline, "the member never got partitions");
+        let _ = member.poll(Duration::from_millis(200));
+    }
+    let (status, error) = reset(json!({"to": "latest"}));
+    assert_eq!(status, 409, "{error}");
+    assert_eq!(error["error"], "NON_EMPTY_GROUP");
+    let (_, described) = api(&ketch, "GET", &format!("/api/v1/groups/{group}"), None);
+    assert_eq!(described["state"], "Stable", "{described}");
+    let members = described["members"].as_array().expect("members");
+    assert_eq!(members.len(), 1);
+    let assigned: BTreeSet<i64> = members[0]["assignment"][&topic]
+        .as_array()
+        .expect("the member's assignment")
+        .iter()
+        .map(|p| p.as_i64().expect("partition"))
+        .collect();
+    assert_eq!(assigned, BTreeSet::from([0, 1]));
+    member.unsubscribe();
+}
+
+#[test]
+fn the_admin_api_manages_topics_as_kafkas_apis_see_them_and_refuses_bad_input() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), WRITES);
+    let rt = runtime();
+    let topic = unique_topic("administered");
+    let body = json!({"name": topic, "partitions": 3, "configs": {"retention.ms": "3600000"}}).to_string();
+    let (status, created) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["partitions"].as_array().map(Vec::len), Some(3));
+    assert_eq!(
+        created["configs"]["retention.ms"],
+        json!({"value": "3600000", "source": "topic"})
+    );
+    let consumer = ketch.consumer();
+    let metadata = consumer
+        .fetch_metadata(Some(&topic), Duration::from_secs(10))
+        .expect("metadata");
+    assert_eq!(metadata.topics()[0].partitions().len(), 3);
+
+    produce(&ketch.producer(), &topic, 1, 10);
+    let (status, described) = api(&ketch, "GET", &format!("/api/v1/topics/{topic}"), None);
+    assert_eq!(status, 200);
+    for partition in described["partitions"].as_array().expect("partitions") {
+        let p = partition["partition"].as_i64().expect("index") as i32;
+        let (low, high) = watermarks(&consumer, &topic, p);
+        assert_eq!(partition["log_start_offset"], low);
+        assert_eq!(partition["high_watermark"], high);
+        assert_eq!(
+            partition["leader"],
+            metadata.topics()[0].partitions()[p as usize].leader()
+        );
+    }
+    assert_eq!(described["partitions"][1]["high_watermark"], 10);
+    assert!(
+        described["partitions"][1]["redis_bytes"]
+            .as_i64()
+            .is_some_and(|b| b > 0),
+        "{described}"
+    );
+    let (_, listed) = api(&ketch, "GET", "/api/v1/topics", None);
+    let summary = listed["topics"]
+        .as_array()
+        .expect("topics")
+        .iter()
+        .find(|t| t["name"] == topic.as_str())
+        .expect("listed");
+    assert_eq!(
+        (summary["partitions"].clone(), summary["records"].clone()),
+        (json!(3), json!(10))
+    );
+    let (_, brokers) = api(&ketch, "GET", "/api/v1/brokers", None);
+    let ids: BTreeSet<i64> = brokers["brokers"]
+        .as_array()
+        .expect("brokers")
+        .iter()
+        .map(|b| b["node_id"].as_i64().expect("id"))
+        .collect();
+    let kafka_ids: BTreeSet<i64> = metadata.brokers().iter().map(|b| i64::from(b.id())).collect();
+    assert_eq!(ids, kafka_ids);
+
+    // Config changes, seen through DescribeConfigs.
+    let described_retention = || {
+        let resource = rt
+            .block_on(ketch.admin().describe_configs(
+                [&ResourceSpecifier::Topic(&topic)],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            ))
+            .expect("DescribeConfigs")
+            .remove(0)
+            .expect("described");
+        resource.get("retention.ms").and_then(|c| c.value.clone())
+    };
+    let path = format!("/api/v1/topics/{topic}");
+    let (status, changed) = api(
+        &ketch,
+        "PATCH",
+        &path,
+        Some(r#"{"configs": {"retention.ms": "60000"}}"#),
+    );
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(described_retention().as_deref(), Some("60000"));
+    for bad in [
+        r#"{"configs": {"retention.ms": "soon"}}"#,
+        r#"{"configs": {"no.such.config": "1"}}"#,
+        r#"{"configs": {}}"#,
+        r#"{"configs": {"retention.ms": "1"}, "extra": 1}"#,
+        r#"{"configs": "#,
+    ] {
+        let (status, error) = api(&ketch, "PATCH", &path, Some(bad));
+        assert_eq!(status, 400, "{bad} → {error}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    assert_eq!(
+        described_retention().as_deref(),
+        Some("60000"),
+        "bad changes change nothing"
+    );
+    let (status, reverted) = api(
+        &ketch,
+        "PATCH",
+        &path,
+        Some(r#"{"configs": {"retention.ms": null}}"#),
+    );
+    assert_eq!(status, 200);
+    assert_ne!(reverted["configs"]["retention.ms"]["source"], "topic");
+
+    // Creation refused: it exists, bad names, counts, configs, JSON, size.
+    let (status, error) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+    assert_eq!(
+        (status, error["error"].clone()),
+        (409, json!("TOPIC_ALREADY_EXISTS"))
+    );
+    let refused = unique_topic("refused");
+    let huge = json!({"name": refused, "configs": {"x": "y".repeat(100_000)}}).to_string();
+    for (bad, want) in [
+        (json!({"name": "bad/name"}).to_string(), 400),
+        (json!({"name": refused, "partitions": 0}).to_string(), 400),
+        (
+            json!({"name": refused, "configs": {"no.such.config": "1"}}).to_string(),
+            400,
+        ),
+        (
+            json!({"name": refused, "configs": {"retention.ms": "soon"}}).to_string(),
+            400,
+        ),
+        (json!({"name": refused, "colour": "red"}).to_string(), 400),
+        ("{\"name\": ".to_owned(), 400),
+        (huge, 413),
+    ] {
+        let (status, error) = ketch.http("POST", "/api/v1/topics", Some(&bad));
+        assert_eq!(status, want, "{} → {error}", &bad[..bad.len().min(80)]);
+        let error = json_of(&error);
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{error}"
+        );
+    }
+    let (status, _) = api(&ketch, "GET", &format!("/api/v1/topics/{refused}"), None);
+    assert_eq!(status, 404, "nothing was created");
+    let (status, error) = api(&ketch, "GET", "/api/v1/topics/no-such-topic", None);
+    assert_eq!(
+        (status, error["error"].clone()),
+        (404, json!("UNKNOWN_TOPIC_OR_PARTITION"))
+    );
+    assert_eq!(api(&ketch, "GET", "/api/v1/no-such-thing", None).0, 404);
+
+    let (status, deleted) = api(&ketch, "DELETE", &path, None);
+    assert_eq!(status, 200, "{deleted}");
+    let metadata = consumer
+        .fetch_metadata(Some(&topic), Duration::from_secs(10))
+        .expect("metadata");
+    assert!(
+        metadata.topics()[0].error().is_some(),
+        "deleted for Kafka clients too"
+    );
+    assert_eq!(api(&ketch, "DELETE", &path, None).0, 404);
+}
+
+#[test]
+fn admin_writes_are_refused_unless_turned_on() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "topics.auto_create=false"]);
+    let topic = unique_topic("guarded");
+    let body = json!({"name": topic}).to_string();
+    let (status, error) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+    assert_eq!((status, error["error"].clone()), (403, json!("WRITES_DISABLED")));
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("http.admin_writes")
+    );
+    assert_eq!(
+        api(&ketch, "GET", &format!("/api/v1/topics/{topic}"), None).0,
+        404
+    );
+    let rt = runtime();
+    let new = rdkafka::admin::NewTopic::new(&topic, 1, rdkafka::admin::TopicReplication::Fixed(1));
+    rt.block_on(ketch.admin().create_topics([&new], &AdminOptions::new()))
+        .expect("CreateTopics");
+    for (method, body) in [
+        ("DELETE", None),
+        ("PATCH", Some(r#"{"configs": {"retention.ms": "1"}}"#)),
+    ] {
+        let (status, _) = api(&ketch, method, &format!("/api/v1/topics/{topic}"), body);
+        assert_eq!(status, 403, "{method}");
+    }
+    let (status, described) = api(&ketch, "GET", &format!("/api/v1/topics/{topic}"), None);
+    assert_eq!(status, 200, "reads stay open and the topic is untouched");
+    assert_ne!(described["configs"]["retention.ms"]["source"], "topic");
+}
+
+#[test]
+fn every_gateway_lists_and_describes_the_groups_of_all() {
+    let redis = TestRedis::start();
+    let a = Ketch::start_node(&redis.url(), 1, "3s", WRITES);
+    let b = Ketch::start_node(&redis.url(), 2, "3s", WRITES);
+    let topic = unique_topic("shared");
+    create(&a, &topic, 1);
+    produce(&a.producer(), &topic, 0, 5);
+    // Groups until each gateway coordinates one.
+    let mut groups = Vec::new();
+    let mut coordinators = BTreeSet::new();
+    while coordinators.len() < 2 {
+        assert!(
+            groups.len() < 40,
+            "40 groups and all on one gateway: {coordinators:?}"
+        );
+        let group = unique_topic("everywhere");
+        commit(&a, &group, &topic, &[(0, 2)]);
+        let (status, described) = api(&a, "GET", &format!("/api/v1/groups/{group}"), None);
+        assert_eq!(status, 200, "{described}");
+        coordinators.insert(described["coordinator"].as_i64().expect("coordinator"));
+        groups.push(group);
+    }
+    for ketch in [&a, &b] {
+        let (_, listed) = api(ketch, "GET", "/api/v1/groups", None);
+        let ids: BTreeSet<&str> = listed["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .filter_map(|g| g["group_id"].as_str())
+            .collect();
+        for group in &groups {
+            assert!(ids.contains(group.as_str()), "{group} missing from {listed}");
+        }
+        for group in &groups {
+            let (status, described) = api(ketch, "GET", &format!("/api/v1/groups/{group}"), None);
+            assert_eq!(status, 200);
+            assert_eq!(described["lag"], 3, "{described}");
+        }
+    }
+    let (status, error) = api(&b, "GET", "/api/v1/groups/no-such-group", None);
+    assert_eq!(status, 404, "{error}");
+}
