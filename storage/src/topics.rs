@@ -293,26 +293,16 @@ impl Store {
         let added = self.place(&topic.id, &topic.tags, total).await?;
         let grown = topic.grown_with(added, &self.keys);
         self.init_partitions(&grown, topic.partitions()).await?;
-        let replaced: i32 = self
-            .scripts
-            .replace_topic
-            .key(self.keys.topics())
-            .arg(&topic.name)
-            .arg(topic.encode())
-            .arg(grown.encode())
-            .invoke_async(&mut self.conn())
-            .await?;
-        if replaced == 0 {
-            self.drop_partitions(&grown, topic.partitions()).await?;
-            self.topics.forget(&topic.name);
-            return Err(StorageError::Conflict(format!(
-                "topic {} changed meanwhile",
-                topic.name
-            )));
+        match self.replace_topic(topic, grown.clone()).await? {
+            Some(grown) => Ok(grown),
+            None => {
+                self.drop_partitions(&grown, topic.partitions()).await?;
+                Err(StorageError::Conflict(format!(
+                    "topic {} changed meanwhile",
+                    topic.name
+                )))
+            }
         }
-        let grown = Arc::new(grown);
-        self.topics.put(grown.clone());
-        Ok(grown)
     }
 
     /// Replaces a topic's config overrides (`configs`, validated by the
@@ -323,26 +313,29 @@ impl Store {
         topic: &Topic,
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<Topic>> {
-        let changed = topic.with_configs(configs);
+        (self.replace_topic(topic, topic.with_configs(configs)).await?)
+            .ok_or_else(|| StorageError::Conflict(format!("topic {} changed meanwhile", topic.name)))
+    }
+
+    /// Replaces the record of `old` with `new` if it is still `old` (and
+    /// caches it); `None` when it changed or vanished meanwhile.
+    async fn replace_topic(&self, old: &Topic, new: Topic) -> Result<Option<Arc<Topic>>> {
         let replaced: i32 = self
             .scripts
             .replace_topic
             .key(self.keys.topics())
-            .arg(&topic.name)
-            .arg(topic.encode())
-            .arg(changed.encode())
+            .arg(&old.name)
+            .arg(old.encode())
+            .arg(new.encode())
             .invoke_async(&mut self.conn())
             .await?;
         if replaced == 0 {
-            self.topics.forget(&topic.name);
-            return Err(StorageError::Conflict(format!(
-                "topic {} changed meanwhile",
-                topic.name
-            )));
+            self.topics.forget(&old.name);
+            return Ok(None);
         }
-        let changed = Arc::new(changed);
-        self.topics.put(changed.clone());
-        Ok(changed)
+        let new = Arc::new(new);
+        self.topics.put(new.clone());
+        Ok(Some(new))
     }
 
     /// Bytes Redis uses for a partition's log stream (`MEMORY USAGE`,

@@ -1274,24 +1274,7 @@ impl Ketch {
 
     /// GET `path` on the HTTP listener: (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect to http listener");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(15)))
-            .expect("read timeout");
-        write!(
-            stream,
-            "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .expect("send request");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("read response");
-        let status = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-        (status, body)
+        self.http("GET", path, None)
     }
 
     pub fn pid(&self) -> u32 {
