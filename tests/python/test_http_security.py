@@ -29,8 +29,10 @@ def set_user(redis_url, name, password):
     ketch_users(redis_url, "set", name, password=password)
 
 
-def get(url, context, user=None, password=None):
-    request = urllib.request.Request(url)
+def get(url, context, user=None, password=None, method="GET", body=None):
+    request = urllib.request.Request(url, method=method, data=body)
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
     if user is not None:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
@@ -65,6 +67,13 @@ def test_https_with_basic_authentication_and_open_paths(redis_url, certs):
         failures = next(float(l.split()[1]) for l in body.splitlines()
                         if l.startswith("ketch_authentication_failures_total"))
         assert failures >= 1
+        # With http.auth the admin API's writes are on, as the principal.
+        new_topic = b'{"name": "made-over-https", "partitions": 2}'
+        assert get(f"{base}/api/v1/topics", context, method="POST", body=new_topic)[0] == 401
+        status, body = get(f"{base}/api/v1/topics", context, "admin", "admin-pw", "POST", new_topic)
+        assert status == 201 and '"made-over-https"' in body, body
+        status, body = get(f"{base}/api/v1/topics/made-over-https", context, "admin", "admin-pw")
+        assert status == 200 and body.count('"partition":') == 2, body
         # Authenticated, but without DESCRIBE on the cluster.
         status, body = get(f"{base}/ready", context, "viewer", "viewer-pw")
         assert status == 403 and "DESCRIBE" in body, body
