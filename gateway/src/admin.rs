@@ -233,6 +233,16 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
     }
 }
 
+/// The header of an in-process request of `key`, at the newest version
+/// ketch serves.
+fn header(key: ApiKey) -> RequestHeader {
+    let (_, version) = api::supported_versions(key).expect("the admin API uses served APIs");
+    RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
+        .with_client_id(Some(api::str_bytes("ketch-admin-api")))
+}
+
 /// Runs a Kafka request in-process, at the newest version ketch serves.
 async fn kafka(
     ctx: &Context,
@@ -240,11 +250,7 @@ async fn kafka(
     key: ApiKey,
     request: RequestKind,
 ) -> Result<ResponseKind, Failure> {
-    let (_, version) = api::supported_versions(key).expect("the admin API uses served APIs");
-    let header = RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_client_id(Some(api::str_bytes("ketch-admin-api")));
+    let header = header(key);
     api::handle(
         ctx,
         client.clone(),
@@ -578,11 +584,7 @@ async fn list_all_groups(
     ctx: &Context,
     client: &Client,
 ) -> Result<BTreeMap<String, (String, String)>, Failure> {
-    let (_, version) = api::supported_versions(ApiKey::ListGroups).expect("served");
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::ListGroups as i16)
-        .with_request_api_version(version)
-        .with_client_id(Some(api::str_bytes("ketch-admin-api")));
+    let header = header(ApiKey::ListGroups);
     let request = ListGroupsRequest::default();
     let mut answers = vec![api::list_groups::handle(ctx, client, &header, request.clone()).await];
     let me = ctx.membership.my_id();

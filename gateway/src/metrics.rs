@@ -618,6 +618,15 @@ pub async fn upkeep(ctx: Arc<Context>) {
     }
 }
 
+/// Calls `f` with a Fetch response's error codes (the connection counts
+/// them before the response is encoded as chunks).
+pub fn fetch_error_codes(r: &kafka_protocol::messages::FetchResponse, f: &mut dyn FnMut(i16)) {
+    f(r.error_code);
+    for t in &r.responses {
+        t.partitions.iter().for_each(|p| f(p.error_code));
+    }
+}
+
 /// Calls `f` with every error code in a response: the top-level one and
 /// those of each topic, partition, group or resource.
 pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
@@ -627,12 +636,7 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
                 t.partition_responses.iter().for_each(|p| f(p.error_code));
             }
         }
-        ResponseKind::Fetch(r) => {
-            f(r.error_code);
-            for t in &r.responses {
-                t.partitions.iter().for_each(|p| f(p.error_code));
-            }
-        }
+        ResponseKind::Fetch(r) => fetch_error_codes(r, f),
         ResponseKind::ListOffsets(r) => {
             for t in &r.topics {
                 t.partitions.iter().for_each(|p| f(p.error_code));

@@ -459,12 +459,7 @@ async fn respond(
         // The stored batches go out as they came from Redis (see
         // api::fetch::encode).
         let answer = api::fetch::handle(ctx, &client, &header, fetch).await;
-        ctx.requests.error(api_key, answer.response.error_code);
-        for topic in &answer.response.responses {
-            for partition in &topic.partitions {
-                ctx.requests.error(api_key, partition.error_code);
-            }
-        }
+        crate::metrics::fetch_error_codes(&answer.response, &mut |code| ctx.requests.error(api_key, code));
         api::fetch::encode(answer, version, correlation_id).map(Some)
     } else {
         match api::handle(ctx, client, &header, body, turns).await {

@@ -193,8 +193,8 @@ impl Metrics {
         } else {
             quarantined.remove(&(topic.to_owned(), partition));
         }
-        self.quarantined_gauge
-            .set(quarantined.values().sum::<u64>() as f64);
+        drop(quarantined);
+        self.refresh_gauges();
     }
 
     pub fn sealed(&self, sealed: u64, deleted: u64) {
