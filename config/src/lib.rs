@@ -54,6 +54,7 @@ pub struct Settings {
     pub tiering: TieringSettings,
     pub storage: StorageSettings,
     pub producers: ProducersSettings,
+    pub transactions: TransactionsSettings,
     pub log: LogSettings,
     pub tls: TlsSettings,
     pub sasl: SaslSettings,
@@ -306,6 +307,23 @@ pub struct ProducersSettings {
     pub expiration: Duration,
 }
 
+/// Transactions (KIP-98).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransactionsSettings {
+    /// The longest `transaction.timeout.ms` a producer may ask for (Kafka's
+    /// `transaction.max.timeout.ms`); more is INVALID_TRANSACTION_TIMEOUT.
+    pub max_timeout: Duration,
+    /// How often each gateway looks for transactions past their timeout
+    /// (aborted, fencing their producers) and for decisions a crashed
+    /// gateway left unfinished (Kafka's
+    /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`).
+    pub abort_check_interval: Duration,
+    /// A transactional id unused this long is forgotten (Kafka's
+    /// `transactional.id.expiration.ms`).
+    pub id_expiration: Duration,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -462,6 +480,16 @@ impl Default for ProducersSettings {
     fn default() -> Self {
         Self {
             expiration: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl Default for TransactionsSettings {
+    fn default() -> Self {
+        Self {
+            max_timeout: Duration::from_secs(15 * 60),
+            abort_check_interval: Duration::from_secs(1),
+            id_expiration: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

@@ -29,7 +29,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{
     ApiKey, DeleteGroupsRequest, DescribeGroupsRequest, EnvelopeRequest, EnvelopeResponse, HeartbeatRequest,
     JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest, OffsetDeleteRequest,
-    RequestHeader, RequestKind, ResponseHeader, ResponseKind, SyncGroupRequest,
+    RequestHeader, RequestKind, ResponseHeader, ResponseKind, SyncGroupRequest, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::AsyncWriteExt;
@@ -278,6 +278,7 @@ fn forwardable(request: &RequestKind) -> bool {
             | RequestKind::DescribeGroups(_)
             | RequestKind::DeleteGroups(_)
             | RequestKind::ListGroups(_)
+            | RequestKind::TxnOffsetCommit(_)
     )
 }
 
@@ -510,6 +511,7 @@ impl Forwardable for OffsetDeleteRequest {}
 impl Forwardable for DescribeGroupsRequest {}
 impl Forwardable for DeleteGroupsRequest {}
 impl Forwardable for ListGroupsRequest {}
+impl Forwardable for TxnOffsetCommitRequest {}
 
 /// How long a forwarded request may take: what the coordinator may hold it
 /// for, plus Redis's timeouts and a margin.

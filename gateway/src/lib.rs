@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod server;
 pub mod storage;
 pub mod time;
+pub mod transactions;
 
 use std::sync::Arc;
 
@@ -354,6 +355,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     ));
     let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));
     let metrics_task = tokio::spawn(metrics::upkeep(ctx.clone()));
+    let transactions_task = tokio::spawn(transactions::sweep(ctx.clone()));
     let acl_task = ctx
         .security
         .acls
@@ -383,6 +385,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     internal_task.abort();
     handover_task.abort();
     metrics_task.abort();
+    transactions_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;
     Ok(())

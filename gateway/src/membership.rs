@@ -210,6 +210,14 @@ impl Membership {
         self.owner(&key)
     }
 
+    /// The gateway that coordinates a transactional id: the one that
+    /// looks after its timeouts (`crate::transactions::sweep`).
+    pub fn transaction_coordinator(&self, id: &str) -> Node {
+        let mut key = b"txn:".to_vec();
+        key.extend_from_slice(id.as_bytes());
+        self.owner(&key)
+    }
+
     /// Whether this gateway coordinates `group`.
     pub fn coordinates(&self, group: &str) -> bool {
         self.can_coordinate() && self.group_coordinator(group).id == self.my_id()

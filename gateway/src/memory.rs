@@ -297,11 +297,7 @@ impl Storage for MemoryStorage {
 
     async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets> {
         self.with_partition(topic, partition, |p, _| {
-            Ok(PartitionOffsets {
-                log_start_offset: p.log_start,
-                local_start_offset: p.log_start,
-                high_watermark: p.next_offset,
-            })
+            Ok(PartitionOffsets::plain(p.log_start, p.log_start, p.next_offset))
         })
     }
 
@@ -327,11 +323,7 @@ impl Storage for MemoryStorage {
                 batches.push(batch.clone());
             }
             Ok(ReadPartition {
-                offsets: Some(PartitionOffsets {
-                    log_start_offset: p.log_start,
-                    local_start_offset: p.log_start,
-                    high_watermark: p.next_offset,
-                }),
+                offsets: Some(PartitionOffsets::plain(p.log_start, p.log_start, p.next_offset)),
                 batches,
             })
         })

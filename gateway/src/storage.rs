@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ketch_storage::batch::BatchHeader;
 use ketch_storage::{
-    AppendOutcome, CommittedOffset, PartitionOffsets, ReadPartition, ReadRequest, Result, Store,
-    StoredCredential, Topic, TopicPartition, WakeHub,
+    AppendOutcome, CommittedOffset, Decided, JoinReply, PartitionOffsets, ReadPartition, ReadRequest, Result,
+    Store, StoredCredential, Topic, TopicPartition, TxnItems, TxnReply, WakeHub,
 };
 use ketch_tiering::Tiers;
 
@@ -104,6 +104,119 @@ pub trait Storage: Send + Sync {
     fn acl_channel(&self) -> String;
     /// The secret gateways prove to each other on the internal listener.
     async fn internal_secret(&self) -> Result<Vec<u8>>;
+
+    // ---- transactions (ketch_storage::transactions; Redis only) ----
+    async fn txn_init(
+        &self,
+        id: &str,
+        timeout_ms: i64,
+        fresh: i64,
+        named: (i64, i16),
+        ttl_ms: i64,
+    ) -> Result<TxnReply> {
+        let _ = (id, timeout_ms, fresh, named, ttl_ms);
+        Err(no_transactions())
+    }
+    async fn txn_add(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        kind: TxnItems,
+        items: &serde_json::Value,
+        ttl_ms: i64,
+    ) -> Result<TxnReply> {
+        let _ = (id, producer, kind, items, ttl_ms);
+        Err(no_transactions())
+    }
+    async fn txn_end(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        commit: bool,
+        recheck_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<TxnReply> {
+        let _ = (id, producer, commit, recheck_ms, ttl_ms);
+        Err(no_transactions())
+    }
+    async fn txn_complete(&self, id: &str, number: i64, ttl_ms: i64) -> Result<bool> {
+        let _ = (id, number, ttl_ms);
+        Err(no_transactions())
+    }
+    async fn txn_expire(&self, id: &str, grace_ms: i64, ttl_ms: i64) -> Result<TxnReply> {
+        let _ = (id, grace_ms, ttl_ms);
+        Err(no_transactions())
+    }
+    async fn txn_describe(&self, id: &str) -> Result<std::collections::HashMap<String, String>> {
+        let _ = id;
+        Err(no_transactions())
+    }
+    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+        let _ = (now_ms, limit);
+        Ok(Vec::new())
+    }
+    async fn txn_ids(&self) -> Result<Vec<(String, Option<i64>)>> {
+        Ok(Vec::new())
+    }
+    async fn txn_forget(&self, id: &str) -> Result<()> {
+        let _ = id;
+        Ok(())
+    }
+    async fn txn_join(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        producer: (i64, i16),
+        number: i64,
+    ) -> Result<JoinReply> {
+        let _ = (topic, partition, producer, number);
+        Err(no_transactions())
+    }
+    async fn write_marker(&self, topic: &Topic, partition: i32, decided: &Decided) -> Result<bool> {
+        let _ = (topic, partition, decided);
+        Err(no_transactions())
+    }
+    async fn aborted_transactions(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, i64)>> {
+        let _ = (topic, partition, from, to);
+        Ok(Vec::new())
+    }
+    async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
+        let _ = (topic, partition);
+        Ok(Vec::new())
+    }
+    async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
+        let _ = (topic, partition);
+        Ok(Vec::new())
+    }
+    async fn stage_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: i64,
+        number: i64,
+        offsets: &[(TopicPartition, CommittedOffset)],
+    ) -> Result<()> {
+        let _ = (group, producer_id, number, offsets);
+        Err(no_transactions())
+    }
+    async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
+        let _ = (group, decided);
+        Err(no_transactions())
+    }
+    async fn unstable_offsets(&self, group: &str, topic: &str, partitions: &[i32]) -> Result<Vec<bool>> {
+        let _ = (group, topic);
+        Ok(vec![false; partitions.len()])
+    }
+}
+
+/// What storage without Redis answers to transactional requests.
+fn no_transactions() -> ketch_storage::StorageError {
+    ketch_storage::StorageError::Unavailable("transactions are kept in Redis only".to_owned())
 }
 
 /// Redis, with reads below the local start served from the archive.
@@ -302,5 +415,98 @@ impl Storage for Tiered {
 
     async fn internal_secret(&self) -> Result<Vec<u8>> {
         self.store.internal_secret().await
+    }
+
+    async fn txn_init(
+        &self,
+        id: &str,
+        timeout_ms: i64,
+        fresh: i64,
+        named: (i64, i16),
+        ttl_ms: i64,
+    ) -> Result<TxnReply> {
+        self.store.txn_init(id, timeout_ms, fresh, named, ttl_ms).await
+    }
+    async fn txn_add(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        kind: TxnItems,
+        items: &serde_json::Value,
+        ttl_ms: i64,
+    ) -> Result<TxnReply> {
+        self.store.txn_add(id, producer, kind, items, ttl_ms).await
+    }
+    async fn txn_end(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        commit: bool,
+        recheck_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<TxnReply> {
+        self.store.txn_end(id, producer, commit, recheck_ms, ttl_ms).await
+    }
+    async fn txn_complete(&self, id: &str, number: i64, ttl_ms: i64) -> Result<bool> {
+        self.store.txn_complete(id, number, ttl_ms).await
+    }
+    async fn txn_expire(&self, id: &str, grace_ms: i64, ttl_ms: i64) -> Result<TxnReply> {
+        self.store.txn_expire(id, grace_ms, ttl_ms).await
+    }
+    async fn txn_describe(&self, id: &str) -> Result<std::collections::HashMap<String, String>> {
+        self.store.txn_describe(id).await
+    }
+    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+        self.store.txn_due(now_ms, limit).await
+    }
+    async fn txn_ids(&self) -> Result<Vec<(String, Option<i64>)>> {
+        self.store.txn_ids().await
+    }
+    async fn txn_forget(&self, id: &str) -> Result<()> {
+        self.store.txn_forget(id).await
+    }
+    async fn txn_join(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        producer: (i64, i16),
+        number: i64,
+    ) -> Result<JoinReply> {
+        self.store.txn_join(topic, partition, producer, number).await
+    }
+    async fn write_marker(&self, topic: &Topic, partition: i32, decided: &Decided) -> Result<bool> {
+        self.store.write_marker(topic, partition, decided).await
+    }
+    async fn aborted_transactions(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, i64)>> {
+        self.store.aborted_transactions(topic, partition, from, to).await
+    }
+    async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
+        self.store.open_transactions(topic, partition).await
+    }
+    async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
+        self.store.producer_states(topic, partition).await
+    }
+    async fn stage_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: i64,
+        number: i64,
+        offsets: &[(TopicPartition, CommittedOffset)],
+    ) -> Result<()> {
+        self.store
+            .stage_txn_offsets(group, producer_id, number, offsets)
+            .await
+    }
+    async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
+        self.store.apply_txn_offsets(group, decided).await
+    }
+    async fn unstable_offsets(&self, group: &str, topic: &str, partitions: &[i32]) -> Result<Vec<bool>> {
+        self.store.unstable_offsets(group, topic, partitions).await
     }
 }

@@ -59,6 +59,9 @@ pub enum SequenceError {
     StaleEpoch,
     /// The partition knows no such producer, and the sequence is not 0.
     UnknownProducer,
+    /// A transactional batch of a producer whose transaction does not
+    /// include the partition (AddPartitionsToTxn), at the batch's epoch.
+    NotInTransaction,
 }
 
 impl From<redis::RedisError> for StorageError {

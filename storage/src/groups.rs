@@ -59,7 +59,7 @@ fn decode_offset(group: &str, json: &str) -> Result<CommittedOffset> {
 }
 
 impl Store {
-    fn group_offsets_key(&self, group: &str) -> String {
+    pub(crate) fn group_offsets_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
     }
 
@@ -90,6 +90,12 @@ impl Store {
 
     fn groups_key(&self) -> String {
         format!("{}:groups", self.keys.namespace())
+    }
+
+    /// Lists `group` among the groups with committed offsets.
+    pub(crate) async fn note_group(&self, group: &str) -> Result<()> {
+        let _: i64 = self.conn().sadd(self.groups_key(), group).await?;
+        Ok(())
     }
 
     /// Stores committed offsets (all in one HSET: atomic per group).
@@ -177,6 +183,8 @@ impl Store {
             .del(self.group_state_key(group))
             .del(self.group_offsets_key(group))
             .srem(self.groups_key(), group)
+            .del(self.group_txn_offsets_key(group))
+            .ignore()
             .query_async(&mut self.conn())
             .await?;
         Ok(deleted > 0)

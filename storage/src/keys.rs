@@ -35,6 +35,8 @@ impl Keys {
             quarantine: key("quarantine"),
             lease: key("lease"),
             producers: key("producers"),
+            txns: key("txns"),
+            aborted: key("aborted"),
             wake: key("wake"),
         }
     }
@@ -55,8 +57,14 @@ pub struct PartitionKeys {
     pub quarantine: String,
     /// The storage worker's lease on this partition.
     pub lease: String,
-    /// Idempotent producers' last batches.
+    /// Idempotent producers' last batches (and their transactions here).
     pub producers: String,
+    /// Open transactions with data in the partition: score = the first
+    /// offset of the transaction's data here, member = producer id.
+    pub txns: String,
+    /// Aborted transactions: score = the offset of the abort marker,
+    /// member = `<producer id>:<first offset>`.
+    pub aborted: String,
     /// A pub/sub channel, not a key.
     pub wake: String,
 }
@@ -65,7 +73,7 @@ impl PartitionKeys {
     /// Every key of the partition (the wake-up channel is not a key). Whatever
     /// acts on all of a partition's keys (deleting a topic, migrating the
     /// layout) iterates this list, so a new key cannot be forgotten.
-    pub fn all(&self) -> [&str; 8] {
+    pub fn all(&self) -> [&str; 10] {
         // Destructured so that adding a field fails to compile until it is
         // listed here.
         let PartitionKeys {
@@ -77,9 +85,13 @@ impl PartitionKeys {
             quarantine,
             lease,
             producers,
+            txns,
+            aborted,
             wake: _,
         } = self;
-        [meta, log, times, staging, segments, quarantine, lease, producers]
+        [
+            meta, log, times, staging, segments, quarantine, lease, producers, txns, aborted,
+        ]
     }
 }
 

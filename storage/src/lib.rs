@@ -22,6 +22,7 @@ mod producers;
 mod security;
 pub mod segments;
 mod topics;
+pub mod transactions;
 pub mod wake;
 mod wire;
 
@@ -42,6 +43,7 @@ pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use metrics::describe_metrics;
 pub use security::StoredCredential;
 pub use topics::{Topic, validate_topic_name};
+pub use transactions::{Decided, JoinReply, TxnItems, TxnReply};
 pub use wake::{Fired, WakeHub};
 
 /// Connection settings of the storage layer.
@@ -133,6 +135,9 @@ struct Scripts {
     lease: redis::Script,
     segment_state: redis::Script,
     change_acls: redis::Script,
+    txn: redis::Script,
+    txn_join: redis::Script,
+    txn_offsets: redis::Script,
 }
 
 impl Store {
@@ -221,6 +226,9 @@ impl Store {
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
+                txn: redis::Script::new(include_str!("scripts/txn.lua")),
+                txn_join: redis::Script::new(include_str!("scripts/txn_join.lua")),
+                txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),
             }),
             server: Arc::from(server),
         })

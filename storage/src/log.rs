@@ -20,7 +20,7 @@ use crate::wire::{Packed, Reply, Wire};
 use crate::{Result, SequenceError, StorageError, Store};
 
 /// Kafka's `index.interval.bytes`: bytes between two time index entries.
-const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
+pub(crate) const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
 /// Stream entries read per XRANGE of a timestamp scan.
 const SCAN_READ_COUNT: usize = 8;
 /// Entries the first read of a partition asks for at most, before its
@@ -275,6 +275,26 @@ pub struct PartitionOffsets {
     /// First offset still in Redis (equal to the log start until tiering).
     pub local_start_offset: i64,
     pub high_watermark: i64,
+    /// The first offset of the oldest transaction still open in the
+    /// partition; the high watermark when none is. Fetches with
+    /// read_committed stop here.
+    pub last_stable_offset: i64,
+    /// The offset of the partition's latest abort marker (-1: none): a
+    /// fetch from above it needs no aborted transactions.
+    pub last_abort: i64,
+}
+
+impl PartitionOffsets {
+    /// Offsets of a partition with no transactions.
+    pub fn plain(log_start_offset: i64, local_start_offset: i64, high_watermark: i64) -> Self {
+        Self {
+            log_start_offset,
+            local_start_offset,
+            high_watermark,
+            last_stable_offset: high_watermark,
+            last_abort: -1,
+        }
+    }
 }
 
 /// One partition to read.
@@ -545,6 +565,9 @@ impl Store {
                     return Err(StorageError::UnknownTopicOrPartition);
                 }
                 AppendReply::Moved { next_offset } => *next = Some(next_offset),
+                AppendReply::Skipped => {
+                    return Err(StorageError::Data("the append script skipped a batch".to_owned()));
+                }
             }
         }
         Err(StorageError::Conflict(format!(
@@ -567,7 +590,7 @@ impl Store {
     ) -> redis::RedisResult<AppendReply> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
-        let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging, &keys.producers];
+        let script_keys = append_keys(keys);
         let reserve = |mode: &str| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(sha)
@@ -582,7 +605,8 @@ impl Store {
                 .arg(batch.len())
                 .arg(header.producer_id)
                 .arg(header.producer_epoch)
-                .arg(header.base_sequence);
+                .arg(header.base_sequence)
+                .arg(transactional_arg(header));
             cmd
         };
         if batch.len() <= INLINE_BATCH_BYTES {
@@ -623,7 +647,7 @@ impl Store {
     ) -> Result<AppendReply> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
-        let script_keys = [&keys.meta, &keys.times, &keys.log, &keys.staging, &keys.producers];
+        let script_keys = append_keys(keys);
         let evalsha = |packed: &mut Packed, args: usize| {
             packed
                 .command(3 + script_keys.len() + args)
@@ -635,7 +659,7 @@ impl Store {
             }
         };
         let reserve = |packed: &mut Packed, mode: &str, inline: bool| {
-            evalsha(packed, 10 + usize::from(inline));
+            evalsha(packed, 11 + usize::from(inline));
             packed
                 .arg(mode)
                 .int(expected)
@@ -646,7 +670,8 @@ impl Store {
                 .int(batch.len() as i64)
                 .int(header.producer_id)
                 .int(i64::from(header.producer_epoch))
-                .int(i64::from(header.base_sequence));
+                .int(i64::from(header.base_sequence))
+                .arg(transactional_arg(header));
         };
         let mut packed = Packed::default();
         if batch.len() <= INLINE_BATCH_BYTES {
@@ -1313,6 +1338,8 @@ enum AppendReply {
     Moved { next_offset: i64 },
     /// The idempotent producer's epoch or sequence is refused.
     Refused(SequenceError),
+    /// (Markers) nothing to end in the partition.
+    Skipped,
 }
 
 /// What a pipeline on the data path's connection came to.
@@ -1420,9 +1447,29 @@ impl redis::FromRedisValue for AppendReply {
             b"out_of_order" => AppendReply::Refused(SequenceError::OutOfOrder),
             b"stale_epoch" => AppendReply::Refused(SequenceError::StaleEpoch),
             b"unknown_producer" => AppendReply::Refused(SequenceError::UnknownProducer),
+            b"not_in_transaction" => AppendReply::Refused(SequenceError::NotInTransaction),
+            b"skipped" => AppendReply::Skipped,
             _ => return Err(bad(&v)),
         })
     }
+}
+
+/// The append script's keys (see `scripts/append.lua`).
+pub(crate) fn append_keys(keys: &PartitionKeys) -> [&String; 7] {
+    [
+        &keys.meta,
+        &keys.times,
+        &keys.log,
+        &keys.staging,
+        &keys.producers,
+        &keys.txns,
+        &keys.aborted,
+    ]
+}
+
+/// The append script's transactional flag for a batch.
+fn transactional_arg(header: &BatchHeader) -> &'static str {
+    if header.is_transactional() { "1" } else { "0" }
 }
 
 /// Redis lost its script cache (restart, SCRIPT FLUSH); EXEC reports the
@@ -1445,9 +1492,7 @@ fn read_meta_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pi
     let cmd = pipe
         .cmd("HMGET")
         .arg(&keys.meta)
-        .arg("next_offset")
-        .arg("log_start")
-        .arg("local_start")
+        .arg(&OFFSET_FIELDS[..])
         .arg("sized_from")
         .arg("sized_to");
     cmd.arg(&SIZE_CLASS_FIELDS[..]);
@@ -1464,25 +1509,30 @@ const SIZE_CLASS_FIELDS: [&str; CLASSES] = [
 fn parse_read_meta(meta: Value) -> Result<(Option<PartitionOffsets>, Option<SizeClasses>)> {
     let fields: Vec<Option<i64>> =
         redis::from_redis_value(meta).map_err(|e| StorageError::Data(format!("partition meta: {e}")))?;
-    if fields.len() != 5 + CLASSES {
+    if fields.len() != OFFSET_FIELDS.len() + 2 + CLASSES {
         return Err(StorageError::Data(format!(
             "partition meta: {} fields",
             fields.len()
         )));
     }
-    let offsets = offsets_of(&fields[..3]);
-    Ok((offsets, SizeClasses::parse(&fields[3..])))
+    let offsets = offsets_of(&fields[..OFFSET_FIELDS.len()]);
+    Ok((offsets, SizeClasses::parse(&fields[OFFSET_FIELDS.len()..])))
 }
 
 /// Adds the read of a partition's offsets (parsed by [`parse_offsets`]).
 fn offsets_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipeline {
-    pipe.cmd("HMGET")
-        .arg(&keys.meta)
-        .arg("next_offset")
-        .arg("log_start")
-        .arg("local_start");
+    pipe.cmd("HMGET").arg(&keys.meta).arg(&OFFSET_FIELDS[..]);
     pipe
 }
+
+/// The meta fields a partition's offsets are read from (see [`offsets_of`]).
+const OFFSET_FIELDS: [&str; 5] = [
+    "next_offset",
+    "log_start",
+    "local_start",
+    "txn_first",
+    "aborted_last",
+];
 
 fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
     let fields: Vec<Option<i64>> =
@@ -1490,13 +1540,21 @@ fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
     Ok(offsets_of(&fields))
 }
 
-/// The offsets of `next_offset`, `log_start`, `local_start`.
+/// The offsets of [`OFFSET_FIELDS`].
 fn offsets_of(fields: &[Option<i64>]) -> Option<PartitionOffsets> {
     match *fields {
-        [Some(high_watermark), Some(log_start_offset), local_start] => Some(PartitionOffsets {
+        [
+            Some(high_watermark),
+            Some(log_start_offset),
+            local_start,
+            txn_first,
+            aborted_last,
+        ] => Some(PartitionOffsets {
             log_start_offset,
             local_start_offset: local_start.unwrap_or(log_start_offset),
             high_watermark,
+            last_stable_offset: txn_first.unwrap_or(high_watermark).min(high_watermark),
+            last_abort: aborted_last.unwrap_or(-1),
         }),
         _ => None,
     }

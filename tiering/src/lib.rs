@@ -55,6 +55,10 @@ pub enum Error {
     /// The catalog failed to open a moment ago; not tried again yet.
     #[error("the catalog is unavailable ({0}); retrying shortly")]
     Waiting(String),
+    /// The segment holds transactional data or transaction markers, which
+    /// the archive does not take yet: it stays in Redis.
+    #[error("the segment holds transactions, which are not archived")]
+    Transactional,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -104,6 +108,9 @@ struct Worker {
     metrics: Arc<Metrics>,
     /// Topics whose archiving task is running.
     archiving: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Segments (topic id, partition, base offset) found to hold
+    /// transactions: kept in Redis, not read again.
+    transactional: std::sync::Mutex<std::collections::HashSet<(uuid::Uuid, i32, i64)>>,
     /// When each topic's table is due for maintenance.
     commits: CommitCount,
     /// This worker's identity in lease keys.
@@ -126,6 +133,7 @@ impl StorageWorker {
                 archiver: Archiver::new(settings.clone()),
                 metrics,
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
+                transactional: std::sync::Mutex::new(std::collections::HashSet::new()),
                 commits: CommitCount::every(settings.maintenance_commits),
                 id: uuid::Uuid::new_v4().to_string(),
             }),
@@ -277,8 +285,20 @@ impl Worker {
                 return Ok(0);
             }
         };
+        // Archiving never passes the last stable offset: an undecided
+        // transaction cannot be archived.
+        let stable = self.store.offsets(topic, partition).await?.last_stable_offset;
         let mut archived_count = 0;
         for (done, segment) in pending.iter().enumerate() {
+            if segment.last >= stable {
+                tracing::debug!(topic = %topic.name, partition, base = segment.base,
+                    "archiving waits for the segment's transactions to be decided");
+                return Ok(archived_count);
+            }
+            let key = (topic.id, partition, segment.base);
+            if self.transactional.lock().expect("not poisoned").contains(&key) {
+                return Ok(archived_count);
+            }
             // The lease must still be ours: archiving can take a while.
             if !self
                 .store
@@ -319,6 +339,13 @@ impl Worker {
                         self.after_commit(topic, &mut table).await;
                     }
                     archived_count += 1;
+                }
+                Err(Error::Transactional) => {
+                    tracing::info!(topic = %topic.name, partition, base = segment.base, last = segment.last,
+                        "a segment holds transactions, which are not archived yet: it and the partition's later \
+                         segments stay in Redis until retention deletes them");
+                    self.transactional.lock().expect("not poisoned").insert(key);
+                    return Ok(archived_count);
                 }
                 Err(e) if e.is_bad_data() => {
                     self.quarantine(topic, partition, segment, tier, &e).await?;

@@ -187,6 +187,9 @@ impl Rows {
     /// stream.
     pub fn add_batch(&mut self, batch: &Bytes) -> Result<()> {
         let header = ketch_storage::batch::header(batch)?;
+        if header.is_transactional() || header.is_control() {
+            return Err(crate::Error::Transactional);
+        }
         let base_offset = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
         // LogAppendTime: every record's timestamp is the batch's max timestamp.
         let log_append_time = header.attributes & 0x08 != 0;

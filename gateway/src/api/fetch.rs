@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchTopic;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHeader};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId, RequestHeader};
 use ketch_storage::{Fired, PartitionOffsets, ReadPartition, ReadRequest, StorageError, Topic};
 use tokio::time::Instant;
 
@@ -223,7 +223,7 @@ pub async fn handle(
     let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes).await;
     let mut waited: Option<Instant> = None;
     loop {
-        let (responses, records, bytes, any_error) =
+        let (mut responses, mut records, bytes, any_error) =
             assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
         let Some(w) = watch
             .as_ref()
@@ -231,6 +231,9 @@ pub async fn handle(
         else {
             if let Some(since) = waited {
                 ctx.requests.fetch_waited(since.elapsed());
+            }
+            if read_committed {
+                add_aborted_transactions(ctx, &topics, &reads, &mut responses, &mut records).await;
             }
             count_fetched(ctx, &topics, &records);
             return FetchAnswer {
@@ -372,11 +375,11 @@ async fn read_partition(
     let hub = ctx.storage.wake();
     if let Some(log_start_offset) = hub.known_empty_at(wake, target.offset) {
         return Ok(ReadPartition {
-            offsets: Some(PartitionOffsets {
+            offsets: Some(PartitionOffsets::plain(
                 log_start_offset,
-                local_start_offset: log_start_offset,
-                high_watermark: target.offset,
-            }),
+                log_start_offset,
+                target.offset,
+            )),
             batches: Vec::new(),
         });
     }
@@ -440,14 +443,16 @@ fn assemble(
                 }
                 (Ok(_), Some(Ok(read))) => {
                     let offsets = read.offsets.expect("a successful read has offsets");
-                    batches = Some(take_batches(
-                        &read.batches,
-                        target.max_bytes,
-                        max_bytes,
-                        &mut total,
-                    ));
+                    // read_committed stops at the last stable offset: no
+                    // batch of an undecided transaction, nor after one.
+                    let readable = if read_committed {
+                        below(&read.batches, offsets.last_stable_offset)
+                    } else {
+                        &read.batches[..]
+                    };
+                    batches = Some(take_batches(readable, target.max_bytes, max_bytes, &mut total));
                     data.with_high_watermark(offsets.high_watermark)
-                        .with_last_stable_offset(offsets.high_watermark)
+                        .with_last_stable_offset(offsets.last_stable_offset)
                         .with_log_start_offset(offsets.log_start_offset)
                         .with_aborted_transactions(read_committed.then(Vec::new))
                         .with_records(None)
@@ -480,6 +485,91 @@ fn assemble(
         );
     }
     (responses, records_of_topics, total, any_error)
+}
+
+/// The batches wholly below `offset` (they are in offset order).
+fn below(batches: &[Bytes], offset: i64) -> &[Bytes] {
+    let end = batches.partition_point(|b| base_offset(b) < offset);
+    &batches[..end]
+}
+
+/// A stored batch's base offset (patched in when it was read).
+fn base_offset(batch: &[u8]) -> i64 {
+    batch
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(i64::MAX, i64::from_be_bytes)
+}
+
+/// The last offset of a batch (base offset + last offset delta).
+fn last_offset(batch: &[u8]) -> i64 {
+    let delta = batch
+        .get(23..27)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, i32::from_be_bytes);
+    base_offset(batch).saturating_add(i64::from(delta))
+}
+
+/// Fills in the aborted transactions of every read_committed partition
+/// that returns records an aborted transaction may have written: those
+/// of its aborted transactions that overlap what it returns, so the
+/// client drops their records (Kafka's FetchResponse.AbortedTransactions).
+async fn add_aborted_transactions(
+    ctx: &Context,
+    topics: &[Vec<Target>],
+    reads: &[Vec<Option<ReadResult>>],
+    responses: &mut [FetchableTopicResponse],
+    records: &mut [Vec<Option<Vec<Bytes>>>],
+) {
+    for t in 0..topics
+        .len()
+        .min(reads.len())
+        .min(responses.len())
+        .min(records.len())
+    {
+        for p in 0..topics[t].len().min(reads[t].len()).min(records[t].len()) {
+            let target = &topics[t][p];
+            let (Ok(topic), Some(Ok(read)), Some(batches)) = (&target.topic, &reads[t][p], &records[t][p])
+            else {
+                continue;
+            };
+            let (Some(offsets), Some(last)) = (read.offsets, batches.last()) else {
+                continue;
+            };
+            if offsets.last_abort < target.offset {
+                continue;
+            }
+            let to = last_offset(last);
+            let found = ctx
+                .storage
+                .aborted_transactions(topic, target.partition, target.offset, to)
+                .await;
+            let Some(data) = responses[t].partitions.get_mut(p) else {
+                continue;
+            };
+            match found {
+                Ok(aborted) => {
+                    data.aborted_transactions = Some(
+                        aborted
+                            .into_iter()
+                            .map(|(pid, first)| {
+                                AbortedTransaction::default()
+                                    .with_producer_id(ProducerId(pid))
+                                    .with_first_offset(first)
+                            })
+                            .collect(),
+                    );
+                }
+                Err(e) => {
+                    // Without them the client would keep aborted records:
+                    // send none rather than those.
+                    data.error_code = error_code(&e);
+                    data.aborted_transactions = Some(Vec::new());
+                    records[t][p] = Some(Vec::new());
+                }
+            }
+        }
+    }
 }
 
 /// Takes whole batches while they fit the partition and response limits;

@@ -1,7 +1,9 @@
 //! FindCoordinator (v0–v6; KIP-699 batches keys from v4): the live gateway
 //! that coordinates each group, chosen by rendezvous hashing (see
-//! `membership`). Transaction and share-group coordinators do not exist in
-//! ketch: asking for one is INVALID_REQUEST.
+//! `membership`), and of each transactional id (the same hashing: the
+//! gateway that looks after the id's timeouts; any gateway serves its
+//! requests, its state being in Redis). Share-group coordinators do not
+//! exist in ketch: asking for one is INVALID_REQUEST.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
@@ -14,6 +16,8 @@ use crate::auth::acl::{Operation, ResourceType};
 
 /// `key_type` of a consumer group.
 const GROUP_KEY: i8 = 0;
+/// `key_type` of a transactional id.
+const TRANSACTION_KEY: i8 = 1;
 
 pub fn handle(
     ctx: &Context,
@@ -44,18 +48,25 @@ pub fn handle(
 
 fn find(ctx: &Context, client: &Client, key_type: i8, key: StrBytes) -> Coordinator {
     let coordinator = Coordinator::default().with_key(key.clone());
-    if key_type != GROUP_KEY {
+    let (resource, refused) = match key_type {
+        GROUP_KEY => (ResourceType::Group, ResponseError::GroupAuthorizationFailed),
+        TRANSACTION_KEY => (
+            ResourceType::TransactionalId,
+            ResponseError::TransactionalIdAuthorizationFailed,
+        ),
+        _ => {
+            return coordinator
+                .with_error_code(ResponseError::InvalidRequest.code())
+                .with_error_message(Some(str_bytes(format!(
+                    "ketch has group and transaction coordinators, not key type {key_type}"
+                ))))
+                .with_node_id(BrokerId(-1))
+                .with_port(-1);
+        }
+    };
+    if !authorized(ctx, client, Operation::Describe, resource, &key) {
         return coordinator
-            .with_error_code(ResponseError::InvalidRequest.code())
-            .with_error_message(Some(str_bytes(format!(
-                "ketch has only consumer group coordinators, not key type {key_type}"
-            ))))
-            .with_node_id(BrokerId(-1))
-            .with_port(-1);
-    }
-    if !authorized(ctx, client, Operation::Describe, ResourceType::Group, &key) {
-        return coordinator
-            .with_error_code(ResponseError::GroupAuthorizationFailed.code())
+            .with_error_code(refused.code())
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
@@ -66,9 +77,12 @@ fn find(ctx: &Context, client: &Client, key_type: i8, key: StrBytes) -> Coordina
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
-    let node = ctx
-        .membership
-        .presented(&ctx.membership.group_coordinator(&key), &client.listener);
+    let owner = if key_type == TRANSACTION_KEY {
+        ctx.membership.transaction_coordinator(&key)
+    } else {
+        ctx.membership.group_coordinator(&key)
+    };
+    let node = ctx.membership.presented(&owner, &client.listener);
     coordinator
         .with_node_id(BrokerId(node.id))
         .with_host(str_bytes(node.host))

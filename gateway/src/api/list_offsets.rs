@@ -32,12 +32,12 @@ pub async fn handle(
     req: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
     let leader_epoch = leader_epoch(header.request_api_version);
-    // `isolation_level` does not matter: without transactions the last
-    // stable offset is the high watermark.
+    // read_committed: the latest offset is the last stable offset.
+    let committed = req.isolation_level == 1;
     let topics = req
         .topics
         .into_iter()
-        .map(|topic| list_topic(ctx, client, topic, leader_epoch));
+        .map(|topic| list_topic(ctx, client, topic, leader_epoch, committed));
     let topics = super::each(topics).await;
     ListOffsetsResponse::default().with_topics(topics)
 }
@@ -47,6 +47,7 @@ async fn list_topic(
     client: &Client,
     request: ListOffsetsTopic,
     leader_epoch: i32,
+    committed: bool,
 ) -> ListOffsetsTopicResponse {
     let topic = if authorized(
         ctx,
@@ -62,7 +63,7 @@ async fn list_topic(
     let partitions = request
         .partitions
         .into_iter()
-        .map(|p| list_partition(ctx, topic.clone(), p, leader_epoch));
+        .map(|p| list_partition(ctx, topic.clone(), p, leader_epoch, committed));
     let partitions = super::each(partitions).await;
     ListOffsetsTopicResponse::default()
         .with_name(request.name)
@@ -74,8 +75,9 @@ async fn list_partition(
     topic: Result<Arc<Topic>, i16>,
     request: ListOffsetsPartition,
     leader_epoch: i32,
+    committed: bool,
 ) -> ListOffsetsPartitionResponse {
-    let found = lookup(ctx, topic, request.partition_index, request.timestamp).await;
+    let found = lookup(ctx, topic, request.partition_index, request.timestamp, committed).await;
     partition_response(request.partition_index, found, leader_epoch)
 }
 
@@ -108,6 +110,7 @@ async fn lookup(
     topic: Result<Arc<Topic>, i16>,
     partition: i32,
     timestamp: i64,
+    committed: bool,
 ) -> Result<Option<(i64, i64)>, i16> {
     let topic = ensure_partition(ctx, topic?, partition).await?;
     let found = match timestamp {
@@ -116,11 +119,16 @@ async fn lookup(
             .offsets(&topic, partition)
             .await
             .map(|o| Some((o.log_start_offset, -1))),
-        LATEST_TIMESTAMP => ctx
-            .storage
-            .offsets(&topic, partition)
-            .await
-            .map(|o| Some((o.high_watermark, -1))),
+        LATEST_TIMESTAMP => ctx.storage.offsets(&topic, partition).await.map(|o| {
+            Some((
+                if committed {
+                    o.last_stable_offset
+                } else {
+                    o.high_watermark
+                },
+                -1,
+            ))
+        }),
         EARLIEST_LOCAL_TIMESTAMP => ctx
             .storage
             .offsets(&topic, partition)

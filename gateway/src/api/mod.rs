@@ -6,6 +6,8 @@
 //! the message schemas `kafka-protocol` 0.18 is generated from (Kafka 4.1).
 
 pub mod acls;
+pub mod add_offsets_to_txn;
+pub mod add_partitions_to_txn;
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
@@ -15,6 +17,7 @@ pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
+pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
@@ -30,6 +33,7 @@ pub mod offset_fetch;
 pub mod produce;
 pub mod scram_credentials;
 pub mod sync_group;
+pub mod txn_offset_commit;
 
 use std::sync::Arc;
 
@@ -60,6 +64,10 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetCommit, 2, 9),
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
     (ApiKey::JoinGroup, 0, 9),
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
@@ -235,6 +243,16 @@ pub async fn handle(
         RequestKind::InitProducerId(r) => {
             ResponseKind::InitProducerId(init_producer_id::handle(ctx, &client, header, r).await)
         }
+        RequestKind::AddPartitionsToTxn(r) => {
+            ResponseKind::AddPartitionsToTxn(add_partitions_to_txn::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::AddOffsetsToTxn(r) => {
+            ResponseKind::AddOffsetsToTxn(add_offsets_to_txn::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::EndTxn(r) => ResponseKind::EndTxn(end_txn::handle(ctx, &client, header, r).await),
+        RequestKind::TxnOffsetCommit(r) => {
+            ResponseKind::TxnOffsetCommit(txn_offset_commit::handle(ctx, &client, header, r).await)
+        }
         RequestKind::CreateAcls(r) => ResponseKind::CreateAcls(acls::create(ctx, &client, r).await),
         RequestKind::DescribeAcls(r) => ResponseKind::DescribeAcls(acls::describe(ctx, &client, r)),
         RequestKind::DeleteAcls(r) => ResponseKind::DeleteAcls(acls::delete(ctx, &client, r).await),
@@ -285,6 +303,7 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::Sequence(SequenceError::OutOfOrder) => ResponseError::OutOfOrderSequenceNumber,
         StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,
         StorageError::Sequence(SequenceError::UnknownProducer) => ResponseError::UnknownProducerId,
+        StorageError::Sequence(SequenceError::NotInTransaction) => ResponseError::InvalidTxnState,
         StorageError::Data(_) => ResponseError::UnknownServerError,
         // Only the Redis tier alone says this; ketch-tiering reads the archive.
         StorageError::NotLocal { .. } => ResponseError::KafkaStorageError,

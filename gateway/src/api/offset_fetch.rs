@@ -23,6 +23,7 @@ pub async fn handle(
     request: OffsetFetchRequest,
 ) -> OffsetFetchResponse {
     if header.request_api_version >= 8 {
+        let stable = request.require_stable;
         let groups = request.groups.into_iter().map(|group| async move {
             let wanted = group.topics.map(|topics| {
                 topics
@@ -30,7 +31,7 @@ pub async fn handle(
                     .map(|t| (t.name, t.partition_indexes))
                     .collect()
             });
-            let (error, topics) = fetch(ctx, client, &group.group_id, wanted).await;
+            let (error, topics) = fetch(ctx, client, &group.group_id, wanted, stable).await;
             OffsetFetchResponseGroup::default()
                 .with_group_id(group.group_id)
                 .with_error_code(error)
@@ -44,7 +45,8 @@ pub async fn handle(
             .map(|t| (t.name, t.partition_indexes))
             .collect()
     });
-    let (error, topics) = fetch(ctx, client, &request.group_id, wanted).await;
+    let stable = header.request_api_version >= 7 && request.require_stable;
+    let (error, topics) = fetch(ctx, client, &request.group_id, wanted, stable).await;
     let version = header.request_api_version;
     let response = OffsetFetchResponse::default()
         .with_topics(topics.into_iter().map(|t| old_topic(version, t)).collect());
@@ -55,9 +57,9 @@ pub async fn handle(
     }
 }
 
-/// One topic's answer: name, (partition, committed offset or none), and
-/// the error of every partition (TOPIC_AUTHORIZATION_FAILED, or none).
-type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>)>, i16);
+/// One topic's answer: name, and (partition, committed offset or none,
+/// error) for each partition.
+type TopicOffsets = (String, Vec<(i32, Option<CommittedOffset>, i16)>);
 
 /// The group's error code and its offsets, grouped by topic in the order
 /// asked (or by name when all were asked for). A topic named twice, or a
@@ -73,6 +75,7 @@ async fn fetch(
     client: &Client,
     group: &GroupId,
     wanted: Option<Vec<(TopicName, Vec<i32>)>>,
+    require_stable: bool,
 ) -> (i16, Vec<TopicOffsets>) {
     if !authorized(ctx, client, Operation::Describe, ResourceType::Group, group) {
         return (ResponseError::GroupAuthorizationFailed.code(), Vec::new());
@@ -105,25 +108,38 @@ async fn fetch(
     // group of many topics does not pay a round trip per topic in turn.
     let reads = super::each(unique.into_iter().map(|(name, partitions)| async move {
         if !describable(&name) {
-            let none = partitions.into_iter().map(|p| (p, None)).collect();
-            return Ok((
-                name.0.to_string(),
-                none,
-                ResponseError::TopicAuthorizationFailed.code(),
-            ));
+            let refused = ResponseError::TopicAuthorizationFailed.code();
+            let none = partitions.into_iter().map(|p| (p, None, refused)).collect();
+            return Ok((name.0.to_string(), none));
         }
-        let offsets = if ketch_storage::validate_topic_name(&name).is_err() {
-            vec![None; partitions.len()]
+        if ketch_storage::validate_topic_name(&name).is_err() {
+            let none = partitions.into_iter().map(|p| (p, None, 0)).collect();
+            return Ok((name.0.to_string(), none));
+        }
+        let offsets = ctx
+            .storage
+            .committed_offsets_of(group, &name, &partitions)
+            .await?;
+        // KIP-447: a consumer that asks for stable offsets waits while a
+        // transaction's offsets for the partition are undecided.
+        let unstable = if require_stable {
+            ctx.storage.unstable_offsets(group, &name, &partitions).await?
         } else {
-            ctx.storage
-                .committed_offsets_of(group, &name, &partitions)
-                .await?
+            vec![false; partitions.len()]
         };
-        Ok::<_, ketch_storage::StorageError>((
-            name.0.to_string(),
-            partitions.into_iter().zip(offsets).collect(),
-            0,
-        ))
+        let answers = partitions
+            .into_iter()
+            .zip(offsets)
+            .zip(unstable)
+            .map(|((p, committed), unstable)| {
+                if unstable {
+                    (p, None, ResponseError::UnstableOffsetCommit.code())
+                } else {
+                    (p, committed, 0)
+                }
+            })
+            .collect();
+        Ok::<_, ketch_storage::StorageError>((name.0.to_string(), answers))
     }))
     .await;
     match reads.into_iter().collect() {
@@ -137,21 +153,21 @@ fn by_topic(all: Vec<(TopicPartition, CommittedOffset)>) -> Vec<TopicOffsets> {
     let mut topics: Vec<TopicOffsets> = Vec::new();
     for ((topic, partition), committed) in all {
         match topics.last_mut() {
-            Some((name, partitions, _)) if *name == topic => partitions.push((partition, Some(committed))),
-            _ => topics.push((topic, vec![(partition, Some(committed))], 0)),
+            Some((name, partitions)) if *name == topic => partitions.push((partition, Some(committed), 0)),
+            _ => topics.push((topic, vec![(partition, Some(committed), 0)])),
         }
     }
     topics
 }
 
 /// v1–v7 answer; the leader epoch exists from v5.
-fn old_topic(version: i16, (name, partitions, error): TopicOffsets) -> OffsetFetchResponseTopic {
+fn old_topic(version: i16, (name, partitions): TopicOffsets) -> OffsetFetchResponseTopic {
     OffsetFetchResponseTopic::default()
         .with_name(TopicName(str_bytes(name)))
         .with_partitions(
             partitions
                 .into_iter()
-                .map(|(index, committed)| {
+                .map(|(index, committed, error)| {
                     let (offset, epoch, metadata) = fields(committed);
                     OffsetFetchResponsePartition::default()
                         .with_partition_index(index)
@@ -164,13 +180,13 @@ fn old_topic(version: i16, (name, partitions, error): TopicOffsets) -> OffsetFet
         )
 }
 
-fn v8_topic((name, partitions, error): TopicOffsets) -> OffsetFetchResponseTopics {
+fn v8_topic((name, partitions): TopicOffsets) -> OffsetFetchResponseTopics {
     OffsetFetchResponseTopics::default()
         .with_name(TopicName(str_bytes(name)))
         .with_partitions(
             partitions
                 .into_iter()
-                .map(|(index, committed)| {
+                .map(|(index, committed, error)| {
                     let (offset, epoch, metadata) = fields(committed);
                     OffsetFetchResponsePartitions::default()
                         .with_partition_index(index)

@@ -130,6 +130,15 @@ pub async fn handle(
     mut turns: Turns,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
+    // A transactional producer names its transactional id; writing for it
+    // takes WRITE on it (its batches are checked against its transaction
+    // by each partition).
+    let transactional = match request.transactional_id.as_deref() {
+        Some(id) if !authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) => {
+            Err(ResponseError::TransactionalIdAuthorizationFailed.code())
+        }
+        id => Ok(id.is_some()),
+    };
     // One deadline for the whole request (0: none), however many of its
     // partitions wait for their turn to start.
     let deadline = u64::try_from(request.timeout_ms)
@@ -153,7 +162,16 @@ pub async fn handle(
             }
         }
         data.partition_data = kept;
-        produce_topic(ctx, client, acks, deadline, by_id, data, turns_of_topic)
+        produce_topic(
+            ctx,
+            client,
+            acks,
+            transactional,
+            deadline,
+            by_id,
+            data,
+            turns_of_topic,
+        )
     });
     let responses = super::each(topics).await;
     if acks == 0 {
@@ -162,10 +180,12 @@ pub async fn handle(
     Some(ProduceResponse::default().with_responses(responses))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn produce_topic(
     ctx: &Context,
     client: &Client,
     acks: i16,
+    transactional: Result<bool, i16>,
     deadline: Option<tokio::time::Instant>,
     by_id: bool,
     data: TopicProduceData,
@@ -173,6 +193,8 @@ async fn produce_topic(
 ) -> TopicProduceResponse {
     let topic = if !matches!(acks, -1..=1) {
         Err(ResponseError::InvalidRequiredAcks.code())
+    } else if let Err(code) = transactional {
+        Err(code)
     } else if by_id {
         match resolve_topic_id(ctx, data.topic_id).await {
             Ok(topic) if !authorized(ctx, client, Operation::Write, ResourceType::Topic, &topic.name) => {
@@ -205,7 +227,7 @@ async fn produce_topic(
             // A request never waits past its timeout (0: no limit); a batch
             // that times out may still be stored, as with Kafka, and an
             // idempotent producer's retry is then deduplicated.
-            let produced = produce_partition(ctx, topic, p.index, p.records, acks);
+            let produced = produce_partition(ctx, topic, p.index, p.records, acks, transactional == Ok(true));
             let produced = match deadline {
                 None => produced.await,
                 Some(deadline) => tokio::time::timeout_at(deadline, produced)
@@ -242,6 +264,7 @@ async fn produce_partition(
     partition: i32,
     records: Option<Bytes>,
     acks: i16,
+    transactional_request: bool,
 ) -> Result<(i64, i64, i64), PartitionError> {
     let topic = ensure_partition(ctx, topic, partition)
         .await
@@ -267,6 +290,13 @@ async fn produce_partition(
         (batch_error_code(&e), Some(e.to_string()))
     })?;
     let mut header = valid.header;
+    if header.is_transactional() && !transactional_request {
+        // Kafka: transactional records need the request's transactional id.
+        return Err((
+            ResponseError::InvalidTxnState.code(),
+            Some("a transactional batch in a produce request without a transactional id".to_owned()),
+        ));
+    }
     let log_append_time = topic.config("message.timestamp.type") == Some("LogAppendTime");
     if log_append_time && header.is_log_append_time() {
         // Kafka's LogValidator: the broker, not the producer, stamps append times.
@@ -315,9 +345,10 @@ async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
 
 fn batch_error_code(e: &BatchError) -> i16 {
     match e {
-        BatchError::MultipleBatches | BatchError::Transactional | BatchError::Sequence { .. } => {
-            ResponseError::InvalidRecord.code()
-        }
+        BatchError::MultipleBatches
+        | BatchError::Control
+        | BatchError::Transactional
+        | BatchError::Sequence { .. } => ResponseError::InvalidRecord.code(),
         BatchError::Magic(_) => ResponseError::UnsupportedForMessageFormat.code(),
         _ => ResponseError::CorruptMessage.code(),
     }

@@ -13,6 +13,8 @@ pub struct BatchBuilder {
     base_timestamp: Option<i64>,
     max_timestamp: i64,
     count: i32,
+    attributes: i16,
+    producer: (i64, i16, i32),
     buf: Vec<u8>,
     record: Vec<u8>,
 }
@@ -26,9 +28,19 @@ impl BatchBuilder {
             base_timestamp: None,
             max_timestamp: -1,
             count: 0,
+            attributes: 0,
+            producer: (-1, -1, -1),
             buf,
             record: Vec::with_capacity(256),
         }
+    }
+
+    /// A batch of producer `id` and `epoch` (sequence unset) with these
+    /// attributes: the transaction markers' form.
+    fn of_producer(mut self, attributes: i16, id: i64, epoch: i16) -> Self {
+        self.attributes = attributes;
+        self.producer = (id, epoch, -1);
+        self
     }
 
     /// Records added so far.
@@ -81,17 +93,51 @@ impl BatchBuilder {
         header[8..12].copy_from_slice(&batch_length.to_be_bytes());
         header[12..16].copy_from_slice(&0i32.to_be_bytes());
         header[16] = 2;
-        header[21..23].copy_from_slice(&0i16.to_be_bytes());
+        header[21..23].copy_from_slice(&self.attributes.to_be_bytes());
         header[23..27].copy_from_slice(&(self.count - 1).to_be_bytes());
         header[27..35].copy_from_slice(&self.base_timestamp.unwrap_or(-1).to_be_bytes());
         header[35..43].copy_from_slice(&self.max_timestamp.to_be_bytes());
-        header[43..51].copy_from_slice(&(-1i64).to_be_bytes());
-        header[51..53].copy_from_slice(&(-1i16).to_be_bytes());
-        header[53..57].copy_from_slice(&(-1i32).to_be_bytes());
+        let (producer_id, epoch, sequence) = self.producer;
+        header[43..51].copy_from_slice(&producer_id.to_be_bytes());
+        header[51..53].copy_from_slice(&epoch.to_be_bytes());
+        header[53..57].copy_from_slice(&sequence.to_be_bytes());
         header[57..61].copy_from_slice(&self.count.to_be_bytes());
         let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &self.buf[CRC_START..]) as u32;
         self.buf[17..21].copy_from_slice(&crc.to_be_bytes());
         Bytes::from(self.buf)
+    }
+}
+
+/// The control batch that ends a transaction in a partition (Kafka's
+/// EndTransactionMarker): transactional and control attributes, the
+/// producer's id and epoch, one record whose key is (version 0, type: 0
+/// abort, 1 commit) and whose value is (version 0, coordinator epoch).
+pub fn transaction_marker(
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+    timestamp: i64,
+) -> Bytes {
+    let key = [0, 0, 0, u8::from(commit)];
+    let mut value = vec![0, 0];
+    value.extend_from_slice(&coordinator_epoch.to_be_bytes());
+    let mut builder = BatchBuilder::new(0).of_producer(TRANSACTIONAL | CONTROL, producer_id, epoch);
+    builder.push(timestamp, Some(&key), Some(&value), std::iter::empty());
+    builder.finish()
+}
+
+/// Attribute bits.
+pub(super) const TRANSACTIONAL: i16 = 0x10;
+pub(super) const CONTROL: i16 = 0x20;
+
+/// What a control record says, from its key: `Some(true)` commit,
+/// `Some(false)` abort, `None` another kind of control record.
+pub fn marker_kind(key: &[u8]) -> Option<bool> {
+    match key {
+        [0, 0, 0, 1] => Some(true),
+        [0, 0, 0, 0] => Some(false),
+        _ => None,
     }
 }
 

@@ -15,7 +15,7 @@ mod snappy;
 
 use bytes::{Buf, Bytes};
 
-pub use builder::BatchBuilder;
+pub use builder::{BatchBuilder, marker_kind, transaction_marker};
 pub use records::{PlainRecords, Record, RecordMeta, RecordRef, Records};
 
 /// Size of the fixed v2 batch header, up to and including the record count.
@@ -55,7 +55,9 @@ pub enum BatchError {
     Decompress(String),
     #[error("only one record batch per partition is accepted, found more")]
     MultipleBatches,
-    #[error("transactional and control batches are not supported")]
+    #[error("clients may not write control batches (transaction markers)")]
+    Control,
+    #[error("a transactional batch needs a producer id and epoch")]
     Transactional,
     #[error("invalid sequence number {base_sequence} in a batch of producer {producer_id}")]
     Sequence { producer_id: i64, base_sequence: i32 },
@@ -122,11 +124,11 @@ impl BatchHeader {
     }
 
     pub fn is_transactional(&self) -> bool {
-        self.attributes & 0x10 != 0
+        self.attributes & builder::TRANSACTIONAL != 0
     }
 
     pub fn is_control(&self) -> bool {
-        self.attributes & 0x20 != 0
+        self.attributes & builder::CONTROL != 0
     }
 }
 
@@ -226,7 +228,10 @@ fn validate_header(bytes: &Bytes) -> Result<BatchHeader, BatchError> {
             count: header.record_count,
         });
     }
-    if header.is_transactional() || header.is_control() {
+    if header.is_control() {
+        return Err(BatchError::Control);
+    }
+    if header.is_transactional() && (header.producer_id < 0 || header.producer_epoch < 0) {
         return Err(BatchError::Transactional);
     }
     if header.producer_id >= 0 && header.base_sequence < 0 {

@@ -26,14 +26,32 @@
 -- KEYS[3] ketch:{TAG}:log      stream, one entry per batch, id <last_offset>-<record_count>
 -- KEYS[4] ketch:{TAG}:staging  the log's name during the XADD
 -- KEYS[5] ketch:{TAG}:producers  hash: producer id -> JSON {e: epoch, b: [[first_seq, last_seq, base_offset]...],
---                                t: last append, ms}
--- ARGV[1] 'reserve', 'inline' or 'finish'
--- reserve, inline: ARGV[2] expected next offset (-1: unknown), ARGV[3] record
+--                                t: last append, ms, x: the producer's transaction here, if any:
+--                                {n: transaction number, e: epoch, f: first offset of its data (absent: none yet)}}
+-- KEYS[6] ketch:{TAG}:txns       open transactions with data here: score = first offset, member = producer id
+-- KEYS[7] ketch:{TAG}:aborted    aborted transactions: score = marker offset, member = '<producer id>:<first offset>'
+-- ARGV[1] 'reserve', 'inline', 'marker' or 'finish'
+-- reserve, inline, marker: ARGV[2] expected next offset (-1: unknown), ARGV[3] record
 --          count, ARGV[4] max timestamp (ms), ARGV[5] wake-up channel,
 --          ARGV[6] time index interval in bytes, ARGV[7] batch size in bytes
 --          ARGV[8] producer id (-1: not idempotent), ARGV[9] producer epoch,
---          ARGV[10] base sequence
--- inline:  ARGV[11] the batch bytes (small batches only: they get hashed)
+--          ARGV[10] base sequence (marker: the transaction number)
+-- reserve, inline: ARGV[11] '1' for a transactional batch, else '0'
+-- marker:  ARGV[11] 'commit' or 'abort'
+-- inline, marker: ARGV[12] the batch bytes (small batches only: they get hashed)
+--
+-- A transactional batch is stored only while the producer's transaction
+-- is registered here (scripts/txn_join.lua, at AddPartitionsToTxn) at the
+-- batch's epoch; the first one opens the transaction here: the partition's
+-- last stable offset (meta `txn_first`, the smallest first offset of an
+-- open transaction) stops there until the marker. A marker ends the
+-- registered transaction of that number: it is written (as a control
+-- batch) only when the transaction stored data here, an abort is added to
+-- the aborted index, and the producer's epoch becomes the marker's (an
+-- abort that fences a producer carries a bumped epoch). A marker for
+-- another transaction, or one older than the producer's epoch, changes
+-- nothing: markers may be written twice (a crashed gateway's commit is
+-- completed by another), never for the wrong transaction.
 --
 -- Reply of reserve and inline, tagged by its first element:
 --   {'stored', base_offset, log_start_offset}  the batch is (inline) or will
@@ -47,7 +65,11 @@
 --       retry with it;
 --   {'out_of_order'}, {'stale_epoch'}, {'unknown_producer'}  the producer's
 --       sequence or epoch is refused (unknown_producer: a producer this
---       partition does not know, with a sequence other than 0).
+--       partition does not know, with a sequence other than 0);
+--   {'not_in_transaction'}  a transactional batch of a producer whose
+--       transaction does not include this partition (at this epoch);
+--   {'skipped'}  (marker only) nothing to end here: no data of that
+--       transaction, or an older marker.
 -- Reply of finish: 1 when the log was renamed back, else 0.
 if ARGV[1] == 'finish' then
   if redis.call('EXISTS', KEYS[4]) == 1 then
@@ -77,17 +99,68 @@ local size = tonumber(ARGV[7])
 -- batches of each producer, to answer a retried batch with its original
 -- offset and to refuse gaps and stale epochs.
 local producer_id = ARGV[8]
-if tonumber(producer_id) >= 0 then
+local now_ms
+local function clock()
+  if not now_ms then
+    local now = redis.call('TIME')
+    now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  end
+  return now_ms
+end
+-- The open transaction's first offset here, after `txns` changed.
+local function update_txn_first()
+  local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  if first[2] then
+    redis.call('HSET', KEYS[1], 'txn_first', first[2])
+  else
+    redis.call('HDEL', KEYS[1], 'txn_first')
+  end
+end
+local transactional = ARGV[1] ~= 'marker' and ARGV[11] == '1'
+local opens_txn = nil
+if ARGV[1] == 'marker' then
+  local epoch = tonumber(ARGV[9])
+  local number = tonumber(ARGV[10])
+  local stored = redis.call('HGET', KEYS[5], producer_id)
+  local state = stored and cjson.decode(stored) or {e = epoch, b = {}}
+  if epoch < state.e then
+    return {'skipped'}
+  end
+  local x = state.x
+  local ends = x and x.n == number
+  if x and x.n > number then
+    return {'skipped'}
+  end
+  if epoch > state.e then
+    state.e = epoch
+  end
+  state.t = clock()
+  if ends then
+    state.x = nil
+  end
+  redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
+  if not (ends and x.f) then
+    return {'skipped'}
+  end
+  redis.call('ZREM', KEYS[6], producer_id)
+  update_txn_first()
+  if ARGV[11] == 'abort' then
+    redis.call('ZADD', KEYS[7], string.format('%d', base), producer_id .. ':' .. string.format('%d', x.f))
+    redis.call('HSET', KEYS[1], 'aborted_last', string.format('%d', base))
+  end
+elseif tonumber(producer_id) >= 0 then
   local epoch = tonumber(ARGV[9])
   local first_seq = tonumber(ARGV[10])
   local last_seq = (first_seq + count - 1) % 2147483648
   local stored = redis.call('HGET', KEYS[5], producer_id)
   local state = stored and cjson.decode(stored) or nil
   -- Last activity (Redis time), for producers.expiration (scripts/seal.lua).
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local now_ms = clock()
   if state and epoch < state.e then
     return {'stale_epoch'}
+  end
+  if transactional and not (state and state.x and state.x.e == epoch) then
+    return {'not_in_transaction'}
   end
   if state and epoch == state.e then
     for _, b in ipairs(state.b) do
@@ -113,11 +186,21 @@ if tonumber(producer_id) >= 0 then
     table.remove(state.b, 1)
   end
   state.t = now_ms
+  if transactional and not state.x.f then
+    state.x.f = base
+    opens_txn = true
+  end
   redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
 end
+if opens_txn then
+  redis.call('ZADD', KEYS[6], string.format('%d', base), producer_id)
+  if not redis.call('HGET', KEYS[1], 'txn_first') then
+    redis.call('HSET', KEYS[1], 'txn_first', string.format('%d', base))
+  end
+end
 
-if ARGV[1] == 'inline' then
-  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[11], 't', ARGV[4])
+if ARGV[1] ~= 'reserve' then
+  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[12], 't', ARGV[4])
 else
   if redis.call('EXISTS', KEYS[3]) == 0 then
     -- First batch: create the empty stream the staged XADD needs.
@@ -141,8 +224,7 @@ end
 -- batch arrived (Redis time) and its largest timestamp.
 local seg_start = meta[7]
 if not seg_start then
-  local t = redis.call('TIME')
-  seg_start = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  seg_start = string.format('%d', clock())
 end
 local seg_max_ts = math.max(tonumber(meta[8] or '-1'), ts)
 -- Size classes, which bound how many entries a gateway's read may ask for

@@ -125,7 +125,10 @@ local expired = 0
 local producers = redis.call('HGETALL', KEYS[4])
 for i = 1, #producers, 2 do
   local ok, state = pcall(cjson.decode, producers[i + 1])
-  if ok and type(state) == 'table' and (state.t or 0) < now - tonumber(ARGV[6]) then
+  -- A producer with an open transaction here is kept: its data holds the
+  -- last stable offset until the marker, which needs the state.
+  local open = ok and type(state) == 'table' and type(state.x) == 'table' and state.x.f
+  if ok and type(state) == 'table' and not open and (state.t or 0) < now - tonumber(ARGV[6]) then
     redis.call('HDEL', KEYS[4], producers[i])
     expired = expired + 1
   end

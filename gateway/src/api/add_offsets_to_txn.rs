@@ -1,0 +1,46 @@
+//! AddOffsetsToTxn (v0–v3): adds a consumer group to the producer's
+//! transaction, so that offsets it commits there (TxnOffsetCommit) are
+//! applied when the transaction commits.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, RequestHeader};
+use ketch_storage::{TxnItems, TxnReply};
+
+use super::{Client, authorized, error_code};
+use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
+
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    request: AddOffsetsToTxnRequest,
+) -> AddOffsetsToTxnResponse {
+    let response = AddOffsetsToTxnResponse::default();
+    let id = request.transactional_id.0.as_str();
+    if !authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) {
+        return response.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
+    }
+    if !authorized(
+        ctx,
+        client,
+        Operation::Read,
+        ResourceType::Group,
+        &request.group_id,
+    ) {
+        return response.with_error_code(ResponseError::GroupAuthorizationFailed.code());
+    }
+    let groups = serde_json::json!([request.group_id.0.as_str()]);
+    let producer = (request.producer_id.0, request.producer_epoch);
+    let ttl = crate::transactions::id_ttl_ms(ctx);
+    match ctx
+        .storage
+        .txn_add(id, producer, TxnItems::Groups, &groups, ttl)
+        .await
+    {
+        Ok(TxnReply::Added { .. }) => response,
+        Ok(refused) => response
+            .with_error_code(crate::transactions::refusal(&refused, header.request_api_version, 2).code()),
+        Err(e) => response.with_error_code(error_code(&e)),
+    }
+}

@@ -1,0 +1,200 @@
+//! TxnOffsetCommit (v0–v3): offsets a transactional producer commits for a
+//! consumer group inside its transaction (`send_offsets_to_transaction`).
+//! Handled by the group's coordinator (forwarded there like OffsetCommit),
+//! which checks the member and generation a v3 request names (KIP-447),
+//! and the transaction: open, of this producer and epoch, with the group
+//! added (AddOffsetsToTxn). The offsets are staged and become the group's
+//! committed offsets only when the transaction commits.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::{RequestHeader, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
+use ketch_storage::{CommittedOffset, Decided, TopicPartition};
+
+use super::{Client, authorized, error_code, resolve_topic};
+use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
+
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    request: TxnOffsetCommitRequest,
+) -> TxnOffsetCommitResponse {
+    let group = request.group_id.0.to_string();
+    let refused = match super::elsewhere(ctx, client, header, (Operation::Read, &group), &request).await {
+        None => check(ctx, client, header, &request, &group).await.err(),
+        Some(Ok(answer)) => return answer,
+        Some(Err(code)) => Some(code),
+    };
+    let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
+    let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
+    let mut positions = Vec::new();
+    for topic in &request.topics {
+        let known = match refused {
+            Some(code) => Err(code),
+            None if !authorized(ctx, client, Operation::Read, ResourceType::Topic, &topic.name) => {
+                Err(ResponseError::TopicAuthorizationFailed.code())
+            }
+            None => resolve_topic(ctx, &topic.name, false)
+                .await
+                .map(|t| t.partitions()),
+        };
+        let mut topic_codes = Vec::with_capacity(topic.partitions.len());
+        for p in &topic.partitions {
+            let code = match known {
+                Err(code) => code,
+                Ok(count) if p.partition_index < 0 || p.partition_index >= count => {
+                    ResponseError::UnknownTopicOrPartition.code()
+                }
+                Ok(_)
+                    if p.committed_metadata
+                        .as_deref()
+                        .is_some_and(|m| m.len() > ctx.settings.groups.max_metadata_bytes) =>
+                {
+                    ResponseError::OffsetMetadataTooLarge.code()
+                }
+                Ok(_) => {
+                    positions.push((codes.len(), topic_codes.len()));
+                    accepted.push((
+                        (topic.name.0.to_string(), p.partition_index),
+                        CommittedOffset::new(
+                            p.committed_offset,
+                            p.committed_leader_epoch,
+                            p.committed_metadata.as_ref().map(|m| m.to_string()),
+                        ),
+                    ));
+                    0
+                }
+            };
+            topic_codes.push(code);
+        }
+        codes.push(topic_codes);
+    }
+    if refused.is_none()
+        && let Err(code) = stage(ctx, &request, &group, &accepted).await
+    {
+        for (t, p) in positions {
+            codes[t][p] = code;
+        }
+    }
+    TxnOffsetCommitResponse::default().with_topics(
+        request
+            .topics
+            .iter()
+            .zip(codes)
+            .map(|(topic, codes)| {
+                TxnOffsetCommitResponseTopic::default()
+                    .with_name(topic.name.clone())
+                    .with_partitions(
+                        topic
+                            .partitions
+                            .iter()
+                            .zip(codes)
+                            .map(|(p, code)| {
+                                TxnOffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(code)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
+
+/// The checks before anything is staged: the transactional id's ACL, the
+/// member and generation (v3), and that the transaction takes offsets for
+/// this group.
+async fn check(
+    ctx: &Context,
+    client: &Client,
+    header: &RequestHeader,
+    request: &TxnOffsetCommitRequest,
+    group: &str,
+) -> Result<(), i16> {
+    if !authorized(
+        ctx,
+        client,
+        Operation::Write,
+        ResourceType::TransactionalId,
+        &request.transactional_id,
+    ) {
+        return Err(ResponseError::TransactionalIdAuthorizationFailed.code());
+    }
+    if header.request_api_version >= 3 && (request.generation_id >= 0 || !request.member_id.is_empty()) {
+        ctx.groups
+            .validate_offset_commit(
+                group,
+                &request.member_id,
+                request.group_instance_id.as_ref(),
+                request.generation_id,
+            )
+            .await?;
+    }
+    transaction_number(ctx, request, group).await.map(|_| ())
+}
+
+/// The number of the open transaction the request's offsets belong to.
+async fn transaction_number(
+    ctx: &Context,
+    request: &TxnOffsetCommitRequest,
+    group: &str,
+) -> Result<i64, i16> {
+    let state = ctx
+        .storage
+        .txn_describe(&request.transactional_id)
+        .await
+        .map_err(|e| error_code(&e))?;
+    let field = |name: &str| state.get(name).and_then(|v| v.parse::<i64>().ok());
+    if field("pid") != Some(request.producer_id.0) {
+        return Err(ResponseError::InvalidProducerIdMapping.code());
+    }
+    if field("epoch") != Some(i64::from(request.producer_epoch)) {
+        return Err(ResponseError::ProducerFenced.code());
+    }
+    let groups: Vec<String> = state
+        .get("groups")
+        .and_then(|g| serde_json::from_str(g).ok())
+        .unwrap_or_default();
+    if state.get("state").map(String::as_str) != Some("Ongoing") || !groups.iter().any(|g| g == group) {
+        return Err(ResponseError::InvalidTxnState.code());
+    }
+    field("n").ok_or(ResponseError::InvalidTxnState.code())
+}
+
+/// Stages the offsets under the transaction's number. Should the
+/// transaction have been decided meanwhile (its finish could not see
+/// them), they are dropped again and the request refused.
+async fn stage(
+    ctx: &Context,
+    request: &TxnOffsetCommitRequest,
+    group: &str,
+    offsets: &[(TopicPartition, CommittedOffset)],
+) -> Result<(), i16> {
+    let number = transaction_number(ctx, request, group).await?;
+    let pid = request.producer_id.0;
+    ctx.storage
+        .stage_txn_offsets(group, pid, number, offsets)
+        .await
+        .map_err(|e| error_code(&e))?;
+    match transaction_number(ctx, request, group).await {
+        Ok(n) if n == number => Ok(()),
+        Ok(_) | Err(_) => {
+            let dropped = Decided {
+                producer_id: pid,
+                epoch: request.producer_epoch,
+                number,
+                commit: false,
+                partitions: Vec::new(),
+                groups: Vec::new(),
+            };
+            if let Err(e) = ctx.storage.apply_txn_offsets(group, &dropped).await {
+                tracing::warn!(group, error = %e, "cannot drop offsets staged for a transaction decided meanwhile");
+            }
+            Err(ResponseError::InvalidTxnState.code())
+        }
+    }
+}

@@ -1,0 +1,39 @@
+-- Registers a producer's transaction with a partition (AddPartitionsToTxn):
+-- from then on the partition takes the producer's transactional batches
+-- of that epoch (scripts/append.lua), until a marker of the transaction's
+-- number ends it there.
+--
+-- KEYS[1] ketch:{TAG}:meta       partition metadata (absent: no such partition)
+-- KEYS[2] ketch:{TAG}:producers  producer id -> JSON state (see append.lua)
+-- ARGV[1] producer id, ARGV[2] epoch, ARGV[3] transaction number
+--
+-- Reply: 'ok'; 'no_partition'; 'stale_epoch' (the partition knows a newer
+-- epoch of the producer: it was fenced); 'pending' (an earlier
+-- transaction of the producer still has data here and no marker yet).
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 'no_partition'
+end
+local epoch = tonumber(ARGV[2])
+local number = tonumber(ARGV[3])
+local stored = redis.call('HGET', KEYS[2], ARGV[1])
+local state = stored and cjson.decode(stored) or nil
+if state and epoch < state.e then
+  return 'stale_epoch'
+end
+if state and state.x then
+  if state.x.n == number and state.x.e == epoch then
+    return 'ok'
+  end
+  if state.x.f then
+    return 'pending'
+  end
+end
+if not state or epoch > state.e then
+  -- A new epoch starts its sequences at 0 (as in append.lua).
+  state = {e = epoch, b = {}}
+end
+local now = redis.call('TIME')
+state.t = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+state.x = {n = number, e = epoch}
+redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(state))
+return 'ok'

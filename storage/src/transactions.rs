@@ -1,0 +1,526 @@
+//! Kafka transactions (KIP-98) on Redis.
+//!
+//! - The coordinator's state of each transactional id is one hash,
+//!   `ketch:txn:{ID}`, changed only by `scripts/txn.lua`: any gateway can
+//!   serve any id, and the decision to commit or abort (the state becoming
+//!   PrepareCommit or PrepareAbort) is the commit point.
+//! - `ketch:transactions` (sorted set) lists every transactional id, scored
+//!   by when a gateway must look at it next: an open transaction's timeout,
+//!   a decision not yet finished, or never (idle ids).
+//! - Each partition of a transaction is told of it first (`txn_join.lua`:
+//!   the producer may now write transactional batches there), and after the
+//!   decision gets a marker through the append script, which moves the
+//!   partition's last stable offset and indexes aborted transactions.
+//! - Offsets committed in a transaction are staged under the group's hash
+//!   tag (`txn_offsets.lua`) and applied after the decision.
+//!
+//! Nothing here needs two hash tags at once: on a Redis Cluster the
+//! transaction's partitions and groups may live on any masters. Markers
+//! and offsets are written after the decision, each idempotently, and
+//! retried until done (by another gateway, should this one die).
+
+use std::collections::HashMap;
+
+use redis::{AsyncCommands, Value};
+
+use crate::batch::transaction_marker;
+use crate::groups::TopicPartition;
+use crate::log::append_keys;
+use crate::{CommittedOffset, Result, StorageError, Store, Topic};
+
+/// A decided transaction, to be finished: markers to its partitions,
+/// offsets to its groups, then `complete`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub producer_id: i64,
+    /// The epoch the markers carry (bumped when the abort fences the producer).
+    pub epoch: i16,
+    /// The transaction's number (per transactional id).
+    pub number: i64,
+    pub commit: bool,
+    pub partitions: Vec<TopicPartition>,
+    pub groups: Vec<String>,
+}
+
+/// What the coordinator's script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnReply {
+    /// InitProducerId: the producer's id and epoch.
+    Producer { producer_id: i64, epoch: i16 },
+    /// InitProducerId: call again with a fresh producer id.
+    NeedProducerId,
+    /// A decided transaction is being finished (CONCURRENT_TRANSACTIONS).
+    Concurrent,
+    /// The producer id is not the transactional id's (INVALID_PRODUCER_ID_MAPPING).
+    Mapping,
+    /// The producer's epoch is not the current one (PRODUCER_FENCED).
+    Fenced,
+    /// No transaction in the state the request needs (INVALID_TXN_STATE).
+    InvalidState,
+    /// EndTxn: the same decision was finished already.
+    Done,
+    /// A transaction to finish.
+    Finish(Decided),
+    /// Add: the open transaction's number and deadline (ms, Redis time).
+    Added { number: i64, deadline_ms: i64 },
+    /// Expire: still open, look again at this time.
+    Open { deadline_ms: i64 },
+    /// Expire: nothing to do.
+    Idle,
+}
+
+/// What AddPartitionsToTxn's registration with a partition answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinReply {
+    Joined,
+    NoPartition,
+    /// The partition knows a newer epoch of the producer.
+    StaleEpoch,
+    /// An earlier transaction of the producer still waits for its marker there.
+    Pending,
+}
+
+/// The kind of item a transaction is extended by.
+#[derive(Debug, Clone, Copy)]
+pub enum TxnItems {
+    Partitions,
+    Groups,
+}
+
+/// The `ketch:transactions` score of an id nothing is due for.
+const IDLE_SCORE: f64 = 9.0e15;
+
+fn bad(what: &str, v: &Value) -> StorageError {
+    StorageError::Data(format!("transaction script: {what}: {v:?}"))
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        _ => text(v)?.parse().ok(),
+    }
+}
+
+fn parse_reply(v: Value) -> Result<TxnReply> {
+    let Value::Array(items) = &v else {
+        return Err(bad("not an array", &v));
+    };
+    let tag = items.first().and_then(text).ok_or_else(|| bad("no tag", &v))?;
+    let at = |i: usize| items.get(i).and_then(int).ok_or_else(|| bad("a number", &v));
+    Ok(match tag.as_str() {
+        "ok" => TxnReply::Producer {
+            producer_id: at(1)?,
+            epoch: i16::try_from(at(2)?).map_err(|_| bad("epoch", &v))?,
+        },
+        "need_pid" => TxnReply::NeedProducerId,
+        "concurrent" => TxnReply::Concurrent,
+        "mapping" => TxnReply::Mapping,
+        "fenced" => TxnReply::Fenced,
+        "invalid_state" => TxnReply::InvalidState,
+        "done" => TxnReply::Done,
+        "idle" => TxnReply::Idle,
+        "open" => TxnReply::Open { deadline_ms: at(1)? },
+        "added" => TxnReply::Added {
+            number: at(1)?,
+            deadline_ms: at(2)?,
+        },
+        "finish" => {
+            let json = |i: usize| items.get(i).and_then(text).ok_or_else(|| bad("JSON", &v));
+            let partitions: Vec<(String, i32)> = serde_json::from_str(&json(5)?)
+                .map_err(|e| StorageError::Data(format!("txn partitions: {e}")))?;
+            let groups: Vec<String> = serde_json::from_str(&json(6)?)
+                .map_err(|e| StorageError::Data(format!("txn groups: {e}")))?;
+            TxnReply::Finish(Decided {
+                producer_id: at(1)?,
+                epoch: i16::try_from(at(2)?).map_err(|_| bad("epoch", &v))?,
+                number: at(3)?,
+                commit: json(4)? == "commit",
+                partitions,
+                groups,
+            })
+        }
+        _ => return Err(bad("unknown tag", &v)),
+    })
+}
+
+impl Store {
+    fn txn_key(&self, id: &str) -> String {
+        format!("{}:txn:{{{id}}}", self.keys.namespace())
+    }
+
+    fn txn_index_key(&self) -> String {
+        format!("{}:transactions", self.keys.namespace())
+    }
+
+    pub(crate) fn group_txn_offsets_key(&self, group: &str) -> String {
+        format!("{}:group:{{{group}}}:txn-offsets", self.keys.namespace())
+    }
+
+    async fn txn_script(&self, id: &str, op: &str, expiration_ms: i64, args: &[String]) -> Result<Value> {
+        let mut invocation = self.scripts.txn.key(self.txn_key(id));
+        invocation.arg(op).arg(expiration_ms);
+        for arg in args {
+            invocation.arg(arg);
+        }
+        Ok(invocation.invoke_async(&mut self.conn()).await?)
+    }
+
+    /// InitProducerId for a transactional id (see `scripts/txn.lua`):
+    /// `fresh` is a new producer id for the script to use when it needs one
+    /// (-1: none yet); `named` the id and epoch the request names (KIP-360).
+    pub async fn txn_init(
+        &self,
+        id: &str,
+        timeout_ms: i64,
+        fresh: i64,
+        named: (i64, i16),
+        expiration_ms: i64,
+    ) -> Result<TxnReply> {
+        let args = [
+            timeout_ms.to_string(),
+            fresh.to_string(),
+            named.0.to_string(),
+            named.1.to_string(),
+        ];
+        let reply = parse_reply(self.txn_script(id, "init", expiration_ms, &args).await?)?;
+        match reply {
+            TxnReply::Producer { .. } => self.txn_index_set(id, None).await?,
+            // The open transaction is aborted (its producer fenced): due
+            // at once, should this gateway not finish it.
+            TxnReply::Finish(_) => self.txn_index_set(id, Some(crate::now_ms())).await?,
+            _ => {}
+        }
+        Ok(reply)
+    }
+
+    /// Adds partitions or groups to the producer's transaction, opening
+    /// one if none is; the index then holds the transaction's deadline.
+    pub async fn txn_add(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        kind: TxnItems,
+        items: &serde_json::Value,
+        expiration_ms: i64,
+    ) -> Result<TxnReply> {
+        let kind = match kind {
+            TxnItems::Partitions => "partitions",
+            TxnItems::Groups => "groups",
+        };
+        let args = [
+            producer.0.to_string(),
+            producer.1.to_string(),
+            kind.to_owned(),
+            items.to_string(),
+        ];
+        let reply = parse_reply(self.txn_script(id, "add", expiration_ms, &args).await?)?;
+        if let TxnReply::Added { deadline_ms, .. } = reply {
+            self.txn_index_set(id, Some(deadline_ms)).await?;
+        }
+        Ok(reply)
+    }
+
+    /// EndTxn: decides the producer's transaction. Should the decision be
+    /// left unfinished, the index has another gateway look at it after
+    /// `recheck_ms`.
+    pub async fn txn_end(
+        &self,
+        id: &str,
+        producer: (i64, i16),
+        commit: bool,
+        recheck_ms: i64,
+        expiration_ms: i64,
+    ) -> Result<TxnReply> {
+        let args = [
+            producer.0.to_string(),
+            producer.1.to_string(),
+            if commit { "commit" } else { "abort" }.to_owned(),
+        ];
+        let reply = parse_reply(self.txn_script(id, "end", expiration_ms, &args).await?)?;
+        if matches!(reply, TxnReply::Finish(_)) {
+            self.txn_index_set(id, Some(crate::now_ms() + recheck_ms)).await?;
+        }
+        Ok(reply)
+    }
+
+    /// Marks a decided transaction finished (its markers and offsets are
+    /// written): the producer may begin the next one.
+    pub async fn txn_complete(&self, id: &str, number: i64, expiration_ms: i64) -> Result<bool> {
+        let value = self
+            .txn_script(id, "complete", expiration_ms, &[number.to_string()])
+            .await?;
+        let completed = matches!(value, Value::Int(1));
+        self.txn_index_set(id, None).await?;
+        Ok(completed)
+    }
+
+    /// The sweeper's look at one id: aborts an open transaction past its
+    /// timeout (fencing its producer), or hands back a decision left
+    /// unfinished for `grace_ms`.
+    pub async fn txn_expire(&self, id: &str, grace_ms: i64, expiration_ms: i64) -> Result<TxnReply> {
+        let value = self
+            .txn_script(id, "expire", expiration_ms, &[grace_ms.to_string()])
+            .await?;
+        let reply = match &value {
+            // The id expired (transactional.id.expiration.ms): forget it.
+            Value::Array(items) if items.is_empty() => TxnReply::Idle,
+            _ => parse_reply(value)?,
+        };
+        match &reply {
+            TxnReply::Open { deadline_ms } => self.txn_index_set(id, Some(*deadline_ms)).await?,
+            TxnReply::Idle => self.txn_index_set(id, None).await?,
+            _ => {}
+        }
+        Ok(reply)
+    }
+
+    /// The coordinator's fields of a transactional id (empty: unknown).
+    pub async fn txn_describe(&self, id: &str) -> Result<HashMap<String, String>> {
+        Ok(self.conn().hgetall(self.txn_key(id)).await?)
+    }
+
+    /// Schedules the next look at `id` (`None`: never; it stays listed).
+    async fn txn_index_set(&self, id: &str, due_ms: Option<i64>) -> Result<()> {
+        let score = due_ms.map_or(IDLE_SCORE, |ms| ms as f64);
+        let _: i64 = self.conn().zadd(self.txn_index_key(), id, score).await?;
+        Ok(())
+    }
+
+    /// Transactional ids due for a look at `now_ms`, at most `limit`.
+    pub async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(self.txn_index_key())
+            .arg("-inf")
+            .arg(now_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(ids)
+    }
+
+    /// Every transactional id listed, with the time it is due (`None`: idle).
+    pub async fn txn_ids(&self) -> Result<Vec<(String, Option<i64>)>> {
+        let ids: Vec<(String, f64)> = self.conn().zrange_withscores(self.txn_index_key(), 0, -1).await?;
+        Ok(ids
+            .into_iter()
+            .map(|(id, score)| (id, (score < IDLE_SCORE).then_some(score as i64)))
+            .collect())
+    }
+
+    /// Forgets a transactional id whose state expired.
+    pub async fn txn_forget(&self, id: &str) -> Result<()> {
+        let _: i64 = self.conn().zrem(self.txn_index_key(), id).await?;
+        Ok(())
+    }
+
+    /// Tells a partition of the producer's transaction `number`: from now
+    /// on it takes the producer's transactional batches of `epoch`.
+    pub async fn txn_join(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        producer: (i64, i16),
+        number: i64,
+    ) -> Result<JoinReply> {
+        if !topic.has_partition(partition) {
+            return Ok(JoinReply::NoPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let reply: String = self
+            .scripts
+            .txn_join
+            .key(&keys.meta)
+            .key(&keys.producers)
+            .arg(producer.0)
+            .arg(producer.1)
+            .arg(number)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(match reply.as_str() {
+            "ok" => JoinReply::Joined,
+            "no_partition" => JoinReply::NoPartition,
+            "stale_epoch" => JoinReply::StaleEpoch,
+            "pending" => JoinReply::Pending,
+            other => return Err(StorageError::Data(format!("txn_join replied {other}"))),
+        })
+    }
+
+    /// Writes the marker of a decided transaction to one of its
+    /// partitions (nothing when the transaction stored nothing there, or a
+    /// marker was written already); true when one was written. Wakes the
+    /// partition's fetches: its last stable offset moved.
+    pub async fn write_marker(&self, topic: &Topic, partition: i32, decided: &Decided) -> Result<bool> {
+        if !topic.has_partition(partition) {
+            return Ok(false);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let now = crate::now_ms();
+        let marker = transaction_marker(decided.producer_id, decided.epoch, decided.commit, 0, now);
+        let mut invocation = self.scripts.append.prepare_invoke();
+        for key in append_keys(keys) {
+            invocation.key(key);
+        }
+        invocation
+            .arg("marker")
+            .arg(-1)
+            .arg(1)
+            .arg(now)
+            .arg(&keys.wake)
+            .arg(crate::log::TIME_INDEX_INTERVAL_BYTES)
+            .arg(marker.len())
+            .arg(decided.producer_id)
+            .arg(decided.epoch)
+            .arg(decided.number)
+            .arg(if decided.commit { "commit" } else { "abort" })
+            .arg(&marker[..]);
+        let reply: Value = invocation.invoke_async(&mut self.conn()).await?;
+        let Value::Array(items) = &reply else {
+            return Err(bad("marker reply", &reply));
+        };
+        match items.first().and_then(text).as_deref() {
+            Some("stored") => {
+                let base = items
+                    .get(1)
+                    .and_then(int)
+                    .ok_or_else(|| bad("marker offset", &reply))?;
+                let log_start = items.get(2).and_then(int);
+                self.wake.appended(&keys.wake, Some(base + 1), log_start);
+                Ok(true)
+            }
+            Some("skipped") => Ok(false),
+            Some("no_partition") => Ok(false),
+            _ => Err(bad("marker reply", &reply)),
+        }
+    }
+
+    /// The aborted transactions whose data may lie in `[from, to]` of a
+    /// partition: (producer id, first offset), oldest first — what a
+    /// read_committed Fetch returns so clients drop those records.
+    pub async fn aborted_transactions(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, i64)>> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        // Scored by the abort marker's offset: those ending at or after
+        // `from`; of them, those beginning at or before `to`.
+        let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&keys.aborted)
+            .arg(from)
+            .arg("+inf")
+            .query_async(&mut self.conn())
+            .await?;
+        let mut aborted: Vec<(i64, i64)> = members
+            .iter()
+            .filter_map(|m| {
+                let (pid, first) = m.split_once(':')?;
+                Some((pid.parse().ok()?, first.parse().ok()?))
+            })
+            .filter(|&(_, first)| first <= to)
+            .collect();
+        aborted.sort_by_key(|&(_, first)| first);
+        Ok(aborted)
+    }
+
+    /// The open transactions with data in a partition: (producer id, first offset).
+    pub async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let open: Vec<(String, f64)> = self.conn().zrange_withscores(&keys.txns, 0, -1).await?;
+        Ok(open
+            .into_iter()
+            .filter_map(|(pid, first)| Some((pid.parse().ok()?, first as i64)))
+            .collect())
+    }
+
+    /// Every producer a partition keeps state for: (producer id, the raw
+    /// JSON state of `scripts/append.lua`), for DescribeProducers.
+    pub async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let states: HashMap<String, String> = self.conn().hgetall(&keys.producers).await?;
+        Ok(states
+            .into_iter()
+            .filter_map(|(pid, json)| Some((pid.parse().ok()?, json)))
+            .collect())
+    }
+
+    /// Stages offsets committed in transaction `number` of `producer_id`.
+    pub async fn stage_txn_offsets(
+        &self,
+        group: &str,
+        producer_id: i64,
+        number: i64,
+        offsets: &[(TopicPartition, CommittedOffset)],
+    ) -> Result<()> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.scripts.txn_offsets.key(self.group_offsets_key(group));
+        invocation
+            .key(self.group_txn_offsets_key(group))
+            .arg("stage")
+            .arg(producer_id)
+            .arg(number);
+        for ((topic, partition), committed) in offsets {
+            let json = serde_json::to_string(committed).expect("offset serializes");
+            invocation.arg(format!("{topic}:{partition}")).arg(json);
+        }
+        let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    /// Applies (commit) or drops (abort) the offsets a decided transaction
+    /// staged for `group`; applying twice changes nothing.
+    pub async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
+        let applied: i64 = self
+            .scripts
+            .txn_offsets
+            .key(self.group_offsets_key(group))
+            .key(self.group_txn_offsets_key(group))
+            .arg("apply")
+            .arg(decided.producer_id)
+            .arg(decided.number)
+            .arg(if decided.commit { "commit" } else { "abort" })
+            .invoke_async(&mut self.conn())
+            .await?;
+        if applied > 0 {
+            self.note_group(group).await?;
+        }
+        Ok(())
+    }
+
+    /// Which of `partitions` of `topic` have offsets staged by a transaction
+    /// not yet decided and finished (OffsetFetch's require_stable, KIP-447).
+    pub async fn unstable_offsets(&self, group: &str, topic: &str, partitions: &[i32]) -> Result<Vec<bool>> {
+        let fields: Vec<String> = partitions.iter().map(|p| format!("{topic}:{p}")).collect();
+        if fields.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.group_txn_offsets_key(group))
+            .arg(&fields)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(values.into_iter().map(|v| v.is_some()).collect())
+    }
+}
