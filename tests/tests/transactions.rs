@@ -1,0 +1,312 @@
+//! Transactions (issue #16): librdkafka's transactional producer across
+//! two gateways, read_committed and read_uncommitted consumers, the last
+//! stable offset of an open transaction, its abort on timeout (fencing the
+//! producer), and bad transactional input — through rdkafka and the raw
+//! protocol. Runs against a single Redis and a Redis Cluster alike.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use kafka_protocol::messages::{
+    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse,
+    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsResponse, ProducerId, TransactionalId,
+};
+use kafka_protocol::protocol::StrBytes;
+use ketch_tests::batch::{self, Record};
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, TestRedis, unique_topic};
+use rdkafka::Message;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::{FutureRecord, Producer};
+
+const INVALID_PRODUCER_EPOCH: i16 = 47;
+const INVALID_TXN_STATE: i16 = 48;
+const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
+const INVALID_TRANSACTION_TIMEOUT: i16 = 50;
+const INVALID_RECORD: i16 = 87;
+const PRODUCER_FENCED: i16 = 90;
+
+/// Values of the records `consumer` reads from `partitions` of `topic`
+/// until it has `want` of them or nothing more arrives for 2 s.
+fn drain(consumer: &BaseConsumer, want: usize) -> Vec<String> {
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(message) => {
+                let message = message.expect("consume");
+                seen.push(String::from_utf8(message.payload().unwrap().to_vec()).unwrap());
+                quiet_since = Instant::now();
+            }
+            None if seen.len() >= want && quiet_since.elapsed() > Duration::from_secs(2) => break,
+            None => {}
+        }
+    }
+    seen
+}
+
+fn reader(ketch: &Ketch, topic: &str, partitions: i32, isolation: &str) -> BaseConsumer {
+    let consumer = ketch.consumer_with(&[("isolation.level", isolation)]);
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment
+            .add_partition_offset(topic, p, rdkafka::Offset::Offset(0))
+            .unwrap();
+    }
+    rdkafka::consumer::Consumer::assign(&consumer, &assignment).unwrap();
+    consumer
+}
+
+#[test]
+fn rdkafka_commits_and_aborts_across_two_gateways() {
+    let redis = TestRedis::start();
+    let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
+    let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
+    let rt = ketch_tests::runtime();
+    let topic = unique_topic("txn-rdkafka");
+    a.create_topic(&rt, &topic, 4);
+    let producer = a.producer_with(&[("transactional.id", &unique_topic("txn-id"))]);
+    producer.init_transactions(Duration::from_secs(30)).expect("init");
+    let send = |value: String, partition: i32| {
+        producer
+            .send_result(
+                FutureRecord::<(), _>::to(&topic)
+                    .payload(&value)
+                    .partition(partition),
+            )
+            .map_err(|(e, _)| e)
+            .expect("queued")
+    };
+    producer.begin_transaction().unwrap();
+    let committed: Vec<_> = (0..100).map(|i| send(format!("c{i}"), i % 4)).collect();
+    producer
+        .commit_transaction(Duration::from_secs(30))
+        .expect("commit");
+    for delivery in committed {
+        rt.block_on(delivery).unwrap().map_err(|(e, _)| e).unwrap();
+    }
+    producer.begin_transaction().unwrap();
+    let aborted: Vec<_> = (0..50).map(|i| send(format!("a{i}"), i % 4)).collect();
+    producer.flush(Duration::from_secs(30)).unwrap();
+    producer
+        .abort_transaction(Duration::from_secs(30))
+        .expect("abort");
+    for delivery in aborted {
+        let _ = rt.block_on(delivery);
+    }
+    // The committed transaction through the other gateway.
+    producer.begin_transaction().unwrap();
+    let last = send("c-last".to_owned(), 0);
+    producer
+        .commit_transaction(Duration::from_secs(30))
+        .expect("commit");
+    rt.block_on(last).unwrap().map_err(|(e, _)| e).unwrap();
+
+    let read_committed: BTreeSet<String> = drain(&reader(&b, &topic, 4, "read_committed"), 101)
+        .into_iter()
+        .collect();
+    let mut want: BTreeSet<String> = (0..100).map(|i| format!("c{i}")).collect();
+    want.insert("c-last".to_owned());
+    assert_eq!(
+        read_committed, want,
+        "read_committed: every committed record, nothing aborted"
+    );
+
+    let uncommitted = drain(&reader(&b, &topic, 4, "read_uncommitted"), 151);
+    assert_eq!(
+        uncommitted.len(),
+        151,
+        "read_uncommitted sees aborted records too"
+    );
+    assert_eq!(uncommitted.iter().filter(|v| v.starts_with('a')).count(), 50);
+    // Three markers per partition of the first two transactions, one more in 0.
+    let offsets: i64 = (0..4).map(|p| redis.next_offset(&topic, p)).sum();
+    assert_eq!(
+        offsets,
+        151 + 4 + 4 + 1,
+        "records plus one marker per partition per transaction"
+    );
+}
+
+fn init(conn: &mut KafkaConn, id: &str, timeout_ms: i32) -> InitProducerIdResponse {
+    conn.request(
+        4,
+        &InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.to_owned()))))
+            .with_transaction_timeout_ms(timeout_ms)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1),
+    )
+}
+
+fn add_partition(conn: &mut KafkaConn, id: &str, pid: i64, epoch: i16, topic: &str, partition: i32) -> i16 {
+    let response: AddPartitionsToTxnResponse = conn.request(
+        3,
+        &AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_string(id.to_owned())))
+            .with_v3_and_below_producer_id(ProducerId(pid))
+            .with_v3_and_below_producer_epoch(epoch)
+            .with_v3_and_below_topics(vec![
+                AddPartitionsToTxnTopic::default()
+                    .with_name(raw::topic_name(topic))
+                    .with_partitions(vec![partition]),
+            ]),
+    );
+    response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+}
+
+/// A transactional batch of `records` from producer `pid`.
+fn transactional(records: &[Record], pid: i64, epoch: i16, sequence: i32) -> Vec<u8> {
+    let mut batch = batch::encode_idempotent(records, pid, epoch, sequence);
+    batch[22] |= 0x10;
+    batch::fix_crc(&mut batch);
+    batch
+}
+
+fn produce_in(conn: &mut KafkaConn, id: Option<&str>, topic: &str, batch: Vec<u8>) -> (i16, i64) {
+    let request = raw::produce_request(topic, 0, batch)
+        .with_transactional_id(id.map(|id| TransactionalId(StrBytes::from_string(id.to_owned()))));
+    raw::produce_result(&conn.request(9, &request))
+}
+
+/// (HW, LSO) of partition 0 as ListOffsets latest answers them.
+fn watermarks(conn: &mut KafkaConn, topic: &str) -> (i64, i64) {
+    let mut latest = |isolation: i8| {
+        let request = raw::list_offsets_request(topic, 0, -1).with_isolation_level(isolation);
+        let response: ListOffsetsResponse = conn.request(7, &request);
+        raw::list_offsets_result(&response).1
+    };
+    (latest(0), latest(1))
+}
+
+#[test]
+fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_producer() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "transactions.abort_check_interval=100ms"],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-timeout");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-timeout-id");
+    let started = init(&mut conn, &id, 1_500);
+    assert_eq!(started.error_code, code::NONE);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let open = transactional(&[Record::value(1_000, b"open")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    assert_eq!(
+        raw::produce(
+            &mut conn,
+            &topic,
+            0,
+            batch::encode(&[Record::value(1_001, b"plain")])
+        ),
+        (code::NONE, 1)
+    );
+    assert_eq!(
+        watermarks(&mut conn, &topic),
+        (2, 0),
+        "the open transaction holds the LSO at its first offset"
+    );
+
+    // The gateway aborts it past its 1.5 s timeout: the marker moves the LSO.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while watermarks(&mut conn, &topic) != (3, 3) {
+        assert!(
+            Instant::now() < deadline,
+            "the timed-out transaction was never aborted: {:?}",
+            watermarks(&mut conn, &topic)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // read_committed: both batches and the marker, with the aborted
+    // transaction named so the client drops its record.
+    let fetch = raw::fetch_request(&topic, 0, 0, 0).with_isolation_level(1);
+    let response: kafka_protocol::messages::FetchResponse = conn.request(11, &fetch);
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.last_stable_offset, 3);
+    let aborted = partition
+        .aborted_transactions
+        .as_ref()
+        .expect("aborted transactions");
+    assert_eq!(aborted.len(), 1);
+    assert_eq!((aborted[0].producer_id.0, aborted[0].first_offset), (pid, 0));
+    // The producer was fenced by the abort: its epoch is refused.
+    let late = transactional(&[Record::value(1_002, b"late")], pid, epoch, 1);
+    assert_eq!(
+        produce_in(&mut conn, Some(&id), &topic, late).0,
+        INVALID_PRODUCER_EPOCH
+    );
+    assert_eq!(
+        add_partition(&mut conn, &id, pid, epoch, &topic, 0),
+        PRODUCER_FENCED
+    );
+    assert_eq!(redis.next_offset(&topic, 0), 3, "nothing stored after the abort");
+}
+
+#[test]
+fn bad_transactional_input_is_refused_and_stores_nothing() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "transactions.max_timeout=1m"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-bad");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+
+    assert_eq!(
+        init(&mut conn, "too-long", 120_000).error_code,
+        INVALID_TRANSACTION_TIMEOUT
+    );
+    let id = unique_topic("txn-bad-id");
+    let started = init(&mut conn, &id, 30_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(started.error_code, code::NONE);
+
+    // A transactional batch for a partition its transaction did not add.
+    let stray = transactional(&[Record::value(1, b"stray")], pid, epoch, 0);
+    assert_eq!(
+        produce_in(&mut conn, Some(&id), &topic, stray.clone()).0,
+        INVALID_TXN_STATE
+    );
+    // … or without the request's transactional id.
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    assert_eq!(produce_in(&mut conn, None, &topic, stray).0, INVALID_TXN_STATE);
+    // A control batch (a marker) from a client.
+    let mut marker = transactional(&[Record::value(1, b"x")], pid, epoch, 0);
+    marker[22] |= 0x20;
+    batch::fix_crc(&mut marker);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, marker).0, INVALID_RECORD);
+    // The coordinator refuses a stale epoch and an unknown id.
+    assert_eq!(
+        add_partition(&mut conn, &id, pid, epoch - 1, &topic, 0),
+        PRODUCER_FENCED
+    );
+    let end = |conn: &mut KafkaConn, id: &str, pid: i64| {
+        let response: EndTxnResponse = conn.request(
+            3,
+            &EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(StrBytes::from_string(id.to_owned())))
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_committed(true),
+        );
+        response.error_code
+    };
+    assert_eq!(
+        end(&mut conn, "no-such-transactional-id", pid),
+        INVALID_PRODUCER_ID_MAPPING
+    );
+    assert_eq!(end(&mut conn, &id, pid + 1), INVALID_PRODUCER_ID_MAPPING);
+    assert_eq!(redis.next_offset(&topic, 0), 0, "nothing stored");
+    // The transaction itself still commits (no data: no marker).
+    assert_eq!(end(&mut conn, &id, pid), code::NONE);
+    assert_eq!(
+        end(&mut conn, &id, pid),
+        code::NONE,
+        "a retried commit is answered the same"
+    );
+    assert_eq!(redis.next_offset(&topic, 0), 0);
+}
