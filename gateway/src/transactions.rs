@@ -112,10 +112,8 @@ async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
                 }
                 finish(ctx, &id, &decided).await?;
             }
-            TxnReply::Idle => {
-                if ctx.storage.txn_describe(&id).await?.is_empty() {
-                    ctx.storage.txn_forget(&id).await?;
-                }
+            TxnReply::Idle if ctx.storage.txn_describe(&id).await?.is_empty() => {
+                ctx.storage.txn_forget(&id).await?;
             }
             _ => {}
         }

@@ -310,3 +310,109 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
     );
     assert_eq!(redis.next_offset(&topic, 0), 0);
 }
+
+#[test]
+fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators_see_it() {
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+    use kafka_protocol::messages::{
+        DescribeProducersRequest, DescribeProducersResponse, DescribeTransactionsRequest,
+        DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse,
+    };
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "transactions.abort_check_interval=100ms"],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-recover");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-recover-id");
+    let started = init(&mut conn, &id, 60_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let data = transactional(&[Record::value(1_000, b"decided")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
+
+    let describe_producers = |conn: &mut KafkaConn| {
+        let response: DescribeProducersResponse = conn.request(
+            0,
+            &DescribeProducersRequest::default().with_topics(vec![
+                TopicRequest::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partition_indexes(vec![0]),
+            ]),
+        );
+        let producer = &response.topics[0].partitions[0].active_producers[0];
+        (producer.producer_id.0, producer.current_txn_start_offset)
+    };
+    assert_eq!(
+        describe_producers(&mut conn),
+        (pid, 0),
+        "the open transaction starts at 0"
+    );
+    let describe = |conn: &mut KafkaConn| {
+        let response: DescribeTransactionsResponse = conn.request(
+            0,
+            &DescribeTransactionsRequest::default()
+                .with_transactional_ids(vec![TransactionalId(StrBytes::from_string(id.clone()))]),
+        );
+        let state = &response.transaction_states[0];
+        (
+            state.error_code,
+            state.transaction_state.to_string(),
+            state.topics.len(),
+        )
+    };
+    assert_eq!(describe(&mut conn), (code::NONE, "Ongoing".to_owned(), 1));
+    let listed: ListTransactionsResponse = conn.request(
+        1,
+        &ListTransactionsRequest::default()
+            .with_state_filters(vec![StrBytes::from_static_str("Ongoing")])
+            .with_duration_filter(-1),
+    );
+    assert!(
+        listed
+            .transaction_states
+            .iter()
+            .any(|s| s.transactional_id.0.as_str() == id && s.producer_id.0 == pid),
+        "ListTransactions lists the open transaction"
+    );
+
+    // As if the gateway deciding the commit died right after the decision:
+    // the state says PrepareCommit, no marker is written.
+    let key = format!("ketch:txn:{{{id}}}");
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("state")
+        .arg("PrepareCommit")
+        .arg("updated_ms")
+        .arg(0)
+        .query(&mut redis.connection())
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("ketch:transactions")
+        .arg(0)
+        .arg(&id)
+        .query(&mut redis.connection())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while watermarks(&mut conn, &topic) != (2, 2) {
+        assert!(Instant::now() < deadline, "the decided commit was never finished");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(describe(&mut conn), (code::NONE, "CompleteCommit".to_owned(), 0));
+    assert_eq!(
+        describe_producers(&mut conn),
+        (pid, -1),
+        "no open transaction left"
+    );
+    let fetch = raw::fetch_request(&topic, 0, 0, 0).with_isolation_level(1);
+    let response: kafka_protocol::messages::FetchResponse = conn.request(11, &fetch);
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.aborted_transactions.as_ref().map(Vec::len), Some(0));
+    assert_eq!(
+        raw::count_records(partition.records.as_deref().unwrap()),
+        2,
+        "the record and its commit marker"
+    );
+}

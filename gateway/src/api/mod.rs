@@ -17,6 +17,8 @@ pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
+pub mod describe_producers;
+pub mod describe_transactions;
 pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
@@ -26,6 +28,7 @@ pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
 pub mod list_offsets;
+pub mod list_transactions;
 pub mod metadata;
 pub mod offset_commit;
 pub mod offset_delete;
@@ -68,6 +71,9 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AddOffsetsToTxn, 0, 3),
     (ApiKey::EndTxn, 0, 3),
     (ApiKey::TxnOffsetCommit, 0, 3),
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::ListTransactions, 0, 1),
     (ApiKey::JoinGroup, 0, 9),
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
@@ -252,6 +258,15 @@ pub async fn handle(
         RequestKind::EndTxn(r) => ResponseKind::EndTxn(end_txn::handle(ctx, &client, header, r).await),
         RequestKind::TxnOffsetCommit(r) => {
             ResponseKind::TxnOffsetCommit(txn_offset_commit::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::DescribeProducers(r) => {
+            ResponseKind::DescribeProducers(describe_producers::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::DescribeTransactions(r) => {
+            ResponseKind::DescribeTransactions(describe_transactions::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::ListTransactions(r) => {
+            ResponseKind::ListTransactions(list_transactions::handle(ctx, &client, header, r).await)
         }
         RequestKind::CreateAcls(r) => ResponseKind::CreateAcls(acls::create(ctx, &client, r).await),
         RequestKind::DescribeAcls(r) => ResponseKind::DescribeAcls(acls::describe(ctx, &client, r)),

@@ -1,0 +1,91 @@
+//! DescribeProducers (v0, KIP-664): the producers each partition keeps
+//! state for (the append script's producer state): id, epoch, last
+//! sequence, last activity, and the first offset of the producer's open
+//! transaction there. Needs READ on the topic.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_producers_response::{
+    PartitionResponse, ProducerState, TopicResponse,
+};
+use kafka_protocol::messages::{
+    DescribeProducersRequest, DescribeProducersResponse, ProducerId, RequestHeader,
+};
+
+use super::{Client, authorized, ensure_partition, error_code, resolve_topic};
+use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
+
+pub async fn handle(
+    ctx: &Context,
+    client: &Client,
+    _header: &RequestHeader,
+    request: DescribeProducersRequest,
+) -> DescribeProducersResponse {
+    let mut topics = Vec::with_capacity(request.topics.len());
+    for topic in request.topics {
+        let found = if authorized(ctx, client, Operation::Read, ResourceType::Topic, &topic.name) {
+            resolve_topic(ctx, &topic.name, false).await
+        } else {
+            Err(ResponseError::TopicAuthorizationFailed.code())
+        };
+        let mut partitions = Vec::with_capacity(topic.partition_indexes.len());
+        for &index in &topic.partition_indexes {
+            let answer = PartitionResponse::default().with_partition_index(index);
+            let t = match &found {
+                Ok(t) => ensure_partition(ctx, t.clone(), index).await,
+                Err(code) => Err(*code),
+            };
+            let t = match t {
+                Ok(t) => t,
+                Err(code) => {
+                    partitions.push(answer.with_error_code(code));
+                    continue;
+                }
+            };
+            match ctx.storage.producer_states(&t, index).await {
+                Ok(states) => {
+                    let mut producers: Vec<ProducerState> = states
+                        .iter()
+                        .filter_map(|(pid, json)| producer(*pid, json))
+                        .collect();
+                    producers.sort_by_key(|p| p.producer_id.0);
+                    partitions.push(answer.with_active_producers(producers));
+                }
+                Err(e) => partitions.push(answer.with_error_code(error_code(&e))),
+            }
+        }
+        topics.push(
+            TopicResponse::default()
+                .with_name(topic.name)
+                .with_partitions(partitions),
+        );
+    }
+    DescribeProducersResponse::default().with_topics(topics)
+}
+
+/// One producer's state from its JSON (see `scripts/append.lua`).
+fn producer(pid: i64, json: &str) -> Option<ProducerState> {
+    let state: serde_json::Value = serde_json::from_str(json).ok()?;
+    let epoch = state.get("e")?.as_i64()?;
+    let last_sequence = state
+        .get("b")
+        .and_then(|b| b.as_array())
+        .and_then(|b| b.last())
+        .and_then(|last| last.get(1))
+        .and_then(|s| s.as_i64())
+        .unwrap_or(-1);
+    let txn_start = state
+        .get("x")
+        .and_then(|x| x.get("f"))
+        .and_then(|f| f.as_i64())
+        .unwrap_or(-1);
+    Some(
+        ProducerState::default()
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch as i32)
+            .with_last_sequence(last_sequence as i32)
+            .with_last_timestamp(state.get("t").and_then(|t| t.as_i64()).unwrap_or(-1))
+            .with_coordinator_epoch(-1)
+            .with_current_txn_start_offset(txn_start),
+    )
+}
