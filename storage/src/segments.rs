@@ -43,6 +43,11 @@ pub struct Segment {
     /// (a hole in the partition's offsets).
     #[serde(default)]
     pub skipped: Option<Skipped>,
+    /// Offsets the archive's data file has no rows for, as sorted inclusive
+    /// ranges: transaction markers and aborted transactions' records,
+    /// filtered out when the segment was archived.
+    #[serde(default)]
+    pub holes: Vec<(i64, i64)>,
 }
 
 /// Why and since when a segment is quarantined.
@@ -86,10 +91,18 @@ pub enum Tier {
 /// A change to a segment's state (`scripts/segment_state.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentChange<'a> {
-    Archived { path: &'a str, file_bytes: u64 },
-    Quarantine { reason: &'a str },
+    Archived {
+        path: &'a str,
+        file_bytes: u64,
+        holes: &'a [(i64, i64)],
+    },
+    Quarantine {
+        reason: &'a str,
+    },
     Retry,
-    Skip { reason: &'a str },
+    Skip {
+        reason: &'a str,
+    },
 }
 
 /// What a [`SegmentChange`] found.
@@ -192,6 +205,7 @@ impl Store {
             .key(&keys.log)
             .key(&keys.producers)
             .key(&keys.quarantine)
+            .key(&keys.aborted)
             .arg(policy.segment_bytes)
             .arg(policy.segment_ms)
             .arg(policy.retention_ms)
@@ -231,8 +245,13 @@ impl Store {
         segment: &Segment,
         path: &str,
         file_bytes: u64,
+        holes: &[(i64, i64)],
     ) -> Result<bool> {
-        let change = SegmentChange::Archived { path, file_bytes };
+        let change = SegmentChange::Archived {
+            path,
+            file_bytes,
+            holes,
+        };
         Ok(self.change_segment(topic, partition, segment, change).await? != SegmentChanged::Gone)
     }
 
@@ -248,8 +267,13 @@ impl Store {
         let mut invocation = self.scripts.segment_state.key(&keys.segments);
         invocation.arg(segment.base).arg(segment.last);
         match change {
-            SegmentChange::Archived { path, file_bytes } => {
-                invocation.arg("archived").arg(path).arg(file_bytes);
+            SegmentChange::Archived {
+                path,
+                file_bytes,
+                holes,
+            } => {
+                let holes = serde_json::to_string(holes).expect("holes serialize");
+                invocation.arg("archived").arg(path).arg(file_bytes).arg(holes);
             }
             SegmentChange::Quarantine { reason } => {
                 invocation.arg("quarantine").arg(reason);

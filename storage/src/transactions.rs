@@ -437,6 +437,37 @@ impl Store {
         Ok(aborted)
     }
 
+    /// The aborted transactions whose data may lie in `[from, to]`, as
+    /// (producer id, first offset, abort marker offset): what archiving
+    /// filters out.
+    pub async fn aborted_ranges(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(i64, i64, i64)>> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&keys.aborted)
+            .arg(from)
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(members
+            .iter()
+            .filter_map(|(m, marker)| {
+                let (pid, first) = m.split_once(':')?;
+                Some((pid.parse().ok()?, first.parse().ok()?, *marker as i64))
+            })
+            .filter(|&(_, first, _)| first <= to)
+            .collect())
+    }
+
     /// The open transactions with data in a partition: (producer id, first offset).
     pub async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
         if !topic.has_partition(partition) {

@@ -416,3 +416,120 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
         "the record and its commit marker"
     );
 }
+
+/// Archiving a partition with transactions leaves out the markers and the
+/// aborted transactions' records (recorded as the segment's holes), so a
+/// consumer reading the archive from offset 0 — read_committed or not —
+/// gets exactly the committed records, in order, across the holes.
+#[test]
+fn the_archive_keeps_committed_records_only() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let data_dir = format!("tiering.data_dir={}", dir.path().join("data").display());
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "tiering.tick_interval=100ms",
+            "--set",
+            &data_dir,
+            "--set",
+            "transactions.abort_check_interval=100ms",
+        ],
+    );
+    let rt = ketch_tests::runtime();
+    let topic = unique_topic("txn-archive");
+    ketch.create_topic_with(
+        &rt,
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "8192"),
+            ("segment.ms", "1000"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let producer = ketch.producer_with(&[("transactional.id", &unique_topic("txn-archive-id"))]);
+    producer.init_transactions(Duration::from_secs(30)).expect("init");
+    let plain = ketch.producer();
+    let mut committed = Vec::new();
+    for round in 0..8 {
+        for (kind, count) in [("c", 40), ("a", 25)] {
+            producer.begin_transaction().unwrap();
+            let sent: Vec<_> = (0..count)
+                .map(|i| {
+                    let value = format!("{kind}{round}-{i}-{}", "x".repeat(100));
+                    if kind == "c" {
+                        committed.push(value.clone());
+                    }
+                    producer
+                        .send_result(FutureRecord::<(), _>::to(&topic).payload(&value).partition(0))
+                        .map_err(|(e, _)| e)
+                        .expect("queued")
+                })
+                .collect();
+            producer.flush(Duration::from_secs(30)).unwrap();
+            if kind == "c" {
+                producer
+                    .commit_transaction(Duration::from_secs(30))
+                    .expect("commit");
+            } else {
+                producer
+                    .abort_transaction(Duration::from_secs(30))
+                    .expect("abort");
+            }
+            for delivery in sent {
+                let _ = rt.block_on(delivery);
+            }
+        }
+        // A non-transactional record between transactions.
+        let value = format!("p{round}");
+        rt.block_on(plain.send(
+            FutureRecord::<(), _>::to(&topic).payload(&value).partition(0),
+            Duration::from_secs(30),
+        ))
+        .map_err(|(e, _)| e)
+        .expect("plain record");
+        committed.push(value);
+    }
+    // Everything archived and trimmed from Redis.
+    let end = redis.next_offset(&topic, 0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let segments = redis.segments(&topic, 0);
+        let archived_to = segments
+            .iter()
+            .filter(|s| s.get("path").is_some())
+            .map(|s| s["last"].as_i64().unwrap() + 1)
+            .max()
+            .unwrap_or(0);
+        if archived_to == end && segments.iter().all(|s| s.get("path").is_some()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all archived: {segments:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let holes: usize = redis
+        .segments(&topic, 0)
+        .iter()
+        .filter_map(|s| s.get("holes").and_then(|h| h.as_array()).map(Vec::len))
+        .sum();
+    assert!(
+        holes >= 8,
+        "aborted transactions and markers left out as holes ({holes} ranges)"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while redis.stream_len(&topic, 0) > 0 {
+        assert!(Instant::now() < deadline, "Redis still holds archived batches");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for isolation in ["read_committed", "read_uncommitted"] {
+        let read = drain(&reader(&ketch, &topic, 1, isolation), committed.len());
+        assert_eq!(
+            read, committed,
+            "{isolation}: the committed records, in order, from the archive"
+        );
+    }
+}

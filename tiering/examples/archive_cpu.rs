@@ -58,7 +58,14 @@ async fn main() {
         }))
         .expect("a segment record");
         let archived = archiver
-            .archive_from(&mut table, &topic, 0, &segment, InMemory { batches, next: 0 })
+            .archive_from(
+                &mut table,
+                &topic,
+                0,
+                &segment,
+                InMemory { batches, next: 0 },
+                &Default::default(),
+            )
             .await
             .expect("archived");
         assert!(archived.written);

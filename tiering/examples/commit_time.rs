@@ -168,7 +168,14 @@ async fn archive(archiver: &Archiver, table: &mut Table, topic: &Topic, n: usize
     let batch = batch.finish();
     let after = segment.last + 1;
     let archived = archiver
-        .archive_from(table, topic, partition, &segment, OneBatch(batch, after))
+        .archive_from(
+            table,
+            topic,
+            partition,
+            &segment,
+            OneBatch(batch, after),
+            &Default::default(),
+        )
         .await
         .expect("archived");
     assert!(archived.written);

@@ -53,6 +53,8 @@ const BASE_OFFSET: &str = "ketch.base-offset";
 const LAST_OFFSET: &str = "ketch.last-offset";
 const DATA_FILE: &str = "ketch.data-file";
 const DATA_FILE_BYTES: &str = "ketch.data-file-bytes";
+/// The offsets of the segment the data file has no rows for (JSON).
+const HOLES: &str = "ketch.holes";
 
 /// Where a segment went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,65 @@ pub struct Archived {
     pub records: u64,
     /// False when the table already had it (a crash after the commit).
     pub written: bool,
+    /// The offsets the file has no rows for (transaction markers, aborted
+    /// transactions); `None` when a file found in the table's manifests
+    /// after a crash does not say (see [`Archiver::archive`]).
+    pub holes: Option<Vec<(i64, i64)>>,
+}
+
+/// What archiving leaves out of a segment: every control batch
+/// (transaction markers) and the batches of aborted transactions — each
+/// aborted transaction's batches of its producer from its first offset up
+/// to its abort marker. Consumers of the archive, Kafka clients and query
+/// engines alike, then see committed data only (a read_committed view; a
+/// read_uncommitted consumer reading the archive sees it too).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// (producer id, first offset, abort marker offset).
+    aborted: Vec<(i64, i64, i64)>,
+}
+
+impl Filter {
+    pub fn new(aborted: Vec<(i64, i64, i64)>) -> Self {
+        Self { aborted }
+    }
+
+    /// Whether the batch at `base` is left out.
+    pub fn skips(&self, header: &ketch_storage::batch::BatchHeader, base: i64) -> bool {
+        header.is_control()
+            || (header.is_transactional()
+                && self.aborted.iter().any(|&(pid, first, marker)| {
+                    pid == header.producer_id && (first..marker).contains(&base)
+                }))
+    }
+}
+
+/// Offset ranges left out, merged where they touch.
+#[derive(Debug, Default)]
+struct Holes {
+    ranges: Vec<(i64, i64)>,
+    offsets: i64,
+}
+
+impl Holes {
+    fn add(&mut self, first: i64, last: i64) {
+        self.offsets += last - first + 1;
+        match self.ranges.last_mut() {
+            Some((_, end)) if *end + 1 == first => *end = last,
+            _ => self.ranges.push((first, last)),
+        }
+    }
+
+    /// Leaves `batch` out if `filter` says so; true when it did.
+    fn skipped(&mut self, filter: &Filter, batch: &Bytes) -> Result<bool> {
+        let header = ketch_storage::batch::header(batch)?;
+        let base = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
+        if !filter.skips(&header, base) {
+            return Ok(false);
+        }
+        self.add(base, base + i64::from(header.last_offset_delta));
+        Ok(true)
+    }
 }
 
 /// The storage properties (S3 endpoint, keys, …) both catalogs and the
@@ -322,7 +383,7 @@ impl Archiver {
         segment: &Segment,
         tier: Tier,
     ) -> Result<Archived> {
-        let chunks = Redis {
+        let chunks = |segment| Redis {
             store,
             topic,
             partition,
@@ -330,7 +391,29 @@ impl Archiver {
             tier,
             entries: FIRST_CHUNK_ENTRIES,
         };
-        self.archive_from(table, topic, partition, segment, chunks).await
+        let aborted = store
+            .aborted_ranges(topic, partition, segment.base, segment.last)
+            .await?;
+        let filter = Filter::new(aborted);
+        let mut archived = self
+            .archive_from(table, topic, partition, segment, chunks(segment), &filter)
+            .await?;
+        if archived.holes.is_none() {
+            // Found in the table after a crash, without the commit that
+            // says which offsets it left out: read them off the segment.
+            let mut holes = Holes::default();
+            let mut chunks = chunks(segment);
+            let mut next = segment.base;
+            while next <= segment.last {
+                let (batches, after) = chunks.chunk(next).await?;
+                for batch in &batches {
+                    holes.skipped(&filter, batch)?;
+                }
+                next = after;
+            }
+            archived.holes = Some(holes.ranges);
+        }
+        Ok(archived)
     }
 
     /// [`Archiver::archive`] with the segment's batches from `chunks`.
@@ -341,6 +424,7 @@ impl Archiver {
         partition: i32,
         segment: &Segment,
         mut chunks: impl Chunks,
+        filter: &Filter,
     ) -> Result<Archived> {
         let schema = table.metadata().current_schema().clone();
         let spec = table.metadata().default_partition_spec().as_ref().clone();
@@ -368,6 +452,7 @@ impl Archiver {
         let mut writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
         let mut rows = Rows::new(arrow_schema, partition)?;
         let mut records = 0u64;
+        let mut holes = Holes::default();
         let mut next = segment.base;
         let mut chunk = chunks.chunk(next).await?;
         loop {
@@ -375,6 +460,9 @@ impl Archiver {
             // The next chunk is read while this one is encoded.
             let work = async {
                 for batch in &batches {
+                    if holes.skipped(filter, batch)? {
+                        continue;
+                    }
                     rows.add_batch(batch)?;
                     if rows.len() >= self.settings.row_group_rows {
                         records += rows.len() as u64;
@@ -397,10 +485,10 @@ impl Archiver {
             writer.write(rows.finish()?).await?;
         }
         let expected = segment.last - segment.base + 1;
-        if records as i64 != expected {
+        if records as i64 + holes.offsets != expected {
             return Err(Error::Records(format!(
-                "segment {}..={} holds {records} records, expected {expected}",
-                segment.base, segment.last
+                "segment {}..={} holds {records} records and {} offsets left out, expected {expected}",
+                segment.base, segment.last, holes.offsets
             )));
         }
         let files = writer.close().await?;
@@ -415,6 +503,7 @@ impl Archiver {
             file_bytes: file.file_size_in_bytes(),
             records,
             written: true,
+            holes: Some(holes.ranges),
         };
         let summary = HashMap::from([
             (TOPIC_ID.to_owned(), topic.id.to_string()),
@@ -423,6 +512,11 @@ impl Archiver {
             (LAST_OFFSET.to_owned(), segment.last.to_string()),
             (DATA_FILE.to_owned(), archived.path.clone()),
             (DATA_FILE_BYTES.to_owned(), archived.file_bytes.to_string()),
+            (
+                HOLES.to_owned(),
+                serde_json::to_string(archived.holes.as_deref().unwrap_or_default())
+                    .expect("holes serialize"),
+            ),
         ]);
         let transaction = Transaction::new(table);
         let append = transaction
@@ -516,6 +610,7 @@ async fn already_archived(
                 file_bytes: entry.file_size_in_bytes(),
                 records: (segment.last - segment.base + 1) as u64,
                 written: false,
+                holes: None,
             }));
         }
     }
@@ -541,6 +636,11 @@ fn committed(table: &Table, topic: &Topic, partition: i32, segment: &Segment) ->
                 file_bytes: props.get(DATA_FILE_BYTES)?.parse().ok()?,
                 records: (segment.last - segment.base + 1) as u64,
                 written: false,
+                // Commits from before transactions say nothing: no holes.
+                holes: Some(match props.get(HOLES) {
+                    Some(json) => serde_json::from_str(json).ok()?,
+                    None => Vec::new(),
+                }),
             })
         } else {
             None

@@ -55,10 +55,6 @@ pub enum Error {
     /// The catalog failed to open a moment ago; not tried again yet.
     #[error("the catalog is unavailable ({0}); retrying shortly")]
     Waiting(String),
-    /// The segment holds transactional data or transaction markers, which
-    /// the archive does not take yet: it stays in Redis.
-    #[error("the segment holds transactions, which are not archived")]
-    Transactional,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -108,9 +104,7 @@ struct Worker {
     metrics: Arc<Metrics>,
     /// Topics whose archiving task is running.
     archiving: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Segments (topic id, partition, base offset) found to hold
-    /// transactions: kept in Redis, not read again.
-    transactional: std::sync::Mutex<std::collections::HashSet<(uuid::Uuid, i32, i64)>>,
+
     /// When each topic's table is due for maintenance.
     commits: CommitCount,
     /// This worker's identity in lease keys.
@@ -133,7 +127,6 @@ impl StorageWorker {
                 archiver: Archiver::new(settings.clone()),
                 metrics,
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
-                transactional: std::sync::Mutex::new(std::collections::HashSet::new()),
                 commits: CommitCount::every(settings.maintenance_commits),
                 id: uuid::Uuid::new_v4().to_string(),
             }),
@@ -295,10 +288,7 @@ impl Worker {
                     "archiving waits for the segment's transactions to be decided");
                 return Ok(archived_count);
             }
-            let key = (topic.id, partition, segment.base);
-            if self.transactional.lock().expect("not poisoned").contains(&key) {
-                return Ok(archived_count);
-            }
+
             // The lease must still be ours: archiving can take a while.
             if !self
                 .store
@@ -320,7 +310,14 @@ impl Worker {
             {
                 Ok(archived) => {
                     self.store
-                        .mark_archived(topic, partition, segment, &archived.path, archived.file_bytes)
+                        .mark_archived(
+                            topic,
+                            partition,
+                            segment,
+                            &archived.path,
+                            archived.file_bytes,
+                            archived.holes.as_deref().unwrap_or_default(),
+                        )
                         .await?;
                     if tier == Tier::Quarantine {
                         self.store.purge_quarantine(topic, partition, segment).await?;
@@ -339,13 +336,6 @@ impl Worker {
                         self.after_commit(topic, &mut table).await;
                     }
                     archived_count += 1;
-                }
-                Err(Error::Transactional) => {
-                    tracing::info!(topic = %topic.name, partition, base = segment.base, last = segment.last,
-                        "a segment holds transactions, which are not archived yet: it and the partition's later \
-                         segments stay in Redis until retention deletes them");
-                    self.transactional.lock().expect("not poisoned").insert(key);
-                    return Ok(archived_count);
                 }
                 Err(e) if e.is_bad_data() => {
                     self.quarantine(topic, partition, segment, tier, &e).await?;
@@ -578,6 +568,16 @@ impl Tiers {
                     return Err(e.into());
                 }
             };
+            if batches.is_empty() && segment.path.is_some() && offset <= segment.last {
+                // The rest of the segment was left out of the archive
+                // (transaction markers, aborted data): go on after it.
+                offset = segment.last + 1;
+                if offset >= offsets.local_start_offset {
+                    let rest = ReadRequest { offset, ..*request };
+                    return self.store.read(topic, partition, &rest).await;
+                }
+                continue;
+            }
             let same = hint.as_ref().filter(|h| h.segment.base == segment.base);
             let mut next_started = same.is_some_and(|h| h.next_started);
             if near_end && !next_started {

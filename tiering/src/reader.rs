@@ -113,7 +113,7 @@ impl RemoteReader {
         let footer = self.footer(segment, path).await?;
         let mut out = Vec::new();
         let mut total = 0usize;
-        let mut next = offset;
+        let mut next = kept(segment, offset);
         let mut near_end = false;
         while next <= segment.last && (out.is_empty() || total < max_bytes) {
             let at = Position::of(&footer, segment, next)?;
@@ -128,8 +128,8 @@ impl RemoteReader {
                 }
             }
             let columns = Columns::of(&rows)?;
-            let from =
-                usize::try_from(next - at.first_offset).map_err(|_| Error::Data("row index".to_owned()))?;
+            let from = usize::try_from(row_of(segment, next) - at.first_row)
+                .map_err(|_| Error::Data("row index".to_owned()))?;
             if from >= columns.len() || columns.offset(from) != next {
                 return Err(Error::Data(format!(
                     "{path}: row group {} slice {} does not hold offset {next} where expected",
@@ -143,7 +143,7 @@ impl RemoteReader {
             }
             total += batches.iter().map(Bytes::len).sum::<usize>();
             out.extend(batches);
-            next = columns.offset(end - 1) + 1;
+            next = kept(segment, columns.offset(end - 1) + 1);
         }
         self.metrics.remote_read(total as u64);
         Ok(RemoteRead {
@@ -187,20 +187,23 @@ impl RemoteReader {
     ) -> Result<Option<(i64, i64)>> {
         let path = segment_path(segment)?;
         let footer = self.footer(segment, path).await?;
-        let mut next = from.max(segment.base);
+        let mut next = kept(segment, from.max(segment.base));
         while next <= segment.last {
             let at = Position::of(&footer, segment, next)?;
             let rows = self.slice(segment, path, &footer, at).await?;
             let columns = Columns::of(&rows)?;
-            let start =
-                usize::try_from(next - at.first_offset).map_err(|_| Error::Data("row index".to_owned()))?;
+            let start = usize::try_from(row_of(segment, next) - at.first_row)
+                .map_err(|_| Error::Data("row index".to_owned()))?;
             for i in start..columns.len() {
                 let ts = columns.timestamp_ms(i);
                 if pred(ts) {
                     return Ok(Some((columns.offset(i), ts)));
                 }
             }
-            next = at.first_offset + columns.len() as i64;
+            if columns.len() == 0 {
+                break;
+            }
+            next = kept(segment, columns.offset(columns.len() - 1) + 1);
         }
         Ok(None)
     }
@@ -350,31 +353,62 @@ fn into_slices(batches: Vec<RecordBatch>, rows: usize) -> Result<Vec<Arc<RecordB
     Ok(slices)
 }
 
+/// The row of `offset` in its segment's data file: the offsets of the
+/// segment less those left out before it (`Segment::holes`); an offset
+/// left out has the row of the next one kept.
+fn row_of(segment: &Segment, offset: i64) -> i64 {
+    let left_out: i64 = segment
+        .holes
+        .iter()
+        .map(|&(first, last)| {
+            if last < offset {
+                last - first + 1
+            } else if first <= offset {
+                offset - first
+            } else {
+                0
+            }
+        })
+        .sum();
+    offset - segment.base - left_out
+}
+
+/// `offset`, or the first offset after it that the data file has a row
+/// for when the archive left it out.
+fn kept(segment: &Segment, offset: i64) -> i64 {
+    segment
+        .holes
+        .iter()
+        .find(|&&(first, last)| (first..=last).contains(&offset))
+        .map_or(offset, |&(_, last)| last + 1)
+}
+
 /// Where an offset lies in a data file: its row group, the slice of the
-/// group, and the offset of the slice's first row.
+/// group, and the index of the slice's first row in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Position {
     group: usize,
     slice: usize,
     /// Rows per slice of this group.
     slice_rows: usize,
-    first_offset: i64,
+    first_row: i64,
 }
 
 impl Position {
-    /// The slice holding `offset` (offsets are dense in a segment).
+    /// The slice holding `offset` (its row: [`row_of`]).
     fn of(footer: &ArrowReaderMetadata, segment: &Segment, offset: i64) -> Result<Self> {
-        let mut first = segment.base;
+        let row = row_of(segment, offset);
+        let mut first = 0;
         for (group, metadata) in footer.metadata().row_groups().iter().enumerate() {
             let rows = metadata.num_rows();
-            if offset < first + rows {
+            if row < first + rows {
                 let slice_rows = slice_rows(metadata.total_byte_size(), rows);
-                let slice = ((offset - first) as usize) / slice_rows;
+                let slice = ((row - first) as usize) / slice_rows;
                 return Ok(Self {
                     group,
                     slice,
                     slice_rows,
-                    first_offset: first + (slice * slice_rows) as i64,
+                    first_row: first + (slice * slice_rows) as i64,
                 });
             }
             first += rows;
@@ -391,12 +425,12 @@ impl Position {
         let mut at = *self;
         for _ in 0..n {
             let rows = groups.get(at.group)?.num_rows();
-            let next_first = at.first_offset + at.slice_rows as i64;
-            let group_first = at.first_offset - (at.slice * at.slice_rows) as i64;
+            let next_first = at.first_row + at.slice_rows as i64;
+            let group_first = at.first_row - (at.slice * at.slice_rows) as i64;
             if next_first < group_first + rows {
                 at = Self {
                     slice: at.slice + 1,
-                    first_offset: next_first,
+                    first_row: next_first,
                     ..at
                 };
             } else {
@@ -406,7 +440,7 @@ impl Position {
                     group,
                     slice: 0,
                     slice_rows: slice_rows(metadata.total_byte_size(), metadata.num_rows()),
-                    first_offset: group_first + rows,
+                    first_row: group_first + rows,
                 };
             }
         }
@@ -517,6 +551,7 @@ mod tests {
             file_bytes: None,
             quarantine: None,
             skipped: None,
+            holes: Vec::new(),
         }
     }
 
@@ -558,6 +593,23 @@ mod tests {
     }
 
     #[test]
+    fn offsets_left_out_of_the_archive_shift_the_rows_after_them() {
+        let segment = Segment {
+            holes: vec![(105, 107), (110, 110)],
+            ..segment(100, 20)
+        };
+        assert_eq!(row_of(&segment, 100), 0);
+        assert_eq!(row_of(&segment, 104), 4);
+        // A left-out offset has the row of the next kept one.
+        assert_eq!(row_of(&segment, 106), 5);
+        assert_eq!(row_of(&segment, 108), 5);
+        assert_eq!(row_of(&segment, 111), 7);
+        assert_eq!(kept(&segment, 105), 108);
+        assert_eq!(kept(&segment, 110), 111);
+        assert_eq!(kept(&segment, 104), 104);
+    }
+
+    #[test]
     fn positions_find_the_slice_of_an_offset_and_walk_across_row_groups() {
         // Three groups of 1,000 rows of about 4 KiB: slices of ~256 rows.
         let footer = footer(3, 1_000, 4_096);
@@ -565,22 +617,22 @@ mod tests {
         let first = Position::of(&footer, &segment, 500).unwrap();
         let rows = first.slice_rows;
         assert!((200..=300).contains(&rows), "{rows} rows per slice");
-        assert_eq!((first.group, first.slice, first.first_offset), (0, 0, 500));
+        assert_eq!((first.group, first.slice, first.first_row), (0, 0, 0));
         let later = Position::of(&footer, &segment, 500 + 1_000 + rows as i64 + 3).unwrap();
         assert_eq!((later.group, later.slice), (1, 1));
-        assert_eq!(later.first_offset, 1_500 + rows as i64);
+        assert_eq!(later.first_row, 1_000 + rows as i64);
         // Walking forward visits every slice of every group, in order.
         let mut at = first;
         let mut slices = 1;
         while let Some(next) = at.after(&footer, 1) {
             if next.group == at.group {
-                assert_eq!(next.first_offset, at.first_offset + at.slice_rows as i64);
+                assert_eq!(next.first_row, at.first_row + at.slice_rows as i64);
                 assert_eq!(next.slice, at.slice + 1);
             } else {
                 // A group's last slice may be short: the next group starts
                 // where the group ends.
                 assert_eq!((next.group, next.slice), (at.group + 1, 0));
-                assert_eq!(next.first_offset, 500 + 1_000 * next.group as i64);
+                assert_eq!(next.first_row, 1_000 * next.group as i64);
             }
             slices += 1;
             at = next;

@@ -187,9 +187,6 @@ impl Rows {
     /// stream.
     pub fn add_batch(&mut self, batch: &Bytes) -> Result<()> {
         let header = ketch_storage::batch::header(batch)?;
-        if header.is_transactional() || header.is_control() {
-            return Err(crate::Error::Transactional);
-        }
         let base_offset = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
         // LogAppendTime: every record's timestamp is the batch's max timestamp.
         let log_append_time = header.attributes & 0x08 != 0;
@@ -436,6 +433,11 @@ pub fn encode(
         let remaining = max_bytes.saturating_sub(total);
         let mut batch = BatchBuilder::new(columns.offset(i));
         while i < columns.len() {
+            // A batch's offsets are consecutive: a gap the archive left
+            // (Segment::holes) starts another.
+            if !batch.is_empty() && columns.offset(i) != columns.offset(i - 1) + 1 {
+                break;
+            }
             let hint = columns.size_hint(i);
             let fits = if batch.is_empty() {
                 batch.len() + hint <= remaining || (take_first && out.is_empty())

@@ -58,7 +58,14 @@ impl Lake {
         let batch = batch.finish();
         let after = segment.last + 1;
         self.archiver
-            .archive_from(table, &self.topic, partition, &segment, OneBatch(batch, after))
+            .archive_from(
+                table,
+                &self.topic,
+                partition,
+                &segment,
+                OneBatch(batch, after),
+                &crate::archive::Filter::default(),
+            )
             .await
             .expect("archived")
     }

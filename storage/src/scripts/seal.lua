@@ -11,6 +11,7 @@
 -- KEYS[3] ketch:{TAG}:log       the stream
 -- KEYS[4] ketch:{TAG}:producers idempotent producers' state (see append.lua)
 -- KEYS[5] ketch:{TAG}:quarantine batches of quarantined segments (see segment_state.lua)
+-- KEYS[6] ketch:{TAG}:aborted   aborted transactions, by abort marker offset (see append.lua)
 -- ARGV[1] segment.bytes     ARGV[2] segment.ms
 -- ARGV[3] retention.ms (-1: none)   ARGV[4] retention.bytes (-1: none)
 -- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
@@ -81,8 +82,10 @@ if new_start > log_start then
   log_start = new_start
   redis.call('HSET', KEYS[1], 'log_start', string.format('%d', log_start))
 end
--- Quarantined batches below the log start are no longer readable.
+-- Quarantined batches below the log start are no longer readable, nor are
+-- aborted transactions that ended below it.
 redis.call('XTRIM', KEYS[5], 'MINID', string.format('%d', log_start))
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', log_start))
 
 -- local.retention.ms / local.retention.bytes (remote storage only): archived
 -- segments leave Redis; fetches below the local start read the archive. A

@@ -7,8 +7,9 @@
 --         while quarantined; skipped = {reason, at, error} once skipped
 -- ARGV[1] the segment's base offset   ARGV[2] its last offset
 -- ARGV[3] the operation:
---   'archived' ARGV[4] data file path, ARGV[5] its size: records the file
---              (and ends a quarantine)
+--   'archived' ARGV[4] data file path, ARGV[5] its size, ARGV[6] the
+--              offsets it has no rows for (JSON [[first, last], ...]):
+--              records the file (and ends a quarantine)
 --   'quarantine' ARGV[4] why: quarantines it (keeps a pending retry's
 --              reason up to date and clears the retry)
 --   'retry'    asks the storage worker to archive it again
@@ -39,6 +40,9 @@ if op == 'archived' then
   segment.path = ARGV[4]
   segment.file_bytes = tonumber(ARGV[5])
   segment.quarantine = nil
+  if ARGV[6] and ARGV[6] ~= '[]' then
+    segment.holes = cjson.decode(ARGV[6])
+  end
 elseif segment.path then
   return 'archived'
 elseif op == 'quarantine' then
