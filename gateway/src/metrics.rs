@@ -103,6 +103,12 @@ fn describe() {
         "ketch_group_rebalances_total",
         "Rebalances started in the groups this gateway coordinates."
     );
+    describe_counter!(
+        "ketch_transactions_total",
+        "Transactions finished by this gateway, by outcome: commit and abort (EndTxn), fenced (aborted \
+         by a new producer with the same transactional id), coordinator_abort (past its timeout, or an abort \
+         left unfinished), coordinator_commit (a commit another gateway left unfinished)."
+    );
     describe_gauge!(
         "ketch_group_members",
         "Members of the groups this gateway coordinates."

@@ -72,6 +72,11 @@ async fn write_marker(
     }
 }
 
+/// Counts a finished transaction (`ketch_transactions_total{outcome}`).
+pub fn count(outcome: &'static str) {
+    metrics::counter!("ketch_transactions_total", "outcome" => outcome).increment(1);
+}
+
 /// Until shutdown, every `transactions.abort_check_interval`: the ids due
 /// for a look that this gateway coordinates — open transactions past
 /// their timeout are aborted (their producers fenced), decisions left
@@ -111,6 +116,11 @@ async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
                         "aborting a transaction (past its timeout, or left unfinished)");
                 }
                 finish(ctx, &id, &decided).await?;
+                count(if decided.commit {
+                    "coordinator_commit"
+                } else {
+                    "coordinator_abort"
+                });
             }
             TxnReply::Idle if ctx.storage.txn_describe(&id).await?.is_empty() => {
                 ctx.storage.txn_forget(&id).await?;

@@ -128,6 +128,8 @@ fn rdkafka_commits_and_aborts_across_two_gateways() {
         151 + 4 + 4 + 1,
         "records plus one marker per partition per transaction"
     );
+    let finished = |outcome| transactions_metric(&a, outcome) + transactions_metric(&b, outcome);
+    assert_eq!((finished("commit"), finished("abort")), (2.0, 1.0));
 }
 
 fn init(conn: &mut KafkaConn, id: &str, timeout_ms: i32) -> InitProducerIdResponse {
@@ -246,6 +248,7 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
         PRODUCER_FENCED
     );
     assert_eq!(redis.next_offset(&topic, 0), 3, "nothing stored after the abort");
+    assert_eq!(transactions_metric(&ketch, "coordinator_abort"), 1.0);
 }
 
 #[test]
@@ -415,8 +418,18 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
         2,
         "the record and its commit marker"
     );
+    assert_eq!(transactions_metric(&ketch, "coordinator_commit"), 1.0);
 }
 
+/// `ketch_transactions_total{outcome}` of a gateway (0 when absent).
+fn transactions_metric(ketch: &Ketch, outcome: &str) -> f64 {
+    let (status, body) = ketch.http_get("/metrics");
+    assert_eq!(status, 200);
+    let series = format!("ketch_transactions_total{{outcome=\"{outcome}\"}}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
 /// Archiving a partition with transactions leaves out the markers and the
 /// aborted transactions' records (recorded as the segment's holes), so a
 /// consumer reading the archive from offset 0 — read_committed or not —

@@ -33,9 +33,10 @@ pub async fn handle(
         .await;
     match reply {
         Ok(TxnReply::Finish(decided)) => {
-            if let Err(e) = finish(ctx, id, &decided).await {
-                tracing::warn!(transactional_id = id, error = %e,
-                    "a transaction is decided but not finished; its coordinator will finish it");
+            match finish(ctx, id, &decided).await {
+                Ok(()) => crate::transactions::count(if decided.commit { "commit" } else { "abort" }),
+                Err(e) => tracing::warn!(transactional_id = id, error = %e,
+                    "a transaction is decided but not finished; its coordinator will finish it"),
             }
             response
         }

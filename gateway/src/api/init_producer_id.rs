@@ -119,6 +119,7 @@ async fn transactional(
                     tracing::info!(transactional_id = id, error = %e, "cannot finish the fenced transaction yet");
                     return response.with_error_code(ResponseError::ConcurrentTransactions.code());
                 }
+                crate::transactions::count("fenced");
                 continue;
             }
             TxnReply::Concurrent => ResponseError::ConcurrentTransactions,
