@@ -451,7 +451,7 @@ impl Store {
 
     /// Waits until the writes of `conn` reached the configured replicas (and
     /// disk).
-    async fn wait_durable(&self, mut conn: Conn) -> Result<()> {
+    pub(crate) async fn wait_durable(&self, mut conn: Conn) -> Result<()> {
         let wanted = self.durability.replicas;
         let timeout_ms = self.durability.timeout.as_millis().max(1) as u64;
         if self.durability.fsync {

@@ -383,7 +383,20 @@ impl Store {
             .arg(decided.number)
             .arg(if decided.commit { "commit" } else { "abort" })
             .arg(&marker[..]);
-        let reply: Value = invocation.invoke_async(&mut self.conn()).await?;
+        // With acks=all waiting for replicas (or fsync), a marker is made as
+        // durable as the data it decides, before the transaction completes:
+        // written on a connection of the durable pool, then WAITed there (a
+        // marker found written already still writes the producer's state,
+        // so the WAIT covers the earlier write too).
+        let reply: Value = if self.durability.waits() {
+            let durable = self.durable.get(&keys.meta).await?;
+            let mut conn = durable.conn();
+            let reply = invocation.invoke_async(&mut conn).await?;
+            self.wait_durable(conn).await?;
+            reply
+        } else {
+            invocation.invoke_async(&mut self.conn()).await?
+        };
         let Value::Array(items) = &reply else {
             return Err(bad("marker reply", &reply));
         };

@@ -546,3 +546,96 @@ fn the_archive_keeps_committed_records_only() {
         );
     }
 }
+
+/// With `storage.acks_all_replicas`, a marker is WAITed like the data it
+/// decides: a commit is complete only once the replica has its markers;
+/// while the replica answers nothing the decision stands unfinished (the
+/// last stable offset stays), and the coordinator finishes it once the
+/// replica is back.
+#[test]
+fn markers_wait_for_the_replicas_acks_all_waits_for() {
+    use ketch_tests::{Frozen, RedisServer};
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut replica.connection())
+            .unwrap();
+        if info.lines().any(|l| l.trim() == "master_link_status:up") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never linked up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ketch = Ketch::start(
+        &primary.url(),
+        &[
+            "--set",
+            "storage.acks_all_replicas=1",
+            "--set",
+            "storage.acks_all_timeout=300ms",
+            "--set",
+            "transactions.abort_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-acks-all");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-acks-all-id");
+    let started = init(&mut conn, &id, 60_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    let end = |conn: &mut KafkaConn| {
+        let response: EndTxnResponse = conn.request(
+            3,
+            &EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_committed(true),
+        );
+        response.error_code
+    };
+    let replica_next = |topic: &str| -> Option<i64> {
+        let tag = &primary.topic_tags(topic)[0];
+        redis::cmd("HGET")
+            .arg(format!("ketch:{{{tag}}}:meta"))
+            .arg("next_offset")
+            .query(&mut replica.connection())
+            .unwrap()
+    };
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let first = transactional(&[Record::value(1_000, b"one")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, first), (code::NONE, 0));
+    assert_eq!(end(&mut conn), code::NONE);
+    assert_eq!(
+        replica_next(&topic),
+        Some(2),
+        "the replica has the marker once the commit is answered"
+    );
+
+    // The replica stops answering: the next commit is decided, its marker
+    // written but not confirmed, so the transaction stays unfinished.
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let second = transactional(&[Record::value(1_001, b"two")], pid, epoch, 1);
+    let frozen = Frozen::freeze(replica.pid());
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, second).0, code::NONE);
+    assert_eq!(end(&mut conn), code::NONE, "the decision is made and answered");
+    assert_eq!(
+        add_partition(&mut conn, &id, pid, epoch, &topic, 0),
+        51,
+        "CONCURRENT_TRANSACTIONS while the commit is unfinished"
+    );
+    drop(frozen);
+    // Back: the coordinator finishes the commit, the next transaction may begin.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while add_partition(&mut conn, &id, pid, epoch, &topic, 0) != code::NONE {
+        assert!(
+            Instant::now() < deadline,
+            "the unfinished commit was never finished"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(watermarks(&mut conn, &topic), (4, 4));
+}
