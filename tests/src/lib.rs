@@ -191,6 +191,24 @@ impl RedisServer {
     }
 
     /// A replica of `primary`, started and ready.
+    /// Polls `INFO replication` until it contains `line` (e.g.
+    /// `master_link_status:up`): the replication link has no other
+    /// observable event.
+    pub fn wait_for_replication(&self, line: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut self.connection())
+                .unwrap();
+            if info.lines().any(|l| l.trim() == line) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no `{line}` in:\n{info}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn start_replica_of(primary: &RedisServer) -> Self {
         retry_port_race(|| {
             let mut server = Self::reserve();

@@ -15,23 +15,6 @@ use ketch_tests::{Frozen, Ketch, RedisServer, unique_topic};
 
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 
-/// Polls `INFO replication` of `server` until it contains `line`: the
-/// replication link has no other observable event.
-fn wait_for_replication(server: &RedisServer, line: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut server.connection())
-            .unwrap();
-        if info.lines().any(|l| l.trim() == line) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no `{line}` in:\n{info}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn produce_acks_all(conn: &mut KafkaConn, topic: &str, batch: Vec<u8>) -> (i16, i64) {
     let request = raw::produce_request(topic, 0, batch).with_acks(-1);
     raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &request))
@@ -50,7 +33,7 @@ fn new_producer_id(conn: &mut KafkaConn) -> i64 {
 fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     let primary = RedisServer::start();
     let mut replica = RedisServer::start_replica_of(&primary);
-    wait_for_replication(&replica, "master_link_status:up");
+    replica.wait_for_replication("master_link_status:up");
     let ketch = Ketch::start(
         &primary.url(),
         &[
@@ -76,7 +59,7 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     assert_eq!(on_replica, 1);
 
     replica.stop();
-    wait_for_replication(&primary, "connected_slaves:0");
+    primary.wait_for_replication("connected_slaves:0");
     let (error, _) = produce_acks_all(&mut conn, &topic, batch(1));
     assert_eq!(error, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
     // acks=1 does not wait.
@@ -84,7 +67,7 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     assert_eq!(plain.0, code::NONE);
 
     replica.start_again();
-    wait_for_replication(&replica, "master_link_status:up");
+    replica.wait_for_replication("master_link_status:up");
     // The client's retry of the refused batch: stored once, at its first offset.
     assert_eq!(produce_acks_all(&mut conn, &topic, batch(1)), (code::NONE, 1));
     assert_eq!(primary.next_offset(&topic, 0), 3);
@@ -93,7 +76,7 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
 fn start_with_replica(extra: &[&str]) -> (RedisServer, RedisServer, Ketch) {
     let primary = RedisServer::start();
     let replica = RedisServer::start_replica_of(&primary);
-    wait_for_replication(&replica, "master_link_status:up");
+    replica.wait_for_replication("master_link_status:up");
     let mut args = vec!["--set", "storage.acks_all_replicas=1"];
     args.extend_from_slice(extra);
     let ketch = Ketch::start(&primary.url(), &args);
@@ -138,7 +121,7 @@ fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_
     assert_eq!(error, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
     drop(frozen);
 
-    wait_for_replication(&replica, "master_link_status:up");
+    replica.wait_for_replication("master_link_status:up");
     // Once the replica answers again the retry is acknowledged, stored once.
     assert_eq!(produce_acks_all(&mut conn, &topic, small(1)), (code::NONE, 1));
     assert_eq!(primary.next_offset(&topic, 0), 3);

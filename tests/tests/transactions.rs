@@ -557,18 +557,7 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
     use ketch_tests::{Frozen, RedisServer};
     let primary = RedisServer::start();
     let replica = RedisServer::start_replica_of(&primary);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut replica.connection())
-            .unwrap();
-        if info.lines().any(|l| l.trim() == "master_link_status:up") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the replica never linked up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    replica.wait_for_replication("master_link_status:up");
     let ketch = Ketch::start(
         &primary.url(),
         &[

@@ -50,47 +50,28 @@ pub async fn handle(
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
     let mut positions: Vec<Vec<(usize, usize)>> = Vec::new();
     for topic in &request.topics {
-        let known = match refused {
-            Some(code) => Err(code),
-            // Committing for a topic takes READ on it.
-            None if !super::authorized(
-                ctx,
-                client,
-                crate::auth::acl::Operation::Read,
-                crate::auth::acl::ResourceType::Topic,
-                &topic.name,
-            ) =>
-            {
-                Err(ResponseError::TopicAuthorizationFailed.code())
-            }
-            None => resolve_topic(ctx, &topic.name, false)
-                .await
-                .map(|t| t.partitions()),
-        };
+        let known = topic_partitions(ctx, client, refused, &topic.name).await;
         let mut topic_codes = Vec::with_capacity(topic.partitions.len());
         let mut topic_positions = Vec::new();
         for partition in &topic.partitions {
-            let code = match known {
-                Err(code) => code,
-                Ok(count) if partition.partition_index < 0 || partition.partition_index >= count => {
-                    ResponseError::UnknownTopicOrPartition.code()
-                }
-                Ok(_) if too_long(ctx, partition.committed_metadata.as_deref()) => {
-                    ResponseError::OffsetMetadataTooLarge.code()
-                }
-                Ok(_) => {
-                    topic_positions.push((codes.len(), topic_codes.len()));
-                    accepted.push((
-                        (topic.name.0.to_string(), partition.partition_index),
-                        CommittedOffset::new(
-                            partition.committed_offset,
-                            partition.committed_leader_epoch,
-                            partition.committed_metadata.as_ref().map(|m| m.to_string()),
-                        ),
-                    ));
-                    0
-                }
-            };
+            let refused = refusal(
+                ctx,
+                known,
+                partition.partition_index,
+                partition.committed_metadata.as_deref(),
+            );
+            let code = refused.unwrap_or_else(|| {
+                topic_positions.push((codes.len(), topic_codes.len()));
+                accepted.push((
+                    (topic.name.0.to_string(), partition.partition_index),
+                    CommittedOffset::new(
+                        partition.committed_offset,
+                        partition.committed_leader_epoch,
+                        partition.committed_metadata.as_ref().map(|m| m.to_string()),
+                    ),
+                ));
+                0
+            });
             topic_codes.push(code);
         }
         codes.push(topic_codes);
@@ -150,6 +131,47 @@ async fn commit(
             .await?;
     }
     Ok(())
+}
+
+/// A topic's partition count for an offset commit, or the code all its
+/// partitions get: the request's refusal, no READ on the topic (which
+/// committing for it takes), or an unknown topic.
+pub(super) async fn topic_partitions(
+    ctx: &Context,
+    client: &Client,
+    refused: Option<i16>,
+    topic: &str,
+) -> Result<i32, i16> {
+    if let Some(code) = refused {
+        return Err(code);
+    }
+    if !super::authorized(
+        ctx,
+        client,
+        crate::auth::acl::Operation::Read,
+        crate::auth::acl::ResourceType::Topic,
+        topic,
+    ) {
+        return Err(ResponseError::TopicAuthorizationFailed.code());
+    }
+    resolve_topic(ctx, topic, false).await.map(|t| t.partitions())
+}
+
+/// Why one partition's offset is not committed (`None`: it is).
+pub(super) fn refusal(
+    ctx: &Context,
+    known: Result<i32, i16>,
+    partition: i32,
+    metadata: Option<&str>,
+) -> Option<i16> {
+    match known {
+        Err(code) => Some(code),
+        Ok(count) if partition < 0 || partition >= count => {
+            Some(ResponseError::UnknownTopicOrPartition.code())
+        }
+        Ok(_) if too_long(ctx, metadata) => Some(ResponseError::OffsetMetadataTooLarge.code()),
+        Ok(_) => None,
+    }
 }
 
 fn too_long(ctx: &Context, metadata: Option<&str>) -> bool {

@@ -13,7 +13,7 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 use kafka_protocol::messages::{RequestHeader, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use ketch_storage::{CommittedOffset, Decided, TopicPartition};
 
-use super::{Client, authorized, error_code, resolve_topic};
+use super::{Client, authorized, error_code};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
 
@@ -33,42 +33,23 @@ pub async fn handle(
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
     let mut positions = Vec::new();
     for topic in &request.topics {
-        let known = match refused {
-            Some(code) => Err(code),
-            None if !authorized(ctx, client, Operation::Read, ResourceType::Topic, &topic.name) => {
-                Err(ResponseError::TopicAuthorizationFailed.code())
-            }
-            None => resolve_topic(ctx, &topic.name, false)
-                .await
-                .map(|t| t.partitions()),
-        };
+        let known = super::offset_commit::topic_partitions(ctx, client, refused, &topic.name).await;
         let mut topic_codes = Vec::with_capacity(topic.partitions.len());
         for p in &topic.partitions {
-            let code = match known {
-                Err(code) => code,
-                Ok(count) if p.partition_index < 0 || p.partition_index >= count => {
-                    ResponseError::UnknownTopicOrPartition.code()
-                }
-                Ok(_)
-                    if p.committed_metadata
-                        .as_deref()
-                        .is_some_and(|m| m.len() > ctx.settings.groups.max_metadata_bytes) =>
-                {
-                    ResponseError::OffsetMetadataTooLarge.code()
-                }
-                Ok(_) => {
-                    positions.push((codes.len(), topic_codes.len()));
-                    accepted.push((
-                        (topic.name.0.to_string(), p.partition_index),
-                        CommittedOffset::new(
-                            p.committed_offset,
-                            p.committed_leader_epoch,
-                            p.committed_metadata.as_ref().map(|m| m.to_string()),
-                        ),
-                    ));
-                    0
-                }
-            };
+            let refused =
+                super::offset_commit::refusal(ctx, known, p.partition_index, p.committed_metadata.as_deref());
+            let code = refused.unwrap_or_else(|| {
+                positions.push((codes.len(), topic_codes.len()));
+                accepted.push((
+                    (topic.name.0.to_string(), p.partition_index),
+                    CommittedOffset::new(
+                        p.committed_offset,
+                        p.committed_leader_epoch,
+                        p.committed_metadata.as_ref().map(|m| m.to_string()),
+                    ),
+                ));
+                0
+            });
             topic_codes.push(code);
         }
         codes.push(topic_codes);
