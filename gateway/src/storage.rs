@@ -128,30 +128,27 @@ pub trait Storage: Send + Sync {
         let _ = (id, producer, kind, items, ttl_ms);
         Err(no_transactions())
     }
-    async fn txn_end(
-        &self,
-        id: &str,
-        producer: (i64, i16),
-        commit: bool,
-        recheck_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<TxnReply> {
-        let _ = (id, producer, commit, recheck_ms, ttl_ms);
+    async fn txn_end(&self, id: &str, producer: (i64, i16), commit: bool, ttl_ms: i64) -> Result<TxnReply> {
+        let _ = (id, producer, commit, ttl_ms);
         Err(no_transactions())
     }
     async fn txn_complete(&self, id: &str, number: i64, ttl_ms: i64) -> Result<bool> {
         let _ = (id, number, ttl_ms);
         Err(no_transactions())
     }
-    async fn txn_expire(&self, id: &str, grace_ms: i64, ttl_ms: i64) -> Result<TxnReply> {
-        let _ = (id, grace_ms, ttl_ms);
+    async fn txn_expire(&self, id: &str, seen: f64, grace_ms: i64, ttl_ms: i64) -> Result<TxnReply> {
+        let _ = (id, seen, grace_ms, ttl_ms);
+        Err(no_transactions())
+    }
+    async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
+        let _ = (id, due_ms);
         Err(no_transactions())
     }
     async fn txn_describe(&self, id: &str) -> Result<std::collections::HashMap<String, String>> {
         let _ = id;
         Err(no_transactions())
     }
-    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {
         let _ = (now_ms, limit);
         Ok(Vec::new())
     }
@@ -437,26 +434,22 @@ impl Storage for Tiered {
     ) -> Result<TxnReply> {
         self.store.txn_add(id, producer, kind, items, ttl_ms).await
     }
-    async fn txn_end(
-        &self,
-        id: &str,
-        producer: (i64, i16),
-        commit: bool,
-        recheck_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<TxnReply> {
-        self.store.txn_end(id, producer, commit, recheck_ms, ttl_ms).await
+    async fn txn_end(&self, id: &str, producer: (i64, i16), commit: bool, ttl_ms: i64) -> Result<TxnReply> {
+        self.store.txn_end(id, producer, commit, ttl_ms).await
     }
     async fn txn_complete(&self, id: &str, number: i64, ttl_ms: i64) -> Result<bool> {
         self.store.txn_complete(id, number, ttl_ms).await
     }
-    async fn txn_expire(&self, id: &str, grace_ms: i64, ttl_ms: i64) -> Result<TxnReply> {
-        self.store.txn_expire(id, grace_ms, ttl_ms).await
+    async fn txn_expire(&self, id: &str, seen: f64, grace_ms: i64, ttl_ms: i64) -> Result<TxnReply> {
+        self.store.txn_expire(id, seen, grace_ms, ttl_ms).await
+    }
+    async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
+        self.store.txn_schedule(id, due_ms).await
     }
     async fn txn_describe(&self, id: &str) -> Result<std::collections::HashMap<String, String>> {
         self.store.txn_describe(id).await
     }
-    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
+    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {
         self.store.txn_due(now_ms, limit).await
     }
     async fn txn_ids(&self) -> Result<Vec<(String, Option<i64>)>> {

@@ -103,11 +103,11 @@ pub async fn sweep(ctx: Arc<Context>) {
 async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
     let due = ctx.storage.txn_due(ketch_storage::now_ms(), SWEEP_BATCH).await?;
     let grace = FINISH_GRACE.as_millis() as i64;
-    for id in due {
+    for (id, seen) in due {
         if ctx.membership.transaction_coordinator(&id).id != ctx.membership.my_id() {
             continue;
         }
-        match ctx.storage.txn_expire(&id, grace, id_ttl_ms(ctx)).await? {
+        match ctx.storage.txn_expire(&id, seen, grace, id_ttl_ms(ctx)).await? {
             TxnReply::Finish(decided) => {
                 if decided.commit {
                     tracing::info!(transactional_id = %id, "finishing a commit another gateway left unfinished");

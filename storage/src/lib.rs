@@ -138,6 +138,7 @@ struct Scripts {
     txn: redis::Script,
     txn_join: redis::Script,
     txn_offsets: redis::Script,
+    txn_index: redis::Script,
 }
 
 impl Store {
@@ -229,6 +230,7 @@ impl Store {
                 txn: redis::Script::new(include_str!("scripts/txn.lua")),
                 txn_join: redis::Script::new(include_str!("scripts/txn_join.lua")),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),
+                txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
             }),
             server: Arc::from(server),
         })

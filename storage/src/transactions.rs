@@ -192,17 +192,19 @@ impl Store {
         ];
         let reply = parse_reply(self.txn_script(id, "init", expiration_ms, &args).await?)?;
         match reply {
-            TxnReply::Producer { .. } => self.txn_index_set(id, None).await?,
+            TxnReply::Producer { .. } => self.txn_list(id).await?,
             // The open transaction is aborted (its producer fenced): due
             // at once, should this gateway not finish it.
-            TxnReply::Finish(_) => self.txn_index_set(id, Some(crate::now_ms())).await?,
+            TxnReply::Finish(_) => self.txn_schedule(id, crate::now_ms()).await?,
             _ => {}
         }
         Ok(reply)
     }
 
     /// Adds partitions or groups to the producer's transaction, opening
-    /// one if none is; the index then holds the transaction's deadline.
+    /// one if none is. The caller schedules the transaction's deadline
+    /// ([`Store::txn_schedule`]) before answering, while it tells the
+    /// partitions.
     pub async fn txn_add(
         &self,
         id: &str,
@@ -221,22 +223,17 @@ impl Store {
             kind.to_owned(),
             items.to_string(),
         ];
-        let reply = parse_reply(self.txn_script(id, "add", expiration_ms, &args).await?)?;
-        if let TxnReply::Added { deadline_ms, .. } = reply {
-            self.txn_index_set(id, Some(deadline_ms)).await?;
-        }
-        Ok(reply)
+        parse_reply(self.txn_script(id, "add", expiration_ms, &args).await?)
     }
 
-    /// EndTxn: decides the producer's transaction. Should the decision be
-    /// left unfinished, the index has another gateway look at it after
-    /// `recheck_ms`.
+    /// EndTxn: decides the producer's transaction. The caller schedules a
+    /// look at it (should the decision be left unfinished) while it
+    /// finishes it.
     pub async fn txn_end(
         &self,
         id: &str,
         producer: (i64, i16),
         commit: bool,
-        recheck_ms: i64,
         expiration_ms: i64,
     ) -> Result<TxnReply> {
         let args = [
@@ -244,11 +241,7 @@ impl Store {
             producer.1.to_string(),
             if commit { "commit" } else { "abort" }.to_owned(),
         ];
-        let reply = parse_reply(self.txn_script(id, "end", expiration_ms, &args).await?)?;
-        if matches!(reply, TxnReply::Finish(_)) {
-            self.txn_index_set(id, Some(crate::now_ms() + recheck_ms)).await?;
-        }
-        Ok(reply)
+        parse_reply(self.txn_script(id, "end", expiration_ms, &args).await?)
     }
 
     /// Marks a decided transaction finished (its markers and offsets are
@@ -257,15 +250,22 @@ impl Store {
         let value = self
             .txn_script(id, "complete", expiration_ms, &[number.to_string()])
             .await?;
-        let completed = matches!(value, Value::Int(1));
-        self.txn_index_set(id, None).await?;
-        Ok(completed)
+        // The id stays due: the sweeper finds it finished and marks it idle.
+        Ok(matches!(value, Value::Int(1)))
     }
 
-    /// The sweeper's look at one id: aborts an open transaction past its
-    /// timeout (fencing its producer), or hands back a decision left
-    /// unfinished for `grace_ms`.
-    pub async fn txn_expire(&self, id: &str, grace_ms: i64, expiration_ms: i64) -> Result<TxnReply> {
+    /// The sweeper's look at one id it found due with score `seen`: aborts
+    /// an open transaction past its timeout (fencing its producer), or
+    /// hands back a decision left unfinished for `grace_ms`; otherwise
+    /// moves the id's score to when it is due next (unless a request moved
+    /// it meanwhile).
+    pub async fn txn_expire(
+        &self,
+        id: &str,
+        seen: f64,
+        grace_ms: i64,
+        expiration_ms: i64,
+    ) -> Result<TxnReply> {
         let value = self
             .txn_script(id, "expire", expiration_ms, &[grace_ms.to_string()])
             .await?;
@@ -274,10 +274,21 @@ impl Store {
             Value::Array(items) if items.is_empty() => TxnReply::Idle,
             _ => parse_reply(value)?,
         };
-        match &reply {
-            TxnReply::Open { deadline_ms } => self.txn_index_set(id, Some(*deadline_ms)).await?,
-            TxnReply::Idle => self.txn_index_set(id, None).await?,
-            _ => {}
+        let next = match &reply {
+            TxnReply::Open { deadline_ms } => Some(*deadline_ms as f64),
+            TxnReply::Idle => Some(IDLE_SCORE),
+            _ => None,
+        };
+        if let Some(next) = next {
+            let _: i64 = self
+                .scripts
+                .txn_index
+                .key(self.txn_index_key())
+                .arg(id)
+                .arg(seen)
+                .arg(next)
+                .invoke_async(&mut self.conn())
+                .await?;
         }
         Ok(reply)
     }
@@ -287,19 +298,39 @@ impl Store {
         Ok(self.conn().hgetall(self.txn_key(id)).await?)
     }
 
-    /// Schedules the next look at `id` (`None`: never; it stays listed).
-    async fn txn_index_set(&self, id: &str, due_ms: Option<i64>) -> Result<()> {
-        let score = due_ms.map_or(IDLE_SCORE, |ms| ms as f64);
-        let _: i64 = self.conn().zadd(self.txn_index_key(), id, score).await?;
+    /// Has a gateway look at `id` at `due_ms` at the latest (an earlier
+    /// time already scheduled stays: ZADD LT only lowers a score).
+    pub async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(self.txn_index_key())
+            .arg("LT")
+            .arg(due_ms as f64)
+            .arg(id)
+            .query_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 
-    /// Transactional ids due for a look at `now_ms`, at most `limit`.
-    pub async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<String>> {
-        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+    /// Lists `id` in the index (idle) unless it is there already.
+    async fn txn_list(&self, id: &str) -> Result<()> {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(self.txn_index_key())
+            .arg("NX")
+            .arg(IDLE_SCORE)
+            .arg(id)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    /// Transactional ids due for a look at `now_ms` with their scores, at
+    /// most `limit`.
+    pub async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {
+        let ids: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
             .arg(self.txn_index_key())
             .arg("-inf")
             .arg(now_ms)
+            .arg("WITHSCORES")
             .arg("LIMIT")
             .arg(0)
             .arg(limit)

@@ -38,7 +38,10 @@ pub async fn handle(
         .txn_add(id, producer, TxnItems::Groups, &groups, ttl)
         .await
     {
-        Ok(TxnReply::Added { .. }) => response,
+        Ok(TxnReply::Added { deadline_ms, .. }) => match ctx.storage.txn_schedule(id, deadline_ms).await {
+            Ok(()) => response,
+            Err(e) => response.with_error_code(error_code(&e)),
+        },
         Ok(refused) => response
             .with_error_code(crate::transactions::refusal(&refused, header.request_api_version, 2).code()),
         Err(e) => response.with_error_code(error_code(&e)),

@@ -110,12 +110,12 @@ pub async fn handle(
         .collect();
     let items = serde_json::to_value(&items).expect("partitions serialize");
     let ttl = crate::transactions::id_ttl_ms(ctx);
-    let number = match ctx
+    let (number, deadline) = match ctx
         .storage
         .txn_add(&id, producer, TxnItems::Partitions, &items, ttl)
         .await
     {
-        Ok(TxnReply::Added { number, .. }) => number,
+        Ok(TxnReply::Added { number, deadline_ms }) => (number, deadline_ms),
         Ok(refused) => {
             let code = crate::transactions::refusal(&refused, version, FENCED_FROM).code();
             return answer(all(code));
@@ -129,7 +129,12 @@ pub async fn handle(
             joins.push(join(ctx, t, p, producer, number, version));
         }
     }
-    let mut codes = super::each(joins).await.into_iter();
+    // The transaction's timeout is scheduled while the partitions are told.
+    let (scheduled, codes) = tokio::join!(ctx.storage.txn_schedule(&id, deadline), super::each(joins));
+    if let Err(e) = scheduled {
+        return answer(all(error_code(&e)));
+    }
+    let mut codes = codes.into_iter();
     answer(
         topics
             .iter()

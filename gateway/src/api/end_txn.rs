@@ -26,14 +26,21 @@ pub async fn handle(
         return response.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
     }
     let producer = (request.producer_id.0, request.producer_epoch);
-    let recheck = FINISH_GRACE.as_millis() as i64;
     let reply = ctx
         .storage
-        .txn_end(id, producer, request.committed, recheck, id_ttl_ms(ctx))
+        .txn_end(id, producer, request.committed, id_ttl_ms(ctx))
         .await;
     match reply {
         Ok(TxnReply::Finish(decided)) => {
-            match finish(ctx, id, &decided).await {
+            // Should this gateway not finish it, the id's coordinator
+            // will: the look is scheduled while the markers are written.
+            let recheck = ketch_storage::now_ms() + FINISH_GRACE.as_millis() as i64;
+            let (scheduled, finished) =
+                tokio::join!(ctx.storage.txn_schedule(id, recheck), finish(ctx, id, &decided));
+            if let Err(e) = scheduled {
+                tracing::warn!(transactional_id = id, error = %e, "cannot schedule a look at a decided transaction");
+            }
+            match finished {
                 Ok(()) => crate::transactions::count(if decided.commit { "commit" } else { "abort" }),
                 Err(e) => tracing::warn!(transactional_id = id, error = %e,
                     "a transaction is decided but not finished; its coordinator will finish it"),
