@@ -200,7 +200,7 @@ impl RemoteReader {
                     return Ok(Some((columns.offset(i), ts)));
                 }
             }
-            if columns.len() == 0 {
+            if columns.is_empty() {
                 break;
             }
             next = kept(segment, columns.offset(columns.len() - 1) + 1);
