@@ -628,3 +628,101 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
     }
     assert_eq!(watermarks(&mut conn, &topic), (4, 4));
 }
+
+/// TxnOffsetCommit stages a group's offsets: OffsetFetch with
+/// require_stable answers UNSTABLE_OFFSET_COMMIT until the transaction
+/// commits (KIP-447), a plain one the old offset; after the commit both
+/// see the new one, and an aborted transaction's offsets never apply.
+#[test]
+fn offsets_committed_in_a_transaction_apply_on_commit_only() {
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, GroupId, OffsetFetchRequest, OffsetFetchResponse,
+        TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    };
+    const UNSTABLE_OFFSET_COMMIT: i16 = 88;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-offsets");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = unique_topic("txn-offsets-group");
+    let id = unique_topic("txn-offsets-id");
+    let started = init(&mut conn, &id, 60_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    let txn_id = || TransactionalId(StrBytes::from_string(id.clone()));
+    let fetch = |conn: &mut KafkaConn, stable: bool| {
+        let response: OffsetFetchResponse = conn.request(
+            7,
+            &OffsetFetchRequest::default()
+                .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+                .with_require_stable(stable)
+                .with_topics(Some(vec![
+                    OffsetFetchRequestTopic::default()
+                        .with_name(raw::topic_name(&topic))
+                        .with_partition_indexes(vec![0]),
+                ])),
+        );
+        let p = &response.topics[0].partitions[0];
+        (p.error_code, p.committed_offset)
+    };
+    let transaction = |conn: &mut KafkaConn, offset: i64, commit: bool| {
+        let added: AddOffsetsToTxnResponse = conn.request(
+            3,
+            &AddOffsetsToTxnRequest::default()
+                .with_transactional_id(txn_id())
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_group_id(GroupId(StrBytes::from_string(group.clone()))),
+        );
+        assert_eq!(added.error_code, code::NONE);
+        let staged: TxnOffsetCommitResponse = conn.request(
+            3,
+            &TxnOffsetCommitRequest::default()
+                .with_transactional_id(txn_id())
+                .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_generation_id(-1)
+                .with_topics(vec![
+                    TxnOffsetCommitRequestTopic::default()
+                        .with_name(raw::topic_name(&topic))
+                        .with_partitions(vec![
+                            TxnOffsetCommitRequestPartition::default()
+                                .with_partition_index(0)
+                                .with_committed_offset(offset)
+                                .with_committed_leader_epoch(-1),
+                        ]),
+                ]),
+        );
+        assert_eq!(staged.topics[0].partitions[0].error_code, code::NONE);
+        assert_eq!(fetch(conn, true).0, UNSTABLE_OFFSET_COMMIT, "staged, not decided");
+        let before = fetch(conn, false);
+        let ended: EndTxnResponse = conn.request(
+            3,
+            &EndTxnRequest::default()
+                .with_transactional_id(txn_id())
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch)
+                .with_committed(commit),
+        );
+        assert_eq!(ended.error_code, code::NONE);
+        before
+    };
+    assert_eq!(
+        transaction(&mut conn, 42, true),
+        (code::NONE, -1),
+        "nothing committed before"
+    );
+    assert_eq!(fetch(&mut conn, true), (code::NONE, 42));
+    assert_eq!(transaction(&mut conn, 99, false), (code::NONE, 42));
+    assert_eq!(
+        fetch(&mut conn, true),
+        (code::NONE, 42),
+        "an aborted transaction's offsets never apply"
+    );
+    assert_eq!(fetch(&mut conn, false), (code::NONE, 42));
+}
