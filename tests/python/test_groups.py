@@ -15,8 +15,6 @@ windows, which are named as such.
 import collections
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -35,6 +33,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KafkaPythonTopicPartition
+
+from helpers import find_coordinators
 
 # session.timeout.ms of every member: Kafka's usual lower bound (and ketch's
 # default groups.min_session_timeout), short enough for the tests.
@@ -302,100 +302,6 @@ def describe_group(bootstrap, group):
     # destroyed earlier never completes its futures.
     admin = AdminClient({"bootstrap.servers": bootstrap})
     return admin.describe_consumer_groups([group])[group].result(15)
-
-
-# FindCoordinator v4 (KIP-699, batched keys), by hand, so a test can ask one
-# particular gateway (clients ask whichever broker they like).
-def find_coordinators(address, groups, timeout=10.0):
-    """{group: (error_code, node_id)} as gateway `address` answers
-    FindCoordinator v4 for all `groups` in one request."""
-
-    def uvarint(n):
-        out = bytearray()
-        while True:
-            byte = n & 0x7F
-            n >>= 7
-            if n:
-                out.append(byte | 0x80)
-            else:
-                out.append(byte)
-                return bytes(out)
-
-    def compact_string(s):
-        raw = s.encode()
-        return uvarint(len(raw) + 1) + raw
-
-    client_id = b"ketch-tests"
-    # Request header v2: api key 10, version 4, correlation id, client id
-    # (a non-compact nullable string), no tagged fields.
-    header = struct.pack(">hhih", 10, 4, 42, len(client_id)) + client_id + b"\x00"
-    body = struct.pack(">b", 0) + uvarint(len(groups) + 1)
-    body += b"".join(compact_string(g) for g in groups) + b"\x00"
-    frame = header + body
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(struct.pack(">i", len(frame)) + frame)
-        data = b""
-        while len(data) < 4:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed"
-            data += chunk
-        (size,) = struct.unpack(">i", data[:4])
-        while len(data) < 4 + size:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed"
-            data += chunk
-    buf = memoryview(data[4 : 4 + size])
-    pos = 0
-
-    def read_uvarint():
-        nonlocal pos
-        shift = value = 0
-        while True:
-            byte = buf[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-
-    def read_compact_string():
-        nonlocal pos
-        n = read_uvarint() - 1
-        if n < 0:
-            return None
-        s = bytes(buf[pos : pos + n]).decode()
-        pos += n
-        return s
-
-    def skip_tags():
-        nonlocal pos
-        for _ in range(read_uvarint()):
-            read_uvarint()
-            pos += read_uvarint()
-
-    def unpack(fmt):
-        nonlocal pos
-        values = struct.unpack_from(fmt, buf, pos)
-        pos += struct.calcsize(fmt)
-        return values
-
-    (correlation,) = unpack(">i")
-    assert correlation == 42
-    skip_tags()  # response header v1
-    unpack(">i")  # throttle_time_ms
-    result = {}
-    for _ in range(read_uvarint() - 1):
-        key = read_compact_string()
-        (node_id,) = unpack(">i")
-        read_compact_string()  # host
-        unpack(">i")  # port
-        (error_code,) = unpack(">h")
-        read_compact_string()  # error message
-        skip_tags()
-        result[key] = (error_code, node_id)
-    assert set(result) == set(groups), f"answer for {sorted(result)}, asked for {sorted(groups)}"
-    return result
 
 
 def coordinator_of(address, group):

@@ -20,8 +20,6 @@ record the consumer will ever see before X has been delivered.
 """
 
 import collections
-import socket
-import struct
 import time
 import warnings
 
@@ -38,6 +36,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from conftest import FAST_GROUP_SETTINGS
+from helpers import find_coordinators
 
 TXN_SETTINGS = (*FAST_GROUP_SETTINGS, "transactions.abort_check_interval=200ms")
 
@@ -237,74 +236,10 @@ def read(bootstrap, topic, ends, isolation, timeout=20.0):
         reader.close()
 
 
-def find_coordinator(address, key, key_type, timeout=10.0):
-    """(error_code, node_id) as gateway `address` answers FindCoordinator v4
-    for one key of `key_type` (0 group, 1 transaction), sent by hand so a
-    test can ask one particular gateway."""
-
-    def uvarint(n):
-        out = bytearray()
-        while True:
-            byte = n & 0x7F
-            n >>= 7
-            if not n:
-                out.append(byte)
-                return bytes(out)
-            out.append(byte | 0x80)
-
-    client_id = b"ketch-tests"
-    raw_key = key.encode()
-    # Request header v2: api key 10, version 4, correlation id, client id, no tags.
-    header = struct.pack(">hhih", 10, 4, 7, len(client_id)) + client_id + b"\x00"
-    body = struct.pack(">b", key_type) + uvarint(2) + uvarint(len(raw_key) + 1) + raw_key + b"\x00"
-    frame = header + body
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(struct.pack(">i", len(frame)) + frame)
-        data = b""
-        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed"
-            data += chunk
-    buf = memoryview(data[4:])
-    pos = 0
-
-    def read_uvarint():
-        nonlocal pos
-        shift = value = 0
-        while True:
-            byte = buf[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-
-    def read_compact_string():
-        nonlocal pos
-        n = read_uvarint() - 1
-        s = None if n < 0 else bytes(buf[pos : pos + n]).decode()
-        pos += max(n, 0)
-        return s
-
-    def unpack(fmt):
-        nonlocal pos
-        values = struct.unpack_from(fmt, buf, pos)
-        pos += struct.calcsize(fmt)
-        return values
-
-    assert unpack(">i") == (7,)
-    for _ in range(read_uvarint()):  # response header v1 tags
-        read_uvarint()
-        pos += read_uvarint()
-    unpack(">i")  # throttle_time_ms
-    assert read_uvarint() - 1 == 1, "one coordinator asked for"
-    assert read_compact_string() == key
-    (node_id,) = unpack(">i")
-    read_compact_string()  # host
-    unpack(">i")  # port
-    (error_code,) = unpack(">h")
-    return error_code, node_id
+def find_coordinator(address, key, key_type):
+    """(error_code, node_id) as gateway `address` answers FindCoordinator
+    for one key of `key_type` (0 group, 1 transaction)."""
+    return find_coordinators(address, [key], key_type)[key]
 
 
 def values(prefix, count):
