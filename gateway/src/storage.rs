@@ -12,7 +12,7 @@ use bytes::Bytes;
 use ketch_storage::batch::BatchHeader;
 use ketch_storage::{
     AppendOutcome, CommittedOffset, Decided, JoinReply, PartitionOffsets, ReadPartition, ReadRequest, Result,
-    Store, StoredCredential, Topic, TopicPartition, TxnItems, TxnReply, WakeHub,
+    Store, StoredCredential, Topic, TopicPartition, TxnItems, TxnReply, TxnState, WakeHub,
 };
 use ketch_tiering::Tiers;
 
@@ -144,7 +144,7 @@ pub trait Storage: Send + Sync {
         let _ = (id, due_ms);
         Err(no_transactions())
     }
-    async fn txn_describe(&self, id: &str) -> Result<std::collections::HashMap<String, String>> {
+    async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
         let _ = id;
         Err(no_transactions())
     }
@@ -446,7 +446,7 @@ impl Storage for Tiered {
     async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
         self.store.txn_schedule(id, due_ms).await
     }
-    async fn txn_describe(&self, id: &str) -> Result<std::collections::HashMap<String, String>> {
+    async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
         self.store.txn_describe(id).await
     }
     async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {

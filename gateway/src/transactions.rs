@@ -122,7 +122,7 @@ async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
                     "coordinator_abort"
                 });
             }
-            TxnReply::Idle if ctx.storage.txn_describe(&id).await?.is_empty() => {
+            TxnReply::Idle if ctx.storage.txn_describe(&id).await?.is_none() => {
                 ctx.storage.txn_forget(&id).await?;
             }
             _ => {}

@@ -42,6 +42,45 @@ pub struct Decided {
     pub groups: Vec<String>,
 }
 
+/// The coordinator's state of a transactional id (`ketch:txn:{ID}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnState {
+    pub producer_id: i64,
+    pub epoch: i16,
+    /// Kafka's name of the state: Empty, Ongoing, PrepareCommit, …
+    pub state: String,
+    pub timeout_ms: i64,
+    /// When the open (or deciding) transaction began (Redis time, ms).
+    pub started_ms: Option<i64>,
+    /// The number of the id's latest transaction.
+    pub number: i64,
+    /// The open or deciding transaction's partitions and groups.
+    pub partitions: Vec<TopicPartition>,
+    pub groups: Vec<String>,
+}
+
+impl TxnState {
+    /// A transaction is open or being decided.
+    pub fn is_open(&self) -> bool {
+        self.state == "Ongoing" || self.state.starts_with("Prepare")
+    }
+
+    fn parse(fields: &HashMap<String, String>) -> Self {
+        let int = |name: &str| fields.get(name).and_then(|v| v.parse::<i64>().ok());
+        let json = |name: &str| fields.get(name).map_or("[]", String::as_str).to_owned();
+        Self {
+            producer_id: int("pid").unwrap_or(-1),
+            epoch: int("epoch").and_then(|e| i16::try_from(e).ok()).unwrap_or(-1),
+            state: fields.get("state").cloned().unwrap_or_default(),
+            timeout_ms: int("timeout_ms").unwrap_or(0),
+            started_ms: int("started_ms"),
+            number: int("n").unwrap_or(0),
+            partitions: serde_json::from_str(&json("partitions")).unwrap_or_default(),
+            groups: serde_json::from_str(&json("groups")).unwrap_or_default(),
+        }
+    }
+}
+
 /// What the coordinator's script answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxnReply {
@@ -293,9 +332,10 @@ impl Store {
         Ok(reply)
     }
 
-    /// The coordinator's fields of a transactional id (empty: unknown).
-    pub async fn txn_describe(&self, id: &str) -> Result<HashMap<String, String>> {
-        Ok(self.conn().hgetall(self.txn_key(id)).await?)
+    /// The coordinator's state of a transactional id (`None`: unknown).
+    pub async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
+        let fields: HashMap<String, String> = self.conn().hgetall(self.txn_key(id)).await?;
+        Ok((!fields.is_empty()).then(|| TxnState::parse(&fields)))
     }
 
     /// Has a gateway look at `id` at `due_ms` at the latest (an earlier

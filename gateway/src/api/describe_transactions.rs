@@ -37,35 +37,29 @@ pub async fn handle(
             states.push(state.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code()));
             continue;
         }
-        let fields = match ctx.storage.txn_describe(&id).await {
-            Ok(fields) if fields.is_empty() => {
+        let txn = match ctx.storage.txn_describe(&id).await {
+            Ok(None) => {
                 states.push(state.with_error_code(ResponseError::TransactionalIdNotFound.code()));
                 continue;
             }
-            Ok(fields) => fields,
+            Ok(Some(txn)) => txn,
             Err(e) => {
                 states.push(state.with_error_code(error_code(&e)));
                 continue;
             }
         };
-        let int = |name: &str| fields.get(name).and_then(|v| v.parse::<i64>().ok());
-        let name = fields.get("state").cloned().unwrap_or_default();
-        let open = name == "Ongoing" || name.starts_with("Prepare");
-        let partitions: Vec<(String, i32)> = fields
-            .get("partitions")
-            .and_then(|p| serde_json::from_str(p).ok())
-            .unwrap_or_default();
+        let open = txn.is_open();
         let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        for (topic, partition) in partitions {
+        for (topic, partition) in txn.partitions {
             topics.entry(topic).or_default().push(partition);
         }
         states.push(
             state
-                .with_transaction_state(str_bytes(name))
-                .with_transaction_timeout_ms(int("timeout_ms").unwrap_or(0) as i32)
-                .with_transaction_start_time_ms(if open { int("started_ms").unwrap_or(-1) } else { -1 })
-                .with_producer_id(ProducerId(int("pid").unwrap_or(-1)))
-                .with_producer_epoch(int("epoch").unwrap_or(-1) as i16)
+                .with_transaction_state(str_bytes(txn.state))
+                .with_transaction_timeout_ms(i32::try_from(txn.timeout_ms).unwrap_or(i32::MAX))
+                .with_transaction_start_time_ms(if open { txn.started_ms.unwrap_or(-1) } else { -1 })
+                .with_producer_id(ProducerId(txn.producer_id))
+                .with_producer_epoch(txn.epoch)
                 .with_topics(
                     topics
                         .into_iter()

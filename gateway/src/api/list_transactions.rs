@@ -55,32 +55,30 @@ pub async fn handle(
         ) {
             continue;
         }
-        let fields = match ctx.storage.txn_describe(&id).await {
-            Ok(fields) if !fields.is_empty() => fields,
-            Ok(_) => continue,
+        let txn = match ctx.storage.txn_describe(&id).await {
+            Ok(Some(txn)) => txn,
+            Ok(None) => continue,
             Err(e) => return response.with_error_code(error_code(&e)),
         };
-        let state = fields.get("state").cloned().unwrap_or_default();
-        let pid: i64 = fields.get("pid").and_then(|v| v.parse().ok()).unwrap_or(-1);
-        if !request.state_filters.is_empty() && !request.state_filters.iter().any(|s| s.as_str() == state) {
+        let pid = txn.producer_id;
+        if !request.state_filters.is_empty() && !request.state_filters.iter().any(|s| s.as_str() == txn.state)
+        {
             continue;
         }
         if !request.producer_id_filters.is_empty() && !request.producer_id_filters.iter().any(|p| p.0 == pid)
         {
             continue;
         }
-        if let Some(min) = longer_than {
-            let started: Option<i64> = fields.get("started_ms").and_then(|v| v.parse().ok());
-            let open = state == "Ongoing" || state.starts_with("Prepare");
-            if !open || started.is_none_or(|s| now - s < min) {
-                continue;
-            }
+        if let Some(min) = longer_than
+            && (!txn.is_open() || txn.started_ms.is_none_or(|s| now - s < min))
+        {
+            continue;
         }
         states.push(
             TransactionState::default()
                 .with_transactional_id(TransactionalId(str_bytes(id)))
                 .with_producer_id(ProducerId(pid))
-                .with_transaction_state(str_bytes(state)),
+                .with_transaction_state(str_bytes(txn.state)),
         );
     }
     response

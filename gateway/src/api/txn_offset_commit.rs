@@ -129,21 +129,16 @@ async fn transaction_number(
         .txn_describe(&request.transactional_id)
         .await
         .map_err(|e| error_code(&e))?;
-    let field = |name: &str| state.get(name).and_then(|v| v.parse::<i64>().ok());
-    if field("pid") != Some(request.producer_id.0) {
+    let Some(state) = state.filter(|s| s.producer_id == request.producer_id.0) else {
         return Err(ResponseError::InvalidProducerIdMapping.code());
-    }
-    if field("epoch") != Some(i64::from(request.producer_epoch)) {
+    };
+    if state.epoch != request.producer_epoch {
         return Err(ResponseError::ProducerFenced.code());
     }
-    let groups: Vec<String> = state
-        .get("groups")
-        .and_then(|g| serde_json::from_str(g).ok())
-        .unwrap_or_default();
-    if state.get("state").map(String::as_str) != Some("Ongoing") || !groups.iter().any(|g| g == group) {
+    if state.state != "Ongoing" || !state.groups.iter().any(|g| g == group) {
         return Err(ResponseError::InvalidTxnState.code());
     }
-    field("n").ok_or(ResponseError::InvalidTxnState.code())
+    Ok(state.number)
 }
 
 /// Stages the offsets under the transaction's number. Should the
