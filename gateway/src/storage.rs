@@ -183,10 +183,6 @@ pub trait Storage: Send + Sync {
         let _ = (topic, partition, from, to);
         Ok(Vec::new())
     }
-    async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
-        let _ = (topic, partition);
-        Ok(Vec::new())
-    }
     async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
         let _ = (topic, partition);
         Ok(Vec::new())
@@ -478,9 +474,6 @@ impl Storage for Tiered {
         to: i64,
     ) -> Result<Vec<(i64, i64)>> {
         self.store.aborted_transactions(topic, partition, from, to).await
-    }
-    async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
-        self.store.open_transactions(topic, partition).await
     }
     async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
         self.store.producer_states(topic, partition).await

@@ -497,25 +497,11 @@ impl Store {
         from: i64,
         to: i64,
     ) -> Result<Vec<(i64, i64)>> {
-        if !topic.has_partition(partition) {
-            return Err(StorageError::UnknownTopicOrPartition);
-        }
-        let keys = self.partition_keys(topic, partition);
-        // Scored by the abort marker's offset: those ending at or after
-        // `from`; of them, those beginning at or before `to`.
-        let members: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(&keys.aborted)
-            .arg(from)
-            .arg("+inf")
-            .query_async(&mut self.conn())
-            .await?;
-        let mut aborted: Vec<(i64, i64)> = members
-            .iter()
-            .filter_map(|m| {
-                let (pid, first) = m.split_once(':')?;
-                Some((pid.parse().ok()?, first.parse().ok()?))
-            })
-            .filter(|&(_, first)| first <= to)
+        let mut aborted: Vec<(i64, i64)> = self
+            .aborted_ranges(topic, partition, from, to)
+            .await?
+            .into_iter()
+            .map(|(pid, first, _)| (pid, first))
             .collect();
         aborted.sort_by_key(|&(_, first)| first);
         Ok(aborted)
@@ -549,19 +535,6 @@ impl Store {
                 Some((pid.parse().ok()?, first.parse().ok()?, *marker as i64))
             })
             .filter(|&(_, first, _)| first <= to)
-            .collect())
-    }
-
-    /// The open transactions with data in a partition: (producer id, first offset).
-    pub async fn open_transactions(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, i64)>> {
-        if !topic.has_partition(partition) {
-            return Err(StorageError::UnknownTopicOrPartition);
-        }
-        let keys = self.partition_keys(topic, partition);
-        let open: Vec<(String, f64)> = self.conn().zrange_withscores(&keys.txns, 0, -1).await?;
-        Ok(open
-            .into_iter()
-            .filter_map(|(pid, first)| Some((pid.parse().ok()?, first as i64)))
             .collect())
     }
 
