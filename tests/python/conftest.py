@@ -28,10 +28,29 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
 
 
+def free_ports(count):
+    """`count` distinct free loopback ports. The sockets stay bound until all
+    are chosen: one closed before the next bind may be handed out again (two
+    listeners of one gateway on one port fail to start)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+class PortTaken(RuntimeError):
+    """A process could not bind a port chosen by free_ports: another process
+    took it between the choice and the bind, the one race free ports leave."""
 
 
 class Process:
@@ -53,7 +72,8 @@ class Process:
         if not self._ready.wait(START_TIMEOUT) or self.proc.poll() is not None:
             output = self.output()
             self.stop()
-            raise RuntimeError(f"{name} did not start ({argv}):\n{output}")
+            error = PortTaken if "Address already in use" in output else RuntimeError
+            raise error(f"{name} did not start ({argv}):\n{output}")
 
     def _drain(self, pipe):
         for raw in pipe:
@@ -146,6 +166,17 @@ def ketch_env():
 
 
 def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None, protocol=None, listeners=None):
+    """Starts a ketch gateway on free ports (see _start_ketch); tries new
+    ports when another process took one of them before ketch bound it."""
+    for attempt in range(1, 6):
+        try:
+            return _start_ketch(redis_url, node_id, settings, advertised_port, protocol, listeners)
+        except PortTaken:
+            if attempt == 5:
+                raise
+
+
+def _start_ketch(redis_url, node_id, settings, advertised_port, protocol, listeners):
     """Starts a ketch gateway on free ports against `redis_url`; returns a
     Ketch once it logged "ketch serving". `settings` are `section.key=value`
     strings passed with --set; `advertised_port` is the port it tells clients
@@ -155,7 +186,7 @@ def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None, prot
     (broker.listeners, advertised_listeners and listener_security_protocol_map;
     the first is `bootstrap`). Ketch.listeners maps each listener's name to
     its address."""
-    kafka_port, http_port = free_port(), free_port()
+    kafka_port, http_port, *listener_ports = free_ports(2 + len(listeners or ()))
     argv = [
         ketch_binary(),
         "serve",
@@ -172,7 +203,7 @@ def start_ketch(redis_url, node_id=None, settings=(), advertised_port=None, prot
         argv += ["--set", f"broker.security_protocol={protocol}"]
     addresses = {(protocol or "PLAINTEXT"): f"127.0.0.1:{kafka_port}"}
     if listeners:
-        addresses = {name: f"127.0.0.1:{free_port()}" for name, _ in listeners}
+        addresses = {name: f"127.0.0.1:{port}" for (name, _), port in zip(listeners, listener_ports)}
         endpoints = ",".join(f"{name}://{address}" for name, address in addresses.items())
         argv += [
             "--set", f"broker.listeners={endpoints}",

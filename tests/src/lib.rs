@@ -28,10 +28,23 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct ports on 127.0.0.1 that were free a moment ago. Every
+/// listener stays bound until all are chosen: a port released before the
+/// next bind may be handed out again, and one process's two listeners on
+/// one port fail to start.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
+        .collect();
+    std::array::from_fn(|i| {
+        listeners[i]
+            .local_addr()
+            .expect("a bound listener's address")
+            .port()
+    })
 }
 
 /// A topic name no other test uses: `prefix-<random hex>`.
@@ -162,7 +175,10 @@ impl RedisServer {
     /// A free port where no server runs yet; [`RedisServer::start_again`]
     /// starts one there.
     pub fn reserve() -> Self {
-        let port = free_port();
+        Self::reserve_on(free_port())
+    }
+
+    fn reserve_on(port: u16) -> Self {
         let dir = std::env::temp_dir().join(format!("ketch-test-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the redis-server directory");
         Self {
@@ -225,8 +241,8 @@ impl RedisServer {
     /// `ca` for 127.0.0.1; `args` as for [`RedisServer::start_with`].
     pub fn start_tls(ca: &TestCa, args: &[&str]) -> Self {
         retry_port_race(|| {
-            let mut server = Self::reserve();
-            let tls_port = free_port();
+            let [port, tls_port] = free_ports();
+            let mut server = Self::reserve_on(port);
             server.tls_port = Some(tls_port);
             server.args = ca.redis_args(tls_port);
             server.args.extend(args.iter().map(|a| (*a).to_owned()));
@@ -1071,7 +1087,8 @@ impl Ketch {
     }
 
     fn try_start(redis_url: &str, extra_args: &[&str]) -> Result<Self, String> {
-        Self::spawn(&ketch_bin(), &[], redis_url, extra_args, free_port(), free_port())
+        let [kafka, http] = free_ports();
+        Self::spawn(&ketch_bin(), &[], redis_url, extra_args, kafka, http)
     }
 
     /// Starts the gateway under `wrapper` (a command that runs the rest of
@@ -1079,20 +1096,17 @@ impl Ketch {
     pub fn start_wrapped(wrapper: &[&str], redis_url: &str, extra_args: &[&str]) -> Self {
         let wrapper: Vec<String> = wrapper.iter().map(|a| (*a).to_owned()).collect();
         retry_port_race(|| {
-            Self::spawn(
-                &ketch_bin(),
-                &wrapper,
-                redis_url,
-                extra_args,
-                free_port(),
-                free_port(),
-            )
+            let [kafka, http] = free_ports();
+            Self::spawn(&ketch_bin(), &wrapper, redis_url, extra_args, kafka, http)
         })
     }
 
     /// Starts another `ketch` binary (an older release, for upgrades).
     pub fn start_binary(binary: &Path, redis_url: &str, extra_args: &[&str]) -> Self {
-        retry_port_race(|| Self::spawn(binary, &[], redis_url, extra_args, free_port(), free_port()))
+        retry_port_race(|| {
+            let [kafka, http] = free_ports();
+            Self::spawn(binary, &[], redis_url, extra_args, kafka, http)
+        })
     }
 
     /// Starts the gateway expecting it to exit before it serves; its output.

@@ -667,10 +667,8 @@ fn a_forwarded_request_survives_the_coordinator_closing_an_idle_forwarding_conne
 #[test]
 fn each_listener_lists_the_gateways_by_its_own_addresses() {
     let redis = TestRedis::start();
-    let shared_port = ketch_tests::free_port();
-    let ports: Vec<(u16, u16)> = (0..2)
-        .map(|_| (ketch_tests::free_port(), ketch_tests::free_port()))
-        .collect();
+    let [shared_port, external_1, internal_1, external_2, internal_2] = ketch_tests::free_ports();
+    let ports = [(external_1, internal_1), (external_2, internal_2)];
     let gateways: Vec<Ketch> = ports
         .iter()
         .map(|(external, internal)| {
