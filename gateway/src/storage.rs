@@ -3,7 +3,7 @@
 //! Redis and the archive ([`Tiered`]); the fuzz target and tests can put
 //! [`crate::memory::MemoryStorage`] in its place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use bytes::Bytes;
 use ketch_storage::batch::BatchHeader;
 use ketch_storage::{
     AppendOutcome, CommittedOffset, Decided, JoinReply, PartitionOffsets, ReadPartition, ReadRequest, Result,
-    Store, StoredCredential, Topic, TopicPartition, TxnItems, TxnReply, TxnState, WakeHub,
+    StagingTxn, Store, StoredCredential, Topic, TopicPartition, TxnItems, TxnReply, TxnState, WakeHub,
 };
 use ketch_tiering::Tiers;
 
@@ -144,6 +144,10 @@ pub trait Storage: Send + Sync {
         let _ = (id, due_ms);
         Err(no_transactions())
     }
+    async fn txn_schedule_deadline(&self, id: &str, deadline_ms: i64, opened: bool) -> Result<()> {
+        let _ = (id, deadline_ms, opened);
+        Err(no_transactions())
+    }
     async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
         let _ = id;
         Err(no_transactions())
@@ -177,10 +181,10 @@ pub trait Storage: Send + Sync {
         &self,
         topic: &Topic,
         partition: i32,
-        from: i64,
-        to: i64,
+        (from, to): (i64, i64),
+        span: i64,
     ) -> Result<Vec<(i64, i64)>> {
-        let _ = (topic, partition, from, to);
+        let _ = (topic, partition, from, to, span);
         Ok(Vec::new())
     }
     async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
@@ -190,20 +194,19 @@ pub trait Storage: Send + Sync {
     async fn stage_txn_offsets(
         &self,
         group: &str,
-        producer_id: i64,
-        number: i64,
+        transaction: &StagingTxn<'_>,
         offsets: &[(TopicPartition, CommittedOffset)],
     ) -> Result<()> {
-        let _ = (group, producer_id, number, offsets);
+        let _ = (group, transaction, offsets);
         Err(no_transactions())
     }
     async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
         let _ = (group, decided);
         Err(no_transactions())
     }
-    async fn unstable_offsets(&self, group: &str, topic: &str, partitions: &[i32]) -> Result<Vec<bool>> {
-        let _ = (group, topic);
-        Ok(vec![false; partitions.len()])
+    async fn unstable_partitions(&self, group: &str) -> Result<HashSet<TopicPartition>> {
+        let _ = group;
+        Ok(HashSet::new())
     }
 }
 
@@ -442,6 +445,9 @@ impl Storage for Tiered {
     async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
         self.store.txn_schedule(id, due_ms).await
     }
+    async fn txn_schedule_deadline(&self, id: &str, deadline_ms: i64, opened: bool) -> Result<()> {
+        self.store.txn_schedule_deadline(id, deadline_ms, opened).await
+    }
     async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
         self.store.txn_describe(id).await
     }
@@ -470,10 +476,12 @@ impl Storage for Tiered {
         &self,
         topic: &Topic,
         partition: i32,
-        from: i64,
-        to: i64,
+        range: (i64, i64),
+        span: i64,
     ) -> Result<Vec<(i64, i64)>> {
-        self.store.aborted_transactions(topic, partition, from, to).await
+        self.store
+            .aborted_transactions(topic, partition, range, span)
+            .await
     }
     async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
         self.store.producer_states(topic, partition).await
@@ -481,18 +489,15 @@ impl Storage for Tiered {
     async fn stage_txn_offsets(
         &self,
         group: &str,
-        producer_id: i64,
-        number: i64,
+        transaction: &StagingTxn<'_>,
         offsets: &[(TopicPartition, CommittedOffset)],
     ) -> Result<()> {
-        self.store
-            .stage_txn_offsets(group, producer_id, number, offsets)
-            .await
+        self.store.stage_txn_offsets(group, transaction, offsets).await
     }
     async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
         self.store.apply_txn_offsets(group, decided).await
     }
-    async fn unstable_offsets(&self, group: &str, topic: &str, partitions: &[i32]) -> Result<Vec<bool>> {
-        self.store.unstable_offsets(group, topic, partitions).await
+    async fn unstable_partitions(&self, group: &str) -> Result<HashSet<TopicPartition>> {
+        self.store.unstable_partitions(group).await
     }
 }

@@ -102,31 +102,42 @@ pub async fn sweep(ctx: Arc<Context>) {
 
 async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
     let due = ctx.storage.txn_due(ketch_storage::now_ms(), SWEEP_BATCH).await?;
-    let grace = FINISH_GRACE.as_millis() as i64;
     for (id, seen) in due {
         if ctx.membership.transaction_coordinator(&id).id != ctx.membership.my_id() {
             continue;
         }
-        match ctx.storage.txn_expire(&id, seen, grace, id_ttl_ms(ctx)).await? {
-            TxnReply::Finish(decided) => {
-                if decided.commit {
-                    tracing::info!(transactional_id = %id, "finishing a commit another gateway left unfinished");
-                } else {
-                    tracing::info!(transactional_id = %id, producer_id = decided.producer_id,
-                        "aborting a transaction (past its timeout, or left unfinished)");
-                }
-                finish(ctx, &id, &decided).await?;
-                count(if decided.commit {
-                    "coordinator_commit"
-                } else {
-                    "coordinator_abort"
-                });
-            }
-            TxnReply::Idle if ctx.storage.txn_describe(&id).await?.is_none() => {
-                ctx.storage.txn_forget(&id).await?;
-            }
-            _ => {}
+        // One id that cannot be finished yet (a shard whose replicas do
+        // not confirm its markers) must not hold up the others: it stays
+        // due and is tried again next round.
+        if let Err(e) = look_at(ctx, &id, seen).await {
+            tracing::warn!(transactional_id = %id, error = %e, "cannot finish a transaction yet; will retry");
         }
+    }
+    Ok(())
+}
+
+/// The sweeper's look at one due id.
+async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError> {
+    let grace = FINISH_GRACE.as_millis() as i64;
+    match ctx.storage.txn_expire(id, seen, grace, id_ttl_ms(ctx)).await? {
+        TxnReply::Finish(decided) => {
+            if decided.commit {
+                tracing::info!(transactional_id = %id, "finishing a commit another gateway left unfinished");
+            } else {
+                tracing::info!(transactional_id = %id, producer_id = decided.producer_id,
+                    "aborting a transaction (past its timeout, or left unfinished)");
+            }
+            finish(ctx, id, &decided).await?;
+            count(if decided.commit {
+                "coordinator_commit"
+            } else {
+                "coordinator_abort"
+            });
+        }
+        TxnReply::Idle if ctx.storage.txn_describe(id).await?.is_none() => {
+            ctx.storage.txn_forget(id).await?;
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -43,7 +43,7 @@ pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use metrics::describe_metrics;
 pub use security::StoredCredential;
 pub use topics::{Topic, validate_topic_name};
-pub use transactions::{Decided, JoinReply, TxnItems, TxnReply, TxnState};
+pub use transactions::{Decided, JoinReply, StagingTxn, TxnItems, TxnReply, TxnState};
 pub use wake::{Fired, WakeHub};
 
 /// Connection settings of the storage layer.

@@ -247,7 +247,9 @@ impl Appenders {
         }
     }
 
-    fn slot(&self, meta_key: &str) -> Arc<tokio::sync::Mutex<Option<i64>>> {
+    /// The partition's append slot: held while this gateway appends to the
+    /// partition, it keeps the next offset the last append left.
+    pub(crate) fn slot(&self, meta_key: &str) -> Arc<tokio::sync::Mutex<Option<i64>>> {
         let mut partitions = self.partitions.lock().expect("appenders lock");
         if let Some(slot) = partitions.get(meta_key) {
             return slot.clone();
@@ -282,6 +284,11 @@ pub struct PartitionOffsets {
     /// The offset of the partition's latest abort marker (-1: none): a
     /// fetch from above it needs no aborted transactions.
     pub last_abort: i64,
+    /// The longest aborted transaction of the partition, in offsets (its
+    /// abort marker's offset less its first offset; 0: none): aborted
+    /// transactions whose data reaches an offset X have their markers
+    /// below X + this.
+    pub aborted_span: i64,
 }
 
 impl PartitionOffsets {
@@ -293,6 +300,7 @@ impl PartitionOffsets {
             high_watermark,
             last_stable_offset: high_watermark,
             last_abort: -1,
+            aborted_span: 0,
         }
     }
 }
@@ -1526,12 +1534,13 @@ fn offsets_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipe
 }
 
 /// The meta fields a partition's offsets are read from (see [`offsets_of`]).
-const OFFSET_FIELDS: [&str; 5] = [
+const OFFSET_FIELDS: [&str; 6] = [
     "next_offset",
     "log_start",
     "local_start",
     "txn_first",
     "aborted_last",
+    "aborted_span",
 ];
 
 fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
@@ -1549,12 +1558,14 @@ fn offsets_of(fields: &[Option<i64>]) -> Option<PartitionOffsets> {
             local_start,
             txn_first,
             aborted_last,
+            aborted_span,
         ] => Some(PartitionOffsets {
             log_start_offset,
             local_start_offset: local_start.unwrap_or(log_start_offset),
             high_watermark,
             last_stable_offset: txn_first.unwrap_or(high_watermark).min(high_watermark),
             last_abort: aborted_last.unwrap_or(-1),
+            aborted_span: aborted_span.unwrap_or(0),
         }),
         _ => None,
     }

@@ -19,7 +19,7 @@
 //! and offsets are written after the decision, each idempotently, and
 //! retried until done (by another gateway, should this one die).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use redis::{AsyncCommands, Value};
 
@@ -100,8 +100,13 @@ pub enum TxnReply {
     Done,
     /// A transaction to finish.
     Finish(Decided),
-    /// Add: the open transaction's number and deadline (ms, Redis time).
-    Added { number: i64, deadline_ms: i64 },
+    /// Add: the open transaction's number and deadline (ms, Redis time);
+    /// `opened` when this call began it.
+    Added {
+        number: i64,
+        deadline_ms: i64,
+        opened: bool,
+    },
     /// Expire: still open, look again at this time.
     Open { deadline_ms: i64 },
     /// Expire: nothing to do.
@@ -117,6 +122,9 @@ pub enum JoinReply {
     StaleEpoch,
     /// An earlier transaction of the producer still waits for its marker there.
     Pending,
+    /// The transaction (or a later one) was registered or ended there
+    /// already: a late registration, refused.
+    Ended,
 }
 
 /// The kind of item a transaction is extended by.
@@ -170,6 +178,7 @@ fn parse_reply(v: Value) -> Result<TxnReply> {
         "added" => TxnReply::Added {
             number: at(1)?,
             deadline_ms: at(2)?,
+            opened: at(3)? == 1,
         },
         "finish" => {
             let json = |i: usize| items.get(i).and_then(text).ok_or_else(|| bad("JSON", &v));
@@ -242,8 +251,8 @@ impl Store {
 
     /// Adds partitions or groups to the producer's transaction, opening
     /// one if none is. The caller schedules the transaction's deadline
-    /// ([`Store::txn_schedule`]) before answering, while it tells the
-    /// partitions.
+    /// ([`Store::txn_schedule_deadline`]) before answering, while it tells
+    /// the partitions.
     pub async fn txn_add(
         &self,
         id: &str,
@@ -351,6 +360,23 @@ impl Store {
         Ok(())
     }
 
+    /// Schedules the open transaction's deadline after an add
+    /// ([`TxnReply::Added`]). The add that opened the transaction sets the
+    /// score outright: whatever was due before belonged to the previous,
+    /// finished transaction, and a sweeper that saw that score then
+    /// (raising it to idle by compare-and-set) must find it changed. Later
+    /// adds only lower it.
+    pub async fn txn_schedule_deadline(&self, id: &str, deadline_ms: i64, opened: bool) -> Result<()> {
+        if !opened {
+            return self.txn_schedule(id, deadline_ms).await;
+        }
+        let _: i64 = self
+            .conn()
+            .zadd(self.txn_index_key(), id, deadline_ms as f64)
+            .await?;
+        Ok(())
+    }
+
     /// Lists `id` in the index (idle) unless it is there already.
     async fn txn_list(&self, id: &str) -> Result<()> {
         let _: i64 = redis::cmd("ZADD")
@@ -388,9 +414,19 @@ impl Store {
             .collect())
     }
 
-    /// Forgets a transactional id whose state expired.
+    /// Forgets a transactional id whose state expired, unless its score
+    /// moved from idle meanwhile (a new producer of the id opened a
+    /// transaction and scheduled its deadline).
     pub async fn txn_forget(&self, id: &str) -> Result<()> {
-        let _: i64 = self.conn().zrem(self.txn_index_key(), id).await?;
+        let _: i64 = self
+            .scripts
+            .txn_index
+            .key(self.txn_index_key())
+            .arg(id)
+            .arg(IDLE_SCORE)
+            .arg("forget")
+            .invoke_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 
@@ -422,6 +458,7 @@ impl Store {
             "no_partition" => JoinReply::NoPartition,
             "stale_epoch" => JoinReply::StaleEpoch,
             "pending" => JoinReply::Pending,
+            "ended" => JoinReply::Ended,
             other => return Err(StorageError::Data(format!("txn_join replied {other}"))),
         })
     }
@@ -435,6 +472,12 @@ impl Store {
             return Ok(false);
         }
         let keys = self.partition_keys(topic, partition);
+        // A marker takes the partition's append slot as a batch does and
+        // leaves the next offset after it there: otherwise the next staged
+        // batch would be refused once for a stale expected offset (a round
+        // trip more per partition per transaction).
+        let slot = self.appenders.slot(&keys.meta);
+        let mut next = slot.lock().await;
         let now = crate::now_ms();
         let marker = transaction_marker(decided.producer_id, decided.epoch, decided.commit, 0, now);
         let mut invocation = self.scripts.append.prepare_invoke();
@@ -478,6 +521,7 @@ impl Store {
                     .and_then(int)
                     .ok_or_else(|| bad("marker offset", &reply))?;
                 let log_start = items.get(2).and_then(int);
+                *next = Some(base + 1);
                 self.wake.appended(&keys.wake, Some(base + 1), log_start);
                 Ok(true)
             }
@@ -490,15 +534,17 @@ impl Store {
     /// The aborted transactions whose data may lie in `[from, to]` of a
     /// partition: (producer id, first offset), oldest first — what a
     /// read_committed Fetch returns so clients drop those records.
+    /// `span` is the partition's [`crate::PartitionOffsets::aborted_span`]:
+    /// only markers up to `to + span` are read.
     pub async fn aborted_transactions(
         &self,
         topic: &Topic,
         partition: i32,
-        from: i64,
-        to: i64,
+        (from, to): (i64, i64),
+        span: i64,
     ) -> Result<Vec<(i64, i64)>> {
         let mut aborted: Vec<(i64, i64)> = self
-            .aborted_ranges(topic, partition, from, to)
+            .aborted_ranges(topic, partition, from, to, Some(span))
             .await?
             .into_iter()
             .map(|(pid, first, _)| (pid, first))
@@ -509,22 +555,26 @@ impl Store {
 
     /// The aborted transactions whose data may lie in `[from, to]`, as
     /// (producer id, first offset, abort marker offset): what archiving
-    /// filters out.
+    /// filters out. With the partition's `span` (see
+    /// [`Store::aborted_transactions`]) only the markers that can belong
+    /// to such transactions are read; without, every one from `from` on.
     pub async fn aborted_ranges(
         &self,
         topic: &Topic,
         partition: i32,
         from: i64,
         to: i64,
+        span: Option<i64>,
     ) -> Result<Vec<(i64, i64, i64)>> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
+        let until = span.map_or_else(|| "+inf".to_owned(), |span| to.saturating_add(span).to_string());
         let members: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
             .arg(&keys.aborted)
             .arg(from)
-            .arg("+inf")
+            .arg(until)
             .arg("WITHSCORES")
             .query_async(&mut self.conn())
             .await?;
@@ -552,12 +602,11 @@ impl Store {
             .collect())
     }
 
-    /// Stages offsets committed in transaction `number` of `producer_id`.
+    /// Stages offsets committed in a transaction (TxnOffsetCommit).
     pub async fn stage_txn_offsets(
         &self,
         group: &str,
-        producer_id: i64,
-        number: i64,
+        transaction: &StagingTxn<'_>,
         offsets: &[(TopicPartition, CommittedOffset)],
     ) -> Result<()> {
         if offsets.is_empty() {
@@ -567,8 +616,9 @@ impl Store {
         invocation
             .key(self.group_txn_offsets_key(group))
             .arg("stage")
-            .arg(producer_id)
-            .arg(number);
+            .arg(transaction.producer_id)
+            .arg(transaction.number)
+            .arg(transaction.transactional_id);
         for ((topic, partition), committed) in offsets {
             let json = serde_json::to_string(committed).expect("offset serializes");
             invocation.arg(format!("{topic}:{partition}")).arg(json);
@@ -597,18 +647,79 @@ impl Store {
         Ok(())
     }
 
-    /// Which of `partitions` of `topic` have offsets staged by a transaction
-    /// not yet decided and finished (OffsetFetch's require_stable, KIP-447).
-    pub async fn unstable_offsets(&self, group: &str, topic: &str, partitions: &[i32]) -> Result<Vec<bool>> {
-        let fields: Vec<String> = partitions.iter().map(|p| format!("{topic}:{p}")).collect();
-        if fields.is_empty() {
-            return Ok(Vec::new());
+    /// The partitions of `group` with offsets staged by a transaction not
+    /// yet finished (OffsetFetch's require_stable, KIP-447). Offsets left
+    /// staged by a transaction that ended without them (a gateway that
+    /// died between staging and its re-check) are removed on the way.
+    pub async fn unstable_partitions(&self, group: &str) -> Result<HashSet<TopicPartition>> {
+        let staged: HashMap<String, String> = self.conn().hgetall(self.group_txn_offsets_key(group)).await?;
+        let mut unstable = HashSet::new();
+        let mut states: HashMap<String, Option<TxnState>> = HashMap::new();
+        let mut stale = Vec::new();
+        for (field, value) in staged {
+            let Some(entry) = StagedEntry::parse(&field, &value) else {
+                stale.push((field, value));
+                continue;
+            };
+            if !states.contains_key(entry.transactional_id) {
+                let state = self.txn_describe(entry.transactional_id).await?;
+                states.insert(entry.transactional_id.to_owned(), state);
+            }
+            // Only the producer's transaction of that number, still open
+            // or being decided, keeps them; anything else left them behind.
+            let pending = states[entry.transactional_id].as_ref().is_some_and(|state| {
+                state.producer_id == entry.producer_id && state.number == entry.number && state.is_open()
+            });
+            if pending {
+                unstable.insert((entry.topic.to_owned(), entry.partition));
+            } else {
+                stale.push((field, value));
+            }
         }
-        let values: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.group_txn_offsets_key(group))
-            .arg(&fields)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(values.into_iter().map(|v| v.is_some()).collect())
+        if !stale.is_empty() {
+            let mut invocation = self.scripts.txn_offsets.key(self.group_offsets_key(group));
+            invocation.key(self.group_txn_offsets_key(group)).arg("purge");
+            for (field, value) in &stale {
+                invocation.arg(field).arg(value);
+            }
+            let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        }
+        Ok(unstable)
+    }
+}
+
+/// A transaction staging offsets: its id, producer and number.
+#[derive(Debug, Clone, Copy)]
+pub struct StagingTxn<'a> {
+    pub transactional_id: &'a str,
+    pub producer_id: i64,
+    pub number: i64,
+}
+
+/// One offset staged by a transaction (see `scripts/txn_offsets.lua`).
+struct StagedEntry<'a> {
+    topic: &'a str,
+    partition: i32,
+    producer_id: i64,
+    number: i64,
+    transactional_id: &'a str,
+}
+
+impl<'a> StagedEntry<'a> {
+    /// Field `<topic>:<partition>:<producer id>`, value `<number>:<id
+    /// length>:<transactional id><offset JSON>`.
+    fn parse(field: &'a str, value: &'a str) -> Option<Self> {
+        let (rest, producer_id) = field.rsplit_once(':')?;
+        let (topic, partition) = rest.rsplit_once(':')?;
+        let (number, rest) = value.split_once(':')?;
+        let (length, rest) = rest.split_once(':')?;
+        let length: usize = length.parse().ok()?;
+        Some(Self {
+            topic,
+            partition: partition.parse().ok()?,
+            producer_id: producer_id.parse().ok()?,
+            number: number.parse().ok()?,
+            transactional_id: rest.get(..length)?,
+        })
     }
 }

@@ -12,6 +12,7 @@ use ketch_tests::{Ketch, TestRedis, unique_topic};
 use rdkafka::Message;
 use rdkafka::producer::FutureRecord;
 
+const INVALID_REQUEST: i16 = 42;
 const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 const INVALID_PRODUCER_EPOCH: i16 = 47;
 const UNKNOWN_PRODUCER_ID: i16 = 59;
@@ -63,18 +64,22 @@ fn retries_are_deduplicated_and_gaps_and_stale_epochs_refused() {
     assert_eq!(redis.next_offset(&topic, 0), 3);
     // A gap in the sequence is refused, and so is an older epoch.
     assert_eq!(produce(&mut conn, 9, 0, 9).0, OUT_OF_ORDER_SEQUENCE_NUMBER);
-    let (error, same_id, bumped) = init_producer_id(&mut conn, id, 0);
-    assert_eq!(
-        (error, same_id, bumped),
-        (code::NONE, id, 1),
-        "KIP-360 epoch bump"
-    );
+    // KIP-360: a producer that names its id after an error gets a new one,
+    // as from Kafka: naming an id never hands it over.
+    let (error, renewed, epoch) = init_producer_id(&mut conn, id, 0);
+    assert_eq!((error, epoch), (code::NONE, 0));
+    assert!(renewed != id && renewed != other, "a new id, not the one named");
+    // A batch of a newer epoch starts at sequence 0; the older epoch is
+    // refused from then on.
     assert_eq!(
         produce(&mut conn, 3, 1, 0),
         (code::NONE, 3),
         "a new epoch starts at 0"
     );
     assert_eq!(produce(&mut conn, 4, 0, 3).0, INVALID_PRODUCER_EPOCH);
+    // An id and an epoch come together or not at all.
+    assert_eq!(init_producer_id(&mut conn, id, -1).0, INVALID_REQUEST);
+    assert_eq!(init_producer_id(&mut conn, -1, 3).0, INVALID_REQUEST);
     // A producer this partition never saw must start at sequence 0.
     let stranger = raw::produce(
         &mut conn,

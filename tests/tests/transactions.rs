@@ -24,6 +24,7 @@ const INVALID_PRODUCER_EPOCH: i16 = 47;
 const INVALID_TXN_STATE: i16 = 48;
 const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
 const INVALID_TRANSACTION_TIMEOUT: i16 = 50;
+const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
 const INVALID_RECORD: i16 = 87;
 const PRODUCER_FENCED: i16 = 90;
 
@@ -274,9 +275,13 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
         produce_in(&mut conn, Some(&id), &topic, stray.clone()).0,
         INVALID_TXN_STATE
     );
-    // … or without the request's transactional id.
+    // … or without the request's transactional id (Kafka refuses the
+    // request as unauthorised for transactions).
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    assert_eq!(produce_in(&mut conn, None, &topic, stray).0, INVALID_TXN_STATE);
+    assert_eq!(
+        produce_in(&mut conn, None, &topic, stray).0,
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    );
     // A control batch (a marker) from a client.
     let mut marker = transactional(&[Record::value(1, b"x")], pid, epoch, 0);
     marker[22] |= 0x20;
@@ -419,6 +424,129 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
         "the record and its commit marker"
     );
     assert_eq!(transactions_metric(&ketch, "coordinator_commit"), 1.0);
+}
+
+/// InitProducerId naming a producer id and epoch (KIP-360).
+fn init_named(conn: &mut KafkaConn, id: &str, pid: i64, epoch: i16) -> (i16, i64, i16) {
+    let response: InitProducerIdResponse = conn.request(
+        4,
+        &InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.to_owned()))))
+            .with_transaction_timeout_ms(30_000)
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch),
+    );
+    (
+        response.error_code,
+        response.producer_id.0,
+        response.producer_epoch,
+    )
+}
+
+/// Runs `scripts/txn_join.lua` as AddPartitionsToTxn would for
+/// transaction `number` of `pid` on partition 0 of `topic`: what a
+/// registration delayed past its transaction's end would meet.
+fn late_join(redis: &TestRedis, topic: &str, pid: i64, epoch: i16, number: i64) -> String {
+    let tag = &redis.topic_tags(topic)[0];
+    redis::cmd("EVAL")
+        .arg(include_str!("../../storage/src/scripts/txn_join.lua"))
+        .arg(2)
+        .arg(format!("ketch:{{{tag}}}:meta"))
+        .arg(format!("ketch:{{{tag}}}:producers"))
+        .arg(pid)
+        .arg(epoch)
+        .arg(number)
+        .query(&mut redis.connection())
+        .expect("EVAL txn_join")
+}
+
+/// A producer cannot slip out of its transaction, nor take its
+/// transactional id back once fenced: a non-transactional batch while its
+/// transaction has data in the partition is refused (Kafka: "expected
+/// transactional write"); a registration arriving after its transaction
+/// ended there is refused; a producer fenced by a new instance cannot
+/// bump its way back (Kafka's last-epoch bookkeeping), while the current
+/// one may bump, and a retry of that bump gets the same epoch.
+#[test]
+fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-escape");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-escape-id");
+    let first = init(&mut conn, &id, 30_000);
+    let (pid, epoch) = (first.producer_id.0, first.producer_epoch);
+
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let data = transactional(&[Record::value(1, b"in")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
+    for (batch_epoch, sequence) in [(epoch, 1), (epoch + 1, 0)] {
+        let plain = batch::encode_idempotent(&[Record::value(2, b"out")], pid, batch_epoch, sequence);
+        assert_eq!(
+            produce_in(&mut conn, None, &topic, plain).0,
+            INVALID_TXN_STATE,
+            "a non-transactional batch of epoch {batch_epoch} inside the transaction"
+        );
+    }
+    assert_eq!(
+        redis.next_offset(&topic, 0),
+        1,
+        "nothing stored but the transaction's record"
+    );
+    let end: EndTxnResponse = conn.request(
+        3,
+        &EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_committed(true),
+    );
+    assert_eq!(end.error_code, code::NONE);
+    assert_eq!(redis.next_offset(&topic, 0), 2, "the record and its marker");
+    assert_eq!(
+        watermarks(&mut conn, &topic),
+        (2, 2),
+        "nothing holds the last stable offset"
+    );
+    // Transaction 1 ended here: its registration, arriving late, is refused.
+    assert_eq!(late_join(&redis, &topic, pid, epoch, 1), "ended");
+
+    // A new instance (naming no producer) fences the first, which cannot
+    // bump its way back by naming its old epoch.
+    let second = init(&mut conn, &id, 30_000);
+    assert_eq!((second.producer_id.0, second.producer_epoch), (pid, epoch + 1));
+    assert_eq!(init_named(&mut conn, &id, pid, epoch).0, PRODUCER_FENCED);
+    assert_eq!(
+        init_named(&mut conn, &id, pid + 1, epoch + 1).0,
+        PRODUCER_FENCED,
+        "another producer id"
+    );
+    // The current producer bumps its epoch (after an abortable error); a
+    // retry of that call is answered the same, without a second bump.
+    assert_eq!(
+        init_named(&mut conn, &id, pid, epoch + 1),
+        (code::NONE, pid, epoch + 2)
+    );
+    assert_eq!(
+        init_named(&mut conn, &id, pid, epoch + 1),
+        (code::NONE, pid, epoch + 2)
+    );
+    assert_eq!(init_named(&mut conn, &id, pid, epoch).0, PRODUCER_FENCED);
+
+    // A registration of an earlier transaction never replaces a later one.
+    assert_eq!(
+        add_partition(&mut conn, &id, pid, epoch + 2, &topic, 0),
+        code::NONE
+    );
+    assert_eq!(late_join(&redis, &topic, pid, epoch + 2, 1), "ended");
+    let data = transactional(&[Record::value(3, b"second")], pid, epoch + 2, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 2));
+    assert_eq!(
+        watermarks(&mut conn, &topic),
+        (3, 2),
+        "transaction 2 holds the last stable offset"
+    );
 }
 
 /// `ketch_transactions_total{outcome}` of a gateway (0 when absent).

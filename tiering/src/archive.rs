@@ -392,7 +392,7 @@ impl Archiver {
             entries: FIRST_CHUNK_ENTRIES,
         };
         let aborted = store
-            .aborted_ranges(topic, partition, segment.base, segment.last)
+            .aborted_ranges(topic, partition, segment.base, segment.last, None)
             .await?;
         let filter = Filter::new(aborted);
         let mut archived = self

@@ -38,7 +38,9 @@ pub async fn handle(
         .txn_add(id, producer, TxnItems::Groups, &groups, ttl)
         .await
     {
-        Ok(TxnReply::Added { deadline_ms, .. }) => match ctx.storage.txn_schedule(id, deadline_ms).await {
+        Ok(TxnReply::Added {
+            deadline_ms, opened, ..
+        }) => match ctx.storage.txn_schedule_deadline(id, deadline_ms, opened).await {
             Ok(()) => response,
             Err(e) => response.with_error_code(error_code(&e)),
         },

@@ -110,12 +110,16 @@ pub async fn handle(
         .collect();
     let items = serde_json::to_value(&items).expect("partitions serialize");
     let ttl = crate::transactions::id_ttl_ms(ctx);
-    let (number, deadline) = match ctx
+    let (number, deadline, opened) = match ctx
         .storage
         .txn_add(&id, producer, TxnItems::Partitions, &items, ttl)
         .await
     {
-        Ok(TxnReply::Added { number, deadline_ms }) => (number, deadline_ms),
+        Ok(TxnReply::Added {
+            number,
+            deadline_ms,
+            opened,
+        }) => (number, deadline_ms, opened),
         Ok(refused) => {
             let code = crate::transactions::refusal(&refused, version, FENCED_FROM).code();
             return answer(all(code));
@@ -130,7 +134,10 @@ pub async fn handle(
         }
     }
     // The transaction's timeout is scheduled while the partitions are told.
-    let (scheduled, codes) = tokio::join!(ctx.storage.txn_schedule(&id, deadline), super::each(joins));
+    let (scheduled, codes) = tokio::join!(
+        ctx.storage.txn_schedule_deadline(&id, deadline, opened),
+        super::each(joins)
+    );
     if let Err(e) = scheduled {
         return answer(all(error_code(&e)));
     }
@@ -158,6 +165,7 @@ async fn join(
         Ok(JoinReply::StaleEpoch) if version >= FENCED_FROM => ResponseError::ProducerFenced.code(),
         Ok(JoinReply::StaleEpoch) => ResponseError::InvalidProducerEpoch.code(),
         Ok(JoinReply::Pending) => ResponseError::ConcurrentTransactions.code(),
+        Ok(JoinReply::Ended) => ResponseError::InvalidTxnState.code(),
         Err(e) => error_code(&e),
     }
 }

@@ -220,7 +220,7 @@ pub async fn handle(
     let watch = may_wait.then(|| ctx.storage.wake().watch(channels));
     let mut confirmed = false;
     let mut shutdown = ctx.shutdown.clone();
-    let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes).await;
+    let mut reads = read_all(ctx, &topics, &Fired::All, Vec::new(), max_bytes, read_committed).await;
     let mut waited: Option<Instant> = None;
     loop {
         let (mut responses, mut records, bytes, any_error) =
@@ -255,7 +255,7 @@ pub async fn handle(
             w.subscribed(remaining).await;
             w.take_fired_since_start()
         };
-        reads = read_all(ctx, &topics, &fired, reads, max_bytes).await;
+        reads = read_all(ctx, &topics, &fired, reads, max_bytes, read_committed).await;
     }
 }
 
@@ -332,6 +332,7 @@ async fn read_all(
     fired: &Fired,
     previous: Vec<Vec<Option<ReadResult>>>,
     max_bytes: usize,
+    read_committed: bool,
 ) -> Vec<Vec<Option<ReadResult>>> {
     let mut previous = previous.into_iter();
     let mut budget = max_bytes;
@@ -351,7 +352,7 @@ async fn read_all(
             };
             let result = match kept {
                 Some(kept) if !fired.includes(wake) => kept,
-                _ => read_partition(ctx, topic, target, wake, budget).await,
+                _ => read_partition(ctx, topic, target, wake, budget, read_committed).await,
             };
             if let Ok(read) = &result {
                 budget = budget.saturating_sub(read.batches.iter().map(Bytes::len).sum());
@@ -364,16 +365,22 @@ async fn read_all(
 }
 
 /// Reads one partition, unless this gateway knows it holds nothing at the
-/// fetch offset (see `ketch_storage::wake`); feeds what it reads back.
+/// fetch offset (see `ketch_storage::wake`); feeds what it reads back. A
+/// read_committed fetch always reads: the last stable offset it must
+/// report may lie below the fetch offset, which the hub does not know.
 async fn read_partition(
     ctx: &Context,
     topic: &Topic,
     target: &Target,
     wake: &str,
     budget: usize,
+    read_committed: bool,
 ) -> ReadResult {
     let hub = ctx.storage.wake();
-    if let Some(log_start_offset) = hub.known_empty_at(wake, target.offset) {
+    if let Some(log_start_offset) = hub
+        .known_empty_at(wake, target.offset)
+        .filter(|_| !read_committed)
+    {
         return Ok(ReadPartition {
             offsets: Some(PartitionOffsets::plain(
                 log_start_offset,
@@ -542,7 +549,7 @@ async fn add_aborted_transactions(
             let to = last_offset(last);
             let found = ctx
                 .storage
-                .aborted_transactions(topic, target.partition, target.offset, to)
+                .aborted_transactions(topic, target.partition, (target.offset, to), offsets.aborted_span)
                 .await;
             let Some(data) = responses[t].partitions.get_mut(p) else {
                 continue;

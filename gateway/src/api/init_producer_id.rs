@@ -1,11 +1,12 @@
 //! InitProducerId (v0–v5) for idempotent and transactional producers
-//! (KIP-98; KIP-360 lets a producer bump its epoch after an error). Ids come
-//! from a Redis counter shared by all gateways; each partition checks a
-//! producer's epoch and sequences in the append script. With a
-//! transactional id, the coordinator's state in Redis decides
-//! (`crate::transactions`): each call bumps the id's epoch, and a
-//! transaction still open is aborted first, fencing the producer that
-//! opened it.
+//! (KIP-98; KIP-360 lets a producer recover after an error). Ids come from
+//! a Redis counter shared by all gateways; each partition checks a
+//! producer's epoch and sequences in the append script. An idempotent
+//! producer always gets a new id. With a transactional id, the
+//! coordinator's state in Redis decides (`crate::transactions`): a new
+//! instance bumps the id's epoch (a transaction still open is aborted
+//! first, fencing the producer that opened it), and a producer naming its
+//! current epoch bumps it too, as Kafka's TransactionMetadata does.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId, RequestHeader};
@@ -25,6 +26,10 @@ pub async fn handle(
     let response = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
         .with_producer_epoch(-1);
+    // KIP-360: a producer id and epoch come together or not at all.
+    if (request.producer_id.0 < 0) != (request.producer_epoch < 0) {
+        return response.with_error_code(ResponseError::InvalidRequest.code());
+    }
     if let Some(id) = request.transactional_id.as_deref() {
         return transactional(ctx, client, header, id, &request, response).await;
     }
@@ -42,13 +47,10 @@ pub async fn handle(
     {
         return response.with_error_code(ResponseError::ClusterAuthorizationFailed.code());
     }
-    // KIP-360: an idempotent producer that hit an error bumps its epoch,
-    // keeping its id while the epoch has room.
-    if request.producer_id.0 >= 0 && request.producer_epoch >= 0 && request.producer_epoch < i16::MAX - 1 {
-        return response
-            .with_producer_id(request.producer_id)
-            .with_producer_epoch(request.producer_epoch + 1);
-    }
+    // As in Kafka, an idempotent producer always gets a new id, also when
+    // it names its old one (KIP-360, after an error): an id is never
+    // handed to a client that merely names it, so no client can take over
+    // another producer's sequences or transactions by naming its id.
     match ctx.storage.new_producer_id().await {
         Ok(id) => response.with_producer_id(ProducerId(id)).with_producer_epoch(0),
         Err(e) => response.with_error_code(error_code(&e)),
@@ -123,7 +125,6 @@ async fn transactional(
                 continue;
             }
             TxnReply::Concurrent => ResponseError::ConcurrentTransactions,
-            TxnReply::Mapping => ResponseError::InvalidProducerIdMapping,
             TxnReply::Fenced => fenced(header.request_api_version),
             _ => ResponseError::UnknownServerError,
         };

@@ -138,7 +138,21 @@ async fn lookup(
         t if t >= 0 => ctx.storage.offset_for_timestamp(&topic, partition, t).await,
         _ => return Err(ResponseError::InvalidRequest.code()),
     };
-    found.map_err(|e| error_code(&e))
+    let found = found.map_err(|e| error_code(&e))?;
+    // As in Kafka, a read_committed lookup by timestamp finds nothing at or
+    // past the last stable offset (records an open transaction may abort).
+    match found {
+        Some((offset, _)) if committed && (timestamp == MAX_TIMESTAMP || timestamp >= 0) => {
+            let stable = ctx
+                .storage
+                .offsets(&topic, partition)
+                .await
+                .map_err(|e| error_code(&e))?
+                .last_stable_offset;
+            Ok(found.filter(|_| offset < stable))
+        }
+        found => Ok(found),
+    }
 }
 
 #[cfg(test)]

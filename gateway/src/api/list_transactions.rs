@@ -1,5 +1,6 @@
-//! ListTransactions (v0–v1, KIP-664): the transactional ids ketch knows
-//! (`ketch:transactions`), with their producer id and state, filtered by
+//! ListTransactions (v0–v1, KIP-664): the transactional ids this gateway
+//! coordinates (every id in `ketch:transactions` when clients see the
+//! gateways as one broker), with their producer id and state, filtered by
 //! state, producer id and (v1) how long the open transaction has run. Ids
 //! the client may not DESCRIBE are left out, as Kafka does.
 
@@ -44,8 +45,16 @@ pub async fn handle(
     let longer_than =
         (header.request_api_version >= 1 && request.duration_filter >= 0).then_some(request.duration_filter);
     let now = ketch_storage::now_ms();
+    // Admin clients ask every broker and put the answers together: each
+    // gateway lists the ids it coordinates. Behind a load balancer the
+    // client sees one broker, which lists them all (the state is in Redis).
+    let everywhere = ctx.membership.behind_shared_address(&client.listener);
+    let me = ctx.membership.my_id();
     let mut states = Vec::new();
     for (id, _) in ids {
+        if !everywhere && ctx.membership.transaction_coordinator(&id).id != me {
+            continue;
+        }
         if !authorized(
             ctx,
             client,

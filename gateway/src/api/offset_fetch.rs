@@ -84,12 +84,26 @@ async fn fetch(
         return (ResponseError::NotCoordinator.code(), Vec::new());
     }
     let describable = |topic: &str| authorized(ctx, client, Operation::Describe, ResourceType::Topic, topic);
+    // KIP-447: a consumer that asks for stable offsets waits while a
+    // transaction's offsets for a partition are undecided.
+    let unstable = if require_stable {
+        match ctx.storage.unstable_partitions(group).await {
+            Ok(unstable) => unstable,
+            Err(e) => return (error_code(&e), Vec::new()),
+        }
+    } else {
+        std::collections::HashSet::new()
+    };
+    let unstable = &unstable;
     let Some(wanted) = wanted else {
         // All of them: those of topics the client may not see are left out.
         return match ctx.storage.all_committed_offsets(group).await {
             Ok(all) => (
                 0,
-                by_topic(all.into_iter().filter(|((t, _), _)| describable(t)).collect()),
+                by_topic(
+                    all.into_iter().filter(|((t, _), _)| describable(t)).collect(),
+                    unstable,
+                ),
             ),
             Err(e) => (error_code(&e), Vec::new()),
         };
@@ -120,24 +134,10 @@ async fn fetch(
             .storage
             .committed_offsets_of(group, &name, &partitions)
             .await?;
-        // KIP-447: a consumer that asks for stable offsets waits while a
-        // transaction's offsets for the partition are undecided.
-        let unstable = if require_stable {
-            ctx.storage.unstable_offsets(group, &name, &partitions).await?
-        } else {
-            vec![false; partitions.len()]
-        };
         let answers = partitions
             .into_iter()
             .zip(offsets)
-            .zip(unstable)
-            .map(|((p, committed), unstable)| {
-                if unstable {
-                    (p, None, ResponseError::UnstableOffsetCommit.code())
-                } else {
-                    (p, committed, 0)
-                }
-            })
+            .map(|(p, committed)| answer(&name, p, committed, unstable))
             .collect();
         Ok::<_, ketch_storage::StorageError>((name.0.to_string(), answers))
     }))
@@ -148,13 +148,32 @@ async fn fetch(
     }
 }
 
+/// One partition's answer: UNSTABLE_OFFSET_COMMIT (retriable, KIP-447)
+/// while a transaction's offsets for it are undecided.
+fn answer(
+    topic: &str,
+    partition: i32,
+    committed: Option<CommittedOffset>,
+    unstable: &std::collections::HashSet<TopicPartition>,
+) -> (i32, Option<CommittedOffset>, i16) {
+    if unstable.contains(&(topic.to_owned(), partition)) {
+        (partition, None, ResponseError::UnstableOffsetCommit.code())
+    } else {
+        (partition, committed, 0)
+    }
+}
+
 /// Offsets grouped by topic (they come sorted by topic and partition).
-fn by_topic(all: Vec<(TopicPartition, CommittedOffset)>) -> Vec<TopicOffsets> {
+fn by_topic(
+    all: Vec<(TopicPartition, CommittedOffset)>,
+    unstable: &std::collections::HashSet<TopicPartition>,
+) -> Vec<TopicOffsets> {
     let mut topics: Vec<TopicOffsets> = Vec::new();
     for ((topic, partition), committed) in all {
+        let answer = answer(&topic, partition, Some(committed), unstable);
         match topics.last_mut() {
-            Some((name, partitions)) if *name == topic => partitions.push((partition, Some(committed), 0)),
-            _ => topics.push((topic, vec![(partition, Some(committed), 0)])),
+            Some((name, partitions)) if *name == topic => partitions.push(answer),
+            _ => topics.push((topic, vec![answer])),
         }
     }
     topics

@@ -133,8 +133,13 @@ pub async fn handle(
     // A transactional producer names its transactional id; writing for it
     // takes WRITE on it (its batches are checked against its transaction
     // by each partition).
+    // Transactional records without a transactional id fail the whole
+    // request, as in Kafka (it looks at each partition's first batch).
     let transactional = match request.transactional_id.as_deref() {
         Some(id) if !authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) => {
+            Err(ResponseError::TransactionalIdAuthorizationFailed.code())
+        }
+        None if has_transactional_records(&request) => {
             Err(ResponseError::TransactionalIdAuthorizationFailed.code())
         }
         id => Ok(id.is_some()),
@@ -178,6 +183,20 @@ pub async fn handle(
         return None;
     }
     Some(ProduceResponse::default().with_responses(responses))
+}
+
+/// Whether a partition's first batch is transactional (a header that
+/// cannot be read, or of another magic, is left to the batch's validation).
+fn has_transactional_records(request: &ProduceRequest) -> bool {
+    request.topic_data.iter().any(|topic| {
+        topic.partition_data.iter().any(|p| {
+            p.records
+                .as_deref()
+                .filter(|records| records.get(16) == Some(&2))
+                .and_then(|records| ketch_storage::batch::header(records).ok())
+                .is_some_and(|header| header.is_transactional())
+        })
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -293,7 +312,7 @@ async fn produce_partition(
     if header.is_transactional() && !transactional_request {
         // Kafka: transactional records need the request's transactional id.
         return Err((
-            ResponseError::InvalidTxnState.code(),
+            ResponseError::TransactionalIdAuthorizationFailed.code(),
             Some("a transactional batch in a produce request without a transactional id".to_owned()),
         ));
     }

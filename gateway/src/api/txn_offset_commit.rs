@@ -11,7 +11,7 @@ use kafka_protocol::messages::txn_offset_commit_response::{
     TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
 };
 use kafka_protocol::messages::{RequestHeader, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
-use ketch_storage::{CommittedOffset, Decided, TopicPartition};
+use ketch_storage::{CommittedOffset, Decided, StagingTxn, TopicPartition};
 
 use super::{Client, authorized, error_code};
 use crate::Context;
@@ -152,8 +152,13 @@ async fn stage(
 ) -> Result<(), i16> {
     let number = transaction_number(ctx, request, group).await?;
     let pid = request.producer_id.0;
+    let transaction = StagingTxn {
+        transactional_id: &request.transactional_id,
+        producer_id: pid,
+        number,
+    };
     ctx.storage
-        .stage_txn_offsets(group, pid, number, offsets)
+        .stage_txn_offsets(group, &transaction, offsets)
         .await
         .map_err(|e| error_code(&e))?;
     match transaction_number(ctx, request, group).await {

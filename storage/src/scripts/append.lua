@@ -27,7 +27,8 @@
 -- KEYS[4] ketch:{TAG}:staging  the log's name during the XADD
 -- KEYS[5] ketch:{TAG}:producers  hash: producer id -> JSON {e: epoch, b: [[first_seq, last_seq, base_offset]...],
 --                                t: last append, ms, x: the producer's transaction here, if any:
---                                {n: transaction number, e: epoch, f: first offset of its data (absent: none yet)}}
+--                                {n: transaction number, e: epoch, f: first offset of its data (absent: none yet)},
+--                                l: the number of the last transaction a marker ended here}
 -- KEYS[6] ketch:{TAG}:txns       open transactions with data here: score = first offset, member = producer id
 -- KEYS[7] ketch:{TAG}:aborted    aborted transactions: score = marker offset, member = '<producer id>:<first offset>'
 -- ARGV[1] 'reserve', 'inline', 'marker' or 'finish'
@@ -42,7 +43,9 @@
 --
 -- A transactional batch is stored only while the producer's transaction
 -- is registered here (scripts/txn_join.lua, at AddPartitionsToTxn) at the
--- batch's epoch; the first one opens the transaction here: the partition's
+-- batch's epoch, and a non-transactional batch of the producer only while
+-- it has no transaction with data here (Kafka: "expected transactional
+-- write"); the first one opens the transaction here: the partition's
 -- last stable offset (meta `txn_first`, the smallest first offset of an
 -- open transaction) stops there until the marker. A marker ends the
 -- registered transaction of that number: it is written (as a control
@@ -67,7 +70,8 @@
 --       sequence or epoch is refused (unknown_producer: a producer this
 --       partition does not know, with a sequence other than 0);
 --   {'not_in_transaction'}  a transactional batch of a producer whose
---       transaction does not include this partition (at this epoch);
+--       transaction does not include this partition (at this epoch), or a
+--       non-transactional one of a producer whose transaction has data here;
 --   {'skipped'}  (marker only) nothing to end here: no data of that
 --       transaction, or an older marker.
 -- Reply of finish: 1 when the log was renamed back, else 0.
@@ -138,6 +142,9 @@ if ARGV[1] == 'marker' then
   if ends then
     state.x = nil
   end
+  -- A registration for this transaction arriving late (a stalled
+  -- AddPartitionsToTxn) must not open it again (scripts/txn_join.lua).
+  state.l = math.max(state.l or -1, number)
   redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
   if not (ends and x.f) then
     return {'skipped'}
@@ -146,7 +153,10 @@ if ARGV[1] == 'marker' then
   update_txn_first()
   if ARGV[11] == 'abort' then
     redis.call('ZADD', KEYS[7], string.format('%d', base), producer_id .. ':' .. string.format('%d', x.f))
-    redis.call('HSET', KEYS[1], 'aborted_last', string.format('%d', base))
+    -- aborted_span: the longest aborted transaction (marker - first
+    -- offset), which bounds the index range a fetch must look at.
+    local span = math.max(tonumber(redis.call('HGET', KEYS[1], 'aborted_span') or '0'), base - x.f)
+    redis.call('HSET', KEYS[1], 'aborted_last', string.format('%d', base), 'aborted_span', string.format('%d', span))
   end
 elseif tonumber(producer_id) >= 0 then
   local epoch = tonumber(ARGV[9])
@@ -160,6 +170,9 @@ elseif tonumber(producer_id) >= 0 then
     return {'stale_epoch'}
   end
   if transactional and not (state and state.x and state.x.e == epoch) then
+    return {'not_in_transaction'}
+  end
+  if not transactional and state and state.x and state.x.f then
     return {'not_in_transaction'}
   end
   if state and epoch == state.e then
@@ -179,7 +192,9 @@ elseif tonumber(producer_id) >= 0 then
     return {state and 'out_of_order' or 'unknown_producer'}
   end
   if not state or epoch > state.e then
-    state = {e = epoch, b = {}}
+    -- A new epoch starts its sequences; what the partition knows of the
+    -- producer's transactions stays.
+    state = {e = epoch, b = {}, x = state and state.x, l = state and state.l}
   end
   table.insert(state.b, {first_seq, last_seq, base})
   if #state.b > 5 then

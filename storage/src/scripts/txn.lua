@@ -3,14 +3,17 @@
 -- and take over a transaction a crashed gateway left half done.
 --
 -- KEYS[1] ketch:txn:{ID}  hash: pid, epoch, last_epoch (the epoch before the
---         last bump, -1: none), state (Empty, Ongoing, PrepareCommit,
---         PrepareAbort, CompleteCommit, CompleteAbort), timeout_ms,
+--         last bump the producer asked for, -1: none), prev_pid (the
+--         producer id before the last rotation, -1: none), state (Empty,
+--         Ongoing, PrepareCommit, PrepareAbort, CompleteCommit,
+--         CompleteAbort), timeout_ms,
 --         started_ms (the open transaction's start), updated_ms, n (the
 --         transaction number, +1 per transaction), partitions (JSON
 --         [[topic, partition], ...]) and groups (JSON [group, ...]) of the
 --         open or deciding transaction
 -- ARGV[1] the operation; ARGV[2] the id's expiration (ms, refreshed by
---         every write: transactional.id.expiration.ms); the rest below.
+--         every write that leaves nothing open:
+--         transactional.id.expiration.ms); the rest below.
 --
 -- The commit point of a transaction is its state becoming PrepareCommit
 -- (or PrepareAbort): markers are written to each partition and
@@ -46,7 +49,14 @@ local function save(changes)
   args[#args + 1] = 'updated_ms'
   args[#args + 1] = string.format('%d', now_ms)
   redis.call('HSET', key, unpack(args))
-  redis.call('PEXPIRE', key, expiration)
+  -- transactional.id.expiration.ms counts only while nothing is open: an
+  -- open or decided transaction's state must outlive any pause, or its
+  -- markers could never be written.
+  if h.state == 'Ongoing' or h.state == 'PrepareCommit' or h.state == 'PrepareAbort' then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIRE', key, expiration)
+  end
 end
 local function finish_reply()
   local kind = (h.state == 'PrepareCommit') and 'commit' or 'abort'
@@ -64,30 +74,49 @@ if op == 'init' then
   -- id; {'concurrent'}: a decided transaction is being finished; a
   -- 'finish' reply: the open transaction was moved to PrepareAbort with a
   -- bumped epoch (fencing its producer): finish it, then call again;
-  -- {'mapping'}: the request's producer id is not this id's;
-  -- {'fenced'}: its epoch is neither the current nor the previous one.
+  -- {'fenced'}: the request names another producer id, or an epoch that
+  -- is neither the current one nor (a retry) the one before it.
+  --
+  -- As in Kafka's TransactionMetadata, `last_epoch` is the epoch before
+  -- a bump the producer asked for by naming its current epoch, so that a
+  -- retry of that call gets the same answer; a bump by a new instance (no
+  -- id named) or by fencing sets it to -1, so that the fenced producer
+  -- cannot take the id back by naming its old epoch. `prev_pid` is the
+  -- producer id before the last rotation (an exhausted epoch).
   local fresh = tonumber(ARGV[4])
+  local timeout = ARGV[3]
   if not h.state then
     if fresh < 0 then return {'need_pid'} end
-    save({pid = fresh, epoch = 0, last_epoch = -1, state = 'Empty', n = 0, timeout_ms = ARGV[3]})
+    save({pid = fresh, epoch = 0, last_epoch = -1, prev_pid = -1, state = 'Empty', n = 0, timeout_ms = timeout})
     return {'ok', fresh, 0}
+  end
+  local wanted_pid, wanted_epoch = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local named = wanted_pid >= 0
+  if named and wanted_pid ~= num('pid')
+      and not (wanted_pid == num('prev_pid', -1) and wanted_epoch >= MAX_EPOCH) then
+    return {'fenced'}
   end
   if preparing then return {'concurrent'} end
-  local wanted_pid, wanted_epoch = tonumber(ARGV[5]), tonumber(ARGV[6])
-  if wanted_pid >= 0 then
-    if wanted_pid ~= num('pid') then return {'mapping'} end
-    if wanted_epoch ~= num('epoch') and wanted_epoch ~= num('last_epoch', -1) then return {'fenced'} end
-  end
   if h.state == 'Ongoing' then
-    save({state = 'PrepareAbort', last_epoch = num('epoch'), epoch = math.min(num('epoch') + 1, MAX_EPOCH + 1)})
+    save({state = 'PrepareAbort', last_epoch = -1, epoch = math.min(num('epoch') + 1, MAX_EPOCH + 1)})
     return finish_reply()
   end
-  if num('epoch') >= MAX_EPOCH then
+  if num('epoch') >= MAX_EPOCH and (not named or wanted_epoch == num('epoch')) then
     if fresh < 0 then return {'need_pid'} end
-    save({pid = fresh, epoch = 0, last_epoch = -1, state = 'Empty', timeout_ms = ARGV[3]})
+    save({prev_pid = num('pid'), pid = fresh, epoch = 0, last_epoch = named and num('epoch') or -1,
+      state = 'Empty', timeout_ms = timeout})
     return {'ok', fresh, 0}
   end
-  save({last_epoch = num('epoch'), epoch = num('epoch') + 1, state = 'Empty', timeout_ms = ARGV[3]})
+  if not named then
+    save({last_epoch = -1, epoch = num('epoch') + 1, state = 'Empty', timeout_ms = timeout})
+  elseif wanted_epoch == num('epoch') then
+    save({last_epoch = num('epoch'), epoch = num('epoch') + 1, state = 'Empty', timeout_ms = timeout})
+  elseif wanted_epoch == num('last_epoch', -1) then
+    -- A retry of a bump that succeeded: the same answer, no second bump.
+    save({state = 'Empty', timeout_ms = timeout})
+  else
+    return {'fenced'}
+  end
   return {'ok', num('pid'), num('epoch')}
 end
 
@@ -101,7 +130,8 @@ end
 if op == 'add' then
   -- ARGV[3] pid, ARGV[4] epoch, ARGV[5] 'partitions' or 'groups', ARGV[6]
   -- JSON array of what to add ([topic, partition] pairs, or group ids).
-  -- Replies: {'added', n, deadline_ms}; {'mapping'}; {'fenced'}; {'concurrent'}.
+  -- Replies: {'added', n, deadline_ms, opened} (opened: 1 when this call
+  -- began the transaction, else 0); {'mapping'}; {'fenced'}; {'concurrent'}.
   local refused = check_producer(ARGV[3], ARGV[4])
   if refused then return {refused} end
   if preparing then return {'concurrent'} end
@@ -129,7 +159,7 @@ if op == 'add' then
     changes[ARGV[5]] = #list == 0 and '[]' or cjson.encode(list)
     save(changes)
   end
-  return {'added', num('n'), num('started_ms') + num('timeout_ms')}
+  return {'added', num('n'), num('started_ms') + num('timeout_ms'), changes.state and 1 or 0}
 end
 
 if op == 'end' then
@@ -170,7 +200,7 @@ if op == 'expire' then
   if h.state == 'Ongoing' then
     local deadline = num('started_ms') + num('timeout_ms')
     if now_ms < deadline then return {'open', deadline} end
-    save({state = 'PrepareAbort', last_epoch = num('epoch'), epoch = math.min(num('epoch') + 1, MAX_EPOCH + 1)})
+    save({state = 'PrepareAbort', last_epoch = -1, epoch = math.min(num('epoch') + 1, MAX_EPOCH + 1)})
     return finish_reply()
   end
   if preparing then

@@ -9,7 +9,9 @@
 --
 -- Reply: 'ok'; 'no_partition'; 'stale_epoch' (the partition knows a newer
 -- epoch of the producer: it was fenced); 'pending' (an earlier
--- transaction of the producer still has data here and no marker yet).
+-- transaction of the producer still has data here and no marker yet);
+-- 'ended' (this transaction, or a later one, was registered or ended here
+-- already: a late registration, which must not open it again).
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 'no_partition'
 end
@@ -20,9 +22,15 @@ local state = stored and cjson.decode(stored) or nil
 if state and epoch < state.e then
   return 'stale_epoch'
 end
+if state and number <= (state.l or -1) then
+  return 'ended'
+end
 if state and state.x then
   if state.x.n == number and state.x.e == epoch then
     return 'ok'
+  end
+  if state.x.n > number then
+    return 'ended'
   end
   if state.x.f then
     return 'pending'
@@ -30,7 +38,7 @@ if state and state.x then
 end
 if not state or epoch > state.e then
   -- A new epoch starts its sequences at 0 (as in append.lua).
-  state = {e = epoch, b = {}}
+  state = {e = epoch, b = {}, l = state and state.l}
 end
 local now = redis.call('TIME')
 state.t = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

@@ -1,40 +1,61 @@
 -- Offsets committed inside a transaction (TxnOffsetCommit): staged beside
 -- the group's committed offsets, applied when the transaction commits,
--- dropped when it aborts. Staging and applying are by transaction number,
--- so applying twice (a crashed gateway's commit finished by another)
--- changes nothing the second time.
+-- dropped when it aborts. Each producer stages its own (two producers'
+-- transactions may commit offsets of one partition at once; as in Kafka,
+-- each producer's are kept apart and the commit applies that producer's),
+-- by transaction number, so applying twice (a crashed gateway's commit
+-- finished by another) changes nothing the second time.
 --
 -- KEYS[1] ketch:group:{GROUP}:offsets      committed offsets (see groups.rs)
--- KEYS[2] ketch:group:{GROUP}:txn-offsets  'topic:partition' -> '<producer id>:<transaction number>:<offset JSON>'
--- ARGV[1] 'stage': ARGV[2] producer id, ARGV[3] transaction number, then
---         field, offset JSON pairs. Reply: the fields staged.
+-- KEYS[2] ketch:group:{GROUP}:txn-offsets  '<topic>:<partition>:<producer id>' ->
+--         '<transaction number>:<length of the transactional id>:<transactional id><offset JSON>'
+-- ARGV[1] 'stage': ARGV[2] producer id, ARGV[3] transaction number,
+--         ARGV[4] transactional id, then '<topic>:<partition>', offset JSON
+--         pairs. Reply: the offsets staged.
 -- ARGV[1] 'apply': ARGV[2] producer id, ARGV[3] transaction number,
 --         ARGV[4] 'commit' or 'abort'. Reply: the offsets applied.
+-- ARGV[1] 'purge': then field, value pairs: each field is removed if it
+--         still holds that value (staged offsets of a transaction that
+--         ended without applying them). Reply: the fields removed.
 local op = ARGV[1]
-local prefix = ARGV[2] .. ':'
 if op == 'stage' then
   local staged = 0
-  for i = 4, #ARGV, 2 do
-    redis.call('HSET', KEYS[2], ARGV[i], prefix .. ARGV[3] .. ':' .. ARGV[i + 1])
+  local prefix = ARGV[3] .. ':' .. string.format('%d', #ARGV[4]) .. ':' .. ARGV[4]
+  for i = 5, #ARGV, 2 do
+    redis.call('HSET', KEYS[2], ARGV[i] .. ':' .. ARGV[2], prefix .. ARGV[i + 1])
     staged = staged + 1
   end
   return staged
 end
 if op == 'apply' then
   local number = tonumber(ARGV[3])
+  local suffix = ':' .. ARGV[2]
   local applied = 0
   local pending = redis.call('HGETALL', KEYS[2])
   for i = 1, #pending, 2 do
     local field, value = pending[i], pending[i + 1]
-    local pid, n, json = string.match(value, '^(%-?%d+):(%d+):(.*)$')
-    if pid == ARGV[2] and tonumber(n) <= number then
-      if ARGV[4] == 'commit' and tonumber(n) == number then
-        redis.call('HSET', KEYS[1], field, json)
-        applied = applied + 1
+    if string.sub(field, -#suffix) == suffix then
+      local n, length, rest = string.match(value, '^(%d+):(%d+):(.*)$')
+      if n and tonumber(n) <= number then
+        if ARGV[4] == 'commit' and tonumber(n) == number then
+          local partition = string.sub(field, 1, #field - #suffix)
+          redis.call('HSET', KEYS[1], partition, string.sub(rest, tonumber(length) + 1))
+          applied = applied + 1
+        end
+        redis.call('HDEL', KEYS[2], field)
       end
-      redis.call('HDEL', KEYS[2], field)
     end
   end
   return applied
+end
+if op == 'purge' then
+  local removed = 0
+  for i = 2, #ARGV, 2 do
+    if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[i + 1] then
+      redis.call('HDEL', KEYS[2], ARGV[i])
+      removed = removed + 1
+    end
+  end
+  return removed
 end
 return redis.error_reply('unknown txn_offsets operation ' .. tostring(op))
