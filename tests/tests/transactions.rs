@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::{
     AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse,
-    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsResponse, ProducerId, TransactionalId,
+    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsResponse, ListTransactionsRequest,
+    ListTransactionsResponse, ProducerId, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
@@ -68,7 +69,8 @@ fn rdkafka_commits_and_aborts_across_two_gateways() {
     let rt = ketch_tests::runtime();
     let topic = unique_topic("txn-rdkafka");
     a.create_topic(&rt, &topic, 4);
-    let producer = a.producer_with(&[("transactional.id", &unique_topic("txn-id"))]);
+    let id = unique_topic("txn-id");
+    let producer = a.producer_with(&[("transactional.id", &id)]);
     producer.init_transactions(Duration::from_secs(30)).expect("init");
     let send = |value: String, partition: i32| {
         producer
@@ -131,6 +133,22 @@ fn rdkafka_commits_and_aborts_across_two_gateways() {
     );
     let finished = |outcome| transactions_metric(&a, outcome) + transactions_metric(&b, outcome);
     assert_eq!((finished("commit"), finished("abort")), (2.0, 1.0));
+    // Admin clients ask every broker for ListTransactions and put the
+    // answers together: the id is listed by its coordinator only.
+    let listed: Vec<String> = [&a, &b]
+        .iter()
+        .flat_map(|gateway| {
+            let mut conn = KafkaConn::connect(gateway.kafka_addr());
+            let response: ListTransactionsResponse = conn.request(0, &ListTransactionsRequest::default());
+            assert_eq!(response.error_code, code::NONE);
+            response
+                .transaction_states
+                .into_iter()
+                .map(|t| t.transactional_id.0.to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(listed, vec![id], "listed once across the gateways");
 }
 
 fn init(conn: &mut KafkaConn, id: &str, timeout_ms: i32) -> InitProducerIdResponse {
@@ -187,9 +205,17 @@ fn watermarks(conn: &mut KafkaConn, topic: &str) -> (i64, i64) {
 #[test]
 fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_producer() {
     let redis = TestRedis::start();
+    // An id expiration far below the transaction's timeout: expiration
+    // counts only while nothing is open (as in Kafka), or the open
+    // transaction's state would vanish and its partition stay blocked.
     let ketch = Ketch::start(
         &redis.url(),
-        &["--set", "transactions.abort_check_interval=100ms"],
+        &[
+            "--set",
+            "transactions.abort_check_interval=100ms",
+            "--set",
+            "transactions.id_expiration=200ms",
+        ],
     );
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("txn-timeout");
@@ -215,6 +241,16 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
         (2, 0),
         "the open transaction holds the LSO at its first offset"
     );
+    // By timestamp (and max timestamp, -3), read_committed finds nothing
+    // at or past the LSO, as Kafka answers; read_uncommitted finds them.
+    let mut by_timestamp = |timestamp: i64, isolation: i8| {
+        let request = raw::list_offsets_request(&topic, 0, timestamp).with_isolation_level(isolation);
+        let response: ListOffsetsResponse = conn.request(7, &request);
+        raw::list_offsets_result(&response).1
+    };
+    assert_eq!((by_timestamp(1_001, 0), by_timestamp(1_001, 1)), (1, -1));
+    assert_eq!((by_timestamp(0, 0), by_timestamp(0, 1)), (0, -1));
+    assert_eq!((by_timestamp(-3, 0), by_timestamp(-3, 1)), (1, -1));
 
     // The gateway aborts it past its 1.5 s timeout: the marker moves the LSO.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -324,7 +360,7 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
     use kafka_protocol::messages::describe_producers_request::TopicRequest;
     use kafka_protocol::messages::{
         DescribeProducersRequest, DescribeProducersResponse, DescribeTransactionsRequest,
-        DescribeTransactionsResponse, ListTransactionsRequest, ListTransactionsResponse,
+        DescribeTransactionsResponse,
     };
     let redis = TestRedis::start();
     let ketch = Ketch::start(
@@ -759,8 +795,12 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
 
 /// TxnOffsetCommit stages a group's offsets: OffsetFetch with
 /// require_stable answers UNSTABLE_OFFSET_COMMIT until the transaction
-/// commits (KIP-447), a plain one the old offset; after the commit both
-/// see the new one, and an aborted transaction's offsets never apply.
+/// commits (KIP-447), in the named form and the all-partitions form, a
+/// plain one the old offset; after the commit both see the new one, and an
+/// aborted transaction's offsets never apply. Two producers' transactions
+/// staging offsets of one partition keep theirs apart, and offsets left
+/// staged by a transaction that ended without them (a gateway that died
+/// between staging and its check) no longer hold require_stable readers.
 #[test]
 fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
@@ -778,42 +818,56 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     let topic = unique_topic("txn-offsets");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let group = unique_topic("txn-offsets-group");
-    let id = unique_topic("txn-offsets-id");
-    let started = init(&mut conn, &id, 60_000);
-    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    let txn_id = || TransactionalId(StrBytes::from_string(id.clone()));
-    let fetch = |conn: &mut KafkaConn, stable: bool| {
+    let group_id = || GroupId(StrBytes::from_string(group.clone()));
+    // Two transactional producers: (id, producer id, epoch).
+    let producers: Vec<(String, i64, i16)> = (0..2)
+        .map(|_| {
+            let id = unique_topic("txn-offsets-id");
+            let started = init(&mut conn, &id, 60_000);
+            (id, started.producer_id.0, started.producer_epoch)
+        })
+        .collect();
+    let txn_id = |id: &str| TransactionalId(StrBytes::from_string(id.to_owned()));
+    // (error, offset) of partition 0, asked by name or (all) with every
+    // partition the group has.
+    let fetch = |conn: &mut KafkaConn, stable: bool, all: bool| {
+        let named = vec![
+            OffsetFetchRequestTopic::default()
+                .with_name(raw::topic_name(&topic))
+                .with_partition_indexes(vec![0]),
+        ];
         let response: OffsetFetchResponse = conn.request(
             7,
             &OffsetFetchRequest::default()
-                .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+                .with_group_id(group_id())
                 .with_require_stable(stable)
-                .with_topics(Some(vec![
-                    OffsetFetchRequestTopic::default()
-                        .with_name(raw::topic_name(&topic))
-                        .with_partition_indexes(vec![0]),
-                ])),
+                .with_topics((!all).then_some(named)),
         );
-        let p = &response.topics[0].partitions[0];
-        (p.error_code, p.committed_offset)
+        response
+            .topics
+            .iter()
+            .find(|t| t.name.0.as_str() == topic)
+            .map_or((code::NONE, -1), |t| {
+                (t.partitions[0].error_code, t.partitions[0].committed_offset)
+            })
     };
-    let transaction = |conn: &mut KafkaConn, offset: i64, commit: bool| {
+    let stage = |conn: &mut KafkaConn, (id, pid, epoch): &(String, i64, i16), offset: i64| {
         let added: AddOffsetsToTxnResponse = conn.request(
             3,
             &AddOffsetsToTxnRequest::default()
-                .with_transactional_id(txn_id())
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
-                .with_group_id(GroupId(StrBytes::from_string(group.clone()))),
+                .with_transactional_id(txn_id(id))
+                .with_producer_id(ProducerId(*pid))
+                .with_producer_epoch(*epoch)
+                .with_group_id(group_id()),
         );
         assert_eq!(added.error_code, code::NONE);
         let staged: TxnOffsetCommitResponse = conn.request(
             3,
             &TxnOffsetCommitRequest::default()
-                .with_transactional_id(txn_id())
-                .with_group_id(GroupId(StrBytes::from_string(group.clone())))
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
+                .with_transactional_id(txn_id(id))
+                .with_group_id(group_id())
+                .with_producer_id(ProducerId(*pid))
+                .with_producer_epoch(*epoch)
                 .with_generation_id(-1)
                 .with_topics(vec![
                     TxnOffsetCommitRequestTopic::default()
@@ -827,30 +881,86 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
                 ]),
         );
         assert_eq!(staged.topics[0].partitions[0].error_code, code::NONE);
-        assert_eq!(fetch(conn, true).0, UNSTABLE_OFFSET_COMMIT, "staged, not decided");
-        let before = fetch(conn, false);
+    };
+    let end = |conn: &mut KafkaConn, (id, pid, epoch): &(String, i64, i16), commit: bool| {
         let ended: EndTxnResponse = conn.request(
             3,
             &EndTxnRequest::default()
-                .with_transactional_id(txn_id())
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
+                .with_transactional_id(txn_id(id))
+                .with_producer_id(ProducerId(*pid))
+                .with_producer_epoch(*epoch)
                 .with_committed(commit),
         );
         assert_eq!(ended.error_code, code::NONE);
-        before
     };
+    let (a, b) = (&producers[0], &producers[1]);
+
+    stage(&mut conn, a, 42);
     assert_eq!(
-        transaction(&mut conn, 42, true),
+        fetch(&mut conn, true, false).0,
+        UNSTABLE_OFFSET_COMMIT,
+        "staged, not decided"
+    );
+    assert_eq!(
+        fetch(&mut conn, false, false),
         (code::NONE, -1),
         "nothing committed before"
     );
-    assert_eq!(fetch(&mut conn, true), (code::NONE, 42));
-    assert_eq!(transaction(&mut conn, 99, false), (code::NONE, 42));
+    end(&mut conn, a, true);
+    assert_eq!(fetch(&mut conn, true, false), (code::NONE, 42));
+    assert_eq!(fetch(&mut conn, true, true), (code::NONE, 42));
+    stage(&mut conn, a, 99);
+    end(&mut conn, a, false);
     assert_eq!(
-        fetch(&mut conn, true),
+        fetch(&mut conn, true, false),
         (code::NONE, 42),
         "an aborted transaction's offsets never apply"
     );
-    assert_eq!(fetch(&mut conn, false), (code::NONE, 42));
+    assert_eq!(fetch(&mut conn, false, false), (code::NONE, 42));
+
+    // Both producers stage the partition's offset; each commit applies its own.
+    stage(&mut conn, a, 100);
+    stage(&mut conn, b, 200);
+    // The all-partitions form lists committed partitions, as Kafka does,
+    // each unstable while a transaction's offsets for it are undecided.
+    assert_eq!(fetch(&mut conn, true, true).0, UNSTABLE_OFFSET_COMMIT);
+    assert_eq!(fetch(&mut conn, false, true), (code::NONE, 42));
+    end(&mut conn, a, true);
+    assert_eq!(fetch(&mut conn, false, false), (code::NONE, 100));
+    assert_eq!(
+        fetch(&mut conn, true, false).0,
+        UNSTABLE_OFFSET_COMMIT,
+        "b's are still undecided"
+    );
+    end(&mut conn, b, true);
+    assert_eq!(
+        fetch(&mut conn, true, false),
+        (code::NONE, 200),
+        "b's commit applied b's offset"
+    );
+
+    // Offsets a finished transaction left staged are removed by the next
+    // reader that asks for stable offsets.
+    let mut redis_conn = redis.connection();
+    let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
+    let field = format!("{topic}:0:{}", a.1);
+    let json = r#"{"offset":7,"leader_epoch":-1,"metadata":null,"commit_ms":0}"#;
+    let left = format!("2:{}:{}{json}", a.0.len(), a.0);
+    let _: i64 = redis::cmd("HSET")
+        .arg(&staged_key)
+        .arg(&field)
+        .arg(&left)
+        .query(&mut redis_conn)
+        .expect("HSET");
+    assert_eq!(
+        fetch(&mut conn, true, false),
+        (code::NONE, 200),
+        "a finished transaction's leftovers are stable"
+    );
+    let still: bool = redis::cmd("HEXISTS")
+        .arg(&staged_key)
+        .arg(&field)
+        .query(&mut redis_conn)
+        .expect("HEXISTS");
+    assert!(!still, "the leftover was removed");
 }
