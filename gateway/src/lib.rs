@@ -51,6 +51,8 @@ pub struct Context {
     pub topic_counters: metrics::TopicCounters,
     /// Redis memory as last checked (`/ready`, the admin API).
     pub redis_health: std::sync::RwLock<metrics::RedisHealth>,
+    /// Decided transactions this gateway is finishing in the background.
+    pub finishing: transactions::Finishing,
 }
 
 /// A gateway: its node id, the address clients are told, and where other
@@ -187,6 +189,7 @@ impl Context {
             requests: Arc::default(),
             topic_counters: metrics::TopicCounters::default(),
             redis_health: std::sync::RwLock::default(),
+            finishing: transactions::Finishing::default(),
         }
     }
 }
@@ -376,7 +379,11 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         ctx.tiering_metrics.clone(),
     );
     let worker_task = tokio::spawn(worker.run(leads, shutdown.clone()));
+    let finishing = ctx.finishing.clone();
     server::serve(endpoints, ctx, shutdown).await;
+    // Transactions decided and answered still get their markers written
+    // (else the id's coordinator would finish them after FINISH_GRACE).
+    finishing.wait_all(std::time::Duration::from_secs(10)).await;
     worker_task.abort();
     for task in [acl_task, tls_task].into_iter().flatten() {
         task.abort();

@@ -11,14 +11,83 @@
 //! its partitions and applying (or dropping) its offsets in each of its
 //! groups, then marking it complete. Every one of those writes can be
 //! repeated without effect, so a finish interrupted anywhere is simply
-//! done again.
+//! done again. EndTxn answers once the decision is written, as Kafka's
+//! coordinator does, and finishes in the background ([`Finishing`]): the
+//! producer's next requests for the id on this gateway wait for it there
+//! instead of meeting CONCURRENT_TRANSACTIONS and a client's retry backoff.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ketch_storage::{Decided, StorageError, TxnReply};
+use tokio::sync::watch;
 
 use crate::Context;
+use crate::storage::Storage;
+
+/// How long a request waits for this gateway's finish of the same id
+/// before it goes on (and meets CONCURRENT_TRANSACTIONS, retriable).
+const FINISH_WAIT: Duration = Duration::from_secs(5);
+
+/// The transactions this gateway is finishing, by transactional id: each
+/// a channel that turns true (or closes) when the finish is over.
+#[derive(Clone, Default)]
+pub struct Finishing {
+    running: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
+}
+
+impl Finishing {
+    /// Finishes `decided` in the background; the requests for `id` that
+    /// call [`Finishing::wait`] meanwhile wait for it.
+    pub fn start(&self, ctx: &Context, id: &str, decided: Decided) {
+        let storage = ctx.storage.clone();
+        let ttl_ms = id_ttl_ms(ctx);
+        let (done, running) = watch::channel(false);
+        self.running
+            .lock()
+            .expect("finishing lock")
+            .insert(id.to_owned(), running.clone());
+        let registry = self.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move {
+            match finish(storage.as_ref(), ttl_ms, &id, &decided).await {
+                Ok(()) => count(if decided.commit { "commit" } else { "abort" }),
+                Err(e) => tracing::warn!(transactional_id = %id, error = %e,
+                    "a transaction is decided but not finished; its coordinator will finish it"),
+            }
+            let mut running_now = registry.running.lock().expect("finishing lock");
+            if running_now.get(&id).is_some_and(|r| r.same_channel(&running)) {
+                running_now.remove(&id);
+            }
+            let _ = done.send(true);
+        });
+    }
+
+    /// Waits (at most [`FINISH_WAIT`]) until this gateway's finish of `id`,
+    /// if one runs, is over.
+    pub async fn wait(&self, id: &str) {
+        let running = self.running.lock().expect("finishing lock").get(id).cloned();
+        if let Some(mut running) = running {
+            let _ = tokio::time::timeout(FINISH_WAIT, running.wait_for(|done| *done)).await;
+        }
+    }
+
+    /// Waits (at most `limit`) for every finish running (at shutdown).
+    pub async fn wait_all(&self, limit: Duration) {
+        let running: Vec<_> = self
+            .running
+            .lock()
+            .expect("finishing lock")
+            .values()
+            .cloned()
+            .collect();
+        let all = futures::future::join_all(running.into_iter().map(|mut r| async move {
+            let _ = r.wait_for(|done| *done).await;
+        }));
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+}
 
 /// How long a decided transaction may stay unfinished before its
 /// coordinator finishes it in place of the gateway that decided it.
@@ -33,21 +102,25 @@ pub fn id_ttl_ms(ctx: &Context) -> i64 {
 }
 
 /// Writes a decided transaction's markers and offsets, then marks it
-/// complete. Partitions of topics deleted since are skipped.
-pub async fn finish(ctx: &Context, id: &str, decided: &Decided) -> Result<(), StorageError> {
+/// complete (`ttl_ms`: the id's expiration). Partitions of topics deleted
+/// since are skipped.
+pub async fn finish(
+    storage: &dyn Storage,
+    ttl_ms: i64,
+    id: &str,
+    decided: &Decided,
+) -> Result<(), StorageError> {
     let mut markers = Vec::with_capacity(decided.partitions.len());
     for (topic, partition) in &decided.partitions {
-        markers.push(write_marker(ctx, topic, *partition, decided));
+        markers.push(write_marker(storage, topic, *partition, decided));
     }
     for result in crate::api::each(markers).await {
         result?;
     }
     for group in &decided.groups {
-        ctx.storage.apply_txn_offsets(group, decided).await?;
+        storage.apply_txn_offsets(group, decided).await?;
     }
-    ctx.storage
-        .txn_complete(id, decided.number, id_ttl_ms(ctx))
-        .await?;
+    storage.txn_complete(id, decided.number, ttl_ms).await?;
     tracing::debug!(
         transactional_id = id,
         producer_id = decided.producer_id,
@@ -61,13 +134,13 @@ pub async fn finish(ctx: &Context, id: &str, decided: &Decided) -> Result<(), St
 }
 
 async fn write_marker(
-    ctx: &Context,
+    storage: &dyn Storage,
     topic: &str,
     partition: i32,
     decided: &Decided,
 ) -> Result<(), StorageError> {
-    match ctx.storage.topic(topic).await? {
-        Some(t) => ctx.storage.write_marker(&t, partition, decided).await.map(|_| ()),
+    match storage.topic(topic).await? {
+        Some(t) => storage.write_marker(&t, partition, decided).await.map(|_| ()),
         None => Ok(()),
     }
 }
@@ -127,7 +200,7 @@ async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError>
                 tracing::info!(transactional_id = %id, producer_id = decided.producer_id,
                     "aborting a transaction (past its timeout, or left unfinished)");
             }
-            finish(ctx, id, &decided).await?;
+            finish(ctx.storage.as_ref(), id_ttl_ms(ctx), id, &decided).await?;
             count(if decided.commit {
                 "coordinator_commit"
             } else {
@@ -140,6 +213,22 @@ async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError>
         _ => {}
     }
     Ok(())
+}
+
+/// The Kafka error for a storage failure in a transaction coordinator
+/// API. As Kafka's coordinator answers when its log write fails, a
+/// write that is not confirmed by the replicas acks=all waits for, or a
+/// Redis that cannot be reached, is COORDINATOR_NOT_AVAILABLE: the client
+/// looks the coordinator up again and retries (a decision written but
+/// unconfirmed stands, and the retry finds it).
+pub fn coordinator_error(e: &StorageError) -> i16 {
+    match e {
+        StorageError::NotEnoughReplicasAfterAppend { .. } | StorageError::Unavailable(_) => {
+            tracing::debug!(error = %e, "transaction state not written");
+            kafka_protocol::error::ResponseError::CoordinatorNotAvailable.code()
+        }
+        _ => crate::api::error_code(e),
+    }
 }
 
 /// The Kafka error for a refusal of the coordinator's script; `fenced_from`

@@ -156,6 +156,19 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
+/// Whether a reply of `scripts/txn.lua` follows a write: refusals and
+/// looks that found nothing to do change nothing.
+fn changes_state(v: &Value) -> bool {
+    match v {
+        Value::Int(n) => *n == 1,
+        Value::Array(items) => !matches!(
+            items.first().and_then(text).as_deref(),
+            Some("need_pid" | "concurrent" | "mapping" | "fenced" | "invalid_state" | "open" | "idle") | None
+        ),
+        _ => true,
+    }
+}
+
 fn parse_reply(v: Value) -> Result<TxnReply> {
     let Value::Array(items) = &v else {
         return Err(bad("not an array", &v));
@@ -213,12 +226,39 @@ impl Store {
     }
 
     async fn txn_script(&self, id: &str, op: &str, expiration_ms: i64, args: &[String]) -> Result<Value> {
-        let mut invocation = self.scripts.txn.key(self.txn_key(id));
+        let key = self.txn_key(id);
+        let mut invocation = self.scripts.txn.key(&key);
         invocation.arg(op).arg(expiration_ms);
         for arg in args {
             invocation.arg(arg);
         }
-        Ok(invocation.invoke_async(&mut self.conn()).await?)
+        self.invoke_durably(&key, &invocation, changes_state).await
+    }
+
+    /// Runs a script that changes transaction state. With acks=all waiting
+    /// for replicas (or fsync), the change is made as durable as an acks=all
+    /// batch before the caller answers: written on a connection of the
+    /// durable pool, then WAITed there — as Kafka writes its transaction
+    /// and offsets logs with acks=all. A decision a failover lost could
+    /// otherwise be answered as committed and then aborted.
+    /// A refusal, which changed nothing, is answered without waiting
+    /// (`wrote` tells them apart).
+    async fn invoke_durably<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        invocation: &redis::ScriptInvocation<'_>,
+        wrote: fn(&Value) -> bool,
+    ) -> Result<T> {
+        if !self.durability.waits() {
+            return Ok(invocation.invoke_async(&mut self.conn()).await?);
+        }
+        let durable = self.durable.get(key).await?;
+        let mut conn = durable.conn();
+        let reply: Value = invocation.invoke_async(&mut conn).await?;
+        if wrote(&reply) {
+            self.wait_durable(conn).await?;
+        }
+        redis::from_redis_value(reply).map_err(|e| StorageError::Data(format!("script reply: {e}")))
     }
 
     /// InitProducerId for a transactional id (see `scripts/txn.lua`):
@@ -623,24 +663,24 @@ impl Store {
             let json = serde_json::to_string(committed).expect("offset serializes");
             invocation.arg(format!("{topic}:{partition}")).arg(json);
         }
-        let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        let _: i64 = self
+            .invoke_durably(&self.group_txn_offsets_key(group), &invocation, |_| true)
+            .await?;
         Ok(())
     }
 
     /// Applies (commit) or drops (abort) the offsets a decided transaction
     /// staged for `group`; applying twice changes nothing.
     pub async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
-        let applied: i64 = self
-            .scripts
-            .txn_offsets
-            .key(self.group_offsets_key(group))
+        let key = self.group_offsets_key(group);
+        let mut invocation = self.scripts.txn_offsets.key(&key);
+        invocation
             .key(self.group_txn_offsets_key(group))
             .arg("apply")
             .arg(decided.producer_id)
             .arg(decided.number)
-            .arg(if decided.commit { "commit" } else { "abort" })
-            .invoke_async(&mut self.conn())
-            .await?;
+            .arg(if decided.commit { "commit" } else { "abort" });
+        let applied: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
         if applied > 0 {
             self.note_group(group).await?;
         }

@@ -4,6 +4,7 @@ import dataclasses
 import random
 import socket
 import struct
+import time
 
 # 2023-11-14T22:13:20Z; explicit, far from "now", so a broker that stamped its
 # own time instead of keeping the producer's would be caught.
@@ -148,3 +149,18 @@ def find_coordinators(address, keys, key_type=0, timeout=10.0):
         result[key] = (error_code, node_id)
     assert set(result) == set(keys), f"answer for {sorted(result)}, asked for {sorted(keys)}"
     return result
+
+
+def eventually(get, want, what, timeout=10.0):
+    """Calls get() until it returns `want` (at most `timeout` seconds).
+    EndTxn is answered once the decision is written, as Kafka's coordinator
+    answers it; the markers and offsets it decides follow at once, so
+    whatever depends on them (watermarks, committed offsets) is asked
+    until it shows."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = get()
+        if got == want:
+            return
+        assert time.monotonic() < deadline, f"{what}: {got}, want {want}"
+        time.sleep(0.02)

@@ -36,7 +36,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from conftest import FAST_GROUP_SETTINGS
-from helpers import find_coordinators
+from helpers import eventually, find_coordinators
 
 TXN_SETTINGS = (*FAST_GROUP_SETTINGS, "transactions.abort_check_interval=200ms")
 
@@ -282,7 +282,7 @@ def test_commit_and_abort_over_partitions_across_gateways(ketch_cluster, topic_n
 
     # 100 + marker + 50 + marker + 10 + marker.
     ends = {p: 163 for p in partitions}
-    assert high_watermarks(two.bootstrap, topic_name, partitions) == ends
+    eventually(lambda: high_watermarks(two.bootstrap, topic_name, partitions), ends, "high watermarks")
     assert stable_offsets(two.bootstrap, topic_name, partitions) == ends
 
     got = read(two.bootstrap, topic_name, ends, COMMITTED)
@@ -333,8 +333,8 @@ def test_open_transaction_holds_read_committed_at_the_last_stable_offset(ketch_c
     assert stable_offsets(bootstrap, topic_name, [0]) == {0: 5}
 
     producer.commit_transaction(15)
+    eventually(lambda: stable_offsets(bootstrap, topic_name, [0]), {0: 26}, "the LSO after the commit")
     assert high_watermarks(bootstrap, topic_name, [0]) == {0: 26}
-    assert stable_offsets(bootstrap, topic_name, [0]) == {0: 26}
     got = reader.read_to({0: 26}, timeout=10)[0]
     assert got == list(zip(range(5), values("plain", 5))) + list(zip(range(5, 25), in_txn))
 
@@ -449,7 +449,7 @@ def test_transaction_past_its_timeout_is_aborted_by_the_gateway(ketch_cluster, t
     assert [v for _, v in reader.records[0]] == values("fast", 10)
 
     # 20 + 10 records, 2 markers; nothing open.
-    assert high_watermarks(bootstrap, topic_name, [0]) == {0: 32}
+    eventually(lambda: high_watermarks(bootstrap, topic_name, [0]), {0: 32}, "high watermark")
     assert stable_offsets(bootstrap, topic_name, [0]) == {0: 32}
     reader.read_to({0: 32}, timeout=10)
     assert [v for _, v in reader.records[0]] == values("fast", 10)
@@ -551,7 +551,7 @@ def test_consume_transform_produce_commits_offsets_with_the_output(ketch_cluster
         step = min(500, total - done)
         positions.update(transform(step, producer.commit_transaction))
         done += step
-        assert committed_offsets(bootstrap, group, source, partitions) == positions, f"after {done} records"
+        eventually(lambda: committed_offsets(bootstrap, group, source, partitions), positions, f"after {done} records")
     ends = {p: len(range(p, total, 3)) for p in partitions}  # 667, 667, 666
     assert positions == ends
 
@@ -560,8 +560,13 @@ def test_consume_transform_produce_commits_offsets_with_the_output(ketch_cluster
     transform(90, producer.abort_transaction)
     assert committed_offsets(bootstrap, group, source, partitions) == ends
 
+    # Once the abort markers are written, nothing is open.
+    eventually(
+        lambda: stable_offsets(bootstrap, sink, partitions) == high_watermarks(bootstrap, sink, partitions),
+        True,
+        "the sink's last stable offsets reach its high watermarks",
+    )
     sink_ends = high_watermarks(bootstrap, sink, partitions)
-    assert stable_offsets(bootstrap, sink, partitions) == sink_ends
     reader = clients(Reader(bootstrap, sink, partitions, COMMITTED))
     reader.read_to(sink_ends)
     output = collections.Counter(reader.values())
@@ -645,7 +650,7 @@ def test_kafka_python_commit_and_abort(ketch_cluster, topic_name, clients):
             {KafkaPythonTopicPartition(topic_name, 0): OffsetAndMetadata(offset, "", -1)}, group
         )
         (producer.commit_transaction if commit else producer.abort_transaction)()
-        assert committed_offsets(bootstrap, group, topic_name, [0]) == {0: 7}, f"after offset {offset}"
+        eventually(lambda: committed_offsets(bootstrap, group, topic_name, [0]), {0: 7}, f"after offset {offset}")
     consume(
         "read_uncommitted",
         {
@@ -691,6 +696,6 @@ def test_transaction_survives_its_coordinator_gateway_crash(ketch_cluster, topic
     assert find_coordinator(survivor.bootstrap, txn_id, 1) == (0, survivor.node_id)
 
     ends = {p: 11 for p in partitions}
-    assert stable_offsets(survivor.bootstrap, topic_name, partitions) == ends
+    eventually(lambda: stable_offsets(survivor.bootstrap, topic_name, partitions), ends, "the LSO after the commit")
     got = read(survivor.bootstrap, topic_name, ends, COMMITTED)
     assert got == {p: list(zip(range(10), vals[p::2])) for p in partitions}

@@ -21,6 +21,7 @@ use rdkafka::Message;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::{FutureRecord, Producer};
 
+const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 const INVALID_PRODUCER_EPOCH: i16 = 47;
 const INVALID_TXN_STATE: i16 = 48;
 const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
@@ -47,6 +48,21 @@ fn drain(consumer: &BaseConsumer, want: usize) -> Vec<String> {
         }
     }
     seen
+}
+
+/// Polls `get` until it returns `want` (10 s at most). EndTxn answers once
+/// the decision is written, as Kafka does; what the commit or abort then
+/// writes (markers, offsets, the finished count) shows up right after.
+fn eventually<T: PartialEq + std::fmt::Debug>(what: &str, want: T, mut get: impl FnMut() -> T) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = get();
+        if got == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {got:?}, want {want:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn reader(ketch: &Ketch, topic: &str, partitions: i32, isolation: &str) -> BaseConsumer {
@@ -132,7 +148,9 @@ fn rdkafka_commits_and_aborts_across_two_gateways() {
         "records plus one marker per partition per transaction"
     );
     let finished = |outcome| transactions_metric(&a, outcome) + transactions_metric(&b, outcome);
-    assert_eq!((finished("commit"), finished("abort")), (2.0, 1.0));
+    eventually("transactions finished", (2.0, 1.0), || {
+        (finished("commit"), finished("abort"))
+    });
     // Admin clients ask every broker for ListTransactions and put the
     // answers together: the id is listed by its coordinator only.
     let listed: Vec<String> = [&a, &b]
@@ -459,7 +477,9 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
         2,
         "the record and its commit marker"
     );
-    assert_eq!(transactions_metric(&ketch, "coordinator_commit"), 1.0);
+    eventually("finished by the coordinator", 1.0, || {
+        transactions_metric(&ketch, "coordinator_commit")
+    });
 }
 
 /// InitProducerId naming a producer id and epoch (KIP-360).
@@ -539,7 +559,7 @@ fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
             .with_committed(true),
     );
     assert_eq!(end.error_code, code::NONE);
-    assert_eq!(redis.next_offset(&topic, 0), 2, "the record and its marker");
+    eventually("the record and its marker", 2, || redis.next_offset(&topic, 0));
     assert_eq!(
         watermarks(&mut conn, &topic),
         (2, 2),
@@ -711,11 +731,13 @@ fn the_archive_keeps_committed_records_only() {
     }
 }
 
-/// With `storage.acks_all_replicas`, a marker is WAITed like the data it
-/// decides: a commit is complete only once the replica has its markers;
-/// while the replica answers nothing the decision stands unfinished (the
-/// last stable offset stays), and the coordinator finishes it once the
-/// replica is back.
+/// With `storage.acks_all_replicas`, the decision and the markers are
+/// WAITed like the data they decide: EndTxn answers once the replica has
+/// the decision, and a commit is complete only once the replica has its
+/// markers; while the replica answers nothing the decision stands
+/// unconfirmed (COORDINATOR_NOT_AVAILABLE) and unfinished (the last stable
+/// offset stays), and the client's retry finds it once the replica is
+/// back.
 #[test]
 fn markers_wait_for_the_replicas_acks_all_waits_for() {
     use ketch_tests::{Frozen, RedisServer};
@@ -761,28 +783,51 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
     let first = transactional(&[Record::value(1_000, b"one")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, first), (code::NONE, 0));
+    let replica_state = || -> Option<String> {
+        redis::cmd("HGET")
+            .arg(format!("ketch:txn:{{{id}}}"))
+            .arg("state")
+            .query(&mut replica.connection())
+            .unwrap()
+    };
     assert_eq!(end(&mut conn), code::NONE);
-    assert_eq!(
-        replica_next(&topic),
-        Some(2),
-        "the replica has the marker once the commit is answered"
+    assert!(
+        matches!(
+            replica_state().as_deref(),
+            Some("PrepareCommit" | "CompleteCommit")
+        ),
+        "the replica has the decision once the commit is answered: {:?}",
+        replica_state()
     );
-
-    // The replica stops answering: the next commit is decided, its marker
-    // written but not confirmed, so the transaction stays unfinished.
+    // The next transaction begins once the marker is written, and its
+    // marker confirmed by the replica.
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    assert_eq!(replica_next(&topic), Some(2), "the replica has the marker");
+
+    // The replica stops answering: the next commit is decided but not
+    // confirmed: EndTxn answers COORDINATOR_NOT_AVAILABLE (retriable), and
+    // the decision, written, stands unfinished.
     let second = transactional(&[Record::value(1_001, b"two")], pid, epoch, 1);
     let frozen = Frozen::freeze(replica.pid());
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, second).0, code::NONE);
-    assert_eq!(end(&mut conn), code::NONE, "the decision is made and answered");
+    assert_eq!(
+        end(&mut conn),
+        COORDINATOR_NOT_AVAILABLE,
+        "the decision is not confirmed"
+    );
     assert_eq!(
         add_partition(&mut conn, &id, pid, epoch, &topic, 0),
         51,
         "CONCURRENT_TRANSACTIONS while the commit is unfinished"
     );
     drop(frozen);
-    // Back: the coordinator finishes the commit, the next transaction may begin.
+    // Back: the client's retry of EndTxn finds the commit made, it is
+    // finished, and the next transaction may begin.
     let deadline = Instant::now() + Duration::from_secs(30);
+    while end(&mut conn) != code::NONE {
+        assert!(Instant::now() < deadline, "the retried commit never succeeded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     while add_partition(&mut conn, &id, pid, epoch, &topic, 0) != code::NONE {
         assert!(
             Instant::now() < deadline,
@@ -907,14 +952,14 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         "nothing committed before"
     );
     end(&mut conn, a, true);
-    assert_eq!(fetch(&mut conn, true, false), (code::NONE, 42));
+    eventually("committed", (code::NONE, 42), || fetch(&mut conn, true, false));
     assert_eq!(fetch(&mut conn, true, true), (code::NONE, 42));
     stage(&mut conn, a, 99);
     end(&mut conn, a, false);
-    assert_eq!(
-        fetch(&mut conn, true, false),
+    eventually(
+        "an aborted transaction's offsets never apply",
         (code::NONE, 42),
-        "an aborted transaction's offsets never apply"
+        || fetch(&mut conn, true, false),
     );
     assert_eq!(fetch(&mut conn, false, false), (code::NONE, 42));
 
@@ -926,18 +971,18 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     assert_eq!(fetch(&mut conn, true, true).0, UNSTABLE_OFFSET_COMMIT);
     assert_eq!(fetch(&mut conn, false, true), (code::NONE, 42));
     end(&mut conn, a, true);
-    assert_eq!(fetch(&mut conn, false, false), (code::NONE, 100));
+    eventually("a's commit applied", (code::NONE, 100), || {
+        fetch(&mut conn, false, false)
+    });
     assert_eq!(
         fetch(&mut conn, true, false).0,
         UNSTABLE_OFFSET_COMMIT,
         "b's are still undecided"
     );
     end(&mut conn, b, true);
-    assert_eq!(
-        fetch(&mut conn, true, false),
-        (code::NONE, 200),
-        "b's commit applied b's offset"
-    );
+    eventually("b's commit applied b's offset", (code::NONE, 200), || {
+        fetch(&mut conn, true, false)
+    });
 
     // Offsets a finished transaction left staged are removed by the next
     // reader that asks for stable offsets.

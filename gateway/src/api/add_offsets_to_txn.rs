@@ -6,9 +6,10 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, RequestHeader};
 use ketch_storage::{TxnItems, TxnReply};
 
-use super::{Client, authorized, error_code};
+use super::{Client, authorized};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::transactions::coordinator_error;
 
 pub async fn handle(
     ctx: &Context,
@@ -32,6 +33,9 @@ pub async fn handle(
     }
     let groups = serde_json::json!([request.group_id.0.as_str()]);
     let producer = (request.producer_id.0, request.producer_epoch);
+    // The previous transaction, answered but still being finished by this
+    // gateway: wait for it rather than answer CONCURRENT_TRANSACTIONS.
+    ctx.finishing.wait(id).await;
     let ttl = crate::transactions::id_ttl_ms(ctx);
     match ctx
         .storage
@@ -42,10 +46,10 @@ pub async fn handle(
             deadline_ms, opened, ..
         }) => match ctx.storage.txn_schedule_deadline(id, deadline_ms, opened).await {
             Ok(()) => response,
-            Err(e) => response.with_error_code(error_code(&e)),
+            Err(e) => response.with_error_code(coordinator_error(&e)),
         },
         Ok(refused) => response
             .with_error_code(crate::transactions::refusal(&refused, header.request_api_version, 2).code()),
-        Err(e) => response.with_error_code(error_code(&e)),
+        Err(e) => response.with_error_code(coordinator_error(&e)),
     }
 }

@@ -15,9 +15,10 @@ use kafka_protocol::messages::add_partitions_to_txn_response::{
 use kafka_protocol::messages::{AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, RequestHeader};
 use ketch_storage::{JoinReply, TxnItems, TxnReply};
 
-use super::{Client, authorized, ensure_partition, error_code, resolve_topic};
+use super::{Client, authorized, ensure_partition, resolve_topic};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::transactions::coordinator_error;
 
 /// The first version whose clients know PRODUCER_FENCED.
 const FENCED_FROM: i16 = 2;
@@ -109,6 +110,9 @@ pub async fn handle(
         .flat_map(|t| t.partitions.iter().map(|p| (t.name.0.to_string(), *p)))
         .collect();
     let items = serde_json::to_value(&items).expect("partitions serialize");
+    // The previous transaction, answered but still being finished by this
+    // gateway: wait for it rather than answer CONCURRENT_TRANSACTIONS.
+    ctx.finishing.wait(&id).await;
     let ttl = crate::transactions::id_ttl_ms(ctx);
     let (number, deadline, opened) = match ctx
         .storage
@@ -124,7 +128,7 @@ pub async fn handle(
             let code = crate::transactions::refusal(&refused, version, FENCED_FROM).code();
             return answer(all(code));
         }
-        Err(e) => return answer(all(error_code(&e))),
+        Err(e) => return answer(all(coordinator_error(&e))),
     };
     let mut joins = Vec::with_capacity(items.as_array().map_or(0, Vec::len));
     for (ps, topic) in resolved.into_iter().zip(topics) {
@@ -139,7 +143,7 @@ pub async fn handle(
         super::each(joins)
     );
     if let Err(e) = scheduled {
-        return answer(all(error_code(&e)));
+        return answer(all(coordinator_error(&e)));
     }
     let mut codes = codes.into_iter();
     answer(
@@ -166,6 +170,6 @@ async fn join(
         Ok(JoinReply::StaleEpoch) => ResponseError::InvalidProducerEpoch.code(),
         Ok(JoinReply::Pending) => ResponseError::ConcurrentTransactions.code(),
         Ok(JoinReply::Ended) => ResponseError::InvalidTxnState.code(),
-        Err(e) => error_code(&e),
+        Err(e) => coordinator_error(&e),
     }
 }

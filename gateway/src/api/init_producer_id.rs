@@ -13,9 +13,10 @@ use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, Pr
 
 use ketch_storage::TxnReply;
 
-use super::{Client, cluster_authorized, error_code};
+use super::{Client, cluster_authorized};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::transactions::coordinator_error;
 
 pub async fn handle(
     ctx: &Context,
@@ -53,7 +54,7 @@ pub async fn handle(
     // another producer's sequences or transactions by naming its id.
     match ctx.storage.new_producer_id().await {
         Ok(id) => response.with_producer_id(ProducerId(id)).with_producer_epoch(0),
-        Err(e) => response.with_error_code(error_code(&e)),
+        Err(e) => response.with_error_code(coordinator_error(&e)),
     }
 }
 
@@ -81,6 +82,7 @@ async fn transactional(
         return response.with_error_code(ResponseError::InvalidTransactionTimeout.code());
     }
     let ttl = crate::transactions::id_ttl_ms(ctx);
+    ctx.finishing.wait(id).await;
     let named = (request.producer_id.0, request.producer_epoch);
     let mut fresh = -1;
     for _ in 0..INIT_ATTEMPTS {
@@ -90,7 +92,7 @@ async fn transactional(
             .await
         {
             Ok(reply) => reply,
-            Err(e) => return response.with_error_code(error_code(&e)),
+            Err(e) => return response.with_error_code(coordinator_error(&e)),
         };
         let refused = match reply {
             TxnReply::Producer { producer_id, epoch } => {
@@ -109,7 +111,7 @@ async fn transactional(
                     fresh = pid;
                     continue;
                 }
-                Err(e) => return response.with_error_code(error_code(&e)),
+                Err(e) => return response.with_error_code(coordinator_error(&e)),
             },
             TxnReply::Finish(decided) => {
                 tracing::info!(
@@ -117,7 +119,7 @@ async fn transactional(
                     producer_id = decided.producer_id,
                     "a new producer instance aborts the open transaction of the previous one and fences it"
                 );
-                if let Err(e) = crate::transactions::finish(ctx, id, &decided).await {
+                if let Err(e) = crate::transactions::finish(ctx.storage.as_ref(), ttl, id, &decided).await {
                     tracing::info!(transactional_id = id, error = %e, "cannot finish the fenced transaction yet");
                     return response.with_error_code(ResponseError::ConcurrentTransactions.code());
                 }

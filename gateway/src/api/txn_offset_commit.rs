@@ -13,9 +13,10 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 use kafka_protocol::messages::{RequestHeader, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use ketch_storage::{CommittedOffset, Decided, StagingTxn, TopicPartition};
 
-use super::{Client, authorized, error_code};
+use super::{Client, authorized};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::transactions::coordinator_error;
 
 pub async fn handle(
     ctx: &Context,
@@ -128,7 +129,7 @@ async fn transaction_number(
         .storage
         .txn_describe(&request.transactional_id)
         .await
-        .map_err(|e| error_code(&e))?;
+        .map_err(|e| coordinator_error(&e))?;
     let Some(state) = state.filter(|s| s.producer_id == request.producer_id.0) else {
         return Err(ResponseError::InvalidProducerIdMapping.code());
     };
@@ -160,7 +161,7 @@ async fn stage(
     ctx.storage
         .stage_txn_offsets(group, &transaction, offsets)
         .await
-        .map_err(|e| error_code(&e))?;
+        .map_err(|e| coordinator_error(&e))?;
     match transaction_number(ctx, request, group).await {
         Ok(n) if n == number => Ok(()),
         Ok(_) | Err(_) => {

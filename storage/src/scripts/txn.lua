@@ -176,8 +176,17 @@ if op == 'end' then
     save({state = prepare})
     return finish_reply()
   end
-  if h.state == prepare then return finish_reply() end
-  if h.state == complete then return {'done'} end
+  -- A retry: the answer relies on the decision (or its completion) an
+  -- earlier call wrote; a write here lets a WAIT on this connection cover
+  -- that one too (replication keeps the order of writes).
+  if h.state == prepare then
+    redis.call('HSET', key, 'retried_ms', string.format('%d', now_ms))
+    return finish_reply()
+  end
+  if h.state == complete then
+    redis.call('HSET', key, 'retried_ms', string.format('%d', now_ms))
+    return {'done'}
+  end
   return {'invalid_state'}
 end
 
@@ -212,7 +221,4 @@ if op == 'expire' then
   return {'idle'}
 end
 
-if op == 'describe' then
-  return fields
-end
 return redis.error_reply('unknown txn operation ' .. tostring(op))
