@@ -388,10 +388,13 @@ impl Store {
     }
 
     /// Has a gateway look at `id` at `due_ms` at the latest (an earlier
-    /// time already scheduled stays: ZADD LT only lowers a score).
+    /// time already scheduled stays: ZADD LT only lowers a score). Only an
+    /// id listed already (by InitProducerId) is: a request naming an id
+    /// that has no state adds nothing.
     pub async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
         let _: i64 = redis::cmd("ZADD")
             .arg(self.txn_index_key())
+            .arg("XX")
             .arg("LT")
             .arg(due_ms as f64)
             .arg(id)

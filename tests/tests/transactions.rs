@@ -361,6 +361,12 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
         end(&mut conn, "no-such-transactional-id", pid),
         INVALID_PRODUCER_ID_MAPPING
     );
+    let listed: Option<f64> = redis::cmd("ZSCORE")
+        .arg("ketch:transactions")
+        .arg("no-such-transactional-id")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(listed, None, "an unknown id is not listed for the sweeper");
     assert_eq!(end(&mut conn, &id, pid + 1), INVALID_PRODUCER_ID_MAPPING);
     assert_eq!(redis.next_offset(&topic, 0), 0, "nothing stored");
     // The transaction itself still commits (no data: no marker).
