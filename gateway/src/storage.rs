@@ -144,6 +144,10 @@ pub trait Storage: Send + Sync {
         let _ = (id, due_ms);
         Err(no_transactions())
     }
+    async fn txn_schedule_if_listed(&self, id: &str, due_ms: i64) -> Result<()> {
+        let _ = (id, due_ms);
+        Err(no_transactions())
+    }
     async fn txn_schedule_deadline(&self, id: &str, deadline_ms: i64, opened: bool) -> Result<()> {
         let _ = (id, deadline_ms, opened);
         Err(no_transactions())
@@ -444,6 +448,9 @@ impl Storage for Tiered {
     }
     async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
         self.store.txn_schedule(id, due_ms).await
+    }
+    async fn txn_schedule_if_listed(&self, id: &str, due_ms: i64) -> Result<()> {
+        self.store.txn_schedule_if_listed(id, due_ms).await
     }
     async fn txn_schedule_deadline(&self, id: &str, deadline_ms: i64, opened: bool) -> Result<()> {
         self.store.txn_schedule_deadline(id, deadline_ms, opened).await

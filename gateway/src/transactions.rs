@@ -39,8 +39,10 @@ pub struct Finishing {
 
 impl Finishing {
     /// Finishes `decided` in the background; the requests for `id` that
-    /// call [`Finishing::wait`] meanwhile wait for it.
-    pub fn start(&self, ctx: &Context, id: &str, decided: Decided) {
+    /// call [`Finishing::wait`] meanwhile wait for it. The id is scheduled
+    /// for its coordinator's look at `recheck` meanwhile, should the finish
+    /// fail.
+    pub fn start(&self, ctx: &Context, id: &str, decided: Decided, recheck: i64) {
         let storage = ctx.storage.clone();
         let ttl_ms = id_ttl_ms(ctx);
         let (done, running) = watch::channel(false);
@@ -51,7 +53,14 @@ impl Finishing {
         let registry = self.clone();
         let id = id.to_owned();
         tokio::spawn(async move {
-            match finish(storage.as_ref(), ttl_ms, &id, &decided).await {
+            let (scheduled, finished) = tokio::join!(
+                storage.txn_schedule(&id, recheck),
+                finish(storage.as_ref(), ttl_ms, &id, &decided)
+            );
+            if let Err(e) = scheduled {
+                tracing::warn!(transactional_id = %id, error = %e, "cannot schedule a look at a decided transaction");
+            }
+            match finished {
                 Ok(()) => count(if decided.commit { "commit" } else { "abort" }),
                 Err(e) => tracing::warn!(transactional_id = %id, error = %e,
                     "a transaction is decided but not finished; its coordinator will finish it"),

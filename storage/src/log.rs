@@ -32,7 +32,7 @@ const MAX_READ_COUNT: usize = 1024;
 const INLINE_BATCH_BYTES: usize = 4096;
 /// Times an append in cluster mode follows a moved slot before it gives up
 /// (a retriable error to the client).
-const MAX_MOVED_RETRIES: u64 = 8;
+pub(crate) const MAX_MOVED_RETRIES: u64 = 8;
 /// Reserve attempts before an append of a large batch gives up (another
 /// gateway kept appending to the same partition in between; a small batch
 /// is stored at the next offset the script finds, in one attempt).

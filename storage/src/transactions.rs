@@ -226,13 +226,27 @@ impl Store {
     }
 
     async fn txn_script(&self, id: &str, op: &str, expiration_ms: i64, args: &[String]) -> Result<Value> {
+        let (reply, confirmed) = self.txn_script_unconfirmed(id, op, expiration_ms, args).await?;
+        confirmed?;
+        Ok(reply)
+    }
+
+    /// [`Store::txn_script`]'s reply, and apart from it whether the
+    /// replicas acks=all waits for confirmed the write.
+    async fn txn_script_unconfirmed(
+        &self,
+        id: &str,
+        op: &str,
+        expiration_ms: i64,
+        args: &[String],
+    ) -> Result<(Value, Result<()>)> {
         let key = self.txn_key(id);
         let mut invocation = self.scripts.txn.key(&key);
         invocation.arg(op).arg(expiration_ms);
         for arg in args {
             invocation.arg(arg);
         }
-        self.invoke_durably(&key, &invocation, changes_state).await
+        self.invoke_unconfirmed(&key, &invocation, changes_state).await
     }
 
     /// Runs a script that changes transaction state. With acks=all waiting
@@ -249,16 +263,66 @@ impl Store {
         invocation: &redis::ScriptInvocation<'_>,
         wrote: fn(&Value) -> bool,
     ) -> Result<T> {
-        if !self.durability.waits() {
-            return Ok(invocation.invoke_async(&mut self.conn()).await?);
-        }
-        let durable = self.durable.get(key).await?;
-        let mut conn = durable.conn();
-        let reply: Value = invocation.invoke_async(&mut conn).await?;
-        if wrote(&reply) {
-            self.wait_durable(conn).await?;
-        }
+        let (reply, confirmed) = self.invoke_unconfirmed(key, invocation, wrote).await?;
+        confirmed?;
         redis::from_redis_value(reply).map_err(|e| StorageError::Data(format!("script reply: {e}")))
+    }
+
+    /// [`Store::invoke_durably`]'s reply, and apart from it the WAIT's
+    /// outcome. In cluster mode a master that lost the slot refuses the
+    /// script unrun (MOVED): the slot map is read again and the script sent
+    /// to the new master, as appends do.
+    async fn invoke_unconfirmed(
+        &self,
+        key: &str,
+        invocation: &redis::ScriptInvocation<'_>,
+        wrote: fn(&Value) -> bool,
+    ) -> Result<(Value, Result<()>)> {
+        if !self.durability.waits() {
+            return Ok((invocation.invoke_async(&mut self.conn()).await?, Ok(())));
+        }
+        let mut attempt = 0;
+        loop {
+            let durable = self.durable.get(key).await?;
+            let mut conn = durable.conn();
+            match invocation.invoke_async::<Value>(&mut conn).await {
+                Ok(reply) => {
+                    let confirmed = if wrote(&reply) {
+                        self.wait_durable(conn).await
+                    } else {
+                        Ok(())
+                    };
+                    if let Err(StorageError::Unavailable(_)) = &confirmed {
+                        self.refresh_slot_map().await;
+                    }
+                    return Ok((reply, confirmed));
+                }
+                Err(e) => match StorageError::from(e) {
+                    StorageError::Unavailable(message)
+                        if crate::durable::is_moved(&message) && attempt < crate::log::MAX_MOVED_RETRIES =>
+                    {
+                        drop(durable);
+                        attempt += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                        self.durable.refresh().await?;
+                    }
+                    e => {
+                        // The master may be gone (failover): the next try
+                        // must not dial it again.
+                        if matches!(e, StorageError::Unavailable(_)) {
+                            self.refresh_slot_map().await;
+                        }
+                        return Err(e);
+                    }
+                },
+            }
+        }
+    }
+
+    async fn refresh_slot_map(&self) {
+        if let Err(e) = self.durable.refresh().await {
+            tracing::debug!(error = %e, "cannot read the slot map");
+        }
     }
 
     /// InitProducerId for a transactional id (see `scripts/txn.lua`):
@@ -311,7 +375,24 @@ impl Store {
             kind.to_owned(),
             items.to_string(),
         ];
-        parse_reply(self.txn_script(id, "add", expiration_ms, &args).await?)
+        let (reply, confirmed) = self
+            .txn_script_unconfirmed(id, "add", expiration_ms, &args)
+            .await?;
+        let reply = parse_reply(reply)?;
+        if confirmed.is_err()
+            && let TxnReply::Added {
+                deadline_ms, opened, ..
+            } = reply
+        {
+            // Written but not confirmed: the transaction may be open all the
+            // same (the client will likely retry, but need not), so its
+            // deadline is scheduled, or nothing would ever time it out.
+            if let Err(e) = self.txn_schedule_deadline(id, deadline_ms, opened).await {
+                tracing::debug!(transactional_id = id, error = %e, "cannot schedule a transaction's deadline");
+            }
+        }
+        confirmed?;
+        Ok(reply)
     }
 
     /// EndTxn: decides the producer's transaction. The caller schedules a
@@ -388,14 +469,23 @@ impl Store {
     }
 
     /// Has a gateway look at `id` at `due_ms` at the latest (an earlier
-    /// time already scheduled stays: ZADD LT only lowers a score). Only an
-    /// id listed already (by InitProducerId) is: a request naming an id
-    /// that has no state adds nothing.
+    /// time already scheduled stays: ZADD LT only lowers a score). For an
+    /// id a script just answered for (it has state).
     pub async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
+        self.zadd_index(id, due_ms, &["LT"]).await
+    }
+
+    /// [`Store::txn_schedule`] for an id that is listed already: a request
+    /// naming an id that has no state adds nothing (EndTxn schedules its
+    /// look beside the decision, before it knows).
+    pub async fn txn_schedule_if_listed(&self, id: &str, due_ms: i64) -> Result<()> {
+        self.zadd_index(id, due_ms, &["XX", "LT"]).await
+    }
+
+    async fn zadd_index(&self, id: &str, due_ms: i64, flags: &[&str]) -> Result<()> {
         let _: i64 = redis::cmd("ZADD")
             .arg(self.txn_index_key())
-            .arg("XX")
-            .arg("LT")
+            .arg(flags)
             .arg(due_ms as f64)
             .arg(id)
             .query_async(&mut self.conn())
@@ -515,12 +605,6 @@ impl Store {
             return Ok(false);
         }
         let keys = self.partition_keys(topic, partition);
-        // A marker takes the partition's append slot as a batch does and
-        // leaves the next offset after it there: otherwise the next staged
-        // batch would be refused once for a stale expected offset (a round
-        // trip more per partition per transaction).
-        let slot = self.appenders.slot(&keys.meta);
-        let mut next = slot.lock().await;
         let now = crate::now_ms();
         let marker = transaction_marker(decided.producer_id, decided.epoch, decided.commit, 0, now);
         let mut invocation = self.scripts.append.prepare_invoke();
@@ -541,19 +625,10 @@ impl Store {
             .arg(if decided.commit { "commit" } else { "abort" })
             .arg(&marker[..]);
         // With acks=all waiting for replicas (or fsync), a marker is made as
-        // durable as the data it decides, before the transaction completes:
-        // written on a connection of the durable pool, then WAITed there (a
-        // marker found written already still writes the producer's state,
-        // so the WAIT covers the earlier write too).
-        let reply: Value = if self.durability.waits() {
-            let durable = self.durable.get(&keys.meta).await?;
-            let mut conn = durable.conn();
-            let reply = invocation.invoke_async(&mut conn).await?;
-            self.wait_durable(conn).await?;
-            reply
-        } else {
-            invocation.invoke_async(&mut self.conn()).await?
-        };
+        // durable as the data it decides, before the transaction completes
+        // (a marker an earlier try wrote is found ended, and the producer's
+        // state written again, so the WAIT covers that write too).
+        let reply: Value = self.invoke_durably(&keys.meta, &invocation, |_| true).await?;
         let Value::Array(items) = &reply else {
             return Err(bad("marker reply", &reply));
         };
@@ -564,7 +639,17 @@ impl Store {
                     .and_then(int)
                     .ok_or_else(|| bad("marker offset", &reply))?;
                 let log_start = items.get(2).and_then(int);
-                *next = Some(base + 1);
+                // The partition's append slot expected the marker's offset
+                // for its next batch: it expects the one after now, or that
+                // batch (staged, > 4 KiB) would be refused once and sent
+                // again. The slot is not held across the script: an append
+                // holds it while it waits for a durable connection.
+                let slot = self.appenders.slot(&keys.meta);
+                let mut next = slot.lock().await;
+                if *next == Some(base) {
+                    *next = Some(base + 1);
+                }
+                drop(next);
                 self.wake.appended(&keys.wake, Some(base + 1), log_start);
                 Ok(true)
             }
@@ -700,6 +785,9 @@ impl Store {
         let mut states: HashMap<String, Option<TxnState>> = HashMap::new();
         let mut stale = Vec::new();
         for (field, value) in staged {
+            if field == APPLIED_FIELD {
+                continue;
+            }
             let Some(entry) = StagedEntry::parse(&field, &value) else {
                 stale.push((field, value));
                 continue;
@@ -730,6 +818,10 @@ impl Store {
         Ok(unstable)
     }
 }
+
+/// The field of `ketch:group:{GROUP}:txn-offsets` that every apply writes
+/// (`scripts/txn_offsets.lua`), not a staged offset.
+const APPLIED_FIELD: &str = "applied";
 
 /// A transaction staging offsets: its id, producer and number.
 #[derive(Debug, Clone, Copy)]

@@ -844,6 +844,86 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
     assert_eq!(watermarks(&mut conn, &topic), (4, 4));
 }
 
+/// Markers and acks=all appends share the durable connections: with one
+/// connection, commits whose markers go to a partition that an acks=all
+/// producer keeps appending to (large batches, which hold the partition's
+/// append slot) all complete — a marker never holds the slot while it
+/// waits for the connection an append holding it waits with.
+#[test]
+fn markers_and_acks_all_appends_to_one_partition_never_wait_for_each_other() {
+    use ketch_tests::RedisServer;
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    replica.wait_for_replication("master_link_status:up");
+    let ketch = Ketch::start(
+        &primary.url(),
+        &[
+            "--set",
+            "storage.acks_all_replicas=1",
+            "--set",
+            "storage.acks_all_connections=1",
+        ],
+    );
+    let rt = ketch_tests::runtime();
+    let topic = unique_topic("txn-shared-slot");
+    ketch.create_topic(&rt, &topic, 1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let appended = std::thread::scope(|scope| {
+        // Several appends at once: one holds the connection while the
+        // others wait for it, then for the slot.
+        let appenders: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let producer = ketch.producer_with(&[("acks", "all"), ("linger.ms", "0")]);
+                    let value = "p".repeat(8_000);
+                    let mut sent = 0;
+                    // Bounded, should a commit fail and never stop them.
+                    let deadline = Instant::now() + Duration::from_secs(90);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                        let delivery = producer.send(
+                            FutureRecord::<(), _>::to(&topic).payload(&value).partition(0),
+                            Duration::from_secs(30),
+                        );
+                        rt.block_on(delivery)
+                            .map_err(|(e, _)| e)
+                            .expect("an acks=all append");
+                        sent += 1;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        let producer = ketch.producer_with(&[("transactional.id", &unique_topic("txn-shared-slot-id"))]);
+        producer.init_transactions(Duration::from_secs(30)).expect("init");
+        let value = "t".repeat(8_000);
+        for _ in 0..30 {
+            producer.begin_transaction().unwrap();
+            for _ in 0..3 {
+                let delivery = producer
+                    .send_result(FutureRecord::<(), _>::to(&topic).payload(&value).partition(0))
+                    .map_err(|(e, _)| e)
+                    .expect("queued");
+                drop(delivery);
+            }
+            producer
+                .commit_transaction(Duration::from_secs(30))
+                .expect("a commit while appends run");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        appenders
+            .into_iter()
+            .map(|a| a.join().expect("an appender"))
+            .sum::<usize>()
+    });
+    assert!(appended > 0);
+    // Every marker written: nothing holds the last stable offset.
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    eventually("nothing open", true, || {
+        let (high, stable) = watermarks(&mut conn, &topic);
+        high == stable
+    });
+}
+
 /// TxnOffsetCommit stages a group's offsets: OffsetFetch with
 /// require_stable answers UNSTABLE_OFFSET_COMMIT until the transaction
 /// commits (KIP-447), in the named form and the all-partitions form, a

@@ -33,20 +33,21 @@ pub async fn handle(
     ctx.finishing.wait(id).await;
     let producer = (request.producer_id.0, request.producer_epoch);
     // Should the decision be left unfinished, the id's coordinator looks
-    // at it after the grace; scheduled beside the decision (a look at an
-    // id with nothing decided only reschedules it).
+    // at it after the grace: scheduled beside the decision, for an id
+    // listed already (a look at an id with nothing decided only
+    // reschedules it), and again by the finish.
     let recheck = ketch_storage::now_ms() + FINISH_GRACE.as_millis() as i64;
     let (reply, scheduled) = tokio::join!(
         ctx.storage
             .txn_end(id, producer, request.committed, id_ttl_ms(ctx)),
-        ctx.storage.txn_schedule(id, recheck)
+        ctx.storage.txn_schedule_if_listed(id, recheck)
     );
     match reply {
         Ok(TxnReply::Finish(decided)) => {
             if let Err(e) = scheduled {
                 tracing::warn!(transactional_id = id, error = %e, "cannot schedule a look at a decided transaction");
             }
-            ctx.finishing.start(ctx, id, decided);
+            ctx.finishing.start(ctx, id, decided, recheck);
             response
         }
         Ok(TxnReply::Done) => response,

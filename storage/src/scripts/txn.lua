@@ -158,6 +158,10 @@ if op == 'add' then
     -- cjson encodes an empty table as {}: keep arrays arrays.
     changes[ARGV[5]] = #list == 0 and '[]' or cjson.encode(list)
     save(changes)
+  else
+    -- A retry: a write, so that a WAIT on this connection also covers the
+    -- earlier call's (as for EndTxn below).
+    redis.call('HSET', key, 'retried_ms', string.format('%d', now_ms))
   end
   return {'added', num('n'), num('started_ms') + num('timeout_ms'), changes.state and 1 or 0}
 end

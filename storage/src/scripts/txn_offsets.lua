@@ -13,7 +13,8 @@
 --         ARGV[4] transactional id, then '<topic>:<partition>', offset JSON
 --         pairs. Reply: the offsets staged.
 -- ARGV[1] 'apply': ARGV[2] producer id, ARGV[3] transaction number,
---         ARGV[4] 'commit' or 'abort'. Reply: the offsets applied.
+--         ARGV[4] 'commit' or 'abort'. Reply: the offsets applied. Writes
+--         field 'applied' = '<producer id>:<transaction number>' too.
 -- ARGV[1] 'purge': then field, value pairs: each field is removed if it
 --         still holds that value (staged offsets of a transaction that
 --         ended without applying them). Reply: the fields removed.
@@ -46,6 +47,9 @@ if op == 'apply' then
       end
     end
   end
+  -- Always a write, so that a WAIT on this connection also covers an
+  -- earlier apply of the same transaction (a finish tried again).
+  redis.call('HSET', KEYS[2], 'applied', ARGV[2] .. ':' .. ARGV[3])
   return applied
 end
 if op == 'purge' then
