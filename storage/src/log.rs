@@ -32,7 +32,7 @@ const MAX_READ_COUNT: usize = 1024;
 const INLINE_BATCH_BYTES: usize = 4096;
 /// Times an append in cluster mode follows a moved slot before it gives up
 /// (a retriable error to the client).
-pub(crate) const MAX_MOVED_RETRIES: u64 = 8;
+const MAX_MOVED_RETRIES: u64 = 8;
 /// Reserve attempts before an append of a large batch gives up (another
 /// gateway kept appending to the same partition in between; a small batch
 /// is stored at the next offset the script finds, in one attempt).
@@ -247,9 +247,23 @@ impl Appenders {
         }
     }
 
+    /// An entry was written at `offset` other than by an append (a
+    /// transaction marker): a slot that expected it for its next batch
+    /// expects the offset after it now, or that batch (staged, > 4 KiB)
+    /// would be refused once and sent again. The slot is taken only for
+    /// this, not across the marker's script: an append holds it while it
+    /// waits for a durable connection.
+    pub(crate) async fn written_at(&self, meta_key: &str, offset: i64) {
+        let slot = self.slot(meta_key);
+        let mut next = slot.lock().await;
+        if *next == Some(offset) {
+            *next = Some(offset + 1);
+        }
+    }
+
     /// The partition's append slot: held while this gateway appends to the
     /// partition, it keeps the next offset the last append left.
-    pub(crate) fn slot(&self, meta_key: &str) -> Arc<tokio::sync::Mutex<Option<i64>>> {
+    fn slot(&self, meta_key: &str) -> Arc<tokio::sync::Mutex<Option<i64>>> {
         let mut partitions = self.partitions.lock().expect("appenders lock");
         if let Some(slot) = partitions.get(meta_key) {
             return slot.clone();
@@ -398,32 +412,53 @@ impl Store {
                         return Ok(outcome);
                     }
                     let waited = self.wait_durable(conn).await;
-                    if let Err(StorageError::Unavailable(_)) = &waited
-                        && let Err(refresh) = self.durable.refresh().await
-                    {
-                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    if let Err(StorageError::Unavailable(_)) = &waited {
+                        self.refresh_slot_map().await;
                     }
                     return waited.map(|()| outcome);
                 }
-                Err(StorageError::Unavailable(e)) if durable::is_moved(&e) && attempt < MAX_MOVED_RETRIES => {
-                    drop(durable);
-                    attempt += 1;
-                    asked = durable::is_ask(&e);
-                    tracing::debug!(error = %e, attempt, "an append met a moved slot; reading the slot map");
-                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
-                    self.durable.refresh().await?;
-                }
                 Err(e) => {
-                    // The master may be gone (failover): the next attempt
-                    // (the client's retry) must not dial it again.
-                    if matches!(e, StorageError::Unavailable(_))
-                        && let Err(refresh) = self.durable.refresh().await
-                    {
-                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    drop(durable);
+                    asked = matches!(&e, StorageError::Unavailable(m) if durable::is_ask(m));
+                    if !self.retry_after(&e, &mut attempt).await? {
+                        return Err(e);
                     }
-                    return Err(e);
                 }
             }
+        }
+    }
+
+    /// After a write to a partition's master failed with `e`: whether to
+    /// try again. A master that no longer (or not yet) serves the slot
+    /// refused it unwritten (MOVED, ASK, …): up to [`MAX_MOVED_RETRIES`]
+    /// times, after a pause a little longer each time, the slot map is read
+    /// again and the write goes to the new master. A master that cannot be
+    /// reached may be gone (a failover): the slot map is read again for the
+    /// next request (the client's retry), which must not dial it again.
+    pub(crate) async fn retry_after(&self, e: &StorageError, attempt: &mut u64) -> Result<bool> {
+        match e {
+            StorageError::Unavailable(message)
+                if durable::is_moved(message) && *attempt < MAX_MOVED_RETRIES =>
+            {
+                *attempt += 1;
+                tracing::debug!(error = %message, attempt = *attempt, "a write met a moved slot; reading the slot map");
+                tokio::time::sleep(std::time::Duration::from_millis(50 * *attempt)).await;
+                self.durable.refresh().await?;
+                Ok(true)
+            }
+            StorageError::Unavailable(_) => {
+                self.refresh_slot_map().await;
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Reads the slot map again; when that fails too, the next request
+    /// tries again.
+    pub(crate) async fn refresh_slot_map(&self) {
+        if let Err(e) = self.durable.refresh().await {
+            tracing::debug!(error = %e, "cannot read the slot map");
         }
     }
 
@@ -441,16 +476,11 @@ impl Store {
         if let Ok(Some(mut conn)) = self.durable.shared(key).await {
             match pipe.query_async(&mut conn).await {
                 Ok(value) => return Ok(value),
-                Err(e) if durable::is_moved(&e.to_string()) => {
-                    if let Err(refresh) = self.durable.refresh().await {
-                        tracing::debug!(error = %refresh, "cannot read the slot map");
-                    }
-                }
                 Err(e) => {
-                    if let Err(refresh) = self.durable.refresh().await {
-                        tracing::debug!(error = %refresh, "cannot read the slot map");
+                    self.refresh_slot_map().await;
+                    if !durable::is_moved(&e.to_string()) {
+                        return Err(e.into());
                     }
-                    return Err(e.into());
                 }
             }
         }

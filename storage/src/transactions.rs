@@ -270,8 +270,8 @@ impl Store {
 
     /// [`Store::invoke_durably`]'s reply, and apart from it the WAIT's
     /// outcome. In cluster mode a master that lost the slot refuses the
-    /// script unrun (MOVED): the slot map is read again and the script sent
-    /// to the new master, as appends do.
+    /// script unrun (MOVED): it goes to the new master, as appends do
+    /// ([`Store::retry_after`]).
     async fn invoke_unconfirmed(
         &self,
         key: &str,
@@ -297,31 +297,14 @@ impl Store {
                     }
                     return Ok((reply, confirmed));
                 }
-                Err(e) => match StorageError::from(e) {
-                    StorageError::Unavailable(message)
-                        if crate::durable::is_moved(&message) && attempt < crate::log::MAX_MOVED_RETRIES =>
-                    {
-                        drop(durable);
-                        attempt += 1;
-                        tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
-                        self.durable.refresh().await?;
-                    }
-                    e => {
-                        // The master may be gone (failover): the next try
-                        // must not dial it again.
-                        if matches!(e, StorageError::Unavailable(_)) {
-                            self.refresh_slot_map().await;
-                        }
+                Err(e) => {
+                    drop(durable);
+                    let e = StorageError::from(e);
+                    if !self.retry_after(&e, &mut attempt).await? {
                         return Err(e);
                     }
-                },
+                }
             }
-        }
-    }
-
-    async fn refresh_slot_map(&self) {
-        if let Err(e) = self.durable.refresh().await {
-            tracing::debug!(error = %e, "cannot read the slot map");
         }
     }
 
@@ -472,21 +455,22 @@ impl Store {
     /// time already scheduled stays: ZADD LT only lowers a score). For an
     /// id a script just answered for (it has state).
     pub async fn txn_schedule(&self, id: &str, due_ms: i64) -> Result<()> {
-        self.zadd_index(id, due_ms, &["LT"]).await
+        self.zadd_index(id, due_ms as f64, &["LT"]).await
     }
 
     /// [`Store::txn_schedule`] for an id that is listed already: a request
     /// naming an id that has no state adds nothing (EndTxn schedules its
     /// look beside the decision, before it knows).
     pub async fn txn_schedule_if_listed(&self, id: &str, due_ms: i64) -> Result<()> {
-        self.zadd_index(id, due_ms, &["XX", "LT"]).await
+        self.zadd_index(id, due_ms as f64, &["XX", "LT"]).await
     }
 
-    async fn zadd_index(&self, id: &str, due_ms: i64, flags: &[&str]) -> Result<()> {
+    /// ZADD of `id` to `ketch:transactions` with `flags` (NX, XX, LT).
+    async fn zadd_index(&self, id: &str, score: f64, flags: &[&str]) -> Result<()> {
         let _: i64 = redis::cmd("ZADD")
             .arg(self.txn_index_key())
             .arg(flags)
-            .arg(due_ms as f64)
+            .arg(score)
             .arg(id)
             .query_async(&mut self.conn())
             .await?;
@@ -500,26 +484,13 @@ impl Store {
     /// (raising it to idle by compare-and-set) must find it changed. Later
     /// adds only lower it.
     pub async fn txn_schedule_deadline(&self, id: &str, deadline_ms: i64, opened: bool) -> Result<()> {
-        if !opened {
-            return self.txn_schedule(id, deadline_ms).await;
-        }
-        let _: i64 = self
-            .conn()
-            .zadd(self.txn_index_key(), id, deadline_ms as f64)
-            .await?;
-        Ok(())
+        let flags: &[&str] = if opened { &[] } else { &["LT"] };
+        self.zadd_index(id, deadline_ms as f64, flags).await
     }
 
     /// Lists `id` in the index (idle) unless it is there already.
     async fn txn_list(&self, id: &str) -> Result<()> {
-        let _: i64 = redis::cmd("ZADD")
-            .arg(self.txn_index_key())
-            .arg("NX")
-            .arg(IDLE_SCORE)
-            .arg(id)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(())
+        self.zadd_index(id, IDLE_SCORE, &["NX"]).await
     }
 
     /// Transactional ids due for a look at `now_ms` with their scores, at
@@ -639,17 +610,7 @@ impl Store {
                     .and_then(int)
                     .ok_or_else(|| bad("marker offset", &reply))?;
                 let log_start = items.get(2).and_then(int);
-                // The partition's append slot expected the marker's offset
-                // for its next batch: it expects the one after now, or that
-                // batch (staged, > 4 KiB) would be refused once and sent
-                // again. The slot is not held across the script: an append
-                // holds it while it waits for a durable connection.
-                let slot = self.appenders.slot(&keys.meta);
-                let mut next = slot.lock().await;
-                if *next == Some(base) {
-                    *next = Some(base + 1);
-                }
-                drop(next);
+                self.appenders.written_at(&keys.meta, base).await;
                 self.wake.appended(&keys.wake, Some(base + 1), log_start);
                 Ok(true)
             }

@@ -1101,6 +1101,19 @@ impl Ketch {
         })
     }
 
+    /// A gateway whose acks=all waits for one replica
+    /// (`storage.acks_all_replicas=1`): a Redis primary, a replica linked to
+    /// it, and the gateway on the primary with `extra_args` too.
+    pub fn start_with_replica(extra_args: &[&str]) -> (RedisServer, RedisServer, Self) {
+        let primary = RedisServer::start();
+        let replica = RedisServer::start_replica_of(&primary);
+        replica.wait_for_replication("master_link_status:up");
+        let mut args = vec!["--set", "storage.acks_all_replicas=1"];
+        args.extend_from_slice(extra_args);
+        let ketch = Self::start(&primary.url(), &args);
+        (primary, replica, ketch)
+    }
+
     /// Starts another `ketch` binary (an older release, for upgrades).
     pub fn start_binary(binary: &Path, redis_url: &str, extra_args: &[&str]) -> Self {
         retry_port_race(|| {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Frozen, Ketch, RedisServer, unique_topic};
+use ketch_tests::{Frozen, Ketch, unique_topic};
 
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 
@@ -31,18 +31,8 @@ fn new_producer_id(conn: &mut KafkaConn) -> i64 {
 
 #[test]
 fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
-    let primary = RedisServer::start();
-    let mut replica = RedisServer::start_replica_of(&primary);
-    replica.wait_for_replication("master_link_status:up");
-    let ketch = Ketch::start(
-        &primary.url(),
-        &[
-            "--set",
-            "storage.acks_all_replicas=1",
-            "--set",
-            "storage.acks_all_timeout=300ms",
-        ],
-    );
+    let (primary, mut replica, ketch) =
+        Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=300ms"]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("acks-all");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
@@ -73,22 +63,12 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     assert_eq!(primary.next_offset(&topic, 0), 3);
 }
 
-fn start_with_replica(extra: &[&str]) -> (RedisServer, RedisServer, Ketch) {
-    let primary = RedisServer::start();
-    let replica = RedisServer::start_replica_of(&primary);
-    replica.wait_for_replication("master_link_status:up");
-    let mut args = vec!["--set", "storage.acks_all_replicas=1"];
-    args.extend_from_slice(extra);
-    let ketch = Ketch::start(&primary.url(), &args);
-    (primary, replica, ketch)
-}
-
 #[test]
 fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_batches() {
     // The acks=all timeout equals the command timeout: a WAIT that runs to
     // its limit must still answer NOT_ENOUGH_REPLICAS_AFTER_APPEND, not a
     // storage error from the connection's timeout.
-    let (primary, replica, ketch) = start_with_replica(&[
+    let (primary, replica, ketch) = Ketch::start_with_replica(&[
         "--set",
         "storage.acks_all_timeout=1s",
         "--set",
@@ -130,7 +110,7 @@ fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_
 #[test]
 fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other() {
     const CLIENTS: usize = 4;
-    let (_primary, replica, ketch) = start_with_replica(&["--set", "storage.acks_all_timeout=2s"]);
+    let (_primary, replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=2s"]);
     let topic = unique_topic("frozen-many");
     {
         let mut conn = KafkaConn::connect(ketch.kafka_addr());

@@ -746,21 +746,13 @@ fn the_archive_keeps_committed_records_only() {
 /// back.
 #[test]
 fn markers_wait_for_the_replicas_acks_all_waits_for() {
-    use ketch_tests::{Frozen, RedisServer};
-    let primary = RedisServer::start();
-    let replica = RedisServer::start_replica_of(&primary);
-    replica.wait_for_replication("master_link_status:up");
-    let ketch = Ketch::start(
-        &primary.url(),
-        &[
-            "--set",
-            "storage.acks_all_replicas=1",
-            "--set",
-            "storage.acks_all_timeout=300ms",
-            "--set",
-            "transactions.abort_check_interval=100ms",
-        ],
-    );
+    use ketch_tests::Frozen;
+    let (primary, replica, ketch) = Ketch::start_with_replica(&[
+        "--set",
+        "storage.acks_all_timeout=300ms",
+        "--set",
+        "transactions.abort_check_interval=100ms",
+    ]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("txn-acks-all");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
@@ -851,19 +843,7 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
 /// waits for the connection an append holding it waits with.
 #[test]
 fn markers_and_acks_all_appends_to_one_partition_never_wait_for_each_other() {
-    use ketch_tests::RedisServer;
-    let primary = RedisServer::start();
-    let replica = RedisServer::start_replica_of(&primary);
-    replica.wait_for_replication("master_link_status:up");
-    let ketch = Ketch::start(
-        &primary.url(),
-        &[
-            "--set",
-            "storage.acks_all_replicas=1",
-            "--set",
-            "storage.acks_all_connections=1",
-        ],
-    );
+    let (_primary, _replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_connections=1"]);
     let rt = ketch_tests::runtime();
     let topic = unique_topic("txn-shared-slot");
     ketch.create_topic(&rt, &topic, 1);

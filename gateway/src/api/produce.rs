@@ -132,9 +132,9 @@ pub async fn handle(
     let acks = request.acks;
     // A transactional producer names its transactional id; writing for it
     // takes WRITE on it (its batches are checked against its transaction
-    // by each partition).
-    // Transactional records without a transactional id fail the whole
-    // request, as in Kafka (it looks at each partition's first batch).
+    // by each partition). Transactional records without a transactional id
+    // fail the whole request, as in Kafka (it looks at each partition's
+    // first batch).
     let transactional = match request.transactional_id.as_deref() {
         Some(id) if !authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) => {
             Err(ResponseError::TransactionalIdAuthorizationFailed.code())
@@ -185,16 +185,13 @@ pub async fn handle(
     Some(ProduceResponse::default().with_responses(responses))
 }
 
-/// Whether a partition's first batch is transactional (a header that
-/// cannot be read, or of another magic, is left to the batch's validation).
+/// Whether a partition's first batch says it is transactional.
 fn has_transactional_records(request: &ProduceRequest) -> bool {
     request.topic_data.iter().any(|topic| {
         topic.partition_data.iter().any(|p| {
             p.records
                 .as_deref()
-                .filter(|records| records.get(16) == Some(&2))
-                .and_then(|records| ketch_storage::batch::header(records).ok())
-                .is_some_and(|header| header.is_transactional())
+                .is_some_and(ketch_storage::batch::is_transactional_batch)
         })
     })
 }

@@ -244,6 +244,15 @@ fn validate_header(bytes: &Bytes) -> Result<BatchHeader, BatchError> {
     Ok(header)
 }
 
+/// Whether `bytes` begin with a v2 batch that says it is transactional,
+/// read off its attributes alone (nothing validated: a request-level
+/// check before each batch's own validation).
+pub fn is_transactional_batch(bytes: &[u8]) -> bool {
+    bytes.len() >= HEADER_LEN
+        && bytes[16] == 2
+        && i16::from_be_bytes([bytes[CRC_START], bytes[CRC_START + 1]]) & builder::TRANSACTIONAL != 0
+}
+
 /// Reads the header of a stored (already validated) batch.
 pub fn header(bytes: &[u8]) -> Result<BatchHeader, BatchError> {
     if bytes.len() < HEADER_LEN {
@@ -746,6 +755,18 @@ pub(crate) mod tests {
         assert!(valid.header.is_log_append_time());
         assert!(!valid.max_timestamp_corrected);
         assert_eq!(&stamped[HEADER_LEN..], &b[HEADER_LEN..], "records untouched");
+    }
+
+    #[test]
+    fn a_transactional_batch_is_told_by_its_attributes() {
+        let marker = transaction_marker(7, 0, true, 0, 1_000);
+        assert!(is_transactional_batch(&marker));
+        let plain = build_batch(&[(1_000, None, Some(b"v"))]);
+        assert!(!is_transactional_batch(&plain));
+        let mut old_magic = marker.to_vec();
+        old_magic[16] = 1;
+        assert!(!is_transactional_batch(&old_magic));
+        assert!(!is_transactional_batch(&marker[..HEADER_LEN - 1]));
     }
 
     #[test]
