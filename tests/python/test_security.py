@@ -597,6 +597,70 @@ def test_scram_users_and_acls_over_sasl_ssl(gateways, redis_url, pki):
     assert {AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CREATE} <= set(operations)
 
 
+def test_transactions_over_sasl_ssl_with_acls_on_two_gateways(gateways, redis_url, pki):
+    """A SCRAM user over SASL_SSL with WRITE on transactional ids prefixed
+    `alice-` commits and aborts transactions through one gateway and reads
+    the committed records only (read_committed) through another; a
+    transactional id she has no ACL for fails init_transactions with
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+    ketch_users(redis_url, "set", "admin", "--mechanism", "SCRAM-SHA-512", password=ADMIN_PASSWORD)
+    ketch_users(redis_url, "set", "alice", "--mechanism", "SCRAM-SHA-512", password=ALICE_PASSWORD)
+    settings = (*tls_settings(pki), *ACLS, "sasl.mechanisms=SCRAM-SHA-512")
+    one, two = (gateways(protocol="SASL_SSL", settings=settings) for _ in range(2))
+    admin = AdminClient(sasl_config(one.bootstrap, "admin", ADMIN_PASSWORD, pki=pki))
+    create_topics(admin, ["payments"])
+    create_acls(
+        admin,
+        [
+            acl(ResourceType.TOPIC, "payments", "User:alice", AclOperation.WRITE),
+            acl(ResourceType.TOPIC, "payments", "User:alice", AclOperation.READ),
+            acl(ResourceType.GROUP, "readers", "User:alice", AclOperation.READ),
+            acl(ResourceType.TRANSACTIONAL_ID, "alice-", "User:alice", AclOperation.WRITE,
+                pattern=ResourcePatternType.PREFIXED),
+        ],
+    )
+
+    def transactional(txn_id):
+        return Producer({**sasl_config(one.bootstrap, "alice", ALICE_PASSWORD, pki=pki),
+                         "transactional.id": txn_id, "linger.ms": 5})
+
+    producer = transactional("alice-payments")
+    producer.init_transactions(15)
+    for prefix, commit in (("committed", True), ("aborted", False)):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce("payments", f"{prefix}-{i}".encode(), partition=0)
+        assert producer.flush(15) == 0
+        (producer.commit_transaction if commit else producer.abort_transaction)(15)
+    producer.close()
+
+    refused = transactional("bob-payments")
+    with pytest.raises(KafkaException) as raised:
+        refused.init_transactions(15)
+    assert raised.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, raised.value.args[0]
+
+    reader = Consumer({**sasl_config(two.bootstrap, "alice", ALICE_PASSWORD, pki=pki), "group.id": "readers",
+                       "isolation.level": "read_committed", "enable.auto.commit": False,
+                       "enable.partition.eof": True})
+    reader.assign([TopicPartition("payments", 0, 0)])
+    values, deadline = [], time.monotonic() + 20
+    try:
+        while True:  # until the end of the partition: both markers passed
+            assert time.monotonic() < deadline, f"read {values}"
+            message = reader.poll(0.5)
+            if message is None:
+                continue
+            if message.error() and message.error().code() == KafkaError._PARTITION_EOF:
+                if message.offset() >= 12:  # 10 records and 2 markers
+                    break
+                continue
+            assert message.error() is None, message.error()
+            values.append(message.value())
+    finally:
+        reader.close()
+    assert values == [f"committed-{i}".encode() for i in range(5)]
+
+
 # --- 2. failed authentication -----------------------------------------------
 
 INVALID_CREDENTIALS = "Authentication failed during authentication due to invalid credentials with SASL mechanism "
