@@ -206,7 +206,6 @@ impl RedisServer {
         self.child.as_ref().expect("redis-server is running").id()
     }
 
-    /// A replica of `primary`, started and ready.
     /// Polls `INFO replication` until it contains `line` (e.g.
     /// `master_link_status:up`): the replication link has no other
     /// observable event.
@@ -225,6 +224,8 @@ impl RedisServer {
         }
     }
 
+    /// A replica of `primary`, started (see
+    /// [`RedisServer::wait_for_replication`] for its link).
     pub fn start_replica_of(primary: &RedisServer) -> Self {
         retry_port_race(|| {
             let mut server = Self::reserve();
@@ -246,6 +247,40 @@ impl RedisServer {
             server.tls_port = Some(tls_port);
             server.args = ca.redis_args(tls_port);
             server.args.extend(args.iter().map(|a| (*a).to_owned()));
+            server.try_start().map(|()| server)
+        })
+    }
+
+    /// A node of a Redis Cluster (`--cluster-enabled`), its client, cluster
+    /// bus and (with `tls`) TLS ports chosen together and afresh on each
+    /// try; with `tls` it speaks TLS on the bus and to its replicas too,
+    /// with `password` it requires it (and authenticates to its master).
+    fn start_cluster_node(tls: Option<&TestCa>, password: Option<&str>) -> Self {
+        retry_port_race(|| {
+            let [port, bus, tls_port] = free_ports();
+            let mut server = Self::reserve_on(port);
+            if let Some(ca) = tls {
+                server.tls_port = Some(tls_port);
+                server.args = ca.redis_args(tls_port);
+                server
+                    .args
+                    .extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            }
+            let bus = bus.to_string();
+            let cluster = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus,
+                "--cluster-node-timeout",
+                "2000",
+            ];
+            server.args.extend(cluster.map(String::from));
+            if let Some(password) = password {
+                server
+                    .args
+                    .extend(["--requirepass", password, "--masterauth", password].map(String::from));
+            }
             server.try_start().map(|()| server)
         })
     }
@@ -746,31 +781,30 @@ impl RedisCluster {
     }
 
     fn start_nodes(masters: usize, replicas: usize, tls: Option<&TestCa>, password: Option<&str>) -> Self {
+        for attempt in 1.. {
+            match Self::try_start_nodes(masters, replicas, tls, password) {
+                Ok(cluster) => return cluster,
+                // redis-cli once failed to join fresh nodes ("Failed to send
+                // CLUSTER MEET command", its reply unprinted): new nodes.
+                Err(output) if attempt < 3 => {
+                    eprintln!("redis-cli --cluster create failed; starting new nodes:\n{output}");
+                }
+                Err(output) => panic!("redis-cli --cluster create failed:\n{output}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// One try of [`RedisCluster::start_nodes`]; what `redis-cli --cluster
+    /// create` printed when it failed (the nodes are killed).
+    fn try_start_nodes(
+        masters: usize,
+        replicas: usize,
+        tls: Option<&TestCa>,
+        password: Option<&str>,
+    ) -> Result<Self, String> {
         let nodes = (0..masters * (1 + replicas))
-            .map(|_| {
-                // The node file goes to the server's own directory; the bus
-                // port is chosen free too (port + 10000 may be taken, or
-                // past 65535).
-                let bus = free_port().to_string();
-                let mut args = vec![
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "2000",
-                ];
-                if let Some(password) = password {
-                    args.extend(["--requirepass", password, "--masterauth", password]);
-                }
-                match tls {
-                    Some(ca) => {
-                        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
-                        RedisServer::start_tls(ca, &args)
-                    }
-                    None => RedisServer::start_with(&args),
-                }
-            })
+            .map(|_| RedisServer::start_cluster_node(tls, password))
             .collect();
         let cluster = Self { nodes };
         let addresses: Vec<String> = cluster
@@ -786,12 +820,13 @@ impl RedisCluster {
             .args(cluster.cli_auth())
             .output()
             .expect("run redis-cli --cluster create (apt-get install redis-tools)");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed:\n{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        if !output.status.success() {
+            return Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
         cluster.await_ok(Duration::from_secs(30));
         // Replicas answer WAIT only once their link to the master is up.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -811,7 +846,7 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "the replicas did not sync");
             std::thread::sleep(Duration::from_millis(100));
         }
-        cluster
+        Ok(cluster)
     }
 
     /// Waits until every running node reports `cluster_state:ok` and knows
