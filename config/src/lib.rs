@@ -80,6 +80,11 @@ pub struct BrokerSettings {
     pub max_request_bytes: u32,
     /// Requests processed concurrently on one connection (answered in order).
     pub max_inflight_requests: usize,
+    /// Bytes of request frames processed concurrently on one connection:
+    /// while the requests being processed hold this many, the connection is
+    /// not read (one frame is always admitted, however large). Bounds the
+    /// gateway's memory under pipelined produce requests.
+    pub max_inflight_request_bytes: usize,
     /// Client connections open at once; further ones are closed at once.
     pub max_connections: usize,
     /// A connection that sends no request for this long is closed (Kafka's
@@ -358,6 +363,7 @@ impl Default for BrokerSettings {
             advertised_port: None,
             max_request_bytes: 100 * 1024 * 1024,
             max_inflight_requests: 32,
+            max_inflight_request_bytes: 4 * 1024 * 1024,
             max_connections: 10_000,
             connections_max_idle: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(30),
@@ -668,6 +674,9 @@ impl Settings {
         }
         if self.broker.max_inflight_requests == 0 {
             return bad("broker.max_inflight_requests", "must be at least 1");
+        }
+        if self.broker.max_inflight_request_bytes < 1024 {
+            return bad("broker.max_inflight_request_bytes", "must be at least 1024");
         }
         if self.topics.default_partitions < 1 || self.topics.default_partitions > self.topics.max_partitions {
             return bad(
@@ -1010,6 +1019,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("topics.default_partitions"), "{err}");
+        let err = Loader::new()
+            .set("broker", "max_inflight_request_bytes", "100")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("broker.max_inflight_request_bytes"), "{err}");
         let err = Loader::new().assignments(["nodot=1"]).unwrap_err().to_string();
         assert!(err.contains("nodot"), "{err}");
     }

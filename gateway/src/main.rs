@@ -14,7 +14,8 @@ mod users;
 /// an absurd capacity read off the wire by the protocol decoder (it sizes
 /// arrays from their length fields) reserves address space instead of
 /// aborting the process; the decode then fails on the missing bytes and
-/// frees it. See docs/architecture.md, "Untrusted lengths".
+/// frees it. See docs/architecture.md, "Untrusted lengths". Its options
+/// (one arena: decision (z)) are compiled in from `.cargo/config.toml`.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -276,6 +276,9 @@ where
     let max = ctx.settings.broker.max_request_bytes;
     let idle = ctx.settings.broker.connections_max_idle.get();
     let budget = Arc::new(tokio::sync::Semaphore::new(response_budget_kib(&ctx)));
+    let request_kib =
+        u32::try_from(ctx.settings.broker.max_inflight_request_bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+    let requests = Arc::new(tokio::sync::Semaphore::new(request_kib as usize));
     let mut sequencer = api::produce::Sequencer::default();
     let mut order = Order::default();
     let result = loop {
@@ -315,6 +318,7 @@ where
             }
         }
         let received = std::time::Instant::now();
+        let frame_kib = u32::try_from(frame.len().div_ceil(1024).max(1)).unwrap_or(u32::MAX);
         let request = match decode(frame) {
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
@@ -411,6 +415,24 @@ where
             },
             None => None,
         };
+        // The request's bytes count against the connection's request
+        // budget until it has been processed: while pipelined requests hold
+        // it all, the next frame is not read (Kafka reads a connection's
+        // next request only once the last one is answered). One frame is
+        // always admitted: its share is capped at the whole budget.
+        let held = match requests
+            .clone()
+            .try_acquire_many_owned(request_kib.min(frame_kib))
+        {
+            Ok(permit) => permit,
+            Err(_) => tokio::select! {
+                permit = requests.clone().acquire_many_owned(request_kib.min(frame_kib)) => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break Ok(()),
+                },
+                _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+            },
+        };
         let turns = match &request.1 {
             RequestKind::Produce(produce) => sequencer.turns(produce),
             _ => api::produce::Turns::default(),
@@ -425,9 +447,10 @@ where
             let _done = done;
             futures::future::join_all(after.into_iter().map(Done::wait)).await;
             let (header, body) = request;
-            let chunks = respond(&ctx, client, header, body, turns, received).await?;
+            let chunks = respond(&ctx, client, header, body, turns, received).await;
+            drop(held);
             Some(Response {
-                chunks,
+                chunks: chunks?,
                 _budget: reserved,
             })
         });

@@ -351,3 +351,51 @@ fn a_producer_switching_to_large_batches_cannot_make_a_fetch_read_past_its_limit
         offset += 1;
     }
 }
+
+/// Pipelined requests hold their frames' bytes against the connection's
+/// request budget (`broker.max_inflight_request_bytes`) until processed:
+/// with room for two 900 KiB produce requests, a third one pipelined behind
+/// them is read only once one of them is answered. Each acks=all produce
+/// here waits `storage.acks_all_timeout` for a replica that does not exist.
+#[test]
+fn pipelined_requests_beyond_the_request_budget_are_read_once_earlier_ones_finish() {
+    const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "storage.acks_all_replicas=1",
+            "--set",
+            "storage.acks_all_timeout=1s",
+            "--set",
+            "broker.max_inflight_request_bytes=2097152",
+        ],
+    );
+    let topic = unique_topic("request-budget");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 3), code::NONE);
+    let value = vec![b'v'; 900 * 1024];
+    let started = Instant::now();
+    for partition in 0..3 {
+        let request =
+            raw::produce_request(&topic, partition, batch::encode(&[Record::value(0, &value)])).with_acks(-1);
+        conn.send(raw::PRODUCE_VERSION, &request);
+    }
+    let mut answered = Vec::new();
+    for _ in 0..3 {
+        let response = conn.receive_next::<ProduceRequest>(raw::PRODUCE_VERSION).1;
+        assert_eq!(raw::produce_result(&response).0, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
+        answered.push(started.elapsed());
+    }
+    eprintln!("answered after {answered:?}");
+    // The first two were processed together; the third only after one of
+    // them ended, so it waited for the replica a second time.
+    assert!(answered[1] < Duration::from_millis(1900), "{answered:?}");
+    assert!(answered[2] >= Duration::from_millis(1900), "{answered:?}");
+    // Nothing was lost: every batch is stored.
+    for partition in 0..3 {
+        assert_eq!(redis.next_offset(&topic, partition), 1);
+    }
+    alive(&ketch);
+}
