@@ -236,6 +236,19 @@ fn response_share_kib(ctx: &Context, request: &RequestKind) -> Option<u32> {
     Some(u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX))
 }
 
+/// Takes `kib` of a connection's budget, waiting while it is spent; `None`
+/// once the gateway shuts down.
+async fn reserve(
+    budget: &Arc<tokio::sync::Semaphore>,
+    kib: u32,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    tokio::select! {
+        permit = budget.clone().acquire_many_owned(kib) => permit.ok(),
+        _ = shutdown.wait_for(|stop| *stop) => None,
+    }
+}
+
 /// A response ready now (SASL answers, error answers), in the response order.
 fn ready(bytes: Bytes) -> Pending {
     tokio::spawn(async move {
@@ -406,12 +419,9 @@ where
         // for good. While it is spent, the connection is not read (as Kafka
         // mutes a connection whose responses wait).
         let reserved = match response_share_kib(&ctx, &request.1) {
-            Some(kib) => tokio::select! {
-                permit = budget.clone().acquire_many_owned(kib) => match permit {
-                    Ok(permit) => Some(permit),
-                    Err(_) => break Ok(()),
-                },
-                _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+            Some(kib) => match reserve(&budget, kib, &mut shutdown).await {
+                Some(permit) => Some(permit),
+                None => break Ok(()),
             },
             None => None,
         };
@@ -420,18 +430,8 @@ where
         // it all, the next frame is not read (Kafka reads a connection's
         // next request only once the last one is answered). One frame is
         // always admitted: its share is capped at the whole budget.
-        let held = match requests
-            .clone()
-            .try_acquire_many_owned(request_kib.min(frame_kib))
-        {
-            Ok(permit) => permit,
-            Err(_) => tokio::select! {
-                permit = requests.clone().acquire_many_owned(request_kib.min(frame_kib)) => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break Ok(()),
-                },
-                _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
-            },
+        let Some(held) = reserve(&requests, request_kib.min(frame_kib), &mut shutdown).await else {
+            break Ok(());
         };
         let turns = match &request.1 {
             RequestKind::Produce(produce) => sequencer.turns(produce),
