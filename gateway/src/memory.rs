@@ -301,6 +301,12 @@ impl Storage for MemoryStorage {
         })
     }
 
+    fn bytes_estimate(&self, _topic: &Topic, _partition: i32, _records: i64) -> Option<usize> {
+        // Reads cost nothing here: no partition needs reading ahead of
+        // its turn.
+        None
+    }
+
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {
         self.with_partition(topic, partition, |p, _| {
             if request.offset < p.log_start || request.offset > p.next_offset {

@@ -63,6 +63,9 @@ pub trait Storage: Send + Sync {
     ) -> Result<AppendOutcome>;
     async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets>;
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition>;
+    /// About the bytes of the next `records` records of a partition, from
+    /// the batch sizes this gateway's reads have seen (`None`: none seen).
+    fn bytes_estimate(&self, topic: &Topic, partition: i32, records: i64) -> Option<usize>;
     async fn offset_for_timestamp(
         &self,
         topic: &Topic,
@@ -309,6 +312,10 @@ impl Storage for Tiered {
 
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {
         self.tiers.read(topic, partition, request).await
+    }
+
+    fn bytes_estimate(&self, topic: &Topic, partition: i32, records: i64) -> Option<usize> {
+        self.store.bytes_estimate(topic, partition, records)
     }
 
     async fn offset_for_timestamp(

@@ -864,6 +864,18 @@ impl Store {
         parse_offsets(meta)?.ok_or(StorageError::UnknownTopicOrPartition)
     }
 
+    /// About how many bytes the next `records` records of a partition
+    /// take: at most that many batches (a batch holds at least one record)
+    /// of the largest size this gateway's reads have seen there lately.
+    /// `None` when its reads have seen no batch. An estimate, not a bound:
+    /// a fetch uses it to read partitions that hold little together.
+    pub fn bytes_estimate(&self, topic: &Topic, partition: i32, records: i64) -> Option<usize> {
+        let keys = self.partition_keys(topic, partition);
+        let (seen, _) = self.appenders.read_sizes(&keys.meta, 0);
+        let batches = usize::try_from(records).ok()?;
+        Some(seen?.largest.saturating_mul(batches))
+    }
+
     /// Reads whole batches from `request.offset` on. Fails with
     /// [`StorageError::OffsetOutOfRange`] below the log start or past the
     /// high watermark; at the high watermark it returns no batches.

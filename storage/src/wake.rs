@@ -341,6 +341,14 @@ impl WakeHub {
         }
     }
 
+    /// The partition's next offset as far as this gateway knows (its own
+    /// appends, others' announcements and its reads, while subscribed):
+    /// never ahead of the log, possibly behind it.
+    pub fn known_next(&self, channel: &str) -> Option<i64> {
+        let state = self.inner.state.lock().expect("wake state lock");
+        Some(state.channels.get(channel).filter(|c| c.subscribed)?.known?.next_offset)
+    }
+
     /// The partition's log start offset when it is known to hold nothing at
     /// or after `offset` (its next offset is `offset`).
     pub fn known_empty_at(&self, channel: &str, offset: i64) -> Option<i64> {

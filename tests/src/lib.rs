@@ -5,6 +5,7 @@
 //! Every test starts its own Redis and its own gateway; nothing is shared.
 
 pub mod batch;
+pub mod proxy;
 pub mod raw;
 pub mod servers;
 
@@ -360,6 +361,19 @@ impl RedisServer {
         redis::Client::open(self.url())
             .and_then(|c| c.get_connection())
             .expect("connect to redis-server")
+    }
+
+    /// Bytes the server has sent its clients since it started
+    /// (`total_net_output_bytes`).
+    pub fn sent_bytes(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut self.connection())
+            .expect("INFO stats");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_net_output_bytes")
     }
 
     /// The hash tags of a topic's partitions, from its `ketch:topics` record.

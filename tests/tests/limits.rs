@@ -2,7 +2,9 @@
 //! resources (issue #10): a small request naming a long topic once per
 //! partition, array lengths claiming billions of elements under an
 //! address-space limit (no overcommit to hide behind), connection counts,
-//! idle connections, and a client that sends fetches but reads no answers.
+//! idle connections, and a client that sends fetches but reads no answers;
+//! what fetches read from Redis: about what they return, the partitions of
+//! one fetch together (not one round trip after another), in request order.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::proxy::DelayProxy;
 use ketch_tests::{Ketch, RedisServer, unique_topic};
 
 /// The issue's bound on the gateway's peak resident memory under these frames.
@@ -231,17 +234,6 @@ fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
     alive(&ketch);
 }
 
-/// Bytes Redis has sent its clients since it started.
-fn redis_sent(redis: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query(&mut redis.connection())
-        .expect("INFO stats");
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("total_net_output_bytes")
-}
 
 /// A partition whose first batch is small and whose others are large: the
 /// fetches of a gateway that has not read it before each read from Redis
@@ -270,9 +262,9 @@ fn fetches_read_from_redis_about_what_they_return() {
         // 8 MiB for the response, 1 MiB for the partition: one large batch
         // (with the small one first) is all a fetch can send.
         let request = raw::fetch_request(&topic, 0, offset, 0).with_max_bytes(8 << 20);
-        let before = redis_sent(&redis);
+        let before = redis.sent_bytes();
         let response = conn.request(12, &request);
-        let sent_by_redis = redis_sent(&redis) - before;
+        let sent_by_redis = redis.sent_bytes() - before;
         let (error, high_watermark, records) = raw::fetch_result(&response);
         assert_eq!((error, high_watermark), (code::NONE, BATCHES as i64 + 1));
         let records = records.expect("records");
@@ -327,9 +319,9 @@ fn a_producer_switching_to_large_batches_cannot_make_a_fetch_read_past_its_limit
 
     for fetch in 0..10 {
         let request = raw::fetch_request(&topic, 0, offset, 0).with_max_bytes(FETCH_MAX as i32);
-        let before = redis_sent(&redis);
+        let before = redis.sent_bytes();
         let response = conn.request(12, &request);
-        let sent_by_redis = redis_sent(&redis) - before;
+        let sent_by_redis = redis.sent_bytes() - before;
         let (error, high_watermark, records) = raw::fetch_result(&response);
         assert_eq!((error, high_watermark), (code::NONE, (SMALL + BATCHES) as i64));
         let records = records.expect("records");
@@ -399,3 +391,145 @@ fn pipelined_requests_beyond_the_request_budget_are_read_once_earlier_ones_finis
     }
     alive(&ketch);
 }
+
+/// A fetch of sixteen partitions, each with one batch: every partition's
+/// batch, in the request's order.
+fn sixteen_partition_fetch(topic: &str, max_bytes: i32) -> FetchRequest {
+    let mut request = raw::fetch_request(topic, 0, 0, 0).with_max_bytes(max_bytes);
+    let template = request.topics[0].partitions[0].clone();
+    request.topics[0].partitions = (0..16)
+        .map(|p| template.clone().with_partition(p))
+        .collect();
+    request
+}
+
+/// Records returned per partition, in response order.
+fn records_per_partition(response: &kafka_protocol::messages::FetchResponse) -> Vec<(i32, i64)> {
+    response.responses[0]
+        .partitions
+        .iter()
+        .map(|p| {
+            assert_eq!(p.error_code, code::NONE, "partition {}", p.partition_index);
+            let records = p.records.clone().unwrap_or_default();
+            (p.partition_index, raw::count_records(&records))
+        })
+        .collect()
+}
+
+/// A fetch reads its partitions together, not one Redis round trip after
+/// another: behind a proxy that holds each Redis reply back 25 ms, a fetch
+/// of sixteen partitions takes a few delays, not sixteen (before: about
+/// 16 × 25 ms, each partition's XRANGE sent once the previous one was
+/// answered). With 8 MiB for the response and 1 MiB per partition, eight
+/// partitions are read at a time until reads show what they hold.
+#[test]
+fn a_fetch_reads_its_partitions_in_one_round_trip_not_one_each() {
+    const DELAY: Duration = Duration::from_millis(25);
+    let redis = RedisServer::start();
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), DELAY);
+    let ketch = Ketch::start(&proxy.redis_url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("fetch-together");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
+    for p in 0..16 {
+        let batch = batch::encode(&[Record::value(1, &[b'x'; 100])]);
+        assert_eq!(raw::produce(&mut conn, &topic, p, batch), (code::NONE, 0));
+    }
+    // A Java consumer's limits: fetch.max.bytes 50 MiB (the gateway caps
+    // it at fetch.max_response_bytes, 8 MiB), max.partition.fetch.bytes
+    // 1 MiB.
+    let request = sixteen_partition_fetch(&topic, 50 << 20);
+    // The first fetch also loads what the gateway caches of the topic.
+    let _: kafka_protocol::messages::FetchResponse = conn.request(12, &request);
+    let started = Instant::now();
+    let response = conn.request(12, &request);
+    let took = started.elapsed();
+    let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
+    assert_eq!(records_per_partition(&response), expected);
+    assert!(
+        took < DELAY * 6,
+        "a 16-partition fetch took {took:?} behind a {DELAY:?} reply delay: its reads were not pipelined"
+    );
+}
+
+/// A tailing consumer's fetch reads every partition that has a little new
+/// data together even when its budget is one partition's limit: the
+/// gateway knows each partition's next offset (its own appends, while a
+/// fetch has subscribed it) and its batch sizes, so a partition that
+/// holds one small batch takes that much of the budget, not 1 MiB
+/// (without that: sixteen rounds of one read, 16 × 25 ms).
+#[test]
+fn a_tailing_fetch_reads_partitions_that_hold_little_together() {
+    const DELAY: Duration = Duration::from_millis(25);
+    let redis = RedisServer::start();
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), DELAY);
+    let ketch = Ketch::start(&proxy.redis_url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("fetch-tailing");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
+    let produce_all = |conn: &mut KafkaConn, offset: i64| {
+        for p in 0..16 {
+            let batch = batch::encode(&[Record::value(1, &[b'x'; 100])]);
+            assert_eq!(raw::produce(conn, &topic, p, batch), (code::NONE, offset));
+        }
+    };
+    produce_all(&mut conn, 0);
+    // The consumer reads the first batches (the gateway learns their
+    // size), then waits at offset 1 until its deadline: that subscribes
+    // the partitions' wake-up channels, which stay subscribed after.
+    let mut request = sixteen_partition_fetch(&topic, 1 << 20);
+    let _: kafka_protocol::messages::FetchResponse = conn.request(12, &request);
+    for partition in &mut request.topics[0].partitions {
+        partition.fetch_offset = 1;
+    }
+    request.max_wait_ms = 300;
+    let response = conn.request(12, &request);
+    let nothing: Vec<(i32, i64)> = (0..16).map(|p| (p, 0)).collect();
+    assert_eq!(records_per_partition(&response), nothing);
+
+    produce_all(&mut conn, 1);
+    let started = Instant::now();
+    let response = conn.request(12, &request);
+    let took = started.elapsed();
+    let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
+    assert_eq!(records_per_partition(&response), expected);
+    assert!(
+        took < DELAY * 6,
+        "a tailing 16-partition fetch took {took:?} behind a {DELAY:?} reply delay: its reads were not pipelined"
+    );
+}
+
+/// The response's byte budget is still filled in request order when the
+/// reads go together: room for three 100 kB batches returns partitions 0,
+/// 1 and 2 and nothing of the others, and Redis sends about that much
+/// (not the sixteen batches a read of every partition at once would
+/// fetch).
+#[test]
+fn partitions_fill_the_fetch_budget_in_request_order() {
+    const SIZE: usize = 100_000;
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("fetch-order");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
+    let mut batch_size = 0;
+    for p in 0..16 {
+        let batch = batch::encode(&[Record::value(1, &vec![b'x'; SIZE])]);
+        batch_size = batch.len();
+        assert_eq!(raw::produce(&mut conn, &topic, p, batch), (code::NONE, 0));
+    }
+    let request = sixteen_partition_fetch(&topic, (batch_size * 7 / 2) as i32);
+    let before = redis.sent_bytes();
+    let response = conn.request(12, &request);
+    let sent_by_redis = redis.sent_bytes() - before;
+    let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, i64::from(p < 3))).collect();
+    assert_eq!(records_per_partition(&response), expected);
+    // Three batches sent; the fourth partition's batch is read to find it
+    // does not fit (as a broker reads it), no more.
+    assert!(
+        sent_by_redis < (batch_size * 4 + SIZE / 2) as u64,
+        "Redis sent {sent_by_redis} bytes for a fetch that returns {} bytes",
+        batch_size * 3
+    );
+}
+

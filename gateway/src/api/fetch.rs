@@ -323,9 +323,19 @@ type ReadResult = Result<ReadPartition, StorageError>;
 
 /// Reads the partitions whose wake-up channel fired; the others keep their
 /// `previous` result (they had nothing to return, and nothing changed).
-/// Partitions are read in request order against the response's byte
-/// budget, as a Kafka broker does, so a fetch never pulls from Redis what it
-/// cannot send; partitions past the budget get only their offsets.
+///
+/// The response's byte budget is shared out in request order, as a Kafka
+/// broker fills a response, so a fetch never pulls from Redis much more
+/// than it can send: each partition to read takes its
+/// `partition_max_bytes` of what is left, or about what it holds where
+/// this gateway knows that (its next offset and batch sizes), and the
+/// partitions that got a share are read together (their reads pipelined
+/// on the data path's connection, not one round trip after another).
+/// Those left without one are read in a next round with what the first
+/// did not use; once the budget is spent, partitions get only their
+/// offsets. A read may exceed its share by one batch (the caller drops
+/// what does not fit). A partition this gateway knows to be empty at the
+/// fetch offset is not read and takes no share.
 async fn read_all(
     ctx: &Context,
     topics: &[Vec<Target>],
@@ -337,10 +347,12 @@ async fn read_all(
     let mut previous = previous.into_iter();
     let mut budget = max_bytes;
     let mut reads = Vec::with_capacity(topics.len());
-    for targets in topics {
+    // The partitions to read, in request order, with their wake channels.
+    let mut pending = Vec::new();
+    for (t, targets) in topics.iter().enumerate() {
         let mut kept = previous.next().unwrap_or_default().into_iter();
         let mut results = Vec::with_capacity(targets.len());
-        for target in targets {
+        for (p, target) in targets.iter().enumerate() {
             let kept = kept.next().flatten();
             let Ok(topic) = target.topic.as_ref() else {
                 results.push(None);
@@ -350,46 +362,102 @@ async fn read_all(
                 results.push(Some(Err(StorageError::UnknownTopicOrPartition)));
                 continue;
             };
-            let result = match kept {
-                Some(kept) if !fired.includes(wake) => kept,
-                _ => read_partition(ctx, topic, target, wake, budget, read_committed).await,
-            };
-            if let Ok(read) = &result {
-                budget = budget.saturating_sub(read.batches.iter().map(Bytes::len).sum());
+            match kept {
+                Some(kept) if !fired.includes(wake) => {
+                    if let Ok(read) = &kept {
+                        budget = budget.saturating_sub(read_bytes(read));
+                    }
+                    results.push(Some(kept));
+                }
+                _ => match known_empty(ctx, target, wake, read_committed) {
+                    Some(empty) => results.push(Some(Ok(empty))),
+                    None => {
+                        results.push(None);
+                        pending.push((t, p, topic, wake));
+                    }
+                },
             }
-            results.push(Some(result));
         }
         reads.push(results);
+    }
+    while !pending.is_empty() {
+        let mut left = budget;
+        let mut round = Vec::with_capacity(pending.len());
+        let mut later = Vec::new();
+        for (i, (t, p, topic, wake)) in pending.into_iter().enumerate() {
+            let target = &topics[t][p];
+            // A partition_max_bytes of 0 still reads one batch (KIP-74).
+            let limit = budget.min(target.max_bytes.max(1));
+            // What the read takes of the budget: about what the partition
+            // holds when this gateway knows (a tailing consumer's
+            // partitions hold a few batches), else all it may read.
+            let (read_limit, takes) = match expected_bytes(ctx, topic, target, wake) {
+                Some(expected) => (limit, expected.min(limit)),
+                None => (limit.min(left), limit.min(left)),
+            };
+            // With budget left, every round reads at least its first
+            // partition; once it is spent, every partition gets its offsets.
+            if (read_limit > 0 && takes <= left) || i == 0 || budget == 0 {
+                left -= takes.min(left);
+                round.push((t, p, read_partition(ctx, topic, target, wake, read_limit)));
+            } else {
+                later.push((t, p, topic, wake));
+            }
+        }
+        let (places, round): (Vec<_>, Vec<_>) = round.into_iter().map(|(t, p, read)| ((t, p), read)).unzip();
+        for ((t, p), result) in places.into_iter().zip(futures::future::join_all(round).await) {
+            if let Ok(read) = &result {
+                budget = budget.saturating_sub(read_bytes(read));
+            }
+            reads[t][p] = Some(result);
+        }
+        pending = later;
     }
     reads
 }
 
-/// Reads one partition, unless this gateway knows it holds nothing at the
-/// fetch offset (see `ketch_storage::wake`); feeds what it reads back. A
-/// read_committed fetch always reads: the last stable offset it must
+/// About the bytes a partition holds from the fetch offset, when this
+/// gateway knows its next offset (see `ketch_storage::wake`) and the size
+/// of its batches.
+fn expected_bytes(ctx: &Context, topic: &Topic, target: &Target, wake: &str) -> Option<usize> {
+    let next = ctx.storage.wake().known_next(wake)?;
+    let records = next.checked_sub(target.offset).filter(|&r| r > 0)?;
+    ctx.storage.bytes_estimate(topic, target.partition, records)
+}
+
+fn read_bytes(read: &ReadPartition) -> usize {
+    read.batches.iter().map(Bytes::len).sum()
+}
+
+/// What a read of a partition this gateway knows to hold nothing at the
+/// fetch offset would find (see `ketch_storage::wake`), without reading
+/// it. A read_committed fetch always reads: the last stable offset it must
 /// report may lie below the fetch offset, which the hub does not know.
+fn known_empty(ctx: &Context, target: &Target, wake: &str, read_committed: bool) -> Option<ReadPartition> {
+    let log_start_offset = ctx
+        .storage
+        .wake()
+        .known_empty_at(wake, target.offset)
+        .filter(|_| !read_committed)?;
+    Some(ReadPartition {
+        offsets: Some(PartitionOffsets::plain(
+            log_start_offset,
+            log_start_offset,
+            target.offset,
+        )),
+        batches: Vec::new(),
+    })
+}
+
+/// Reads one partition with `budget` bytes of the response (its offsets
+/// only when that is 0); feeds what it reads back to the wake-up hub.
 async fn read_partition(
     ctx: &Context,
     topic: &Topic,
     target: &Target,
     wake: &str,
     budget: usize,
-    read_committed: bool,
 ) -> ReadResult {
-    let hub = ctx.storage.wake();
-    if let Some(log_start_offset) = hub
-        .known_empty_at(wake, target.offset)
-        .filter(|_| !read_committed)
-    {
-        return Ok(ReadPartition {
-            offsets: Some(PartitionOffsets::plain(
-                log_start_offset,
-                log_start_offset,
-                target.offset,
-            )),
-            batches: Vec::new(),
-        });
-    }
     if budget == 0 {
         let offsets = ctx.storage.offsets(topic, target.partition).await?;
         return Ok(ReadPartition {
@@ -397,6 +465,7 @@ async fn read_partition(
             batches: Vec::new(),
         });
     }
+    let hub = ctx.storage.wake();
     let generation = hub.generation(wake);
     let max_batch_bytes = super::max_message_bytes(ctx, topic);
     let request = ReadRequest {

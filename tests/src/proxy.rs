@@ -1,0 +1,116 @@
+//! A TCP proxy on a loopback port that holds back what the server sends by
+//! a fixed delay: every Redis round trip through it takes at least that
+//! long, so a test can tell requests sent one after another (a delay
+//! each) from requests pipelined together (one delay for all). Bytes pass
+//! unchanged and in order; the client's side is never delayed.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The proxy; it stops accepting and closes every connection on drop.
+pub struct DelayProxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    streams: Arc<Mutex<Vec<TcpStream>>>,
+    acceptor: Option<thread::JoinHandle<()>>,
+}
+
+impl DelayProxy {
+    /// Listens on an ephemeral loopback port, forwarding to `server`, and
+    /// delaying each chunk the server sends by `delay`.
+    pub fn start(server: SocketAddr, delay: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().expect("the proxy's address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let streams = Arc::new(Mutex::new(Vec::new()));
+        let acceptor = {
+            let (stop, streams) = (Arc::clone(&stop), Arc::clone(&streams));
+            thread::spawn(move || {
+                for client in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(client) = client else { continue };
+                    let Ok(upstream) = TcpStream::connect(server) else {
+                        continue;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = upstream.set_nodelay(true);
+                    let mut held = streams.lock().expect("proxy streams");
+                    for stream in [&client, &upstream] {
+                        if let Ok(clone) = stream.try_clone() {
+                            held.push(clone);
+                        }
+                    }
+                    drop(held);
+                    forward(&client, &upstream, Duration::ZERO);
+                    forward(&upstream, &client, delay);
+                }
+            })
+        };
+        Self {
+            addr,
+            stop,
+            streams,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `redis://127.0.0.1:<port>`, for a Redis server behind the proxy.
+    pub fn redis_url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read: a
+/// reader thread stamps chunks, a writer thread releases them when due.
+fn forward(from: &TcpStream, to: &TcpStream, delay: Duration) {
+    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+        return;
+    };
+    let (send, receive) = mpsc::channel::<(Instant, Vec<u8>)>();
+    thread::spawn(move || {
+        let mut buf = vec![0; 64 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if send.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    thread::spawn(move || {
+        for (due, chunk) in receive {
+            thread::sleep(due.saturating_duration_since(Instant::now()));
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the acceptor so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        for stream in self.streams.lock().expect("proxy streams").drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+}
