@@ -346,7 +346,14 @@ impl WakeHub {
     /// never ahead of the log, possibly behind it.
     pub fn known_next(&self, channel: &str) -> Option<i64> {
         let state = self.inner.state.lock().expect("wake state lock");
-        Some(state.channels.get(channel).filter(|c| c.subscribed)?.known?.next_offset)
+        Some(
+            state
+                .channels
+                .get(channel)
+                .filter(|c| c.subscribed)?
+                .known?
+                .next_offset,
+        )
     }
 
     /// The partition's log start offset when it is known to hold nothing at

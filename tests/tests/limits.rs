@@ -15,8 +15,8 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
-use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::proxy::DelayProxy;
+use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, RedisServer, unique_topic};
 
 /// The bound on the gateway's peak resident memory under these frames.
@@ -234,7 +234,6 @@ fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
     alive(&ketch);
 }
 
-
 /// A partition whose first batch is small and whose others are large: the
 /// fetches of a gateway that has not read it before each read from Redis
 /// about what they return (before: the first read sized the next from the
@@ -397,9 +396,7 @@ fn pipelined_requests_beyond_the_request_budget_are_read_once_earlier_ones_finis
 fn sixteen_partition_fetch(topic: &str, max_bytes: i32) -> FetchRequest {
     let mut request = raw::fetch_request(topic, 0, 0, 0).with_max_bytes(max_bytes);
     let template = request.topics[0].partitions[0].clone();
-    request.topics[0].partitions = (0..16)
-        .map(|p| template.clone().with_partition(p))
-        .collect();
+    request.topics[0].partitions = (0..16).map(|p| template.clone().with_partition(p)).collect();
     request
 }
 
@@ -532,4 +529,3 @@ fn partitions_fill_the_fetch_budget_in_request_order() {
         batch_size * 3
     );
 }
-
