@@ -264,6 +264,44 @@ fn writer_properties(rows: usize) -> WriterProperties {
         .build()
 }
 
+/// Runs `writer` on a task of its own: it writes each row group sent, and
+/// closes the file on `None` (returning its data files). A segment given
+/// up before that (an error; the sender dropped) is not closed: no data
+/// file is finished for it, as when the writer was dropped in place.
+fn spawn_writer<W>(
+    mut writer: W,
+) -> (
+    tokio::sync::mpsc::Sender<Option<arrow_array::RecordBatch>>,
+    tokio::task::JoinHandle<Result<Vec<iceberg::spec::DataFile>>>,
+)
+where
+    W: IcebergWriter + Send + 'static,
+{
+    // One row group queued while one is written and the next decoded.
+    let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
+    let task = tokio::spawn(async move {
+        while let Some(row_group) = receiver.recv().await {
+            match row_group {
+                Some(batch) => writer.write(batch).await?,
+                None => return Ok(writer.close().await?),
+            }
+        }
+        Err(Error::Io(
+            "archiving stopped before the data file was complete".to_owned(),
+        ))
+    });
+    (sender, task)
+}
+
+/// The error of a writer task that stopped taking row groups.
+async fn writer_failure(writing: tokio::task::JoinHandle<Result<Vec<iceberg::spec::DataFile>>>) -> Error {
+    match writing.await {
+        Ok(Err(e)) => e,
+        Ok(Ok(_)) => Error::Io("the data file writer closed early".to_owned()),
+        Err(e) => Error::Io(format!("the data file writer stopped: {e}")),
+    }
+}
+
 /// Bytes of batches read from Redis at a time while archiving (about).
 const CHUNK_BYTES: usize = 4 * 1024 * 1024;
 /// Stream entries read from Redis at a time while archiving: at most this
@@ -449,7 +487,12 @@ impl Archiver {
             locations,
             FixedName(name),
         );
-        let mut writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
+        let writer = DataFileWriterBuilder::new(rolling).build(Some(key)).await?;
+        // Row groups are encoded and compressed (most of archiving's CPU)
+        // by a task of their own while this one decodes the next from the
+        // segment's batches: on a gateway with two cores, archiving uses
+        // both.
+        let (row_groups, writing) = spawn_writer(writer);
         let mut rows = Rows::new(arrow_schema, partition)?;
         let mut records = 0u64;
         let mut holes = Holes::default();
@@ -458,6 +501,8 @@ impl Archiver {
         loop {
             let (batches, after) = chunk;
             // The next chunk is read while this one is encoded.
+            // Ok(false): the writer task failed; its error is the one to
+            // return, not a short count of records.
             let work = async {
                 for batch in &batches {
                     if holes.skipped(filter, batch)? {
@@ -466,23 +511,31 @@ impl Archiver {
                     rows.add_batch(batch)?;
                     if rows.len() >= self.settings.row_group_rows {
                         records += rows.len() as u64;
-                        writer.write(rows.finish()?).await?;
+                        if row_groups.send(Some(rows.finish()?)).await.is_err() {
+                            return Ok(false);
+                        }
                     }
                 }
-                Ok::<_, Error>(())
+                Ok::<_, Error>(true)
             };
             next = after;
             if next > segment.last {
-                work.await?;
+                if !work.await? {
+                    return Err(writer_failure(writing).await);
+                }
                 break;
             }
             let (read, worked) = tokio::join!(chunks.chunk(next), work);
-            worked?;
+            if !worked? {
+                return Err(writer_failure(writing).await);
+            }
             chunk = read?;
         }
         if !rows.is_empty() {
             records += rows.len() as u64;
-            writer.write(rows.finish()?).await?;
+            if row_groups.send(Some(rows.finish()?)).await.is_err() {
+                return Err(writer_failure(writing).await);
+            }
         }
         let expected = segment.last - segment.base + 1;
         if records as i64 + holes.offsets != expected {
@@ -491,7 +544,13 @@ impl Archiver {
                 segment.base, segment.last, holes.offsets
             )));
         }
-        let files = writer.close().await?;
+        // `None`: every row group is sent, close the file.
+        if row_groups.send(None).await.is_err() {
+            return Err(writer_failure(writing).await);
+        }
+        let files = writing
+            .await
+            .map_err(|e| Error::Io(format!("the data file writer stopped: {e}")))??;
         let [file] = &files[..] else {
             return Err(Error::Data(format!(
                 "expected one data file, the writer made {}",
@@ -655,5 +714,102 @@ struct FixedName(String);
 impl FileNameGenerator for FixedName {
     fn generate_file_name(&self) -> String {
         self.0.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use arrow_array::{Int64Array, RecordBatch};
+
+    use super::*;
+
+    /// A data file writer that fails its second row group, and says whether
+    /// it was closed.
+    struct Flaky {
+        written: usize,
+        closed: Arc<AtomicBool>,
+    }
+
+    #[async_trait::async_trait]
+    impl IcebergWriter for Flaky {
+        async fn write(&mut self, _: RecordBatch) -> iceberg::Result<()> {
+            self.written += 1;
+            if self.written == 2 {
+                return Err(iceberg::Error::new(
+                    iceberg::ErrorKind::Unexpected,
+                    "object store gone",
+                ));
+            }
+            Ok(())
+        }
+
+        async fn close(&mut self) -> iceberg::Result<Vec<iceberg::spec::DataFile>> {
+            self.closed.store(true, Ordering::SeqCst);
+            Ok(Vec::new())
+        }
+    }
+
+    fn row_group() -> RecordBatch {
+        RecordBatch::try_from_iter([("offset", Arc::new(Int64Array::from(vec![1, 2])) as _)])
+            .expect("a batch")
+    }
+
+    fn flaky() -> (Flaky, Arc<AtomicBool>) {
+        let closed = Arc::new(AtomicBool::new(false));
+        let writer = Flaky {
+            written: 0,
+            closed: Arc::clone(&closed),
+        };
+        (writer, closed)
+    }
+
+    #[tokio::test]
+    async fn a_failing_writer_task_reports_its_own_error_and_takes_no_more_row_groups() {
+        let (writer, closed) = flaky();
+        let (row_groups, writing) = spawn_writer(writer);
+        row_groups
+            .send(Some(row_group()))
+            .await
+            .expect("first row group taken");
+        row_groups
+            .send(Some(row_group()))
+            .await
+            .expect("second row group queued");
+        // The writer stops at the second: later sends fail, and what the
+        // archiver returns is the writer's error, not a short record count.
+        let mut refused = false;
+        for _ in 0..3 {
+            refused |= row_groups.send(Some(row_group())).await.is_err();
+        }
+        assert!(refused, "a failed writer still takes row groups");
+        let error = writer_failure(writing).await;
+        assert!(error.to_string().contains("object store gone"), "{error}");
+        assert!(
+            !error.is_bad_data(),
+            "a writer failure is not the segment's fault"
+        );
+        assert!(!closed.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_segment_given_up_leaves_its_file_unclosed_and_one_finished_is_closed() {
+        let (writer, closed) = flaky();
+        let (row_groups, writing) = spawn_writer(writer);
+        row_groups.send(Some(row_group())).await.expect("row group taken");
+        drop(row_groups);
+        assert!(writing.await.expect("the task ends").is_err());
+        assert!(
+            !closed.load(Ordering::SeqCst),
+            "a segment given up must not finish a data file"
+        );
+
+        let (writer, closed) = flaky();
+        let (row_groups, writing) = spawn_writer(writer);
+        row_groups.send(Some(row_group())).await.expect("row group taken");
+        row_groups.send(None).await.expect("close taken");
+        assert!(writing.await.expect("the task ends").is_ok());
+        assert!(closed.load(Ordering::SeqCst));
     }
 }
