@@ -332,7 +332,8 @@ impl Worker {
                     self.metrics
                         .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
                     if archived.written {
-                        self.metrics.archived(archived.records, archived.file_bytes);
+                        self.metrics
+                            .archived(archived.records, archived.file_bytes, started.elapsed());
                         self.after_commit(topic, &mut table).await;
                     }
                     archived_count += 1;

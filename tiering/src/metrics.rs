@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use metrics::{Counter, Gauge, describe_counter, describe_gauge};
+use metrics::{Counter, Gauge, Histogram, describe_counter, describe_gauge, describe_histogram};
 
 /// Describes this crate's metrics to the installed recorder.
 pub fn describe_metrics() {
@@ -15,6 +15,10 @@ pub fn describe_metrics() {
     describe_gauge!(
         "ketch_archive_quarantined_segments",
         "Quarantined segments waiting for an operator (`ketch segments`), over the partitions this gateway works."
+    );
+    describe_histogram!(
+        "ketch_archive_segment_seconds",
+        "Time to archive one segment: reading it from Redis, writing its data file and committing it."
     );
     describe_gauge!(
         "ketch_archive_lag_seconds",
@@ -91,6 +95,7 @@ pub struct Metrics {
     archived_segments: Counter,
     archived_records: Counter,
     archived_bytes: Counter,
+    archive_seconds: Histogram,
     archive_failures: Counter,
     quarantines: Counter,
     snapshots_expired: Counter,
@@ -130,6 +135,7 @@ impl Default for Metrics {
             archived_segments: c("ketch_archive_segments_total"),
             archived_records: c("ketch_archive_records_total"),
             archived_bytes: c("ketch_archive_bytes_total"),
+            archive_seconds: metrics::histogram!("ketch_archive_segment_seconds"),
             archive_failures: c("ketch_archive_failures_total"),
             quarantines: c("ketch_archive_quarantines_total"),
             snapshots_expired: c("ketch_archive_snapshots_expired_total"),
@@ -154,7 +160,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn archived(&self, records: u64, file_bytes: u64) {
+    /// A segment of `records` records was archived into a data file of
+    /// `file_bytes` bytes, in `took`.
+    pub fn archived(&self, records: u64, file_bytes: u64, took: std::time::Duration) {
+        self.archive_seconds.record(took.as_secs_f64());
         self.archived_segments.increment(1);
         self.archived_records.increment(records);
         self.archived_bytes.increment(file_bytes);
