@@ -391,8 +391,12 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
         "archived and trimmed in {:?}: local starts {local_starts:?}",
         started.elapsed()
     );
-    assert!(metric(&ketch, "ketch_archive_segments_total") >= 4.0);
+    let segments = metric(&ketch, "ketch_archive_segments_total");
+    assert!(segments >= 4.0);
     assert_eq!(metric(&ketch, "ketch_archive_failures_total"), 0.0);
+    // Every archived segment's time is in the histogram.
+    assert_eq!(metric(&ketch, "ketch_archive_segment_seconds_count"), segments);
+    assert!(metric(&ketch, "ketch_archive_segment_seconds_sum") > 0.0);
     // The gauge follows the segment table a moment after the last mark.
     let deadline = Instant::now() + Duration::from_secs(10);
     while metric(&ketch, "ketch_archive_lag_seconds") != 0.0 {
