@@ -493,64 +493,75 @@ impl Archiver {
         // segment's batches: on a gateway with two cores, archiving uses
         // both.
         let (row_groups, writing) = spawn_writer(writer);
-        let mut rows = Rows::new(arrow_schema, partition)?;
         let mut records = 0u64;
         let mut holes = Holes::default();
-        let mut next = segment.base;
-        let mut chunk = chunks.chunk(next).await?;
-        loop {
-            let (batches, after) = chunk;
-            // The next chunk is read while this one is encoded.
-            // Ok(false): the writer task failed; its error is the one to
-            // return, not a short count of records.
-            let work = async {
-                for batch in &batches {
-                    if holes.skipped(filter, batch)? {
-                        continue;
-                    }
-                    rows.add_batch(batch)?;
-                    if rows.len() >= self.settings.row_group_rows {
-                        records += rows.len() as u64;
-                        if row_groups.send(Some(rows.finish()?)).await.is_err() {
-                            return Ok(false);
+        // Ok(false): the writer task failed; its error is the one to
+        // return, not a short count of records.
+        let fed = async {
+            let mut rows = Rows::new(arrow_schema, partition)?;
+            let mut next = segment.base;
+            let mut chunk = chunks.chunk(next).await?;
+            loop {
+                let (batches, after) = chunk;
+                // The next chunk is read while this one is decoded.
+                let work = async {
+                    for batch in &batches {
+                        if holes.skipped(filter, batch)? {
+                            continue;
+                        }
+                        rows.add_batch(batch)?;
+                        if rows.len() >= self.settings.row_group_rows {
+                            records += rows.len() as u64;
+                            if row_groups.send(Some(rows.finish()?)).await.is_err() {
+                                return Ok(false);
+                            }
                         }
                     }
+                    Ok::<_, Error>(true)
+                };
+                next = after;
+                if next > segment.last {
+                    if !work.await? {
+                        return Ok(false);
+                    }
+                    break;
                 }
-                Ok::<_, Error>(true)
-            };
-            next = after;
-            if next > segment.last {
-                if !work.await? {
-                    return Err(writer_failure(writing).await);
+                let (read, worked) = tokio::join!(chunks.chunk(next), work);
+                if !worked? {
+                    return Ok(false);
                 }
-                break;
+                chunk = read?;
             }
-            let (read, worked) = tokio::join!(chunks.chunk(next), work);
-            if !worked? {
-                return Err(writer_failure(writing).await);
+            if !rows.is_empty() {
+                records += rows.len() as u64;
+                if row_groups.send(Some(rows.finish()?)).await.is_err() {
+                    return Ok(false);
+                }
             }
-            chunk = read?;
-        }
-        if !rows.is_empty() {
-            records += rows.len() as u64;
-            if row_groups.send(Some(rows.finish()?)).await.is_err() {
-                return Err(writer_failure(writing).await);
+            let expected = segment.last - segment.base + 1;
+            if records as i64 + holes.offsets != expected {
+                return Err(Error::Records(format!(
+                    "segment {}..={} holds {records} records and {} offsets left out, expected {expected}",
+                    segment.base, segment.last, holes.offsets
+                )));
             }
+            // `None`: every row group is sent, close the file.
+            Ok(row_groups.send(None).await.is_ok())
         }
-        let expected = segment.last - segment.base + 1;
-        if records as i64 + holes.offsets != expected {
-            return Err(Error::Records(format!(
-                "segment {}..={} holds {records} records and {} offsets left out, expected {expected}",
-                segment.base, segment.last, holes.offsets
-            )));
-        }
-        // `None`: every row group is sent, close the file.
-        if row_groups.send(None).await.is_err() {
-            return Err(writer_failure(writing).await);
-        }
-        let files = writing
-            .await
-            .map_err(|e| Error::Io(format!("the data file writer stopped: {e}")))??;
+        .await;
+        let files = match fed {
+            Ok(true) => writing
+                .await
+                .map_err(|e| Error::Io(format!("the data file writer stopped: {e}")))??,
+            Ok(false) => return Err(writer_failure(writing).await),
+            Err(e) => {
+                // The writer task drops the file unfinished; it must be gone
+                // before the segment is tried again under the same name.
+                drop(row_groups);
+                let _ = writing.await;
+                return Err(e);
+            }
+        };
         let [file] = &files[..] else {
             return Err(Error::Data(format!(
                 "expected one data file, the writer made {}",
@@ -791,6 +802,73 @@ mod tests {
             "a writer failure is not the segment's fault"
         );
         assert!(!closed.load(Ordering::SeqCst));
+    }
+
+    /// A segment's batches in chunks of `per` records, one batch per
+    /// chunk; Redis "fails" for chunks at or after `fail_at`.
+    struct Chunked {
+        per: i64,
+        last: i64,
+        fail_at: Option<i64>,
+    }
+
+    impl Chunks for Chunked {
+        fn chunk(
+            &mut self,
+            next: i64,
+        ) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
+            let result = if self.fail_at.is_some_and(|at| next >= at) {
+                Err(ketch_storage::StorageError::Unavailable(
+                    "connection reset".to_owned(),
+                ))
+            } else {
+                let end = (next + self.per).min(self.last + 1);
+                let mut batch = ketch_storage::batch::BatchBuilder::new(next);
+                for offset in next..end {
+                    let value = format!("record {offset}");
+                    batch.push(offset, None, Some(value.as_bytes()), std::iter::empty());
+                }
+                Ok((vec![batch.finish()], end))
+            };
+            std::future::ready(result)
+        }
+    }
+
+    /// Redis failing in the middle of a segment, after row groups went to
+    /// the writer task: the attempt fails with Redis's error, and the next
+    /// attempt writes the segment's data file (same name) whole.
+    #[tokio::test]
+    async fn a_segment_failing_midway_is_archived_whole_by_the_next_attempt() {
+        let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
+        let mut table = lake.table().await;
+        let segment = crate::testing::segment(0, 1000);
+        let filter = Filter::default();
+        let failing = Chunked {
+            per: 150,
+            last: 999,
+            fail_at: Some(600),
+        };
+        let error = lake
+            .archiver
+            .archive_from(&mut table, &lake.topic, 0, &segment, failing, &filter)
+            .await
+            .expect_err("Redis failed");
+        assert!(error.to_string().contains("connection reset"), "{error}");
+        assert!(!error.is_bad_data());
+
+        let whole = Chunked {
+            per: 150,
+            last: 999,
+            fail_at: None,
+        };
+        let archived = lake
+            .archiver
+            .archive_from(&mut table, &lake.topic, 0, &segment, whole, &filter)
+            .await
+            .expect("archived");
+        assert_eq!(archived.records, 1000);
+        let rows = crate::testing::rows(&table).await;
+        assert_eq!(rows, (0..1000).map(|offset| (0, offset)).collect());
     }
 
     #[tokio::test]
