@@ -418,7 +418,8 @@ fn records_per_partition(response: &kafka_protocol::messages::FetchResponse) -> 
 /// of sixteen partitions takes a few delays, not sixteen (before: about
 /// 16 × 25 ms, each partition's XRANGE sent once the previous one was
 /// answered). With 8 MiB for the response and 1 MiB per partition, eight
-/// partitions are read at a time until reads show what they hold.
+/// partitions are read at a time until reads show what they hold: two
+/// rounds; the bound leaves room for a loaded machine, below sixteen.
 #[test]
 fn a_fetch_reads_its_partitions_in_one_round_trip_not_one_each() {
     const DELAY: Duration = Duration::from_millis(25);
@@ -441,10 +442,11 @@ fn a_fetch_reads_its_partitions_in_one_round_trip_not_one_each() {
     let started = Instant::now();
     let response = conn.request(12, &request);
     let took = started.elapsed();
+    eprintln!("the fetch took {took:?}");
     let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
     assert_eq!(records_per_partition(&response), expected);
     assert!(
-        took < DELAY * 6,
+        took < DELAY * 10,
         "a 16-partition fetch took {took:?} behind a {DELAY:?} reply delay: its reads were not pipelined"
     );
 }
@@ -488,10 +490,11 @@ fn a_tailing_fetch_reads_partitions_that_hold_little_together() {
     let started = Instant::now();
     let response = conn.request(12, &request);
     let took = started.elapsed();
+    eprintln!("the fetch took {took:?}");
     let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
     assert_eq!(records_per_partition(&response), expected);
     assert!(
-        took < DELAY * 6,
+        took < DELAY * 10,
         "a tailing 16-partition fetch took {took:?} behind a {DELAY:?} reply delay: its reads were not pipelined"
     );
 }
