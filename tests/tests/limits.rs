@@ -400,6 +400,46 @@ fn sixteen_partition_fetch(topic: &str, max_bytes: i32) -> FetchRequest {
     request
 }
 
+/// A gateway whose Redis replies come through a proxy that holds each
+/// back `delay`, and a connection to it with a 16-partition topic.
+fn behind_a_reply_delay(
+    delay: Duration,
+    prefix: &str,
+) -> (RedisServer, DelayProxy, Ketch, KafkaConn, String) {
+    let redis = RedisServer::start();
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), delay);
+    let ketch = Ketch::start(&proxy.redis_url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic(prefix);
+    assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
+    (redis, proxy, ketch, conn, topic)
+}
+
+/// One batch of one 100-byte record to each of the 16 partitions, stored
+/// at `offset`.
+fn produce_to_each_partition(conn: &mut KafkaConn, topic: &str, offset: i64) {
+    for p in 0..16 {
+        let batch = batch::encode(&[Record::value(1, &[b'x'; 100])]);
+        assert_eq!(raw::produce(conn, topic, p, batch), (code::NONE, offset));
+    }
+}
+
+/// Sends `request` and checks that it returns one record of every
+/// partition within ten reply delays (sixteen reads one after another
+/// take sixteen).
+fn assert_one_record_each_within_ten_delays(conn: &mut KafkaConn, request: &FetchRequest, delay: Duration) {
+    let started = Instant::now();
+    let response = conn.request(12, request);
+    let took = started.elapsed();
+    eprintln!("the fetch took {took:?}");
+    let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
+    assert_eq!(records_per_partition(&response), expected);
+    assert!(
+        took < delay * 10,
+        "a 16-partition fetch took {took:?} behind a {delay:?} reply delay: its reads were not pipelined"
+    );
+}
+
 /// Records returned per partition, in response order.
 fn records_per_partition(response: &kafka_protocol::messages::FetchResponse) -> Vec<(i32, i64)> {
     response.responses[0]
@@ -423,32 +463,15 @@ fn records_per_partition(response: &kafka_protocol::messages::FetchResponse) -> 
 #[test]
 fn a_fetch_reads_its_partitions_in_one_round_trip_not_one_each() {
     const DELAY: Duration = Duration::from_millis(25);
-    let redis = RedisServer::start();
-    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), DELAY);
-    let ketch = Ketch::start(&proxy.redis_url(), &[]);
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let topic = unique_topic("fetch-together");
-    assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
-    for p in 0..16 {
-        let batch = batch::encode(&[Record::value(1, &[b'x'; 100])]);
-        assert_eq!(raw::produce(&mut conn, &topic, p, batch), (code::NONE, 0));
-    }
+    let (_redis, _proxy, _ketch, mut conn, topic) = behind_a_reply_delay(DELAY, "fetch-together");
+    produce_to_each_partition(&mut conn, &topic, 0);
     // A Java consumer's limits: fetch.max.bytes 50 MiB (the gateway caps
     // it at fetch.max_response_bytes, 8 MiB), max.partition.fetch.bytes
     // 1 MiB.
     let request = sixteen_partition_fetch(&topic, 50 << 20);
     // The first fetch also loads what the gateway caches of the topic.
     let _: kafka_protocol::messages::FetchResponse = conn.request(12, &request);
-    let started = Instant::now();
-    let response = conn.request(12, &request);
-    let took = started.elapsed();
-    eprintln!("the fetch took {took:?}");
-    let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
-    assert_eq!(records_per_partition(&response), expected);
-    assert!(
-        took < DELAY * 10,
-        "a 16-partition fetch took {took:?} behind a {DELAY:?} reply delay: its reads were not pipelined"
-    );
+    assert_one_record_each_within_ten_delays(&mut conn, &request, DELAY);
 }
 
 /// A tailing consumer's fetch reads every partition that has a little new
@@ -460,19 +483,8 @@ fn a_fetch_reads_its_partitions_in_one_round_trip_not_one_each() {
 #[test]
 fn a_tailing_fetch_reads_partitions_that_hold_little_together() {
     const DELAY: Duration = Duration::from_millis(25);
-    let redis = RedisServer::start();
-    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), DELAY);
-    let ketch = Ketch::start(&proxy.redis_url(), &[]);
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let topic = unique_topic("fetch-tailing");
-    assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
-    let produce_all = |conn: &mut KafkaConn, offset: i64| {
-        for p in 0..16 {
-            let batch = batch::encode(&[Record::value(1, &[b'x'; 100])]);
-            assert_eq!(raw::produce(conn, &topic, p, batch), (code::NONE, offset));
-        }
-    };
-    produce_all(&mut conn, 0);
+    let (_redis, _proxy, _ketch, mut conn, topic) = behind_a_reply_delay(DELAY, "fetch-tailing");
+    produce_to_each_partition(&mut conn, &topic, 0);
     // The consumer reads the first batches (the gateway learns their
     // size), then waits at offset 1 until its deadline: that subscribes
     // the partitions' wake-up channels, which stay subscribed after.
@@ -486,17 +498,8 @@ fn a_tailing_fetch_reads_partitions_that_hold_little_together() {
     let nothing: Vec<(i32, i64)> = (0..16).map(|p| (p, 0)).collect();
     assert_eq!(records_per_partition(&response), nothing);
 
-    produce_all(&mut conn, 1);
-    let started = Instant::now();
-    let response = conn.request(12, &request);
-    let took = started.elapsed();
-    eprintln!("the fetch took {took:?}");
-    let expected: Vec<(i32, i64)> = (0..16).map(|p| (p, 1)).collect();
-    assert_eq!(records_per_partition(&response), expected);
-    assert!(
-        took < DELAY * 10,
-        "a tailing 16-partition fetch took {took:?} behind a {DELAY:?} reply delay: its reads were not pipelined"
-    );
+    produce_to_each_partition(&mut conn, &topic, 1);
+    assert_one_record_each_within_ten_delays(&mut conn, &request, DELAY);
 }
 
 /// The response's byte budget is still filled in request order when the
