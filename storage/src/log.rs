@@ -225,6 +225,12 @@ impl Appenders {
         })
     }
 
+    /// The largest batch reads have seen on a partition lately.
+    fn largest_seen(&self, meta_key: &str) -> Option<usize> {
+        let sizes = self.read_sizes.lock().expect("read sizes lock");
+        sizes.get(meta_key)?.seen.map(|seen| seen.largest)
+    }
+
     /// Records what one read of a partition saw: the sizes of the batches
     /// it read, and the size classes it found (the newest of two reads'
     /// classes wins).
@@ -871,9 +877,8 @@ impl Store {
     /// a fetch uses it to read partitions that hold little together.
     pub fn bytes_estimate(&self, topic: &Topic, partition: i32, records: i64) -> Option<usize> {
         let keys = self.partition_keys(topic, partition);
-        let (seen, _) = self.appenders.read_sizes(&keys.meta, 0);
-        let batches = usize::try_from(records).ok()?;
-        Some(seen?.largest.saturating_mul(batches))
+        let largest = self.appenders.largest_seen(&keys.meta)?;
+        Some(largest.saturating_mul(usize::try_from(records).ok()?))
     }
 
     /// Reads whole batches from `request.offset` on. Fails with

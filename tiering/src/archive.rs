@@ -272,7 +272,7 @@ fn spawn_writer<W>(
     mut writer: W,
 ) -> (
     tokio::sync::mpsc::Sender<Option<arrow_array::RecordBatch>>,
-    tokio::task::JoinHandle<Result<Vec<iceberg::spec::DataFile>>>,
+    Writing,
 )
 where
     W: IcebergWriter + Send + 'static,
@@ -293,12 +293,20 @@ where
     (sender, task)
 }
 
+type Writing = tokio::task::JoinHandle<Result<Vec<iceberg::spec::DataFile>>>;
+
+/// What the writer task ended with: its data files or its error.
+async fn writer_result(writing: Writing) -> Result<Vec<iceberg::spec::DataFile>> {
+    writing
+        .await
+        .map_err(|e| Error::Io(format!("the data file writer stopped: {e}")))?
+}
+
 /// The error of a writer task that stopped taking row groups.
-async fn writer_failure(writing: tokio::task::JoinHandle<Result<Vec<iceberg::spec::DataFile>>>) -> Error {
-    match writing.await {
-        Ok(Err(e)) => e,
-        Ok(Ok(_)) => Error::Io("the data file writer closed early".to_owned()),
-        Err(e) => Error::Io(format!("the data file writer stopped: {e}")),
+async fn writer_failure(writing: Writing) -> Error {
+    match writer_result(writing).await {
+        Err(e) => e,
+        Ok(_) => Error::Io("the data file writer closed early".to_owned()),
     }
 }
 
@@ -550,9 +558,7 @@ impl Archiver {
         }
         .await;
         let files = match fed {
-            Ok(true) => writing
-                .await
-                .map_err(|e| Error::Io(format!("the data file writer stopped: {e}")))??,
+            Ok(true) => writer_result(writing).await?,
             Ok(false) => return Err(writer_failure(writing).await),
             Err(e) => {
                 // The writer task drops the file unfinished; it must be gone
