@@ -665,6 +665,34 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
         ResponseKind::DescribeConfigs(r) => r.results.iter().for_each(|x| f(x.error_code)),
         ResponseKind::CreatePartitions(r) => r.results.iter().for_each(|x| f(x.error_code)),
         ResponseKind::DescribeCluster(r) => f(r.error_code),
+        ResponseKind::DescribeTopicPartitions(r) => {
+            for t in &r.topics {
+                f(t.error_code);
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::DescribeLogDirs(r) => {
+            f(r.error_code);
+            r.results.iter().for_each(|d| f(d.error_code));
+        }
+        ResponseKind::AlterReplicaLogDirs(r) => {
+            for t in &r.results {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::ElectLeaders(r) => {
+            f(r.error_code);
+            for t in &r.replica_election_results {
+                t.partition_result.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::ListPartitionReassignments(r) => f(r.error_code),
+        ResponseKind::AlterPartitionReassignments(r) => {
+            f(r.error_code);
+            for t in &r.responses {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
         ResponseKind::FindCoordinator(r) => {
             f(r.error_code);
             r.coordinators.iter().for_each(|c| f(c.error_code));

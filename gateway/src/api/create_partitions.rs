@@ -1,5 +1,6 @@
 //! CreatePartitions (API key 37, versions 0–3): grows topics to a larger
-//! partition count; every new partition lives on this node.
+//! partition count. A manual assignment names one live broker per new
+//! partition (a ketch partition has one logical replica, in Redis).
 //! Spec: KIP-195 (CreatePartitions).
 
 use kafka_protocol::error::ResponseError;
@@ -8,7 +9,7 @@ use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicR
 use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse, RequestHeader};
 use ketch_config::TopicsSettings;
 
-use super::create_topics::{Failure, unique_by};
+use super::create_topics::{Failure, assignable_brokers, check_single_replica, unique_by};
 use super::{Client, authorized, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
@@ -64,7 +65,7 @@ async fn grow(
     };
     check(
         &ctx.settings.topics,
-        ctx.membership.my_broker_id(&client.listener),
+        &assignable_brokers(ctx, &client.listener),
         topic.partitions(),
         request,
     )?;
@@ -79,10 +80,11 @@ async fn grow(
     Ok(())
 }
 
-/// Whether a topic with `current` partitions may grow as `request` asks.
+/// Whether a topic with `current` partitions may grow as `request` asks;
+/// a manual assignment may name `brokers`.
 fn check(
     settings: &TopicsSettings,
-    node_id: i32,
+    brokers: &[i32],
     current: i32,
     request: &CreatePartitionsTopic,
 ) -> Result<(), Failure> {
@@ -114,16 +116,10 @@ fn check(
             assignments.len()
         ));
     }
-    match assignments
+    assignments
         .iter()
-        .find(|a| !matches!(&a.broker_ids[..], [only] if **only == node_id))
-    {
-        Some(a) => invalid_assignment(format!(
-            "ketch places every partition on node {node_id} alone, not on brokers {:?}",
-            a.broker_ids
-        )),
-        None => Ok(()),
-    }
+        .zip(current..)
+        .try_for_each(|(a, partition)| check_single_replica(brokers, partition, &a.broker_ids))
 }
 
 #[cfg(test)]
@@ -154,41 +150,44 @@ mod tests {
             max_partitions: 8,
             ..TopicsSettings::default()
         };
-        let shrink = check(&settings, 0, 3, &request(2, None)).unwrap_err();
+        let shrink = check(&settings, &[0], 3, &request(2, None)).unwrap_err();
         assert_eq!(shrink.code, ResponseError::InvalidPartitions.code());
         assert_eq!(
             shrink.message.as_deref(),
             Some("Topic currently has 3 partitions, which is higher than the requested 2.")
         );
         assert_eq!(
-            code(check(&settings, 0, 3, &request(3, None))),
+            code(check(&settings, &[0], 3, &request(3, None))),
             ResponseError::InvalidPartitions.code()
         );
         assert_eq!(
-            code(check(&settings, 0, 3, &request(9, None))),
+            code(check(&settings, &[0], 3, &request(9, None))),
             ResponseError::InvalidPartitions.code()
         );
-        assert_eq!(check(&settings, 0, 3, &request(8, None)), Ok(()));
+        assert_eq!(check(&settings, &[0], 3, &request(8, None)), Ok(()));
     }
 
     #[test]
-    fn assignments_cover_each_new_partition_and_name_this_node() {
+    fn assignments_cover_each_new_partition_and_name_one_live_broker() {
         let settings = TopicsSettings::default();
+        let live = [4, 5];
         assert_eq!(
-            check(&settings, 4, 1, &request(3, Some(vec![&[4], &[4]]))),
+            check(&settings, &live, 1, &request(3, Some(vec![&[4], &[5]]))),
             Ok(())
         );
         let invalid = ResponseError::InvalidReplicaAssignment.code();
         assert_eq!(
-            code(check(&settings, 4, 1, &request(3, Some(vec![&[4]])))),
+            code(check(&settings, &live, 1, &request(3, Some(vec![&[4]])))),
             invalid
         );
-        assert_eq!(
-            code(check(&settings, 4, 1, &request(3, Some(vec![&[4], &[5]])))),
-            invalid
+        let unknown = check(&settings, &live, 1, &request(3, Some(vec![&[4], &[6]]))).unwrap_err();
+        assert_eq!(unknown.code, invalid);
+        assert!(
+            unknown.message.as_deref().unwrap().contains("broker 6,"),
+            "{unknown:?}"
         );
         assert_eq!(
-            code(check(&settings, 4, 1, &request(3, Some(vec![&[4], &[4, 5]])))),
+            code(check(&settings, &live, 1, &request(3, Some(vec![&[4], &[4, 5]])))),
             invalid
         );
     }

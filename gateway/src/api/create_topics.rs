@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::create_topics_request::{
-    CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig,
-};
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
-use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, RequestHeader, TopicName};
+use kafka_protocol::messages::{
+    BrokerId, CreateTopicsRequest, CreateTopicsResponse, RequestHeader, TopicName,
+};
 use ketch_config::TopicsSettings;
 use ketch_storage::StorageError;
 use uuid::Uuid;
@@ -126,7 +126,7 @@ async fn create(
     }
     let partitions = partition_count(
         &ctx.settings.topics,
-        ctx.membership.my_broker_id(&client.listener),
+        &assignable_brokers(ctx, &client.listener),
         &topic,
     )?;
     let configs = overrides(&topic.configs)?;
@@ -159,8 +159,12 @@ fn already_exists(name: &str) -> Failure {
 }
 
 /// The partition count a topic asks for, from `num_partitions` or from a
-/// manual assignment, which may only place partitions on this node.
-fn partition_count(settings: &TopicsSettings, node_id: i32, topic: &CreatableTopic) -> Result<i32, Failure> {
+/// manual assignment, which may name one of `brokers` per partition.
+fn partition_count(
+    settings: &TopicsSettings,
+    brokers: &[i32],
+    topic: &CreatableTopic,
+) -> Result<i32, Failure> {
     let count = if topic.assignments.is_empty() {
         if topic.replication_factor != -1 && topic.replication_factor != 1 {
             return Err(Failure::new(
@@ -179,7 +183,7 @@ fn partition_count(settings: &TopicsSettings, node_id: i32, topic: &CreatableTop
             n => n,
         }
     } else {
-        check_assignments(node_id, topic)?;
+        check_assignments(brokers, topic)?;
         topic.assignments.len() as i32
     };
     if count > settings.max_partitions {
@@ -194,7 +198,7 @@ fn partition_count(settings: &TopicsSettings, node_id: i32, topic: &CreatableTop
     Ok(count)
 }
 
-fn check_assignments(node_id: i32, topic: &CreatableTopic) -> Result<(), Failure> {
+fn check_assignments(brokers: &[i32], topic: &CreatableTopic) -> Result<(), Failure> {
     for (field, value) in [
         ("numPartitions", topic.num_partitions),
         ("replicationFactor", topic.replication_factor.into()),
@@ -218,20 +222,65 @@ fn check_assignments(node_id: i32, topic: &CreatableTopic) -> Result<(), Failure
             "partitions should be a consecutive 0-based integer sequence",
         ));
     }
-    match topic.assignments.iter().find(|a| !is_this_node(node_id, a)) {
-        Some(a) => Err(Failure::new(
-            ResponseError::InvalidReplicaAssignment,
-            format!(
-                "ketch places every partition on node {node_id} alone; partition {} lists brokers {:?}",
-                a.partition_index, a.broker_ids
-            ),
+    topic
+        .assignments
+        .iter()
+        .try_for_each(|a| check_single_replica(brokers, a.partition_index, &a.broker_ids))
+}
+
+/// The broker ids a manual assignment may name: those clients of
+/// `listener` see — every live gateway, or the one broker a load balancer
+/// in front of them presents. Empty until this gateway has a node id.
+pub(crate) fn assignable_brokers(ctx: &Context, listener: &str) -> Vec<i32> {
+    ctx.membership.brokers(listener).iter().map(|b| b.id).collect()
+}
+
+/// Kafka's checks of a manual replica list: not empty, every broker one
+/// of `brokers`, none twice.
+pub(crate) fn check_replica_list(brokers: &[i32], replicas: &[BrokerId]) -> Result<(), Failure> {
+    let invalid = |message: String| Err(Failure::new(ResponseError::InvalidReplicaAssignment, message));
+    if replicas.is_empty() {
+        return invalid("The manual partition assignment includes an empty replica list.".to_owned());
+    }
+    let mut sorted: Vec<i32> = replicas.iter().map(|b| **b).collect();
+    sorted.sort_unstable();
+    if let Some(unknown) = sorted.iter().find(|b| !brokers.contains(b)) {
+        return invalid(format!(
+            "The manual partition assignment includes broker {unknown}, but no such broker is registered \
+             (live brokers: {brokers:?})."
+        ));
+    }
+    match sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+        Some(pair) => invalid(format!(
+            "The manual partition assignment includes the broker {} more than once.",
+            pair[0]
         )),
         None => Ok(()),
     }
 }
 
-fn is_this_node(node_id: i32, assignment: &CreatableReplicaAssignment) -> bool {
-    matches!(&assignment.broker_ids[..], [only] if **only == node_id)
+/// The replica list of a partition being created: Kafka's checks, and one
+/// replica, since a ketch partition has one logical replica (its data is
+/// in Redis). Where the partition's data goes is storage's choice either
+/// way; the broker named leads it only as long as Metadata says so.
+pub(crate) fn check_single_replica(
+    brokers: &[i32],
+    partition: i32,
+    replicas: &[BrokerId],
+) -> Result<(), Failure> {
+    check_replica_list(brokers, replicas)?;
+    if replicas.len() > 1 {
+        return Err(Failure::new(
+            ResponseError::InvalidReplicaAssignment,
+            format!(
+                "ketch keeps one replica of each partition (its data is in Redis); partition {partition} \
+                 lists {} brokers {:?}",
+                replicas.len(),
+                replicas.iter().map(|b| **b).collect::<Vec<_>>()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The requested config overrides, validated and normalized.
@@ -288,7 +337,7 @@ fn topic_result(
 
 #[cfg(test)]
 mod tests {
-    use kafka_protocol::messages::BrokerId;
+    use kafka_protocol::messages::create_topics_request::CreatableReplicaAssignment;
 
     use super::*;
 
@@ -315,8 +364,8 @@ mod tests {
             default_partitions: 3,
             ..TopicsSettings::default()
         };
-        assert_eq!(partition_count(&settings, 0, &topic(-1, -1)), Ok(3));
-        assert_eq!(partition_count(&settings, 0, &topic(5, 1)), Ok(5));
+        assert_eq!(partition_count(&settings, &[0], &topic(-1, -1)), Ok(3));
+        assert_eq!(partition_count(&settings, &[0], &topic(5, 1)), Ok(5));
     }
 
     #[test]
@@ -326,46 +375,47 @@ mod tests {
             ..TopicsSettings::default()
         };
         let invalid = ResponseError::InvalidPartitions.code();
-        assert_eq!(code(partition_count(&settings, 0, &topic(0, 1))), invalid);
-        assert_eq!(code(partition_count(&settings, 0, &topic(-2, 1))), invalid);
-        assert_eq!(code(partition_count(&settings, 0, &topic(11, 1))), invalid);
-        assert_eq!(partition_count(&settings, 0, &topic(10, 1)), Ok(10));
+        assert_eq!(code(partition_count(&settings, &[0], &topic(0, 1))), invalid);
+        assert_eq!(code(partition_count(&settings, &[0], &topic(-2, 1))), invalid);
+        assert_eq!(code(partition_count(&settings, &[0], &topic(11, 1))), invalid);
+        assert_eq!(partition_count(&settings, &[0], &topic(10, 1)), Ok(10));
     }
 
     #[test]
     fn replication_factor_must_be_one_or_default() {
         let settings = TopicsSettings::default();
-        let failure = partition_count(&settings, 0, &topic(1, 3)).unwrap_err();
+        let failure = partition_count(&settings, &[0], &topic(1, 3)).unwrap_err();
         assert_eq!(failure.code, ResponseError::InvalidReplicationFactor.code());
         assert!(failure.message.unwrap().contains("Redis"));
-        assert_eq!(code(partition_count(&settings, 0, &topic(1, 0))), failure.code);
+        assert_eq!(code(partition_count(&settings, &[0], &topic(1, 0))), failure.code);
     }
 
     #[test]
-    fn manual_assignments_set_the_count_and_must_name_this_node() {
+    fn manual_assignments_set_the_count_and_name_one_live_broker_each() {
         let settings = TopicsSettings::default();
-        let good = topic(-1, -1).with_assignments(vec![assigned(1, &[7]), assigned(0, &[7])]);
-        assert_eq!(partition_count(&settings, 7, &good), Ok(2));
-        let other_node = topic(-1, -1).with_assignments(vec![assigned(0, &[8])]);
-        assert_eq!(
-            code(partition_count(&settings, 7, &other_node)),
-            ResponseError::InvalidReplicaAssignment.code()
+        let live = [7, 8];
+        let good = topic(-1, -1).with_assignments(vec![assigned(1, &[8]), assigned(0, &[7])]);
+        assert_eq!(partition_count(&settings, &live, &good), Ok(2));
+        let invalid = ResponseError::InvalidReplicaAssignment.code();
+        let unknown_broker = topic(-1, -1).with_assignments(vec![assigned(0, &[9])]);
+        let failure = partition_count(&settings, &live, &unknown_broker).unwrap_err();
+        assert_eq!(failure.code, invalid);
+        assert!(
+            failure.message.as_deref().unwrap().contains("broker 9,"),
+            "{failure:?}"
         );
-        let two_replicas = topic(-1, -1).with_assignments(vec![assigned(0, &[7, 7])]);
-        assert_eq!(
-            code(partition_count(&settings, 7, &two_replicas)),
-            ResponseError::InvalidReplicaAssignment.code()
-        );
+        for replicas in [&[7, 7][..], &[7, 8], &[]] {
+            let t = topic(-1, -1).with_assignments(vec![assigned(0, replicas)]);
+            assert_eq!(
+                code(partition_count(&settings, &live, &t)),
+                invalid,
+                "{replicas:?}"
+            );
+        }
         let gap = topic(-1, -1).with_assignments(vec![assigned(0, &[7]), assigned(2, &[7])]);
-        assert_eq!(
-            code(partition_count(&settings, 7, &gap)),
-            ResponseError::InvalidReplicaAssignment.code()
-        );
+        assert_eq!(code(partition_count(&settings, &live, &gap)), invalid);
         let twice = topic(-1, -1).with_assignments(vec![assigned(0, &[7]), assigned(0, &[7])]);
-        assert_eq!(
-            code(partition_count(&settings, 7, &twice)),
-            ResponseError::InvalidReplicaAssignment.code()
-        );
+        assert_eq!(code(partition_count(&settings, &live, &twice)), invalid);
     }
 
     #[test]
@@ -374,7 +424,7 @@ mod tests {
         for (partitions, factor) in [(1, -1), (-1, 1)] {
             let t = topic(partitions, factor).with_assignments(vec![assigned(0, &[0])]);
             assert_eq!(
-                code(partition_count(&settings, 0, &t)),
+                code(partition_count(&settings, &[0], &t)),
                 ResponseError::InvalidRequest.code()
             );
         }

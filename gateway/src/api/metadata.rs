@@ -115,7 +115,7 @@ pub async fn handle(
 }
 
 /// Metadata clients retry LEADER_NOT_AVAILABLE; use it while Redis is away.
-fn retriable_when_storage(code: i16) -> i16 {
+pub(crate) fn retriable_when_storage(code: i16) -> i16 {
     if code == ResponseError::KafkaStorageError.code() {
         ResponseError::LeaderNotAvailable.code()
     } else {
@@ -144,13 +144,7 @@ fn describe(
         .with_partitions(
             (0..topic.partitions())
                 .map(|p| {
-                    let leader = ctx.membership.partition_leader(&topic.id, p);
-                    let id = match broker_ids.get(&leader.id) {
-                        Some(id) => *id,
-                        // The live set changed since the ids were taken.
-                        None => ctx.membership.presented(&leader, &client.listener).id,
-                    };
-                    let node = BrokerId(id);
+                    let node = BrokerId(leader_id(ctx, &client.listener, broker_ids, topic, p));
                     MetadataResponsePartition::default()
                         .with_partition_index(p)
                         .with_leader_id(node)
@@ -160,4 +154,21 @@ fn describe(
                 })
                 .collect(),
         )
+}
+
+/// The broker id clients of `listener` see as the leader (and only
+/// replica) of a partition; `broker_ids` as for [`describe`].
+pub(crate) fn leader_id(
+    ctx: &Context,
+    listener: &str,
+    broker_ids: &HashMap<i32, i32>,
+    topic: &Topic,
+    partition: i32,
+) -> i32 {
+    let leader = ctx.membership.partition_leader(&topic.id, partition);
+    match broker_ids.get(&leader.id) {
+        Some(id) => *id,
+        // The live set changed since the ids were taken.
+        None => ctx.membership.presented(&leader, listener).id,
+    }
 }
