@@ -1,111 +1,453 @@
-//! Kafka topic configs that ketch accepts (CreateTopics, DescribeConfigs).
+//! Kafka topic configs: every config Apache Kafka 4.x accepts on a topic,
+//! validated by type and range as Kafka validates it (CreateTopics,
+//! AlterConfigs, IncrementalAlterConfigs, the admin HTTP API), with what each
+//! one does on ketch.
 //!
-//! Names, types and defaults follow Apache Kafka's topic-level configs. A key
-//! not listed here is rejected with INVALID_CONFIG rather than ignored, and a
-//! value ketch cannot honour yet is rejected with a message saying so.
+//! Names, types, defaults, valid ranges and broker synonyms follow Kafka's
+//! `LogConfig` and `ServerTopicConfigSynonyms`. A name not listed here is
+//! rejected with INVALID_CONFIG rather than ignored. A config that has no
+//! meaning when partitions live in Redis is [`Effect::Inert`]: stored,
+//! described with its source, and documented with what replaces it.
+//! A value Kafka accepts but ketch cannot honour yet is refused with a
+//! message saying so ([`not_supported`]), never silently ignored.
 
 use std::collections::BTreeMap;
 
-/// The type of a topic config value, for validation and DescribeConfigs.
+/// The type of a topic config value (Kafka's `ConfigDef.Type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigType {
     Boolean,
+    String,
     Int,
     Long,
-    /// One of a fixed set of strings.
-    Choice(&'static [&'static str]),
+    Double,
+    /// Comma-separated values.
+    List,
 }
 
-/// One topic config ketch knows.
+impl ConfigType {
+    /// The code DescribeConfigs reports (KIP-569's `ConfigType`).
+    pub fn code(self) -> i8 {
+        match self {
+            ConfigType::Boolean => 1,
+            ConfigType::String => 2,
+            ConfigType::Int => 3,
+            ConfigType::Long => 5,
+            ConfigType::Double => 6,
+            ConfigType::List => 7,
+        }
+    }
+
+    fn kafka_name(self) -> &'static str {
+        match self {
+            ConfigType::Boolean => "BOOLEAN",
+            ConfigType::String => "STRING",
+            ConfigType::Int => "INT",
+            ConfigType::Long => "LONG",
+            ConfigType::Double => "DOUBLE",
+            ConfigType::List => "LIST",
+        }
+    }
+}
+
+/// The values a config accepts beyond its type (Kafka's validators).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Valid {
+    Any,
+    /// A number at least this.
+    AtLeast(i64),
+    /// A number in this closed range.
+    Between(i64, i64),
+    /// A number in this closed range, or exactly the first value (Kafka's
+    /// compression level validators: gzip accepts -1 or 1–9).
+    LevelOr(i64, i64, i64),
+    /// A double in this closed range.
+    Fraction(f64, f64),
+    /// One of these strings (case-sensitive, as Kafka's `ValidString`).
+    OneOf(&'static [&'static str]),
+    /// A list whose every element is one of these (Kafka's `ValidList`).
+    ListOf(&'static [&'static str]),
+    /// `*`, or `partition:broker` pairs (Kafka's throttled replica lists).
+    ThrottledReplicas,
+}
+
+/// What a config does on ketch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// ketch does what Kafka does with it.
+    Honoured,
+    /// Stored and described but changes nothing on ketch; why, and what
+    /// takes its place.
+    Inert(&'static str),
+}
+
+/// One topic config.
 #[derive(Debug, Clone, Copy)]
 pub struct ConfigDef {
     pub name: &'static str,
-    pub default: &'static str,
     pub kind: ConfigType,
-    /// Smallest accepted value for numeric configs.
-    pub min: i64,
+    /// Kafka's default, as Kafka prints it.
+    pub default: &'static str,
+    pub valid: Valid,
+    /// The broker config that supplies the default (Kafka's first synonym);
+    /// `None` for configs with no broker default.
+    pub broker_synonym: Option<&'static str>,
+    pub effect: Effect,
     pub doc: &'static str,
 }
 
-/// Every topic config ketch accepts.
+const NO_REPLICAS: &str = "Partitions have one logical replica in Redis; Redis replication \
+     (storage.acks_all_replicas for acks=all) takes the place of Kafka's.";
+const NO_FILES: &str = "Partitions are Redis streams, not segment files with indexes; a fetch \
+     finds an offset with one XRANGE.";
+const NO_FLUSH: &str = "Durability is Redis's: its AOF fsync policy and, for acks=all, \
+     storage.acks_all_replicas.";
+const COMPACTION_ONLY: &str = "Applies to log compaction (cleanup.policy=compact), which ketch \
+     does not offer yet; stored for when it does.";
+const RECOMPRESSION_ONLY: &str = "Applies when the broker recompresses (compression.type other \
+     than producer), which ketch does not offer yet; stored for when it does.";
+
+const fn def(
+    name: &'static str,
+    kind: ConfigType,
+    default: &'static str,
+    valid: Valid,
+    broker_synonym: Option<&'static str>,
+    effect: Effect,
+    doc: &'static str,
+) -> ConfigDef {
+    ConfigDef {
+        name,
+        kind,
+        default,
+        valid,
+        broker_synonym,
+        effect,
+        doc,
+    }
+}
+
+use ConfigType::{Boolean, Double, Int, List, Long, String as Str};
+use Effect::{Honoured, Inert};
+
+/// Every topic config Apache Kafka 4.x accepts, sorted by name.
 pub const TOPIC_CONFIGS: &[ConfigDef] = &[
-    ConfigDef {
-        name: "cleanup.policy",
-        default: "delete",
-        kind: ConfigType::Choice(&["delete"]),
-        min: 0,
-        doc: "Only `delete` is supported; `compact` is rejected until compaction exists.",
-    },
-    ConfigDef {
-        name: "compression.type",
-        default: "producer",
-        kind: ConfigType::Choice(&["producer"]),
-        min: 0,
-        doc: "Batches are stored as the producer compressed them; recompression is not supported.",
-    },
-    ConfigDef {
-        name: "local.retention.bytes",
-        default: "-2",
-        kind: ConfigType::Long,
-        min: -2,
-        doc: "Bytes kept in Redis once archived (-2: same as retention.bytes). Takes effect with tiered storage.",
-    },
-    ConfigDef {
-        name: "local.retention.ms",
-        default: "-2",
-        kind: ConfigType::Long,
-        min: -2,
-        doc: "Time kept in Redis once archived (-2: same as retention.ms). Takes effect with tiered storage.",
-    },
-    ConfigDef {
-        name: "max.message.bytes",
-        default: "1048588",
-        kind: ConfigType::Int,
-        min: 0,
-        doc: "Largest record batch accepted; larger batches get MESSAGE_TOO_LARGE.",
-    },
-    ConfigDef {
-        name: "message.timestamp.type",
-        default: "CreateTime",
-        kind: ConfigType::Choice(&["CreateTime", "LogAppendTime"]),
-        min: 0,
-        doc: "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the gateway's clock when it is appended.",
-    },
-    ConfigDef {
-        name: "remote.storage.enable",
-        default: "false",
-        kind: ConfigType::Boolean,
-        min: 0,
-        doc: "Archive sealed segments to Iceberg. Stored; archiving arrives with tiered storage.",
-    },
-    ConfigDef {
-        name: "retention.bytes",
-        default: "-1",
-        kind: ConfigType::Long,
-        min: -1,
-        doc: "Partition size limit (-1: none). Stored; enforced with the storage worker.",
-    },
-    ConfigDef {
-        name: "retention.ms",
-        default: "604800000",
-        kind: ConfigType::Long,
-        min: -1,
-        doc: "Age limit of records (-1: none). Stored; enforced with the storage worker.",
-    },
-    ConfigDef {
-        name: "segment.bytes",
-        default: "1073741824",
-        kind: ConfigType::Int,
-        min: 14,
-        doc: "Segment size for sealing and archiving.",
-    },
-    ConfigDef {
-        name: "segment.ms",
-        default: "604800000",
-        kind: ConfigType::Long,
-        min: 1,
-        doc: "Segment age for sealing and archiving.",
-    },
+    def(
+        "cleanup.policy",
+        List,
+        "delete",
+        Valid::ListOf(&["compact", "delete"]),
+        Some("log.cleanup.policy"),
+        Honoured,
+        "delete: retention.ms and retention.bytes remove old segments; empty: nothing is removed. \
+         compact is refused until ketch compacts.",
+    ),
+    def(
+        "compression.gzip.level",
+        Int,
+        "-1",
+        Valid::LevelOr(-1, 1, 9),
+        Some("compression.gzip.level"),
+        Inert(RECOMPRESSION_ONLY),
+        "Level of gzip when the broker compresses.",
+    ),
+    def(
+        "compression.lz4.level",
+        Int,
+        "9",
+        Valid::Between(1, 17),
+        Some("compression.lz4.level"),
+        Inert(RECOMPRESSION_ONLY),
+        "Level of lz4 when the broker compresses.",
+    ),
+    def(
+        "compression.type",
+        Str,
+        "producer",
+        Valid::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]),
+        Some("compression.type"),
+        Honoured,
+        "producer: batches are stored as the producer compressed them. Other codecs are refused \
+         until ketch recompresses.",
+    ),
+    def(
+        "compression.zstd.level",
+        Int,
+        "3",
+        Valid::Between(-131072, 22),
+        Some("compression.zstd.level"),
+        Inert(RECOMPRESSION_ONLY),
+        "Level of zstd when the broker compresses.",
+    ),
+    def(
+        "delete.retention.ms",
+        Long,
+        "86400000",
+        Valid::AtLeast(0),
+        Some("log.cleaner.delete.retention.ms"),
+        Inert(COMPACTION_ONLY),
+        "How long tombstones stay in a compacted log.",
+    ),
+    def(
+        "file.delete.delay.ms",
+        Long,
+        "60000",
+        Valid::AtLeast(0),
+        Some("log.segment.delete.delay.ms"),
+        Inert("Deleted segments are freed by Redis at once (UNLINK frees large ones in the background)."),
+        "Delay before a deleted segment's files are removed.",
+    ),
+    def(
+        "flush.messages",
+        Long,
+        "9223372036854775807",
+        Valid::AtLeast(1),
+        Some("log.flush.interval.messages"),
+        Inert(NO_FLUSH),
+        "Messages between forced fsyncs.",
+    ),
+    def(
+        "flush.ms",
+        Long,
+        "9223372036854775807",
+        Valid::AtLeast(0),
+        Some("log.flush.interval.ms"),
+        Inert(NO_FLUSH),
+        "Time between forced fsyncs.",
+    ),
+    def(
+        "follower.replication.throttled.replicas",
+        List,
+        "",
+        Valid::ThrottledReplicas,
+        None,
+        Inert(NO_REPLICAS),
+        "Replicas whose follower replication is throttled.",
+    ),
+    def(
+        "index.interval.bytes",
+        Int,
+        "4096",
+        Valid::AtLeast(0),
+        Some("log.index.interval.bytes"),
+        Inert(NO_FILES),
+        "Bytes between offset index entries.",
+    ),
+    def(
+        "leader.replication.throttled.replicas",
+        List,
+        "",
+        Valid::ThrottledReplicas,
+        None,
+        Inert(NO_REPLICAS),
+        "Replicas whose leader replication is throttled.",
+    ),
+    def(
+        "local.retention.bytes",
+        Long,
+        "-2",
+        Valid::AtLeast(-2),
+        Some("log.local.retention.bytes"),
+        Honoured,
+        "Bytes of archived segments kept in Redis (-2: as retention.bytes).",
+    ),
+    def(
+        "local.retention.ms",
+        Long,
+        "-2",
+        Valid::AtLeast(-2),
+        Some("log.local.retention.ms"),
+        Honoured,
+        "Time archived segments are kept in Redis (-2: as retention.ms).",
+    ),
+    def(
+        "max.compaction.lag.ms",
+        Long,
+        "9223372036854775807",
+        Valid::AtLeast(1),
+        Some("log.cleaner.max.compaction.lag.ms"),
+        Inert(COMPACTION_ONLY),
+        "Longest time a record stays ineligible for compaction.",
+    ),
+    def(
+        "max.message.bytes",
+        Int,
+        "1048588",
+        Valid::AtLeast(0),
+        Some("message.max.bytes"),
+        Honoured,
+        "Largest record batch accepted; larger batches get MESSAGE_TOO_LARGE.",
+    ),
+    def(
+        "message.downconversion.enable",
+        Boolean,
+        "true",
+        Valid::Any,
+        Some("log.message.downconversion.enable"),
+        Inert("Deprecated no-op in Kafka 4.x too: old message formats are not served."),
+        "Down-conversion for old consumers.",
+    ),
+    def(
+        "message.timestamp.after.max.ms",
+        Long,
+        "3600000",
+        Valid::AtLeast(0),
+        Some("log.message.timestamp.after.max.ms"),
+        Honoured,
+        "With CreateTime, how far a record's timestamp may be ahead of the gateway's clock; \
+         later ones get INVALID_TIMESTAMP.",
+    ),
+    def(
+        "message.timestamp.before.max.ms",
+        Long,
+        "9223372036854775807",
+        Valid::AtLeast(0),
+        Some("log.message.timestamp.before.max.ms"),
+        Honoured,
+        "With CreateTime, how far a record's timestamp may be behind the gateway's clock; \
+         earlier ones get INVALID_TIMESTAMP.",
+    ),
+    def(
+        "message.timestamp.type",
+        Str,
+        "CreateTime",
+        Valid::OneOf(&["CreateTime", "LogAppendTime"]),
+        Some("log.message.timestamp.type"),
+        Honoured,
+        "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the \
+         gateway's clock when it is appended.",
+    ),
+    def(
+        "min.cleanable.dirty.ratio",
+        Double,
+        "0.5",
+        Valid::Fraction(0.0, 1.0),
+        Some("log.cleaner.min.cleanable.ratio"),
+        Inert(COMPACTION_ONLY),
+        "Share of a log not yet compacted before it is compacted.",
+    ),
+    def(
+        "min.compaction.lag.ms",
+        Long,
+        "0",
+        Valid::AtLeast(0),
+        Some("log.cleaner.min.compaction.lag.ms"),
+        Inert(COMPACTION_ONLY),
+        "Shortest time a record stays uncompacted.",
+    ),
+    def(
+        "min.insync.replicas",
+        Int,
+        "1",
+        Valid::AtLeast(1),
+        Some("min.insync.replicas"),
+        Inert(NO_REPLICAS),
+        "Replicas that must acknowledge an acks=all write.",
+    ),
+    def(
+        "preallocate",
+        Boolean,
+        "false",
+        Valid::Any,
+        Some("log.preallocate"),
+        Inert(NO_FILES),
+        "Preallocate segment files.",
+    ),
+    def(
+        "remote.log.copy.disable",
+        Boolean,
+        "false",
+        Valid::Any,
+        None,
+        Honoured,
+        "false: sealed segments are archived. true is refused until ketch supports a read-only \
+         archive.",
+    ),
+    def(
+        "remote.log.delete.on.disable",
+        Boolean,
+        "false",
+        Valid::Any,
+        None,
+        Honoured,
+        "false: the archive outlives remote.storage.enable. true is refused until ketch deletes \
+         archives on disable.",
+    ),
+    def(
+        "remote.storage.enable",
+        Boolean,
+        "false",
+        Valid::Any,
+        None,
+        Honoured,
+        "Archive sealed segments to Iceberg and serve older offsets from there. May be turned on \
+         for a running topic, not off.",
+    ),
+    def(
+        "retention.bytes",
+        Long,
+        "-1",
+        Valid::Any,
+        Some("log.retention.bytes"),
+        Honoured,
+        "Partition size limit (-1: none).",
+    ),
+    def(
+        "retention.ms",
+        Long,
+        "604800000",
+        Valid::AtLeast(-1),
+        Some("log.retention.ms"),
+        Honoured,
+        "Age limit of records (-1: none).",
+    ),
+    def(
+        "segment.bytes",
+        Int,
+        "1073741824",
+        // Kafka 4.x's least is 1 MiB; ketch's segments are ranges of a
+        // stream, cheap at any size (docs/architecture.md, decision (aa)).
+        Valid::AtLeast(14),
+        Some("log.segment.bytes"),
+        Honoured,
+        "Segment size for sealing, retention and archiving.",
+    ),
+    def(
+        "segment.index.bytes",
+        Int,
+        "10485760",
+        Valid::AtLeast(4),
+        Some("log.index.size.max.bytes"),
+        Inert(NO_FILES),
+        "Size of a segment's offset index.",
+    ),
+    def(
+        "segment.jitter.ms",
+        Long,
+        "0",
+        Valid::AtLeast(0),
+        Some("log.roll.jitter.ms"),
+        Inert("Segments are sealed by one storage worker per partition, not rolled by every broker at once."),
+        "Random jitter subtracted from segment.ms.",
+    ),
+    def(
+        "segment.ms",
+        Long,
+        "604800000",
+        Valid::AtLeast(1),
+        Some("log.roll.ms"),
+        Honoured,
+        "Segment age for sealing, retention and archiving.",
+    ),
+    def(
+        "unclean.leader.election.enable",
+        Boolean,
+        "false",
+        Valid::Any,
+        Some("unclean.leader.election.enable"),
+        Inert(NO_REPLICAS),
+        "Elect an out-of-sync replica as leader.",
+    ),
 ];
 
 /// Looks up a topic config by name.
@@ -113,45 +455,163 @@ pub fn topic_config(name: &str) -> Option<&'static ConfigDef> {
     TOPIC_CONFIGS.iter().find(|def| def.name == name)
 }
 
-/// Checks one `name = value` pair; returns the value normalized, or why it
-/// is invalid (suitable for a Kafka error message).
+/// Kafka's message for a value that does not parse or is out of range.
+fn invalid(name: &str, value: &str, why: impl std::fmt::Display) -> String {
+    format!("Invalid value {value} for configuration {name}: {why}")
+}
+
+/// Checks one `name = value` pair as Kafka parses it; returns the value
+/// normalized, or why it is invalid (a Kafka error message).
 pub fn validate_topic_config(name: &str, value: &str) -> Result<String, String> {
     let def = topic_config(name).ok_or_else(|| format!("Unknown topic config name: {name}"))?;
     let value = value.trim();
+    let normalized = parse(def, value)?;
+    if let Some(why) = not_supported(def.name, &normalized) {
+        return Err(invalid(name, value, why));
+    }
+    Ok(normalized)
+}
+
+fn parse(def: &ConfigDef, value: &str) -> Result<String, String> {
+    let name = def.name;
+    let not_a = || {
+        invalid(
+            name,
+            value,
+            format!("Not a number of type {}", def.kind.kafka_name()),
+        )
+    };
     match def.kind {
         ConfigType::Boolean => match value.to_ascii_lowercase().as_str() {
             v @ ("true" | "false") => Ok(v.to_owned()),
-            _ => Err(format!(
-                "Invalid value {value} for configuration {name}: expected true or false"
-            )),
+            _ => Err(invalid(name, value, "Expected value to be either true or false")),
         },
         ConfigType::Int | ConfigType::Long => {
-            let n: i64 = value
-                .parse()
-                .map_err(|_| format!("Invalid value {value} for configuration {name}: not a number"))?;
+            let n: i64 = value.parse().map_err(|_| not_a())?;
             if def.kind == ConfigType::Int && i32::try_from(n).is_err() {
-                return Err(format!(
-                    "Invalid value {value} for configuration {name}: out of range for int"
-                ));
+                return Err(not_a());
             }
-            if n < def.min {
-                return Err(format!(
-                    "Invalid value {value} for configuration {name}: must be at least {}",
-                    def.min
-                ));
-            }
+            check_range(def, value, n)?;
             Ok(n.to_string())
         }
-        ConfigType::Choice(choices) => choices
-            .iter()
-            .find(|c| c.eq_ignore_ascii_case(value))
-            .map(|c| (*c).to_owned())
-            .ok_or_else(|| {
-                format!(
-                    "Invalid value {value} for configuration {name}: ketch supports only {}",
-                    choices.join(", ")
-                )
-            }),
+        ConfigType::Double => {
+            let x: f64 = value.parse().map_err(|_| not_a())?;
+            if !x.is_finite() {
+                return Err(not_a());
+            }
+            if let Valid::Fraction(min, max) = def.valid {
+                if x < min {
+                    return Err(invalid(name, value, format!("Value must be at least {min:?}")));
+                }
+                if x > max {
+                    return Err(invalid(
+                        name,
+                        value,
+                        format!("Value must be no more than {max:?}"),
+                    ));
+                }
+            }
+            Ok(value.to_owned())
+        }
+        ConfigType::String => match def.valid {
+            Valid::OneOf(choices) if !choices.contains(&value) => Err(invalid(
+                name,
+                value,
+                format!("String must be one of: {}", choices.join(", ")),
+            )),
+            _ => Ok(value.to_owned()),
+        },
+        ConfigType::List => {
+            let items = list_items(value);
+            match def.valid {
+                Valid::ListOf(choices) => {
+                    if let Some(bad) = items.iter().find(|i| !choices.contains(i)) {
+                        return Err(invalid(
+                            name,
+                            bad,
+                            format!("String must be one of: {}", choices.join(", ")),
+                        ));
+                    }
+                }
+                Valid::ThrottledReplicas => check_throttled(name, value, &items)?,
+                _ => {}
+            }
+            Ok(items.join(","))
+        }
+    }
+}
+
+/// A list value's elements, trimmed (Kafka splits on commas and trims).
+pub fn list_items(value: &str) -> Vec<&str> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Vec::new();
+    }
+    value.split(',').map(str::trim).collect()
+}
+
+fn check_range(def: &ConfigDef, value: &str, n: i64) -> Result<(), String> {
+    let (min, max) = match def.valid {
+        Valid::AtLeast(min) => (Some(min), None),
+        Valid::Between(min, max) => (Some(min), Some(max)),
+        Valid::LevelOr(exact, _, _) if n == exact => return Ok(()),
+        Valid::LevelOr(_, min, max) => (Some(min), Some(max)),
+        _ => (None, None),
+    };
+    if let Some(min) = min.filter(|m| n < *m) {
+        return Err(invalid(def.name, value, format!("Value must be at least {min}")));
+    }
+    if let Some(max) = max.filter(|m| n > *m) {
+        return Err(invalid(
+            def.name,
+            value,
+            format!("Value must be no more than {max}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_throttled(name: &str, value: &str, items: &[&str]) -> Result<(), String> {
+    if items == ["*"] {
+        return Ok(());
+    }
+    let pair = |item: &str| {
+        item.split_once(':').is_some_and(|(p, b)| {
+            !p.is_empty()
+                && !b.is_empty()
+                && p.bytes().all(|c| c.is_ascii_digit())
+                && b.bytes().all(|c| c.is_ascii_digit())
+        })
+    };
+    if items.iter().all(|i| pair(i)) {
+        Ok(())
+    } else {
+        Err(invalid(
+            name,
+            value,
+            "must be the literal '*' or a list of replicas in the following format: \
+             [partitionId]:[brokerId],[partitionId]:[brokerId],...",
+        ))
+    }
+}
+
+/// Why ketch refuses a value Kafka accepts, if it does: it says so rather
+/// than store a setting it would not honour.
+pub fn not_supported(name: &str, value: &str) -> Option<&'static str> {
+    match name {
+        "cleanup.policy" if list_items(value).contains(&"compact") => {
+            Some("ketch does not compact logs yet; use delete")
+        }
+        "compression.type" if value != "producer" => Some(
+            "ketch stores batches as producers compressed them and does not recompress yet; use producer",
+        ),
+        "remote.log.copy.disable" if value == "true" => {
+            Some("ketch cannot stop archiving a topic that archives yet")
+        }
+        "remote.log.delete.on.disable" if value == "true" => Some(
+            "ketch keeps archives when remote storage is turned off and cannot delete them on disable yet",
+        ),
+        _ => None,
     }
 }
 
@@ -166,7 +626,108 @@ pub fn validate_topic_configs<'a>(
             return Err(format!("Duplicate topic config: {name}"));
         }
     }
+    check_together(&BTreeMap::new(), &out)?;
     Ok(out)
+}
+
+/// A topic's value of `name`: its override, else the default.
+pub fn effective<'a>(overrides: &'a BTreeMap<String, String>, name: &str) -> &'a str {
+    overrides
+        .get(name)
+        .map(String::as_str)
+        .or_else(|| topic_config(name).map(|d| d.default))
+        .unwrap_or("")
+}
+
+fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
+    effective(overrides, name).parse().unwrap_or(-1)
+}
+
+/// Kafka's checks across configs (`LogConfig.validateValues` and the
+/// remote storage rules), on the overrides a topic would have after a
+/// change; `before` are its overrides now (empty for a new topic).
+pub fn check_together(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let min_lag = number(after, "min.compaction.lag.ms");
+    let max_lag = number(after, "max.compaction.lag.ms");
+    if min_lag > max_lag {
+        return Err(format!(
+            "conflict topic config setting min.compaction.lag.ms ({min_lag}) > max.compaction.lag.ms ({max_lag})"
+        ));
+    }
+    let remote = effective(after, "remote.storage.enable") == "true";
+    if !remote {
+        if effective(before, "remote.storage.enable") == "true" {
+            return Err(
+                "It is invalid to disable remote storage without deleting remote data. \
+                 If you want to keep the remote data and turn to read only, please set \
+                 `remote.storage.enable=true,remote.log.copy.disable=true`. If you want to disable \
+                 remote storage and delete all remote data, please set \
+                 `remote.storage.enable=false,remote.log.delete.on.disable=true`."
+                    .to_owned(),
+            );
+        }
+        return Ok(());
+    }
+    if list_items(effective(after, "cleanup.policy")).contains(&"compact") {
+        return Err("Remote log storage is unsupported for the compacted topics".to_owned());
+    }
+    for what in ["bytes", "ms"] {
+        let retention = number(after, &format!("retention.{what}"));
+        let local_name = format!("local.retention.{what}");
+        let local = number(after, &local_name);
+        if retention > -1 && local != -2 {
+            if local == -1 {
+                return Err(invalid(
+                    &local_name,
+                    "-1",
+                    format!("Value must not be -1 as retention.{what} value is set as {retention}."),
+                ));
+            }
+            if local > retention {
+                return Err(invalid(
+                    &local_name,
+                    &local.to_string(),
+                    format!("Value must not be more than retention.{what} property value: {retention}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A valid value of a config that ketch accepts (other than its default
+/// where it can) and an invalid one, both derived from its definition: the
+/// table the tests of every config are driven by.
+pub fn example_values(def: &ConfigDef) -> (String, String) {
+    let supported = |v: &str| not_supported(def.name, v).is_none();
+    let valid = match (def.kind, def.valid) {
+        (ConfigType::Boolean, _) => {
+            let other = if def.default == "true" { "false" } else { "true" };
+            if supported(other) { other } else { def.default }.to_owned()
+        }
+        (_, Valid::AtLeast(min)) => min.to_string(),
+        (_, Valid::Between(_, max)) => max.to_string(),
+        (_, Valid::LevelOr(_, min, _)) => min.to_string(),
+        (_, Valid::Fraction(..)) => "0.25".to_owned(),
+        (_, Valid::OneOf(choices) | Valid::ListOf(choices)) => choices
+            .iter()
+            .find(|c| **c != def.default && supported(c))
+            .unwrap_or(&def.default)
+            .to_string(),
+        (_, Valid::ThrottledReplicas) => "0:1,1:2".to_owned(),
+        (_, Valid::Any) => "0".to_owned(),
+    };
+    let invalid = match def.valid {
+        Valid::AtLeast(min) => (min - 1).to_string(),
+        Valid::Between(_, max) | Valid::LevelOr(_, _, max) => (max + 1).to_string(),
+        Valid::Fraction(..) => "1.5".to_owned(),
+        Valid::ThrottledReplicas => "0-1".to_owned(),
+        _ => "nonsense".to_owned(),
+    };
+    (valid, invalid)
 }
 
 #[cfg(test)]
@@ -174,36 +735,147 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_default_is_valid() {
+    fn every_default_is_valid_and_the_list_is_sorted() {
         for def in TOPIC_CONFIGS {
             assert_eq!(
-                validate_topic_config(def.name, def.default).as_deref(),
+                parse(def, def.default).as_deref(),
                 Ok(def.default),
                 "{}",
+                def.name
+            );
+        }
+        let names: Vec<_> = TOPIC_CONFIGS.iter().map(|d| d.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted);
+    }
+
+    #[test]
+    fn unknown_and_invalid_values_are_rejected_with_kafkas_messages() {
+        assert_eq!(
+            validate_topic_config("retention.msx", "1").unwrap_err(),
+            "Unknown topic config name: retention.msx"
+        );
+        assert_eq!(
+            validate_topic_config("retention.ms", "soon").unwrap_err(),
+            "Invalid value soon for configuration retention.ms: Not a number of type LONG"
+        );
+        assert_eq!(
+            validate_topic_config("retention.ms", "-5").unwrap_err(),
+            "Invalid value -5 for configuration retention.ms: Value must be at least -1"
+        );
+        assert!(validate_topic_config("max.message.bytes", "99999999999").is_err());
+        assert_eq!(
+            validate_topic_config("cleanup.policy", "delete,forever").unwrap_err(),
+            "Invalid value forever for configuration cleanup.policy: String must be one of: compact, delete"
+        );
+        assert!(
+            validate_topic_config("cleanup.policy", "compact")
+                .unwrap_err()
+                .contains("does not compact")
+        );
+        assert_eq!(
+            validate_topic_config("remote.storage.enable", "TRUE").unwrap(),
+            "true"
+        );
+        assert!(validate_topic_config("message.timestamp.type", "createtime").is_err());
+        assert!(validate_topic_configs([("retention.ms", "1"), ("retention.ms", "2")]).is_err());
+    }
+
+    #[test]
+    fn lists_levels_ratios_and_replica_lists_are_checked_as_kafka_checks_them() {
+        assert_eq!(
+            validate_topic_config("cleanup.policy", " delete ").unwrap(),
+            "delete"
+        );
+        assert_eq!(validate_topic_config("cleanup.policy", "").unwrap(), "");
+        assert_eq!(
+            validate_topic_config("compression.gzip.level", "-1").unwrap(),
+            "-1"
+        );
+        assert!(validate_topic_config("compression.gzip.level", "0").is_err());
+        assert!(validate_topic_config("compression.gzip.level", "10").is_err());
+        assert_eq!(
+            validate_topic_config("min.cleanable.dirty.ratio", "0.9").unwrap(),
+            "0.9"
+        );
+        assert!(validate_topic_config("min.cleanable.dirty.ratio", "1.5").is_err());
+        assert!(validate_topic_config("min.cleanable.dirty.ratio", "NaN").is_err());
+        assert_eq!(
+            validate_topic_config("leader.replication.throttled.replicas", "0:1, 1:2").unwrap(),
+            "0:1,1:2"
+        );
+        assert_eq!(
+            validate_topic_config("follower.replication.throttled.replicas", "*").unwrap(),
+            "*"
+        );
+        assert!(validate_topic_config("follower.replication.throttled.replicas", "0:x").is_err());
+        assert!(validate_topic_config("follower.replication.throttled.replicas", "*,0:1").is_err());
+    }
+
+    #[test]
+    fn every_config_has_a_valid_and_an_invalid_example_that_pass_together() {
+        let mut all = Vec::new();
+        for def in TOPIC_CONFIGS {
+            let (valid, invalid) = example_values(def);
+            assert_eq!(
+                validate_topic_config(def.name, &valid),
+                Ok(valid.clone()),
+                "{}",
+                def.name
+            );
+            assert!(
+                validate_topic_config(def.name, &invalid).is_err(),
+                "{} {invalid}",
+                def.name
+            );
+            all.push((def.name, valid));
+        }
+        validate_topic_configs(all.iter().map(|(k, v)| (*k, v.as_str()))).unwrap();
+    }
+
+    #[test]
+    fn the_configuration_guide_lists_every_config() {
+        let guide = include_str!("../../docs/configuration.md");
+        for def in TOPIC_CONFIGS {
+            assert!(
+                guide.contains(&format!("| `{}` |", def.name)),
+                "docs/configuration.md does not list {}",
                 def.name
             );
         }
     }
 
     #[test]
-    fn unknown_and_invalid_values_are_rejected() {
+    fn configs_are_also_checked_together() {
+        let set = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let lag = set(&[("min.compaction.lag.ms", "10"), ("max.compaction.lag.ms", "5")]);
         assert!(
-            validate_topic_config("retention.msx", "1")
+            check_together(&BTreeMap::new(), &lag)
                 .unwrap_err()
-                .contains("retention.msx")
+                .contains("conflict")
         );
-        assert!(validate_topic_config("retention.ms", "soon").is_err());
-        assert!(validate_topic_config("retention.ms", "-5").is_err());
-        assert!(validate_topic_config("max.message.bytes", "99999999999").is_err());
-        assert!(
-            validate_topic_config("cleanup.policy", "compact")
-                .unwrap_err()
-                .contains("delete")
-        );
+        let local = set(&[
+            ("remote.storage.enable", "true"),
+            ("retention.bytes", "100"),
+            ("local.retention.bytes", "200"),
+        ]);
         assert_eq!(
-            validate_topic_config("remote.storage.enable", "TRUE").unwrap(),
-            "true"
+            check_together(&BTreeMap::new(), &local).unwrap_err(),
+            "Invalid value 200 for configuration local.retention.bytes: Value must not be more than retention.bytes property value: 100"
         );
-        assert!(validate_topic_configs([("retention.ms", "1"), ("retention.ms", "2")]).is_err());
+        let remote = set(&[("remote.storage.enable", "true")]);
+        assert!(check_together(&BTreeMap::new(), &remote).is_ok());
+        assert!(
+            check_together(&remote, &BTreeMap::new())
+                .unwrap_err()
+                .contains("invalid to disable remote storage")
+        );
     }
 }

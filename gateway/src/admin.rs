@@ -541,42 +541,23 @@ async fn alter_topic(
     if changes.configs.is_empty() {
         return Err(Failure::bad("no configs to change"));
     }
-    for _attempt in 0..5 {
-        let topic = ctx
-            .storage
-            .topic_fresh(&name)
-            .await
-            .map_err(|e| Failure::storage(&e))?
-            .ok_or_else(|| Failure::kafka(ResponseError::UnknownTopicOrPartition.code(), None))?;
-        let mut merged = topic.configs.clone();
-        for (k, v) in &changes.configs {
-            match v {
-                Some(v) => {
-                    merged.insert(k.clone(), v.clone());
-                }
-                None => {
-                    merged.remove(k);
-                }
-            }
-        }
-        let merged =
-            ketch_config::topic::validate_topic_configs(merged.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .map_err(|m| Failure::kafka(ResponseError::InvalidConfig.code(), Some(&m)))?;
-        match ctx.storage.set_topic_configs(&topic, merged).await {
-            Ok(_) => {
-                tracing::info!(principal = %client.principal, topic = name, changes = ?changes.configs,
-                    "admin API: topic configs changed");
-                return describe_topic(&ctx, &client, &name).await.map(Json);
-            }
-            Err(ketch_storage::StorageError::Conflict(_)) => continue,
-            Err(e) => return Err(Failure::storage(&e)),
-        }
-    }
-    Err(Failure::new(
-        StatusCode::CONFLICT,
-        "CONCURRENT_CHANGE",
-        format!("topic {name} kept changing; try again"),
-    ))
+    let alteration = api::alter_configs::Alteration::Edit(
+        changes
+            .configs
+            .into_iter()
+            .map(|(name, value)| {
+                let change = match value {
+                    Some(v) => api::alter_configs::Change::Set(v),
+                    None => api::alter_configs::Change::Delete,
+                };
+                (name, change)
+            })
+            .collect(),
+    );
+    api::alter_configs::alter_topic(&ctx, &client, "admin API", &name, &alteration, false)
+        .await
+        .map_err(|(code, message)| Failure::kafka(code, Some(message.as_str())))?;
+    describe_topic(&ctx, &client, &name).await.map(Json)
 }
 
 /// Every gateway's ListGroups, merged (each lists the groups it coordinates).

@@ -16,8 +16,10 @@ use uuid::Uuid;
 use crate::keys::{Keys, PartitionKeys, default_tag};
 use crate::{Result, StorageError, Store};
 
-/// How long a cached topic record is trusted before it is read again.
-const CACHE_TTL: Duration = Duration::from_secs(2);
+/// How long a cached topic record is trusted before it is read again: a
+/// config change through one gateway takes effect on every other within
+/// this (one HGET per topic in use per half second per gateway).
+pub const CACHE_TTL: Duration = Duration::from_millis(500);
 
 /// A topic as stored in `ketch:topics`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,7 +309,7 @@ impl Store {
 
     /// Replaces a topic's config overrides (`configs`, validated by the
     /// caller), if the topic is still as `topic` was read; other gateways
-    /// see the change when their cached record expires.
+    /// see the change when their cached record expires ([`CACHE_TTL`]).
     pub async fn set_topic_configs(
         &self,
         topic: &Topic,

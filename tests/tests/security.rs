@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::{
-    ApiKey, CreateAclsRequest, EnvelopeRequest, MetadataRequest, RequestHeader, SaslAuthenticateRequest,
+    ApiKey, CreateAclsRequest, EnvelopeRequest, IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse, MetadataRequest, RequestHeader, SaslAuthenticateRequest,
     SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
@@ -294,6 +296,23 @@ fn acls_hold_on_every_gateway_and_group_requests_are_forwarded_behind_a_load_bal
             .expect("enqueue");
     }
     producer.flush(Duration::from_secs(20)).expect("produced");
+    // Altering the topic's configs takes ALTER_CONFIGS, which only the
+    // super user has.
+    let alter = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(TOPIC)
+            .with_resource_name(s(&topic))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(s("retention.ms"))
+                    .with_config_operation(0)
+                    .with_value(Some(s("3600000"))),
+            ]),
+    ]);
+    let refused: IncrementalAlterConfigsResponse = alice.request(1, &alter);
+    assert_eq!(refused.responses[0].error_code, 29, "TOPIC_AUTHORIZATION_FAILED");
+    let altered: IncrementalAlterConfigsResponse = admin.request(1, &alter);
+    assert_eq!(altered.responses[0].error_code, 0, "{altered:?}");
 
     let consumer = |group: &str| -> BaseConsumer {
         let c: BaseConsumer = client(&[

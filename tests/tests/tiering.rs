@@ -833,7 +833,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     // log start moves to a segment boundary; the table keeps every row.
     let all = redis.segments(&topic, 0);
     let kept: i64 = all[2..].iter().map(|s| s["bytes"].as_i64().unwrap()).sum();
-    set_topic_config(&redis, &topic, "retention.bytes", &kept.to_string());
+    set_topic_config(&ketch, &topic, "retention.bytes", &kept.to_string());
     let third_base = all[2]["base"].as_i64().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while raw::list_offsets(&mut conn, &topic, 0, -2).1 != third_base {
@@ -847,21 +847,68 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
 }
 
-/// Sets a topic config in the topic's Redis record (ketch has no
-/// AlterConfigs yet); gateways pick it up within their 2 s topic cache.
-fn set_topic_config(redis: &TestRedis, topic: &str, name: &str, value: &str) {
-    let mut conn = redis.connection();
-    let json: String = redis::cmd("HGET")
-        .arg("ketch:topics")
-        .arg(topic)
-        .query(&mut conn)
-        .expect("HGET ketch:topics");
-    let mut record: serde_json::Value = serde_json::from_str(&json).expect("topic JSON");
-    record["configs"][name] = serde_json::Value::String(value.to_owned());
-    let _: i64 = redis::cmd("HSET")
-        .arg("ketch:topics")
-        .arg(topic)
-        .arg(record.to_string())
-        .query(&mut conn)
-        .expect("HSET ketch:topics");
+/// Sets a topic config through IncrementalAlterConfigs (SET), as an
+/// operator's tool would; every gateway applies it within half a second.
+fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
+    use kafka_protocol::protocol::StrBytes;
+
+    let text = |v: &str| StrBytes::from_string(v.to_owned());
+    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(text(topic))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(text(name))
+                    .with_config_operation(0)
+                    .with_value(Some(text(value))),
+            ]),
+    ]);
+    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
+    let response: IncrementalAlterConfigsResponse = conn.request(1, &request);
+    assert_eq!(
+        response.responses[0].error_code, 0,
+        "{name}={value}: {:?}",
+        response.responses[0].error_message
+    );
+}
+
+/// Remote storage turned on for a topic that has been running without it:
+/// the segments it sealed before are archived, trimmed from Redis by local
+/// retention and read back from the archive.
+#[test]
+fn remote_storage_turned_on_for_a_running_topic_archives_its_sealed_segments() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("turned-on");
+    ketch.create_topic_with(
+        &rt,
+        &topic,
+        1,
+        &[
+            ("retention.ms", "-1"),
+            ("segment.bytes", "65536"),
+            ("segment.ms", "1000"),
+        ],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce_segments(&producer, &rt, &redis, &topic, 2, 1_000);
+    let sealed = redis.segments(&topic, 0);
+    assert!(
+        sealed.iter().all(|s| s.get("path").is_none()),
+        "nothing is archived before: {sealed:?}"
+    );
+
+    set_topic_config(&ketch, &topic, "remote.storage.enable", "true");
+    set_topic_config(&ketch, &topic, "local.retention.bytes", "0");
+    let ends = wait_all_trimmed(&redis, &ketch, &topic, 1);
+    assert_eq!(ends, [2_000]);
+    assert_eq!(redis.stream_len(&topic, 0), 0, "Redis holds nothing of it");
+    consume_and_check(&ketch.consumer(), &topic, &ends);
 }

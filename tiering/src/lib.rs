@@ -703,8 +703,14 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
             .unwrap_or(-1)
     };
     let remote = topic.config("remote.storage.enable") == Some("true");
-    let retention_ms = number("retention.ms");
-    let retention_bytes = number("retention.bytes");
+    // Kafka: retention removes segments only under cleanup.policy=delete
+    // (an empty policy keeps everything).
+    let deletes =
+        ketch_config::topic::list_items(ketch_config::topic::effective(&topic.configs, "cleanup.policy"))
+            .contains(&"delete");
+    let retention = |name: &str| if deletes { number(name) } else { -1 };
+    let retention_ms = retention("retention.ms");
+    let retention_bytes = retention("retention.bytes");
     // Kafka: -2 means "as retention.*".
     let local = |value: i64, retention: i64| if value == -2 { retention } else { value };
     SegmentPolicy {
@@ -722,6 +728,30 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_applies_only_under_the_delete_cleanup_policy() {
+        let keys = ketch_storage::Keys::new("ketch");
+        let topic = |configs: &[(&str, &str)]| {
+            let configs = configs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            Topic::new("t", uuid::Uuid::nil(), Vec::new(), configs, &keys)
+        };
+        let expiration = Duration::from_secs(1);
+        let deleting = policy(&topic(&[("retention.bytes", "10")]), expiration);
+        assert_eq!(
+            (deleting.retention_ms, deleting.retention_bytes),
+            (604_800_000, 10)
+        );
+        let keeping = policy(
+            &topic(&[("retention.bytes", "10"), ("cleanup.policy", "")]),
+            expiration,
+        );
+        assert_eq!((keeping.retention_ms, keeping.retention_bytes), (-1, -1));
+        assert_eq!(keeping.segment_ms, 604_800_000);
+    }
 
     #[test]
     fn a_table_is_due_for_maintenance_every_so_many_commits_to_it() {

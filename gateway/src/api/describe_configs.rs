@@ -11,9 +11,9 @@ use kafka_protocol::messages::describe_configs_response::{
 };
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, RequestHeader};
 use ketch_config::TopicsSettings;
-use ketch_config::topic::{ConfigType, TOPIC_CONFIGS};
+use ketch_config::topic::{ConfigDef, Effect, TOPIC_CONFIGS};
 
-use super::{Client, authorized, cluster_authorized, resolve_topic, str_bytes};
+use super::{Client, authorized, cluster_authorized, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
 
@@ -26,7 +26,7 @@ pub const DYNAMIC_TOPIC_CONFIG: i8 = 1;
 pub const STATIC_BROKER_CONFIG: i8 = 4;
 pub const DEFAULT_CONFIG: i8 = 5;
 
-/// Kafka's `ConfigType` codes.
+/// Kafka's `ConfigType` codes of the broker configs below.
 const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_INT: i8 = 3;
@@ -46,8 +46,9 @@ pub struct ReportedConfig {
     pub name: &'static str,
     pub read_only: bool,
     pub config_type: i8,
-    pub doc: &'static str,
-    /// The value in effect first, then the default it overrides, if any.
+    pub doc: String,
+    /// The value in effect first, then the defaults it overrides, as
+    /// Kafka lists synonyms (KIP-226).
     pub synonyms: Vec<Synonym>,
 }
 
@@ -58,73 +59,87 @@ impl ReportedConfig {
     }
 }
 
-/// Every topic config ketch knows, as a topic with `overrides` sees it.
-/// `max.message.bytes` defaults to the broker setting, as in Kafka.
+/// The broker-level default of a topic config: the broker synonym's value
+/// and source. `max.message.bytes` comes from `topics.max_message_bytes`
+/// (Kafka's `message.max.bytes`); the others are Kafka's defaults.
+fn broker_default(settings: &TopicsSettings, def: &ConfigDef) -> Synonym {
+    match def.name {
+        "max.message.bytes" => Synonym {
+            name: "message.max.bytes",
+            value: settings.max_message_bytes.to_string(),
+            source: STATIC_BROKER_CONFIG,
+        },
+        _ => Synonym {
+            name: def.broker_synonym.unwrap_or(def.name),
+            value: def.default.to_owned(),
+            source: DEFAULT_CONFIG,
+        },
+    }
+}
+
+/// What DescribeConfigs documents for a config: Kafka's meaning, and for
+/// an inert one why it changes nothing on ketch.
+fn documentation(def: &ConfigDef) -> String {
+    match def.effect {
+        Effect::Honoured => def.doc.to_owned(),
+        Effect::Inert(why) => format!("{} Accepted but inert on ketch: {why}", def.doc),
+    }
+}
+
+/// Every topic config, as a topic with `overrides` sees it.
 pub fn topic_configs(settings: &TopicsSettings, overrides: &BTreeMap<String, String>) -> Vec<ReportedConfig> {
     TOPIC_CONFIGS
         .iter()
         .map(|def| {
-            let default = if def.name == "max.message.bytes" {
-                Synonym {
-                    name: "message.max.bytes",
-                    value: settings.max_message_bytes.to_string(),
-                    source: STATIC_BROKER_CONFIG,
-                }
-            } else {
-                Synonym {
-                    name: def.name,
-                    value: def.default.to_owned(),
-                    source: DEFAULT_CONFIG,
-                }
-            };
+            let default = broker_default(settings, def);
             let synonyms = match overrides.get(def.name) {
-                Some(value) => {
-                    let value = value.clone();
-                    vec![
-                        Synonym {
-                            name: def.name,
-                            value,
-                            source: DYNAMIC_TOPIC_CONFIG,
-                        },
-                        default,
-                    ]
-                }
+                Some(value) => vec![
+                    Synonym {
+                        name: def.name,
+                        value: value.clone(),
+                        source: DYNAMIC_TOPIC_CONFIG,
+                    },
+                    default,
+                ],
+                // The broker-level default is in effect.
                 None => vec![default],
-            };
-            let config_type = match def.kind {
-                ConfigType::Boolean => TYPE_BOOLEAN,
-                ConfigType::Int => TYPE_INT,
-                ConfigType::Long => TYPE_LONG,
-                ConfigType::Choice(_) => TYPE_STRING,
             };
             ReportedConfig {
                 name: def.name,
                 read_only: false,
-                config_type,
-                doc: def.doc,
+                config_type: def.kind.code(),
+                doc: documentation(def),
                 synonyms,
             }
         })
         .collect()
 }
 
-/// This gateway's broker configs: fixed at startup, hence read-only.
-fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
-    let topics = &ctx.settings.topics;
+/// This gateway's broker configs: ketch's settings under Kafka's names
+/// (fixed at startup, hence read-only), then the broker-level defaults of
+/// the topic configs (`log.retention.ms`…), which tools read to show what
+/// a topic without overrides gets.
+pub fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
+    let settings = &ctx.settings;
+    let topics = &settings.topics;
     let me = ctx.membership.me();
     let listener = format!("PLAINTEXT://{}:{}", me.host, me.port);
-    [
-        (
-            "broker.id",
-            ctx.membership.my_broker_id("").to_string(),
-            TYPE_INT,
-            "This gateway's node id (broker.id).",
-        ),
+    let id = ctx.membership.my_broker_id("").to_string();
+    let ms = |d: ketch_config::Duration| d.get().as_millis().to_string();
+    let own = [
+        ("broker.id", id.clone(), TYPE_INT, "This gateway's node id."),
+        ("node.id", id, TYPE_INT, "This gateway's node id."),
         (
             "auto.create.topics.enable",
             topics.auto_create.to_string(),
             TYPE_BOOLEAN,
             "Whether a topic is created on first use (topics.auto_create).",
+        ),
+        (
+            "delete.topic.enable",
+            "true".to_owned(),
+            TYPE_BOOLEAN,
+            "Topics can be deleted.",
         ),
         (
             "num.partitions",
@@ -133,16 +148,22 @@ fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
             "Partitions of a topic created without a count (topics.default_partitions).",
         ),
         (
-            "message.max.bytes",
-            topics.max_message_bytes.to_string(),
-            TYPE_INT,
-            "Default of the max.message.bytes topic config (topics.max_message_bytes).",
-        ),
-        (
             "default.replication.factor",
             "1".to_owned(),
             TYPE_INT,
             "Always 1: replication is Redis's concern.",
+        ),
+        (
+            "offsets.topic.replication.factor",
+            "1".to_owned(),
+            TYPE_INT,
+            "Always 1: group offsets live in Redis.",
+        ),
+        (
+            "transaction.state.log.replication.factor",
+            "1".to_owned(),
+            TYPE_INT,
+            "Always 1: transaction state lives in Redis.",
         ),
         (
             "advertised.listeners",
@@ -150,20 +171,73 @@ fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
             TYPE_STRING,
             "The address clients are told to use.",
         ),
+        (
+            "socket.request.max.bytes",
+            settings.broker.max_request_bytes.to_string(),
+            TYPE_INT,
+            "Largest request accepted (broker.max_request_bytes).",
+        ),
+        (
+            "connections.max.idle.ms",
+            ms(settings.broker.connections_max_idle),
+            TYPE_LONG,
+            "Idle connections are closed after this (broker.connections_max_idle).",
+        ),
+        (
+            "group.initial.rebalance.delay.ms",
+            ms(settings.groups.initial_rebalance_delay),
+            TYPE_INT,
+            "Wait for more members before a new group's first rebalance (groups.initial_rebalance_delay).",
+        ),
+        (
+            "group.min.session.timeout.ms",
+            ms(settings.groups.min_session_timeout),
+            TYPE_INT,
+            "Shortest session timeout a member may ask for (groups.min_session_timeout).",
+        ),
+        (
+            "group.max.session.timeout.ms",
+            ms(settings.groups.max_session_timeout),
+            TYPE_INT,
+            "Longest session timeout a member may ask for (groups.max_session_timeout).",
+        ),
+        (
+            "offsets.retention.minutes",
+            (settings.groups.offsets_retention.get().as_secs() / 60).to_string(),
+            TYPE_INT,
+            "How long an empty group's offsets are kept (groups.offsets_retention).",
+        ),
     ]
     .into_iter()
     .map(|(name, value, config_type, doc)| ReportedConfig {
         name,
         read_only: true,
         config_type,
-        doc,
+        doc: doc.to_owned(),
         synonyms: vec![Synonym {
             name,
             value,
             source: STATIC_BROKER_CONFIG,
         }],
-    })
-    .collect()
+    });
+    let mut configs: Vec<ReportedConfig> = own.collect();
+    for def in TOPIC_CONFIGS {
+        let Some(name) = def.broker_synonym else {
+            continue;
+        };
+        if configs.iter().any(|c| c.name == name) {
+            continue;
+        }
+        let value = broker_default(topics, def);
+        configs.push(ReportedConfig {
+            name,
+            read_only: true,
+            config_type: def.kind.code(),
+            doc: format!("Default of the topic config {}. {}", def.name, documentation(def)),
+            synonyms: vec![value],
+        });
+    }
+    configs
 }
 
 pub async fn handle(
@@ -245,9 +319,16 @@ async fn configs_of(
         RESOURCE_TOPIC => {
             ketch_storage::validate_topic_name(name)
                 .map_err(|m| (ResponseError::InvalidTopicException.code(), Some(m)))?;
-            let topic = resolve_topic(ctx, name, false)
+            // Read now, not from the topic cache: tools read configs back
+            // to change them (kafka-python's AlterConfigs sends every
+            // override it read), so a stale answer would undo a change just
+            // made through another gateway.
+            let topic = ctx
+                .storage
+                .topic_fresh(name)
                 .await
-                .map_err(|code| (code, None))?;
+                .map_err(|e| (super::error_code(&e), None))?
+                .ok_or((ResponseError::UnknownTopicOrPartition.code(), None))?;
             Ok(topic_configs(&ctx.settings.topics, &topic.configs))
         }
         RESOURCE_BROKER
@@ -311,9 +392,14 @@ mod tests {
         assert_eq!(retention.synonyms.len(), 1);
         assert_eq!(retention.current().value, "604800000");
         assert_eq!(retention.current().source, DEFAULT_CONFIG);
+        assert_eq!(retention.current().name, "log.retention.ms", "the broker synonym");
         assert_eq!(retention.config_type, TYPE_LONG);
-        assert_eq!(find(&configs, "cleanup.policy").config_type, TYPE_STRING);
+        assert_eq!(find(&configs, "cleanup.policy").config_type, 7, "LIST");
+        assert_eq!(find(&configs, "compression.type").config_type, TYPE_STRING);
         assert_eq!(find(&configs, "remote.storage.enable").config_type, TYPE_BOOLEAN);
+        let inert = find(&configs, "min.insync.replicas");
+        assert!(inert.doc.contains("inert on ketch"), "{}", inert.doc);
+        assert!(!find(&configs, "retention.ms").doc.contains("inert"));
     }
 
     #[test]

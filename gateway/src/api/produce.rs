@@ -22,11 +22,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::produce_request::TopicProduceData;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, TopicName};
 use ketch_storage::Topic;
 use ketch_storage::batch::{
-    BatchError, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
+    BatchError, TimestampSpan, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
 };
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -249,10 +251,10 @@ async fn produce_topic(
                 Some(deadline) => tokio::time::timeout_at(deadline, produced)
                     .await
                     .unwrap_or_else(|_| {
-                        Err((
+                        Err(PartitionError::from((
                             ResponseError::RequestTimedOut.code(),
                             Some("the request's timeout_ms passed".to_owned()),
-                        ))
+                        )))
                     }),
             };
             match produced {
@@ -260,9 +262,10 @@ async fn produce_topic(
                     .with_base_offset(base_offset)
                     .with_log_start_offset(log_start)
                     .with_log_append_time_ms(append_time),
-                Err((code, message)) => response
-                    .with_error_code(code)
-                    .with_error_message(message.map(str_bytes)),
+                Err(e) => response
+                    .with_error_code(e.code)
+                    .with_error_message(e.message.map(str_bytes))
+                    .with_record_errors(e.record_errors),
             }
         }
     });
@@ -272,7 +275,23 @@ async fn produce_topic(
         .with_partition_responses(super::each(partitions).await)
 }
 
-type PartitionError = (i16, Option<String>);
+/// Why a partition's batch was refused: the error code, its message, and
+/// for errors of particular records (KIP-467) their indexes in the batch.
+struct PartitionError {
+    code: i16,
+    message: Option<String>,
+    record_errors: Vec<BatchIndexAndErrorMessage>,
+}
+
+impl From<(i16, Option<String>)> for PartitionError {
+    fn from((code, message): (i16, Option<String>)) -> Self {
+        Self {
+            code,
+            message,
+            record_errors: Vec::new(),
+        }
+    }
+}
 
 async fn produce_partition(
     ctx: &Context,
@@ -286,20 +305,20 @@ async fn produce_partition(
         .await
         .map_err(|code| (code, None))?;
     let Some(batch) = records.filter(|r| !r.is_empty()) else {
-        return Err((
+        return Err(PartitionError::from((
             ResponseError::InvalidRecord.code(),
             Some("no record batch".to_owned()),
-        ));
+        )));
     };
     let max_bytes = super::max_message_bytes(ctx, &topic);
     if batch.len() > max_bytes {
-        return Err((
+        return Err(PartitionError::from((
             ResponseError::MessageTooLarge.code(),
             Some(format!(
                 "batch of {} bytes exceeds max.message.bytes {max_bytes}",
                 batch.len()
             )),
-        ));
+        )));
     }
     let valid = validate(&batch).await.map_err(|e| {
         tracing::debug!(topic = %topic.name, partition, error = %e, "rejected record batch");
@@ -308,18 +327,21 @@ async fn produce_partition(
     let mut header = valid.header;
     if header.is_transactional() && !transactional_request {
         // Kafka: transactional records need the request's transactional id.
-        return Err((
+        return Err(PartitionError::from((
             ResponseError::TransactionalIdAuthorizationFailed.code(),
             Some("a transactional batch in a produce request without a transactional id".to_owned()),
-        ));
+        )));
     }
     let log_append_time = topic.config("message.timestamp.type") == Some("LogAppendTime");
     if log_append_time && header.is_log_append_time() {
         // Kafka's LogValidator: the broker, not the producer, stamps append times.
-        return Err((
+        return Err(PartitionError::from((
             ResponseError::InvalidTimestamp.code(),
             Some("Producer should not set timestamp type to LogAppendTime".to_owned()),
-        ));
+        )));
+    }
+    if !log_append_time {
+        check_timestamps(&topic, &batch, &valid.timestamps)?;
     }
     let (batch, append_time) = if log_append_time {
         let now = ketch_storage::now_ms();
@@ -342,6 +364,51 @@ async fn produce_partition(
         );
     }
     Ok((outcome.base_offset, outcome.log_start_offset, append_time))
+}
+
+/// Kafka's CreateTime bounds (KIP-937): every record's timestamp within
+/// `message.timestamp.before.max.ms` behind and
+/// `message.timestamp.after.max.ms` ahead of the gateway's clock, else the
+/// batch is refused with INVALID_TIMESTAMP and each offending record named
+/// in `record_errors`, as Kafka's LogValidator answers.
+fn check_timestamps(topic: &Topic, batch: &Bytes, span: &TimestampSpan) -> Result<(), PartitionError> {
+    let bound = |name: &str| {
+        ketch_config::topic::effective(&topic.configs, name)
+            .parse::<i64>()
+            .unwrap_or(i64::MAX)
+    };
+    let (before, after) = (
+        bound("message.timestamp.before.max.ms"),
+        bound("message.timestamp.after.max.ms"),
+    );
+    let now = ketch_storage::now_ms();
+    let bad = |timestamp: i64| {
+        timestamp != -1 && (now.saturating_sub(timestamp) > before || timestamp.saturating_sub(now) > after)
+    };
+    if (span.min == i64::MAX || !bad(span.min)) && !bad(span.max) {
+        return Ok(());
+    }
+    let (low, high) = (now.saturating_sub(before), now.saturating_add(after));
+    let record_errors = ketch_storage::batch::record_timestamps(batch)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (_, timestamp))| bad(*timestamp))
+        .map(|(index, (delta, timestamp))| {
+            BatchIndexAndErrorMessage::default()
+                .with_batch_index(index as i32)
+                .with_batch_index_error_message(Some(str_bytes(format!(
+                    // The offset as the producer numbered it (from 0).
+                    "Timestamp {timestamp} of message with offset {delta} is out of range. The \
+                     timestamp should be within [{low}, {high}]"
+                ))))
+        })
+        .collect();
+    Err(PartitionError {
+        code: ResponseError::InvalidTimestamp.code(),
+        message: Some("One or more records have been rejected due to invalid timestamp".to_owned()),
+        record_errors,
+    })
 }
 
 /// Compressed batches larger than this are validated on the blocking pool:

@@ -132,6 +132,42 @@ impl BatchHeader {
     }
 }
 
+/// A batch's earliest and latest record timestamps, with the offset deltas
+/// of the records carrying them (for Kafka's per-record timestamp checks).
+/// Records without a timestamp (-1) count only toward the latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampSpan {
+    pub min: i64,
+    pub min_delta: i32,
+    pub max: i64,
+    pub max_delta: i32,
+}
+
+impl Default for TimestampSpan {
+    fn default() -> Self {
+        Self {
+            min: i64::MAX,
+            min_delta: -1,
+            max: NO_TIMESTAMP,
+            max_delta: -1,
+        }
+    }
+}
+
+impl TimestampSpan {
+    #[inline]
+    pub(crate) fn add(&mut self, timestamp: i64, offset_delta: i32) {
+        if timestamp > self.max {
+            self.max = timestamp;
+            self.max_delta = offset_delta;
+        }
+        if timestamp != NO_TIMESTAMP && timestamp < self.min {
+            self.min = timestamp;
+            self.min_delta = offset_delta;
+        }
+    }
+}
+
 /// A batch [`validate_produce_batch`] accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ValidBatch {
@@ -141,6 +177,8 @@ pub struct ValidBatch {
     /// batch must carry the corrected one ([`set_max_timestamp`]), as Kafka
     /// rewrites it.
     pub max_timestamp_corrected: bool,
+    /// Its records' timestamps.
+    pub timestamps: TimestampSpan,
 }
 
 /// Validates the records of one partition in a Produce request: exactly one
@@ -153,13 +191,14 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
     // Uncompressed records are walked over the slice first; only a batch
     // that walk refuses goes through the general reader, for its error.
     let plain = header.compression()? == Compression::None;
-    let max_timestamp = match plain
+    let timestamps = match plain
         .then(|| records::walk_plain(&bytes[HEADER_LEN..], header.record_count, header.base_timestamp))
         .flatten()
     {
-        Some(max_timestamp) => max_timestamp,
+        Some(timestamps) => timestamps,
         None => walk_records(bytes, &header)?,
     };
+    let max_timestamp = timestamps.max;
     let mut header = header;
     // A LogAppendTime batch's records all carry its max timestamp.
     let corrected = !header.is_log_append_time() && header.max_timestamp != max_timestamp;
@@ -169,14 +208,15 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
     Ok(ValidBatch {
         header,
         max_timestamp_corrected: corrected,
+        timestamps,
     })
 }
 
 /// Walks every record of the batch (decompressing as it goes): their
-/// framing, dense offset deltas; their largest timestamp.
-fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<i64, BatchError> {
+/// framing, dense offset deltas; their timestamps.
+fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<TimestampSpan, BatchError> {
     let mut records = Records::new(bytes.slice(HEADER_LEN..), header)?;
-    let mut max_timestamp = NO_TIMESTAMP;
+    let mut timestamps = TimestampSpan::default();
     let mut expected = 0;
     while let Some(record) = records.next_meta()? {
         if record.offset_delta != expected {
@@ -185,10 +225,22 @@ fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<i64, BatchError> 
                 record.offset_delta
             )));
         }
-        max_timestamp = max_timestamp.max(record.timestamp);
+        timestamps.add(record.timestamp, expected);
         expected += 1;
     }
-    Ok(max_timestamp)
+    Ok(timestamps)
+}
+
+/// Every record's offset delta and timestamp (decompressing as needed), for
+/// the rare path that reports which records of a batch failed a check.
+pub fn record_timestamps(bytes: &Bytes) -> Result<Vec<(i32, i64)>, BatchError> {
+    let header = header(bytes)?;
+    let mut records = Records::new(bytes.slice(HEADER_LEN..), &header)?;
+    let mut out = Vec::with_capacity(usize::try_from(header.record_count).unwrap_or(0).min(4096));
+    while let Some(record) = records.next_meta()? {
+        out.push((record.offset_delta, record.timestamp));
+    }
+    Ok(out)
 }
 
 /// The checks of the fixed header: length, magic, CRC, counts, attributes.
@@ -366,17 +418,17 @@ pub(crate) mod tests {
             base_timestamp: 1_700_000_000_000,
             ..BatchHeader::read(&wrap(&body, 0, count, 1_700_000_000_000, 0))
         };
-        let slow = |body: &[u8], count: i32| -> Option<i64> {
+        let slow = |body: &[u8], count: i32| -> Option<TimestampSpan> {
             let mut records = Records::new(Bytes::copy_from_slice(body), &header(count)).ok()?;
-            let (mut max, mut expected) = (NO_TIMESTAMP, 0);
+            let (mut span, mut expected) = (TimestampSpan::default(), 0);
             while let Some(meta) = records.next_meta().ok()? {
                 if meta.offset_delta != expected {
                     return None;
                 }
-                max = max.max(meta.timestamp);
+                span.add(meta.timestamp, expected);
                 expected += 1;
             }
-            Some(max)
+            Some(span)
         };
         let fast = |body: &[u8], count: i32| records::walk_plain(body, count, 1_700_000_000_000);
         assert_eq!(fast(&body, 6), slow(&body, 6));
@@ -386,7 +438,7 @@ pub(crate) mod tests {
             assert_eq!(slow(&body, count), None, "count {count}");
         }
         // Every single-byte change, truncation and extension: both accept
-        // or both refuse, with the same largest timestamp.
+        // or both refuse, with the same timestamps.
         let mut state = 0x2545_f491_4f6c_dd1du64;
         for at in 0..body.len() {
             for _ in 0..8 {

@@ -244,13 +244,13 @@ pub(crate) fn read_varlong(mut next: impl FnMut() -> Result<u8, BatchError>) -> 
 /// The checks [`Records::next_meta`] and `validate_produce_batch` make of
 /// an uncompressed body — framing, lengths within their record, dense
 /// offset deltas, the count — done over the slice in one pass, for the
-/// produce path: `Some(largest timestamp)` when every check passes, `None`
+/// produce path: `Some(its timestamps)` when every check passes, `None`
 /// when one fails (the general reader then says which).
-pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option<i64> {
+pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option<super::TimestampSpan> {
     if count < 0 || count as usize > body.len() / MIN_RECORD_LEN {
         return None;
     }
-    let mut max_timestamp = super::NO_TIMESTAMP;
+    let mut timestamps = super::TimestampSpan::default();
     let mut pos = 0;
     for expected in 0..i64::from(count) {
         let (len, n) = varlong_at(body, pos)?;
@@ -269,12 +269,12 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
         if offset_delta != expected {
             return None;
         }
-        max_timestamp = max_timestamp.max(base_timestamp.wrapping_add(timestamp_delta));
+        timestamps.add(base_timestamp.wrapping_add(timestamp_delta), expected as i32);
         at = skip_nullable(record, at)?.1; // key
         at = skip_nullable(record, at)?.1; // value
         check_headers(record, at)?;
     }
-    (pos == body.len()).then_some(max_timestamp)
+    (pos == body.len()).then_some(timestamps)
 }
 
 /// Checks a record's headers, from `at` (their count) to the record's

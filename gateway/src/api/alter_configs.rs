@@ -1,0 +1,532 @@
+//! AlterConfigs (API key 33, versions 0–2) and IncrementalAlterConfigs
+//! (API key 44, versions 0–1): change a topic's config overrides.
+//! Spec: KIP-133 (AlterConfigs), KIP-339 (IncrementalAlterConfigs: SET,
+//! DELETE, APPEND, SUBTRACT). Semantics follow Kafka's ConfigAdminManager
+//! and ConfigurationControlManager: the legacy API replaces every override
+//! of a resource, the incremental one edits them; each resource succeeds or
+//! fails whole; `validate_only` checks without storing.
+//!
+//! A topic's overrides live in its registry record (`ketch:topics`), changed
+//! by compare-and-set, so two gateways altering one topic at once both land
+//! or one retries. Every gateway reads a topic record again once its cached
+//! copy is older than the topic cache's lifetime (half a second), so a change
+//! takes effect everywhere within that: produce reads `max.message.bytes`
+//! and `message.timestamp.*` from the record, the storage worker reads
+//! retention, segment and remote storage settings on its next tick.
+//! Broker settings are read from ketch's configuration at start and cannot
+//! be altered at run time; such requests are refused naming the configs.
+
+use std::collections::{BTreeMap, HashSet};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::{
+    AlterConfigsRequest, AlterConfigsResponse, IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse, RequestHeader, alter_configs_response,
+    incremental_alter_configs_response,
+};
+use kafka_protocol::protocol::StrBytes;
+use ketch_config::topic::{self, ConfigType};
+use ketch_storage::StorageError;
+
+use super::{Client, authorized, cluster_authorized, error_code, str_bytes};
+use crate::Context;
+use crate::auth::acl::{Operation, ResourceType};
+
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+
+/// IncrementalAlterConfigs operation codes (`AlterConfigOp.OpType`).
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+const OP_APPEND: i8 = 2;
+const OP_SUBTRACT: i8 = 3;
+
+/// Why a resource was not altered: a Kafka error code and message.
+type Failure = (i16, String);
+
+fn failure(error: ResponseError, message: impl Into<String>) -> Failure {
+    (error.code(), message.into())
+}
+
+/// One requested change of a config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Set(String),
+    Delete,
+    Append(String),
+    Subtract(String),
+}
+
+/// How a resource's overrides change: all replaced (AlterConfigs), or
+/// edited one config at a time (IncrementalAlterConfigs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Alteration {
+    Replace(BTreeMap<String, String>),
+    Edit(Vec<(String, Change)>),
+}
+
+impl Alteration {
+    /// The names this alteration touches, for the audit line.
+    fn describe(&self) -> String {
+        match self {
+            Alteration::Replace(all) => format!("replace all with {all:?}"),
+            Alteration::Edit(changes) => format!("{changes:?}"),
+        }
+    }
+
+    /// The overrides after this alteration of `current`, validated alone
+    /// and together as Kafka validates them.
+    pub fn apply(&self, current: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, Failure> {
+        let invalid = |m: String| failure(ResponseError::InvalidConfig, m);
+        let mut next = match self {
+            Alteration::Replace(all) => all.clone(),
+            Alteration::Edit(_) => current.clone(),
+        };
+        if let Alteration::Edit(changes) = self {
+            for (name, change) in changes {
+                let def = topic::topic_config(name)
+                    .ok_or_else(|| invalid(format!("Unknown topic config name: {name}")))?;
+                match change {
+                    Change::Set(value) => {
+                        next.insert(name.clone(), value.clone());
+                    }
+                    Change::Delete => {
+                        next.remove(name);
+                    }
+                    Change::Append(_) | Change::Subtract(_) if def.kind != ConfigType::List => {
+                        let verb = if matches!(change, Change::Append(_)) {
+                            "append"
+                        } else {
+                            "subtract"
+                        };
+                        return Err(invalid(format!(
+                            "Config value {verb} is not allowed for config key: {name}"
+                        )));
+                    }
+                    Change::Append(value) => {
+                        let mut items: Vec<String> = topic::list_items(topic::effective(&next, name))
+                            .into_iter()
+                            .map(str::to_owned)
+                            .collect();
+                        for item in topic::list_items(value) {
+                            if !items.iter().any(|i| i == item) {
+                                items.push(item.to_owned());
+                            }
+                        }
+                        next.insert(name.clone(), items.join(","));
+                    }
+                    Change::Subtract(value) => {
+                        let gone = topic::list_items(value);
+                        let items: Vec<&str> = topic::list_items(topic::effective(&next, name))
+                            .into_iter()
+                            .filter(|i| !gone.contains(i))
+                            .collect();
+                        next.insert(name.clone(), items.join(","));
+                    }
+                }
+            }
+        }
+        let mut validated = BTreeMap::new();
+        for (name, value) in &next {
+            validated.insert(
+                name.clone(),
+                topic::validate_topic_config(name, value).map_err(invalid)?,
+            );
+        }
+        topic::check_together(current, &validated).map_err(invalid)?;
+        Ok(validated)
+    }
+}
+
+/// Alters the overrides of topic `name` (or checks that it could, with
+/// `validate_only`), retrying when another gateway changed the topic
+/// meanwhile; logs an audit line per change.
+pub async fn alter_topic(
+    ctx: &Context,
+    client: &Client,
+    api: &str,
+    name: &str,
+    alteration: &Alteration,
+    validate_only: bool,
+) -> Result<(), Failure> {
+    ketch_storage::validate_topic_name(name).map_err(|m| failure(ResponseError::InvalidTopicException, m))?;
+    for _attempt in 0..5 {
+        let topic = ctx
+            .storage
+            .topic_fresh(name)
+            .await
+            .map_err(|e| (error_code(&e), e.to_string()))?
+            .ok_or_else(|| {
+                failure(
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("Topic {name} does not exist."),
+                )
+            })?;
+        let next = alteration.apply(&topic.configs)?;
+        if validate_only {
+            return Ok(());
+        }
+        match ctx.storage.set_topic_configs(&topic, next.clone()).await {
+            Ok(_) => {
+                tracing::info!(target: "ketch::audit", principal = %client.principal, client = %client.peer,
+                    api, topic = name, change = alteration.describe(), before = ?topic.configs,
+                    after = ?next, "topic configs changed");
+                return Ok(());
+            }
+            Err(StorageError::Conflict(_)) => continue,
+            Err(e) => return Err((error_code(&e), e.to_string())),
+        }
+    }
+    Err(failure(
+        ResponseError::RequestTimedOut,
+        format!("Topic {name} kept changing while its configs were altered; try again."),
+    ))
+}
+
+/// A resource of either API, reduced to what both need.
+struct Resource {
+    resource_type: i8,
+    name: StrBytes,
+    /// The alteration, or why the request for this resource is malformed.
+    alteration: Result<Alteration, Failure>,
+}
+
+/// Kafka's per-resource preprocessing: duplicate resources and keys are
+/// INVALID_REQUEST.
+fn check_keys<'a>(names: impl Iterator<Item = &'a str>) -> Result<(), Failure> {
+    let mut seen = HashSet::new();
+    for name in names {
+        if !seen.insert(name) {
+            return Err(failure(
+                ResponseError::InvalidRequest,
+                "Error due to duplicate config keys",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn null_value(name: &str) -> Failure {
+    failure(
+        ResponseError::InvalidRequest,
+        format!("Null value not supported for : {name}"),
+    )
+}
+
+/// Alters every resource of a request, in request order.
+async fn alter_all(
+    ctx: &Context,
+    client: &Client,
+    api: &str,
+    resources: Vec<Resource>,
+    validate_only: bool,
+) -> Vec<(i8, StrBytes, Result<(), Failure>)> {
+    let mut counts: BTreeMap<(i8, StrBytes), usize> = BTreeMap::new();
+    for r in &resources {
+        *counts.entry((r.resource_type, r.name.clone())).or_default() += 1;
+    }
+    super::each(resources.into_iter().map(|r| {
+        let duplicate = counts[&(r.resource_type, r.name.clone())] > 1;
+        async move {
+            let outcome = if duplicate {
+                Err(failure(
+                    ResponseError::InvalidRequest,
+                    "Each resource must appear at most once.",
+                ))
+            } else {
+                alter_one(
+                    ctx,
+                    client,
+                    api,
+                    r.resource_type,
+                    r.name.as_str(),
+                    r.alteration,
+                    validate_only,
+                )
+                .await
+            };
+            (r.resource_type, r.name, outcome)
+        }
+    }))
+    .await
+}
+
+async fn alter_one(
+    ctx: &Context,
+    client: &Client,
+    api: &str,
+    resource_type: i8,
+    name: &str,
+    alteration: Result<Alteration, Failure>,
+    validate_only: bool,
+) -> Result<(), Failure> {
+    match resource_type {
+        RESOURCE_TOPIC => {
+            if !authorized(ctx, client, Operation::AlterConfigs, ResourceType::Topic, name) {
+                return Err(failure(
+                    ResponseError::TopicAuthorizationFailed,
+                    "Authorization failed.",
+                ));
+            }
+            alter_topic(ctx, client, api, name, &alteration?, validate_only).await
+        }
+        RESOURCE_BROKER => {
+            if !cluster_authorized(ctx, client, Operation::AlterConfigs) {
+                return Err(failure(
+                    ResponseError::ClusterAuthorizationFailed,
+                    "Authorization failed.",
+                ));
+            }
+            let me = ctx.membership.my_broker_id("").to_string();
+            if !name.is_empty() && name != me && name != ctx.membership.my_id().to_string() {
+                return Err(failure(
+                    ResponseError::InvalidRequest,
+                    format!("Unexpected broker id, expected {me} or empty string, but received {name}"),
+                ));
+            }
+            let names: Vec<String> = match alteration? {
+                Alteration::Replace(all) => all.into_keys().collect(),
+                Alteration::Edit(changes) => changes.into_iter().map(|(n, _)| n).collect(),
+            };
+            if names.is_empty() {
+                return Ok(());
+            }
+            Err(failure(
+                ResponseError::InvalidRequest,
+                format!(
+                    "Cannot update these configs dynamically: {}. ketch's broker settings are read \
+                     from its configuration at start (docs/configuration.md); topic defaults are \
+                     overridden per topic.",
+                    names.join(", ")
+                ),
+            ))
+        }
+        other => Err(failure(
+            ResponseError::InvalidRequest,
+            format!("ketch alters topic (2) and broker (4) configs, not resource type {other}"),
+        )),
+    }
+}
+
+/// AlterConfigs: each resource's overrides become exactly those given.
+pub async fn handle_alter(
+    ctx: &Context,
+    client: &Client,
+    _header: &RequestHeader,
+    req: AlterConfigsRequest,
+) -> AlterConfigsResponse {
+    let resources = req
+        .resources
+        .into_iter()
+        .map(|r| {
+            let alteration = check_keys(r.configs.iter().map(|c| c.name.as_str())).and_then(|()| {
+                r.configs
+                    .iter()
+                    .map(|c| match &c.value {
+                        Some(v) => Ok((c.name.to_string(), v.to_string())),
+                        None => Err(null_value(&c.name)),
+                    })
+                    .collect::<Result<BTreeMap<_, _>, _>>()
+                    .map(Alteration::Replace)
+            });
+            Resource {
+                resource_type: r.resource_type,
+                name: r.resource_name,
+                alteration,
+            }
+        })
+        .collect();
+    let results = alter_all(ctx, client, "AlterConfigs", resources, req.validate_only).await;
+    AlterConfigsResponse::default().with_responses(
+        results
+            .into_iter()
+            .map(|(resource_type, name, outcome)| {
+                let (code, message) = split(outcome);
+                alter_configs_response::AlterConfigsResourceResponse::default()
+                    .with_error_code(code)
+                    .with_error_message(message)
+                    .with_resource_type(resource_type)
+                    .with_resource_name(name)
+            })
+            .collect(),
+    )
+}
+
+/// IncrementalAlterConfigs: each resource's overrides edited by SET,
+/// DELETE, APPEND and SUBTRACT.
+pub async fn handle_incremental(
+    ctx: &Context,
+    client: &Client,
+    _header: &RequestHeader,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let resources = req
+        .resources
+        .into_iter()
+        .map(|r| {
+            let alteration = check_keys(r.configs.iter().map(|c| c.name.as_str())).and_then(|()| {
+                r.configs
+                    .iter()
+                    .map(|c| {
+                        let name = c.name.to_string();
+                        let value = || {
+                            c.value
+                                .as_ref()
+                                .map(|v| v.to_string())
+                                .ok_or_else(|| null_value(&name))
+                        };
+                        let change = match c.config_operation {
+                            OP_SET => Change::Set(value()?),
+                            OP_DELETE => Change::Delete,
+                            OP_APPEND => Change::Append(value()?),
+                            OP_SUBTRACT => Change::Subtract(value()?),
+                            other => {
+                                return Err(failure(
+                                    ResponseError::InvalidRequest,
+                                    format!("Unknown operations type {other}"),
+                                ));
+                            }
+                        };
+                        Ok((name, change))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Alteration::Edit)
+            });
+            Resource {
+                resource_type: r.resource_type,
+                name: r.resource_name,
+                alteration,
+            }
+        })
+        .collect();
+    let results = alter_all(
+        ctx,
+        client,
+        "IncrementalAlterConfigs",
+        resources,
+        req.validate_only,
+    )
+    .await;
+    IncrementalAlterConfigsResponse::default().with_responses(
+        results
+            .into_iter()
+            .map(|(resource_type, name, outcome)| {
+                let (code, message) = split(outcome);
+                incremental_alter_configs_response::AlterConfigsResourceResponse::default()
+                    .with_error_code(code)
+                    .with_error_message(message)
+                    .with_resource_type(resource_type)
+                    .with_resource_name(name)
+            })
+            .collect(),
+    )
+}
+
+fn split(outcome: Result<(), Failure>) -> (i16, Option<StrBytes>) {
+    match outcome {
+        Ok(()) => (0, None),
+        Err((code, message)) => (code, Some(str_bytes(message))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn edit(changes: &[(&str, Change)]) -> Alteration {
+        Alteration::Edit(changes.iter().map(|(n, c)| (n.to_string(), c.clone())).collect())
+    }
+
+    #[test]
+    fn replace_sets_exactly_the_given_overrides() {
+        let current = map(&[("retention.ms", "1000"), ("segment.ms", "50")]);
+        let next = Alteration::Replace(map(&[("retention.bytes", "10")]))
+            .apply(&current)
+            .unwrap();
+        assert_eq!(next, map(&[("retention.bytes", "10")]));
+    }
+
+    #[test]
+    fn edits_set_delete_append_and_subtract() {
+        let current = map(&[("retention.ms", "1000"), ("segment.ms", "50")]);
+        let next = edit(&[
+            ("retention.ms", Change::Delete),
+            ("max.message.bytes", Change::Set("2048".into())),
+            (
+                "leader.replication.throttled.replicas",
+                Change::Append("0:1,1:1".into()),
+            ),
+        ])
+        .apply(&current)
+        .unwrap();
+        assert_eq!(
+            next,
+            map(&[
+                ("leader.replication.throttled.replicas", "0:1,1:1"),
+                ("max.message.bytes", "2048"),
+                ("segment.ms", "50")
+            ])
+        );
+        let next = edit(&[
+            (
+                "leader.replication.throttled.replicas",
+                Change::Append("1:1,2:1".into()),
+            ),
+            (
+                "leader.replication.throttled.replicas",
+                Change::Subtract("0:1".into()),
+            ),
+        ])
+        .apply(&next)
+        .unwrap();
+        assert_eq!(next["leader.replication.throttled.replicas"], "1:1,2:1");
+        // APPEND to the default ("delete") of a list config.
+        let policy = edit(&[("cleanup.policy", Change::Subtract("delete".into()))])
+            .apply(&BTreeMap::new())
+            .unwrap();
+        assert_eq!(policy["cleanup.policy"], "");
+    }
+
+    #[test]
+    fn bad_edits_fail_whole_with_kafkas_messages() {
+        let current = map(&[("retention.ms", "1000")]);
+        let (code, message) = edit(&[("retention.ms", Change::Append("5".into()))])
+            .apply(&current)
+            .unwrap_err();
+        assert_eq!(code, ResponseError::InvalidConfig.code());
+        assert_eq!(
+            message,
+            "Config value append is not allowed for config key: retention.ms"
+        );
+        let (_, message) = edit(&[
+            ("segment.ms", Change::Set("10".into())),
+            ("retention.ms", Change::Set("-7".into())),
+        ])
+        .apply(&current)
+        .unwrap_err();
+        assert!(message.contains("retention.ms"), "{message}");
+        let (_, message) = edit(&[("no.such", Change::Delete)]).apply(&current).unwrap_err();
+        assert_eq!(message, "Unknown topic config name: no.such");
+        // Remote storage, once on, is not turned off.
+        let remote = map(&[("remote.storage.enable", "true")]);
+        let (_, message) = edit(&[("remote.storage.enable", Change::Delete)])
+            .apply(&remote)
+            .unwrap_err();
+        assert!(message.contains("invalid to disable remote storage"), "{message}");
+    }
+
+    #[test]
+    fn duplicate_keys_are_an_invalid_request() {
+        assert!(check_keys(["a", "b"].into_iter()).is_ok());
+        let (code, message) = check_keys(["a", "b", "a"].into_iter()).unwrap_err();
+        assert_eq!(code, ResponseError::InvalidRequest.code());
+        assert_eq!(message, "Error due to duplicate config keys");
+    }
+}
