@@ -283,6 +283,10 @@ pub struct TieringSettings {
     /// merged) after every this many commits this gateway makes to it; each
     /// commit adds a snapshot and a manifest. 0 turns maintenance off.
     pub maintenance_commits: u32,
+    /// Distinct keys a compaction pass over one partition holds in memory
+    /// (each costs its key's bytes and about 64 more): a pass over more
+    /// stops at a segment boundary and the next pass goes on from there.
+    pub compaction_max_keys: usize,
 }
 
 /// What acks=all waits for.
@@ -467,6 +471,7 @@ impl Default for TieringSettings {
             snapshot_retention: Duration::from_secs(3600),
             snapshots_kept: 10,
             maintenance_commits: 20,
+            compaction_max_keys: 1_000_000,
         }
     }
 }

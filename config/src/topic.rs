@@ -102,8 +102,6 @@ const NO_FILES: &str = "Partitions are Redis streams, not segment files with ind
      finds an offset with one XRANGE.";
 const NO_FLUSH: &str = "Durability is Redis's: its AOF fsync policy and, for acks=all, \
      storage.acks_all_replicas.";
-const COMPACTION_ONLY: &str = "Applies to log compaction (cleanup.policy=compact), which ketch \
-     does not offer yet; stored for when it does.";
 const RECOMPRESSION_ONLY: &str = "Applies when the broker recompresses (compression.type other \
      than producer), which ketch does not offer yet; stored for when it does.";
 
@@ -139,8 +137,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         Valid::ListOf(&["compact", "delete"]),
         Some("log.cleanup.policy"),
         Honoured,
-        "delete: retention.ms and retention.bytes remove old segments; empty: nothing is removed. \
-         compact is refused until ketch compacts.",
+        "delete: retention.ms and retention.bytes remove old segments; compact: the storage worker \
+         keeps only the latest record of each key; both: both; empty: nothing is removed.",
     ),
     def(
         "compression.gzip.level",
@@ -185,8 +183,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "86400000",
         Valid::AtLeast(0),
         Some("log.cleaner.delete.retention.ms"),
-        Inert(COMPACTION_ONLY),
-        "How long tombstones stay in a compacted log.",
+        Honoured,
+        "Compacted topics: how long a tombstone (null value) stays after its segment was sealed.",
     ),
     def(
         "file.delete.delay.ms",
@@ -266,8 +264,9 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "9223372036854775807",
         Valid::AtLeast(1),
         Some("log.cleaner.max.compaction.lag.ms"),
-        Inert(COMPACTION_ONLY),
-        "Longest time a record stays ineligible for compaction.",
+        Honoured,
+        "Compacted topics: the open segment is sealed this old at the latest, and a segment whose \
+         records are this old is compacted whatever the dirty ratio.",
     ),
     def(
         "max.message.bytes",
@@ -323,8 +322,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "0.5",
         Valid::Fraction(0.0, 1.0),
         Some("log.cleaner.min.cleanable.ratio"),
-        Inert(COMPACTION_ONLY),
-        "Share of a log not yet compacted before it is compacted.",
+        Honoured,
+        "Compacted topics: the share of a partition's bytes not yet compacted that starts a pass.",
     ),
     def(
         "min.compaction.lag.ms",
@@ -332,8 +331,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "0",
         Valid::AtLeast(0),
         Some("log.cleaner.min.compaction.lag.ms"),
-        Inert(COMPACTION_ONLY),
-        "Shortest time a record stays uncompacted.",
+        Honoured,
+        "Compacted topics: a segment is compacted once its newest record is this old.",
     ),
     def(
         "min.insync.replicas",
@@ -599,9 +598,6 @@ fn check_throttled(name: &str, value: &str, items: &[&str]) -> Result<(), String
 /// than store a setting it would not honour.
 pub fn not_supported(name: &str, value: &str) -> Option<&'static str> {
     match name {
-        "cleanup.policy" if list_items(value).contains(&"compact") => {
-            Some("ketch does not compact logs yet; use delete")
-        }
         "compression.type" if value != "producer" => Some(
             "ketch stores batches as producers compressed them and does not recompress yet; use producer",
         ),
@@ -712,7 +708,10 @@ pub fn example_values(def: &ConfigDef) -> (String, String) {
         (_, Valid::Between(_, max)) => max.to_string(),
         (_, Valid::LevelOr(_, min, _)) => min.to_string(),
         (_, Valid::Fraction(..)) => "0.25".to_owned(),
-        (_, Valid::OneOf(choices) | Valid::ListOf(choices)) => choices
+        // The empty list: valid beside every other example (compact would
+        // not be, beside remote.storage.enable=true).
+        (_, Valid::ListOf(_)) => String::new(),
+        (_, Valid::OneOf(choices)) => choices
             .iter()
             .find(|c| **c != def.default && supported(c))
             .unwrap_or(&def.default)
@@ -770,10 +769,9 @@ mod tests {
             validate_topic_config("cleanup.policy", "delete,forever").unwrap_err(),
             "Invalid value forever for configuration cleanup.policy: String must be one of: compact, delete"
         );
-        assert!(
-            validate_topic_config("cleanup.policy", "compact")
-                .unwrap_err()
-                .contains("does not compact")
+        assert_eq!(
+            validate_topic_config("cleanup.policy", "compact, delete").unwrap(),
+            "compact,delete"
         );
         assert_eq!(
             validate_topic_config("remote.storage.enable", "TRUE").unwrap(),

@@ -37,6 +37,8 @@ impl Keys {
             producers: key("producers"),
             txns: key("txns"),
             aborted: key("aborted"),
+            clean: key("clean"),
+            compacting: key("compacting"),
             wake: key("wake"),
         }
     }
@@ -65,6 +67,11 @@ pub struct PartitionKeys {
     /// Aborted transactions: score = the offset of the abort marker,
     /// member = `<producer id>:<first offset>`.
     pub aborted: String,
+    /// The compacted part of a compacted topic's log, below the meta field
+    /// `clean_end` (see compact.rs).
+    pub clean: String,
+    /// The next `clean` stream while a compaction pass writes it.
+    pub compacting: String,
     /// A pub/sub channel, not a key.
     pub wake: String,
 }
@@ -73,7 +80,7 @@ impl PartitionKeys {
     /// Every key of the partition (the wake-up channel is not a key). Whatever
     /// acts on all of a partition's keys (deleting a topic, migrating the
     /// layout) iterates this list, so a new key cannot be forgotten.
-    pub fn all(&self) -> [&str; 10] {
+    pub fn all(&self) -> [&str; 12] {
         // Destructured so that adding a field fails to compile until it is
         // listed here.
         let PartitionKeys {
@@ -87,10 +94,13 @@ impl PartitionKeys {
             producers,
             txns,
             aborted,
+            clean,
+            compacting,
             wake: _,
         } = self;
         [
-            meta, log, times, staging, segments, quarantine, lease, producers, txns, aborted,
+            meta, log, times, staging, segments, quarantine, lease, producers, txns, aborted, clean,
+            compacting,
         ]
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod batch;
 mod brokers;
+pub mod compact;
 mod connection;
 mod durable;
 pub mod error;
@@ -139,6 +140,8 @@ struct Scripts {
     txn_join: redis::Script,
     txn_offsets: redis::Script,
     txn_index: redis::Script,
+    compact_add: redis::Script,
+    compact_swap: redis::Script,
 }
 
 impl Store {
@@ -231,6 +234,8 @@ impl Store {
                 txn_join: redis::Script::new(include_str!("scripts/txn_join.lua")),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),
                 txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
+                compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
+                compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
             }),
             server: Arc::from(server),
         })

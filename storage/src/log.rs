@@ -309,6 +309,9 @@ pub struct PartitionOffsets {
     /// transactions whose data reaches an offset X have their markers
     /// below X + this.
     pub aborted_span: i64,
+    /// Compacted topics: offsets below this are read from the compacted
+    /// stream (`clean`), not the log (0: none yet).
+    pub clean_end: i64,
 }
 
 impl PartitionOffsets {
@@ -321,6 +324,7 @@ impl PartitionOffsets {
             last_stable_offset: high_watermark,
             last_abort: -1,
             aborted_span: 0,
+            clean_end: 0,
         }
     }
 }
@@ -892,6 +896,9 @@ impl Store {
         let mut out = ReadPartition::default();
         let mut next = request.offset;
         let mut bytes = 0usize;
+        // Compacted topics: offsets below `clean_end` (as the last round's
+        // meta said) are read from the compacted stream (§7a).
+        let mut clean_end = 0i64;
         loop {
             // Within the range the partition's size classes describe (as
             // the last read found them), the read asks for as many entries
@@ -914,15 +921,26 @@ impl Store {
             if count == 0 {
                 return Ok(out);
             }
+            let from_clean = next < clean_end;
             // XRANGE first, then meta: the high watermark returned is never
-            // below an offset returned.
+            // below an offset returned, and a compaction that moved
+            // `clean_end` past `next` before the XRANGE shows in the meta.
             let mut pipe = redis::pipe();
-            pipe.cmd("XRANGE")
-                .arg(&keys.log)
-                .arg(next)
-                .arg(&end)
-                .arg("COUNT")
-                .arg(count);
+            if from_clean {
+                pipe.cmd("XRANGE")
+                    .arg(&keys.clean)
+                    .arg(next)
+                    .arg(clean_end - 1)
+                    .arg("COUNT")
+                    .arg(count);
+            } else {
+                pipe.cmd("XRANGE")
+                    .arg(&keys.log)
+                    .arg(next)
+                    .arg(&end)
+                    .arg("COUNT")
+                    .arg(count);
+            }
             let (entries, meta) = self.read_round(keys, &read_meta_query(pipe, keys)).await?;
             let (offsets, classes) = parse_read_meta(meta)?;
             let offsets = offsets.ok_or(StorageError::UnknownTopicOrPartition)?;
@@ -940,7 +958,13 @@ impl Store {
                     offsets,
                 });
             }
+            clean_end = offsets.clean_end;
             out.offsets = Some(offsets);
+            if !from_clean && next < clean_end {
+                // The log below `clean_end` is compacted away (or being
+                // trimmed): read the compacted stream instead.
+                continue;
+            }
             let got = entries.len();
             let (mut read, mut largest) = (0, 0);
             for entry in entries {
@@ -950,6 +974,17 @@ impl Store {
                 out.batches.push(entry.batch);
             }
             bytes += read;
+            if from_clean {
+                // Fewer entries than asked: the compacted stream ends here
+                // (its last records may have been compacted away).
+                if got < count {
+                    next = next.max(clean_end);
+                }
+                if next >= offsets.high_watermark || bytes >= request.max_bytes {
+                    return Ok(out);
+                }
+                continue;
+            }
             let seen = read.checked_div(got).map(|average| BatchSizes {
                 average,
                 largest,
@@ -1060,17 +1095,41 @@ impl Store {
             visit,
             last: None,
         };
+        // Compacted topics: below `clean_end` the records are in the
+        // compacted stream (as in `read`).
+        let mut clean_end = offsets.clean_end;
         while next < offsets.high_watermark {
-            let entries: Value = redis::cmd("XRANGE")
-                .arg(&keys.log)
+            let from_clean = next < clean_end;
+            let (stream, end) = if from_clean {
+                (&keys.clean, (clean_end - 1).to_string())
+            } else {
+                (&keys.log, "+".to_owned())
+            };
+            let (entries, now_clean_end): (Value, Option<i64>) = redis::pipe()
+                .cmd("XRANGE")
+                .arg(stream)
                 .arg(next)
-                .arg("+")
+                .arg(end)
                 .arg("COUNT")
                 .arg(SCAN_READ_COUNT)
+                .cmd("HGET")
+                .arg(&keys.meta)
+                .arg("clean_end")
                 .query_async(&mut self.conn())
                 .await?;
+            let now_clean_end = now_clean_end.unwrap_or(0);
+            if !from_clean && next < now_clean_end {
+                clean_end = now_clean_end;
+                continue;
+            }
             let entries = stream_entries(entries)?;
-            let Some(last) = entries.last() else { break };
+            let Some(last) = entries.last() else {
+                if from_clean {
+                    next = clean_end;
+                    continue;
+                }
+                break;
+            };
             next = last.last_offset + 1;
             let compressed = entries
                 .iter()
@@ -1106,6 +1165,7 @@ impl Store {
             .key(&keys.meta)
             .key(&keys.log)
             .key(&keys.times)
+            .key(&keys.clean)
             .arg(offset)
             .invoke_async(&mut self.conn())
             .await?;
@@ -1581,13 +1641,14 @@ fn offsets_query(mut pipe: redis::Pipeline, keys: &PartitionKeys) -> redis::Pipe
 }
 
 /// The meta fields a partition's offsets are read from (see [`offsets_of`]).
-const OFFSET_FIELDS: [&str; 6] = [
+const OFFSET_FIELDS: [&str; 7] = [
     "next_offset",
     "log_start",
     "local_start",
     "txn_first",
     "aborted_last",
     "aborted_span",
+    "clean_end",
 ];
 
 fn parse_offsets(meta: Value) -> Result<Option<PartitionOffsets>> {
@@ -1606,6 +1667,7 @@ fn offsets_of(fields: &[Option<i64>]) -> Option<PartitionOffsets> {
             txn_first,
             aborted_last,
             aborted_span,
+            clean_end,
         ] => Some(PartitionOffsets {
             log_start_offset,
             local_start_offset: local_start.unwrap_or(log_start_offset),
@@ -1613,6 +1675,7 @@ fn offsets_of(fields: &[Option<i64>]) -> Option<PartitionOffsets> {
             last_stable_offset: txn_first.unwrap_or(high_watermark).min(high_watermark),
             last_abort: aborted_last.unwrap_or(-1),
             aborted_span: aborted_span.unwrap_or(0),
+            clean_end: clean_end.unwrap_or(0),
         }),
         _ => None,
     }

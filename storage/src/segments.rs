@@ -48,6 +48,10 @@ pub struct Segment {
     /// filtered out when the segment was archived.
     #[serde(default)]
     pub holes: Vec<(i64, i64)>,
+    /// Compacted segments: the bytes the log held before compaction
+    /// (`bytes` is then what the compacted stream holds of it).
+    #[serde(default)]
+    pub log_bytes: Option<i64>,
 }
 
 /// Why and since when a segment is quarantined.
@@ -206,6 +210,7 @@ impl Store {
             .key(&keys.producers)
             .key(&keys.quarantine)
             .key(&keys.aborted)
+            .key(&keys.clean)
             .arg(policy.segment_bytes)
             .arg(policy.segment_ms)
             .arg(policy.retention_ms)

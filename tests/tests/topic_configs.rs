@@ -346,7 +346,6 @@ fn bad_alterations_fail_whole_and_change_nothing() {
         "{answers:?}"
     );
     for (name, value, says) in [
-        ("cleanup.policy", "compact", "does not compact"),
         ("compression.type", "zstd", "does not recompress"),
         ("retention.msx", "1", "Unknown topic config name: retention.msx"),
     ] {
@@ -373,6 +372,26 @@ fn bad_alterations_fail_whole_and_change_nothing() {
             false,
         )
     };
+    // Kafka's rule: no remote storage for a compacted topic.
+    let both = incremental(
+        &mut conn,
+        vec![resource(
+            RESOURCE_TOPIC,
+            &topic,
+            vec![
+                op("cleanup.policy", SET, Some("compact")),
+                op("remote.storage.enable", SET, Some("true")),
+            ],
+        )],
+        false,
+    );
+    assert_eq!(
+        both,
+        [(
+            INVALID_CONFIG,
+            "Remote log storage is unsupported for the compacted topics".to_owned()
+        )]
+    );
     assert_eq!(remote("true"), [(0, String::new())]);
     let refused = remote("false");
     assert_eq!(refused[0].0, INVALID_CONFIG);

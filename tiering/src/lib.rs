@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use ketch_config::TieringSettings;
 use ketch_config::topic::topic_config;
+use ketch_storage::compact::CompactPolicy;
 use ketch_storage::segments::{Segment, SegmentChange, SegmentPolicy, Tier};
 use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
 use tokio::sync::watch;
@@ -104,6 +105,10 @@ struct Worker {
     metrics: Arc<Metrics>,
     /// Topics whose archiving task is running.
     archiving: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Topics whose compaction task is running.
+    compacting: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Distinct keys one compaction pass holds at most.
+    compaction_max_keys: usize,
 
     /// When each topic's table is due for maintenance.
     commits: CommitCount,
@@ -127,6 +132,8 @@ impl StorageWorker {
                 archiver: Archiver::new(settings.clone()),
                 metrics,
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
+                compacting: std::sync::Mutex::new(std::collections::HashSet::new()),
+                compaction_max_keys: settings.compaction_max_keys,
                 commits: CommitCount::every(settings.maintenance_commits),
                 id: uuid::Uuid::new_v4().to_string(),
             }),
@@ -167,7 +174,12 @@ impl Worker {
                 }
             }
             if policy.remote && !held.is_empty() {
-                self.clone().archive_topic(topic.clone(), held, policy);
+                self.clone().archive_topic(topic.clone(), held.clone(), policy);
+            }
+            if let Some(compaction) = compaction_policy(topic, self.compaction_max_keys)
+                && !held.is_empty()
+            {
+                self.clone().compact_topic(topic.clone(), held, compaction);
             }
         }
         self.commits.retain(|name| topics.iter().any(|t| t.name == name));
@@ -216,6 +228,40 @@ impl Worker {
                 local_start = outcome.local_start_offset, "storage worker");
         }
         Ok(())
+    }
+
+    /// Starts a compaction pass over `partitions` of `topic` in the
+    /// background, unless the topic's compaction task is still running.
+    fn compact_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>, policy: CompactPolicy) {
+        if !self
+            .compacting
+            .lock()
+            .expect("compacting")
+            .insert(topic.name.clone())
+        {
+            return;
+        }
+        tokio::spawn(async move {
+            for partition in partitions {
+                let started = std::time::Instant::now();
+                match self.store.compact(&topic, partition, &self.id, &policy).await {
+                    Ok(Some(outcome)) => {
+                        self.metrics
+                            .compacted(outcome.records_read, outcome.records_kept, started.elapsed());
+                        tracing::debug!(topic = %topic.name, partition, read = outcome.records_read,
+                            kept = outcome.records_kept, bytes_before = outcome.bytes_before,
+                            bytes_after = outcome.bytes_after, clean_end = outcome.clean_end,
+                            took_ms = started.elapsed().as_millis() as u64, "compacted");
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.metrics.compaction_failed();
+                        tracing::warn!(topic = %topic.name, partition, error = %e, "compaction");
+                    }
+                }
+            }
+            self.compacting.lock().expect("compacting").remove(&topic.name);
+        });
     }
 
     /// Starts archiving `partitions` of `topic` in the background, unless
@@ -713,9 +759,17 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
     let retention_bytes = retention("retention.bytes");
     // Kafka: -2 means "as retention.*".
     let local = |value: i64, retention: i64| if value == -2 { retention } else { value };
+    // A compacted topic's open segment is sealed by max.compaction.lag.ms
+    // too: the open segment is never compacted (Kafka rolls it likewise).
+    let compacts = compaction_policy(topic, 0).is_some();
+    let segment_ms = if compacts {
+        number("segment.ms").min(number("max.compaction.lag.ms"))
+    } else {
+        number("segment.ms")
+    };
     SegmentPolicy {
         segment_bytes: number("segment.bytes"),
-        segment_ms: number("segment.ms"),
+        segment_ms,
         retention_ms,
         retention_bytes,
         remote,
@@ -723,6 +777,25 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
         local_retention_bytes: local(number("local.retention.bytes"), retention_bytes),
         producer_expiration_ms: i64::try_from(producer_expiration.as_millis()).unwrap_or(i64::MAX),
     }
+}
+
+/// A compacted topic's compaction settings; `None` for a topic that does
+/// not compact.
+pub fn compaction_policy(topic: &Topic, max_keys: usize) -> Option<CompactPolicy> {
+    use ketch_config::topic::{effective, list_items};
+    if !list_items(effective(&topic.configs, "cleanup.policy")).contains(&"compact") {
+        return None;
+    }
+    let number = |name: &str| effective(&topic.configs, name).parse::<i64>().unwrap_or(0);
+    Some(CompactPolicy {
+        min_dirty_ratio: effective(&topic.configs, "min.cleanable.dirty.ratio")
+            .parse()
+            .unwrap_or(0.5),
+        min_lag_ms: number("min.compaction.lag.ms"),
+        max_lag_ms: number("max.compaction.lag.ms"),
+        delete_retention_ms: number("delete.retention.ms"),
+        max_keys,
+    })
 }
 
 #[cfg(test)]

@@ -20,6 +20,10 @@ pub fn describe_metrics() {
         "ketch_archive_segment_seconds",
         "Time to archive one segment: reading it from Redis, writing its data file and committing it."
     );
+    describe_histogram!(
+        "ketch_compaction_seconds",
+        "Time of one compaction pass over a partition."
+    );
     describe_gauge!(
         "ketch_archive_lag_seconds",
         "Age of the oldest sealed segment not yet archived, over the partitions this gateway works."
@@ -27,6 +31,22 @@ pub fn describe_metrics() {
 }
 
 const COUNTERS: &[(&str, &str)] = &[
+    (
+        "ketch_compaction_passes_total",
+        "Compaction passes this gateway finished over partitions of compacted topics.",
+    ),
+    (
+        "ketch_compaction_records_read_total",
+        "Records compaction passes read (the compacted part and the segments compacted).",
+    ),
+    (
+        "ketch_compaction_records_removed_total",
+        "Records compaction removed: superseded by a later record of their key, expired tombstones, aborted transactions' records.",
+    ),
+    (
+        "ketch_compaction_failures_total",
+        "Compaction passes that failed (retried on a later tick).",
+    ),
     (
         "ketch_archive_segments_total",
         "Segments archived to Iceberg by this gateway.",
@@ -96,6 +116,11 @@ pub struct Metrics {
     archived_records: Counter,
     archived_bytes: Counter,
     archive_seconds: Histogram,
+    compaction_passes: Counter,
+    compaction_read: Counter,
+    compaction_removed: Counter,
+    compaction_failures: Counter,
+    compaction_seconds: Histogram,
     archive_failures: Counter,
     quarantines: Counter,
     snapshots_expired: Counter,
@@ -136,6 +161,11 @@ impl Default for Metrics {
             archived_records: c("ketch_archive_records_total"),
             archived_bytes: c("ketch_archive_bytes_total"),
             archive_seconds: metrics::histogram!("ketch_archive_segment_seconds"),
+            compaction_passes: c("ketch_compaction_passes_total"),
+            compaction_read: c("ketch_compaction_records_read_total"),
+            compaction_removed: c("ketch_compaction_records_removed_total"),
+            compaction_failures: c("ketch_compaction_failures_total"),
+            compaction_seconds: metrics::histogram!("ketch_compaction_seconds"),
             archive_failures: c("ketch_archive_failures_total"),
             quarantines: c("ketch_archive_quarantines_total"),
             snapshots_expired: c("ketch_archive_snapshots_expired_total"),
@@ -167,6 +197,18 @@ impl Metrics {
         self.archived_segments.increment(1);
         self.archived_records.increment(records);
         self.archived_bytes.increment(file_bytes);
+    }
+
+    /// A compaction pass read `read` records and kept `kept`, in `took`.
+    pub fn compacted(&self, read: u64, kept: u64, took: std::time::Duration) {
+        self.compaction_seconds.record(took.as_secs_f64());
+        self.compaction_passes.increment(1);
+        self.compaction_read.increment(read);
+        self.compaction_removed.increment(read.saturating_sub(kept));
+    }
+
+    pub fn compaction_failed(&self) {
+        self.compaction_failures.increment(1);
     }
 
     pub fn archive_failed(&self) {

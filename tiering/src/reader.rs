@@ -552,6 +552,7 @@ mod tests {
             quarantine: None,
             skipped: None,
             holes: Vec::new(),
+            log_bytes: None,
         }
     }
 

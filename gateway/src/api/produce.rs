@@ -28,7 +28,7 @@ use kafka_protocol::messages::produce_response::{
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, TopicName};
 use ketch_storage::Topic;
 use ketch_storage::batch::{
-    BatchError, TimestampSpan, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
+    BatchError, RecordFacts, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
 };
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -340,6 +340,9 @@ async fn produce_partition(
             Some("Producer should not set timestamp type to LogAppendTime".to_owned()),
         )));
     }
+    if valid.timestamps.null_key && is_compacted(&topic) {
+        return Err(null_keys(&topic, partition, &batch));
+    }
     if !log_append_time {
         check_timestamps(&topic, &batch, &valid.timestamps)?;
     }
@@ -366,12 +369,57 @@ async fn produce_partition(
     Ok((outcome.base_offset, outcome.log_start_offset, append_time))
 }
 
+/// Whether `topic`'s cleanup policy compacts it.
+fn is_compacted(topic: &Topic) -> bool {
+    ketch_config::topic::list_items(ketch_config::topic::effective(&topic.configs, "cleanup.policy"))
+        .contains(&"compact")
+}
+
+/// Kafka's answer to records without a key on a compacted topic
+/// (LogValidator): INVALID_RECORD, each keyless record named in
+/// `record_errors` (KIP-467), and a message showing the first three.
+fn null_keys(topic: &Topic, partition: i32, batch: &Bytes) -> PartitionError {
+    let message = format!(
+        "Compacted topic cannot accept message without key in topic partition {}-{partition}.",
+        topic.name
+    );
+    let indexes: Vec<usize> = ketch_storage::batch::record_metas(batch)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter(|(_, record)| !record.has_key)
+        .map(|(index, _)| index)
+        .collect();
+    let shown: Vec<String> = indexes
+        .iter()
+        .take(3)
+        .map(|index| format!("ApiRecordError(error=INVALID_RECORD, recordIndex={index}, message={message})"))
+        .collect();
+    PartitionError {
+        code: ResponseError::InvalidRecord.code(),
+        message: Some(format!(
+            "One or more records have been rejected due to {} record errors in total, and only showing \
+             the first three errors at most: [{}]",
+            indexes.len(),
+            shown.join(", ")
+        )),
+        record_errors: indexes
+            .into_iter()
+            .map(|index| {
+                BatchIndexAndErrorMessage::default()
+                    .with_batch_index(index as i32)
+                    .with_batch_index_error_message(Some(str_bytes(message.clone())))
+            })
+            .collect(),
+    }
+}
+
 /// Kafka's CreateTime bounds (KIP-937): every record's timestamp within
 /// `message.timestamp.before.max.ms` behind and
 /// `message.timestamp.after.max.ms` ahead of the gateway's clock, else the
 /// batch is refused with INVALID_TIMESTAMP and each offending record named
 /// in `record_errors`, as Kafka's LogValidator answers.
-fn check_timestamps(topic: &Topic, batch: &Bytes, span: &TimestampSpan) -> Result<(), PartitionError> {
+fn check_timestamps(topic: &Topic, batch: &Bytes, span: &RecordFacts) -> Result<(), PartitionError> {
     let bound = |name: &str| {
         ketch_config::topic::effective(&topic.configs, name)
             .parse::<i64>()
@@ -389,12 +437,13 @@ fn check_timestamps(topic: &Topic, batch: &Bytes, span: &TimestampSpan) -> Resul
         return Ok(());
     }
     let (low, high) = (now.saturating_sub(before), now.saturating_add(after));
-    let record_errors = ketch_storage::batch::record_timestamps(batch)
+    let record_errors = ketch_storage::batch::record_metas(batch)
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .filter(|(_, (_, timestamp))| bad(*timestamp))
-        .map(|(index, (delta, timestamp))| {
+        .filter(|(_, record)| bad(record.timestamp))
+        .map(|(index, record)| {
+            let (delta, timestamp) = (record.offset_delta, record.timestamp);
             BatchIndexAndErrorMessage::default()
                 .with_batch_index(index as i32)
                 .with_batch_index_error_message(Some(str_bytes(format!(

@@ -108,6 +108,78 @@ impl BatchBuilder {
     }
 }
 
+/// A stored batch with only `records` of it kept (log compaction): the same
+/// base offset, base timestamp, attributes (codec, timestamp type,
+/// transactional), producer id, epoch and base sequence; each record keeps
+/// its offset delta and timestamp, so offsets and timestamps are unchanged
+/// and may have gaps. The body is compressed again with the batch's codec.
+/// `records` must be non-empty and in offset order.
+pub fn rebuild(original: &[u8], records: &[super::Record]) -> Result<Bytes, super::BatchError> {
+    use std::io::Write;
+    let header = super::header(original)?;
+    let base_offset = i64::from_be_bytes(original[0..8].try_into().expect("8 bytes"));
+    let mut body = Vec::with_capacity(
+        records
+            .iter()
+            .map(|r| r.value.as_ref().map_or(0, |v| v.len()) + 32)
+            .sum(),
+    );
+    let mut record = Vec::with_capacity(256);
+    let mut max_timestamp = -1;
+    for r in records {
+        record.clear();
+        record.push(0);
+        put_varlong(&mut record, r.timestamp.wrapping_sub(header.base_timestamp));
+        put_varlong(&mut record, i64::from(r.offset_delta));
+        put_nullable(&mut record, r.key.as_deref());
+        put_nullable(&mut record, r.value.as_deref());
+        put_varlong(&mut record, r.headers.len() as i64);
+        for (key, value) in &r.headers {
+            put_nullable(&mut record, Some(key));
+            put_nullable(&mut record, value.as_deref());
+        }
+        put_varlong(&mut body, record.len() as i64);
+        body.extend_from_slice(&record);
+        max_timestamp = max_timestamp.max(r.timestamp);
+    }
+    let fail = |e: std::io::Error| super::BatchError::Decompress(format!("recompressing: {e}"));
+    let body = match header.compression()? {
+        super::Compression::None => body,
+        super::Compression::Gzip => {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gz.write_all(&body).map_err(fail)?;
+            gz.finish().map_err(fail)?
+        }
+        super::Compression::Snappy => snap::raw::Encoder::new()
+            .compress_vec(&body)
+            .map_err(|e| fail(std::io::Error::other(e)))?,
+        super::Compression::Lz4 => {
+            let mut lz = lz4_flex::frame::FrameEncoder::new(Vec::new());
+            lz.write_all(&body).map_err(fail)?;
+            lz.finish().map_err(|e| fail(std::io::Error::other(e)))?
+        }
+        super::Compression::Zstd => zstd::encode_all(&body[..], 3).map_err(fail)?,
+    };
+    if header.is_log_append_time() {
+        max_timestamp = header.max_timestamp;
+    }
+    let last_delta = records
+        .last()
+        .map_or(header.last_offset_delta, |r| r.offset_delta);
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&original[..HEADER_LEN]);
+    out.extend_from_slice(&body);
+    let batch_length = (out.len() - 12) as i32;
+    out[0..8].copy_from_slice(&base_offset.to_be_bytes());
+    out[8..12].copy_from_slice(&batch_length.to_be_bytes());
+    out[23..27].copy_from_slice(&last_delta.to_be_bytes());
+    out[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
+    out[57..61].copy_from_slice(&(records.len() as i32).to_be_bytes());
+    let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &out[CRC_START..]) as u32;
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(Bytes::from(out))
+}
+
 /// The control batch that ends a transaction in a partition (Kafka's
 /// EndTransactionMarker): transactional and control attributes, the
 /// producer's id and epoch, one record whose key is (version 0, type: 0

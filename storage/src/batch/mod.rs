@@ -15,7 +15,7 @@ mod snappy;
 
 use bytes::{Buf, Bytes};
 
-pub use builder::{BatchBuilder, marker_kind, transaction_marker};
+pub use builder::{BatchBuilder, marker_kind, rebuild, transaction_marker};
 pub use records::{PlainRecords, Record, RecordMeta, RecordRef, Records};
 
 /// Size of the fixed v2 batch header, up to and including the record count.
@@ -132,31 +132,36 @@ impl BatchHeader {
     }
 }
 
-/// A batch's earliest and latest record timestamps, with the offset deltas
-/// of the records carrying them (for Kafka's per-record timestamp checks).
-/// Records without a timestamp (-1) count only toward the latest.
+/// What the produce path's walk learns of a batch's records: the earliest
+/// and latest timestamps, with the offset deltas of the records carrying
+/// them (for Kafka's per-record timestamp checks; records without a
+/// timestamp, -1, count only toward the latest), and whether any record
+/// has no key (refused on compacted topics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimestampSpan {
+pub struct RecordFacts {
     pub min: i64,
     pub min_delta: i32,
     pub max: i64,
     pub max_delta: i32,
+    pub null_key: bool,
 }
 
-impl Default for TimestampSpan {
+impl Default for RecordFacts {
     fn default() -> Self {
         Self {
             min: i64::MAX,
             min_delta: -1,
             max: NO_TIMESTAMP,
             max_delta: -1,
+            null_key: false,
         }
     }
 }
 
-impl TimestampSpan {
+impl RecordFacts {
     #[inline]
-    pub(crate) fn add(&mut self, timestamp: i64, offset_delta: i32) {
+    pub(crate) fn add(&mut self, timestamp: i64, offset_delta: i32, has_key: bool) {
+        self.null_key |= !has_key;
         if timestamp > self.max {
             self.max = timestamp;
             self.max_delta = offset_delta;
@@ -178,7 +183,7 @@ pub struct ValidBatch {
     /// rewrites it.
     pub max_timestamp_corrected: bool,
     /// Its records' timestamps.
-    pub timestamps: TimestampSpan,
+    pub timestamps: RecordFacts,
 }
 
 /// Validates the records of one partition in a Produce request: exactly one
@@ -214,9 +219,9 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
 
 /// Walks every record of the batch (decompressing as it goes): their
 /// framing, dense offset deltas; their timestamps.
-fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<TimestampSpan, BatchError> {
+fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<RecordFacts, BatchError> {
     let mut records = Records::new(bytes.slice(HEADER_LEN..), header)?;
-    let mut timestamps = TimestampSpan::default();
+    let mut timestamps = RecordFacts::default();
     let mut expected = 0;
     while let Some(record) = records.next_meta()? {
         if record.offset_delta != expected {
@@ -225,20 +230,21 @@ fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<TimestampSpan, Ba
                 record.offset_delta
             )));
         }
-        timestamps.add(record.timestamp, expected);
+        timestamps.add(record.timestamp, expected, record.has_key);
         expected += 1;
     }
     Ok(timestamps)
 }
 
-/// Every record's offset delta and timestamp (decompressing as needed), for
-/// the rare path that reports which records of a batch failed a check.
-pub fn record_timestamps(bytes: &Bytes) -> Result<Vec<(i32, i64)>, BatchError> {
+/// Every record's offset delta, timestamp and key presence (decompressing
+/// as needed), for the rare path that reports which records of a batch
+/// failed a check.
+pub fn record_metas(bytes: &Bytes) -> Result<Vec<RecordMeta>, BatchError> {
     let header = header(bytes)?;
     let mut records = Records::new(bytes.slice(HEADER_LEN..), &header)?;
     let mut out = Vec::with_capacity(usize::try_from(header.record_count).unwrap_or(0).min(4096));
     while let Some(record) = records.next_meta()? {
-        out.push((record.offset_delta, record.timestamp));
+        out.push(record);
     }
     Ok(out)
 }
@@ -418,14 +424,14 @@ pub(crate) mod tests {
             base_timestamp: 1_700_000_000_000,
             ..BatchHeader::read(&wrap(&body, 0, count, 1_700_000_000_000, 0))
         };
-        let slow = |body: &[u8], count: i32| -> Option<TimestampSpan> {
+        let slow = |body: &[u8], count: i32| -> Option<RecordFacts> {
             let mut records = Records::new(Bytes::copy_from_slice(body), &header(count)).ok()?;
-            let (mut span, mut expected) = (TimestampSpan::default(), 0);
+            let (mut span, mut expected) = (RecordFacts::default(), 0);
             while let Some(meta) = records.next_meta().ok()? {
                 if meta.offset_delta != expected {
                     return None;
                 }
-                span.add(meta.timestamp, expected);
+                span.add(meta.timestamp, expected, meta.has_key);
                 expected += 1;
             }
             Some(span)

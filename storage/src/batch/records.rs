@@ -41,6 +41,7 @@ pub struct Record {
 pub struct RecordMeta {
     pub offset_delta: i32,
     pub timestamp: i64,
+    pub has_key: bool,
 }
 
 /// The body of a batch: in place, or a decompressing stream.
@@ -246,11 +247,11 @@ pub(crate) fn read_varlong(mut next: impl FnMut() -> Result<u8, BatchError>) -> 
 /// offset deltas, the count — done over the slice in one pass, for the
 /// produce path: `Some(its timestamps)` when every check passes, `None`
 /// when one fails (the general reader then says which).
-pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option<super::TimestampSpan> {
+pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option<super::RecordFacts> {
     if count < 0 || count as usize > body.len() / MIN_RECORD_LEN {
         return None;
     }
-    let mut timestamps = super::TimestampSpan::default();
+    let mut timestamps = super::RecordFacts::default();
     let mut pos = 0;
     for expected in 0..i64::from(count) {
         let (len, n) = varlong_at(body, pos)?;
@@ -269,8 +270,13 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
         if offset_delta != expected {
             return None;
         }
-        timestamps.add(base_timestamp.wrapping_add(timestamp_delta), expected as i32);
-        at = skip_nullable(record, at)?.1; // key
+        let (has_key, after_key) = skip_nullable(record, at)?;
+        at = after_key;
+        timestamps.add(
+            base_timestamp.wrapping_add(timestamp_delta),
+            expected as i32,
+            has_key,
+        );
         at = skip_nullable(record, at)?.1; // value
         check_headers(record, at)?;
     }
@@ -535,7 +541,7 @@ impl Records {
             return Ok(None);
         };
         let (offset_delta, timestamp) = Self::prefix(&mut cursor, base_timestamp)?;
-        cursor.nullable(false)?;
+        let has_key = cursor.nullable(false)?.is_some();
         cursor.nullable(false)?;
         for _ in 0..Self::header_count(&mut cursor)? {
             cursor
@@ -547,6 +553,7 @@ impl Records {
         Ok(Some(RecordMeta {
             offset_delta,
             timestamp,
+            has_key,
         }))
     }
 

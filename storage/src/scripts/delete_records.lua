@@ -4,6 +4,7 @@
 -- KEYS[1] ketch:{TAG}:meta
 -- KEYS[2] ketch:{TAG}:log
 -- KEYS[3] ketch:{TAG}:times
+-- KEYS[4] ketch:{TAG}:clean   the compacted part of a compacted topic's log
 -- ARGV[1] the new log start offset; -1 means the high watermark
 --
 -- Reply: {0, low_watermark} on success, {-1} when the partition does not
@@ -29,6 +30,7 @@ if target > start then
     string.format('%d', local_start))
   -- Entry ids are <last_offset>-<count>: MINID removes batches whose last offset is below target.
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d', target))
+  redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d', target))
   start = target
 end
 return {0, start}

@@ -12,6 +12,7 @@
 -- KEYS[4] ketch:{TAG}:producers idempotent producers' state (see append.lua)
 -- KEYS[5] ketch:{TAG}:quarantine batches of quarantined segments (see segment_state.lua)
 -- KEYS[6] ketch:{TAG}:aborted   aborted transactions, by abort marker offset (see append.lua)
+-- KEYS[7] ketch:{TAG}:clean     the compacted part of a compacted topic's log (see compact_swap.lua)
 -- ARGV[1] segment.bytes     ARGV[2] segment.ms
 -- ARGV[3] retention.ms (-1: none)   ARGV[4] retention.bytes (-1: none)
 -- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
@@ -85,6 +86,7 @@ end
 -- Quarantined batches below the log start are no longer readable, nor are
 -- aborted transactions that ended below it.
 redis.call('XTRIM', KEYS[5], 'MINID', string.format('%d', log_start))
+redis.call('XTRIM', KEYS[7], 'MINID', string.format('%d', log_start))
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', log_start))
 
 -- local.retention.ms / local.retention.bytes (remote storage only): archived

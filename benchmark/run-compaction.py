@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The compaction benchmark (issue 17), in one run on one machine.
+
+1. A fresh redis-server and a release `ketch` (storage worker ticking every
+   100 ms); a compacted topic of one partition whose segment is not sealed
+   yet (segment.ms 1 hour, segment.bytes 2 GiB).
+2. Baseline: RECORDS records of VALUE_BYTES random bytes over RECORDS/10
+   keys (10 % distinct) are produced with confluent-kafka (acks=all, linger
+   5 ms, 1 MiB batches), timed: produce throughput with no compaction running.
+3. segment.ms is set to 1 ms (IncrementalAlterConfigs): the worker seals the
+   segment and compacts the partition, while DURING more records (new keys)
+   are produced, timed: produce throughput during compaction. The pass is
+   timed until the meta field clean_end covers the sealed segment, and its
+   records read per second of the pass (`ketch_compaction_seconds`).
+4. Redis's SLOWLOG (every command over 1 ms, from just before the seal to
+   the end of the pass): the longest command, and the longest of the
+   compaction's own (XRANGE, XTRIM, RENAME, UNLINK, the two scripts).
+
+Writes OUT/compaction.json and prints a summary. Environment: RECORDS
+(1000000), VALUE_BYTES (1024), DURING (300000), OUT
+(benchmark/results/<date>/compaction), BENCH_KETCH_BIN (a gateway binary;
+default target/release/ketch, built with `cargo build --release -p
+ketch-gateway`).
+"""
+
+import json
+import os
+import pathlib
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+RECORDS = int(os.environ.get("RECORDS", 1_000_000))
+VALUE_BYTES = int(os.environ.get("VALUE_BYTES", 1024))
+DURING = int(os.environ.get("DURING", 300_000))
+KEYS = max(1, RECORDS // 10)
+OUT = pathlib.Path(os.environ.get("OUT", REPO / "benchmark" / "results" / time.strftime("%Y-%m-%d") / "compaction"))
+TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+KETCH = os.environ.get("BENCH_KETCH_BIN", str(TARGET / "release" / "ketch"))
+TOPIC = "compacted"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_cli(port, *args):
+    return subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def metric(http, name):
+    body = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def produce(bootstrap, first, count, values):
+    """Produces records first..first+count (key i % KEYS); returns seconds."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                         "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20,
+                         "queue.buffering.max.messages": 1_000_000})
+    failures = []
+
+    def report(error, _message):
+        if error is not None:
+            failures.append(error)
+
+    started = time.monotonic()
+    for i in range(first, first + count):
+        while True:
+            try:
+                producer.produce(TOPIC, key=b"key-%d" % (i % KEYS), value=values[i % len(values)],
+                                 partition=0, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(300)
+    took = time.monotonic() - started
+    assert not failures, failures[:3]
+    return took
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp())
+    redis_port, kafka_port, http_port = free_port(), free_port(), free_port()
+    bootstrap, http = f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}"
+    processes = []
+    try:
+        processes.append(subprocess.Popen(
+            ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no",
+             "--dir", str(work), "--slowlog-max-len", "100000"],
+            stdout=subprocess.DEVNULL))
+        while True:
+            try:
+                if "PONG" in redis_cli(redis_port, "PING"):
+                    break
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.05)
+        log = open(work / "ketch.log", "w")
+        processes.append(subprocess.Popen(
+            [KETCH, "serve", "--listen", bootstrap, "--http-listen", http, "--advertised-host", "127.0.0.1",
+             "--redis-url", f"redis://127.0.0.1:{redis_port}", "--set", "tiering.tick_interval=100ms",
+             "--set", f"tiering.data_dir={work}/data"],
+            stderr=log, stdout=log, env={**os.environ, "RUST_LOG": "info,ketch_tiering=debug"}))
+        while "ketch serving" not in (work / "ketch.log").read_text():
+            assert processes[-1].poll() is None, (work / "ketch.log").read_text()
+            time.sleep(0.05)
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(TOPIC, 1, 1, config={
+            "cleanup.policy": "compact", "segment.ms": "3600000", "segment.bytes": "2147483647",
+            "max.message.bytes": str(2 << 20)})])[TOPIC].result(30)
+        rng = random.Random(17)
+        values = [rng.randbytes(VALUE_BYTES) for _ in range(4096)]
+
+        print(f"producing {RECORDS} records of {VALUE_BYTES} B over {KEYS} keys", file=sys.stderr)
+        base_s = produce(bootstrap, 0, RECORDS, values)
+        tags = json.loads(redis_cli(redis_port, "HGET", "ketch:topics", TOPIC))["tags"]
+        meta = f"ketch:{{{tags[0]}}}:meta"
+        log_key = f"ketch:{{{tags[0]}}}:log"
+        log_bytes = int(redis_cli(redis_port, "MEMORY", "USAGE", log_key, "SAMPLES", "0").strip() or 0)
+
+        redis_cli(redis_port, "CONFIG", "SET", "slowlog-log-slower-than", "1000")
+        redis_cli(redis_port, "SLOWLOG", "RESET")
+        resource = ConfigResource(ConfigResource.Type.TOPIC, TOPIC, incremental_configs=[
+            ConfigEntry("segment.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+        started = time.monotonic()
+        admin.incremental_alter_configs([resource])[resource].result(30)
+        during_s = produce(bootstrap, RECORDS, DURING, values)
+        while int(redis_cli(redis_port, "HGET", meta, "clean_end").strip() or 0) < RECORDS:
+            time.sleep(0.05)
+            assert time.monotonic() - started < 1800, "compaction did not finish"
+        pass_wall_s = time.monotonic() - started
+        compaction_s = metric(http, "ketch_compaction_seconds_sum")
+        read = metric(http, "ketch_compaction_records_read_total")
+        removed = metric(http, "ketch_compaction_records_removed_total")
+        passes = metric(http, "ketch_compaction_passes_total")
+        clean_bytes = int(redis_cli(redis_port, "HGET", meta, "clean_bytes").strip() or 0)
+
+        slow = redis_cli(redis_port, "--no-raw", "SLOWLOG", "GET", "100000")
+        entries = parse_slowlog(redis_port)
+        compaction_commands = ("XRANGE", "XTRIM", "RENAME", "UNLINK", "EVALSHA", "EVAL", "HMGET", "ZRANGE")
+        longest = max(entries, default=(0, "none"))
+        longest_compaction = max((e for e in entries if e[1].split()[0].upper() in compaction_commands),
+                                 default=(0, "none"))
+        result = {
+            "records": RECORDS, "value_bytes": VALUE_BYTES, "keys": KEYS, "during": DURING,
+            "redis_log_bytes_before": log_bytes,
+            "produce_records_per_s_baseline": RECORDS / base_s,
+            "produce_records_per_s_during_compaction": DURING / during_s,
+            "compaction_passes": passes, "compaction_records_read": read, "compaction_records_removed": removed,
+            "compaction_seconds": compaction_s,
+            "compaction_records_per_s": read / compaction_s if compaction_s else None,
+            "seal_to_compacted_wall_s": pass_wall_s,
+            "clean_bytes_after": clean_bytes,
+            "longest_redis_command_us": longest[0], "longest_redis_command": longest[1][:120],
+            "longest_compaction_command_us": longest_compaction[0],
+            "longest_compaction_command": longest_compaction[1][:120],
+            "slowlog_entries_over_1ms": len(entries),
+        }
+        (OUT / "compaction.json").write_text(json.dumps(result, indent=2) + "\n")
+        (OUT / "slowlog.txt").write_text(slow)
+        print(json.dumps(result, indent=2))
+    finally:
+        for p in reversed(processes):
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if (work / "ketch.log").exists():
+            (OUT / "ketch.log").write_text((work / "ketch.log").read_text())
+
+
+def parse_slowlog(port):
+    """(duration µs, command line) of every SLOWLOG entry."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "--json", "SLOWLOG", "GET", "100000"],
+                         capture_output=True, text=True)
+    try:
+        entries = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        return []
+    result = []
+    for entry in entries:
+        duration, args = entry[2], entry[3]
+        line = " ".join(str(a) for a in args[:4])
+        result.append((int(duration), re.sub(r"\s+", " ", line)))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,764 @@
+//! Log compaction (`cleanup.policy=compact`): for each key only its latest
+//! record remains, with its offset (docs/architecture.md §7a).
+//!
+//! A compacted partition's log has two parts: the compacted stream
+//! (`ketch:{TAG}:clean`), holding offsets below the meta field `clean_end`,
+//! and the log stream from there on. A pass reads the sealed segments from
+//! `clean_end` up to the first it may not compact yet (the open segment, an
+//! open transaction, `min.compaction.lag.ms`), notes the latest offset of
+//! every key there, then writes a new compacted stream — the old one and
+//! those segments, less every record a later one of its key supersedes,
+//! tombstones past `delete.retention.ms`, aborted transactions' records and
+//! records without a key — in bounded chunks under the partition's lease
+//! (`compact_add.lua`). `compact_swap.lua` then puts it in place and moves
+//! `clean_end` in one O(1) step, and the log below `clean_end` is trimmed in
+//! bounded steps. Readers choose the stream by `clean_end` after their
+//! XRANGE (`Store::read`), so every read sees one consistent log.
+//!
+//! Batches keep their base offset, producer fields and codec; a batch of
+//! which only some records remain is re-encoded with those records (their
+//! offsets and timestamps unchanged) and compressed again with its codec,
+//! and stored under the id `<last offset>-<offset span>`, so a reader
+//! patches its base offset as for any other batch. Control batches
+//! (transaction markers) are kept.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use redis::Value;
+
+use crate::batch::{self, Record, Records};
+use crate::keys::PartitionKeys;
+use crate::log::Entry;
+use crate::segments::Segment;
+use crate::topics::Topic;
+use crate::{Result, StorageError, Store};
+
+/// A topic's compaction settings.
+#[derive(Debug, Clone, Copy)]
+pub struct CompactPolicy {
+    /// `min.cleanable.dirty.ratio`.
+    pub min_dirty_ratio: f64,
+    /// `min.compaction.lag.ms`.
+    pub min_lag_ms: i64,
+    /// `max.compaction.lag.ms`.
+    pub max_lag_ms: i64,
+    /// `delete.retention.ms`.
+    pub delete_retention_ms: i64,
+    /// Distinct keys one pass holds in memory at most: a pass stops at the
+    /// first segment boundary past it, and the next goes on from there.
+    pub max_keys: usize,
+}
+
+/// What one compaction pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompactOutcome {
+    /// Records read (the compacted stream and the segments compacted).
+    pub records_read: u64,
+    /// Records kept.
+    pub records_kept: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Offsets below this are compacted now.
+    pub clean_end: i64,
+}
+
+/// Bytes of log the trimming after a pass removes per Redis command at
+/// most (as the segments' sizes tell), so no command takes long.
+const TRIM_STEP_BYTES: i64 = 8 * 1024 * 1024;
+/// Bytes of batches one XRANGE of a pass asks for, about.
+const READ_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of batches one `compact_add.lua` call carries, about.
+const WRITE_CHUNK_BYTES: usize = 2 * 1024 * 1024;
+
+/// How many entries a pass's XRANGE asks for: about [`READ_CHUNK_BYTES`]
+/// at the largest batch size the last read saw (one entry at first).
+struct ChunkSize {
+    count: usize,
+}
+
+impl ChunkSize {
+    fn new() -> Self {
+        Self { count: 1 }
+    }
+
+    fn learn(&mut self, entries: &[Entry]) {
+        if let Some(largest) = entries.iter().map(|e| e.batch.len()).max() {
+            self.count = (READ_CHUNK_BYTES / largest.max(1)).clamp(1, 1024);
+        }
+    }
+}
+
+/// An aborted transaction: producer id, first offset, abort marker offset.
+type Aborted = (i64, i64, i64);
+
+/// The partition's state a pass starts from.
+struct Start {
+    log_start: i64,
+    /// `clean_end` as read (`None`: never compacted).
+    clean_end: Option<i64>,
+    clean_bytes: i64,
+    /// Where the log is trimmed to below `clean_end` (after a pass).
+    log_trimmed: i64,
+    /// First offset not to compact: the open segment's base, or the first
+    /// offset of an open transaction, whichever is lower.
+    stable_end: i64,
+    /// When the oldest segment holding a tombstone the compacted stream
+    /// still keeps was sealed: a pass is due once it expires, new data or
+    /// not.
+    tomb_sealed: Option<i64>,
+}
+
+impl Store {
+    /// One compaction pass over a partition of a compacted topic, by the
+    /// worker `worker` that holds its lease; `None` when there was nothing
+    /// due (or another worker finished a pass first).
+    pub async fn compact(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        worker: &str,
+        policy: &CompactPolicy,
+    ) -> Result<Option<CompactOutcome>> {
+        let keys = self.partition_keys(topic, partition).clone();
+        let Some(start) = self.compact_start(&keys).await? else {
+            return Ok(None);
+        };
+        let segments = self.segments(topic, partition).await?;
+        let clean_end = start.clean_end.unwrap_or(start.log_start).max(start.log_start);
+        // A pass that stopped before trimming (a crash) left the log below
+        // `clean_end` in place: readers skip it, this trims it.
+        self.trim_log(
+            &keys,
+            &segments,
+            start.log_trimmed.max(start.log_start),
+            clean_end,
+        )
+        .await?;
+
+        let now = crate::now_ms();
+        let dirty: Vec<&Segment> = segments
+            .iter()
+            // A segment DeleteRecords cut into counts from the log start.
+            .filter(|s| s.last >= clean_end)
+            .take_while(|s| {
+                s.last < start.stable_end && (policy.min_lag_ms == 0 || now - s.max_ts >= policy.min_lag_ms)
+            })
+            .collect();
+        // Tombstones kept past their time are removed by a pass even when
+        // nothing new was written.
+        let tombstones_due = start
+            .tomb_sealed
+            .is_some_and(|sealed| sealed < now - policy.delete_retention_ms);
+        let dirty_bytes: i64 = dirty.iter().map(|s| s.bytes).sum();
+        let ratio = dirty_bytes as f64 / (start.clean_bytes + dirty_bytes).max(1) as f64;
+        let overdue = dirty
+            .first()
+            .is_some_and(|first| now - first.max_ts > policy.max_lag_ms);
+        let due = !dirty.is_empty() && (ratio >= policy.min_dirty_ratio || overdue);
+        if !due && !tombstones_due {
+            return Ok(None);
+        }
+        let aborted = self.aborted_since(&keys, start.log_start).await?;
+
+        // The latest offset of every key in the segments compacted, up to
+        // `max_keys` keys (at a segment boundary; at least one segment).
+        let mut latest: HashMap<Bytes, i64> = HashMap::new();
+        let mut dirty_end = clean_end;
+        let mut sizes = ChunkSize::new();
+        let mut compacted: Vec<&Segment> = Vec::new();
+        for segment in dirty {
+            if !compacted.is_empty() && latest.len() >= policy.max_keys {
+                break;
+            }
+            let mut from = segment.base.max(clean_end);
+            while from <= segment.last {
+                let entries = self
+                    .read_stream(&keys.log, from, segment.last, &mut sizes)
+                    .await?;
+                let Some(last) = entries.last() else { break };
+                from = last.last_offset + 1;
+                let aborted = aborted.clone();
+                latest = blocking(move || {
+                    let mut latest = latest;
+                    for entry in &entries {
+                        note_keys(entry, &aborted, &mut latest)?;
+                    }
+                    Ok(latest)
+                })
+                .await?;
+            }
+            dirty_end = segment.last + 1;
+            compacted.push(segment);
+        }
+
+        // The new compacted stream: what was compacted before, then the
+        // segments just compacted, each batch less what is superseded.
+        let mut writer = Writer::new(self, &keys, worker);
+        let latest = Arc::new(latest);
+        let mut outcome = CompactOutcome {
+            clean_end: dirty_end,
+            ..CompactOutcome::default()
+        };
+        let tombstones = Tombstones {
+            segments: segments.iter().map(|s| (s.base, s.last, s.sealed_ms)).collect(),
+            until: now - policy.delete_retention_ms,
+        };
+        let tombstones = Arc::new(tombstones);
+        let mut new_bytes: HashMap<i64, i64> = HashMap::new();
+        let mut tomb_sealed: Option<i64> = None;
+        self.del(&keys.compacting).await?;
+        for (stream, from, to) in [
+            (&keys.clean, start.log_start, clean_end - 1),
+            (&keys.log, clean_end, dirty_end - 1),
+        ] {
+            let mut from = from;
+            while from <= to {
+                let entries = self.read_stream(stream, from, to, &mut sizes).await?;
+                let Some(last) = entries.last() else { break };
+                from = last.last_offset + 1;
+                let (latest, aborted, horizon) = (latest.clone(), aborted.clone(), tombstones.clone());
+                let kept = blocking(move || {
+                    entries
+                        .iter()
+                        .map(|entry| keep(entry, &latest, &aborted, &horizon))
+                        .collect::<Result<Vec<_>>>()
+                })
+                .await?;
+                for kept in kept {
+                    outcome.records_read += kept.read;
+                    outcome.bytes_before += kept.bytes_before;
+                    if let Some(sealed) = kept.tomb_sealed {
+                        tomb_sealed = Some(tomb_sealed.map_or(sealed, |t: i64| t.min(sealed)));
+                    }
+                    let Some((id, batch)) = kept.batch else { continue };
+                    outcome.records_kept += kept.kept;
+                    outcome.bytes_after += batch.len() as u64;
+                    let segment = tombstones
+                        .segment_of(kept.base)
+                        .map_or(kept.base, |(base, _)| base);
+                    *new_bytes.entry(segment).or_default() += batch.len() as i64;
+                    if !writer.push(id, batch).await? {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        if !writer.flush().await? {
+            return Ok(None);
+        }
+
+        // Segments below `dirty_end` get their compacted sizes (retention
+        // by bytes counts them); `log_bytes` keeps what the log held, for
+        // the trimming steps.
+        let mut changes: Vec<String> = Vec::new();
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.segments)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await?;
+        for member in members {
+            let Ok(mut json) = serde_json::from_str::<serde_json::Value>(&member) else {
+                continue;
+            };
+            let Some(base) = json.get("base").and_then(serde_json::Value::as_i64) else {
+                continue;
+            };
+            if base >= dirty_end || base < start.log_start {
+                continue;
+            }
+            let log_bytes = json
+                .get("log_bytes")
+                .or_else(|| json.get("bytes"))
+                .cloned()
+                .unwrap_or(serde_json::Value::from(0));
+            json["log_bytes"] = log_bytes;
+            json["bytes"] = serde_json::Value::from(new_bytes.get(&base).copied().unwrap_or(0));
+            changes.push(member);
+            changes.push(json.to_string());
+        }
+        let swapped: i64 = self
+            .scripts
+            .compact_swap
+            .key(&keys.meta)
+            .key(&keys.lease)
+            .key(&keys.compacting)
+            .key(&keys.clean)
+            .key(&keys.segments)
+            .arg(worker)
+            .arg(start.clean_end.map_or(String::new(), |c| c.to_string()))
+            .arg(dirty_end)
+            .arg(outcome.bytes_after)
+            .arg(tomb_sealed.map_or(String::new(), |t| t.to_string()))
+            .arg(&changes[..])
+            .invoke_async(&mut self.conn())
+            .await?;
+        if swapped != 1 {
+            return Ok(None);
+        }
+        let segments = self.segments(topic, partition).await?;
+        self.trim_log(&keys, &segments, clean_end, dirty_end).await?;
+        Ok(Some(outcome))
+    }
+
+    async fn compact_start(&self, keys: &PartitionKeys) -> Result<Option<Start>> {
+        let fields: Vec<Option<i64>> = redis::cmd("HMGET")
+            .arg(&keys.meta)
+            .arg(&[
+                "next_offset",
+                "log_start",
+                "seg_base",
+                "clean_end",
+                "clean_bytes",
+                "log_trimmed",
+                "txn_first",
+                "tomb_sealed",
+            ])
+            .query_async(&mut self.conn())
+            .await?;
+        let [
+            Some(next),
+            Some(log_start),
+            seg_base,
+            clean_end,
+            clean_bytes,
+            log_trimmed,
+            txn_first,
+            tomb_sealed,
+        ] = fields[..]
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Start {
+            log_start,
+            clean_end,
+            clean_bytes: clean_bytes.unwrap_or(0),
+            log_trimmed: log_trimmed.unwrap_or(0),
+            stable_end: seg_base.unwrap_or(next).min(txn_first.unwrap_or(next)),
+            tomb_sealed,
+        }))
+    }
+
+    /// The partition's aborted transactions from `from` on.
+    async fn aborted_since(&self, keys: &PartitionKeys, from: i64) -> Result<Arc<Vec<Aborted>>> {
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&keys.aborted)
+            .arg(from)
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn())
+            .await?;
+        let aborted = members
+            .into_iter()
+            .filter_map(|(member, marker)| {
+                let (producer, first) = member.split_once(':')?;
+                Some((producer.parse().ok()?, first.parse().ok()?, marker as i64))
+            })
+            .collect();
+        Ok(Arc::new(aborted))
+    }
+
+    /// Entries of `stream` whose last offsets are in `from..=to`: as many
+    /// as `sizes` says make about [`READ_CHUNK_BYTES`], so no XRANGE
+    /// builds a large reply whatever the batch sizes.
+    async fn read_stream(
+        &self,
+        stream: &str,
+        from: i64,
+        to: i64,
+        sizes: &mut ChunkSize,
+    ) -> Result<Vec<Entry>> {
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(from)
+            .arg(to)
+            .arg("COUNT")
+            .arg(sizes.count)
+            .query_async(&mut self.conn())
+            .await?;
+        let entries = crate::log::stream_entries(reply)?;
+        sizes.learn(&entries);
+        Ok(entries)
+    }
+
+    async fn del(&self, key: &str) -> Result<()> {
+        redis::cmd("UNLINK")
+            .arg(key)
+            .query_async::<()>(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    /// Trims the log below `to` (where the compacted stream takes over),
+    /// from `from`, in steps of about [`TRIM_STEP_BYTES`] as the segments'
+    /// sizes in the log tell, then records how far it is trimmed.
+    async fn trim_log(&self, keys: &PartitionKeys, segments: &[Segment], from: i64, to: i64) -> Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        let mut points = Vec::new();
+        for s in segments.iter().filter(|s| s.last >= from && s.base < to) {
+            let span = s.last - s.base + 1;
+            let bytes = s.log_bytes.unwrap_or(s.bytes).max(1);
+            let stride = (span * TRIM_STEP_BYTES / bytes).clamp(1, span);
+            let mut point = s.base.max(from) + stride;
+            while point <= s.last.min(to - 1) {
+                points.push(point);
+                point += stride;
+            }
+        }
+        points.push(to);
+        for point in points {
+            // Entry ids are <last offset>-<span>: MINID removes the batches
+            // whose last offset is below `point`.
+            redis::cmd("XTRIM")
+                .arg(&keys.log)
+                .arg("MINID")
+                .arg(point)
+                .query_async::<()>(&mut self.conn())
+                .await?;
+        }
+        redis::cmd("HSET")
+            .arg(&keys.meta)
+            .arg("log_trimmed")
+            .arg(to)
+            .query_async::<()>(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+}
+
+/// Runs CPU work (decompressing, re-encoding) off the runtime threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StorageError::Data(format!("compaction task failed: {e}")))?
+}
+
+/// Whether a batch holds an aborted transaction's records.
+fn is_aborted(header: &batch::BatchHeader, base: i64, aborted: &[Aborted]) -> bool {
+    header.is_transactional()
+        && !header.is_control()
+        && aborted.iter().any(|(producer, first, marker)| {
+            *producer == header.producer_id && *first <= base && base < *marker
+        })
+}
+
+fn base_of(entry: &Entry) -> i64 {
+    entry.last_offset - i64::from(entry.record_count) + 1
+}
+
+/// Notes the offset of every keyed record of `entry` in `latest`.
+fn note_keys(entry: &Entry, aborted: &[Aborted], latest: &mut HashMap<Bytes, i64>) -> Result<()> {
+    let header = batch::header(&entry.batch).map_err(StorageError::Corrupt)?;
+    let base = base_of(entry);
+    if header.is_control() || is_aborted(&header, base, aborted) {
+        return Ok(());
+    }
+    let mut records = Records::of_batch(&entry.batch).map_err(StorageError::Corrupt)?;
+    while let Some(record) = records.next_record().map_err(StorageError::Corrupt)? {
+        if let Some(key) = record.key {
+            latest.insert(key, base + i64::from(record.offset_delta));
+        }
+    }
+    Ok(())
+}
+
+/// When tombstones may go: the segments (base, last, sealed at), and the
+/// time before which a segment's tombstones have been kept long enough.
+struct Tombstones {
+    segments: Vec<(i64, i64, i64)>,
+    until: i64,
+}
+
+impl Tombstones {
+    /// The segment holding `offset`: its base and when it was sealed.
+    fn segment_of(&self, offset: i64) -> Option<(i64, i64)> {
+        let i = self.segments.partition_point(|(_, last, _)| *last < offset);
+        self.segments
+            .get(i)
+            .filter(|(base, ..)| *base <= offset)
+            .map(|(base, _, sealed)| (*base, *sealed))
+    }
+
+    /// Whether a tombstone at `offset` has been kept `delete.retention.ms`
+    /// since its segment was sealed.
+    fn expired(&self, offset: i64) -> bool {
+        self.segment_of(offset)
+            .is_some_and(|(_, sealed)| sealed < self.until)
+    }
+}
+
+/// One batch after compaction.
+struct Kept {
+    base: i64,
+    /// When the segment of its oldest kept tombstone was sealed.
+    tomb_sealed: Option<i64>,
+    read: u64,
+    kept: u64,
+    bytes_before: u64,
+    /// Its stream id and bytes, unless nothing of it remains.
+    batch: Option<(String, Bytes)>,
+}
+
+/// What remains of `entry`: the records no later one of their key
+/// supersedes, tombstones until they expire, no aborted transaction's
+/// records and no records without a key; control batches whole.
+fn keep(
+    entry: &Entry,
+    latest: &HashMap<Bytes, i64>,
+    aborted: &[Aborted],
+    tombstones: &Tombstones,
+) -> Result<Kept> {
+    let corrupt = StorageError::Corrupt;
+    let header = batch::header(&entry.batch).map_err(corrupt)?;
+    let base = base_of(entry);
+    let mut out = Kept {
+        base,
+        tomb_sealed: None,
+        read: u64::try_from(header.record_count).unwrap_or(0),
+        kept: 0,
+        bytes_before: entry.batch.len() as u64,
+        batch: None,
+    };
+    let id = |last: i64| format!("{last}-{}", last - base + 1);
+    if header.is_control() {
+        out.kept = out.read;
+        out.batch = Some((id(entry.last_offset), entry.batch.clone()));
+        return Ok(out);
+    }
+    if is_aborted(&header, base, aborted) {
+        return Ok(out);
+    }
+    let mut records = Records::of_batch(&entry.batch).map_err(corrupt)?;
+    let mut kept: Vec<Record> = Vec::new();
+    let mut all = true;
+    while let Some(record) = records.next_record().map_err(corrupt)? {
+        let offset = base + i64::from(record.offset_delta);
+        let stays = match &record.key {
+            None => false,
+            Some(key) => {
+                latest.get(key).is_none_or(|newest| *newest <= offset)
+                    && (record.value.is_some() || !tombstones.expired(offset))
+            }
+        };
+        if stays {
+            if record.value.is_none() {
+                let sealed = tombstones.segment_of(offset).map(|(_, sealed)| sealed);
+                out.tomb_sealed = out.tomb_sealed.or(sealed);
+            }
+            kept.push(record);
+        } else {
+            all = false;
+        }
+    }
+    out.kept = kept.len() as u64;
+    let Some(last) = kept.last() else {
+        return Ok(out);
+    };
+    if all {
+        out.batch = Some((id(entry.last_offset), entry.batch.clone()));
+    } else {
+        let last = base + i64::from(last.offset_delta);
+        let rebuilt = batch::rebuild(&entry.batch, &kept).map_err(corrupt)?;
+        out.batch = Some((id(last), rebuilt));
+    }
+    Ok(out)
+}
+
+/// Writes the new compacted stream in chunks, under the lease.
+struct Writer<'a> {
+    store: &'a Store,
+    keys: &'a PartitionKeys,
+    worker: &'a str,
+    chunk: Vec<(String, Bytes)>,
+    bytes: usize,
+}
+
+impl<'a> Writer<'a> {
+    fn new(store: &'a Store, keys: &'a PartitionKeys, worker: &'a str) -> Self {
+        Self {
+            store,
+            keys,
+            worker,
+            chunk: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds a batch; false when the lease is lost (the pass stops).
+    async fn push(&mut self, id: String, batch: Bytes) -> Result<bool> {
+        self.bytes += batch.len();
+        self.chunk.push((id, batch));
+        if self.bytes >= WRITE_CHUNK_BYTES || self.chunk.len() >= 512 {
+            return self.flush().await;
+        }
+        Ok(true)
+    }
+
+    async fn flush(&mut self) -> Result<bool> {
+        if self.chunk.is_empty() {
+            return Ok(true);
+        }
+        let mut call = self.store.scripts.compact_add.key(&self.keys.lease);
+        call.key(&self.keys.compacting).arg(self.worker);
+        for (id, batch) in self.chunk.drain(..) {
+            call.arg(id).arg(&batch[..]);
+        }
+        self.bytes = 0;
+        let added: i64 = call.invoke_async(&mut self.store.conn()).await?;
+        Ok(added == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::BatchBuilder;
+
+    /// A stored batch at `base` of `records` (key, value), with `codec`'s
+    /// attribute bits (the body as the builder wrote it: `rebuild`
+    /// compresses what it writes with the codec the attributes name).
+    fn stored(base: i64, records: &[(&str, Option<&str>)], codec: i16) -> Entry {
+        let mut builder = BatchBuilder::new(base);
+        for (i, (key, value)) in records.iter().enumerate() {
+            let header = [(&b"h"[..], Some(&b"v"[..]))];
+            builder.push(
+                1_000 + i as i64,
+                Some(key.as_bytes()),
+                value.map(str::as_bytes),
+                header.into_iter(),
+            );
+        }
+        let plain = builder.finish();
+        let mut batch = plain.to_vec();
+        if codec != 0 {
+            // Compressed by `rebuild` itself, keeping every record.
+            let mut all = Vec::new();
+            let mut records = Records::of_batch(&plain).unwrap();
+            while let Some(r) = records.next_record().unwrap() {
+                all.push(r);
+            }
+            batch[21..23].copy_from_slice(&codec.to_be_bytes());
+            batch = batch::rebuild(&batch, &all).unwrap().to_vec();
+        }
+        Entry {
+            last_offset: base + records.len() as i64 - 1,
+            record_count: records.len() as i32,
+            batch: Bytes::from(batch),
+        }
+    }
+
+    /// A record's offset delta, timestamp, key, value and header count.
+    type Decoded = (i32, i64, Option<Bytes>, Option<Bytes>, usize);
+
+    fn records_of(batch: &Bytes) -> Vec<Decoded> {
+        let mut records = Records::of_batch(batch).expect("batch");
+        let mut out = Vec::new();
+        while let Some(r) = records.next_record().expect("record") {
+            out.push((r.offset_delta, r.timestamp, r.key, r.value, r.headers.len()));
+        }
+        out
+    }
+
+    #[test]
+    fn a_partly_kept_batch_keeps_its_offsets_timestamps_and_codec() {
+        let tombstones = Tombstones {
+            segments: vec![(0, 99, 1_000)],
+            until: 0,
+        };
+        // a@10 b@11 a@12 c@13 b@14: a later "a" at 12 and "b" at 30.
+        let latest = HashMap::from([
+            (Bytes::from("a"), 12),
+            (Bytes::from("b"), 30),
+            (Bytes::from("c"), 13),
+        ]);
+        let plain = [
+            ("a", Some("1")),
+            ("b", Some("2")),
+            ("a", Some("3")),
+            ("c", None),
+            ("b", Some("5")),
+        ];
+        for codec in 0..=4 {
+            let entry = stored(10, &plain, codec);
+            let kept = keep(&entry, &latest, &[], &tombstones).expect("kept");
+            let (id, batch) = kept.batch.expect("something kept");
+            assert_eq!(
+                id, "13-4",
+                "codec {codec}: last kept offset 13, span from base 10"
+            );
+            assert_eq!((kept.read, kept.kept), (5, 2));
+            let header = batch::header(&batch).unwrap();
+            assert_eq!(header.attributes & 7, codec, "the batch's codec");
+            assert_eq!(header.record_count, 2);
+            assert_eq!(header.last_offset_delta, 3);
+            assert_eq!(header.base_timestamp, 1_000);
+            assert_eq!(kept.tomb_sealed, Some(1_000), "the tombstone of c is kept");
+            let records = records_of(&batch);
+            assert_eq!(
+                records,
+                [
+                    (2, 1_002, Some(Bytes::from("a")), Some(Bytes::from("3")), 1),
+                    (3, 1_003, Some(Bytes::from("c")), None, 1),
+                ],
+                "codec {codec}"
+            );
+        }
+    }
+
+    #[test]
+    fn whole_batches_stay_as_they_are_and_gone_ones_go() {
+        let tombstones = Tombstones {
+            segments: vec![(0, 99, 1_000)],
+            until: 2_000,
+        };
+        let entry = stored(0, &[("x", Some("1")), ("y", Some("2"))], 0);
+        let kept = keep(&entry, &HashMap::new(), &[], &tombstones).unwrap();
+        assert_eq!(kept.batch, Some(("1-2".to_owned(), entry.batch.clone())));
+        let superseded = HashMap::from([(Bytes::from("x"), 5), (Bytes::from("y"), 6)]);
+        assert_eq!(keep(&entry, &superseded, &[], &tombstones).unwrap().batch, None);
+        // Expired tombstones go; an aborted transaction's batch goes.
+        let tomb = stored(0, &[("x", None)], 0);
+        assert_eq!(
+            keep(&tomb, &HashMap::new(), &[], &tombstones).unwrap().batch,
+            None
+        );
+        let mut txn = stored(0, &[("x", Some("1"))], 0).batch.to_vec();
+        txn[21..23].copy_from_slice(&0x10i16.to_be_bytes());
+        txn[43..51].copy_from_slice(&7i64.to_be_bytes());
+        let txn = Entry {
+            last_offset: 0,
+            record_count: 1,
+            batch: Bytes::from(txn),
+        };
+        assert_eq!(
+            keep(&txn, &HashMap::new(), &[(7, 0, 5)], &tombstones)
+                .unwrap()
+                .batch,
+            None
+        );
+        assert!(
+            keep(&txn, &HashMap::new(), &[(8, 0, 5)], &tombstones)
+                .unwrap()
+                .batch
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn tombstones_expire_by_their_segments_seal_time() {
+        let t = Tombstones {
+            segments: vec![(0, 9, 1_000), (10, 19, 5_000), (25, 30, 9_000)],
+            until: 5_000,
+        };
+        assert_eq!(t.segment_of(0), Some((0, 1_000)));
+        assert_eq!(t.segment_of(15), Some((10, 5_000)));
+        assert_eq!(t.segment_of(22), None, "a hole between segments");
+        assert!(t.expired(3));
+        assert!(!t.expired(12), "sealed exactly at the horizon");
+        assert!(!t.expired(40), "no segment (the open one) keeps its tombstones");
+    }
+}

@@ -1,0 +1,53 @@
+-- Ends a compaction pass: the stream it wrote becomes the partition's
+-- compacted stream and `clean_end` moves to the end of what it compacted,
+-- in one step; the old compacted stream is freed in the background
+-- (UNLINK), so no step here takes time in proportion to the data. The log
+-- below the new `clean_end` is trimmed afterwards, in bounded steps
+-- (readers go to the compacted stream below `clean_end`).
+--
+-- KEYS[1] ketch:{TAG}:meta
+-- KEYS[2] ketch:{TAG}:lease
+-- KEYS[3] ketch:{TAG}:compacting   the stream the pass wrote (may not exist: nothing kept)
+-- KEYS[4] ketch:{TAG}:clean        the compacted stream
+-- KEYS[5] ketch:{TAG}:segments
+-- ARGV[1] the worker's id
+-- ARGV[2] `clean_end` as the pass read it ('' when there was none)
+-- ARGV[3] the new `clean_end`   ARGV[4] the compacted stream's bytes
+-- ARGV[5] when the segment of the oldest tombstone kept was sealed ('' when none is kept)
+-- then pairs: a segment's member as the pass read it, its member after
+--
+-- Reply: 1 swapped; 0 the lease is another's or another pass finished
+-- first (nothing changed); -1 the partition is gone.
+local function abandon(reply)
+  redis.call('UNLINK', KEYS[3])
+  return reply
+end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return abandon(0)
+end
+local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'clean_end')
+if not meta[1] then
+  return abandon(-1)
+end
+if (meta[3] or '') ~= ARGV[2] then
+  return abandon(0)
+end
+-- DeleteRecords or retention may have moved the log start meanwhile.
+redis.call('XTRIM', KEYS[3], 'MINID', meta[2])
+redis.call('UNLINK', KEYS[4])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('RENAME', KEYS[3], KEYS[4])
+end
+redis.call('HSET', KEYS[1], 'clean_end', ARGV[3], 'clean_bytes', ARGV[4])
+if ARGV[5] == '' then
+  redis.call('HDEL', KEYS[1], 'tomb_sealed')
+else
+  redis.call('HSET', KEYS[1], 'tomb_sealed', ARGV[5])
+end
+-- Segments retention removed meanwhile stay removed.
+for i = 6, #ARGV, 2 do
+  if redis.call('ZREM', KEYS[5], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[5], cjson.decode(ARGV[i + 1]).base, ARGV[i + 1])
+  end
+end
+return 1

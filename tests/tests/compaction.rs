@@ -1,0 +1,507 @@
+//! Log compaction (`cleanup.policy=compact`): the storage worker keeps the
+//! latest record of each key with its offset, removes tombstones after
+//! `delete.retention.ms`, keeps the open segment, re-encodes partly kept
+//! batches in every codec, and readers — including one reading while a
+//! pass runs, and through a gateway killed mid-pass — see one valid log:
+//! increasing offsets, the latest value of every key that still exists.
+//! Produce refuses records without a key (KIP-467 record errors).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::ProduceResponse;
+use ketch_storage::batch::Records;
+use ketch_tests::batch::{self, Codec, Record};
+use ketch_tests::proxy::DelayProxy;
+use ketch_tests::raw::{self, KafkaConn, code};
+use ketch_tests::{Ketch, RedisServer, TestRedis, unique_topic};
+use rdkafka::message::Message;
+
+const INVALID_RECORD: i16 = 87;
+
+/// A gateway whose storage worker ticks every 50 ms.
+fn gateway(redis: &TestRedis) -> Ketch {
+    Ketch::start(&redis.url(), &["--set", "tiering.tick_interval=50ms"])
+}
+
+/// Creates a compacted topic of one partition whose segments are sealed
+/// after 200 ms and compacted as soon as they are, with `configs`.
+fn create_compacted(ketch: &Ketch, topic: &str, configs: &[(&str, &str)]) {
+    let mut all: BTreeMap<&str, &str> = BTreeMap::from([
+        ("cleanup.policy", "compact"),
+        ("segment.ms", "200"),
+        ("min.cleanable.dirty.ratio", "0"),
+    ]);
+    all.extend(configs.iter().copied());
+    let all: Vec<(&str, &str)> = all.into_iter().collect();
+    let rt = ketch_tests::runtime();
+    ketch.create_topic_with(&rt, topic, 1, &all);
+}
+
+fn keyed(key: &str, value: Option<&str>) -> Record {
+    Record {
+        timestamp: now_ms(),
+        key: Some(key.as_bytes().to_vec()),
+        value: value.map(|v| v.as_bytes().to_vec()),
+        headers: vec![("h".to_owned(), Some(key.as_bytes().to_vec()))],
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+fn meta(redis: &TestRedis, topic: &str, field: &str) -> i64 {
+    let tag = &redis.topic_tags(topic)[0];
+    let value: Option<i64> = redis::cmd("HGET")
+        .arg(format!("ketch:{{{tag}}}:meta"))
+        .arg(field)
+        .query(&mut redis.connection())
+        .expect("HGET meta");
+    value.unwrap_or(0)
+}
+
+/// Waits until everything below `end` is compacted.
+fn wait_compacted(redis: &TestRedis, ketch: &Ketch, topic: &str, end: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while meta(redis, topic, "clean_end") < end {
+        assert!(
+            Instant::now() < deadline,
+            "not compacted up to {end}: clean_end {}; metrics:\n{}",
+            meta(redis, topic, "clean_end"),
+            ketch.http_get("/metrics").1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One record as a consumer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    offset: i64,
+    key: Option<Bytes>,
+    value: Option<Bytes>,
+}
+
+/// Every record of partition 0 from offset 0 to the high watermark, read
+/// with raw fetches and decoded here (batch framing, codecs and offsets
+/// checked); asserts offsets only increase.
+fn read_all(ketch: &Ketch, topic: &str) -> Vec<Seen> {
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut next = 0;
+    let mut seen: Vec<Seen> = Vec::new();
+    loop {
+        let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(topic, 0, next, 0));
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        assert_eq!(error, code::NONE, "fetch at {next}");
+        if next >= high_watermark {
+            return seen;
+        }
+        let mut bytes = records.expect("records below the high watermark");
+        assert!(
+            !bytes.is_empty(),
+            "an empty fetch at {next} below {high_watermark}"
+        );
+        while bytes.len() >= 61 {
+            let length = i32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize + 12;
+            let batch = bytes.split_to(length);
+            let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
+            let last_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
+            let mut records = Records::of_batch(&batch).expect("a valid batch");
+            while let Some(r) = records.next_record().expect("a valid record") {
+                let offset = base + i64::from(r.offset_delta);
+                if offset < next {
+                    continue;
+                }
+                if let Some(previous) = seen.last() {
+                    assert!(
+                        offset > previous.offset,
+                        "offset {offset} after {}",
+                        previous.offset
+                    );
+                }
+                seen.push(Seen {
+                    offset,
+                    key: r.key,
+                    value: r.value,
+                });
+            }
+            next = next.max(base + i64::from(last_delta) + 1);
+        }
+    }
+}
+
+/// The latest value (None: a tombstone) and offset of each key produced.
+type Latest = BTreeMap<Bytes, (i64, Option<Bytes>)>;
+
+/// Produces `batches` through `conn`; returns each key's latest offset and
+/// value.
+fn produce(
+    conn: &mut KafkaConn,
+    topic: &str,
+    batches: &[Vec<Record>],
+    codec: Option<Codec>,
+    latest: &mut Latest,
+) {
+    for records in batches {
+        let encoded = match codec {
+            None => batch::encode(records),
+            Some(codec) => batch::encode_compressed(records, codec, records.len() as i32),
+        };
+        let (error, base) = raw::produce(conn, topic, 0, encoded);
+        assert_eq!(error, code::NONE);
+        for (i, r) in records.iter().enumerate() {
+            let key = Bytes::from(r.key.clone().expect("keyed"));
+            latest.insert(key, (base + i as i64, r.value.clone().map(Bytes::from)));
+        }
+    }
+}
+
+/// The log a consumer must see once everything is compacted: each key's
+/// latest record, at its offset; tombstones while they are kept.
+fn expected(latest: &Latest, tombstones: bool) -> Vec<Seen> {
+    let mut out: Vec<Seen> = latest
+        .iter()
+        .filter(|(_, (_, value))| tombstones || value.is_some())
+        .map(|(key, (offset, value))| Seen {
+            offset: *offset,
+            key: Some(key.clone()),
+            value: value.clone(),
+        })
+        .collect();
+    out.sort_by_key(|s| s.offset);
+    out
+}
+
+#[test]
+fn a_compacted_topic_keeps_the_latest_record_of_each_key_and_drops_expired_tombstones() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compacted");
+    create_compacted(&ketch, &topic, &[("delete.retention.ms", "3600000")]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    // Five versions of 40 keys, ten records a batch, each codec in turn;
+    // then tombstones for keys 0–4.
+    let codecs = [
+        None,
+        Some(Codec::Gzip),
+        Some(Codec::Snappy),
+        Some(Codec::Lz4),
+        Some(Codec::Zstd),
+    ];
+    for (version, codec) in codecs.into_iter().enumerate() {
+        let batches: Vec<Vec<Record>> = (0..4)
+            .map(|b| {
+                (0..10)
+                    .map(|k| {
+                        keyed(
+                            &format!("key-{}", b * 10 + k),
+                            Some(&format!("v{version}-{b}-{k}")),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        produce(&mut conn, &topic, &batches, codec, &mut latest);
+    }
+    let tombstones: Vec<Record> = (0..5).map(|k| keyed(&format!("key-{k}"), None)).collect();
+    produce(&mut conn, &topic, &[tombstones], None, &mut latest);
+    let end = redis.next_offset(&topic, 0);
+    assert_eq!(end, 205);
+    wait_compacted(&redis, &ketch, &topic, end);
+
+    assert_eq!(read_all(&ketch, &topic), expected(&latest, true));
+    assert!(
+        redis.stream_len(&topic, 0) == 0,
+        "the log below clean_end is trimmed"
+    );
+    // A real client reads the compacted batches (CRCs checked).
+    let consumer = ketch.consumer_at(&topic, &[0], 0);
+    let mut offsets = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while offsets.len() < 40 {
+        assert!(Instant::now() < deadline, "consumed {offsets:?}");
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            offsets.push(m.expect("a valid message").offset());
+        }
+    }
+    let want: Vec<i64> = expected(&latest, true).iter().map(|s| s.offset).collect();
+    assert_eq!(offsets, want);
+
+    // Tombstones go once delete.retention.ms has passed (the next pass,
+    // started by one more record).
+    let (error, _) = raw::produce(
+        &mut conn,
+        &topic,
+        0,
+        batch::encode(&[keyed("key-zz", Some("after"))]),
+    );
+    assert_eq!(error, code::NONE);
+    latest.insert(Bytes::from("key-zz"), (end, Some(Bytes::from("after"))));
+    let answers = alter(&ketch, &topic, "delete.retention.ms", "0");
+    assert_eq!(answers, 0);
+    wait_compacted(&redis, &ketch, &topic, end + 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read_all(&ketch, &topic) != expected(&latest, false) {
+        assert!(
+            Instant::now() < deadline,
+            "tombstones stayed: {:?}",
+            read_all(&ketch, &topic)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sets one topic config through IncrementalAlterConfigs; its error code.
+fn alter(ketch: &Ketch, topic: &str, name: &str, value: &str) -> i16 {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
+    use kafka_protocol::protocol::StrBytes;
+    let text = |v: &str| StrBytes::from_string(v.to_owned());
+    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(text(topic))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(text(name))
+                    .with_config_operation(0)
+                    .with_value(Some(text(value))),
+            ]),
+    ]);
+    let response: IncrementalAlterConfigsResponse =
+        KafkaConn::connect(ketch.kafka_addr()).request(1, &request);
+    response.responses[0].error_code
+}
+
+#[test]
+fn records_without_a_key_are_refused_on_a_compacted_topic_with_record_errors() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("keyless");
+    create_compacted(&ketch, &topic, &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let records = vec![
+        keyed("a", Some("1")),
+        Record::value(now_ms(), b"no key"),
+        keyed("b", Some("2")),
+        Record::value(now_ms(), b"no key either"),
+    ];
+    let response: ProduceResponse = conn.request(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&topic, 0, batch::encode(&records)),
+    );
+    let partition = &response.responses[0].partition_responses[0];
+    assert_eq!(partition.error_code, INVALID_RECORD);
+    let indexes: Vec<i32> = partition.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(indexes, [1, 3]);
+    let message = partition.record_errors[0]
+        .batch_index_error_message
+        .as_deref()
+        .unwrap_or_default();
+    assert!(
+        message.starts_with("Compacted topic cannot accept message without key"),
+        "{message}"
+    );
+    assert!(
+        partition
+            .error_message
+            .as_deref()
+            .is_some_and(|m| m.contains("2 record errors")),
+        "{partition:?}"
+    );
+    assert_eq!(redis.next_offset(&topic, 0), 0, "nothing of the batch is stored");
+    // The same batch is accepted once the topic no longer compacts.
+    assert_eq!(alter(&ketch, &topic, "cleanup.policy", "delete"), 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while raw::produce(&mut conn, &topic, 0, batch::encode(&records)).0 != code::NONE {
+        assert!(Instant::now() < deadline, "still refused");
+    }
+}
+
+#[test]
+fn compaction_under_concurrent_produce_and_consume_keeps_every_latest_value() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("busy");
+    create_compacted(&ketch, &topic, &[("segment.ms", "100")]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A reader from offset 0, again and again, while the log is produced
+    // and compacted: offsets always increase (read_all asserts it).
+    let reader = {
+        let (stop, addr, topic) = (stop.clone(), ketch.kafka_addr(), topic.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut conn = KafkaConn::connect(addr);
+                let mut next = 0;
+                let mut last_offset = -1;
+                loop {
+                    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, next, 0));
+                    let (error, high_watermark, records) = raw::fetch_result(&response);
+                    assert_eq!(error, code::NONE);
+                    if next >= high_watermark {
+                        break;
+                    }
+                    let mut bytes = records.expect("records");
+                    while bytes.len() >= 61 {
+                        let length = i32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize + 12;
+                        let batch = bytes.split_to(length);
+                        let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
+                        let last_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
+                        let mut records = Records::of_batch(&batch).expect("a valid batch");
+                        while let Some(r) = records.next_record().expect("a valid record") {
+                            let offset = base + i64::from(r.offset_delta);
+                            if offset >= next {
+                                assert!(offset > last_offset, "{offset} after {last_offset}");
+                                last_offset = offset;
+                            }
+                        }
+                        next = next.max(base + i64::from(last_delta) + 1);
+                    }
+                }
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    let started = Instant::now();
+    let mut round = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let batch: Vec<Record> = (0..20)
+            .map(|k| {
+                keyed(
+                    &format!("k{}", (round * 7 + k) % 50),
+                    Some(&format!("r{round}-{k}")),
+                )
+            })
+            .collect();
+        produce(&mut conn, &topic, &[batch], Some(Codec::Lz4), &mut latest);
+        round += 1;
+    }
+    let passes_during = metric(&ketch, "ketch_compaction_passes_total");
+    let end = redis.next_offset(&topic, 0);
+    wait_compacted(&redis, &ketch, &topic, end);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().expect("the reader saw a valid log every time");
+    assert!(reads > 0);
+    assert!(
+        passes_during >= 2.0,
+        "compaction ran while producing: {passes_during} passes"
+    );
+    assert_eq!(read_all(&ketch, &topic), expected(&latest, true));
+    println!("{round} batches, {passes_during} passes while producing, {reads} full reads");
+}
+
+/// A counter's value from `/metrics`.
+fn metric(ketch: &Ketch, name: &str) -> f64 {
+    let (_, body) = ketch.http_get("/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// A gateway SIGKILLed while its compaction pass writes the new compacted
+/// stream: its replies from Redis are held back 20 ms each (a proxy), so
+/// the pass is slow enough to be caught in the act. Another gateway then
+/// compacts the partition, and the log is the compacted one, nothing lost.
+/// Single Redis only: the proxy cannot sit in front of a cluster.
+#[test]
+fn a_gateway_killed_mid_compaction_leaves_a_log_the_next_one_compacts() {
+    let redis = RedisServer::start();
+    let topic = unique_topic("killed");
+    let mut latest = Latest::new();
+    {
+        // Produced directly: 40,000 records of 1 KiB over 20,000 keys, in
+        // one segment (sealed only later).
+        let producing = Ketch::start(&redis.url(), &[]);
+        create_compacted(&producing, &topic, &[("segment.ms", "3600000")]);
+        let mut conn = KafkaConn::connect(producing.kafka_addr());
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = move || {
+            (0..1000)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    char::from(b'a' + (state % 26) as u8)
+                })
+                .collect::<String>()
+        };
+        for b in 0..400 {
+            let records: Vec<Record> = (0..100)
+                .map(|k| {
+                    keyed(
+                        &format!("key-{}", (b * 100 + k) % 20_000),
+                        Some(&format!("{b}-{k}-{}", noise())),
+                    )
+                })
+                .collect();
+            produce(&mut conn, &topic, &[records], Some(Codec::Zstd), &mut latest);
+        }
+    }
+    let end = redis.next_offset(&topic, 0);
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), Duration::from_millis(20));
+    let mut slow = Ketch::start(
+        &proxy.redis_url(),
+        &[
+            "--set",
+            "tiering.tick_interval=50ms",
+            "--set",
+            "tiering.lease_ttl=2s",
+        ],
+    );
+    assert_eq!(alter(&slow, &topic, "segment.ms", "1"), 0);
+    let tag = redis.topic_tags(&topic)[0].clone();
+    let compacting = format!("ketch:{{{tag}}}:compacting");
+    let clean_end = |redis: &RedisServer| -> i64 {
+        let value: Option<i64> = redis::cmd("HGET")
+            .arg(format!("ketch:{{{tag}}}:meta"))
+            .arg("clean_end")
+            .query(&mut redis.connection())
+            .expect("HGET");
+        value.unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&compacting)
+            .query(&mut redis.connection())
+            .expect("EXISTS");
+        if exists == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no compaction pass started");
+        assert_eq!(clean_end(&redis), 0, "the pass ended unseen");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    slow.kill9();
+    println!("killed with clean_end {}", clean_end(&redis));
+
+    let next = Ketch::start(&redis.url(), &["--set", "tiering.tick_interval=50ms"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while clean_end(&redis) < end {
+        assert!(Instant::now() < deadline, "the next gateway did not compact");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(read_all(&next, &topic), expected(&latest, true));
+    let leftover: i64 = redis::cmd("EXISTS")
+        .arg(&compacting)
+        .query(&mut redis.connection())
+        .expect("EXISTS");
+    assert_eq!(leftover, 0, "the killed pass's stream is gone");
+    assert_eq!(
+        redis.stream_len(&topic, 0),
+        0,
+        "the log below clean_end is trimmed"
+    );
+}
