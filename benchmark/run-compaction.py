@@ -8,17 +8,19 @@
    keys (10 % distinct) are produced with confluent-kafka (acks=all, linger
    5 ms, 1 MiB batches), timed: produce throughput with no compaction running.
 3. segment.ms is set to 1 ms (IncrementalAlterConfigs): the worker seals the
-   segment and compacts the partition, while DURING more records (new keys)
-   are produced, timed: produce throughput during compaction. The pass is
+   segment and compacts the partition, while more records (the same keys)
+   are produced until the pass ends (DURING at most), timed: produce
+   throughput during compaction. The pass is
    timed until the meta field clean_end covers the sealed segment, and its
    records read per second of the pass (`ketch_compaction_seconds`).
 4. Redis's SLOWLOG (every command over 1 ms, from just before the seal to
    the end of the pass): the longest command, and the longest of the
    compaction's own (XRANGE, XTRIM, RENAME, UNLINK, the two scripts).
 
-Writes OUT/compaction.json and prints a summary. Environment: RECORDS
+Writes OUT/compaction.json and OUT/slowest.txt (the 30 longest commands)
+and prints a summary. Environment: RECORDS
 (1000000), VALUE_BYTES (1024), DURING (300000), OUT
-(benchmark/results/<date>/compaction), BENCH_KETCH_BIN (a gateway binary;
+(benchmark/results/<date>/compaction; DURING=0 times the pass alone), BENCH_KETCH_BIN (a gateway binary;
 default target/release/ketch, built with `cargo build --release -p
 ketch-gateway`).
 """
@@ -32,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -56,8 +59,8 @@ def free_port():
 
 
 def redis_cli(port, *args):
-    return subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True,
-                          capture_output=True, text=True).stdout
+    out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True, capture_output=True)
+    return out.stdout.decode("utf-8", errors="replace")
 
 
 def metric(http, name):
@@ -68,8 +71,9 @@ def metric(http, name):
     return 0.0
 
 
-def produce(bootstrap, first, count, values):
-    """Produces records first..first+count (key i % KEYS); returns seconds."""
+def produce(bootstrap, first, count, values, stop=None):
+    """Produces records first..first+count (key i % KEYS), or until `stop` is
+    set; returns (records produced, seconds)."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
                          "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20,
                          "queue.buffering.max.messages": 1_000_000})
@@ -80,7 +84,11 @@ def produce(bootstrap, first, count, values):
             failures.append(error)
 
     started = time.monotonic()
+    produced = 0
     for i in range(first, first + count):
+        if stop is not None and stop.is_set():
+            break
+        produced += 1
         while True:
             try:
                 producer.produce(TOPIC, key=b"key-%d" % (i % KEYS), value=values[i % len(values)],
@@ -93,7 +101,7 @@ def produce(bootstrap, first, count, values):
     producer.flush(300)
     took = time.monotonic() - started
     assert not failures, failures[:3]
-    return took
+    return produced, took
 
 
 def main():
@@ -132,7 +140,7 @@ def main():
         values = [rng.randbytes(VALUE_BYTES) for _ in range(4096)]
 
         print(f"producing {RECORDS} records of {VALUE_BYTES} B over {KEYS} keys", file=sys.stderr)
-        base_s = produce(bootstrap, 0, RECORDS, values)
+        _, base_s = produce(bootstrap, 0, RECORDS, values)
         tags = json.loads(redis_cli(redis_port, "HGET", "ketch:topics", TOPIC))["tags"]
         meta = f"ketch:{{{tags[0]}}}:meta"
         log_key = f"ketch:{{{tags[0]}}}:log"
@@ -142,20 +150,32 @@ def main():
         redis_cli(redis_port, "SLOWLOG", "RESET")
         resource = ConfigResource(ConfigResource.Type.TOPIC, TOPIC, incremental_configs=[
             ConfigEntry("segment.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+        # Produce for as long as the pass runs (DURING records at most).
+        stop = threading.Event()
+        during = {}
+        producing = threading.Thread(target=lambda: during.update(
+            result=produce(bootstrap, RECORDS, DURING, values, stop)))
         started = time.monotonic()
         admin.incremental_alter_configs([resource])[resource].result(30)
-        during_s = produce(bootstrap, RECORDS, DURING, values)
+        if DURING:
+            producing.start()
         while int(redis_cli(redis_port, "HGET", meta, "clean_end").strip() or 0) < RECORDS:
-            time.sleep(0.05)
+            time.sleep(0.02)
             assert time.monotonic() - started < 1800, "compaction did not finish"
         pass_wall_s = time.monotonic() - started
+        stop.set()
+        if DURING:
+            producing.join()
+        during_records, during_s = during.get("result", (0, 0.0))
+        # The pass counts itself once its trimming is done too.
+        while metric(http, "ketch_compaction_passes_total") < 1:
+            time.sleep(0.05)
         compaction_s = metric(http, "ketch_compaction_seconds_sum")
         read = metric(http, "ketch_compaction_records_read_total")
         removed = metric(http, "ketch_compaction_records_removed_total")
         passes = metric(http, "ketch_compaction_passes_total")
         clean_bytes = int(redis_cli(redis_port, "HGET", meta, "clean_bytes").strip() or 0)
 
-        slow = redis_cli(redis_port, "--no-raw", "SLOWLOG", "GET", "100000")
         entries = parse_slowlog(redis_port)
         compaction_commands = ("XRANGE", "XTRIM", "RENAME", "UNLINK", "EVALSHA", "EVAL", "HMGET", "ZRANGE")
         longest = max(entries, default=(0, "none"))
@@ -165,7 +185,8 @@ def main():
             "records": RECORDS, "value_bytes": VALUE_BYTES, "keys": KEYS, "during": DURING,
             "redis_log_bytes_before": log_bytes,
             "produce_records_per_s_baseline": RECORDS / base_s,
-            "produce_records_per_s_during_compaction": DURING / during_s,
+            "produce_records_per_s_during_compaction": during_records / during_s if during_s else None,
+            "produced_during_compaction": during_records,
             "compaction_passes": passes, "compaction_records_read": read, "compaction_records_removed": removed,
             "compaction_seconds": compaction_s,
             "compaction_records_per_s": read / compaction_s if compaction_s else None,
@@ -177,7 +198,9 @@ def main():
             "slowlog_entries_over_1ms": len(entries),
         }
         (OUT / "compaction.json").write_text(json.dumps(result, indent=2) + "\n")
-        (OUT / "slowlog.txt").write_text(slow)
+        (OUT / "slowest.txt").write_text(
+            "duration_us command (the 30 longest commands over 1 ms)\n"
+            + "".join(f"{d} {line}\n" for d, line in sorted(entries, reverse=True)[:30]))
         print(json.dumps(result, indent=2))
     finally:
         for p in reversed(processes):
@@ -193,9 +216,9 @@ def main():
 def parse_slowlog(port):
     """(duration µs, command line) of every SLOWLOG entry."""
     out = subprocess.run(["redis-cli", "-p", str(port), "--json", "SLOWLOG", "GET", "100000"],
-                         capture_output=True, text=True)
+                         capture_output=True)
     try:
-        entries = json.loads(out.stdout)
+        entries = json.loads(out.stdout.decode("utf-8", errors="replace"))
     except json.JSONDecodeError:
         return []
     result = []

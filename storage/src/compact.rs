@@ -68,27 +68,9 @@ pub struct CompactOutcome {
 /// most (as the segments' sizes tell), so no command takes long.
 const TRIM_STEP_BYTES: i64 = 8 * 1024 * 1024;
 /// Bytes of batches one XRANGE of a pass asks for, about.
-const READ_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+const READ_CHUNK_BYTES: usize = 1024 * 1024;
 /// Bytes of batches one `compact_add.lua` call carries, about.
-const WRITE_CHUNK_BYTES: usize = 2 * 1024 * 1024;
-
-/// How many entries a pass's XRANGE asks for: about [`READ_CHUNK_BYTES`]
-/// at the largest batch size the last read saw (one entry at first).
-struct ChunkSize {
-    count: usize,
-}
-
-impl ChunkSize {
-    fn new() -> Self {
-        Self { count: 1 }
-    }
-
-    fn learn(&mut self, entries: &[Entry]) {
-        if let Some(largest) = entries.iter().map(|e| e.batch.len()).max() {
-            self.count = (READ_CHUNK_BYTES / largest.max(1)).clamp(1, 1024);
-        }
-    }
-}
+const WRITE_CHUNK_BYTES: usize = 512 * 1024;
 
 /// An aborted transaction: producer id, first offset, abort marker offset.
 type Aborted = (i64, i64, i64);
@@ -165,33 +147,47 @@ impl Store {
         // The latest offset of every key in the segments compacted, up to
         // `max_keys` keys (at a segment boundary; at least one segment).
         let mut latest: HashMap<Bytes, i64> = HashMap::new();
+        // Control batches (transaction markers) are kept: their offsets.
+        let mut controls: Vec<i64> = Vec::new();
         let mut dirty_end = clean_end;
-        let mut sizes = ChunkSize::new();
         let mut compacted: Vec<&Segment> = Vec::new();
+        let (mut dirty_records, mut dirty_read_bytes) = (0u64, 0u64);
         for segment in dirty {
             if !compacted.is_empty() && latest.len() >= policy.max_keys {
                 break;
             }
             let mut from = segment.base.max(clean_end);
             while from <= segment.last {
-                let entries = self
-                    .read_stream(&keys.log, from, segment.last, &mut sizes)
-                    .await?;
+                let density = segment_density(segment);
+                let entries = self.read_stream(&keys.log, from, segment.last, density).await?;
                 let Some(last) = entries.last() else { break };
                 from = last.last_offset + 1;
                 let aborted = aborted.clone();
-                latest = blocking(move || {
-                    let mut latest = latest;
+                let noted;
+                (latest, controls, noted) = blocking(move || {
+                    let (mut latest, mut controls, mut noted) = (latest, controls, (0, 0));
                     for entry in &entries {
-                        note_keys(entry, &aborted, &mut latest)?;
+                        noted.0 += note_keys(entry, &aborted, &mut latest, &mut controls)?;
+                        noted.1 += entry.batch.len() as u64;
                     }
-                    Ok(latest)
+                    Ok((latest, controls, noted))
                 })
                 .await?;
+                dirty_records += noted.0;
+                dirty_read_bytes += noted.1;
             }
             dirty_end = segment.last + 1;
             compacted.push(segment);
         }
+        // The offsets that stay in the segments compacted: batches without
+        // one are not read again.
+        let mut survivors: Vec<i64> = latest
+            .values()
+            .copied()
+            .filter(|offset| (clean_end..dirty_end).contains(offset))
+            .chain(controls)
+            .collect();
+        survivors.sort_unstable();
 
         // The new compacted stream: what was compacted before, then the
         // segments just compacted, each batch less what is superseded.
@@ -209,15 +205,41 @@ impl Store {
         let mut new_bytes: HashMap<i64, i64> = HashMap::new();
         let mut tomb_sealed: Option<i64> = None;
         self.del(&keys.compacting).await?;
-        for (stream, from, to) in [
-            (&keys.clean, start.log_start, clean_end - 1),
-            (&keys.log, clean_end, dirty_end - 1),
-        ] {
-            let mut from = from;
-            while from <= to {
-                let entries = self.read_stream(stream, from, to, &mut sizes).await?;
+        outcome.records_read = dirty_records;
+        outcome.bytes_before = dirty_read_bytes;
+        let mut next_survivor = 0;
+        for dirty in [false, true] {
+            let (stream, to) = if dirty {
+                (&keys.log, dirty_end - 1)
+            } else {
+                (&keys.clean, clean_end - 1)
+            };
+            let mut from = if dirty { clean_end } else { start.log_start };
+            loop {
+                if dirty {
+                    // Skip to the next batch holding a record that stays.
+                    match survivors.get(next_survivor) {
+                        Some(offset) => from = from.max(*offset),
+                        None => break,
+                    }
+                }
+                if from > to {
+                    break;
+                }
+                let density = if dirty {
+                    tombstones
+                        .segment_of(from)
+                        .and_then(|(base, _)| segments.iter().find(|s| s.base == base))
+                        .map_or(1.0, segment_density)
+                } else {
+                    start.clean_bytes as f64 / (clean_end - start.log_start).max(1) as f64
+                };
+                let entries = self.read_stream(stream, from, to, density).await?;
                 let Some(last) = entries.last() else { break };
                 from = last.last_offset + 1;
+                while survivors.get(next_survivor).is_some_and(|offset| *offset < from) {
+                    next_survivor += 1;
+                }
                 let (latest, aborted, horizon) = (latest.clone(), aborted.clone(), tombstones.clone());
                 let kept = blocking(move || {
                     entries
@@ -227,8 +249,10 @@ impl Store {
                 })
                 .await?;
                 for kept in kept {
-                    outcome.records_read += kept.read;
-                    outcome.bytes_before += kept.bytes_before;
+                    if !dirty {
+                        outcome.records_read += kept.read;
+                        outcome.bytes_before += kept.bytes_before;
+                    }
                     if let Some(sealed) = kept.tomb_sealed {
                         tomb_sealed = Some(tomb_sealed.map_or(sealed, |t: i64| t.min(sealed)));
                     }
@@ -360,26 +384,25 @@ impl Store {
         Ok(Arc::new(aborted))
     }
 
-    /// Entries of `stream` whose last offsets are in `from..=to`: as many
-    /// as `sizes` says make about [`READ_CHUNK_BYTES`], so no XRANGE
+    /// Entries of `stream` from the one holding `from` on, whose last
+    /// offsets are at most `to`: those of the next [`READ_CHUNK_BYTES`] or
+    /// so at `density` bytes per offset (at least one entry), so no XRANGE
     /// builds a large reply whatever the batch sizes.
-    async fn read_stream(
-        &self,
-        stream: &str,
-        from: i64,
-        to: i64,
-        sizes: &mut ChunkSize,
-    ) -> Result<Vec<Entry>> {
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg(from)
-            .arg(to)
-            .arg("COUNT")
-            .arg(sizes.count)
-            .query_async(&mut self.conn())
-            .await?;
-        let entries = crate::log::stream_entries(reply)?;
-        sizes.learn(&entries);
+    async fn read_stream(&self, stream: &str, from: i64, to: i64, density: f64) -> Result<Vec<Entry>> {
+        let span = (READ_CHUNK_BYTES as f64 / density.max(1.0)) as i64;
+        let end = to.min(from.saturating_add(span.max(1) - 1));
+        let xrange = |end: i64, count: usize| {
+            let mut cmd = redis::cmd("XRANGE");
+            cmd.arg(stream).arg(from).arg(end).arg("COUNT").arg(count);
+            cmd
+        };
+        let reply: Value = xrange(end, 1024).query_async(&mut self.conn()).await?;
+        let mut entries = crate::log::stream_entries(reply)?;
+        if entries.is_empty() && end < to {
+            // One batch spans past the window: read it alone.
+            let reply: Value = xrange(to, 1).query_async(&mut self.conn()).await?;
+            entries = crate::log::stream_entries(reply)?;
+        }
         Ok(entries)
     }
 
@@ -430,6 +453,11 @@ impl Store {
     }
 }
 
+/// Bytes per offset of a segment in the log.
+fn segment_density(segment: &Segment) -> f64 {
+    segment.log_bytes.unwrap_or(segment.bytes) as f64 / (segment.last - segment.base + 1).max(1) as f64
+}
+
 /// Runs CPU work (decompressing, re-encoding) off the runtime threads.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(work)
@@ -450,12 +478,23 @@ fn base_of(entry: &Entry) -> i64 {
     entry.last_offset - i64::from(entry.record_count) + 1
 }
 
-/// Notes the offset of every keyed record of `entry` in `latest`.
-fn note_keys(entry: &Entry, aborted: &[Aborted], latest: &mut HashMap<Bytes, i64>) -> Result<()> {
+/// Notes the offset of every keyed record of `entry` in `latest`, and the
+/// base offset of a control batch in `controls`; returns its record count.
+fn note_keys(
+    entry: &Entry,
+    aborted: &[Aborted],
+    latest: &mut HashMap<Bytes, i64>,
+    controls: &mut Vec<i64>,
+) -> Result<u64> {
     let header = batch::header(&entry.batch).map_err(StorageError::Corrupt)?;
     let base = base_of(entry);
-    if header.is_control() || is_aborted(&header, base, aborted) {
-        return Ok(());
+    let count = u64::try_from(header.record_count).unwrap_or(0);
+    if header.is_control() {
+        controls.push(base);
+        return Ok(count);
+    }
+    if is_aborted(&header, base, aborted) {
+        return Ok(count);
     }
     let mut records = Records::of_batch(&entry.batch).map_err(StorageError::Corrupt)?;
     while let Some(record) = records.next_record().map_err(StorageError::Corrupt)? {
@@ -463,7 +502,7 @@ fn note_keys(entry: &Entry, aborted: &[Aborted], latest: &mut HashMap<Bytes, i64
             latest.insert(key, base + i64::from(record.offset_delta));
         }
     }
-    Ok(())
+    Ok(count)
 }
 
 /// When tombstones may go: the segments (base, last, sealed at), and the

@@ -111,10 +111,11 @@ fn read_all(ketch: &Ketch, topic: &str) -> Vec<Seen> {
             let batch = bytes.split_to(length);
             let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
             let last_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
+            let control = i16::from_be_bytes(batch[21..23].try_into().unwrap()) & 0x20 != 0;
             let mut records = Records::of_batch(&batch).expect("a valid batch");
             while let Some(r) = records.next_record().expect("a valid record") {
                 let offset = base + i64::from(r.offset_delta);
-                if offset < next {
+                if offset < next || control {
                     continue;
                 }
                 if let Some(previous) = seen.last() {
@@ -503,5 +504,85 @@ fn a_gateway_killed_mid_compaction_leaves_a_log_the_next_one_compacts() {
         redis.stream_len(&topic, 0),
         0,
         "the log below clean_end is trimmed"
+    );
+}
+
+/// A Kafka Streams-style changelog: a transactional producer's committed
+/// and aborted transactions on a compacted topic. Compaction removes the
+/// aborted records and superseded committed ones and keeps the markers, so
+/// read_committed and read_uncommitted consumers both see the latest
+/// committed value of every key.
+#[test]
+fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
+    use rdkafka::producer::{FutureRecord, Producer};
+
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("changelog");
+    create_compacted(&ketch, &topic, &[]);
+    let rt = ketch_tests::runtime();
+    let producer = ketch.producer_with(&[("transactional.id", &unique_topic("txn"))]);
+    producer.init_transactions(Duration::from_secs(30)).expect("init");
+    let send = |key: String, value: String| {
+        producer
+            .send_result(FutureRecord::to(&topic).key(&key).payload(&value).partition(0))
+            .map_err(|(e, _)| e)
+            .expect("queued")
+    };
+    for round in 0..3 {
+        producer.begin_transaction().unwrap();
+        let sent: Vec<_> = (0..20)
+            .map(|k| send(format!("k{k}"), format!("committed-{round}")))
+            .collect();
+        producer
+            .commit_transaction(Duration::from_secs(30))
+            .expect("commit");
+        for delivery in sent {
+            rt.block_on(delivery).unwrap().map_err(|(e, _)| e).unwrap();
+        }
+        producer.begin_transaction().unwrap();
+        let sent: Vec<_> = (0..20)
+            .map(|k| send(format!("k{k}"), format!("aborted-{round}")))
+            .collect();
+        producer.flush(Duration::from_secs(30)).unwrap();
+        producer
+            .abort_transaction(Duration::from_secs(30))
+            .expect("abort");
+        for delivery in sent {
+            let _ = rt.block_on(delivery);
+        }
+    }
+    let end = redis.next_offset(&topic, 0);
+    wait_compacted(&redis, &ketch, &topic, end);
+    for isolation in ["read_committed", "read_uncommitted"] {
+        let consumer = ketch.consumer_with(&[("isolation.level", isolation)]);
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&topic, 0, rdkafka::Offset::Offset(0))
+            .unwrap();
+        rdkafka::consumer::Consumer::assign(&consumer, &assignment).unwrap();
+        let mut values = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while values.len() < 20 {
+            assert!(Instant::now() < deadline, "{isolation}: {values:?}");
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.expect("a valid message");
+                let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+                let value = String::from_utf8(m.payload().unwrap().to_vec()).unwrap();
+                assert!(values.insert(key, value).is_none(), "{isolation}: a key twice");
+            }
+        }
+        assert!(
+            values.values().all(|v| v == "committed-2"),
+            "{isolation}: {values:?}"
+        );
+    }
+    // Only the last committed round's records remain, besides markers.
+    let records = read_all(&ketch, &topic);
+    assert_eq!(records.len(), 20);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.value.as_deref() == Some(&b"committed-2"[..]))
     );
 }
