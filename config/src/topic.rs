@@ -102,8 +102,6 @@ const NO_FILES: &str = "Partitions are Redis streams, not segment files with ind
      finds an offset with one XRANGE.";
 const NO_FLUSH: &str = "Durability is Redis's: its AOF fsync policy and, for acks=all, \
      storage.acks_all_replicas.";
-const RECOMPRESSION_ONLY: &str = "Applies when the broker recompresses (compression.type other \
-     than producer), which ketch does not offer yet; stored for when it does.";
 
 const fn def(
     name: &'static str,
@@ -146,8 +144,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "-1",
         Valid::LevelOr(-1, 1, 9),
         Some("compression.gzip.level"),
-        Inert(RECOMPRESSION_ONLY),
-        "Level of gzip when the broker compresses.",
+        Honoured,
+        "Level of gzip when compression.type=gzip recompresses a batch (-1: the codec's default, 6).",
     ),
     def(
         "compression.lz4.level",
@@ -155,7 +153,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "9",
         Valid::Between(1, 17),
         Some("compression.lz4.level"),
-        Inert(RECOMPRESSION_ONLY),
+        Inert("ketch's lz4 encoder (lz4_flex) has one level, Kafka's fast default."),
         "Level of lz4 when the broker compresses.",
     ),
     def(
@@ -165,8 +163,9 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         Valid::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]),
         Some("compression.type"),
         Honoured,
-        "producer: batches are stored as the producer compressed them. Other codecs are refused \
-         until ketch recompresses.",
+        "producer: batches are stored as the producer compressed them. Another codec: the gateway \
+         compresses each batch with it before storing it (a batch already in it is stored as it \
+         came); uncompressed stores records plain.",
     ),
     def(
         "compression.zstd.level",
@@ -174,8 +173,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         "3",
         Valid::Between(-131072, 22),
         Some("compression.zstd.level"),
-        Inert(RECOMPRESSION_ONLY),
-        "Level of zstd when the broker compresses.",
+        Honoured,
+        "Level of zstd when compression.type=zstd recompresses a batch.",
     ),
     def(
         "delete.retention.ms",
@@ -598,9 +597,6 @@ fn check_throttled(name: &str, value: &str, items: &[&str]) -> Result<(), String
 /// than store a setting it would not honour.
 pub fn not_supported(name: &str, value: &str) -> Option<&'static str> {
     match name {
-        "compression.type" if value != "producer" => Some(
-            "ketch stores batches as producers compressed them and does not recompress yet; use producer",
-        ),
         "remote.log.copy.disable" if value == "true" => {
             Some("ketch cannot stop archiving a topic that archives yet")
         }

@@ -342,7 +342,8 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         advertised = %format!("{}:{}", node.host, node.port),
         internal_advertised = %node.internal_address().unwrap_or_default(),
         node_id = node.id,
-        redis = %ctx.settings.redis.url,
+        // Never the password: the URL's user information and query are left out.
+        redis = %api::describe_log_dirs::redis_log_dir(&ctx.settings.redis),
         "ketch serving"
     );
     if let Err(e) = store.ping().await {

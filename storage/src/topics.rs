@@ -340,15 +340,21 @@ impl Store {
         Ok(Some(new))
     }
 
-    /// Bytes Redis uses for a partition's log stream (`MEMORY USAGE`,
+    /// Bytes Redis uses for a partition's log and compacted streams (`MEMORY USAGE`,
     /// sampled), 0 when it has none.
     pub async fn partition_memory(&self, topic: &Topic, partition: i32) -> Result<i64> {
-        let bytes: Option<i64> = redis::cmd("MEMORY")
+        let keys = self.partition_keys(topic, partition);
+        // A compacted topic's records are in its compacted stream too.
+        let (log, clean): (Option<i64>, Option<i64>) = redis::pipe()
+            .cmd("MEMORY")
             .arg("USAGE")
-            .arg(&self.partition_keys(topic, partition).log)
+            .arg(&keys.log)
+            .cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&keys.clean)
             .query_async(&mut self.conn())
             .await?;
-        Ok(bytes.unwrap_or(0))
+        Ok(log.unwrap_or(0) + clean.unwrap_or(0))
     }
 
     async fn init_partitions(&self, topic: &Topic, from: i32) -> Result<()> {

@@ -50,7 +50,7 @@ def test_create_rejects_bad_requests_per_topic(ketch, topic_name):
             NewTopic(good, 1, 1),
             NewTopic(bad_rf, 1, replication_factor=3),
             NewTopic(bad_config, 1, 1, config={"no.such.config": "1"}),
-            NewTopic(bad_value, 1, 1, config={"cleanup.policy": "compact"}),
+            NewTopic(bad_value, 1, 1, config={"cleanup.policy": "forever"}),
         ]
     )
     assert futures[good].result(15) is None

@@ -570,6 +570,14 @@ fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
         assert_eq!((error, high_watermark), (code::NONE, 1));
         assert_eq!(raw::count_records(&records.expect("records")), 1);
     }
+    for gateway in [&a, &b] {
+        let log = gateway.output();
+        assert!(log.contains("ketch serving"), "{log}");
+        assert!(
+            !log.contains("cl0ster"),
+            "the Redis password is in the log:\n{log}"
+        );
+    }
 }
 
 #[test]

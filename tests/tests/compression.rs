@@ -95,3 +95,101 @@ fn lz4_batches_round_trip() {
 fn zstd_batches_round_trip() {
     round_trip("zstd");
 }
+
+/// A topic's `compression.type` other than `producer`: every batch in
+/// another codec is stored compressed with the topic's (records, offsets,
+/// timestamps, headers unchanged), one already in it byte for byte as it
+/// came; rdkafka reads them all.
+#[test]
+fn a_topics_compression_type_recompresses_batches_in_another_codec() {
+    use ketch_storage::batch::Records;
+    use ketch_tests::batch::{self, CODECS, Codec, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let rt = runtime();
+    let records: Vec<Record> = (0..40)
+        .map(|i| Record {
+            timestamp: 1_700_000_000_000 + i,
+            key: Some(format!("k{i}").into_bytes()),
+            value: (i % 7 != 0).then(|| value(i as usize)),
+            headers: vec![("h".to_owned(), Some(b"x".to_vec()))],
+        })
+        .collect();
+    let inputs: Vec<(Option<Codec>, Vec<u8>)> = std::iter::once((None, batch::encode(&records)))
+        .chain(
+            CODECS
+                .iter()
+                .map(|c| (Some(*c), batch::encode_compressed(&records, *c, 40))),
+        )
+        .collect();
+    for (target, bits) in [
+        ("uncompressed", 0),
+        ("gzip", 1),
+        ("snappy", 2),
+        ("lz4", 3),
+        ("zstd", 4),
+    ] {
+        let topic = unique_topic(&format!("to-{target}"));
+        ketch.create_topic_with(&rt, &topic, 1, &[("compression.type", target)]);
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        for (_, batch) in &inputs {
+            assert_eq!(
+                raw::produce(&mut conn, &topic, 0, batch.clone()).0,
+                code::NONE,
+                "{target}"
+            );
+        }
+        let mut next = 0;
+        let mut stored = Vec::new();
+        while next < 40 * inputs.len() as i64 {
+            let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, next, 0));
+            let (error, _, bytes) = raw::fetch_result(&response);
+            assert_eq!(error, code::NONE);
+            let mut bytes = bytes.expect("records");
+            while bytes.len() >= 61 {
+                let length = i32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize + 12;
+                stored.push(bytes.split_to(length));
+                next += 40;
+            }
+        }
+        for ((input_codec, sent), batch) in inputs.iter().zip(&stored) {
+            let attributes = i16::from_be_bytes(batch[21..23].try_into().unwrap());
+            assert_eq!(attributes & 7, bits, "{target} from {input_codec:?}");
+            if input_codec.map_or(0, |c| c as i16) == bits {
+                assert_eq!(
+                    &batch[16..],
+                    &sent[16..],
+                    "{target}: a batch in the topic's codec is kept as sent"
+                );
+            }
+            let mut decoded = Records::of_batch(batch).expect("a valid batch");
+            for (i, want) in records.iter().enumerate() {
+                let got = decoded.next_record().expect("a record").expect("40 records");
+                assert_eq!(got.offset_delta, i as i32);
+                assert_eq!(got.timestamp, want.timestamp);
+                assert_eq!(got.key.as_deref(), want.key.as_deref());
+                assert_eq!(got.value.as_deref(), want.value.as_deref(), "{target} record {i}");
+                assert_eq!(got.headers.len(), 1);
+            }
+            assert!(decoded.next_record().unwrap().is_none());
+        }
+        // A real client reads every record (CRCs checked).
+        let consumer = ketch.consumer_with(&[("check.crcs", "true")]);
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&topic, 0, rdkafka::Offset::Offset(0))
+            .unwrap();
+        rdkafka::consumer::Consumer::assign(&consumer, &assignment).unwrap();
+        let mut seen = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen < 40 * inputs.len() {
+            assert!(Instant::now() < deadline, "{target}: consumed {seen}");
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                assert_eq!(m.expect("valid").offset(), seen as i64);
+                seen += 1;
+            }
+        }
+    }
+}

@@ -325,8 +325,8 @@ fn bad_alterations_fail_whole_and_change_nothing() {
     let described = describe(&mut conn, RESOURCE_TOPIC, &topic);
     assert_eq!(value_of(&described, "segment.ms"), ("604800000".to_owned(), 5));
 
-    // Duplicate keys, a resource named twice, compaction, codecs ketch
-    // does not recompress to, and unknown names.
+    // Duplicate keys, a resource named twice, values ketch cannot honour
+    // yet, and unknown names.
     let duplicate_keys = resource(
         RESOURCE_TOPIC,
         &topic,
@@ -346,7 +346,7 @@ fn bad_alterations_fail_whole_and_change_nothing() {
         "{answers:?}"
     );
     for (name, value, says) in [
-        ("compression.type", "zstd", "does not recompress"),
+        ("remote.log.copy.disable", "true", "cannot stop archiving"),
         ("retention.msx", "1", "Unknown topic config name: retention.msx"),
     ] {
         let answers = incremental(
@@ -631,4 +631,50 @@ fn timestamps_outside_the_topics_bounds_are_refused_per_record() {
     assert_eq!(answers, [(0, String::new())]);
     let old = batch::encode(&[Record::value(now - hour, b"an hour old")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, old).0, code::NONE);
+}
+
+#[test]
+fn list_config_resources_lists_topics_and_the_brokers_clients_see() {
+    use kafka_protocol::messages::{ListConfigResourcesRequest, ListConfigResourcesResponse};
+
+    let redis = TestRedis::start();
+    let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
+    let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    let topic = unique_topic("listed");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let list = |conn: &mut KafkaConn, version: i16, types: Vec<i8>| -> (i16, Vec<(i8, String)>) {
+        let response: ListConfigResourcesResponse = conn.request(
+            version,
+            &ListConfigResourcesRequest::default().with_resource_types(types),
+        );
+        let mut resources: Vec<(i8, String)> = response
+            .config_resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.to_string()))
+            .collect();
+        resources.sort();
+        (response.error_code, resources)
+    };
+    // Both gateways are live: wait until A lists B.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let all = loop {
+        let (error, all) = list(&mut conn, 1, vec![]);
+        assert_eq!(error, code::NONE);
+        if all.contains(&(RESOURCE_BROKER, "2".to_owned())) {
+            break all;
+        }
+        assert!(Instant::now() < deadline, "{all:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(all.contains(&(RESOURCE_TOPIC, topic.clone())), "{all:?}");
+    assert!(all.contains(&(RESOURCE_BROKER, "1".to_owned())), "{all:?}");
+    let (_, topics) = list(&mut KafkaConn::connect(b.kafka_addr()), 1, vec![RESOURCE_TOPIC]);
+    assert!(topics.iter().all(|(t, _)| *t == RESOURCE_TOPIC) && topics.contains(&(RESOURCE_TOPIC, topic)));
+    assert_eq!(list(&mut conn, 1, vec![9]).0, code::UNSUPPORTED_VERSION);
+    assert_eq!(
+        list(&mut conn, 0, vec![]),
+        (code::NONE, vec![]),
+        "no client-metrics subscriptions"
+    );
 }

@@ -28,7 +28,8 @@ use kafka_protocol::messages::produce_response::{
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, TopicName};
 use ketch_storage::Topic;
 use ketch_storage::batch::{
-    BatchError, RecordFacts, ValidBatch, set_max_timestamp, stamp_log_append_time, validate_produce_batch,
+    BatchError, BatchHeader, RecordFacts, ValidBatch, set_max_timestamp, stamp_log_append_time,
+    validate_produce_batch,
 };
 use tokio::sync::oneshot;
 use uuid::Uuid;
@@ -346,6 +347,17 @@ async fn produce_partition(
     if !log_append_time {
         check_timestamps(&topic, &batch, &valid.timestamps)?;
     }
+    let batch = to_topic_codec(&topic, batch, &mut header).await?;
+    if batch.len() > max_bytes {
+        return Err(PartitionError::from((
+            ResponseError::MessageTooLarge.code(),
+            Some(format!(
+                "batch of {} bytes once compressed as the topic's compression.type says exceeds \
+                 max.message.bytes {max_bytes}",
+                batch.len()
+            )),
+        )));
+    }
     let (batch, append_time) = if log_append_time {
         let now = ketch_storage::now_ms();
         header.max_timestamp = now;
@@ -458,6 +470,44 @@ fn check_timestamps(topic: &Topic, batch: &Bytes, span: &RecordFacts) -> Result<
         message: Some("One or more records have been rejected due to invalid timestamp".to_owned()),
         record_errors,
     })
+}
+
+/// A topic's `compression.type` other than `producer`: the batch's records
+/// compressed with that codec (at the topic's `compression.gzip.level` or
+/// `compression.zstd.level`), as Kafka's LogValidator recompresses; a batch
+/// already in that codec is stored as it came. Large batches are
+/// recompressed on the blocking pool.
+async fn to_topic_codec(
+    topic: &Topic,
+    batch: Bytes,
+    header: &mut BatchHeader,
+) -> Result<Bytes, PartitionError> {
+    use ketch_config::topic::effective;
+    use ketch_storage::batch::Compression;
+    let (codec, bits, level) = match effective(&topic.configs, "compression.type") {
+        "uncompressed" => (Compression::None, 0, None),
+        "gzip" => (Compression::Gzip, 1, Some("compression.gzip.level")),
+        "snappy" => (Compression::Snappy, 2, None),
+        "lz4" => (Compression::Lz4, 3, None),
+        "zstd" => (Compression::Zstd, 4, Some("compression.zstd.level")),
+        _ => return Ok(batch),
+    };
+    if header.compression().ok() == Some(codec) {
+        return Ok(batch);
+    }
+    let level = level
+        .and_then(|name| effective(&topic.configs, name).parse::<i32>().ok())
+        .filter(|level| *level != -1);
+    let recompressed = if batch.len() <= VALIDATE_INLINE_BYTES {
+        ketch_storage::batch::recompress(&batch, codec, level)
+    } else {
+        tokio::task::spawn_blocking(move || ketch_storage::batch::recompress(&batch, codec, level))
+            .await
+            .unwrap_or_else(|e| Err(BatchError::Decompress(format!("recompression task failed: {e}"))))
+    };
+    let recompressed = recompressed.map_err(|e| (batch_error_code(&e), Some(e.to_string())))?;
+    header.attributes = (header.attributes & !0x07) | bits;
+    Ok(recompressed)
 }
 
 /// Compressed batches larger than this are validated on the blocking pool:

@@ -115,8 +115,82 @@ impl BatchBuilder {
 /// and may have gaps. The body is compressed again with the batch's codec.
 /// `records` must be non-empty and in offset order.
 pub fn rebuild(original: &[u8], records: &[super::Record]) -> Result<Bytes, super::BatchError> {
+    encode_like(original, records, None)
+}
+
+/// A batch's records compressed with `codec` (at `level`, or the codec's
+/// default): a topic's `compression.type` other than `producer`, as Kafka's
+/// LogValidator recompresses. Everything else of the batch is kept: base
+/// offset, timestamps, producer id, epoch and sequence, transactional and
+/// timestamp-type attributes, each record's offset delta.
+pub fn recompress(
+    batch: &Bytes,
+    codec: super::Compression,
+    level: Option<i32>,
+) -> Result<Bytes, super::BatchError> {
+    // The records' bytes are the same in every codec: only the body is
+    // decompressed and compressed again, no record is decoded.
+    let header = super::header(batch)?;
+    let plain = super::records::decompressed(header.compression()?, batch.slice(HEADER_LEN..))?;
+    let body = compress(codec, level, &plain)?;
+    let bits = match codec {
+        super::Compression::None => 0,
+        super::Compression::Gzip => 1,
+        super::Compression::Snappy => 2,
+        super::Compression::Lz4 => 3,
+        super::Compression::Zstd => 4,
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&batch[..HEADER_LEN]);
+    out.extend_from_slice(&body);
+    let batch_length = (out.len() - 12) as i32;
+    out[8..12].copy_from_slice(&batch_length.to_be_bytes());
+    out[21..23].copy_from_slice(&((header.attributes & !0x07) | bits).to_be_bytes());
+    let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &out[CRC_START..]) as u32;
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(Bytes::from(out))
+}
+
+/// `plain` record bytes compressed with `codec` at `level` (gzip 1–9,
+/// zstd's levels; `None`: the codec's default).
+fn compress(
+    codec: super::Compression,
+    level: Option<i32>,
+    plain: &[u8],
+) -> Result<Vec<u8>, super::BatchError> {
     use std::io::Write;
-    let header = super::header(original)?;
+    let fail = |e: std::io::Error| super::BatchError::Decompress(format!("compressing: {e}"));
+    Ok(match codec {
+        super::Compression::None => plain.to_vec(),
+        super::Compression::Gzip => {
+            let level = level.map_or(flate2::Compression::default(), |l| {
+                flate2::Compression::new(l.clamp(1, 9) as u32)
+            });
+            let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(plain.len() / 2), level);
+            gz.write_all(plain).map_err(fail)?;
+            gz.finish().map_err(fail)?
+        }
+        super::Compression::Snappy => snap::raw::Encoder::new()
+            .compress_vec(plain)
+            .map_err(|e| fail(std::io::Error::other(e)))?,
+        super::Compression::Lz4 => {
+            let mut lz = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(plain.len() / 2));
+            lz.write_all(plain).map_err(fail)?;
+            lz.finish().map_err(|e| fail(std::io::Error::other(e)))?
+        }
+        super::Compression::Zstd => zstd::encode_all(plain, level.unwrap_or(3)).map_err(fail)?,
+    })
+}
+
+/// A batch like `original` (its header's fields and codec) holding
+/// `records`, compressed at `level` (gzip 1–9, zstd's levels; `None`: the
+/// codec's default).
+fn encode_like(
+    original: &[u8],
+    records: &[super::Record],
+    level: Option<i32>,
+) -> Result<Bytes, super::BatchError> {
+    let header = super::BatchHeader::read_checked(original)?;
     let base_offset = i64::from_be_bytes(original[0..8].try_into().expect("8 bytes"));
     let mut body = Vec::with_capacity(
         records
@@ -142,24 +216,7 @@ pub fn rebuild(original: &[u8], records: &[super::Record]) -> Result<Bytes, supe
         body.extend_from_slice(&record);
         max_timestamp = max_timestamp.max(r.timestamp);
     }
-    let fail = |e: std::io::Error| super::BatchError::Decompress(format!("recompressing: {e}"));
-    let body = match header.compression()? {
-        super::Compression::None => body,
-        super::Compression::Gzip => {
-            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            gz.write_all(&body).map_err(fail)?;
-            gz.finish().map_err(fail)?
-        }
-        super::Compression::Snappy => snap::raw::Encoder::new()
-            .compress_vec(&body)
-            .map_err(|e| fail(std::io::Error::other(e)))?,
-        super::Compression::Lz4 => {
-            let mut lz = lz4_flex::frame::FrameEncoder::new(Vec::new());
-            lz.write_all(&body).map_err(fail)?;
-            lz.finish().map_err(|e| fail(std::io::Error::other(e)))?
-        }
-        super::Compression::Zstd => zstd::encode_all(&body[..], 3).map_err(fail)?,
-    };
+    let body = compress(header.compression()?, level, &body)?;
     if header.is_log_append_time() {
         max_timestamp = header.max_timestamp;
     }

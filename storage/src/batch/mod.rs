@@ -15,7 +15,7 @@ mod snappy;
 
 use bytes::{Buf, Bytes};
 
-pub use builder::{BatchBuilder, marker_kind, rebuild, transaction_marker};
+pub use builder::{BatchBuilder, marker_kind, rebuild, recompress, transaction_marker};
 pub use records::{PlainRecords, Record, RecordMeta, RecordRef, Records};
 
 /// Size of the fixed v2 batch header, up to and including the record count.
@@ -87,6 +87,15 @@ pub struct BatchHeader {
 }
 
 impl BatchHeader {
+    /// The header of `bytes`, if they are at least [`HEADER_LEN`] long
+    /// (nothing else checked).
+    pub(crate) fn read_checked(bytes: &[u8]) -> Result<Self, BatchError> {
+        if bytes.len() < HEADER_LEN {
+            return Err(BatchError::TooShort(bytes.len()));
+        }
+        Ok(Self::read(bytes))
+    }
+
     /// Reads the header of a batch that is at least [`HEADER_LEN`] bytes.
     fn read(bytes: &[u8]) -> Self {
         let mut b = &bytes[CRC_START..HEADER_LEN];

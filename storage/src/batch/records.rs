@@ -54,6 +54,27 @@ enum Input {
     },
 }
 
+/// A batch body's record bytes, decompressed (at most
+/// [`MAX_DECOMPRESSED_BYTES`]); an uncompressed body as it is.
+pub(crate) fn decompressed(codec: Compression, body: Bytes) -> Result<Bytes, BatchError> {
+    match Input::new(codec, body)? {
+        Input::Slice(bytes) => Ok(bytes),
+        Input::Stream { reader, left } => {
+            let mut out = Vec::new();
+            reader
+                .take(left as u64 + 1)
+                .read_to_end(&mut out)
+                .map_err(|e| BatchError::Decompress(e.to_string()))?;
+            if out.len() > left {
+                return Err(BatchError::Decompress(format!(
+                    "batch decompresses to more than {MAX_DECOMPRESSED_BYTES} bytes"
+                )));
+            }
+            Ok(Bytes::from(out))
+        }
+    }
+}
+
 impl Input {
     fn new(codec: Compression, body: Bytes) -> Result<Self, BatchError> {
         let err = |e: io::Error| BatchError::Decompress(e.to_string());
