@@ -315,6 +315,29 @@ pub fn list_offsets_request(
         ])
 }
 
+/// Sets one topic config with IncrementalAlterConfigs (SET), as an
+/// operator's tool would; the resource's error code.
+pub fn set_topic_config(conn: &mut KafkaConn, topic: &str, name: &str, value: &str) -> i16 {
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
+    let text = |v: &str| StrBytes::from_string(v.to_owned());
+    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(text(topic))
+            .with_configs(vec![
+                AlterableConfig::default()
+                    .with_name(text(name))
+                    .with_config_operation(0)
+                    .with_value(Some(text(value))),
+            ]),
+    ]);
+    let response: IncrementalAlterConfigsResponse = conn.request(1, &request);
+    response.responses[0].error_code
+}
+
 /// DeleteRecords (v2) for one partition: (error code, low watermark).
 pub fn delete_records(conn: &mut KafkaConn, topic: &str, partition: i32, offset: i64) -> (i16, i64) {
     let response = conn.request(2, &delete_records_request(topic, partition, offset));

@@ -19,6 +19,7 @@ use ketch_tests::{Ketch, RedisServer, TestRedis, unique_topic};
 use rdkafka::message::Message;
 
 const INVALID_RECORD: i16 = 87;
+const INVALID_CONFIG: i16 = 40;
 
 /// A gateway whose storage worker ticks every 50 ms.
 fn gateway(redis: &TestRedis) -> Ketch {
@@ -256,30 +257,17 @@ fn a_compacted_topic_keeps_the_latest_record_of_each_key_and_drops_expired_tombs
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Compacted once, the topic cannot be archived, even under `delete`.
+    assert_eq!(alter(&ketch, &topic, "cleanup.policy", "delete"), code::NONE);
+    assert_eq!(
+        alter(&ketch, &topic, "remote.storage.enable", "true"),
+        INVALID_CONFIG
+    );
 }
 
 /// Sets one topic config through IncrementalAlterConfigs; its error code.
 fn alter(ketch: &Ketch, topic: &str, name: &str, value: &str) -> i16 {
-    use kafka_protocol::messages::incremental_alter_configs_request::{
-        AlterConfigsResource, AlterableConfig,
-    };
-    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
-    use kafka_protocol::protocol::StrBytes;
-    let text = |v: &str| StrBytes::from_string(v.to_owned());
-    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
-        AlterConfigsResource::default()
-            .with_resource_type(2)
-            .with_resource_name(text(topic))
-            .with_configs(vec![
-                AlterableConfig::default()
-                    .with_name(text(name))
-                    .with_config_operation(0)
-                    .with_value(Some(text(value))),
-            ]),
-    ]);
-    let response: IncrementalAlterConfigsResponse =
-        KafkaConn::connect(ketch.kafka_addr()).request(1, &request);
-    response.responses[0].error_code
+    raw::set_topic_config(&mut KafkaConn::connect(ketch.kafka_addr()), topic, name, value)
 }
 
 #[test]

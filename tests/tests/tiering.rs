@@ -847,34 +847,12 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
 }
 
-/// Sets a topic config through IncrementalAlterConfigs (SET), as an
-/// operator's tool would; every gateway applies it within half a second.
+/// Sets a topic config through IncrementalAlterConfigs (SET); every
+/// gateway applies it within half a second.
 fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {
-    use kafka_protocol::messages::incremental_alter_configs_request::{
-        AlterConfigsResource, AlterableConfig,
-    };
-    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
-    use kafka_protocol::protocol::StrBytes;
-
-    let text = |v: &str| StrBytes::from_string(v.to_owned());
-    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
-        AlterConfigsResource::default()
-            .with_resource_type(2)
-            .with_resource_name(text(topic))
-            .with_configs(vec![
-                AlterableConfig::default()
-                    .with_name(text(name))
-                    .with_config_operation(0)
-                    .with_value(Some(text(value))),
-            ]),
-    ]);
     let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
-    let response: IncrementalAlterConfigsResponse = conn.request(1, &request);
-    assert_eq!(
-        response.responses[0].error_code, 0,
-        "{name}={value}: {:?}",
-        response.responses[0].error_message
-    );
+    let error = ketch_tests::raw::set_topic_config(&mut conn, topic, name, value);
+    assert_eq!(error, 0, "{name}={value}");
 }
 
 /// Remote storage turned on for a topic that has been running without it:

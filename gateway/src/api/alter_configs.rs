@@ -163,6 +163,9 @@ pub async fn alter_topic(
                 )
             })?;
         let next = alteration.apply(&topic.configs)?;
+        if turns_remote_storage_on(&topic.configs, &next) {
+            refuse_if_compacted(ctx, &topic).await?;
+        }
         if validate_only {
             return Ok(());
         }
@@ -181,6 +184,35 @@ pub async fn alter_topic(
         ResponseError::RequestTimedOut,
         format!("Topic {name} kept changing while its configs were altered; try again."),
     ))
+}
+
+fn turns_remote_storage_on(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> bool {
+    topic::effective(before, "remote.storage.enable") != "true"
+        && topic::effective(after, "remote.storage.enable") == "true"
+}
+
+/// The archiver reads sealed segments from the log stream, and a topic
+/// compacted before keeps part of its records in its compacted stream
+/// (docs/architecture.md §7a): remote storage is refused for it.
+async fn refuse_if_compacted(ctx: &Context, topic: &ketch_storage::Topic) -> Result<(), Failure> {
+    for partition in 0..topic.partitions() {
+        let offsets = ctx
+            .storage
+            .offsets(topic, partition)
+            .await
+            .map_err(|e| (error_code(&e), e.to_string()))?;
+        if offsets.clean_end > 0 {
+            return Err(failure(
+                ResponseError::InvalidConfig,
+                format!(
+                    "Topic {} was compacted (partition {partition}); ketch cannot archive a compacted \
+                     log, so remote storage cannot be turned on for it",
+                    topic.name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A resource of either API, reduced to what both need.
