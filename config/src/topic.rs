@@ -358,8 +358,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         Valid::Any,
         None,
         Honoured,
-        "false: sealed segments are archived. true is refused until ketch supports a read-only \
-         archive.",
+        "true: sealed segments are no longer archived; what is archived is still read, and \
+         retention deletes segments without waiting for the archive.",
     ),
     def(
         "remote.log.delete.on.disable",
@@ -597,9 +597,6 @@ fn check_throttled(name: &str, value: &str, items: &[&str]) -> Result<(), String
 /// than store a setting it would not honour.
 pub fn not_supported(name: &str, value: &str) -> Option<&'static str> {
     match name {
-        "remote.log.copy.disable" if value == "true" => {
-            Some("ketch cannot stop archiving a topic that archives yet")
-        }
         "remote.log.delete.on.disable" if value == "true" => Some(
             "ketch keeps archives when remote storage is turned off and cannot delete them on disable yet",
         ),
@@ -665,6 +662,18 @@ pub fn check_together(
     }
     if list_items(effective(after, "cleanup.policy")).contains(&"compact") {
         return Err("Remote log storage is unsupported for the compacted topics".to_owned());
+    }
+    if effective(after, "remote.log.copy.disable") == "true" {
+        for what in ["bytes", "ms"] {
+            let local = number(after, &format!("local.retention.{what}"));
+            if local != -2 && local != number(after, &format!("retention.{what}")) {
+                return Err(format!(
+                    "When `remote.log.copy.disable` is set to true, the `local.retention.{what}` and \
+                     `retention.{what}` must be set to the identical value because there will be no \
+                     more logs copied to the remote storage."
+                ));
+            }
+        }
     }
     for what in ["bytes", "ms"] {
         let retention = number(after, &format!("retention.{what}"));
@@ -866,6 +875,21 @@ mod tests {
         );
         let remote = set(&[("remote.storage.enable", "true")]);
         assert!(check_together(&BTreeMap::new(), &remote).is_ok());
+        let read_only = set(&[
+            ("remote.storage.enable", "true"),
+            ("remote.log.copy.disable", "true"),
+            ("local.retention.bytes", "0"),
+        ]);
+        assert!(
+            check_together(&remote, &read_only)
+                .unwrap_err()
+                .contains("must be set to the identical value")
+        );
+        let read_only = set(&[
+            ("remote.storage.enable", "true"),
+            ("remote.log.copy.disable", "true"),
+        ]);
+        assert!(check_together(&remote, &read_only).is_ok());
         assert!(
             check_together(&remote, &BTreeMap::new())
                 .unwrap_err()

@@ -855,6 +855,86 @@ fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {
     assert_eq!(error, 0, "{name}={value}");
 }
 
+/// `remote.log.copy.disable=true`: the archive is read but no longer
+/// written, and retention deletes segments without waiting for it.
+#[test]
+fn a_read_only_archive_is_served_and_no_longer_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("read-only");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        1,
+        &[
+            ("segment.bytes", "65536"),
+            ("segment.ms", "200"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce(&producer, &rt, &topic, 1, 0..2_000);
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [2_000]);
+    let archived = metric(&ketch, "ketch_archive_records_total");
+    assert_eq!(archived, 2_000.0);
+
+    // Kafka's rule: local retention as retention once copying stops.
+    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        ketch_tests::raw::set_topic_config(&mut conn, &topic, "remote.log.copy.disable", "true"),
+        40,
+        "INVALID_CONFIG while local.retention.bytes differs from retention.bytes"
+    );
+    set_topic_config(&ketch, &topic, "local.retention.bytes", "-2");
+    set_topic_config(&ketch, &topic, "remote.log.copy.disable", "true");
+    produce(&producer, &rt, &topic, 1, 2_000..4_000);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while redis
+        .segments(&topic, 0)
+        .iter()
+        .all(|s| s["base"].as_i64() < Some(2_000))
+    {
+        assert!(Instant::now() < deadline, "the new records were not sealed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The archive still serves what it holds, Redis the rest.
+    consume_and_check(&ketch.consumer(), &topic, &[4_000]);
+
+    // Retention deletes the new segments without archiving them (the
+    // records are from 2023).
+    set_topic_config(&ketch, &topic, "retention.ms", "1");
+    let sealed_end = |redis: &TestRedis| {
+        redis
+            .segments(&topic, 0)
+            .iter()
+            .filter_map(|s| s["last"].as_i64())
+            .max()
+            .map_or(0, |last| last + 1)
+    };
+    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log_start = ketch_tests::raw::list_offsets(&mut conn, &topic, 0, -2).1;
+        if log_start > 2_000 && redis.segments(&topic, 0).is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "retention did not pass the unarchived segments (log start {log_start}, sealed to {})",
+            sealed_end(&redis)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        metric(&ketch, "ketch_archive_records_total"),
+        archived,
+        "nothing was archived after remote.log.copy.disable"
+    );
+}
+
 /// Remote storage turned on for a topic that has been running without it:
 /// the segments it sealed before are archived, trimmed from Redis by local
 /// retention and read back from the archive.

@@ -346,7 +346,7 @@ fn bad_alterations_fail_whole_and_change_nothing() {
         "{answers:?}"
     );
     for (name, value, says) in [
-        ("remote.log.copy.disable", "true", "cannot stop archiving"),
+        ("remote.log.delete.on.disable", "true", "cannot delete"),
         ("retention.msx", "1", "Unknown topic config name: retention.msx"),
     ] {
         let answers = incremental(

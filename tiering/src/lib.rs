@@ -748,7 +748,10 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
             .and_then(|v| v.parse().ok())
             .unwrap_or(-1)
     };
-    let remote = topic.config("remote.storage.enable") == Some("true");
+    // remote.log.copy.disable: the archive is read but no longer written,
+    // and retention no longer waits for it (Kafka's read-only remote log).
+    let remote = topic.config("remote.storage.enable") == Some("true")
+        && topic.config("remote.log.copy.disable") != Some("true");
     // Kafka: retention removes segments only under cleanup.policy=delete
     // (an empty policy keeps everything).
     let deletes =
