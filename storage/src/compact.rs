@@ -107,7 +107,20 @@ impl Store {
         let Some(start) = self.compact_start(&keys).await? else {
             return Ok(None);
         };
-        let segments = self.segments(topic, partition).await?;
+        // The segment records as read: parsed for the pass, and as they are
+        // for the swap, which replaces each one it changes only if it is
+        // still there (retention may remove some meanwhile; nothing else
+        // changes a compacted topic's segments but its lease holder).
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.segments)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await?;
+        let segments = members
+            .iter()
+            .map(|m| crate::segments::parse_segment(m))
+            .collect::<Result<Vec<Segment>>>()?;
         let clean_end = start.clean_end.unwrap_or(start.log_start).max(start.log_start);
         // A pass that stopped before trimming (a crash) left the log below
         // `clean_end` in place: readers skip it, this trims it.
@@ -150,10 +163,10 @@ impl Store {
         // Control batches (transaction markers) are kept: their offsets.
         let mut controls: Vec<i64> = Vec::new();
         let mut dirty_end = clean_end;
-        let mut compacted: Vec<&Segment> = Vec::new();
+        let mut compacted = 0;
         let (mut dirty_records, mut dirty_read_bytes) = (0u64, 0u64);
         for segment in dirty {
-            if !compacted.is_empty() && latest.len() >= policy.max_keys {
+            if compacted > 0 && latest.len() >= policy.max_keys {
                 break;
             }
             let mut from = segment.base.max(clean_end);
@@ -177,7 +190,7 @@ impl Store {
                 dirty_read_bytes += noted.1;
             }
             dirty_end = segment.last + 1;
-            compacted.push(segment);
+            compacted += 1;
         }
         // The offsets that stay in the segments compacted: batches without
         // one are not read again.
@@ -277,30 +290,21 @@ impl Store {
         // by bytes counts them); `log_bytes` keeps what the log held, for
         // the trimming steps.
         let mut changes: Vec<String> = Vec::new();
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.segments)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn())
-            .await?;
-        for member in members {
-            let Ok(mut json) = serde_json::from_str::<serde_json::Value>(&member) else {
-                continue;
-            };
-            let Some(base) = json.get("base").and_then(serde_json::Value::as_i64) else {
-                continue;
-            };
-            if base >= dirty_end || base < start.log_start {
+        for (member, segment) in members.iter().zip(&segments) {
+            if segment.base >= dirty_end || segment.base < start.log_start {
                 continue;
             }
+            let Ok(mut json) = serde_json::from_str::<serde_json::Value>(member) else {
+                continue;
+            };
             let log_bytes = json
                 .get("log_bytes")
                 .or_else(|| json.get("bytes"))
                 .cloned()
                 .unwrap_or(serde_json::Value::from(0));
             json["log_bytes"] = log_bytes;
-            json["bytes"] = serde_json::Value::from(new_bytes.get(&base).copied().unwrap_or(0));
-            changes.push(member);
+            json["bytes"] = serde_json::Value::from(new_bytes.get(&segment.base).copied().unwrap_or(0));
+            changes.push(member.clone());
             changes.push(json.to_string());
         }
         let swapped: i64 = self
@@ -322,7 +326,7 @@ impl Store {
         if swapped != 1 {
             return Ok(None);
         }
-        let segments = self.segments(topic, partition).await?;
+        // The segments as read hold the log's sizes of those just compacted.
         self.trim_log(&keys, &segments, clean_end, dirty_end).await?;
         Ok(Some(outcome))
     }

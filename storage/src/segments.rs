@@ -494,6 +494,6 @@ fn stream_ids(reply: Value) -> Result<Vec<Value>> {
         .collect()
 }
 
-fn parse_segment(member: &str) -> Result<Segment> {
+pub(crate) fn parse_segment(member: &str) -> Result<Segment> {
     serde_json::from_str(member).map_err(|e| StorageError::Data(format!("segment record: {e}")))
 }
