@@ -163,9 +163,8 @@ impl Store {
         // Control batches (transaction markers) are kept: their offsets.
         let mut controls: Vec<i64> = Vec::new();
         let mut dirty_end = clean_end;
-        let mut compacted = 0;
         let (mut dirty_records, mut dirty_read_bytes) = (0u64, 0u64);
-        for segment in dirty {
+        for (compacted, segment) in dirty.into_iter().enumerate() {
             if compacted > 0 && latest.len() >= policy.max_keys {
                 break;
             }
@@ -190,7 +189,6 @@ impl Store {
                 dirty_read_bytes += noted.1;
             }
             dirty_end = segment.last + 1;
-            compacted += 1;
         }
         // The offsets that stay in the segments compacted: batches without
         // one are not read again.
