@@ -628,8 +628,16 @@ pub fn effective<'a>(overrides: &'a BTreeMap<String, String>, name: &str) -> &'a
         .unwrap_or("")
 }
 
-fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
+/// A numeric config's value for a topic with `overrides` (-1 if it is not
+/// a number: never for a stored override or a default, both validated).
+pub fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
     effective(overrides, name).parse().unwrap_or(-1)
+}
+
+/// Whether a topic with `overrides` has `policy` (`compact` or `delete`)
+/// in its `cleanup.policy`.
+pub fn cleans_up_by(overrides: &BTreeMap<String, String>, policy: &str) -> bool {
+    list_items(effective(overrides, "cleanup.policy")).contains(&policy)
 }
 
 /// Kafka's checks across configs (`LogConfig.validateValues` and the
@@ -660,7 +668,7 @@ pub fn check_together(
         }
         return Ok(());
     }
-    if list_items(effective(after, "cleanup.policy")).contains(&"compact") {
+    if cleans_up_by(after, "compact") {
         return Err("Remote log storage is unsupported for the compacted topics".to_owned());
     }
     if effective(after, "remote.log.copy.disable") == "true" {

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ketch_config::TieringSettings;
-use ketch_config::topic::topic_config;
 use ketch_storage::compact::CompactPolicy;
 use ketch_storage::segments::{Segment, SegmentChange, SegmentPolicy, Tier};
 use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
@@ -741,22 +740,14 @@ impl Tiers {
 /// overrides, else Kafka's defaults), and how long idle producers are
 /// remembered.
 pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
-    let number = |name: &str| -> i64 {
-        topic
-            .config(name)
-            .or_else(|| topic_config(name).map(|def| def.default))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(-1)
-    };
+    let number = |name: &str| ketch_config::topic::number(&topic.configs, name);
     // remote.log.copy.disable: the archive is read but no longer written,
     // and retention no longer waits for it (Kafka's read-only remote log).
     let remote = topic.config("remote.storage.enable") == Some("true")
         && topic.config("remote.log.copy.disable") != Some("true");
     // Kafka: retention removes segments only under cleanup.policy=delete
     // (an empty policy keeps everything).
-    let deletes =
-        ketch_config::topic::list_items(ketch_config::topic::effective(&topic.configs, "cleanup.policy"))
-            .contains(&"delete");
+    let deletes = ketch_config::topic::cleans_up_by(&topic.configs, "delete");
     let retention = |name: &str| if deletes { number(name) } else { -1 };
     let retention_ms = retention("retention.ms");
     let retention_bytes = retention("retention.bytes");
@@ -764,7 +755,7 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
     let local = |value: i64, retention: i64| if value == -2 { retention } else { value };
     // A compacted topic's open segment is sealed by max.compaction.lag.ms
     // too: the open segment is never compacted (Kafka rolls it likewise).
-    let compacts = compaction_policy(topic, 0).is_some();
+    let compacts = ketch_config::topic::cleans_up_by(&topic.configs, "compact");
     let segment_ms = if compacts {
         number("segment.ms").min(number("max.compaction.lag.ms"))
     } else {
@@ -785,11 +776,11 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
 /// A compacted topic's compaction settings; `None` for a topic that does
 /// not compact.
 pub fn compaction_policy(topic: &Topic, max_keys: usize) -> Option<CompactPolicy> {
-    use ketch_config::topic::{effective, list_items};
-    if !list_items(effective(&topic.configs, "cleanup.policy")).contains(&"compact") {
+    use ketch_config::topic::{cleans_up_by, effective};
+    if !cleans_up_by(&topic.configs, "compact") {
         return None;
     }
-    let number = |name: &str| effective(&topic.configs, name).parse::<i64>().unwrap_or(0);
+    let number = |name: &str| ketch_config::topic::number(&topic.configs, name);
     Some(CompactPolicy {
         min_dirty_ratio: effective(&topic.configs, "min.cleanable.dirty.ratio")
             .parse()

@@ -341,7 +341,7 @@ async fn produce_partition(
             Some("Producer should not set timestamp type to LogAppendTime".to_owned()),
         )));
     }
-    if valid.timestamps.null_key && is_compacted(&topic) {
+    if valid.timestamps.null_key && ketch_config::topic::cleans_up_by(&topic.configs, "compact") {
         return Err(null_keys(&topic, partition, &batch));
     }
     if !log_append_time {
@@ -379,12 +379,6 @@ async fn produce_partition(
         );
     }
     Ok((outcome.base_offset, outcome.log_start_offset, append_time))
-}
-
-/// Whether `topic`'s cleanup policy compacts it.
-fn is_compacted(topic: &Topic) -> bool {
-    ketch_config::topic::list_items(ketch_config::topic::effective(&topic.configs, "cleanup.policy"))
-        .contains(&"compact")
 }
 
 /// Kafka's answer to records without a key on a compacted topic
@@ -432,11 +426,7 @@ fn null_keys(topic: &Topic, partition: i32, batch: &Bytes) -> PartitionError {
 /// batch is refused with INVALID_TIMESTAMP and each offending record named
 /// in `record_errors`, as Kafka's LogValidator answers.
 fn check_timestamps(topic: &Topic, batch: &Bytes, span: &RecordFacts) -> Result<(), PartitionError> {
-    let bound = |name: &str| {
-        ketch_config::topic::effective(&topic.configs, name)
-            .parse::<i64>()
-            .unwrap_or(i64::MAX)
-    };
+    let bound = |name: &str| ketch_config::topic::number(&topic.configs, name);
     let (before, after) = (
         bound("message.timestamp.before.max.ms"),
         bound("message.timestamp.after.max.ms"),
