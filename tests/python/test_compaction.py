@@ -57,6 +57,18 @@ def compacted_view(written):
     return {p: sorted(records) for p, records in view.items()}
 
 
+def eventually_read(bootstrap, topic, partitions, want, timeout=30.0):
+    """Reads `topic` from the start until its non-empty partitions hold
+    `want` (compaction runs in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = read_from_start(bootstrap, topic, partitions)
+        if {p: r for p, r in seen.items() if r} == want:
+            return
+        assert time.monotonic() < deadline, f"{topic}: {seen} want {want}"
+        time.sleep(0.2)
+
+
 def test_connect_internal_topics_compact_to_the_latest_value_per_key(ketch_cluster):
     (gateway,) = ketch_cluster(1, settings=FAST)
     admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
@@ -91,19 +103,13 @@ def test_connect_internal_topics_compact_to_the_latest_value_per_key(ketch_clust
 
     for topic, partitions in CONNECT_TOPICS.items():
         want = compacted_view(written[topic])
-        deadline = time.monotonic() + 30
-        while True:
-            seen = read_from_start(gateway.bootstrap, topic, partitions)
-            if {p: r for p, r in seen.items() if r} == want:
-                break
-            assert time.monotonic() < deadline, f"{topic}: {seen} want {want}"
-            time.sleep(0.2)
+        eventually_read(gateway.bootstrap, topic, partitions, want)
         # Offsets are the ones the producer was given, and the tombstone is
         # there for readers that start now.
         assert any(value is None for records in want.values() for _, _, value in records)
 
-    # After delete.retention.ms the tombstones go (with the next pass).
-    time.sleep(3.5)
+    # After delete.retention.ms the tombstones go, and a record written
+    # meanwhile stays.
     for topic in CONNECT_TOPICS:
         producer.produce(topic, value=b"later", key=b"connector-9", partition=9 % CONNECT_TOPICS[topic],
                          on_delivery=delivered(topic))
@@ -112,13 +118,7 @@ def test_connect_internal_topics_compact_to_the_latest_value_per_key(ketch_clust
         want = {p: [r for r in records if r[2] is not None]
                 for p, records in compacted_view(written[topic]).items()}
         want = {p: r for p, r in want.items() if r}
-        deadline = time.monotonic() + 30
-        while True:
-            seen = read_from_start(gateway.bootstrap, topic, partitions)
-            if {p: r for p, r in seen.items() if r} == want:
-                break
-            assert time.monotonic() < deadline, f"{topic}: {seen} want {want}"
-            time.sleep(0.2)
+        eventually_read(gateway.bootstrap, topic, partitions, want)
 
 
 def test_a_record_without_a_key_fails_per_record_in_both_clients(ketch, topic_name):

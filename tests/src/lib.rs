@@ -53,6 +53,11 @@ pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::random::<u64>())
 }
 
+/// Options for the tests' admin requests: a 10 s operation timeout.
+pub fn admin_options() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
+}
+
 /// A tokio runtime for the async parts of a test (rdkafka futures, admin).
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -602,6 +607,15 @@ impl TestRedis {
     /// The hash tags of a topic's partitions, from its `ketch:topics` record.
     pub fn topic_tags(&self, topic: &str) -> Vec<String> {
         topic_tags(&mut self.connection(), topic)
+    }
+
+    /// Whether the topic registry holds `topic`.
+    pub fn topic_exists(&self, topic: &str) -> bool {
+        redis::cmd("HEXISTS")
+            .arg("ketch:topics")
+            .arg(topic)
+            .query(&mut self.connection())
+            .expect("HEXISTS")
     }
 
     /// Number of entries (batches) in a partition's stream.
@@ -1531,7 +1545,7 @@ impl Ketch {
         for (name, value) in configs {
             new = new.set(name, value);
         }
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let opts = admin_options();
         let results = rt
             .block_on(admin.create_topics([&new], &opts))
             .expect("CreateTopics request");

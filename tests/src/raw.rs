@@ -29,7 +29,14 @@ pub mod code {
     pub const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub const CORRUPT_MESSAGE: i16 = 2;
     pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub const MESSAGE_TOO_LARGE: i16 = 10;
+    pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+    pub const INVALID_TIMESTAMP: i16 = 32;
     pub const UNSUPPORTED_VERSION: i16 = 35;
+    pub const INVALID_CONFIG: i16 = 40;
+    pub const INVALID_REQUEST: i16 = 42;
+    pub const INVALID_RECORD: i16 = 87;
     /// Codes Kafka clients retry: what a gateway must answer while Redis is
     /// unreachable (DESIGN §9).
     pub const RETRIABLE: &[i16] = &[
@@ -280,6 +287,20 @@ pub fn count_records(mut records: &[u8]) -> i64 {
         records = &records[12 + length..];
     }
     total
+}
+
+/// The whole batches of a fetch's records, each its own `Bytes` (a partial
+/// batch at the end is left out).
+pub fn split_batches(mut records: Bytes) -> Vec<Bytes> {
+    let mut batches = Vec::new();
+    while records.len() >= 61 {
+        let length = i32::from_be_bytes(records[8..12].try_into().expect("4 bytes")) as usize + 12;
+        if records.len() < length {
+            break;
+        }
+        batches.push(records.split_to(length));
+    }
+    batches
 }
 
 /// ListOffsets (v7) for one partition: (error code, offset, timestamp).

@@ -8,10 +8,8 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::StrBytes;
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
-use rdkafka::admin::{
-    AdminOptions, ConfigSource, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
-};
+use ketch_tests::{Ketch, TestRedis, admin_options, runtime, unique_topic};
+use rdkafka::admin::{ConfigSource, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::RDKafkaErrorCode;
 
@@ -20,18 +18,6 @@ fn start() -> (TestRedis, Ketch) {
     // No auto-create: a topic exists only if an admin request made it.
     let ketch = Ketch::start(&redis.url(), &["--set", "topics.auto_create=false"]);
     (redis, ketch)
-}
-
-fn opts() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
-}
-
-fn topic_exists(redis: &TestRedis, topic: &str) -> bool {
-    redis::cmd("HEXISTS")
-        .arg("ketch:topics")
-        .arg(topic)
-        .query(&mut redis.connection())
-        .expect("HEXISTS")
 }
 
 fn partition_count(ketch: &Ketch, topic: &str) -> usize {
@@ -95,20 +81,24 @@ fn create_topics_validate_only_creates_nothing() {
     let topic = unique_topic("validate");
     let new = NewTopic::new(&topic, 3, TopicReplication::Fixed(1));
     let results = rt
-        .block_on(ketch.admin().create_topics([&new], &opts().validate_only(true)))
+        .block_on(
+            ketch
+                .admin()
+                .create_topics([&new], &admin_options().validate_only(true)),
+        )
         .expect("CreateTopics");
     assert_eq!(results, vec![Ok(topic.clone())]);
-    assert!(!topic_exists(&redis, &topic));
+    assert!(!redis.topic_exists(&topic));
 
     let results = rt
-        .block_on(ketch.admin().create_topics([&new], &opts()))
+        .block_on(ketch.admin().create_topics([&new], &admin_options()))
         .expect("CreateTopics");
     assert_eq!(results, vec![Ok(topic.clone())]);
-    assert!(topic_exists(&redis, &topic));
+    assert!(redis.topic_exists(&topic));
     assert_eq!(partition_count(&ketch, &topic), 3);
 
     let results = rt
-        .block_on(ketch.admin().create_topics([&new], &opts()))
+        .block_on(ketch.admin().create_topics([&new], &admin_options()))
         .expect("CreateTopics");
     assert_eq!(results, vec![Err((topic, RDKafkaErrorCode::TopicAlreadyExists))]);
 }
@@ -128,7 +118,7 @@ fn create_topics_rejects_each_bad_topic_on_its_own() {
         NewTopic::new(&good, 1, TopicReplication::Fixed(1)).set("retention.ms", "3600000"),
     ];
     let results = rt
-        .block_on(ketch.admin().create_topics(&topics, &opts()))
+        .block_on(ketch.admin().create_topics(&topics, &admin_options()))
         .expect("CreateTopics");
     assert_eq!(
         results,
@@ -140,9 +130,9 @@ fn create_topics_rejects_each_bad_topic_on_its_own() {
         ]
     );
     for rejected in [&replicated, &unknown_config, &bad_value] {
-        assert!(!topic_exists(&redis, rejected), "{rejected} was created");
+        assert!(!redis.topic_exists(rejected), "{rejected} was created");
     }
-    assert!(topic_exists(&redis, &good));
+    assert!(redis.topic_exists(&good));
 }
 
 #[test]
@@ -152,10 +142,10 @@ fn delete_topics_removes_the_topic() {
     let topic = unique_topic("doomed");
     ketch.create_topic(&rt, &topic, 2);
     let results = rt
-        .block_on(ketch.admin().delete_topics(&[&topic], &opts()))
+        .block_on(ketch.admin().delete_topics(&[&topic], &admin_options()))
         .expect("DeleteTopics");
     assert_eq!(results, vec![Ok(topic.clone())]);
-    assert!(!topic_exists(&redis, &topic));
+    assert!(!redis.topic_exists(&topic));
 
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let batch = batch::encode(&[Record::value(1, b"x")]);
@@ -165,7 +155,7 @@ fn delete_topics_removes_the_topic() {
     );
 
     let results = rt
-        .block_on(ketch.admin().delete_topics(&[&topic], &opts()))
+        .block_on(ketch.admin().delete_topics(&[&topic], &admin_options()))
         .expect("DeleteTopics");
     assert_eq!(
         results,
@@ -183,7 +173,7 @@ fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
         .block_on(
             ketch
                 .admin()
-                .create_partitions(&[NewPartitions::new(&topic, 4)], &opts()),
+                .create_partitions(&[NewPartitions::new(&topic, 4)], &admin_options()),
         )
         .expect("CreatePartitions");
     assert_eq!(results, vec![Ok(topic.clone())]);
@@ -207,7 +197,7 @@ fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
         .block_on(
             ketch
                 .admin()
-                .create_partitions(&[NewPartitions::new(&topic, 2)], &opts()),
+                .create_partitions(&[NewPartitions::new(&topic, 2)], &admin_options()),
         )
         .expect("CreatePartitions");
     assert_eq!(
@@ -224,7 +214,7 @@ fn describe_configs_reports_overrides_and_defaults_with_their_source() {
     let topic = unique_topic("described");
     let new = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("retention.ms", "3600000");
     let results = rt
-        .block_on(ketch.admin().create_topics([&new], &opts()))
+        .block_on(ketch.admin().create_topics([&new], &admin_options()))
         .expect("CreateTopics");
     assert_eq!(results, vec![Ok(topic.clone())]);
 
@@ -232,7 +222,7 @@ fn describe_configs_reports_overrides_and_defaults_with_their_source() {
         .block_on(
             ketch
                 .admin()
-                .describe_configs([&ResourceSpecifier::Topic(&topic)], &opts()),
+                .describe_configs([&ResourceSpecifier::Topic(&topic)], &admin_options()),
         )
         .expect("DescribeConfigs");
     let resource = results
@@ -341,7 +331,7 @@ fn deleting_a_topic_removes_every_key_of_its_partitions() {
         }
     }
     let deleted = rt
-        .block_on(ketch.admin().delete_topics(&[&topic], &opts()))
+        .block_on(ketch.admin().delete_topics(&[&topic], &admin_options()))
         .expect("delete topics");
     assert!(deleted[0].is_ok(), "{deleted:?}");
     for tag in &tags {

@@ -28,16 +28,13 @@ use kafka_protocol::messages::{
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code, topic_name};
 use ketch_tests::servers::Balanced;
-use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
-use rdkafka::admin::{AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use ketch_tests::{Ketch, TestRedis, admin_options, runtime, unique_topic};
+use rdkafka::admin::{NewPartitions, NewTopic, TopicReplication};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::RDKafkaErrorCode;
 
-const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
-const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
 const INVALID_REPLICATION_FACTOR: i16 = 38;
 const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
-const INVALID_REQUEST: i16 = 42;
 const LOG_DIR_NOT_FOUND: i16 = 57;
 const REPLICA_NOT_AVAILABLE: i16 = 9;
 const ELECTION_NOT_NEEDED: i16 = 84;
@@ -47,18 +44,6 @@ fn start() -> (TestRedis, Ketch) {
     let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &["--set", "topics.auto_create=false"]);
     (redis, ketch)
-}
-
-fn opts() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
-}
-
-fn topic_exists(redis: &TestRedis, topic: &str) -> bool {
-    redis::cmd("HEXISTS")
-        .arg("ketch:topics")
-        .arg(topic)
-        .query(&mut redis.connection())
-        .expect("HEXISTS")
 }
 
 /// (broker ids, each partition's leader) as Metadata through `via` reports them.
@@ -355,7 +340,7 @@ fn describe_topic_partitions_pages_every_partition_exactly_once_and_reports_meta
     // A cursor naming a topic not asked about is an invalid request.
     let response = describe_topic_partitions(&mut conn, &named[..1], 10, Some((&unknown, 0)));
     assert_eq!(response.topics.len(), 1);
-    assert_eq!(response.topics[0].error_code, INVALID_REQUEST);
+    assert_eq!(response.topics[0].error_code, code::INVALID_REQUEST);
     assert!(response.topics[0].partitions.is_empty());
 }
 
@@ -536,8 +521,11 @@ fn elect_leaders_finds_no_election_needed() {
     assert!(ours.partition_result.is_empty(), "{ours:?}");
 
     let bad_type = elect(&mut conn, 2, 7, Some(&[(&topic, &[0])]));
-    assert_eq!(bad_type.error_code, INVALID_REQUEST);
-    assert_eq!(election_codes(&bad_type)[&(topic.clone(), 0)], INVALID_REQUEST);
+    assert_eq!(bad_type.error_code, code::INVALID_REQUEST);
+    assert_eq!(
+        election_codes(&bad_type)[&(topic.clone(), 0)],
+        code::INVALID_REQUEST
+    );
 }
 
 #[test]
@@ -638,7 +626,7 @@ fn create_topics_accepts_assignments_to_this_broker_and_refuses_unknown_brokers(
         NewTopic::new(&doubled, 1, TopicReplication::Variable(two)),
     ];
     let results = rt
-        .block_on(ketch.admin().create_topics(&topics, &opts()))
+        .block_on(ketch.admin().create_topics(&topics, &admin_options()))
         .expect("CreateTopics");
     assert_eq!(
         results,
@@ -649,8 +637,8 @@ fn create_topics_accepts_assignments_to_this_broker_and_refuses_unknown_brokers(
         ]
     );
     assert_eq!(metadata(&ketch, &assigned).1.len(), 3);
-    assert!(!topic_exists(&redis, &stray), "a refused topic was created");
-    assert!(!topic_exists(&redis, &doubled), "a refused topic was created");
+    assert!(!redis.topic_exists(&stray), "a refused topic was created");
+    assert!(!redis.topic_exists(&doubled), "a refused topic was created");
 
     // The message names the broker that does not exist.
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
@@ -673,7 +661,7 @@ fn create_topics_accepts_assignments_to_this_broker_and_refuses_unknown_brokers(
     assert_eq!(result.error_code, INVALID_REPLICA_ASSIGNMENT);
     let message = result.error_message.as_deref().unwrap_or_default();
     assert!(message.contains("broker 4242,"), "{message}");
-    assert!(!topic_exists(&redis, &raw_stray));
+    assert!(!redis.topic_exists(&raw_stray));
 
     // CreatePartitions: the same rule for the new partitions.
     assert_eq!(
@@ -697,11 +685,10 @@ fn grow(
     assignment: &[&[i32]],
 ) -> rdkafka::admin::TopicResult {
     let mut results = rt
-        .block_on(
-            ketch
-                .admin()
-                .create_partitions(&[NewPartitions::new(topic, total).assign(assignment)], &opts()),
-        )
+        .block_on(ketch.admin().create_partitions(
+            &[NewPartitions::new(topic, total).assign(assignment)],
+            &admin_options(),
+        ))
         .expect("CreatePartitions");
     assert_eq!(results.len(), 1);
     results.remove(0)
@@ -716,24 +703,24 @@ fn without_cluster_permissions_every_admin_api_is_refused() {
     let topic = unique_topic("guarded");
 
     let log_dirs = describe_log_dirs(&mut conn, 4, None);
-    assert_eq!(log_dirs.error_code, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(log_dirs.error_code, code::CLUSTER_AUTHORIZATION_FAILED);
     assert!(log_dirs.results.is_empty());
 
     let election = elect(&mut conn, 2, 0, Some(&[(&topic, &[0])]));
-    assert_eq!(election.error_code, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(election.error_code, code::CLUSTER_AUTHORIZATION_FAILED);
     assert_eq!(
         election_codes(&election)[&(topic.clone(), 0)],
-        CLUSTER_AUTHORIZATION_FAILED
+        code::CLUSTER_AUTHORIZATION_FAILED
     );
 
     let listed = conn.request(0, &ListPartitionReassignmentsRequest::default().with_topics(None));
-    assert_eq!(listed.error_code, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(listed.error_code, code::CLUSTER_AUTHORIZATION_FAILED);
 
     let response = reassign(&mut conn, 0, true, &[(&topic, 0, None)]);
-    assert_eq!(response.error_code, CLUSTER_AUTHORIZATION_FAILED);
+    assert_eq!(response.error_code, code::CLUSTER_AUTHORIZATION_FAILED);
     assert_eq!(
         response.responses[0].partitions[0].error_code,
-        CLUSTER_AUTHORIZATION_FAILED
+        code::CLUSTER_AUTHORIZATION_FAILED
     );
 
     let moved = conn.request(
@@ -750,12 +737,12 @@ fn without_cluster_permissions_every_admin_api_is_refused() {
     );
     assert_eq!(
         moved.results[0].partitions[0].error_code,
-        CLUSTER_AUTHORIZATION_FAILED
+        code::CLUSTER_AUTHORIZATION_FAILED
     );
 
     let described = describe_topic_partitions(&mut conn, &[&topic], 10, None);
     assert_eq!(described.topics.len(), 1);
-    assert_eq!(described.topics[0].error_code, TOPIC_AUTHORIZATION_FAILED);
+    assert_eq!(described.topics[0].error_code, code::TOPIC_AUTHORIZATION_FAILED);
     assert_eq!(
         describe_topic_partitions(&mut conn, &[], 10, None).topics.len(),
         0
@@ -791,7 +778,7 @@ fn two_gateways_accept_assignments_to_each_other_and_list_each_partition_once() 
     let results = rt
         .block_on(a.admin().create_topics(
             [&NewTopic::new(&topic, 8, TopicReplication::Variable(assignment))],
-            &opts(),
+            &admin_options(),
         ))
         .expect("CreateTopics");
     assert_eq!(

@@ -18,9 +18,6 @@ use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, RedisServer, TestRedis, unique_topic};
 use rdkafka::message::Message;
 
-const INVALID_RECORD: i16 = 87;
-const INVALID_CONFIG: i16 = 40;
-
 /// A gateway whose storage worker ticks every 50 ms.
 fn gateway(redis: &TestRedis) -> Ketch {
     Ketch::start(&redis.url(), &["--set", "tiering.tick_interval=50ms"])
@@ -92,7 +89,11 @@ struct Seen {
 /// with raw fetches and decoded here (batch framing, codecs and offsets
 /// checked); asserts offsets only increase.
 fn read_all(ketch: &Ketch, topic: &str) -> Vec<Seen> {
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    read_all_at(ketch.kafka_addr(), topic)
+}
+
+fn read_all_at(addr: std::net::SocketAddr, topic: &str) -> Vec<Seen> {
+    let mut conn = KafkaConn::connect(addr);
     let mut next = 0;
     let mut seen: Vec<Seen> = Vec::new();
     loop {
@@ -102,14 +103,12 @@ fn read_all(ketch: &Ketch, topic: &str) -> Vec<Seen> {
         if next >= high_watermark {
             return seen;
         }
-        let mut bytes = records.expect("records below the high watermark");
+        let batches = raw::split_batches(records.expect("records below the high watermark"));
         assert!(
-            !bytes.is_empty(),
+            !batches.is_empty(),
             "an empty fetch at {next} below {high_watermark}"
         );
-        while bytes.len() >= 61 {
-            let length = i32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize + 12;
-            let batch = bytes.split_to(length);
+        for batch in batches {
             let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
             let last_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
             let control = i16::from_be_bytes(batch[21..23].try_into().unwrap()) & 0x20 != 0;
@@ -261,7 +260,7 @@ fn a_compacted_topic_keeps_the_latest_record_of_each_key_and_drops_expired_tombs
     assert_eq!(alter(&ketch, &topic, "cleanup.policy", "delete"), code::NONE);
     assert_eq!(
         alter(&ketch, &topic, "remote.storage.enable", "true"),
-        INVALID_CONFIG
+        code::INVALID_CONFIG
     );
 }
 
@@ -288,7 +287,7 @@ fn records_without_a_key_are_refused_on_a_compacted_topic_with_record_errors() {
         &raw::produce_request(&topic, 0, batch::encode(&records)),
     );
     let partition = &response.responses[0].partition_responses[0];
-    assert_eq!(partition.error_code, INVALID_RECORD);
+    assert_eq!(partition.error_code, code::INVALID_RECORD);
     let indexes: Vec<i32> = partition.record_errors.iter().map(|e| e.batch_index).collect();
     assert_eq!(indexes, [1, 3]);
     let message = partition.record_errors[0]
@@ -329,33 +328,7 @@ fn compaction_under_concurrent_produce_and_consume_keeps_every_latest_value() {
         std::thread::spawn(move || {
             let mut reads = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut conn = KafkaConn::connect(addr);
-                let mut next = 0;
-                let mut last_offset = -1;
-                loop {
-                    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, next, 0));
-                    let (error, high_watermark, records) = raw::fetch_result(&response);
-                    assert_eq!(error, code::NONE);
-                    if next >= high_watermark {
-                        break;
-                    }
-                    let mut bytes = records.expect("records");
-                    while bytes.len() >= 61 {
-                        let length = i32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize + 12;
-                        let batch = bytes.split_to(length);
-                        let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
-                        let last_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
-                        let mut records = Records::of_batch(&batch).expect("a valid batch");
-                        while let Some(r) = records.next_record().expect("a valid record") {
-                            let offset = base + i64::from(r.offset_delta);
-                            if offset >= next {
-                                assert!(offset > last_offset, "{offset} after {last_offset}");
-                                last_offset = offset;
-                            }
-                        }
-                        next = next.max(base + i64::from(last_delta) + 1);
-                    }
-                }
+                read_all_at(addr, &topic);
                 reads += 1;
             }
             reads

@@ -147,10 +147,8 @@ fn a_topics_compression_type_recompresses_batches_in_another_codec() {
             let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, next, 0));
             let (error, _, bytes) = raw::fetch_result(&response);
             assert_eq!(error, code::NONE);
-            let mut bytes = bytes.expect("records");
-            while bytes.len() >= 61 {
-                let length = i32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize + 12;
-                stored.push(bytes.split_to(length));
+            for batch in raw::split_batches(bytes.expect("records")) {
+                stored.push(batch);
                 next += 40;
             }
         }

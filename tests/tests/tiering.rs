@@ -885,7 +885,7 @@ fn a_read_only_archive_is_served_and_no_longer_written() {
     let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(
         ketch_tests::raw::set_topic_config(&mut conn, &topic, "remote.log.copy.disable", "true"),
-        40,
+        ketch_tests::raw::code::INVALID_CONFIG,
         "INVALID_CONFIG while local.retention.bytes differs from retention.bytes"
     );
     set_topic_config(&ketch, &topic, "local.retention.bytes", "-2");

@@ -20,16 +20,9 @@ use kafka_protocol::protocol::StrBytes;
 use ketch_config::topic::{TOPIC_CONFIGS, example_values};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
-use rdkafka::admin::{
-    AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier, TopicReplication,
-};
+use ketch_tests::{Ketch, TestRedis, admin_options, runtime, unique_topic};
+use rdkafka::admin::{AlterConfig, ConfigSource, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::error::RDKafkaErrorCode;
-
-const INVALID_CONFIG: i16 = 40;
-const INVALID_REQUEST: i16 = 42;
-const MESSAGE_TOO_LARGE: i16 = 10;
-const INVALID_TIMESTAMP: i16 = 32;
 
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
@@ -38,10 +31,6 @@ const SET: i8 = 0;
 const DELETE: i8 = 1;
 const APPEND: i8 = 2;
 const SUBTRACT: i8 = 3;
-
-fn opts() -> AdminOptions {
-    AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
-}
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
@@ -140,7 +129,7 @@ fn every_kafka_topic_config_is_accepted_with_a_valid_value_and_refused_with_an_i
         topics.push(NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set(name, value));
     }
     let results = rt
-        .block_on(ketch.admin().create_topics(&topics, &opts()))
+        .block_on(ketch.admin().create_topics(&topics, &admin_options()))
         .expect("CreateTopics");
     assert_eq!(
         results[0],
@@ -212,7 +201,7 @@ fn incremental_alter_configs_through_one_gateway_is_seen_by_another() {
     let altered = Instant::now();
     loop {
         let (error, _) = raw::produce(&mut on_b, &topic, 0, big());
-        if error == MESSAGE_TOO_LARGE {
+        if error == code::MESSAGE_TOO_LARGE {
             break;
         }
         assert_eq!(error, code::NONE);
@@ -257,7 +246,7 @@ fn incremental_alter_configs_through_one_gateway_is_seen_by_another() {
     assert_eq!(value_of(&described, "retention.ms"), ("3600000".to_owned(), 1));
     assert_eq!(value_of(&described, "max.message.bytes").1, 4);
     let restored = Instant::now();
-    while raw::produce(&mut on_b, &topic, 0, big()).0 == MESSAGE_TOO_LARGE {
+    while raw::produce(&mut on_b, &topic, 0, big()).0 == code::MESSAGE_TOO_LARGE {
         assert!(
             restored.elapsed() < Duration::from_secs(5),
             "gateway B kept the deleted override"
@@ -302,7 +291,7 @@ fn bad_alterations_fail_whole_and_change_nothing() {
         ],
         false,
     );
-    assert_eq!(answers[0].0, INVALID_CONFIG);
+    assert_eq!(answers[0].0, code::INVALID_CONFIG);
     assert_eq!(
         answers[0].1,
         "Invalid value -5 for configuration retention.ms: Value must be at least -1"
@@ -310,18 +299,18 @@ fn bad_alterations_fail_whole_and_change_nothing() {
     assert_eq!(
         answers[1],
         (
-            INVALID_CONFIG,
+            code::INVALID_CONFIG,
             "Config value append is not allowed for config key: retention.ms".to_owned()
         )
     );
     assert_eq!(answers[2].0, code::UNKNOWN_TOPIC_OR_PARTITION);
-    assert_eq!(answers[3].0, INVALID_REQUEST);
+    assert_eq!(answers[3].0, code::INVALID_REQUEST);
     assert!(
         answers[3]
             .1
             .contains("Cannot update these configs dynamically: log.retention.ms")
     );
-    assert_eq!(answers[4].0, INVALID_REQUEST);
+    assert_eq!(answers[4].0, code::INVALID_REQUEST);
     let described = describe(&mut conn, RESOURCE_TOPIC, &topic);
     assert_eq!(value_of(&described, "segment.ms"), ("604800000".to_owned(), 5));
 
@@ -337,12 +326,15 @@ fn bad_alterations_fail_whole_and_change_nothing() {
     );
     assert_eq!(
         incremental(&mut conn, vec![duplicate_keys], false),
-        [(INVALID_REQUEST, "Error due to duplicate config keys".to_owned())]
+        [(
+            code::INVALID_REQUEST,
+            "Error due to duplicate config keys".to_owned()
+        )]
     );
     let twice = || resource(RESOURCE_TOPIC, &other, vec![op("retention.ms", SET, Some("1"))]);
     let answers = incremental(&mut conn, vec![twice(), twice()], false);
     assert!(
-        answers.iter().all(|(code, _)| *code == INVALID_REQUEST),
+        answers.iter().all(|(code, _)| *code == code::INVALID_REQUEST),
         "{answers:?}"
     );
     for (name, value, says) in [
@@ -354,7 +346,7 @@ fn bad_alterations_fail_whole_and_change_nothing() {
             vec![resource(RESOURCE_TOPIC, &topic, vec![op(name, SET, Some(value))])],
             false,
         );
-        assert_eq!(answers[0].0, INVALID_CONFIG, "{name}={value}");
+        assert_eq!(answers[0].0, code::INVALID_CONFIG, "{name}={value}");
         assert!(answers[0].1.contains(says), "{name}={value}: {}", answers[0].1);
     }
     let described = describe(&mut conn, RESOURCE_TOPIC, &other);
@@ -388,13 +380,13 @@ fn bad_alterations_fail_whole_and_change_nothing() {
     assert_eq!(
         both,
         [(
-            INVALID_CONFIG,
+            code::INVALID_CONFIG,
             "Remote log storage is unsupported for the compacted topics".to_owned()
         )]
     );
     assert_eq!(remote("true"), [(0, String::new())]);
     let refused = remote("false");
-    assert_eq!(refused[0].0, INVALID_CONFIG);
+    assert_eq!(refused[0].0, code::INVALID_CONFIG);
     assert!(
         refused[0].1.contains("invalid to disable remote storage"),
         "{refused:?}"
@@ -414,13 +406,13 @@ fn legacy_alter_configs_replaces_every_override() {
         &[("retention.ms", "1000"), ("segment.ms", "5000")],
     );
     let alter = AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("max.message.bytes", "4096");
-    rt.block_on(ketch.admin().alter_configs([&alter], &opts()))
+    rt.block_on(ketch.admin().alter_configs([&alter], &admin_options()))
         .expect("AlterConfigs");
     let described = rt
         .block_on(
             ketch
                 .admin()
-                .describe_configs([&ResourceSpecifier::Topic(&topic)], &opts()),
+                .describe_configs([&ResourceSpecifier::Topic(&topic)], &admin_options()),
         )
         .expect("DescribeConfigs")
         .remove(0)
@@ -451,7 +443,7 @@ fn legacy_alter_configs_replaces_every_override() {
                 .with_configs(vec![config("retention.ms", "1"), config("segment.bytes", "1")]),
         ]),
     );
-    assert_eq!(response.responses[0].error_code, INVALID_CONFIG);
+    assert_eq!(response.responses[0].error_code, code::INVALID_CONFIG);
     assert_eq!(
         response.responses[0].error_message.as_deref(),
         Some("Invalid value 1 for configuration segment.bytes: Value must be at least 14")
@@ -575,7 +567,7 @@ fn timestamps_outside_the_topics_bounds_are_refused_per_record() {
     // Kafka 4.x's default: at most an hour ahead.
     let response = produce(&mut conn);
     let partition = &response.responses[0].partition_responses[0];
-    assert_eq!(partition.error_code, INVALID_TIMESTAMP);
+    assert_eq!(partition.error_code, code::INVALID_TIMESTAMP);
     assert_eq!(
         partition.error_message.as_deref(),
         Some("One or more records have been rejected due to invalid timestamp")
@@ -616,7 +608,7 @@ fn timestamps_outside_the_topics_bounds_are_refused_per_record() {
     let response = produce(&mut conn);
     assert_eq!(raw::produce_result(&response), (code::NONE, 0));
     let old = batch::encode(&[Record::value(now - hour, b"an hour old")]);
-    assert_eq!(raw::produce(&mut conn, &topic, 0, old).0, INVALID_TIMESTAMP);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, old).0, code::INVALID_TIMESTAMP);
 
     // LogAppendTime replaces the producer's timestamps: no bounds apply.
     let answers = incremental(
