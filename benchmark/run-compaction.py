@@ -25,12 +25,12 @@ default target/release/ketch, built with `cargo build --release -p
 ketch-gateway`).
 """
 
+import hashlib
 import json
 import os
 import pathlib
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +40,7 @@ import urllib.request
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from servers import Servers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = int(os.environ.get("RECORDS", 1_000_000))
@@ -50,17 +51,6 @@ OUT = pathlib.Path(os.environ.get("OUT", REPO / "benchmark" / "results" / time.s
 TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
 KETCH = os.environ.get("BENCH_KETCH_BIN", str(TARGET / "release" / "ketch"))
 TOPIC = "compacted"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_cli(port, *args):
-    out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True, capture_output=True)
-    return out.stdout.decode("utf-8", errors="replace")
 
 
 def metric(http, name):
@@ -107,31 +97,9 @@ def produce(bootstrap, first, count, values, stop=None):
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp())
-    redis_port, kafka_port, http_port = free_port(), free_port(), free_port()
-    bootstrap, http = f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}"
-    processes = []
-    try:
-        processes.append(subprocess.Popen(
-            ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no",
-             "--dir", str(work), "--slowlog-max-len", "100000"],
-            stdout=subprocess.DEVNULL))
-        while True:
-            try:
-                if "PONG" in redis_cli(redis_port, "PING"):
-                    break
-            except subprocess.CalledProcessError:
-                pass
-            time.sleep(0.05)
-        log = open(work / "ketch.log", "w")
-        processes.append(subprocess.Popen(
-            [KETCH, "serve", "--listen", bootstrap, "--http-listen", http, "--advertised-host", "127.0.0.1",
-             "--redis-url", f"redis://127.0.0.1:{redis_port}", "--set", "tiering.tick_interval=100ms",
-             "--set", f"tiering.data_dir={work}/data"],
-            stderr=log, stdout=log, env={**os.environ, "RUST_LOG": "info,ketch_tiering=debug"}))
-        while "ketch serving" not in (work / "ketch.log").read_text():
-            assert processes[-1].poll() is None, (work / "ketch.log").read_text()
-            time.sleep(0.05)
-
+    env = {**os.environ, "RUST_LOG": "info,ketch_tiering=debug"}
+    with Servers(work, OUT, KETCH, ["tiering.tick_interval=100ms"], env) as servers:
+        bootstrap, http, redis = servers.bootstrap, servers.http, servers.redis
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(TOPIC, 1, 1, config={
             "cleanup.policy": "compact", "segment.ms": "3600000", "segment.bytes": "2147483647",
@@ -141,13 +109,13 @@ def main():
 
         print(f"producing {RECORDS} records of {VALUE_BYTES} B over {KEYS} keys", file=sys.stderr)
         _, base_s = produce(bootstrap, 0, RECORDS, values)
-        tags = json.loads(redis_cli(redis_port, "HGET", "ketch:topics", TOPIC))["tags"]
+        tags = json.loads(redis("HGET", "ketch:topics", TOPIC))["tags"]
         meta = f"ketch:{{{tags[0]}}}:meta"
         log_key = f"ketch:{{{tags[0]}}}:log"
-        log_bytes = int(redis_cli(redis_port, "MEMORY", "USAGE", log_key, "SAMPLES", "0").strip() or 0)
+        log_bytes = int(redis("MEMORY", "USAGE", log_key, "SAMPLES", "0") or 0)
 
-        redis_cli(redis_port, "CONFIG", "SET", "slowlog-log-slower-than", "1000")
-        redis_cli(redis_port, "SLOWLOG", "RESET")
+        redis("CONFIG", "SET", "slowlog-log-slower-than", "1000")
+        redis("SLOWLOG", "RESET")
         resource = ConfigResource(ConfigResource.Type.TOPIC, TOPIC, incremental_configs=[
             ConfigEntry("segment.ms", "1", incremental_operation=AlterConfigOpType.SET)])
         # Produce for as long as the pass runs (DURING records at most).
@@ -159,7 +127,7 @@ def main():
         admin.incremental_alter_configs([resource])[resource].result(30)
         if DURING:
             producing.start()
-        while int(redis_cli(redis_port, "HGET", meta, "clean_end").strip() or 0) < RECORDS:
+        while int(redis("HGET", meta, "clean_end") or 0) < RECORDS:
             time.sleep(0.02)
             assert time.monotonic() - started < 1800, "compaction did not finish"
         pass_wall_s = time.monotonic() - started
@@ -174,13 +142,11 @@ def main():
         read = metric(http, "ketch_compaction_records_read_total")
         removed = metric(http, "ketch_compaction_records_removed_total")
         passes = metric(http, "ketch_compaction_passes_total")
-        clean_bytes = int(redis_cli(redis_port, "HGET", meta, "clean_bytes").strip() or 0)
+        clean_bytes = int(redis("HGET", meta, "clean_bytes") or 0)
 
-        entries = parse_slowlog(redis_port)
-        compaction_commands = ("XRANGE", "XTRIM", "RENAME", "UNLINK", "EVALSHA", "EVAL", "HMGET", "ZRANGE")
+        entries = parse_slowlog(servers.redis_port)
         longest = max(entries, default=(0, "none"))
-        longest_compaction = max((e for e in entries if e[1].split()[0].upper() in compaction_commands),
-                                 default=(0, "none"))
+        longest_compaction = max((e for e in entries if is_compaction(e[1])), default=(0, "none"))
         result = {
             "records": RECORDS, "value_bytes": VALUE_BYTES, "keys": KEYS, "during": DURING,
             "redis_log_bytes_before": log_bytes,
@@ -202,15 +168,22 @@ def main():
             "duration_us command (the 30 longest commands over 1 ms)\n"
             + "".join(f"{d} {line}\n" for d, line in sorted(entries, reverse=True)[:30]))
         print(json.dumps(result, indent=2))
-    finally:
-        for p in reversed(processes):
-            p.terminate()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if (work / "ketch.log").exists():
-            (OUT / "ketch.log").write_text((work / "ketch.log").read_text())
+
+
+# The compaction's own scripts, by the SHA1 Redis names them with.
+COMPACTION_SCRIPTS = {
+    hashlib.sha1((REPO / "storage" / "src" / "scripts" / name).read_bytes()).hexdigest()
+    for name in ("compact_add.lua", "compact_swap.lua")
+}
+
+
+def is_compaction(line):
+    """Whether a SLOWLOG command line is the compaction's: its scripts, its
+    reads and trims of the log (no consumer runs here), its streams."""
+    words = line.split()
+    return (words[0].upper() in ("XRANGE", "XTRIM")
+            or (words[0].upper() == "EVALSHA" and len(words) > 1 and words[1] in COMPACTION_SCRIPTS)
+            or ":compacting" in line or ":clean" in line)
 
 
 def parse_slowlog(port):

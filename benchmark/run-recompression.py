@@ -18,14 +18,13 @@ import json
 import os
 import pathlib
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from servers import Servers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = int(os.environ.get("RECORDS", 200_000))
@@ -35,17 +34,6 @@ OUT = pathlib.Path(os.environ.get("OUT", REPO / "benchmark" / "results" / time.s
 TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
 KETCH = os.environ.get("BENCH_KETCH_BIN", str(TARGET / "release" / "ketch"))
 CODECS = ["producer", "zstd", "lz4", "gzip"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_cli(port, *args):
-    out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True, capture_output=True)
-    return out.stdout.decode("utf-8", errors="replace").strip()
 
 
 def cpu_seconds(pid):
@@ -89,39 +77,19 @@ def produce(bootstrap, topic, payloads):
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp())
-    redis_port, kafka_port, http_port = free_port(), free_port(), free_port()
-    bootstrap = f"127.0.0.1:{kafka_port}"
-    processes = []
-    try:
-        processes.append(subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "",
-                                           "--appendonly", "no", "--dir", str(work)], stdout=subprocess.DEVNULL))
-        while True:
-            try:
-                if redis_cli(redis_port, "PING") == "PONG":
-                    break
-            except subprocess.CalledProcessError:
-                pass
-            time.sleep(0.05)
-        log = open(work / "ketch.log", "w")
-        ketch = subprocess.Popen([KETCH, "serve", "--listen", bootstrap, "--http-listen", f"127.0.0.1:{http_port}",
-                                  "--advertised-host", "127.0.0.1", "--redis-url", f"redis://127.0.0.1:{redis_port}",
-                                  "--set", f"tiering.data_dir={work}/data"], stdout=log, stderr=log)
-        processes.append(ketch)
-        while "ketch serving" not in (work / "ketch.log").read_text():
-            assert ketch.poll() is None, (work / "ketch.log").read_text()
-            time.sleep(0.05)
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+    with Servers(work, OUT, KETCH) as servers:
+        admin = AdminClient({"bootstrap.servers": servers.bootstrap})
         payloads = values()
         runs = []
         for round_ in range(ROUNDS):
             for codec in CODECS:
                 topic = f"{codec}-{round_}"
                 admin.create_topics([NewTopic(topic, 1, 1, config={"compression.type": codec})])[topic].result(30)
-                cpu = cpu_seconds(ketch.pid)
-                took = produce(bootstrap, topic, payloads)
-                cpu = cpu_seconds(ketch.pid) - cpu
-                tag = json.loads(redis_cli(redis_port, "HGET", "ketch:topics", topic))["tags"][0]
-                stored = int(redis_cli(redis_port, "MEMORY", "USAGE", f"ketch:{{{tag}}}:log", "SAMPLES", "0") or 0)
+                cpu = cpu_seconds(servers.ketch.pid)
+                took = produce(servers.bootstrap, topic, payloads)
+                cpu = cpu_seconds(servers.ketch.pid) - cpu
+                tag = json.loads(servers.redis("HGET", "ketch:topics", topic))["tags"][0]
+                stored = int(servers.redis("MEMORY", "USAGE", f"ketch:{{{tag}}}:log", "SAMPLES", "0") or 0)
                 run = {"round": round_ + 1, "compression.type": codec, "records_per_s": RECORDS / took,
                        "ketch_cpu_us_per_record": cpu / RECORDS * 1e6, "redis_bytes": stored}
                 runs.append(run)
@@ -136,15 +104,6 @@ def main():
             print(f"| {codec} | {span('records_per_s', lambda v: f'{v / 1000:.0f}k')} | "
                   f"{span('ketch_cpu_us_per_record', lambda v: f'{v:.2f}')} | "
                   f"{span('redis_bytes', lambda v: f'{v / 1e6:.0f} MB')} |")
-    finally:
-        for p in reversed(processes):
-            p.terminate()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if (work / "ketch.log").exists():
-            (OUT / "ketch.log").write_text((work / "ketch.log").read_text())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""What the Python benchmarks share: a fresh redis-server and a ketch
+gateway on free loopback ports, redis-cli, and stopping them all."""
+
+import pathlib
+import socket
+import subprocess
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_cli(port, *args):
+    """redis-cli's answer, stripped (replies may hold binary data)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True, capture_output=True)
+    return out.stdout.decode("utf-8", errors="replace").strip()
+
+
+class Servers:
+    """redis-server and ketch for one benchmark run, in `work`; a context
+    manager that stops both (SIGTERM, then SIGKILL after 30 s) and keeps
+    ketch's log as `out/ketch.log`."""
+
+    def __init__(self, work, out, ketch_binary, settings=(), env=None):
+        self.work, self.out = pathlib.Path(work), pathlib.Path(out)
+        self.redis_port, kafka_port, http_port = free_port(), free_port(), free_port()
+        self.bootstrap, self.http = f"127.0.0.1:{kafka_port}", f"127.0.0.1:{http_port}"
+        self.log_path = self.work / "ketch.log"
+        self.processes = []
+        try:
+            self._start(ketch_binary, settings, env)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def _start(self, ketch_binary, settings, env):
+        self.processes.append(subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--save", "", "--appendonly", "no",
+             "--dir", str(self.work), "--slowlog-max-len", "100000"],
+            stdout=subprocess.DEVNULL))
+        while True:
+            try:
+                if redis_cli(self.redis_port, "PING") == "PONG":
+                    break
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.05)
+        log = open(self.log_path, "w")
+        argv = [ketch_binary, "serve", "--listen", self.bootstrap, "--http-listen", self.http,
+                "--advertised-host", "127.0.0.1", "--redis-url", f"redis://127.0.0.1:{self.redis_port}",
+                "--set", f"tiering.data_dir={self.work}/data"]
+        for setting in settings:
+            argv += ["--set", setting]
+        self.ketch = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
+        self.processes.append(self.ketch)
+        while "ketch serving" not in self.log_path.read_text():
+            assert self.ketch.poll() is None, self.log_path.read_text()
+            time.sleep(0.05)
+
+    def redis(self, *args):
+        return redis_cli(self.redis_port, *args)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for p in reversed(self.processes):
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self.log_path.exists():
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "ketch.log").write_text(self.log_path.read_text())
+        return False
