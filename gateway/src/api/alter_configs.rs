@@ -309,13 +309,7 @@ async fn alter_one(
                     "Authorization failed.",
                 ));
             }
-            let me = ctx.membership.my_broker_id("").to_string();
-            if !name.is_empty() && name != me && name != ctx.membership.my_id().to_string() {
-                return Err(failure(
-                    ResponseError::InvalidRequest,
-                    format!("Unexpected broker id, expected {me} or empty string, but received {name}"),
-                ));
-            }
+            super::this_broker(ctx, name).map_err(|m| failure(ResponseError::InvalidRequest, m))?;
             let names: Vec<String> = match alteration? {
                 Alteration::Replace(all) => all.into_keys().collect(),
                 Alteration::Edit(changes) => changes.into_iter().map(|(n, _)| n).collect(),

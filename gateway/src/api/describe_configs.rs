@@ -331,20 +331,9 @@ async fn configs_of(
                 .ok_or((ResponseError::UnknownTopicOrPartition.code(), None))?;
             Ok(topic_configs(&ctx.settings.topics, &topic.configs))
         }
-        RESOURCE_BROKER
-            if name.is_empty()
-                || name == ctx.membership.my_broker_id("").to_string()
-                || name == ctx.membership.my_id().to_string() =>
-        {
-            Ok(broker_configs(ctx))
-        }
-        RESOURCE_BROKER => Err((
-            ResponseError::InvalidRequest.code(),
-            Some(format!(
-                "Unexpected broker id, expected {} or empty string, but received {name}",
-                ctx.membership.my_broker_id("")
-            )),
-        )),
+        RESOURCE_BROKER => super::this_broker(ctx, name)
+            .map(|()| broker_configs(ctx))
+            .map_err(|m| (ResponseError::InvalidRequest.code(), Some(m))),
         other => Err((
             ResponseError::InvalidRequest.code(),
             Some(format!(
