@@ -55,6 +55,7 @@ pub struct Settings {
     pub storage: StorageSettings,
     pub producers: ProducersSettings,
     pub transactions: TransactionsSettings,
+    pub quotas: QuotasSettings,
     pub log: LogSettings,
     pub tls: TlsSettings,
     pub sasl: SaslSettings,
@@ -333,6 +334,18 @@ pub struct TransactionsSettings {
     pub id_expiration: Duration,
 }
 
+/// Client quotas (docs/quotas.md): how each gateway measures a client's
+/// byte rates against the quotas set with AlterClientQuotas.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotasSettings {
+    /// Samples a rate is measured over (Kafka's `quota.window.num`).
+    pub window_num: u32,
+    /// The length of one sample, whole seconds (Kafka's
+    /// `quota.window.size.seconds`).
+    pub window_size: Duration,
+}
+
 /// Logging.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -501,6 +514,15 @@ impl Default for TransactionsSettings {
             max_timeout: Duration::from_secs(15 * 60),
             abort_check_interval: Duration::from_secs(1),
             id_expiration: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl Default for QuotasSettings {
+    fn default() -> Self {
+        Self {
+            window_num: 11,
+            window_size: Duration::from_secs(1),
         }
     }
 }
@@ -687,6 +709,16 @@ impl Settings {
             return bad(
                 "topics.default_partitions",
                 "must be between 1 and topics.max_partitions",
+            );
+        }
+        if self.quotas.window_num == 0 {
+            return bad("quotas.window_num", "must be at least 1");
+        }
+        let window = self.quotas.window_size.get();
+        if window.is_zero() || window.subsec_nanos() != 0 {
+            return bad(
+                "quotas.window_size",
+                "must be a whole number of seconds, at least 1s",
             );
         }
         if self.fetch.max_response_bytes < 1024 {

@@ -15,6 +15,7 @@ pub mod http;
 pub mod membership;
 pub mod memory;
 pub mod metrics;
+pub mod quotas;
 pub mod server;
 pub mod storage;
 pub mod time;
@@ -53,6 +54,8 @@ pub struct Context {
     pub redis_health: std::sync::RwLock<metrics::RedisHealth>,
     /// Decided transactions this gateway is finishing in the background.
     pub finishing: transactions::Finishing,
+    /// The client quotas and this gateway's measure of each client's rates.
+    pub quotas: quotas::ClientQuotas,
 }
 
 /// A gateway: its node id, the address clients are told, and where other
@@ -177,6 +180,7 @@ impl Context {
             settings.broker.max_request_bytes,
             shutdown.clone(),
         );
+        let quotas = quotas::ClientQuotas::new(&settings.quotas);
         Self {
             settings,
             storage,
@@ -190,6 +194,7 @@ impl Context {
             topic_counters: metrics::TopicCounters::default(),
             redis_health: std::sync::RwLock::default(),
             finishing: transactions::Finishing::default(),
+            quotas,
         }
     }
 }
@@ -360,6 +365,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));
     let metrics_task = tokio::spawn(metrics::upkeep(ctx.clone()));
     let transactions_task = tokio::spawn(transactions::sweep(ctx.clone()));
+    let quotas_task = tokio::spawn(quotas::keep_current(ctx.clone()));
     let acl_task = ctx
         .security
         .acls
@@ -394,6 +400,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     handover_task.abort();
     metrics_task.abort();
     transactions_task.abort();
+    quotas_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;
     Ok(())

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ketch_storage::batch::{self, BatchHeader, Records};
 use ketch_storage::{
-    AppendOutcome, CommittedOffset, Keys, PartitionOffsets, ReadPartition, ReadRequest, Result, StorageError,
-    StoredCredential, Topic, TopicPartition, WakeHub,
+    AppendOutcome, CommittedOffset, Keys, PartitionOffsets, QuotaChange, ReadPartition, ReadRequest, Result,
+    StorageError, StoredCredential, StoredQuota, Topic, TopicPartition, WakeHub,
 };
 
 use crate::storage::Storage;
@@ -43,6 +43,9 @@ struct State {
     credentials: BTreeMap<(String, String), String>,
     acls: std::collections::BTreeSet<String>,
     acl_version: u64,
+    /// Client quotas: (entity, key) → value.
+    quotas: BTreeMap<(String, String), String>,
+    quota_version: u64,
     next_producer_id: i64,
     stored_bytes: usize,
 }
@@ -542,5 +545,43 @@ impl Storage for MemoryStorage {
 
     async fn internal_secret(&self) -> Result<Vec<u8>> {
         Ok(b"the in-memory gateway's internal secret".to_vec())
+    }
+
+    async fn client_quotas(&self) -> Result<(u64, Vec<StoredQuota>)> {
+        let state = self.state();
+        let quotas = state
+            .quotas
+            .iter()
+            .map(|((entity, key), value)| StoredQuota {
+                entity: entity.clone(),
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        Ok((state.quota_version, quotas))
+    }
+
+    async fn client_quota_version(&self) -> Result<u64> {
+        Ok(self.state().quota_version)
+    }
+
+    async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64> {
+        let mut state = self.state();
+        for change in changes {
+            let field = (change.entity.clone(), change.key.clone());
+            match &change.value {
+                Some(value) => state.quotas.insert(field, value.clone()),
+                None => state.quotas.remove(&field),
+            };
+        }
+        state.quota_version += 1;
+        let version = state.quota_version;
+        drop(state);
+        self.wake.appended(&self.quota_channel(), None, None);
+        Ok(version)
+    }
+
+    fn quota_channel(&self) -> String {
+        format!("{}:{{quotas}}:changed", self.keys.namespace())
     }
 }

@@ -126,6 +126,15 @@ fn describe() {
         "ketch_authentication_failures_total",
         "Failed SASL and HTTP authentications."
     );
+    describe_counter!(
+        "ketch_quota_throttled_requests_total",
+        "Requests over a client quota (produce or fetch byte rate) and connections over their address's \
+         connection_creation_rate, by quota."
+    );
+    describe_counter!(
+        "ketch_quota_throttle_milliseconds_total",
+        "Throttle time given to clients over a quota, in milliseconds, by quota."
+    );
     describe_gauge!("ketch_redis_used_memory_bytes", "Redis used_memory, by server.");
     describe_gauge!(
         "ketch_redis_maxmemory_bytes",
@@ -139,6 +148,14 @@ fn describe() {
         "ketch_redis_rejected_writes_total",
         "Commands Redis refused for lack of memory (its errorstat_OOM), by server."
     );
+}
+
+/// Counts a request (or a new connection) a client quota throttled, and
+/// its throttle time.
+pub fn quota_throttled(kind: crate::quotas::Kind, throttle: Duration) {
+    metrics::counter!("ketch_quota_throttled_requests_total", "quota" => kind.name()).increment(1);
+    metrics::counter!("ketch_quota_throttle_milliseconds_total", "quota" => kind.name())
+        .increment(throttle.as_millis() as u64);
 }
 
 /// Kafka's name of an error code (`NOT_LEADER_OR_FOLLOWER`).
@@ -663,6 +680,11 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
             }
         }
         ResponseKind::DescribeConfigs(r) => r.results.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::AlterConfigs(r) => r.responses.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::IncrementalAlterConfigs(r) => r.responses.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::ListConfigResources(r) => f(r.error_code),
+        ResponseKind::DescribeClientQuotas(r) => f(r.error_code),
+        ResponseKind::AlterClientQuotas(r) => r.entries.iter().for_each(|x| f(x.error_code)),
         ResponseKind::CreatePartitions(r) => r.results.iter().for_each(|x| f(x.error_code)),
         ResponseKind::DescribeCluster(r) => f(r.error_code),
         ResponseKind::DescribeTopicPartitions(r) => {

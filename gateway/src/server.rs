@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use crate::Context;
 use crate::api;
 use crate::auth::sasl::{Outcome, Session};
+use crate::quotas::Kind;
 
 /// The most a frame's length field alone may make us allocate; a larger
 /// frame's buffer grows to its full size only once this much has arrived.
@@ -86,6 +87,24 @@ async fn serve_one(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
+                    // Over its address's connection_creation_rate: held
+                    // unread for the throttle time, then closed (Kafka's
+                    // throttled connection).
+                    let throttle = ctx.quotas.connection(peer.ip());
+                    if !throttle.is_zero() {
+                        crate::metrics::quota_throttled(Kind::Connection, throttle);
+                        tracing::debug!(%peer, throttle_ms = throttle.as_millis() as u64,
+                            "connection over its address's connection_creation_rate; closing it");
+                        let mut shutdown = for_connections.clone();
+                        connections.spawn(async move {
+                            tokio::select! {
+                                _ = tokio::time::sleep(throttle) => {}
+                                _ = shutdown.wait_for(|stop| *stop) => {}
+                            }
+                            drop(socket);
+                        });
+                        continue;
+                    }
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
                         refused.refuse(peer, ctx.settings.broker.max_connections);
                         drop(socket);
@@ -294,6 +313,7 @@ where
     let requests = Arc::new(tokio::sync::Semaphore::new(request_kib as usize));
     let mut sequencer = api::produce::Sequencer::default();
     let mut order = Order::default();
+    let mute = Arc::new(Mute::default());
     let result = loop {
         let limit = if sasl_required && !session.authenticated() {
             max.min(MAX_UNAUTHENTICATED_FRAME)
@@ -318,6 +338,15 @@ where
             }
             Err(e) => break Err(e),
         };
+        // A client a quota throttled is not served until its throttle time
+        // has passed (Kafka mutes its channel; KIP-219). The frame may have
+        // been read before the throttle was known: it waits here.
+        if let Some(until) = mute.until() {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+            }
+        }
         if session.expects_raw_token() {
             match session.raw_token(ctx.storage.as_ref(), &frame).await {
                 Outcome::Raw(token) => {
@@ -331,7 +360,8 @@ where
             }
         }
         let received = std::time::Instant::now();
-        let frame_kib = u32::try_from(frame.len().div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        let size = frame.len();
+        let frame_kib = u32::try_from(size.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
         let request = match decode(frame) {
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
@@ -437,17 +467,42 @@ where
             RequestKind::Produce(produce) => sequencer.turns(produce),
             _ => api::produce::Turns::default(),
         };
+        // A produce request counts against its client's quota as it is
+        // read, in order: when it is over, the requests after it wait
+        // (Kafka reads a connection's next request only once the last one
+        // is answered, so its throttle mutes the connection before the next
+        // one is read; pipelined ones would otherwise all pass).
+        let produce = matches!(request.1, RequestKind::Produce(_));
+        let throttle = match &request.1 {
+            RequestKind::Produce(_) => {
+                let client_id = request.0.client_id.as_deref().unwrap_or("");
+                let throttle = ctx
+                    .quotas
+                    .record(Kind::Produce, &client.principal, client_id, size);
+                mute.throttle(throttle);
+                throttle
+            }
+            _ => Duration::ZERO,
+        };
         let (after, done) = order.admit(Effect::of(&request.1));
         let inflight = ctx.requests.request();
         let ctx = ctx.clone();
+        let mute = mute.clone();
         let handle = tokio::spawn(async move {
             let _inflight = inflight;
             // Dropped when this request has taken effect, releasing the
             // requests that wait for it.
             let _done = done;
             futures::future::join_all(after.into_iter().map(Done::wait)).await;
+            // An earlier request this one waited for may have been
+            // throttled since this one was read (produce requests were
+            // measured as they were read).
+            if let Some(until) = mute.until().filter(|_| !produce) {
+                tokio::time::sleep_until(until).await;
+            }
             let (header, body) = request;
-            let chunks = respond(&ctx, client, header, body, turns, received).await;
+            let asked = Asked { received, throttle };
+            let chunks = respond(&ctx, client, header, body, turns, asked, &mute).await;
             drop(held);
             Some(Response {
                 chunks: chunks?,
@@ -464,39 +519,150 @@ where
     result
 }
 
+/// Until when a connection is not read: a quota throttled its client.
+#[derive(Debug, Default)]
+pub(crate) struct Mute(std::sync::Mutex<Option<tokio::time::Instant>>);
+
+impl Mute {
+    /// When reading may go on, if not now.
+    fn until(&self) -> Option<tokio::time::Instant> {
+        let until = *self.0.lock().expect("mute lock");
+        until.filter(|t| *t > tokio::time::Instant::now())
+    }
+
+    /// Mutes the connection for `throttle` from now (unless it already is
+    /// for longer).
+    fn throttle(&self, throttle: Duration) {
+        let until = tokio::time::Instant::now() + throttle;
+        let mut muted = self.0.lock().expect("mute lock");
+        if muted.is_none_or(|t| t < until) {
+            *muted = Some(until);
+        }
+    }
+}
+
+/// What a request was, besides its contents: when it was read, and the
+/// throttle time a produce quota gave it then.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    received: std::time::Instant,
+    throttle: Duration,
+}
+
+/// Whether a client of this response version waits out its throttle time
+/// itself (KIP-219); older ones get their response only once it has
+/// passed.
+fn client_throttles(api_key: ApiKey, version: i16) -> bool {
+    match api_key {
+        ApiKey::Produce => version >= 6,
+        ApiKey::Fetch => version >= 8,
+        ApiKey::CreateTopics => version >= 3,
+        ApiKey::DeleteTopics => version >= 2,
+        ApiKey::CreatePartitions => version >= 1,
+        _ => true,
+    }
+}
+
+fn millis(ms: i32) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
 /// Runs a decoded request and encodes its response; `None` when there is
 /// none to send (acks=0 produce) or it cannot be encoded (logged). Counts
-/// it, its errors and its time since `received` (`ketch_request_*`).
+/// it, its errors and its time since it was received (`ketch_request_*`).
+/// Produce and fetch bytes count against the client's quotas: over one,
+/// the response carries the throttle time (a fetch's no data) and
+/// `mute` keeps the connection from being read meanwhile; so do topic
+/// and partition changes over the controller mutation quota.
 async fn respond(
     ctx: &Context,
     client: api::Client,
     header: RequestHeader,
     body: RequestKind,
     turns: api::produce::Turns,
-    received: std::time::Instant,
+    asked: Asked,
+    mute: &Mute,
 ) -> Option<Vec<Bytes>> {
     let version = header.request_api_version;
     let correlation_id = header.correlation_id;
     let api_key = ApiKey::try_from(header.request_api_key).ok()?;
-    let encoded = if let RequestKind::Fetch(fetch) = body {
-        // The stored batches go out as they came from Redis (see
-        // api::fetch::encode).
-        let answer = api::fetch::handle(ctx, &client, &header, fetch).await;
-        crate::metrics::fetch_error_codes(&answer.response, &mut |code| ctx.requests.error(api_key, code));
-        api::fetch::encode(answer, version, correlation_id).map(Some)
-    } else {
-        match api::handle(ctx, client, &header, body, turns).await {
-            Some(response) => {
-                ctx.requests.errors(api_key, &response);
-                encode_response(api_key, version, correlation_id, &response).map(|bytes| Some(vec![bytes]))
+    let principal = client.principal.clone();
+    let client_id = header.client_id.as_deref().unwrap_or("");
+    let mut throttle = Duration::ZERO;
+    let encoded = match body {
+        RequestKind::Fetch(mut fetch) => {
+            // One response never takes more than the quota allows over its
+            // window (as Kafka caps max_bytes).
+            if let Some(max) = ctx.quotas.max_in_window(Kind::Fetch, &principal, client_id) {
+                fetch.max_bytes = fetch.max_bytes.min(i32::try_from(max).unwrap_or(i32::MAX));
+                fetch.min_bytes = fetch.min_bytes.min(fetch.max_bytes);
             }
-            None => Ok(None),
+            // The stored batches go out as they came from Redis (see
+            // api::fetch::encode).
+            let mut answer = api::fetch::handle(ctx, &client, &header, fetch).await;
+            crate::metrics::fetch_error_codes(&answer.response, &mut |code| {
+                ctx.requests.error(api_key, code)
+            });
+            let fetched = std::mem::take(&mut answer.fetched);
+            match api::fetch::encode(answer, version, correlation_id) {
+                Ok(chunks) => {
+                    let bytes = chunks.iter().map(Bytes::len).sum();
+                    throttle = ctx.quotas.record(Kind::Fetch, &principal, client_id, bytes);
+                    if throttle.is_zero() {
+                        fetched.count(ctx);
+                        Ok(Some(chunks))
+                    } else {
+                        // The client gets none of it: uncounted.
+                        ctx.quotas.unrecord(Kind::Fetch, &principal, client_id, bytes);
+                        let empty = api::fetch::FetchAnswer::throttled(throttle);
+                        api::fetch::encode(empty, version, correlation_id).map(Some)
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        body => {
+            throttle = asked.throttle;
+            let response = api::handle(ctx, client, &header, body, turns).await;
+            match response {
+                Some(mut response) => {
+                    match &mut response {
+                        ResponseKind::Produce(produce) => {
+                            produce.throttle_time_ms =
+                                i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
+                        }
+                        // Their handlers measure the controller mutation quota.
+                        ResponseKind::CreateTopics(r) => throttle = millis(r.throttle_time_ms),
+                        ResponseKind::CreatePartitions(r) => throttle = millis(r.throttle_time_ms),
+                        ResponseKind::DeleteTopics(r) => throttle = millis(r.throttle_time_ms),
+                        _ => {}
+                    }
+                    ctx.requests.errors(api_key, &response);
+                    encode_response(api_key, version, correlation_id, &response)
+                        .map(|bytes| Some(vec![bytes]))
+                }
+                None => Ok(None),
+            }
         }
     };
-    let elapsed = received.elapsed();
+    if !throttle.is_zero() {
+        let kind = match api_key {
+            ApiKey::Fetch => Kind::Fetch,
+            ApiKey::Produce => Kind::Produce,
+            _ => Kind::Mutation,
+        };
+        crate::metrics::quota_throttled(kind, throttle);
+        tracing::debug!(principal = %principal, client_id, quota = kind.name(),
+            throttle_ms = throttle.as_millis() as u64, "client throttled");
+        mute.throttle(throttle);
+        if !client_throttles(api_key, version) {
+            tokio::time::sleep(throttle).await;
+        }
+    }
+    let elapsed = asked.received.elapsed();
     ctx.requests.answered(api_key, elapsed);
     tracing::debug!(
-        client_id = header.client_id.as_deref().unwrap_or(""),
+        client_id,
         api = ?api_key,
         version,
         correlation_id,
@@ -526,13 +692,18 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
         _ => api::produce::Turns::default(),
     };
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let asked = Asked {
+        received: std::time::Instant::now(),
+        throttle: Duration::ZERO,
+    };
     Ok(respond(
         ctx,
         api::Client::direct(peer),
         header,
         body,
         turns,
-        std::time::Instant::now(),
+        asked,
+        &Mute::default(),
     )
     .await
     .map(|chunks| Bytes::from(chunks.concat())))
@@ -565,6 +736,7 @@ impl Effect {
             | RequestKind::Metadata(_)
             | RequestKind::ListOffsets(_)
             | RequestKind::DescribeConfigs(_)
+            | RequestKind::DescribeClientQuotas(_)
             | RequestKind::DescribeCluster(_)
             | RequestKind::DescribeTopicPartitions(_)
             | RequestKind::DescribeLogDirs(_)

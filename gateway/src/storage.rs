@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use ketch_storage::batch::BatchHeader;
 use ketch_storage::{
-    AppendOutcome, CommittedOffset, Decided, JoinReply, PartitionOffsets, ReadPartition, ReadRequest, Result,
-    StagingTxn, Store, StoredCredential, Topic, TopicPartition, TxnItems, TxnReply, TxnState, WakeHub,
+    AppendOutcome, CommittedOffset, Decided, JoinReply, PartitionOffsets, QuotaChange, ReadPartition,
+    ReadRequest, Result, StagingTxn, Store, StoredCredential, StoredQuota, Topic, TopicPartition, TxnItems,
+    TxnReply, TxnState, WakeHub,
 };
 use ketch_tiering::Tiers;
 
@@ -107,6 +108,13 @@ pub trait Storage: Send + Sync {
     fn acl_channel(&self) -> String;
     /// The secret gateways prove to each other on the internal listener.
     async fn internal_secret(&self) -> Result<Vec<u8>>;
+
+    // ---- client quotas (ketch_storage's quotas module) ----
+    async fn client_quotas(&self) -> Result<(u64, Vec<StoredQuota>)>;
+    async fn client_quota_version(&self) -> Result<u64>;
+    async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64>;
+    /// The wake-up channel quota changes are announced on.
+    fn quota_channel(&self) -> String;
 
     // ---- transactions (ketch_storage::transactions; Redis only) ----
     async fn txn_init(
@@ -422,6 +430,22 @@ impl Storage for Tiered {
 
     async fn internal_secret(&self) -> Result<Vec<u8>> {
         self.store.internal_secret().await
+    }
+
+    async fn client_quotas(&self) -> Result<(u64, Vec<StoredQuota>)> {
+        self.store.client_quotas().await
+    }
+
+    async fn client_quota_version(&self) -> Result<u64> {
+        self.store.client_quota_version().await
+    }
+
+    async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64> {
+        self.store.change_client_quotas(changes).await
+    }
+
+    fn quota_channel(&self) -> String {
+        self.store.quota_channel()
     }
 
     async fn txn_init(

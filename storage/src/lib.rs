@@ -20,6 +20,7 @@ mod log;
 mod metrics;
 mod placement;
 mod producers;
+mod quotas;
 mod security;
 pub mod segments;
 mod topics;
@@ -42,6 +43,7 @@ pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use metrics::describe_metrics;
+pub use quotas::{QuotaChange, StoredQuota};
 pub use security::StoredCredential;
 pub use topics::{Topic, validate_topic_name};
 pub use transactions::{Decided, JoinReply, StagingTxn, TxnItems, TxnReply, TxnState};
@@ -136,6 +138,7 @@ struct Scripts {
     lease: redis::Script,
     segment_state: redis::Script,
     change_acls: redis::Script,
+    change_quotas: redis::Script,
     txn: redis::Script,
     txn_join: redis::Script,
     txn_offsets: redis::Script,
@@ -230,6 +233,7 @@ impl Store {
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
+                change_quotas: redis::Script::new(include_str!("scripts/change_quotas.lua")),
                 txn: redis::Script::new(include_str!("scripts/txn.lua")),
                 txn_join: redis::Script::new(include_str!("scripts/txn_join.lua")),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),

@@ -57,10 +57,17 @@ pub fn topic_name(name: &str) -> TopicName {
 pub struct KafkaConn {
     stream: TcpStream,
     correlation_id: i32,
+    client_id: String,
 }
 
 impl KafkaConn {
     pub fn connect(addr: SocketAddr) -> Self {
+        Self::connect_as(addr, "ketch-tests")
+    }
+
+    /// A connection whose requests name `client_id` (what client quotas
+    /// are set for).
+    pub fn connect_as(addr: SocketAddr, client_id: &str) -> Self {
         let stream = TcpStream::connect(addr).expect("connect to ketch");
         stream.set_nodelay(true).expect("nodelay");
         stream
@@ -69,6 +76,7 @@ impl KafkaConn {
         Self {
             stream,
             correlation_id: 0,
+            client_id: client_id.to_owned(),
         }
     }
 
@@ -85,7 +93,7 @@ impl KafkaConn {
     /// with the next correlation id.
     pub fn frame<R: Request>(&mut self, version: i16, request: &R) -> Vec<u8> {
         self.correlation_id += 1;
-        encode_frame(self.correlation_id, version, request)
+        encode_frame_as(self.correlation_id, version, request, &self.client_id)
     }
 
     /// Sends `bytes` exactly as given.
@@ -174,11 +182,21 @@ impl KafkaConn {
 
 /// A size-prefixed request frame.
 pub fn encode_frame<R: Request>(correlation_id: i32, version: i16, request: &R) -> Vec<u8> {
+    encode_frame_as(correlation_id, version, request, "ketch-tests")
+}
+
+/// A size-prefixed request frame naming `client_id`.
+pub fn encode_frame_as<R: Request>(
+    correlation_id: i32,
+    version: i16,
+    request: &R,
+    client_id: &str,
+) -> Vec<u8> {
     let header = RequestHeader::default()
         .with_request_api_key(R::KEY)
         .with_request_api_version(version)
         .with_correlation_id(correlation_id)
-        .with_client_id(Some(StrBytes::from_static_str("ketch-tests")));
+        .with_client_id(Some(StrBytes::from_string(client_id.to_owned())));
     let mut body = BytesMut::new();
     header
         .encode(&mut body, R::header_version(version))

@@ -9,18 +9,23 @@ use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicR
 use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse, RequestHeader};
 use ketch_config::TopicsSettings;
 
-use super::create_topics::{Failure, assignable_brokers, check_single_replica, unique_by};
+use super::create_topics::{Failure, assignable_brokers, check_single_replica, count_mutation, unique_by};
 use super::{Client, authorized, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::quotas::MutationQuota;
 
 pub async fn handle(
     ctx: &Context,
     client: &Client,
-    _header: &RequestHeader,
+    header: &RequestHeader,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
     let validate_only = req.validate_only;
+    let client_id = header.client_id.as_deref().unwrap_or("");
+    let quota = &ctx
+        .quotas
+        .mutations(&client.principal, client_id, header.request_api_version >= 3);
     let topics = unique_by(req.topics, |t| t.name.clone());
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
@@ -30,7 +35,7 @@ pub async fn handle(
                     "Authorization failed.",
                 ))
             }
-            Some(topic) => grow(ctx, client, &topic, validate_only).await,
+            Some(topic) => grow(ctx, client, &topic, validate_only, quota).await,
             None => Err(Failure::duplicate("name")),
         };
         let result = CreatePartitionsTopicResult::default().with_name(name);
@@ -42,7 +47,9 @@ pub async fn handle(
         }
     }))
     .await;
-    CreatePartitionsResponse::default().with_results(results)
+    CreatePartitionsResponse::default()
+        .with_results(results)
+        .with_throttle_time_ms(quota.throttle_time_ms())
 }
 
 async fn grow(
@@ -50,6 +57,7 @@ async fn grow(
     client: &Client,
     request: &CreatePartitionsTopic,
     validate_only: bool,
+    quota: &MutationQuota<'_>,
 ) -> Result<(), Failure> {
     let name = request.name.as_str();
     // Read fresh, not cached: storage replaces the record only if it is unchanged.
@@ -72,6 +80,7 @@ async fn grow(
     if validate_only {
         return Ok(());
     }
+    count_mutation(quota, request.count - topic.partitions())?;
     ctx.storage
         .add_partitions(&topic, request.count)
         .await

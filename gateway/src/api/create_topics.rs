@@ -20,6 +20,7 @@ use super::{Client, authorized, cluster_authorized};
 use super::{error_code, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::quotas::MutationQuota;
 
 /// A per-topic failure: the Kafka error code and the message sent with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,20 @@ impl Failure {
     pub(crate) fn duplicate(what: &str) -> Self {
         Self::new(ResponseError::InvalidRequest, format!("Duplicate topic {what}."))
     }
+
+    /// The client's controller mutation quota is spent (KIP-599).
+    pub(crate) fn throttled() -> Self {
+        Self::new(
+            ResponseError::ThrottlingQuotaExceeded,
+            "The throttling quota has been exceeded.",
+        )
+    }
+}
+
+/// Records a topic's partition changes against the request's controller
+/// mutation quota; refused (strict versions) once the quota is spent.
+pub(crate) fn count_mutation(quota: &MutationQuota<'_>, partitions: i32) -> Result<(), Failure> {
+    quota.record(partitions).map_err(|_| Failure::throttled())
 }
 
 /// The request's items in order, one per key: a key given more than once
@@ -87,6 +102,8 @@ pub async fn handle(
     let topics = unique_by(req.topics, |t| t.name.clone());
     // CREATE on the cluster allows every topic; otherwise CREATE on each.
     let on_cluster = cluster_authorized(ctx, client, Operation::Create);
+    let client_id = header.client_id.as_deref().unwrap_or("");
+    let quota = &ctx.quotas.mutations(&client.principal, client_id, version >= 6);
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
             Some(topic)
@@ -98,13 +115,15 @@ pub async fn handle(
                     "Authorization failed.",
                 ))
             }
-            Some(topic) => create(ctx, client, topic, validate_only).await,
+            Some(topic) => create(ctx, client, topic, validate_only, quota).await,
             None => Err(Failure::duplicate("name")),
         };
         topic_result(&ctx.settings.topics, version, name, outcome)
     }))
     .await;
-    CreateTopicsResponse::default().with_topics(results)
+    CreateTopicsResponse::default()
+        .with_topics(results)
+        .with_throttle_time_ms(quota.throttle_time_ms())
 }
 
 async fn create(
@@ -112,6 +131,7 @@ async fn create(
     client: &Client,
     topic: CreatableTopic,
     validate_only: bool,
+    quota: &MutationQuota<'_>,
 ) -> Result<Created, Failure> {
     let name = topic.name.as_str();
     ketch_storage::validate_topic_name(name)
@@ -137,6 +157,7 @@ async fn create(
             configs,
         });
     }
+    count_mutation(quota, partitions)?;
     match ctx.storage.create_topic(name, partitions, configs).await {
         Ok(created) => {
             tracing::info!(topic = name, partitions, "created topic");

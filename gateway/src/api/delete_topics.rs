@@ -9,10 +9,11 @@ use kafka_protocol::messages::{DeleteTopicsRequest, DeleteTopicsResponse, Reques
 use ketch_storage::StorageError;
 use uuid::Uuid;
 
-use super::create_topics::{Failure, unique_by};
+use super::create_topics::{Failure, count_mutation, unique_by};
 use super::{Client, authorized, resolve_topic_id, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::quotas::MutationQuota;
 
 pub async fn handle(
     ctx: &Context,
@@ -31,16 +32,22 @@ pub async fn handle(
         req.topic_names.into_iter().map(by_name).collect()
     };
     let states = unique_by(states, |s| (s.name.clone(), s.topic_id));
+    let client_id = header.client_id.as_deref().unwrap_or("");
+    let quota = &ctx
+        .quotas
+        .mutations(&client.principal, client_id, header.request_api_version >= 5);
     let responses = super::each(states.into_iter().map(|((name, id), state)| async move {
         let outcome = match state {
-            Some(state) => delete(ctx, client, state).await,
+            Some(state) => delete(ctx, client, state, quota).await,
             None if name.is_some() => Err(Failure::duplicate("name")),
             None => Err(Failure::duplicate("id")),
         };
         result(name, id, outcome)
     }))
     .await;
-    DeleteTopicsResponse::default().with_responses(responses)
+    DeleteTopicsResponse::default()
+        .with_responses(responses)
+        .with_throttle_time_ms(quota.throttle_time_ms())
 }
 
 /// Deletes one topic; returns its name and id.
@@ -48,6 +55,7 @@ async fn delete(
     ctx: &Context,
     client: &Client,
     state: DeleteTopicState,
+    quota: &MutationQuota<'_>,
 ) -> Result<(TopicName, Uuid), Failure> {
     let by_id = state.topic_id != Uuid::nil();
     let name = match (state.name, by_id) {
@@ -75,6 +83,13 @@ async fn delete(
             ResponseError::TopicAuthorizationFailed,
             "Authorization failed.",
         ));
+    }
+    // Its partitions count against the client's mutation quota (a topic
+    // that does not exist counts nothing; deleting it fails below).
+    if quota.applies()
+        && let Ok(Some(topic)) = ctx.storage.topic(&name).await
+    {
+        count_mutation(quota, topic.partitions())?;
     }
     match ctx.storage.delete_topic(&name).await {
         Ok(topic) => {

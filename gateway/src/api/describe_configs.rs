@@ -207,6 +207,18 @@ pub fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
             TYPE_INT,
             "How long an empty group's offsets are kept (groups.offsets_retention).",
         ),
+        (
+            "quota.window.num",
+            settings.quotas.window_num.to_string(),
+            TYPE_INT,
+            "Samples a client's rate is measured over for its quotas (quotas.window_num).",
+        ),
+        (
+            "quota.window.size.seconds",
+            settings.quotas.window_size.get().as_secs().to_string(),
+            TYPE_INT,
+            "The length of one quota sample (quotas.window_size).",
+        ),
     ]
     .into_iter()
     .map(|(name, value, config_type, doc)| ReportedConfig {

@@ -41,9 +41,36 @@ pub struct FetchAnswer {
     /// Per topic, per partition: the batches of its records, or `None`
     /// where the response's own `records` field holds them.
     pub records: Vec<Vec<Option<Vec<Bytes>>>>,
+    /// The records and bytes the response sends, per topic: added to the
+    /// topic counters by [`Fetched::count`] once it is sent (a fetch a
+    /// quota throttles sends none of them).
+    pub fetched: Fetched,
+}
+
+/// The records and bytes a fetch response sends, per topic.
+#[derive(Debug, Default)]
+pub struct Fetched(Vec<(Arc<Topic>, u64, u64)>);
+
+impl Fetched {
+    /// Adds them to the topics' counters.
+    pub fn count(&self, ctx: &Context) {
+        for (topic, records, bytes) in &self.0 {
+            ctx.topic_counters.fetched(&topic.name).add(*records, *bytes);
+        }
+    }
 }
 
 impl FetchAnswer {
+    /// The answer to a fetch a quota throttles: no data, and how long the
+    /// client is to wait (Kafka's throttled fetch response).
+    pub fn throttled(throttle: Duration) -> Self {
+        let ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
+        Self {
+            response: FetchResponse::default().with_throttle_time_ms(ms),
+            ..Self::default()
+        }
+    }
+
     /// The response with every partition's batches joined into its
     /// `records` field (one copy; for paths that want a plain response).
     pub fn into_response(mut self) -> FetchResponse {
@@ -196,7 +223,7 @@ pub async fn handle(
     if version >= 7 && request.session_id != 0 {
         return FetchAnswer {
             response: FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code()),
-            records: Vec::new(),
+            ..FetchAnswer::default()
         };
     }
     let read_committed = request.isolation_level == 1;
@@ -235,10 +262,11 @@ pub async fn handle(
             if read_committed {
                 add_aborted_transactions(ctx, &topics, &reads, &mut responses, &mut records).await;
             }
-            count_fetched(ctx, &topics, &records);
+            let fetched = fetched(&topics, &records);
             return FetchAnswer {
                 response: FetchResponse::default().with_responses(responses),
                 records,
+                fetched,
             };
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -259,8 +287,9 @@ pub async fn handle(
     }
 }
 
-/// Adds the records and bytes a response sends to its topics' counters.
-fn count_fetched(ctx: &Context, topics: &[Vec<Target>], records: &[Vec<Option<Vec<Bytes>>>]) {
+/// The records and bytes a response sends, per topic.
+fn fetched(topics: &[Vec<Target>], records: &[Vec<Option<Vec<Bytes>>>]) -> Fetched {
+    let mut fetched = Fetched::default();
     for (targets, partitions) in topics.iter().zip(records) {
         let Some(Ok(topic)) = targets.first().map(|t| &t.topic) else {
             continue;
@@ -272,9 +301,10 @@ fn count_fetched(ctx: &Context, topics: &[Vec<Target>], records: &[Vec<Option<Ve
             bytes += b;
         }
         if bytes > 0 {
-            ctx.topic_counters.fetched(&topic.name).add(count, bytes);
+            fetched.0.push((topic.clone(), count, bytes));
         }
     }
+    fetched
 }
 
 async fn resolve(ctx: &Context, client: &Client, version: i16, fetch_topic: &FetchTopic) -> Vec<Target> {
@@ -735,7 +765,11 @@ mod tests {
             Vec::new(),
             vec![None],
         ];
-        FetchAnswer { response, records }
+        FetchAnswer {
+            response,
+            records,
+            fetched: Fetched::default(),
+        }
     }
 
     #[test]

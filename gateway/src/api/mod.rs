@@ -8,6 +8,7 @@
 pub mod acls;
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_client_quotas;
 pub mod alter_configs;
 pub mod alter_partition_reassignments;
 pub mod alter_replica_log_dirs;
@@ -17,6 +18,7 @@ pub mod create_topics;
 pub mod delete_groups;
 pub mod delete_records;
 pub mod delete_topics;
+pub mod describe_client_quotas;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
@@ -71,6 +73,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AlterConfigs, 0, 2),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::ListConfigResources, 0, 1),
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::AlterClientQuotas, 0, 1),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeTopicPartitions, 0, 0),
@@ -207,7 +211,9 @@ pub async fn handle(
             ResponseKind::Produce(produce::handle(ctx, &client, header, r, turns).await?)
         }
         RequestKind::Fetch(r) => {
-            ResponseKind::Fetch(fetch::handle(ctx, &client, header, r).await.into_response())
+            let answer = fetch::handle(ctx, &client, header, r).await;
+            answer.fetched.count(ctx);
+            ResponseKind::Fetch(answer.into_response())
         }
         RequestKind::ListOffsets(r) => {
             ResponseKind::ListOffsets(list_offsets::handle(ctx, &client, header, r).await)
@@ -232,6 +238,12 @@ pub async fn handle(
         ),
         RequestKind::ListConfigResources(r) => {
             ResponseKind::ListConfigResources(list_config_resources::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::DescribeClientQuotas(r) => {
+            ResponseKind::DescribeClientQuotas(describe_client_quotas::handle(ctx, &client, header, r).await)
+        }
+        RequestKind::AlterClientQuotas(r) => {
+            ResponseKind::AlterClientQuotas(alter_client_quotas::handle(ctx, &client, header, r).await)
         }
         RequestKind::DescribeCluster(r) => {
             ResponseKind::DescribeCluster(describe_cluster::handle(ctx, &client, header, r))
