@@ -11,12 +11,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kafka_protocol::messages::alter_client_quotas_request;
 use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::{
-    ApiKey, CreateAclsRequest, EnvelopeRequest, IncrementalAlterConfigsRequest,
-    IncrementalAlterConfigsResponse, MetadataRequest, RequestHeader, SaslAuthenticateRequest,
-    SaslHandshakeRequest,
+    AlterClientQuotasRequest, ApiKey, CreateAclsRequest, DescribeClientQuotasRequest, EnvelopeRequest,
+    IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse, MetadataRequest, RequestHeader,
+    SaslAuthenticateRequest, SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use ketch_tests::raw::KafkaConn;
@@ -269,6 +270,36 @@ fn acls_hold_on_every_gateway_and_group_requests_are_forwarded_behind_a_load_bal
     assert_eq!(
         refused.results[0].error_code, 31,
         "CLUSTER_AUTHORIZATION_FAILED: {refused:?}"
+    );
+    // Nor set or read client quotas (ALTER_CONFIGS, DESCRIBE_CONFIGS on the
+    // cluster); the super user may.
+    let quota = |user: &str| {
+        AlterClientQuotasRequest::default().with_entries(vec![
+            alter_client_quotas_request::EntryData::default()
+                .with_entity(vec![
+                    alter_client_quotas_request::EntityData::default()
+                        .with_entity_type(s("user"))
+                        .with_entity_name(Some(s(user))),
+                ])
+                .with_ops(vec![
+                    alter_client_quotas_request::OpData::default()
+                        .with_key(s("consumer_byte_rate"))
+                        .with_value(1e9),
+                ]),
+        ])
+    };
+    assert_eq!(alice.request(1, &quota("alice")).entries[0].error_code, 31);
+    assert_eq!(
+        alice
+            .request(1, &DescribeClientQuotasRequest::default())
+            .error_code,
+        31
+    );
+    assert_eq!(admin.request(1, &quota("alice")).entries[0].error_code, 0);
+    let described = admin.request(1, &DescribeClientQuotasRequest::default());
+    assert_eq!(
+        (described.error_code, described.entries.map(|e| e.len())),
+        (0, Some(1))
     );
 
     let client = |extra: &[(&str, &str)]| {
