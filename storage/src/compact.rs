@@ -19,10 +19,11 @@
 //! which only some records remain is re-encoded with those records (their
 //! offsets and timestamps unchanged) and compressed again with its codec,
 //! and stored under the id `<last offset>-<offset span>`, so a reader
-//! patches its base offset as for any other batch. Control batches
-//! (transaction markers) are kept.
+//! patches its base offset as for any other batch. A control batch (a
+//! transaction marker) is kept while its transaction has records left, and
+//! then until it is older than `delete.retention.ms`, as a tombstone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -86,6 +87,8 @@ struct Start {
     /// First offset not to compact: the open segment's base, or the first
     /// offset of an open transaction, whichever is lower.
     stable_end: i64,
+    /// The log's next offset.
+    next: i64,
     /// When the oldest segment holding a tombstone the compacted stream
     /// still keeps was sealed: a pass is due once it expires, new data or
     /// not.
@@ -160,7 +163,8 @@ impl Store {
         // The latest offset of every key in the segments compacted, up to
         // `max_keys` keys (at a segment boundary; at least one segment).
         let mut latest: HashMap<Bytes, i64> = HashMap::new();
-        // Control batches (transaction markers) are kept: their offsets.
+        // Control batches (transaction markers) are read again (whether
+        // they stay depends on what their transaction keeps): their offsets.
         let mut controls: Vec<i64> = Vec::new();
         let mut dirty_end = clean_end;
         let (mut dirty_records, mut dirty_read_bytes) = (0u64, 0u64);
@@ -211,6 +215,7 @@ impl Store {
         let tombstones = Tombstones {
             segments: segments.iter().map(|s| (s.base, s.last, s.sealed_ms)).collect(),
             until: now - policy.delete_retention_ms,
+            tail: start.next - 1,
         };
         let tombstones = Arc::new(tombstones);
         let mut new_bytes: HashMap<i64, i64> = HashMap::new();
@@ -219,6 +224,12 @@ impl Store {
         outcome.records_read = dirty_records;
         outcome.bytes_before = dirty_read_bytes;
         let mut next_survivor = 0;
+        // Producers with transactional data kept since their last marker:
+        // a marker whose transaction has none left goes once it is older
+        // than delete.retention.ms, as a tombstone does.
+        let mut with_data: HashSet<i64> = HashSet::new();
+        // The index members of aborted transactions whose markers go.
+        let mut forgotten: Vec<String> = Vec::new();
         for dirty in [false, true] {
             let (stream, to) = if dirty {
                 (&keys.log, dirty_end - 1)
@@ -251,18 +262,35 @@ impl Store {
                 while survivors.get(next_survivor).is_some_and(|offset| *offset < from) {
                     next_survivor += 1;
                 }
-                let (latest, aborted, horizon) = (latest.clone(), aborted.clone(), tombstones.clone());
+                let (latest, of_pass, horizon) = (latest.clone(), aborted.clone(), tombstones.clone());
                 let kept = blocking(move || {
                     entries
                         .iter()
-                        .map(|entry| keep(entry, &latest, &aborted, &horizon))
+                        .map(|entry| keep(entry, &latest, &of_pass, &horizon))
                         .collect::<Result<Vec<_>>>()
                 })
                 .await?;
-                for kept in kept {
+                for mut kept in kept {
                     if !dirty {
                         outcome.records_read += kept.read;
                         outcome.bytes_before += kept.bytes_before;
+                    }
+                    if kept.control && !with_data.remove(&kept.producer) && kept.last < tombstones.tail {
+                        if tombstones.expired(kept.base) {
+                            kept.batch = None;
+                            forgotten.extend(
+                                aborted
+                                    .iter()
+                                    .filter(|(producer, _, marker)| {
+                                        *producer == kept.producer && *marker == kept.base
+                                    })
+                                    .map(|(producer, first, _)| format!("{producer}:{first}")),
+                            );
+                        } else {
+                            kept.tomb_sealed = tombstones.segment_of(kept.base).map(|(_, sealed)| sealed);
+                        }
+                    } else if kept.transactional && !kept.control && kept.batch.is_some() {
+                        with_data.insert(kept.producer);
                     }
                     if let Some(sealed) = kept.tomb_sealed {
                         tomb_sealed = Some(tomb_sealed.map_or(sealed, |t: i64| t.min(sealed)));
@@ -313,11 +341,14 @@ impl Store {
             .key(&keys.compacting)
             .key(&keys.clean)
             .key(&keys.segments)
+            .key(&keys.aborted)
             .arg(worker)
             .arg(start.clean_end.map_or(String::new(), |c| c.to_string()))
             .arg(dirty_end)
             .arg(outcome.bytes_after)
             .arg(tomb_sealed.map_or(String::new(), |t| t.to_string()))
+            .arg(forgotten.len())
+            .arg(&forgotten[..])
             .arg(&changes[..])
             .invoke_async(&mut self.conn())
             .await?;
@@ -363,6 +394,7 @@ impl Store {
             clean_bytes: clean_bytes.unwrap_or(0),
             log_trimmed: log_trimmed.unwrap_or(0),
             stable_end: seg_base.unwrap_or(next).min(txn_first.unwrap_or(next)),
+            next,
             tomb_sealed,
         }))
     }
@@ -509,9 +541,14 @@ fn note_keys(
 
 /// When tombstones may go: the segments (base, last, sealed at), and the
 /// time before which a segment's tombstones have been kept long enough.
+/// The last batch of the log never goes (`tail`: its last offset): the
+/// end of the log stays, as Kafka's active segment does, so a consumer
+/// positioned there finds a batch that moves it to the end (a Kafka
+/// Streams restore reads up to the end offset).
 struct Tombstones {
     segments: Vec<(i64, i64, i64)>,
     until: i64,
+    tail: i64,
 }
 
 impl Tombstones {
@@ -535,6 +572,11 @@ impl Tombstones {
 /// One batch after compaction.
 struct Kept {
     base: i64,
+    last: i64,
+    /// Its producer, and whether it is a transaction's data or marker.
+    producer: i64,
+    transactional: bool,
+    control: bool,
     /// When the segment of its oldest kept tombstone was sealed.
     tomb_sealed: Option<i64>,
     read: u64,
@@ -558,6 +600,10 @@ fn keep(
     let base = base_of(entry);
     let mut out = Kept {
         base,
+        last: entry.last_offset,
+        producer: header.producer_id,
+        transactional: header.is_transactional(),
+        control: header.is_control(),
         tomb_sealed: None,
         read: u64::try_from(header.record_count).unwrap_or(0),
         kept: 0,
@@ -565,7 +611,7 @@ fn keep(
         batch: None,
     };
     let id = |last: i64| format!("{last}-{}", last - base + 1);
-    if header.is_control() {
+    if header.is_control() || entry.last_offset >= tombstones.tail {
         out.kept = out.read;
         out.batch = Some((id(entry.last_offset), entry.batch.clone()));
         return Ok(out);
@@ -709,6 +755,7 @@ mod tests {
         let tombstones = Tombstones {
             segments: vec![(0, 99, 1_000)],
             until: 0,
+            tail: i64::MAX,
         };
         // a@10 b@11 a@12 c@13 b@14: a later "a" at 12 and "b" at 30.
         let latest = HashMap::from([
@@ -755,6 +802,7 @@ mod tests {
         let tombstones = Tombstones {
             segments: vec![(0, 99, 1_000)],
             until: 2_000,
+            tail: i64::MAX,
         };
         let entry = stored(0, &[("x", Some("1")), ("y", Some("2"))], 0);
         let kept = keep(&entry, &HashMap::new(), &[], &tombstones).unwrap();
@@ -766,6 +814,16 @@ mod tests {
         assert_eq!(
             keep(&tomb, &HashMap::new(), &[], &tombstones).unwrap().batch,
             None
+        );
+        // Unless it is the last batch of the log: the end stays.
+        let at_tail = Tombstones {
+            segments: vec![(0, 99, 1_000)],
+            until: 2_000,
+            tail: 0,
+        };
+        assert_eq!(
+            keep(&tomb, &HashMap::new(), &[], &at_tail).unwrap().batch,
+            Some(("0-1".to_owned(), tomb.batch.clone()))
         );
         let mut txn = stored(0, &[("x", Some("1"))], 0).batch.to_vec();
         txn[21..23].copy_from_slice(&0x10i16.to_be_bytes());
@@ -794,6 +852,7 @@ mod tests {
         let t = Tombstones {
             segments: vec![(0, 9, 1_000), (10, 19, 5_000), (25, 30, 9_000)],
             until: 5_000,
+            tail: i64::MAX,
         };
         assert_eq!(t.segment_of(0), Some((0, 1_000)));
         assert_eq!(t.segment_of(15), Some((10, 5_000)));

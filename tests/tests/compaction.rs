@@ -93,15 +93,22 @@ fn read_all(ketch: &Ketch, topic: &str) -> Vec<Seen> {
 }
 
 fn read_all_at(addr: std::net::SocketAddr, topic: &str) -> Vec<Seen> {
+    read_log_at(addr, topic).0
+}
+
+/// [`read_all_at`]'s records, and how many control batches (transaction
+/// markers) the log holds.
+fn read_log_at(addr: std::net::SocketAddr, topic: &str) -> (Vec<Seen>, usize) {
     let mut conn = KafkaConn::connect(addr);
     let mut next = 0;
     let mut seen: Vec<Seen> = Vec::new();
+    let mut markers = 0;
     loop {
         let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(topic, 0, next, 0));
         let (error, high_watermark, records) = raw::fetch_result(&response);
         assert_eq!(error, code::NONE, "fetch at {next}");
         if next >= high_watermark {
-            return seen;
+            return (seen, markers);
         }
         let batches = raw::split_batches(records.expect("records below the high watermark"));
         assert!(
@@ -112,6 +119,9 @@ fn read_all_at(addr: std::net::SocketAddr, topic: &str) -> Vec<Seen> {
             let base = i64::from_be_bytes(batch[0..8].try_into().unwrap());
             let last_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
             let control = i16::from_be_bytes(batch[21..23].try_into().unwrap()) & 0x20 != 0;
+            if control && base >= next {
+                markers += 1;
+            }
             let mut records = Records::of_batch(&batch).expect("a valid batch");
             while let Some(r) = records.next_record().expect("a valid record") {
                 let offset = base + i64::from(r.offset_delta);
@@ -470,9 +480,10 @@ fn a_gateway_killed_mid_compaction_leaves_a_log_the_next_one_compacts() {
 
 /// A Kafka Streams-style changelog: a transactional producer's committed
 /// and aborted transactions on a compacted topic. Compaction removes the
-/// aborted records and superseded committed ones and keeps the markers, so
-/// read_committed and read_uncommitted consumers both see the latest
-/// committed value of every key.
+/// aborted records and superseded committed ones, so read_committed and
+/// read_uncommitted consumers both see the latest committed value of every
+/// key, and the markers of transactions that have no record left once they
+/// are older than delete.retention.ms.
 #[test]
 fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
     use rdkafka::producer::{FutureRecord, Producer};
@@ -480,7 +491,7 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
     let redis = TestRedis::start();
     let ketch = gateway(&redis);
     let topic = unique_topic("changelog");
-    create_compacted(&ketch, &topic, &[]);
+    create_compacted(&ketch, &topic, &[("delete.retention.ms", "0")]);
     let rt = ketch_tests::runtime();
     let producer = ketch.producer_with(&[("transactional.id", &unique_topic("txn"))]);
     producer.init_transactions(Duration::from_secs(30)).expect("init");
@@ -515,6 +526,29 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
     }
     let end = redis.next_offset(&topic, 0);
     wait_compacted(&redis, &ketch, &topic, end);
+    // Of the six markers (three commits, three aborts) two stay: the last
+    // commit's (its records are the ones left) and the last abort's, the
+    // end of the log, which stays so that a reader there moves to the end
+    // (read_log_at asserts no fetch below the high watermark is empty).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (records, markers) = read_log_at(ketch.kafka_addr(), &topic);
+        assert_eq!(records.len(), 20, "the records of the last commit");
+        if markers == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{markers} markers left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The aborted transactions index forgot those whose markers went (a
+    // read_committed reader would otherwise wait for their markers and
+    // skip the producer's later records): the last abort's is left.
+    let tag = &redis.topic_tags(&topic)[0];
+    let indexed: i64 = redis::cmd("ZCARD")
+        .arg(format!("ketch:{{{tag}}}:aborted"))
+        .query(&mut redis.connection())
+        .expect("ZCARD");
+    assert_eq!(indexed, 1);
     for isolation in ["read_committed", "read_uncommitted"] {
         let consumer = ketch.consumer_with(&[("isolation.level", isolation)]);
         let mut assignment = rdkafka::TopicPartitionList::new();

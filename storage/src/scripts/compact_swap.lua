@@ -10,10 +10,15 @@
 -- KEYS[3] ketch:{TAG}:compacting   the stream the pass wrote (may not exist: nothing kept)
 -- KEYS[4] ketch:{TAG}:clean        the compacted stream
 -- KEYS[5] ketch:{TAG}:segments
+-- KEYS[6] ketch:{TAG}:aborted      the aborted transactions index
 -- ARGV[1] the worker's id
 -- ARGV[2] `clean_end` as the pass read it ('' when there was none)
 -- ARGV[3] the new `clean_end`   ARGV[4] the compacted stream's bytes
 -- ARGV[5] when the segment of the oldest tombstone kept was sealed ('' when none is kept)
+-- ARGV[6] how many aborted transactions the pass removed the markers of,
+--         then their members of the index (`<producer id>:<first offset>`):
+--         they leave the index with their markers, in this same step, so
+--         a read_committed reader never looks for a marker that is gone
 -- then pairs: a segment's member as the pass read it, its member after
 --
 -- Reply: 1 swapped; 0 the lease is another's or another pass finished
@@ -44,8 +49,12 @@ if ARGV[5] == '' then
 else
   redis.call('HSET', KEYS[1], 'tomb_sealed', ARGV[5])
 end
+local forgotten = tonumber(ARGV[6])
+if forgotten > 0 then
+  redis.call('ZREM', KEYS[6], unpack(ARGV, 7, 6 + forgotten))
+end
 -- Segments retention removed meanwhile stay removed.
-for i = 6, #ARGV, 2 do
+for i = 7 + forgotten, #ARGV, 2 do
   if redis.call('ZREM', KEYS[5], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[5], cjson.decode(ARGV[i + 1]).base, ARGV[i + 1])
   end
