@@ -1,6 +1,8 @@
 //! CreatePartitions (API key 37, versions 0–3): grows topics to a larger
 //! partition count. A manual assignment names one live broker per new
-//! partition (a ketch partition has one logical replica, in Redis).
+//! partition (a ketch partition has one logical replica, in Redis). Added
+//! partitions count against the client's controller mutation quota
+//! (KIP-599; v3+ may be refused with THROTTLING_QUOTA_EXCEEDED).
 //! Spec: KIP-195 (CreatePartitions).
 
 use kafka_protocol::error::ResponseError;

@@ -1,5 +1,7 @@
 //! CreateTopics (API key 19, versions 2–7): checks each topic as a Kafka
-//! controller would, then creates it in the topic registry.
+//! controller would, then creates it in the topic registry. New partitions
+//! count against the client's controller mutation quota (KIP-599; v6+
+//! refuse a topic with THROTTLING_QUOTA_EXCEEDED once it is spent).
 //! Spec: KIP-4 (admin requests), KIP-464 (`-1` defaults), KIP-525 (configs in the response).
 
 use std::collections::{BTreeMap, HashMap};

@@ -1,6 +1,8 @@
 //! DeleteTopics (API key 20, versions 1–6): removes topics from the registry
 //! and drops their partitions. Versions 1–5 name topics; version 6 names them
-//! or gives their ids (KIP-516). Spec: KIP-4 (admin requests), KIP-516.
+//! or gives their ids (KIP-516). A topic's partitions count against the
+//! client's controller mutation quota (KIP-599; v5+ may be refused with
+//! THROTTLING_QUOTA_EXCEEDED). Spec: KIP-4 (admin requests), KIP-516.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
