@@ -922,6 +922,7 @@ impl Store {
                 return Ok(out);
             }
             let from_clean = next < clean_end;
+            let asked_clean_end = clean_end;
             // XRANGE first, then meta: the high watermark returned is never
             // below an offset returned, and a compaction that moved
             // `clean_end` past `next` before the XRANGE shows in the meta.
@@ -976,8 +977,14 @@ impl Store {
             bytes += read;
             if from_clean {
                 // Fewer entries than asked: the compacted stream ends here
-                // (its last records may have been compacted away).
+                // (its last records may have been compacted away), unless
+                // a pass swapped in a new one meanwhile: that one is read
+                // from `next` (what was below the old `clean_end` may now
+                // all be above it, and the high watermark with it).
                 if got < count {
+                    if clean_end != asked_clean_end {
+                        continue;
+                    }
                     next = next.max(clean_end);
                 }
                 if next >= offsets.high_watermark || bytes >= request.max_bytes {
