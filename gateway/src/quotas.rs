@@ -676,45 +676,29 @@ pub async fn reload(ctx: &Context) -> ketch_storage::Result<()> {
     Ok(())
 }
 
-/// Keeps this gateway's quotas current: reloads them when any gateway
-/// announces a change (sharded pub/sub), and checks the version every few
-/// seconds in case an announcement was missed. Runs until shutdown.
+/// Keeps this gateway's quotas current (see [`crate::storage::keep_current`])
+/// and drops the sensors of clients gone for an hour. Runs until shutdown.
 pub async fn keep_current(ctx: Arc<Context>) {
-    const CHECK_EVERY: Duration = Duration::from_secs(5);
-    let watch = ctx.storage.wake().watch(vec![ctx.storage.quota_channel()]);
-    let mut shutdown = ctx.shutdown.clone();
-    let mut loaded = false;
-    loop {
-        match ctx.storage.client_quota_version().await {
-            Ok(version) if loaded && version == ctx.quotas.table().version => {}
-            Ok(_) => match reload(&ctx).await {
-                Ok(()) => {
-                    if !loaded {
-                        let table = ctx.quotas.table();
-                        tracing::info!(
-                            entities = table.entities.len(),
-                            version = table.version,
-                            "loaded the client quotas"
-                        );
-                    }
-                    loaded = true;
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read the client quotas; retrying"),
-            },
-            Err(e) => tracing::debug!(error = %e, "cannot read the client quota version; retrying"),
-        }
-        ctx.quotas.expire_sensors();
-        let wait = if loaded {
-            CHECK_EVERY
-        } else {
-            Duration::from_millis(500)
-        };
-        tokio::select! {
-            _ = watch.notified() => { watch.take_fired(); }
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-    }
+    let channel = ctx.storage.quota_channel();
+    let kept = crate::storage::Kept {
+        what: "client quotas",
+        channel,
+        stored: |ctx| ctx.storage.client_quota_version(),
+        held: |ctx| ctx.quotas.table().version,
+        load: |ctx| {
+            Box::pin(async move {
+                reload(ctx).await?;
+                let table = ctx.quotas.table();
+                Ok(format!(
+                    "{} entities, version {}",
+                    table.entities.len(),
+                    table.version
+                ))
+            })
+        },
+        tick: |ctx| ctx.quotas.expire_sensors(),
+    };
+    crate::storage::keep_current(ctx, kept).await
 }
 
 #[cfg(test)]

@@ -539,3 +539,57 @@ impl Storage for Tiered {
         self.store.unstable_partitions(group).await
     }
 }
+
+/// What a gateway keeps in memory of a versioned set stored in Redis (the
+/// ACLs, the client quotas), for [`keep_current`].
+pub struct Kept {
+    /// What it is, for the log.
+    pub what: &'static str,
+    /// The wake-up channel its changes are announced on.
+    pub channel: String,
+    /// The version stored in Redis.
+    pub stored: for<'a> fn(&'a crate::Context) -> futures::future::BoxFuture<'a, Result<u64>>,
+    /// The version this gateway holds.
+    pub held: fn(&crate::Context) -> u64,
+    /// Loads it from Redis into this gateway; a summary for the log.
+    pub load: for<'a> fn(&'a crate::Context) -> futures::future::BoxFuture<'a, Result<String>>,
+    /// Work to do on every check (expiring what is unused).
+    pub tick: fn(&crate::Context),
+}
+
+/// Keeps `kept` current in this gateway: reloads it when any gateway
+/// announces a change (sharded pub/sub), and checks the version every few
+/// seconds in case an announcement was missed (Redis restarted, the
+/// subscription was re-established). Runs until shutdown.
+pub async fn keep_current(ctx: Arc<crate::Context>, kept: Kept) {
+    const CHECK_EVERY: Duration = Duration::from_secs(5);
+    let watch = ctx.storage.wake().watch(vec![kept.channel.clone()]);
+    let mut shutdown = ctx.shutdown.clone();
+    let mut loaded = false;
+    loop {
+        match (kept.stored)(&ctx).await {
+            Ok(version) if loaded && version == (kept.held)(&ctx) => {}
+            Ok(_) => match (kept.load)(&ctx).await {
+                Ok(summary) => {
+                    if !loaded {
+                        tracing::info!(summary, "loaded the {}", kept.what);
+                    }
+                    loaded = true;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the {}; retrying", kept.what),
+            },
+            Err(e) => tracing::debug!(error = %e, "cannot read the version of the {}; retrying", kept.what),
+        }
+        (kept.tick)(&ctx);
+        let wait = if loaded {
+            CHECK_EVERY
+        } else {
+            Duration::from_millis(500)
+        };
+        tokio::select! {
+            _ = watch.notified() => { watch.take_fired(); }
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}

@@ -227,40 +227,23 @@ pub async fn reload(ctx: &Context) {
     }
 }
 
-/// Keeps this gateway's ACLs current: reloads them when any gateway
-/// announces a change (sharded pub/sub), and checks the version every few
-/// seconds in case an announcement was missed (Redis restarted, the
-/// subscription was re-established). Runs until shutdown.
+/// Keeps this gateway's ACLs current (see [`crate::storage::keep_current`]).
+/// Runs until shutdown.
 pub async fn keep_current(ctx: std::sync::Arc<Context>) {
-    const CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-    let watch = ctx.storage.wake().watch(vec![ctx.storage.acl_channel()]);
-    let mut shutdown = ctx.shutdown.clone();
-    let mut loaded = false;
-    loop {
-        let current = ctx.storage.acl_version().await;
-        match current {
-            Ok(version) if loaded && version == ctx.security.acls.version() => {}
-            Ok(_) => match ctx.storage.acls().await {
-                Ok((version, bindings)) => {
-                    ctx.security.acls.replace(version, &bindings);
-                    if !loaded {
-                        tracing::info!(acls = bindings.len(), version, "loaded the ACLs");
-                    }
-                    loaded = true;
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot read the ACLs; retrying"),
-            },
-            Err(e) => tracing::debug!(error = %e, "cannot read the ACL version; retrying"),
-        }
-        let wait = if loaded {
-            CHECK_EVERY
-        } else {
-            std::time::Duration::from_millis(500)
-        };
-        tokio::select! {
-            _ = watch.notified() => { watch.take_fired(); }
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-    }
+    let channel = ctx.storage.acl_channel();
+    let kept = crate::storage::Kept {
+        what: "ACLs",
+        channel,
+        stored: |ctx| ctx.storage.acl_version(),
+        held: |ctx| ctx.security.acls.version(),
+        load: |ctx| {
+            Box::pin(async move {
+                let (version, bindings) = ctx.storage.acls().await?;
+                ctx.security.acls.replace(version, &bindings);
+                Ok(format!("{} bindings, version {version}", bindings.len()))
+            })
+        },
+        tick: |_| {},
+    };
+    crate::storage::keep_current(ctx, kept).await
 }
