@@ -114,16 +114,7 @@ impl Store {
         // for the swap, which replaces each one it changes only if it is
         // still there (retention may remove some meanwhile; nothing else
         // changes a compacted topic's segments but its lease holder).
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.segments)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut self.conn())
-            .await?;
-        let segments = members
-            .iter()
-            .map(|m| crate::segments::parse_segment(m))
-            .collect::<Result<Vec<Segment>>>()?;
+        let (members, segments) = self.segment_members(&keys.segments).await?;
         let clean_end = start.clean_end.unwrap_or(start.log_start).max(start.log_start);
         // A pass that stopped before trimming (a crash) left the log below
         // `clean_end` in place: readers skip it, this trims it.

@@ -470,13 +470,19 @@ impl Store {
     /// The sealed segments of a partition, oldest first.
     pub async fn segments(&self, topic: &Topic, partition: i32) -> Result<Vec<Segment>> {
         let keys = self.partition_keys(topic, partition);
+        Ok(self.segment_members(&keys.segments).await?.1)
+    }
+
+    /// The members of a segments set as stored, oldest first, and parsed.
+    pub(crate) async fn segment_members(&self, key: &str) -> Result<(Vec<String>, Vec<Segment>)> {
         let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(&keys.segments)
+            .arg(key)
             .arg(0)
             .arg(-1)
             .query_async(&mut self.conn())
             .await?;
-        members.iter().map(|m| parse_segment(m)).collect()
+        let segments = members.iter().map(|m| parse_segment(m)).collect::<Result<_>>()?;
+        Ok((members, segments))
     }
 }
 
