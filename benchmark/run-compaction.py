@@ -38,9 +38,8 @@ import threading
 import time
 import urllib.request
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
-from servers import Servers
+from servers import Servers, produce_records
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = int(os.environ.get("RECORDS", 1_000_000))
@@ -64,34 +63,8 @@ def metric(http, name):
 def produce(bootstrap, first, count, values, stop=None):
     """Produces records first..first+count (key i % KEYS), or until `stop` is
     set; returns (records produced, seconds)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                         "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20,
-                         "queue.buffering.max.messages": 1_000_000})
-    failures = []
-
-    def report(error, _message):
-        if error is not None:
-            failures.append(error)
-
-    started = time.monotonic()
-    produced = 0
-    for i in range(first, first + count):
-        if stop is not None and stop.is_set():
-            break
-        produced += 1
-        while True:
-            try:
-                producer.produce(TOPIC, key=b"key-%d" % (i % KEYS), value=values[i % len(values)],
-                                 partition=0, on_delivery=report)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        if i % 1000 == 0:
-            producer.poll(0)
-    producer.flush(300)
-    took = time.monotonic() - started
-    assert not failures, failures[:3]
-    return produced, took
+    records = ((b"key-%d" % (i % KEYS), values[i % len(values)]) for i in range(first, first + count))
+    return produce_records(bootstrap, TOPIC, records, stop=stop)
 
 
 def main():

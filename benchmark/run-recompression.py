@@ -22,9 +22,8 @@ import sys
 import tempfile
 import time
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from servers import Servers
+from servers import Servers, produce_records
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = int(os.environ.get("RECORDS", 200_000))
@@ -54,24 +53,8 @@ def values():
 
 
 def produce(bootstrap, topic, payloads):
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                         "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20,
-                         "queue.buffering.max.messages": 1_000_000, "compression.type": "none"})
-    failures = []
-    started = time.monotonic()
-    for i in range(RECORDS):
-        while True:
-            try:
-                producer.produce(topic, value=payloads[i % len(payloads)], key=b"k%d" % i, partition=0,
-                                 on_delivery=lambda e, m: e and failures.append(e))
-                break
-            except BufferError:
-                producer.poll(0.01)
-        if i % 1000 == 0:
-            producer.poll(0)
-    producer.flush(300)
-    assert not failures, failures[:3]
-    return time.monotonic() - started
+    records = ((b"k%d" % i, payloads[i % len(payloads)]) for i in range(RECORDS))
+    return produce_records(bootstrap, topic, records, {"compression.type": "none"})[1]
 
 
 def main():

@@ -78,3 +78,39 @@ class Servers:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "ketch.log").write_text(self.log_path.read_text())
         return False
+
+
+def produce_records(bootstrap, topic, records, config=None, stop=None):
+    """Produces `records`, (key, value) pairs, to partition 0 of `topic`
+    with acks=all and large batches (`config` adds to or overrides the
+    producer's configuration), until they are all delivered or `stop` is
+    set; returns (records produced, seconds). Raises on a failed delivery."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                         "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20,
+                         "queue.buffering.max.messages": 1_000_000, **(config or {})})
+    failures = []
+
+    def report(error, _message):
+        if error is not None:
+            failures.append(error)
+
+    started = time.monotonic()
+    produced = 0
+    for key, value in records:
+        if stop is not None and stop.is_set():
+            break
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=0, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        produced += 1
+        if produced % 1000 == 0:
+            producer.poll(0)
+    producer.flush(300)
+    took = time.monotonic() - started
+    assert not failures, failures[:3]
+    return produced, took
