@@ -468,15 +468,38 @@ fn invalid(name: &str, value: &str, why: impl std::fmt::Display) -> String {
 pub fn validate_topic_config(name: &str, value: &str) -> Result<String, String> {
     let def = topic_config(name).ok_or_else(|| format!("Unknown topic config name: {name}"))?;
     let value = value.trim();
-    let normalized = parse(def, value)?;
+    let normalized = parse(def, name, value)?;
     if let Some(why) = not_supported(def.name, &normalized) {
         return Err(invalid(name, value, why));
     }
     Ok(normalized)
 }
 
-fn parse(def: &ConfigDef, value: &str) -> Result<String, String> {
-    let name = def.name;
+/// The topic config whose cluster-wide default the broker config `name`
+/// is (`log.retention.ms` → `retention.ms`): the broker configs Kafka lets
+/// IncrementalAlterConfigs change on the default broker resource
+/// (`DynamicLogConfig.ReconfigurableConfigs`, Kafka's first synonyms).
+pub fn defaulted_by(name: &str) -> Option<&'static ConfigDef> {
+    TOPIC_CONFIGS.iter().find(|def| def.broker_synonym == Some(name))
+}
+
+/// Checks a cluster-wide default `name = value` (a broker config name,
+/// [`defaulted_by`]) as the topic config it defaults is checked, with the
+/// broker config's name in the message; the topic config and the value
+/// normalized.
+pub fn validate_broker_default(name: &str, value: &str) -> Result<(&'static ConfigDef, String), String> {
+    let def = defaulted_by(name).ok_or_else(|| format!("Unknown dynamic broker config: {name}"))?;
+    let value = value.trim();
+    let normalized = parse(def, name, value)?;
+    if let Some(why) = not_supported(def.name, &normalized) {
+        return Err(invalid(name, value, why));
+    }
+    Ok((def, normalized))
+}
+
+/// Parses `value` as `def` takes it; `name` is how the config was named
+/// (the topic config, or its broker synonym), for the message.
+fn parse(def: &ConfigDef, name: &str, value: &str) -> Result<String, String> {
     let not_a = || {
         invalid(
             name,
@@ -494,7 +517,7 @@ fn parse(def: &ConfigDef, value: &str) -> Result<String, String> {
             if def.kind == ConfigType::Int && i32::try_from(n).is_err() {
                 return Err(not_a());
             }
-            check_range(def, value, n)?;
+            check_range(def, name, value, n)?;
             Ok(n.to_string())
         }
         ConfigType::Double => {
@@ -553,7 +576,7 @@ pub fn list_items(value: &str) -> Vec<&str> {
     value.split(',').map(str::trim).collect()
 }
 
-fn check_range(def: &ConfigDef, value: &str, n: i64) -> Result<(), String> {
+fn check_range(def: &ConfigDef, name: &str, value: &str, n: i64) -> Result<(), String> {
     let (min, max) = match def.valid {
         Valid::AtLeast(min) => (Some(min), None),
         Valid::Between(min, max) => (Some(min), Some(max)),
@@ -562,14 +585,10 @@ fn check_range(def: &ConfigDef, value: &str, n: i64) -> Result<(), String> {
         _ => (None, None),
     };
     if let Some(min) = min.filter(|m| n < *m) {
-        return Err(invalid(def.name, value, format!("Value must be at least {min}")));
+        return Err(invalid(name, value, format!("Value must be at least {min}")));
     }
     if let Some(max) = max.filter(|m| n > *m) {
-        return Err(invalid(
-            def.name,
-            value,
-            format!("Value must be no more than {max}"),
-        ));
+        return Err(invalid(name, value, format!("Value must be no more than {max}")));
     }
     Ok(())
 }
@@ -612,6 +631,7 @@ pub fn not_supported(name: &str, value: &str) -> Option<&'static str> {
 /// Validates a whole set of overrides, returning them normalized.
 pub fn validate_topic_configs<'a>(
     pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    defaults: &Defaults,
 ) -> Result<BTreeMap<String, String>, String> {
     let mut out = BTreeMap::new();
     for (name, value) in pairs {
@@ -620,48 +640,150 @@ pub fn validate_topic_configs<'a>(
             return Err(format!("Duplicate topic config: {name}"));
         }
     }
-    check_together(&BTreeMap::new(), &out)?;
+    check_together(
+        Configs::new(&BTreeMap::new(), defaults),
+        Configs::new(&out, defaults),
+    )?;
     Ok(out)
 }
 
-/// A topic's value of `name`: its override, else the default.
-pub fn effective<'a>(overrides: &'a BTreeMap<String, String>, name: &str) -> &'a str {
-    overrides
-        .get(name)
-        .map(String::as_str)
-        .or_else(|| topic_config(name).map(|d| d.default))
-        .unwrap_or("")
+/// Where the default of a topic config comes from, in Kafka's order of
+/// precedence (its `ConfigSource`s below a topic override).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultSource {
+    /// Set at run time for every gateway (IncrementalAlterConfigs on the
+    /// default broker resource): Kafka's `DYNAMIC_DEFAULT_BROKER_CONFIG`.
+    Cluster,
+    /// One of ketch's settings (`topics.max_message_bytes`): Kafka's
+    /// `STATIC_BROKER_CONFIG`.
+    Settings,
+    /// Kafka's default: `DEFAULT_CONFIG`.
+    Kafka,
 }
 
-/// A numeric config's value for a topic with `overrides` (-1 if it is not
-/// a number: never for a stored override or a default, both validated).
-pub fn number(overrides: &BTreeMap<String, String>, name: &str) -> i64 {
-    effective(overrides, name).parse().unwrap_or(-1)
+/// The broker-level defaults of the topic configs: what a topic without an
+/// override of a config gets. Cluster-wide defaults set at run time come
+/// first, then ketch's settings, then Kafka's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Defaults {
+    /// Topic config name → value, from ketch's settings.
+    settings: BTreeMap<&'static str, String>,
+    /// Topic config name → value, set cluster-wide at run time.
+    cluster: BTreeMap<&'static str, String>,
 }
 
-/// Whether a topic with `overrides` has `policy` (`compact` or `delete`)
-/// in its `cleanup.policy`.
-pub fn cleans_up_by(overrides: &BTreeMap<String, String>, policy: &str) -> bool {
-    list_items(effective(overrides, "cleanup.policy")).contains(&policy)
+impl Defaults {
+    /// Kafka's defaults, with `max_message_bytes` (`topics.max_message_bytes`,
+    /// Kafka's `message.max.bytes`) as the default of `max.message.bytes`.
+    pub fn new(max_message_bytes: i32) -> Self {
+        Self {
+            settings: BTreeMap::from([("max.message.bytes", max_message_bytes.to_string())]),
+            cluster: BTreeMap::new(),
+        }
+    }
+
+    /// These defaults with `stored` as the cluster-wide ones, by broker
+    /// config name (as stored in Redis), and why any stored one was
+    /// skipped: a name or value this version does not take (stored by a
+    /// newer one) leaves the next default down in effect.
+    pub fn with_cluster<'a>(
+        &self,
+        stored: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> (Self, Vec<String>) {
+        let mut cluster = BTreeMap::new();
+        let mut skipped = Vec::new();
+        for (name, value) in stored {
+            match validate_broker_default(name, value) {
+                Ok((def, value)) => {
+                    cluster.insert(def.name, value);
+                }
+                Err(why) => skipped.push(why),
+            }
+        }
+        let defaults = Self {
+            settings: self.settings.clone(),
+            cluster,
+        };
+        (defaults, skipped)
+    }
+
+    /// The cluster-wide defaults, by broker config name.
+    pub fn cluster(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+        self.cluster.iter().filter_map(|(name, value)| {
+            let broker = topic_config(name)?.broker_synonym?;
+            Some((broker, value.as_str()))
+        })
+    }
+
+    /// The default of the topic config `name` in effect ("" for a name
+    /// that is not a topic config).
+    pub fn value(&self, name: &str) -> &str {
+        self.synonyms(name).first().map_or("", |(_, value)| value)
+    }
+
+    /// Every default of the topic config `name`, the one in effect first:
+    /// its source and value.
+    pub fn synonyms(&self, name: &str) -> Vec<(DefaultSource, &str)> {
+        let mut out = Vec::new();
+        if let Some(value) = self.cluster.get(name) {
+            out.push((DefaultSource::Cluster, value.as_str()));
+        }
+        if let Some(value) = self.settings.get(name) {
+            out.push((DefaultSource::Settings, value.as_str()));
+        }
+        if let Some(def) = topic_config(name) {
+            out.push((DefaultSource::Kafka, def.default));
+        }
+        out
+    }
+}
+
+/// A topic's configs: its overrides over the broker-level defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct Configs<'a> {
+    pub overrides: &'a BTreeMap<String, String>,
+    pub defaults: &'a Defaults,
+}
+
+impl<'a> Configs<'a> {
+    pub fn new(overrides: &'a BTreeMap<String, String>, defaults: &'a Defaults) -> Self {
+        Self { overrides, defaults }
+    }
+
+    /// The value of `name` in effect: the override, else the default.
+    pub fn get(&self, name: &str) -> &'a str {
+        match self.overrides.get(name) {
+            Some(value) => value,
+            None => self.defaults.value(name),
+        }
+    }
+
+    /// A numeric config's value (-1 if it is not a number: never for a
+    /// stored override or a default, both validated).
+    pub fn number(&self, name: &str) -> i64 {
+        self.get(name).parse().unwrap_or(-1)
+    }
+
+    /// Whether `policy` (`compact` or `delete`) is in `cleanup.policy`.
+    pub fn cleans_up_by(&self, policy: &str) -> bool {
+        list_items(self.get("cleanup.policy")).contains(&policy)
+    }
 }
 
 /// Kafka's checks across configs (`LogConfig.validateValues` and the
 /// remote storage rules), on the overrides a topic would have after a
 /// change; `before` are its overrides now (empty for a new topic).
-pub fn check_together(
-    before: &BTreeMap<String, String>,
-    after: &BTreeMap<String, String>,
-) -> Result<(), String> {
-    let min_lag = number(after, "min.compaction.lag.ms");
-    let max_lag = number(after, "max.compaction.lag.ms");
+pub fn check_together(before: Configs<'_>, after: Configs<'_>) -> Result<(), String> {
+    let min_lag = after.number("min.compaction.lag.ms");
+    let max_lag = after.number("max.compaction.lag.ms");
     if min_lag > max_lag {
         return Err(format!(
             "conflict topic config setting min.compaction.lag.ms ({min_lag}) > max.compaction.lag.ms ({max_lag})"
         ));
     }
-    let remote = effective(after, "remote.storage.enable") == "true";
+    let remote = after.get("remote.storage.enable") == "true";
     if !remote {
-        if effective(before, "remote.storage.enable") == "true" {
+        if before.get("remote.storage.enable") == "true" {
             return Err(
                 "It is invalid to disable remote storage without deleting remote data. \
                  If you want to keep the remote data and turn to read only, please set \
@@ -673,13 +795,13 @@ pub fn check_together(
         }
         return Ok(());
     }
-    if cleans_up_by(after, "compact") {
+    if after.cleans_up_by("compact") {
         return Err("Remote log storage is unsupported for the compacted topics".to_owned());
     }
-    if effective(after, "remote.log.copy.disable") == "true" {
+    if after.get("remote.log.copy.disable") == "true" {
         for what in ["bytes", "ms"] {
-            let local = number(after, &format!("local.retention.{what}"));
-            if local != -2 && local != number(after, &format!("retention.{what}")) {
+            let local = after.number(&format!("local.retention.{what}"));
+            if local != -2 && local != after.number(&format!("retention.{what}")) {
                 return Err(format!(
                     "When `remote.log.copy.disable` is set to true, the `local.retention.{what}` and \
                      `retention.{what}` must be set to the identical value because there will be no \
@@ -689,9 +811,9 @@ pub fn check_together(
         }
     }
     for what in ["bytes", "ms"] {
-        let retention = number(after, &format!("retention.{what}"));
+        let retention = after.number(&format!("retention.{what}"));
         let local_name = format!("local.retention.{what}");
-        let local = number(after, &local_name);
+        let local = after.number(&local_name);
         if retention > -1 && local != -2 {
             if local == -1 {
                 return Err(invalid(
@@ -755,7 +877,7 @@ mod tests {
     fn every_default_is_valid_and_the_list_is_sorted() {
         for def in TOPIC_CONFIGS {
             assert_eq!(
-                parse(def, def.default).as_deref(),
+                parse(def, def.name, def.default).as_deref(),
                 Ok(def.default),
                 "{}",
                 def.name
@@ -796,7 +918,13 @@ mod tests {
             "true"
         );
         assert!(validate_topic_config("message.timestamp.type", "createtime").is_err());
-        assert!(validate_topic_configs([("retention.ms", "1"), ("retention.ms", "2")]).is_err());
+        assert!(
+            validate_topic_configs(
+                [("retention.ms", "1"), ("retention.ms", "2")],
+                &Defaults::default()
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -848,7 +976,7 @@ mod tests {
             );
             all.push((def.name, valid));
         }
-        validate_topic_configs(all.iter().map(|(k, v)| (*k, v.as_str()))).unwrap();
+        validate_topic_configs(all.iter().map(|(k, v)| (*k, v.as_str())), &Defaults::default()).unwrap();
     }
 
     #[test]
@@ -871,30 +999,31 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<BTreeMap<_, _>>()
         };
+        let defaults = Defaults::default();
+        let none = BTreeMap::new();
+        let check = |before: &BTreeMap<String, String>, after: &BTreeMap<String, String>| {
+            check_together(Configs::new(before, &defaults), Configs::new(after, &defaults))
+        };
         let lag = set(&[("min.compaction.lag.ms", "10"), ("max.compaction.lag.ms", "5")]);
-        assert!(
-            check_together(&BTreeMap::new(), &lag)
-                .unwrap_err()
-                .contains("conflict")
-        );
+        assert!(check(&none, &lag).unwrap_err().contains("conflict"));
         let local = set(&[
             ("remote.storage.enable", "true"),
             ("retention.bytes", "100"),
             ("local.retention.bytes", "200"),
         ]);
         assert_eq!(
-            check_together(&BTreeMap::new(), &local).unwrap_err(),
+            check(&none, &local).unwrap_err(),
             "Invalid value 200 for configuration local.retention.bytes: Value must not be more than retention.bytes property value: 100"
         );
         let remote = set(&[("remote.storage.enable", "true")]);
-        assert!(check_together(&BTreeMap::new(), &remote).is_ok());
+        assert!(check(&none, &remote).is_ok());
         let read_only = set(&[
             ("remote.storage.enable", "true"),
             ("remote.log.copy.disable", "true"),
             ("local.retention.bytes", "0"),
         ]);
         assert!(
-            check_together(&remote, &read_only)
+            check(&remote, &read_only)
                 .unwrap_err()
                 .contains("must be set to the identical value")
         );
@@ -902,11 +1031,67 @@ mod tests {
             ("remote.storage.enable", "true"),
             ("remote.log.copy.disable", "true"),
         ]);
-        assert!(check_together(&remote, &read_only).is_ok());
+        assert!(check(&remote, &read_only).is_ok());
         assert!(
-            check_together(&remote, &BTreeMap::new())
+            check(&remote, &none)
                 .unwrap_err()
                 .contains("invalid to disable remote storage")
         );
+    }
+
+    #[test]
+    fn cluster_defaults_sit_between_overrides_and_the_settings_and_kafkas_defaults() {
+        let base = Defaults::new(2_000_000);
+        assert_eq!(base.value("max.message.bytes"), "2000000");
+        assert_eq!(base.value("retention.ms"), "604800000");
+        let (defaults, skipped) = base.with_cluster([
+            ("log.retention.ms", "1000"),
+            ("message.max.bytes", "3000000"),
+            ("log.cleanup.policy", "compact, delete"),
+            ("log.retention.hours", "1"),
+            ("log.segment.bytes", "soon"),
+        ]);
+        assert_eq!(
+            skipped,
+            [
+                "Unknown dynamic broker config: log.retention.hours",
+                "Invalid value soon for configuration log.segment.bytes: Not a number of type INT",
+            ]
+        );
+        assert_eq!(defaults.value("retention.ms"), "1000");
+        assert_eq!(defaults.value("cleanup.policy"), "compact,delete");
+        assert_eq!(
+            defaults.synonyms("max.message.bytes"),
+            [
+                (DefaultSource::Cluster, "3000000"),
+                (DefaultSource::Settings, "2000000"),
+                (DefaultSource::Kafka, "1048588"),
+            ]
+        );
+        assert_eq!(
+            defaults.cluster().collect::<Vec<_>>(),
+            [
+                ("log.cleanup.policy", "compact,delete"),
+                ("message.max.bytes", "3000000"),
+                ("log.retention.ms", "1000"),
+            ]
+        );
+        let overrides = BTreeMap::from([("retention.ms".to_owned(), "5".to_owned())]);
+        let configs = Configs::new(&overrides, &defaults);
+        assert_eq!(configs.number("retention.ms"), 5);
+        assert_eq!(configs.number("segment.bytes"), 1073741824);
+        assert!(configs.cleans_up_by("compact"));
+        // A compacting default makes a remote storage topic invalid.
+        let remote = BTreeMap::from([("remote.storage.enable".to_owned(), "true".to_owned())]);
+        assert_eq!(
+            check_together(Configs::new(&remote, &base), Configs::new(&remote, &defaults)).unwrap_err(),
+            "Remote log storage is unsupported for the compacted topics"
+        );
+        assert_eq!(
+            validate_broker_default("log.segment.bytes", "13").unwrap_err(),
+            "Invalid value 13 for configuration log.segment.bytes: Value must be at least 14"
+        );
+        assert_eq!(defaulted_by("log.roll.ms").map(|d| d.name), Some("segment.ms"));
+        assert!(defaulted_by("remote.storage.enable").is_none());
     }
 }

@@ -416,13 +416,14 @@ async fn describe_topic(ctx: &Context, client: &Client, name: &str) -> Result<Va
         }));
     }
     let configs: BTreeMap<&str, Value> =
-        api::describe_configs::topic_configs(&ctx.settings.topics, &topic.configs)
+        api::describe_configs::topic_configs(&ctx.topic_defaults.get(), &topic.configs)
             .iter()
             .map(|c| {
                 let current = c.current();
                 let source = match current.source {
                     api::describe_configs::DYNAMIC_TOPIC_CONFIG => "topic",
                     api::describe_configs::DEFAULT_CONFIG => "default",
+                    api::describe_configs::DYNAMIC_DEFAULT_BROKER_CONFIG => "cluster",
                     _ => "broker",
                 };
                 (c.name, json!({"value": current.value, "source": source}))

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod api;
 pub mod auth;
+pub mod cluster_configs;
 pub mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
@@ -56,6 +57,9 @@ pub struct Context {
     pub finishing: transactions::Finishing,
     /// The client quotas and this gateway's measure of each client's rates.
     pub quotas: quotas::ClientQuotas,
+    /// The topic config defaults: Kafka's, ketch's settings, and the
+    /// cluster-wide ones set at run time.
+    pub topic_defaults: cluster_configs::ClusterDefaults,
 }
 
 /// A gateway: its node id, the address clients are told, and where other
@@ -181,6 +185,7 @@ impl Context {
             shutdown.clone(),
         );
         let quotas = quotas::ClientQuotas::new(&settings.quotas);
+        let topic_defaults = cluster_configs::ClusterDefaults::new(&settings.topics);
         Self {
             settings,
             storage,
@@ -195,6 +200,7 @@ impl Context {
             redis_health: std::sync::RwLock::default(),
             finishing: transactions::Finishing::default(),
             quotas,
+            topic_defaults,
         }
     }
 }
@@ -353,6 +359,9 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     );
     if let Err(e) = store.ping().await {
         tracing::warn!(error = %e, "redis is not reachable yet; serving retriable errors until it is");
+    } else if let Err(e) = cluster_configs::reload(&ctx).await {
+        // keep_current below retries; until then Kafka's defaults apply.
+        tracing::warn!(error = %e, "cannot read the cluster-wide topic defaults yet");
     }
     let http_task = tokio::spawn(http::serve(http, ctx.clone(), shutdown.clone()));
     let internal_task = tokio::spawn(forward::serve(internal, ctx.clone(), shutdown.clone()));
@@ -366,6 +375,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let metrics_task = tokio::spawn(metrics::upkeep(ctx.clone()));
     let transactions_task = tokio::spawn(transactions::sweep(ctx.clone()));
     let quotas_task = tokio::spawn(quotas::keep_current(ctx.clone()));
+    let defaults_task = tokio::spawn(cluster_configs::keep_current(ctx.clone()));
     let acl_task = ctx
         .security
         .acls
@@ -401,6 +411,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     metrics_task.abort();
     transactions_task.abort();
     quotas_task.abort();
+    defaults_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), membership_task).await;
     Ok(())

@@ -46,6 +46,9 @@ struct State {
     /// Client quotas: (entity, key) → value.
     quotas: BTreeMap<(String, String), String>,
     quota_version: u64,
+    /// Cluster-wide broker configs: name → value.
+    cluster_configs: BTreeMap<String, String>,
+    cluster_config_version: u64,
     next_producer_id: i64,
     stored_bytes: usize,
 }
@@ -583,5 +586,40 @@ impl Storage for MemoryStorage {
 
     fn quota_channel(&self) -> String {
         format!("{}:{{quotas}}:changed", self.keys.namespace())
+    }
+
+    async fn cluster_configs(&self) -> Result<(u64, BTreeMap<String, String>)> {
+        let state = self.state();
+        Ok((state.cluster_config_version, state.cluster_configs.clone()))
+    }
+
+    async fn cluster_config_version(&self) -> Result<u64> {
+        Ok(self.state().cluster_config_version)
+    }
+
+    async fn change_cluster_configs(
+        &self,
+        version: u64,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<Option<u64>> {
+        let mut state = self.state();
+        if state.cluster_config_version != version {
+            return Ok(None);
+        }
+        for (name, value) in changes {
+            match value {
+                Some(value) => state.cluster_configs.insert(name.clone(), value.clone()),
+                None => state.cluster_configs.remove(name),
+            };
+        }
+        state.cluster_config_version += 1;
+        let version = state.cluster_config_version;
+        drop(state);
+        self.wake.appended(&self.cluster_config_channel(), None, None);
+        Ok(Some(version))
+    }
+
+    fn cluster_config_channel(&self) -> String {
+        format!("{}:{{configs}}:changed", self.keys.namespace())
     }
 }

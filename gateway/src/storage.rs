@@ -116,6 +116,19 @@ pub trait Storage: Send + Sync {
     /// The wake-up channel quota changes are announced on.
     fn quota_channel(&self) -> String;
 
+    // ---- cluster-wide broker configs (ketch_storage's cluster_configs module) ----
+    async fn cluster_configs(&self) -> Result<(u64, BTreeMap<String, String>)>;
+    async fn cluster_config_version(&self) -> Result<u64>;
+    /// Applies `changes` if the version is still `version`; the new
+    /// version, or `None` when another change came first.
+    async fn change_cluster_configs(
+        &self,
+        version: u64,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<Option<u64>>;
+    /// The wake-up channel cluster config changes are announced on.
+    fn cluster_config_channel(&self) -> String;
+
     // ---- transactions (ketch_storage::transactions; Redis only) ----
     async fn txn_init(
         &self,
@@ -446,6 +459,26 @@ impl Storage for Tiered {
 
     fn quota_channel(&self) -> String {
         self.store.quota_channel()
+    }
+
+    async fn cluster_configs(&self) -> Result<(u64, BTreeMap<String, String>)> {
+        self.store.cluster_configs().await
+    }
+
+    async fn cluster_config_version(&self) -> Result<u64> {
+        self.store.cluster_config_version().await
+    }
+
+    async fn change_cluster_configs(
+        &self,
+        version: u64,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<Option<u64>> {
+        self.store.change_cluster_configs(version, changes).await
+    }
+
+    fn cluster_config_channel(&self) -> String {
+        self.store.cluster_config_channel()
     }
 
     async fn txn_init(

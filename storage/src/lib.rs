@@ -8,6 +8,7 @@
 
 pub mod batch;
 mod brokers;
+mod cluster_configs;
 pub mod compact;
 mod connection;
 mod durable;
@@ -138,7 +139,7 @@ struct Scripts {
     lease: redis::Script,
     segment_state: redis::Script,
     change_acls: redis::Script,
-    change_quotas: redis::Script,
+    change_versioned_hash: redis::Script,
     txn: redis::Script,
     txn_join: redis::Script,
     txn_offsets: redis::Script,
@@ -233,7 +234,7 @@ impl Store {
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
-                change_quotas: redis::Script::new(include_str!("scripts/change_quotas.lua")),
+                change_versioned_hash: redis::Script::new(include_str!("scripts/change_versioned_hash.lua")),
                 txn: redis::Script::new(include_str!("scripts/txn.lua")),
                 txn_join: redis::Script::new(include_str!("scripts/txn_join.lua")),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),

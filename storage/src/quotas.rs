@@ -72,15 +72,18 @@ impl Store {
     /// version. Entities and keys must not hold a newline, nor values be
     /// empty (the gateway validates them first).
     pub async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64> {
-        let mut script = self.scripts.change_quotas.key(self.quota_key("entities"));
-        script.key(self.quota_key("version")).arg(self.quota_channel());
+        let mut script = self.scripts.change_versioned_hash.key(self.quota_key("entities"));
+        script
+            .key(self.quota_key("version"))
+            .arg(self.quota_channel())
+            .arg("");
         for change in changes {
             debug_assert!(!change.key.contains('\n') && change.value.as_deref() != Some(""));
             script
                 .arg(format!("{}\n{}", change.entity, change.key))
                 .arg(change.value.as_deref().unwrap_or(""));
         }
-        let version: u64 = script.invoke_async(&mut self.conn()).await?;
-        Ok(version)
+        let version: i64 = script.invoke_async(&mut self.conn()).await?;
+        Ok(u64::try_from(version).unwrap_or_default())
     }
 }

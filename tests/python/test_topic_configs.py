@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
+    ConfigSource,
     ConfigEntry,
     ConfigResource,
     NewTopic,
@@ -135,3 +136,68 @@ def test_a_record_too_far_ahead_fails_in_the_producer(ketch, topic_name):
     assert producer.flush(15) == 0
     assert reports[0] is not None and reports[0].code() == KafkaError.INVALID_TIMESTAMP, reports
     assert reports[1] is None, reports
+
+
+def alter_cluster_defaults(admin, *edits):
+    """IncrementalAlterConfigs on the default broker resource (what
+    kafka-configs.sh --entity-type brokers --entity-default sends; neither
+    Python admin client names that resource, so kafka-python's own protocol
+    class is sent); (error code, message)."""
+    from kafka.protocol.admin import IncrementalAlterConfigsRequest
+
+    request = IncrementalAlterConfigsRequest(resources=[(4, "", list(edits))], validate_only=False)
+    response = admin._manager.run(admin._manager.send, request)
+    [result] = response.responses
+    return result.error_code, result.error_message
+
+
+def test_cluster_wide_defaults_apply_on_every_gateway(ketch_cluster, topic_name):
+    """Set through one gateway, in effect for a topic without overrides on
+    the other, described with its source by confluent-kafka, removed."""
+    from kafka.admin import KafkaAdminClient
+
+    a, b = ketch_cluster(2)
+    on_a = KafkaAdminClient(bootstrap_servers=a.bootstrap)
+    on_b = AdminClient({"bootstrap.servers": b.bootstrap})
+    try:
+        on_b.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(15)
+        assert alter_cluster_defaults(
+            on_a, ("log.retention.ms", 0, "3600000"), ("log.cleanup.policy", 2, "compact")
+        ) == (0, None)
+        took = eventually_value(on_b, topic_name, "retention.ms", "3600000")
+        assert took < 2.0, f"the second gateway saw the change after {took:.2f} s"
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic_name)
+        configs = on_b.describe_configs([resource])[resource].result(15)
+        assert configs["retention.ms"].source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+        assert configs["cleanup.policy"].value == "delete,compact"
+
+        # A record without a key is now refused: the topic compacts by default.
+        producer = Producer({"bootstrap.servers": b.bootstrap})
+        failures = []
+        producer.produce(topic_name, value=b"no key", on_delivery=lambda err, _msg: failures.append(err))
+        producer.flush(15)
+        assert failures and failures[0] is not None and failures[0].code() == KafkaError.INVALID_RECORD
+
+        # A value the topic config would refuse, refused under its broker name.
+        code, message = alter_cluster_defaults(on_a, ("log.retention.ms", 0, "-7"))
+        assert code == KafkaError.INVALID_CONFIG and "log.retention.ms" in message, message
+        # One broker alone is refused with the reason, as confluent-kafka shows it.
+        broker = ConfigResource(
+            ConfigResource.Type.BROKER,
+            "1",
+            incremental_configs=[ConfigEntry("log.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)],
+        )
+        with pytest.raises(KafkaException) as raised:
+            on_b.incremental_alter_configs([broker])[broker].result(15)
+        assert "topic defaults are cluster-wide" in raised.value.args[0].str()
+
+        assert alter_cluster_defaults(on_a, ("log.retention.ms", 1, None), ("log.cleanup.policy", 1, None)) == (
+            0,
+            None,
+        )
+        eventually_value(on_b, topic_name, "retention.ms", "604800000")
+        configs = on_b.describe_configs([resource])[resource].result(15)
+        assert configs["cleanup.policy"].value == "delete"
+        assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    finally:
+        on_a.close()

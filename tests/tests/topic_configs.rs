@@ -286,7 +286,11 @@ fn bad_alterations_fail_whole_and_change_nothing() {
                 "no-such-topic",
                 vec![op("retention.ms", SET, Some("1"))],
             ),
-            resource(RESOURCE_BROKER, "", vec![op("log.retention.ms", SET, Some("1"))]),
+            resource(
+                RESOURCE_BROKER,
+                "",
+                vec![op("auto.create.topics.enable", SET, Some("true"))],
+            ),
             resource(9, "x", vec![]),
         ],
         false,
@@ -308,7 +312,7 @@ fn bad_alterations_fail_whole_and_change_nothing() {
     assert!(
         answers[3]
             .1
-            .contains("Cannot update these configs dynamically: log.retention.ms")
+            .contains("Cannot update these configs dynamically: auto.create.topics.enable")
     );
     assert_eq!(answers[4].0, code::INVALID_REQUEST);
     let described = describe(&mut conn, RESOURCE_TOPIC, &topic);
@@ -456,7 +460,10 @@ fn legacy_alter_configs_replaces_every_override() {
 #[test]
 fn describe_configs_reports_broker_synonyms_and_what_is_inert() {
     let redis = TestRedis::start();
-    let ketch = Ketch::start(&redis.url(), &["--set", "topics.max_message_bytes=500000"]);
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--node-id", "3", "--set", "topics.max_message_bytes=500000"],
+    );
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("synonyms");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
@@ -501,7 +508,10 @@ fn describe_configs_reports_broker_synonyms_and_what_is_inert() {
     );
     assert_eq!(
         synonyms("max.message.bytes"),
-        [("message.max.bytes".to_owned(), "500000".to_owned(), 4)]
+        [
+            ("message.max.bytes".to_owned(), "500000".to_owned(), 4),
+            ("message.max.bytes".to_owned(), "1048588".to_owned(), 5),
+        ]
     );
     assert_eq!(config("max.message.bytes").config_source, 4);
     let min_isr = config("min.insync.replicas");
@@ -525,7 +535,7 @@ fn describe_configs_reports_broker_synonyms_and_what_is_inert() {
     assert_eq!(config("cleanup.policy").config_type, 7, "LIST");
 
     // The broker lists the defaults tools read.
-    let broker = describe(&mut conn, RESOURCE_BROKER, "");
+    let broker = describe(&mut conn, RESOURCE_BROKER, "3");
     assert_eq!(value_of(&broker, "log.retention.ms"), ("604800000".to_owned(), 5));
     assert_eq!(value_of(&broker, "message.max.bytes"), ("500000".to_owned(), 4));
     assert_eq!(value_of(&broker, "min.insync.replicas"), ("1".to_owned(), 5));
@@ -623,6 +633,213 @@ fn timestamps_outside_the_topics_bounds_are_refused_per_record() {
     assert_eq!(answers, [(0, String::new())]);
     let old = batch::encode(&[Record::value(now - hour, b"an hour old")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, old).0, code::NONE);
+}
+
+/// The names, values and sources DescribeConfigs of the default broker
+/// resource lists: the cluster-wide defaults set at run time.
+fn cluster_defaults(conn: &mut KafkaConn) -> Vec<(String, String, i8)> {
+    let described = describe(conn, RESOURCE_BROKER, "");
+    assert_eq!(described.results[0].error_code, code::NONE);
+    described.results[0]
+        .configs
+        .iter()
+        .map(|c| {
+            (
+                c.name.to_string(),
+                c.value.as_deref().unwrap_or_default().to_owned(),
+                c.config_source,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn cluster_wide_topic_defaults_apply_to_every_topic_and_gateway() {
+    let redis = TestRedis::start();
+    let worker = ["--set", "tiering.tick_interval=100ms"];
+    let a = Ketch::start(&redis.url(), &[&["--node-id", "1"][..], &worker].concat());
+    let b = Ketch::start(&redis.url(), &[&["--node-id", "2"][..], &worker].concat());
+    let mut on_a = KafkaConn::connect(a.kafka_addr());
+    let mut on_b = KafkaConn::connect(b.kafka_addr());
+    let plain = unique_topic("defaulted");
+    let own = unique_topic("overridden");
+    assert_eq!(raw::create_topic(&mut on_a, &plain, 1), code::NONE);
+    assert_eq!(raw::create_topic(&mut on_a, &own, 1), code::NONE);
+    assert_eq!(
+        raw::set_topic_config(&mut on_a, &own, "max.message.bytes", "100000"),
+        code::NONE
+    );
+    let big = || batch::encode(&[Record::value(ketch_now(), &[7u8; 3000])]);
+    assert_eq!(raw::produce(&mut on_b, &plain, 0, big()).0, code::NONE);
+    assert!(cluster_defaults(&mut on_b).is_empty());
+
+    let limit = || {
+        resource(
+            RESOURCE_BROKER,
+            "",
+            vec![op("message.max.bytes", SET, Some("2000"))],
+        )
+    };
+    assert_eq!(incremental(&mut on_a, vec![limit()], true), [(0, String::new())]);
+    assert!(cluster_defaults(&mut on_b).is_empty(), "validate_only stores nothing");
+    assert_eq!(raw::produce(&mut on_b, &plain, 0, big()).0, code::NONE);
+
+    // Set through A, applied by B without a request to it in between.
+    assert_eq!(incremental(&mut on_a, vec![limit()], false), [(0, String::new())]);
+    let set = Instant::now();
+    loop {
+        let (error, _) = raw::produce(&mut on_b, &plain, 0, big());
+        if error == code::MESSAGE_TOO_LARGE {
+            break;
+        }
+        assert_eq!(error, code::NONE);
+        assert!(
+            set.elapsed() < Duration::from_secs(3),
+            "gateway B never applied the cluster-wide message.max.bytes"
+        );
+    }
+    println!("gateway B applied the cluster-wide default after {:?}", set.elapsed());
+    assert_eq!(
+        raw::produce(&mut on_b, &own, 0, big()).0,
+        code::NONE,
+        "a topic's override wins over the cluster-wide default"
+    );
+    assert!(a.output().contains("broker configs changed"), "no audit line");
+    assert_eq!(
+        cluster_defaults(&mut on_b),
+        [("message.max.bytes".to_owned(), "2000".to_owned(), 3)]
+    );
+    let topic = describe(&mut on_b, RESOURCE_TOPIC, &plain);
+    assert_eq!(value_of(&topic, "max.message.bytes"), ("2000".to_owned(), 3));
+    let synonyms: Vec<i8> = topic.results[0]
+        .configs
+        .iter()
+        .find(|c| c.name.as_str() == "max.message.bytes")
+        .unwrap()
+        .synonyms
+        .iter()
+        .map(|s| s.source)
+        .collect();
+    assert_eq!(synonyms, [3, 4, 5], "cluster default, ketch setting, Kafka default");
+    let broker = describe(&mut on_b, RESOURCE_BROKER, "2");
+    assert_eq!(value_of(&broker, "message.max.bytes"), ("2000".to_owned(), 3));
+
+    // Refused: one broker alone, a config that is not dynamic, a bad
+    // value, and a default that would make a topic's configs invalid.
+    assert_eq!(
+        raw::set_topic_config(&mut on_a, &own, "min.compaction.lag.ms", "100000"),
+        code::NONE
+    );
+    let answers = incremental(
+        &mut on_a,
+        vec![
+            resource(
+                RESOURCE_BROKER,
+                "1",
+                vec![op("log.retention.ms", SET, Some("1000"))],
+            ),
+            resource(
+                RESOURCE_BROKER,
+                "",
+                vec![op("log.retention.hours", SET, Some("1"))],
+            ),
+        ],
+        false,
+    );
+    assert_eq!(answers[0].0, code::INVALID_REQUEST);
+    assert!(answers[0].1.contains("topic defaults are cluster-wide"), "{}", answers[0].1);
+    assert_eq!(answers[1].0, code::INVALID_REQUEST);
+    assert!(
+        answers[1]
+            .1
+            .contains("Cannot update these configs dynamically: log.retention.hours"),
+        "{}",
+        answers[1].1
+    );
+    let bad = |name: &str, value: &str| {
+        incremental(
+            &mut KafkaConn::connect(a.kafka_addr()),
+            vec![resource(
+                RESOURCE_BROKER,
+                "",
+                vec![
+                    op("log.retention.ms", SET, Some("1000")),
+                    op(name, SET, Some(value)),
+                ],
+            )],
+            false,
+        )
+        .remove(0)
+    };
+    assert_eq!(
+        bad("log.segment.bytes", "13"),
+        (
+            code::INVALID_CONFIG,
+            "Invalid value 13 for configuration log.segment.bytes: Value must be at least 14".to_owned()
+        )
+    );
+    assert_eq!(
+        bad("log.cleaner.max.compaction.lag.ms", "1000"),
+        (
+            code::INVALID_CONFIG,
+            format!(
+                "Topic {own} would be invalid: conflict topic config setting min.compaction.lag.ms \
+                 (100000) > max.compaction.lag.ms (1000)"
+            )
+        )
+    );
+    assert_eq!(
+        cluster_defaults(&mut on_a),
+        [("message.max.bytes".to_owned(), "2000".to_owned(), 3)],
+        "a refused change stores nothing"
+    );
+
+    // The storage worker applies cluster-wide retention and segment
+    // defaults to a topic without overrides.
+    let edits = vec![
+        op("log.roll.ms", SET, Some("100")),
+        op("log.retention.ms", SET, Some("1")),
+        op("log.cleanup.policy", APPEND, Some("delete")),
+    ];
+    assert_eq!(
+        incremental(&mut on_b, vec![resource(RESOURCE_BROKER, "", edits)], false),
+        [(0, String::new())]
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (error, earliest, _) = raw::list_offsets(&mut on_a, &plain, 0, -2);
+        assert_eq!(error, code::NONE);
+        if earliest > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "cluster-wide retention never removed a segment");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The legacy AlterConfigs replaces every cluster-wide default; an empty
+    // set removes them all, and the settings apply again.
+    let response: AlterConfigsResponse = on_a.request(
+        2,
+        &AlterConfigsRequest::default().with_resources(vec![
+            alter_configs_request::AlterConfigsResource::default()
+                .with_resource_type(RESOURCE_BROKER)
+                .with_resource_name(s(""))
+                .with_configs(Vec::new()),
+        ]),
+    );
+    assert_eq!(response.responses[0].error_code, code::NONE);
+    assert!(cluster_defaults(&mut on_a).is_empty());
+    let cleared = Instant::now();
+    while raw::produce(&mut on_b, &plain, 0, big()).0 == code::MESSAGE_TOO_LARGE {
+        assert!(
+            cleared.elapsed() < Duration::from_secs(3),
+            "gateway B kept the removed default"
+        );
+    }
+    assert_eq!(
+        value_of(&describe(&mut on_b, RESOURCE_TOPIC, &plain), "max.message.bytes").1,
+        4
+    );
 }
 
 #[test]

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ketch_config::TieringSettings;
+use ketch_config::topic::{Configs, Defaults};
 use ketch_storage::compact::CompactPolicy;
 use ketch_storage::segments::{Segment, SegmentChange, SegmentPolicy, Tier};
 use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
@@ -162,8 +163,22 @@ impl Worker {
                 return;
             }
         };
+        // The cluster-wide topic config defaults, read on every tick so that
+        // a change applies on the next one (max.message.bytes, the one
+        // default ketch's settings give, does not concern this worker).
+        let defaults = match self.store.cluster_configs().await {
+            Ok((_, stored)) => {
+                Defaults::default()
+                    .with_cluster(stored.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                    .0
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "storage worker: cannot read the cluster-wide topic defaults");
+                return;
+            }
+        };
         for topic in &topics {
-            let policy = policy(topic, self.producer_expiration);
+            let policy = policy(topic, &defaults, self.producer_expiration);
             let mut held = Vec::new();
             for partition in (0..topic.partitions()).filter(|p| leads(topic, *p)) {
                 match self.work(topic, partition, policy).await {
@@ -175,7 +190,7 @@ impl Worker {
             if policy.remote && !held.is_empty() {
                 self.clone().archive_topic(topic.clone(), held.clone(), policy);
             }
-            if let Some(compaction) = compaction_policy(topic, self.compaction_max_keys)
+            if let Some(compaction) = compaction_policy(topic, &defaults, self.compaction_max_keys)
                 && !held.is_empty()
             {
                 self.clone().compact_topic(topic.clone(), held, compaction);
@@ -188,7 +203,7 @@ impl Worker {
                 t.name == name
                     && partition < t.partitions()
                     && leads(t, partition)
-                    && policy(t, self.producer_expiration).remote
+                    && policy(t, &defaults, self.producer_expiration).remote
             })
         });
     }
@@ -737,17 +752,18 @@ impl Tiers {
 }
 
 /// A topic's segment, retention and local retention settings (its
-/// overrides, else Kafka's defaults), and how long idle producers are
+/// overrides, else the `defaults`), and how long idle producers are
 /// remembered.
-pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
-    let number = |name: &str| ketch_config::topic::number(&topic.configs, name);
+pub fn policy(topic: &Topic, defaults: &Defaults, producer_expiration: Duration) -> SegmentPolicy {
+    let configs = Configs::new(&topic.configs, defaults);
+    let number = |name: &str| configs.number(name);
     // remote.log.copy.disable: the archive is read but no longer written,
     // and retention no longer waits for it (Kafka's read-only remote log).
-    let remote = topic.config("remote.storage.enable") == Some("true")
-        && topic.config("remote.log.copy.disable") != Some("true");
+    let remote =
+        configs.get("remote.storage.enable") == "true" && configs.get("remote.log.copy.disable") != "true";
     // Kafka: retention removes segments only under cleanup.policy=delete
     // (an empty policy keeps everything).
-    let deletes = ketch_config::topic::cleans_up_by(&topic.configs, "delete");
+    let deletes = configs.cleans_up_by("delete");
     let retention = |name: &str| if deletes { number(name) } else { -1 };
     let retention_ms = retention("retention.ms");
     let retention_bytes = retention("retention.bytes");
@@ -755,7 +771,7 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
     let local = |value: i64, retention: i64| if value == -2 { retention } else { value };
     // A compacted topic's open segment is sealed by max.compaction.lag.ms
     // too: the open segment is never compacted (Kafka rolls it likewise).
-    let compacts = ketch_config::topic::cleans_up_by(&topic.configs, "compact");
+    let compacts = configs.cleans_up_by("compact");
     let segment_ms = if compacts {
         number("segment.ms").min(number("max.compaction.lag.ms"))
     } else {
@@ -775,16 +791,14 @@ pub fn policy(topic: &Topic, producer_expiration: Duration) -> SegmentPolicy {
 
 /// A compacted topic's compaction settings; `None` for a topic that does
 /// not compact.
-pub fn compaction_policy(topic: &Topic, max_keys: usize) -> Option<CompactPolicy> {
-    use ketch_config::topic::{cleans_up_by, effective};
-    if !cleans_up_by(&topic.configs, "compact") {
+pub fn compaction_policy(topic: &Topic, defaults: &Defaults, max_keys: usize) -> Option<CompactPolicy> {
+    let configs = Configs::new(&topic.configs, defaults);
+    if !configs.cleans_up_by("compact") {
         return None;
     }
-    let number = |name: &str| ketch_config::topic::number(&topic.configs, name);
+    let number = |name: &str| configs.number(name);
     Some(CompactPolicy {
-        min_dirty_ratio: effective(&topic.configs, "min.cleanable.dirty.ratio")
-            .parse()
-            .unwrap_or(0.5),
+        min_dirty_ratio: configs.get("min.cleanable.dirty.ratio").parse().unwrap_or(0.5),
         min_lag_ms: number("min.compaction.lag.ms"),
         max_lag_ms: number("max.compaction.lag.ms"),
         delete_retention_ms: number("delete.retention.ms"),
@@ -807,17 +821,27 @@ mod tests {
             Topic::new("t", uuid::Uuid::nil(), Vec::new(), configs, &keys)
         };
         let expiration = Duration::from_secs(1);
-        let deleting = policy(&topic(&[("retention.bytes", "10")]), expiration);
+        let defaults = Defaults::default();
+        let deleting = policy(&topic(&[("retention.bytes", "10")]), &defaults, expiration);
         assert_eq!(
             (deleting.retention_ms, deleting.retention_bytes),
             (604_800_000, 10)
         );
         let keeping = policy(
             &topic(&[("retention.bytes", "10"), ("cleanup.policy", "")]),
+            &defaults,
             expiration,
         );
         assert_eq!((keeping.retention_ms, keeping.retention_bytes), (-1, -1));
         assert_eq!(keeping.segment_ms, 604_800_000);
+        // A cluster-wide default applies where the topic has no override.
+        let (defaults, _) =
+            defaults.with_cluster([("log.retention.ms", "5000"), ("log.cleanup.policy", "compact")]);
+        let compacting = policy(&topic(&[("retention.bytes", "10")]), &defaults, expiration);
+        assert_eq!((compacting.retention_ms, compacting.retention_bytes), (-1, -1));
+        let deleting = policy(&topic(&[("cleanup.policy", "delete")]), &defaults, expiration);
+        assert_eq!(deleting.retention_ms, 5000);
+        assert!(compaction_policy(&topic(&[]), &defaults, 10).is_some());
     }
 
     #[test]

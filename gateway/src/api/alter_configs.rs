@@ -1,5 +1,6 @@
 //! AlterConfigs (API key 33, versions 0–2) and IncrementalAlterConfigs
-//! (API key 44, versions 0–1): change a topic's config overrides.
+//! (API key 44, versions 0–1): change a topic's config overrides, or the
+//! cluster-wide defaults of the topic configs (the default broker resource).
 //! Spec: KIP-133 (AlterConfigs), KIP-339 (IncrementalAlterConfigs: SET,
 //! DELETE, APPEND, SUBTRACT). Semantics follow Kafka's ConfigAdminManager
 //! and ConfigurationControlManager: the legacy API replaces every override
@@ -13,8 +14,18 @@
 //! takes effect everywhere within that: produce reads `max.message.bytes`
 //! and `message.timestamp.*` from the record, the storage worker reads
 //! retention, segment and remote storage settings on its next tick.
-//! Broker settings are read from ketch's configuration at start and cannot
-//! be altered at run time; such requests are refused naming the configs.
+//!
+//! The broker configs that default topic configs (`log.retention.ms`,
+//! `log.cleanup.policy`, `message.max.bytes`…; Kafka's dynamic log configs)
+//! are altered on the default broker resource (empty name, `kafka-configs.sh
+//! --entity-default`): stored in Redis by compare-and-set on their version
+//! and announced to every gateway (crate::cluster_configs). A change that
+//! would make an existing topic's configs invalid together (a compacting
+//! default under a remote storage topic…) is refused naming the topic.
+//! Setting them for one broker id is refused: every gateway serves every
+//! partition, so a per-gateway default would depend on which gateway's
+//! storage worker holds the partition. ketch's other broker settings are read
+//! from its configuration at start; altering them is refused naming them.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -25,7 +36,7 @@ use kafka_protocol::messages::{
     incremental_alter_configs_response,
 };
 use kafka_protocol::protocol::StrBytes;
-use ketch_config::topic::{self, ConfigType};
+use ketch_config::topic::{self, ConfigDef, ConfigType, Configs, Defaults};
 use ketch_storage::StorageError;
 
 use super::{Client, authorized, cluster_authorized, error_code, str_bytes};
@@ -74,9 +85,17 @@ impl Alteration {
         }
     }
 
-    /// The overrides after this alteration of `current`, validated alone
-    /// and together as Kafka validates them.
-    pub fn apply(&self, current: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, Failure> {
+    /// The values after this alteration of `current`, not yet validated:
+    /// `known` finds the topic config a name sets (else it is refused with
+    /// `unknown`'s message), `fallback` is the value of a list config
+    /// without an entry in `current` (what APPEND and SUBTRACT start from).
+    fn edited(
+        &self,
+        current: &BTreeMap<String, String>,
+        known: impl Fn(&str) -> Option<&'static ConfigDef>,
+        unknown: impl Fn(&str) -> Failure,
+        fallback: impl Fn(&str) -> String,
+    ) -> Result<BTreeMap<String, String>, Failure> {
         let invalid = |m: String| failure(ResponseError::InvalidConfig, m);
         let mut next = match self {
             Alteration::Replace(all) => all.clone(),
@@ -84,8 +103,11 @@ impl Alteration {
         };
         if let Alteration::Edit(changes) = self {
             for (name, change) in changes {
-                let def = topic::topic_config(name)
-                    .ok_or_else(|| invalid(format!("Unknown topic config name: {name}")))?;
+                let def = known(name).ok_or_else(|| unknown(name))?;
+                let items = |next: &BTreeMap<String, String>| -> Vec<String> {
+                    let value = next.get(name).cloned().unwrap_or_else(|| fallback(name));
+                    topic::list_items(&value).into_iter().map(str::to_owned).collect()
+                };
                 match change {
                     Change::Set(value) => {
                         next.insert(name.clone(), value.clone());
@@ -104,10 +126,7 @@ impl Alteration {
                         )));
                     }
                     Change::Append(value) => {
-                        let mut items: Vec<String> = topic::list_items(topic::effective(&next, name))
-                            .into_iter()
-                            .map(str::to_owned)
-                            .collect();
+                        let mut items = items(&next);
                         for item in topic::list_items(value) {
                             if !items.iter().any(|i| i == item) {
                                 items.push(item.to_owned());
@@ -117,15 +136,30 @@ impl Alteration {
                     }
                     Change::Subtract(value) => {
                         let gone = topic::list_items(value);
-                        let items: Vec<&str> = topic::list_items(topic::effective(&next, name))
-                            .into_iter()
-                            .filter(|i| !gone.contains(i))
-                            .collect();
+                        let mut items = items(&next);
+                        items.retain(|i| !gone.contains(&i.as_str()));
                         next.insert(name.clone(), items.join(","));
                     }
                 }
             }
         }
+        Ok(next)
+    }
+
+    /// A topic's overrides after this alteration of `current`, validated
+    /// alone and together (over `defaults`) as Kafka validates them.
+    pub fn apply(
+        &self,
+        current: &BTreeMap<String, String>,
+        defaults: &Defaults,
+    ) -> Result<BTreeMap<String, String>, Failure> {
+        let invalid = |m: String| failure(ResponseError::InvalidConfig, m);
+        let next = self.edited(
+            current,
+            topic::topic_config,
+            |name| invalid(format!("Unknown topic config name: {name}")),
+            |name| defaults.value(name).to_owned(),
+        )?;
         let mut validated = BTreeMap::new();
         for (name, value) in &next {
             validated.insert(
@@ -133,7 +167,11 @@ impl Alteration {
                 topic::validate_topic_config(name, value).map_err(invalid)?,
             );
         }
-        topic::check_together(current, &validated).map_err(invalid)?;
+        topic::check_together(
+            Configs::new(current, defaults),
+            Configs::new(&validated, defaults),
+        )
+        .map_err(invalid)?;
         Ok(validated)
     }
 }
@@ -162,7 +200,7 @@ pub async fn alter_topic(
                     format!("Topic {name} does not exist."),
                 )
             })?;
-        let next = alteration.apply(&topic.configs)?;
+        let next = alteration.apply(&topic.configs, &ctx.topic_defaults.get())?;
         if turns_remote_storage_on(&topic.configs, &next) {
             refuse_if_compacted(ctx, &topic).await?;
         }
@@ -187,8 +225,11 @@ pub async fn alter_topic(
 }
 
 fn turns_remote_storage_on(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> bool {
-    topic::effective(before, "remote.storage.enable") != "true"
-        && topic::effective(after, "remote.storage.enable") == "true"
+    // remote.storage.enable has no broker-level default.
+    let on = |overrides: &BTreeMap<String, String>| {
+        overrides.get("remote.storage.enable").map(String::as_str) == Some("true")
+    };
+    !on(before) && on(after)
 }
 
 /// The archiver reads sealed segments from the log stream, and a topic
@@ -213,6 +254,84 @@ async fn refuse_if_compacted(ctx: &Context, topic: &ketch_storage::Topic) -> Res
         }
     }
     Ok(())
+}
+
+/// Alters the cluster-wide topic config defaults (or checks that it could,
+/// with `validate_only`), retrying when another gateway changed them
+/// meanwhile; logs an audit line per change.
+async fn alter_cluster_defaults(
+    ctx: &Context,
+    client: &Client,
+    api: &str,
+    alteration: &Alteration,
+    validate_only: bool,
+) -> Result<(), Failure> {
+    let invalid = |m: String| failure(ResponseError::InvalidConfig, m);
+    let storage_failure = |e: StorageError| (error_code(&e), e.to_string());
+    let base = ctx.topic_defaults.base();
+    for _attempt in 0..5 {
+        let (version, current) = ctx.storage.cluster_configs().await.map_err(storage_failure)?;
+        let next = alteration.edited(
+            &current,
+            topic::defaulted_by,
+            |name| invalid(format!("Unknown dynamic broker config: {name}")),
+            |name| topic::defaulted_by(name).map_or_else(String::new, |def| base.value(def.name).to_owned()),
+        )?;
+        let mut validated = BTreeMap::new();
+        for (name, value) in &next {
+            let (_, value) = topic::validate_broker_default(name, value).map_err(invalid)?;
+            validated.insert(name.clone(), value);
+        }
+        let pairs = |m: &BTreeMap<String, String>| {
+            base.with_cluster(m.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .0
+        };
+        let (before, after) = (pairs(&current), pairs(&validated));
+        let none = BTreeMap::new();
+        topic::check_together(Configs::new(&none, &before), Configs::new(&none, &after)).map_err(invalid)?;
+        for topic in ctx.storage.all_topics().await.map_err(storage_failure)? {
+            topic::check_together(
+                Configs::new(&topic.configs, &before),
+                Configs::new(&topic.configs, &after),
+            )
+            .map_err(|m| invalid(format!("Topic {} would be invalid: {m}", topic.name)))?;
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let changes: BTreeMap<String, Option<String>> = current
+            .keys()
+            .filter(|k| !validated.contains_key(*k))
+            .map(|k| (k.clone(), None))
+            .chain(
+                validated
+                    .iter()
+                    .filter(|(k, v)| current.get(*k) != Some(*v))
+                    .map(|(k, v)| (k.clone(), Some(v.clone()))),
+            )
+            .collect();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        match ctx.storage.change_cluster_configs(version, &changes).await {
+            Ok(Some(_)) => {
+                tracing::info!(target: "ketch::audit", principal = %client.principal, client = %client.peer,
+                    api, resource = "cluster-wide topic defaults", change = alteration.describe(),
+                    before = ?current, after = ?validated, "broker configs changed");
+                // This gateway applies it at once; the others on the announcement.
+                if let Err(e) = crate::cluster_configs::reload(ctx).await {
+                    tracing::warn!(error = %e, "cannot reload the cluster-wide topic defaults");
+                }
+                return Ok(());
+            }
+            Ok(None) => continue,
+            Err(e) => return Err(storage_failure(e)),
+        }
+    }
+    Err(failure(
+        ResponseError::RequestTimedOut,
+        "The cluster-wide configs kept changing while they were altered; try again.",
+    ))
 }
 
 /// A resource of either API, reduced to what both need.
@@ -310,22 +429,45 @@ async fn alter_one(
                 ));
             }
             super::this_broker(ctx, name).map_err(|m| failure(ResponseError::InvalidRequest, m))?;
-            let names: Vec<String> = match alteration? {
-                Alteration::Replace(all) => all.into_keys().collect(),
-                Alteration::Edit(changes) => changes.into_iter().map(|(n, _)| n).collect(),
+            let alteration = alteration?;
+            let names: Vec<&str> = match &alteration {
+                Alteration::Replace(all) => all.keys().map(String::as_str).collect(),
+                Alteration::Edit(changes) => changes.iter().map(|(n, _)| n.as_str()).collect(),
             };
-            if names.is_empty() {
-                return Ok(());
+            let fixed: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|n| topic::defaulted_by(n).is_none())
+                .collect();
+            if !fixed.is_empty() {
+                return Err(failure(
+                    ResponseError::InvalidRequest,
+                    format!(
+                        "Cannot update these configs dynamically: {}. ketch's broker settings are \
+                         read from its configuration at start (docs/configuration.md); the topic \
+                         defaults (log.retention.ms, log.cleanup.policy, message.max.bytes…) can be \
+                         set cluster-wide on the default broker resource.",
+                        fixed.join(", ")
+                    ),
+                ));
             }
-            Err(failure(
-                ResponseError::InvalidRequest,
-                format!(
-                    "Cannot update these configs dynamically: {}. ketch's broker settings are read \
-                     from its configuration at start (docs/configuration.md); topic defaults are \
-                     overridden per topic.",
-                    names.join(", ")
-                ),
-            ))
+            if !name.is_empty() && !names.is_empty() {
+                return Err(failure(
+                    ResponseError::InvalidRequest,
+                    format!(
+                        "Cannot set {} for broker {name} alone: every ketch gateway serves every \
+                         partition, so topic defaults are cluster-wide. Set them on the default \
+                         broker resource (an empty name; kafka-configs.sh --entity-type brokers \
+                         --entity-default).",
+                        names.join(", ")
+                    ),
+                ));
+            }
+            if name.is_empty() {
+                alter_cluster_defaults(ctx, client, api, &alteration, validate_only).await
+            } else {
+                Ok(())
+            }
         }
         other => Err(failure(
             ResponseError::InvalidRequest,
@@ -474,7 +616,7 @@ mod tests {
     fn replace_sets_exactly_the_given_overrides() {
         let current = map(&[("retention.ms", "1000"), ("segment.ms", "50")]);
         let next = Alteration::Replace(map(&[("retention.bytes", "10")]))
-            .apply(&current)
+            .apply(&current, &Defaults::default())
             .unwrap();
         assert_eq!(next, map(&[("retention.bytes", "10")]));
     }
@@ -490,7 +632,7 @@ mod tests {
                 Change::Append("0:1,1:1".into()),
             ),
         ])
-        .apply(&current)
+        .apply(&current, &Defaults::default())
         .unwrap();
         assert_eq!(
             next,
@@ -510,21 +652,27 @@ mod tests {
                 Change::Subtract("0:1".into()),
             ),
         ])
-        .apply(&next)
+        .apply(&next, &Defaults::default())
         .unwrap();
         assert_eq!(next["leader.replication.throttled.replicas"], "1:1,2:1");
         // APPEND to the default ("delete") of a list config.
         let policy = edit(&[("cleanup.policy", Change::Subtract("delete".into()))])
-            .apply(&BTreeMap::new())
+            .apply(&BTreeMap::new(), &Defaults::default())
             .unwrap();
         assert_eq!(policy["cleanup.policy"], "");
+        // ... or to the cluster-wide default.
+        let (defaults, _) = Defaults::default().with_cluster([("log.cleanup.policy", "compact")]);
+        let policy = edit(&[("cleanup.policy", Change::Append("delete".into()))])
+            .apply(&BTreeMap::new(), &defaults)
+            .unwrap();
+        assert_eq!(policy["cleanup.policy"], "compact,delete");
     }
 
     #[test]
     fn bad_edits_fail_whole_with_kafkas_messages() {
         let current = map(&[("retention.ms", "1000")]);
         let (code, message) = edit(&[("retention.ms", Change::Append("5".into()))])
-            .apply(&current)
+            .apply(&current, &Defaults::default())
             .unwrap_err();
         assert_eq!(code, ResponseError::InvalidConfig.code());
         assert_eq!(
@@ -535,15 +683,17 @@ mod tests {
             ("segment.ms", Change::Set("10".into())),
             ("retention.ms", Change::Set("-7".into())),
         ])
-        .apply(&current)
+        .apply(&current, &Defaults::default())
         .unwrap_err();
         assert!(message.contains("retention.ms"), "{message}");
-        let (_, message) = edit(&[("no.such", Change::Delete)]).apply(&current).unwrap_err();
+        let (_, message) = edit(&[("no.such", Change::Delete)])
+            .apply(&current, &Defaults::default())
+            .unwrap_err();
         assert_eq!(message, "Unknown topic config name: no.such");
         // Remote storage, once on, is not turned off.
         let remote = map(&[("remote.storage.enable", "true")]);
         let (_, message) = edit(&[("remote.storage.enable", Change::Delete)])
-            .apply(&remote)
+            .apply(&remote, &Defaults::default())
             .unwrap_err();
         assert!(message.contains("invalid to disable remote storage"), "{message}");
     }

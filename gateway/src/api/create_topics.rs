@@ -14,6 +14,7 @@ use kafka_protocol::messages::{
     BrokerId, CreateTopicsRequest, CreateTopicsResponse, RequestHeader, TopicName,
 };
 use ketch_config::TopicsSettings;
+use ketch_config::topic::Defaults;
 use ketch_storage::StorageError;
 use uuid::Uuid;
 
@@ -120,7 +121,7 @@ pub async fn handle(
             Some(topic) => create(ctx, client, topic, validate_only, quota).await,
             None => Err(Failure::duplicate("name")),
         };
-        topic_result(&ctx.settings.topics, version, name, outcome)
+        topic_result(&ctx.topic_defaults.get(), version, name, outcome)
     }))
     .await;
     CreateTopicsResponse::default()
@@ -151,7 +152,7 @@ async fn create(
         &assignable_brokers(ctx, &client.listener),
         &topic,
     )?;
-    let configs = overrides(&topic.configs)?;
+    let configs = overrides(&topic.configs, &ctx.topic_defaults.get())?;
     if validate_only {
         return Ok(Created {
             id: Uuid::nil(),
@@ -307,7 +308,10 @@ pub(crate) fn check_single_replica(
 }
 
 /// The requested config overrides, validated and normalized.
-fn overrides(configs: &[CreatableTopicConfig]) -> Result<BTreeMap<String, String>, Failure> {
+fn overrides(
+    configs: &[CreatableTopicConfig],
+    defaults: &Defaults,
+) -> Result<BTreeMap<String, String>, Failure> {
     let pairs = configs
         .iter()
         .map(|c| match &c.value {
@@ -318,12 +322,12 @@ fn overrides(configs: &[CreatableTopicConfig]) -> Result<BTreeMap<String, String
             )),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    ketch_config::topic::validate_topic_configs(pairs)
+    ketch_config::topic::validate_topic_configs(pairs, defaults)
         .map_err(|m| Failure::new(ResponseError::InvalidConfig, m))
 }
 
 fn topic_result(
-    settings: &TopicsSettings,
+    defaults: &Defaults,
     version: i16,
     name: TopicName,
     outcome: Result<Created, Failure>,
@@ -341,7 +345,7 @@ fn topic_result(
     if version < 5 {
         return result;
     }
-    let configs = topic_configs(settings, &created.configs)
+    let configs = topic_configs(defaults, &created.configs)
         .into_iter()
         .map(|config| {
             let current = config.current();
@@ -460,11 +464,12 @@ mod tests {
                 .with_name(str_bytes(name))
                 .with_value(value.map(str_bytes))
         };
-        let ok = overrides(&[config("retention.ms", Some("1000"))]).unwrap();
+        let defaults = Defaults::default();
+        let ok = overrides(&[config("retention.ms", Some("1000"))], &defaults).unwrap();
         assert_eq!(ok.get("retention.ms").map(String::as_str), Some("1000"));
         for bad in [config("retention.ms", None), config("no.such.config", Some("1"))] {
             assert_eq!(
-                overrides(&[bad]).unwrap_err().code,
+                overrides(&[bad], &defaults).unwrap_err().code,
                 ResponseError::InvalidConfig.code()
             );
         }
@@ -475,7 +480,7 @@ mod tests {
         use bytes::BytesMut;
         use kafka_protocol::protocol::Encodable;
 
-        let settings = TopicsSettings::default();
+        let defaults = Defaults::default();
         for version in 2..=7 {
             let created = Created {
                 id: Uuid::new_v4(),
@@ -483,9 +488,9 @@ mod tests {
                 configs: BTreeMap::new(),
             };
             let results = vec![
-                topic_result(&settings, version, TopicName(str_bytes("a")), Ok(created)),
+                topic_result(&defaults, version, TopicName(str_bytes("a")), Ok(created)),
                 topic_result(
-                    &settings,
+                    &defaults,
                     version,
                     TopicName(str_bytes("b")),
                     Err(Failure::duplicate("name")),
@@ -507,12 +512,7 @@ mod tests {
             partitions: 3,
             configs: overrides,
         };
-        let result = topic_result(
-            &TopicsSettings::default(),
-            5,
-            TopicName(str_bytes("a")),
-            Ok(created),
-        );
+        let result = topic_result(&Defaults::default(), 5, TopicName(str_bytes("a")), Ok(created));
         assert_eq!(
             (
                 result.error_code,

@@ -1,5 +1,6 @@
 //! DescribeConfigs (API key 32, versions 1–4): a topic's configs (override
-//! or default, with their source) and this gateway's read-only broker configs.
+//! or default, with their source), this gateway's broker configs, and the
+//! cluster-wide defaults set at run time (the default broker resource).
 //! Spec: KIP-133 (DescribeConfigs), KIP-226 (synonyms), KIP-569 (types, docs).
 
 use std::collections::BTreeMap;
@@ -10,8 +11,7 @@ use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
 };
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, RequestHeader};
-use ketch_config::TopicsSettings;
-use ketch_config::topic::{ConfigDef, Effect, TOPIC_CONFIGS};
+use ketch_config::topic::{ConfigDef, DefaultSource, Defaults, Effect, TOPIC_CONFIGS};
 
 use super::{Client, authorized, cluster_authorized, str_bytes};
 use crate::Context;
@@ -23,6 +23,7 @@ const RESOURCE_BROKER: i8 = 4;
 
 /// Kafka's `ConfigSource` codes.
 pub const DYNAMIC_TOPIC_CONFIG: i8 = 1;
+pub const DYNAMIC_DEFAULT_BROKER_CONFIG: i8 = 3;
 pub const STATIC_BROKER_CONFIG: i8 = 4;
 pub const DEFAULT_CONFIG: i8 = 5;
 
@@ -59,22 +60,24 @@ impl ReportedConfig {
     }
 }
 
-/// The broker-level default of a topic config: the broker synonym's value
-/// and source. `max.message.bytes` comes from `topics.max_message_bytes`
-/// (Kafka's `message.max.bytes`); the others are Kafka's defaults.
-fn broker_default(settings: &TopicsSettings, def: &ConfigDef) -> Synonym {
-    match def.name {
-        "max.message.bytes" => Synonym {
-            name: "message.max.bytes",
-            value: settings.max_message_bytes.to_string(),
-            source: STATIC_BROKER_CONFIG,
-        },
-        _ => Synonym {
+/// The broker-level defaults of a topic config, the one in effect first:
+/// a cluster-wide default set at run time, a ketch setting
+/// (`topics.max_message_bytes` for `max.message.bytes`), Kafka's default;
+/// named by the broker config (Kafka's first synonym).
+fn broker_defaults(defaults: &Defaults, def: &ConfigDef) -> Vec<Synonym> {
+    defaults
+        .synonyms(def.name)
+        .into_iter()
+        .map(|(source, value)| Synonym {
             name: def.broker_synonym.unwrap_or(def.name),
-            value: def.default.to_owned(),
-            source: DEFAULT_CONFIG,
-        },
-    }
+            value: value.to_owned(),
+            source: match source {
+                DefaultSource::Cluster => DYNAMIC_DEFAULT_BROKER_CONFIG,
+                DefaultSource::Settings => STATIC_BROKER_CONFIG,
+                DefaultSource::Kafka => DEFAULT_CONFIG,
+            },
+        })
+        .collect()
 }
 
 /// What DescribeConfigs documents for a config: Kafka's meaning, and for
@@ -87,23 +90,20 @@ fn documentation(def: &ConfigDef) -> String {
 }
 
 /// Every topic config, as a topic with `overrides` sees it.
-pub fn topic_configs(settings: &TopicsSettings, overrides: &BTreeMap<String, String>) -> Vec<ReportedConfig> {
+pub fn topic_configs(defaults: &Defaults, overrides: &BTreeMap<String, String>) -> Vec<ReportedConfig> {
     TOPIC_CONFIGS
         .iter()
         .map(|def| {
-            let default = broker_default(settings, def);
-            let synonyms = match overrides.get(def.name) {
-                Some(value) => vec![
-                    Synonym {
-                        name: def.name,
-                        value: value.clone(),
-                        source: DYNAMIC_TOPIC_CONFIG,
-                    },
-                    default,
-                ],
-                // The broker-level default is in effect.
-                None => vec![default],
-            };
+            let mut synonyms = Vec::new();
+            if let Some(value) = overrides.get(def.name) {
+                synonyms.push(Synonym {
+                    name: def.name,
+                    value: value.clone(),
+                    source: DYNAMIC_TOPIC_CONFIG,
+                });
+            }
+            // Without an override, the first broker-level default is in effect.
+            synonyms.extend(broker_defaults(defaults, def));
             ReportedConfig {
                 name: def.name,
                 read_only: false,
@@ -118,10 +118,12 @@ pub fn topic_configs(settings: &TopicsSettings, overrides: &BTreeMap<String, Str
 /// This gateway's broker configs: ketch's settings under Kafka's names
 /// (fixed at startup, hence read-only), then the broker-level defaults of
 /// the topic configs (`log.retention.ms`…), which tools read to show what
-/// a topic without overrides gets.
+/// a topic without overrides gets, and which can be set cluster-wide at run
+/// time.
 pub fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
     let settings = &ctx.settings;
     let topics = &settings.topics;
+    let defaults = ctx.topic_defaults.get();
     let me = ctx.membership.me();
     let listener = format!("PLAINTEXT://{}:{}", me.host, me.port);
     let id = ctx.membership.my_broker_id("").to_string();
@@ -240,16 +242,29 @@ pub fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
         if configs.iter().any(|c| c.name == name) {
             continue;
         }
-        let value = broker_default(topics, def);
         configs.push(ReportedConfig {
             name,
-            read_only: true,
+            read_only: false,
             config_type: def.kind.code(),
             doc: format!("Default of the topic config {}. {}", def.name, documentation(def)),
-            synonyms: vec![value],
+            synonyms: broker_defaults(&defaults, def),
         });
     }
     configs
+}
+
+/// The default broker resource (an empty name): only the cluster-wide
+/// defaults set at run time, as Kafka describes it.
+fn cluster_default_configs(ctx: &Context) -> Vec<ReportedConfig> {
+    broker_configs(ctx)
+        .into_iter()
+        .filter_map(|mut config| {
+            config
+                .synonyms
+                .retain(|s| s.source == DYNAMIC_DEFAULT_BROKER_CONFIG);
+            (!config.synonyms.is_empty()).then_some(config)
+        })
+        .collect()
 }
 
 pub async fn handle(
@@ -341,7 +356,14 @@ async fn configs_of(
                 .await
                 .map_err(|e| (super::error_code(&e), None))?
                 .ok_or((ResponseError::UnknownTopicOrPartition.code(), None))?;
-            Ok(topic_configs(&ctx.settings.topics, &topic.configs))
+            Ok(topic_configs(&ctx.topic_defaults.get(), &topic.configs))
+        }
+        RESOURCE_BROKER if name.is_empty() => {
+            // Read now, as for a topic: a tool reads them back to change them.
+            crate::cluster_configs::reload(ctx)
+                .await
+                .map_err(|e| (super::error_code(&e), None))?;
+            Ok(cluster_default_configs(ctx))
         }
         RESOURCE_BROKER => super::this_broker(ctx, name)
             .map(|()| broker_configs(ctx))
@@ -387,7 +409,7 @@ mod tests {
 
     #[test]
     fn every_topic_config_is_listed_with_its_default() {
-        let configs = topic_configs(&TopicsSettings::default(), &BTreeMap::new());
+        let configs = topic_configs(&Defaults::default(), &BTreeMap::new());
         assert_eq!(configs.len(), TOPIC_CONFIGS.len());
         let retention = find(&configs, "retention.ms");
         assert_eq!(retention.synonyms.len(), 1);
@@ -406,7 +428,7 @@ mod tests {
     #[test]
     fn an_override_comes_first_then_the_default_it_hides() {
         let overrides = BTreeMap::from([("retention.ms".to_owned(), "1000".to_owned())]);
-        let configs = topic_configs(&TopicsSettings::default(), &overrides);
+        let configs = topic_configs(&Defaults::default(), &overrides);
         let retention = find(&configs, "retention.ms");
         assert_eq!(retention.current().value, "1000");
         assert_eq!(retention.current().source, DYNAMIC_TOPIC_CONFIG);
@@ -416,11 +438,7 @@ mod tests {
 
     #[test]
     fn max_message_bytes_defaults_to_the_broker_setting() {
-        let settings = TopicsSettings {
-            max_message_bytes: 2048,
-            ..TopicsSettings::default()
-        };
-        let configs = topic_configs(&settings, &BTreeMap::new());
+        let configs = topic_configs(&Defaults::new(2048), &BTreeMap::new());
         let current = find(&configs, "max.message.bytes").current();
         assert_eq!(
             current,
@@ -433,9 +451,30 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_wide_default_comes_between_an_override_and_the_settings() {
+        let (defaults, _) = Defaults::new(2048).with_cluster([("message.max.bytes", "4096")]);
+        let overrides = BTreeMap::from([("max.message.bytes".to_owned(), "100".to_owned())]);
+        let configs = topic_configs(&defaults, &overrides);
+        let sources: Vec<_> = find(&configs, "max.message.bytes")
+            .synonyms
+            .iter()
+            .map(|s| (s.name, s.value.as_str(), s.source))
+            .collect();
+        assert_eq!(
+            sources,
+            [
+                ("max.message.bytes", "100", DYNAMIC_TOPIC_CONFIG),
+                ("message.max.bytes", "4096", DYNAMIC_DEFAULT_BROKER_CONFIG),
+                ("message.max.bytes", "2048", STATIC_BROKER_CONFIG),
+                ("message.max.bytes", "1048588", DEFAULT_CONFIG),
+            ]
+        );
+    }
+
+    #[test]
     fn results_carry_synonyms_and_docs_only_when_asked() {
         let config = find(
-            &topic_configs(&TopicsSettings::default(), &BTreeMap::new()),
+            &topic_configs(&Defaults::default(), &BTreeMap::new()),
             "segment.ms",
         )
         .clone();

@@ -427,13 +427,12 @@ pub async fn resolve_topic_id(ctx: &Context, id: uuid::Uuid) -> Result<Arc<Topic
     }
 }
 
-/// The largest batch a topic accepts: its `max.message.bytes`, or the
-/// gateway's default.
+/// The largest batch a topic accepts: its `max.message.bytes`, else the
+/// cluster-wide default, else the gateway's setting.
 pub fn max_message_bytes(ctx: &Context, topic: &Topic) -> usize {
-    topic
-        .config("max.message.bytes")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(ctx.settings.topics.max_message_bytes as usize)
+    let defaults = ctx.topic_defaults.get();
+    let configs = ketch_config::topic::Configs::new(&topic.configs, &defaults);
+    usize::try_from(configs.number("max.message.bytes")).unwrap_or(0)
 }
 
 /// How recent a topic record must be for a partition beyond it to be

@@ -26,6 +26,7 @@ use kafka_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, TopicName};
+use ketch_config::topic::Configs;
 use ketch_storage::Topic;
 use ketch_storage::batch::{
     BatchError, BatchHeader, RecordFacts, ValidBatch, set_max_timestamp, stamp_log_append_time,
@@ -311,7 +312,9 @@ async fn produce_partition(
             Some("no record batch".to_owned()),
         )));
     };
-    let max_bytes = super::max_message_bytes(ctx, &topic);
+    let defaults = ctx.topic_defaults.get();
+    let configs = Configs::new(&topic.configs, &defaults);
+    let max_bytes = usize::try_from(configs.number("max.message.bytes")).unwrap_or(0);
     if batch.len() > max_bytes {
         return Err(PartitionError::from((
             ResponseError::MessageTooLarge.code(),
@@ -333,7 +336,7 @@ async fn produce_partition(
             Some("a transactional batch in a produce request without a transactional id".to_owned()),
         )));
     }
-    let log_append_time = topic.config("message.timestamp.type") == Some("LogAppendTime");
+    let log_append_time = configs.get("message.timestamp.type") == "LogAppendTime";
     if log_append_time && header.is_log_append_time() {
         // Kafka's LogValidator: the broker, not the producer, stamps append times.
         return Err(PartitionError::from((
@@ -341,13 +344,13 @@ async fn produce_partition(
             Some("Producer should not set timestamp type to LogAppendTime".to_owned()),
         )));
     }
-    if valid.timestamps.null_key && ketch_config::topic::cleans_up_by(&topic.configs, "compact") {
+    if valid.timestamps.null_key && configs.cleans_up_by("compact") {
         return Err(null_keys(&topic, partition, &batch));
     }
     if !log_append_time {
-        check_timestamps(&topic, &batch, &valid.timestamps)?;
+        check_timestamps(configs, &batch, &valid.timestamps)?;
     }
-    let batch = to_topic_codec(&topic, batch, &mut header).await?;
+    let batch = to_topic_codec(configs, batch, &mut header).await?;
     if batch.len() > max_bytes {
         return Err(PartitionError::from((
             ResponseError::MessageTooLarge.code(),
@@ -425,8 +428,8 @@ fn null_keys(topic: &Topic, partition: i32, batch: &Bytes) -> PartitionError {
 /// `message.timestamp.after.max.ms` ahead of the gateway's clock, else the
 /// batch is refused with INVALID_TIMESTAMP and each offending record named
 /// in `record_errors`, as Kafka's LogValidator answers.
-fn check_timestamps(topic: &Topic, batch: &Bytes, span: &RecordFacts) -> Result<(), PartitionError> {
-    let bound = |name: &str| ketch_config::topic::number(&topic.configs, name);
+fn check_timestamps(configs: Configs<'_>, batch: &Bytes, span: &RecordFacts) -> Result<(), PartitionError> {
+    let bound = |name: &str| configs.number(name);
     let (before, after) = (
         bound("message.timestamp.before.max.ms"),
         bound("message.timestamp.after.max.ms"),
@@ -468,13 +471,12 @@ fn check_timestamps(topic: &Topic, batch: &Bytes, span: &RecordFacts) -> Result<
 /// already in that codec is stored as it came. Large batches are
 /// recompressed on the blocking pool.
 async fn to_topic_codec(
-    topic: &Topic,
+    configs: Configs<'_>,
     batch: Bytes,
     header: &mut BatchHeader,
 ) -> Result<Bytes, PartitionError> {
-    use ketch_config::topic::effective;
     use ketch_storage::batch::Compression;
-    let (codec, bits, level) = match effective(&topic.configs, "compression.type") {
+    let (codec, bits, level) = match configs.get("compression.type") {
         "uncompressed" => (Compression::None, 0, None),
         "gzip" => (Compression::Gzip, 1, Some("compression.gzip.level")),
         "snappy" => (Compression::Snappy, 2, None),
@@ -486,7 +488,7 @@ async fn to_topic_codec(
         return Ok(batch);
     }
     let level = level
-        .and_then(|name| effective(&topic.configs, name).parse::<i32>().ok())
+        .and_then(|name| configs.get(name).parse::<i32>().ok())
         .filter(|level| *level != -1);
     let recompressed = if batch.len() <= VALIDATE_INLINE_BYTES {
         ketch_storage::batch::recompress(&batch, codec, level)

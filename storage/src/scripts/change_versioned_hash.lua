@@ -1,0 +1,26 @@
+-- Sets and removes fields of a hash that every gateway keeps a copy of (the
+-- client quotas, the cluster-wide topic config defaults), bumps its version
+-- and tells every gateway (they reload their copy on the message).
+--
+-- KEYS[1] the hash                  e.g. ketch:{quotas}:entities
+-- KEYS[2] its version               counter
+-- ARGV[1] the change channel (sharded pub/sub, same hash tag)
+-- ARGV[2] the version the change was computed from; "" to change whatever
+--         the version is
+-- ARGV[3..] pairs: field, value ("" removes the field)
+--
+-- Reply: the new version, or -1 (nothing changed) when the version is not
+-- ARGV[2].
+if ARGV[2] ~= '' and tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[2]) then
+  return -1
+end
+for i = 3, #ARGV, 2 do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+local version = redis.call('INCR', KEYS[2])
+redis.call('SPUBLISH', ARGV[1], version)
+return version
