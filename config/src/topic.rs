@@ -8,8 +8,6 @@
 //! rejected with INVALID_CONFIG rather than ignored. A config that has no
 //! meaning when partitions live in Redis is [`Effect::Inert`]: stored,
 //! described with its source, and documented with what replaces it.
-//! A value Kafka accepts but ketch cannot honour yet is refused with a
-//! message saying so ([`not_supported`]), never silently ignored.
 
 use std::collections::BTreeMap;
 
@@ -368,8 +366,9 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         Valid::Any,
         None,
         Honoured,
-        "false: the archive outlives remote.storage.enable. true is refused until ketch deletes \
-         archives on disable.",
+        "true: turning remote.storage.enable off deletes the topic's archive (its Iceberg table and \
+         files) and moves the log start offset to the local start offset. Turning it off requires \
+         true (Kafka's rule).",
     ),
     def(
         "remote.storage.enable",
@@ -468,11 +467,7 @@ fn invalid(name: &str, value: &str, why: impl std::fmt::Display) -> String {
 pub fn validate_topic_config(name: &str, value: &str) -> Result<String, String> {
     let def = topic_config(name).ok_or_else(|| format!("Unknown topic config name: {name}"))?;
     let value = value.trim();
-    let normalized = parse(def, name, value)?;
-    if let Some(why) = not_supported(def.name, &normalized) {
-        return Err(invalid(name, value, why));
-    }
-    Ok(normalized)
+    parse(def, name, value)
 }
 
 /// The topic config whose cluster-wide default the broker config `name`
@@ -490,11 +485,7 @@ pub fn defaulted_by(name: &str) -> Option<&'static ConfigDef> {
 pub fn validate_broker_default(name: &str, value: &str) -> Result<(&'static ConfigDef, String), String> {
     let def = defaulted_by(name).ok_or_else(|| format!("Unknown dynamic broker config: {name}"))?;
     let value = value.trim();
-    let normalized = parse(def, name, value)?;
-    if let Some(why) = not_supported(def.name, &normalized) {
-        return Err(invalid(name, value, why));
-    }
-    Ok((def, normalized))
+    Ok((def, parse(def, name, value)?))
 }
 
 /// Parses `value` as `def` takes it; `name` is how the config was named
@@ -614,17 +605,6 @@ fn check_throttled(name: &str, value: &str, items: &[&str]) -> Result<(), String
             "must be the literal '*' or a list of replicas in the following format: \
              [partitionId]:[brokerId],[partitionId]:[brokerId],...",
         ))
-    }
-}
-
-/// Why ketch refuses a value Kafka accepts, if it does: it says so rather
-/// than store a setting it would not honour.
-pub fn not_supported(name: &str, value: &str) -> Option<&'static str> {
-    match name {
-        "remote.log.delete.on.disable" if value == "true" => Some(
-            "ketch keeps archives when remote storage is turned off and cannot delete them on disable yet",
-        ),
-        _ => None,
     }
 }
 
@@ -783,7 +763,9 @@ pub fn check_together(before: Configs<'_>, after: Configs<'_>) -> Result<(), Str
     }
     let remote = after.get("remote.storage.enable") == "true";
     if !remote {
-        if before.get("remote.storage.enable") == "true" {
+        if before.get("remote.storage.enable") == "true"
+            && after.get("remote.log.delete.on.disable") != "true"
+        {
             return Err(
                 "It is invalid to disable remote storage without deleting remote data. \
                  If you want to keep the remote data and turn to read only, please set \
@@ -838,11 +820,10 @@ pub fn check_together(before: Configs<'_>, after: Configs<'_>) -> Result<(), Str
 /// where it can) and an invalid one, both derived from its definition: the
 /// table the tests of every config are driven by.
 pub fn example_values(def: &ConfigDef) -> (String, String) {
-    let supported = |v: &str| not_supported(def.name, v).is_none();
     let valid = match (def.kind, def.valid) {
         (ConfigType::Boolean, _) => {
             let other = if def.default == "true" { "false" } else { "true" };
-            if supported(other) { other } else { def.default }.to_owned()
+            other.to_owned()
         }
         (_, Valid::AtLeast(min)) => min.to_string(),
         (_, Valid::Between(_, max)) => max.to_string(),
@@ -853,7 +834,7 @@ pub fn example_values(def: &ConfigDef) -> (String, String) {
         (_, Valid::ListOf(_)) => String::new(),
         (_, Valid::OneOf(choices)) => choices
             .iter()
-            .find(|c| **c != def.default && supported(c))
+            .find(|c| **c != def.default)
             .unwrap_or(&def.default)
             .to_string(),
         (_, Valid::ThrottledReplicas) => "0:1,1:2".to_owned(),
@@ -1036,6 +1017,11 @@ mod tests {
             check(&remote, &none)
                 .unwrap_err()
                 .contains("invalid to disable remote storage")
+        );
+        let dropped = set(&[("remote.log.delete.on.disable", "true")]);
+        assert!(
+            check(&remote, &dropped).is_ok(),
+            "turned off with the archive deleted"
         );
     }
 

@@ -86,6 +86,9 @@ pub async fn keep_current(ctx: Arc<Context>) {
             })
         },
         tick: |_| {},
+        // Within a second even when an announcement is missed (a gateway
+        // still subscribing when the change was made).
+        check_every: std::time::Duration::from_secs(1),
     };
     crate::storage::keep_current(ctx, kept).await
 }

@@ -697,6 +697,7 @@ pub async fn keep_current(ctx: Arc<Context>) {
             })
         },
         tick: |ctx| ctx.quotas.expire_sensors(),
+        check_every: std::time::Duration::from_secs(5),
     };
     crate::storage::keep_current(ctx, kept).await
 }

@@ -588,14 +588,15 @@ pub struct Kept {
     pub load: for<'a> fn(&'a crate::Context) -> futures::future::BoxFuture<'a, Result<String>>,
     /// Work to do on every check (expiring what is unused).
     pub tick: fn(&crate::Context),
+    /// How often the version is checked besides the announcements.
+    pub check_every: Duration,
 }
 
 /// Keeps `kept` current in this gateway: reloads it when any gateway
-/// announces a change (sharded pub/sub), and checks the version every few
-/// seconds in case an announcement was missed (Redis restarted, the
-/// subscription was re-established). Runs until shutdown.
+/// announces a change (sharded pub/sub), and checks the version every
+/// `kept.check_every` in case an announcement was missed (Redis restarted,
+/// the subscription was being established). Runs until shutdown.
 pub async fn keep_current(ctx: Arc<crate::Context>, kept: Kept) {
-    const CHECK_EVERY: Duration = Duration::from_secs(5);
     let watch = ctx.storage.wake().watch(vec![kept.channel.clone()]);
     let mut shutdown = ctx.shutdown.clone();
     let mut loaded = false;
@@ -615,7 +616,7 @@ pub async fn keep_current(ctx: Arc<crate::Context>, kept: Kept) {
         }
         (kept.tick)(&ctx);
         let wait = if loaded {
-            CHECK_EVERY
+            kept.check_every
         } else {
             Duration::from_millis(500)
         };

@@ -153,6 +153,10 @@ pub struct SegmentPolicy {
     /// The topic has `remote.storage.enable`: segments are archived before
     /// any retention deletes them, and `local.retention.*` trims Redis.
     pub remote: bool,
+    /// The topic's `remote.storage.enable` is off: what an archive held
+    /// is let go (the log start moves to the local start, segments forget
+    /// their archive files); nothing for a topic that never had one.
+    pub no_archive: bool,
     /// -1: no limit (a topic's -2 is resolved to retention.ms first).
     pub local_retention_ms: i64,
     /// -1: no limit (a topic's -2 is resolved to retention.bytes first).
@@ -219,6 +223,7 @@ impl Store {
             .arg(policy.producer_expiration_ms)
             .arg(policy.local_retention_ms)
             .arg(policy.local_retention_bytes)
+            .arg(if policy.no_archive { 1 } else { 0 })
             .invoke_async(&mut self.conn())
             .await?;
         match reply[..] {

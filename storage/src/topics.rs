@@ -21,6 +21,10 @@ use crate::{Result, StorageError, Store};
 /// this (one HGET per topic in use per half second per gateway).
 pub const CACHE_TTL: Duration = Duration::from_millis(500);
 
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
 /// A topic as stored in `ketch:topics`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topic {
@@ -31,6 +35,10 @@ pub struct Topic {
     pub tags: Vec<String>,
     /// Topic config overrides (defaults are not stored).
     pub configs: BTreeMap<String, String>,
+    /// Remote storage was turned off (`remote.log.delete.on.disable`): the
+    /// storage worker deletes the topic's archive, then clears this.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub drop_archive: bool,
     /// Each partition's key names, made once when the record is read (the
     /// hot paths would otherwise format them on every request).
     #[serde(skip)]
@@ -52,6 +60,7 @@ impl Topic {
             id,
             tags,
             configs,
+            drop_archive: false,
             keys: Vec::new(),
         }
         .with_keys(keys)
@@ -69,7 +78,10 @@ impl Topic {
     pub(crate) fn grown_with(&self, added: Vec<String>, keys: &Keys) -> Self {
         let mut tags = self.tags.clone();
         tags.extend(added);
-        Topic::new(&self.name, self.id, tags, self.configs.clone(), keys)
+        Topic {
+            drop_archive: self.drop_archive,
+            ..Topic::new(&self.name, self.id, tags, self.configs.clone(), keys)
+        }
     }
 
     /// The wake-up channel of a partition (see `wake.rs`).
@@ -86,9 +98,13 @@ impl Topic {
         partition >= 0 && (partition as usize) < self.tags.len()
     }
 
-    /// This topic with `configs` as its config overrides.
+    /// This topic with `configs` as its config overrides; turning
+    /// `remote.storage.enable` off marks its archive to be dropped.
     pub fn with_configs(&self, configs: BTreeMap<String, String>) -> Self {
+        let remote =
+            |c: &BTreeMap<String, String>| c.get("remote.storage.enable").is_some_and(|v| v == "true");
         Self {
+            drop_archive: self.drop_archive || (remote(&self.configs) && !remote(&configs)),
             configs,
             ..self.clone()
         }
@@ -310,12 +326,27 @@ impl Store {
     /// Replaces a topic's config overrides (`configs`, validated by the
     /// caller), if the topic is still as `topic` was read; other gateways
     /// see the change when their cached record expires ([`CACHE_TTL`]).
+    /// Turning `remote.storage.enable` off marks the archive to be dropped
+    /// ([`Topic::drop_archive`]; the caller checked that
+    /// `remote.log.delete.on.disable` allows it) in the same write.
     pub async fn set_topic_configs(
         &self,
         topic: &Topic,
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<Topic>> {
-        (self.replace_topic(topic, topic.with_configs(configs)).await?)
+        let new = topic.with_configs(configs);
+        (self.replace_topic(topic, new).await?)
+            .ok_or_else(|| StorageError::Conflict(format!("topic {} changed meanwhile", topic.name)))
+    }
+
+    /// Clears [`Topic::drop_archive`] once the archive is gone, if the topic
+    /// is still as `topic` was read.
+    pub async fn archive_dropped(&self, topic: &Topic) -> Result<Arc<Topic>> {
+        let new = Topic {
+            drop_archive: false,
+            ..topic.clone()
+        };
+        (self.replace_topic(topic, new).await?)
             .ok_or_else(|| StorageError::Conflict(format!("topic {} changed meanwhile", topic.name)))
     }
 
@@ -406,10 +437,31 @@ mod tests {
             id: Uuid::new_v4(),
             tags: vec!["x:0".into()],
             configs: BTreeMap::from([("retention.ms".into(), "1".into())]),
+            drop_archive: false,
             keys: Vec::new(),
         };
         let back = Topic::decode("t", &t.encode()).unwrap();
         assert_eq!(back, t);
         assert!(!t.encode().contains("\"name\""));
+        assert!(!t.encode().contains("drop_archive"), "records stay as before");
+    }
+
+    #[test]
+    fn turning_remote_storage_off_marks_the_archive_to_be_dropped() {
+        let keys = Keys::new("ketch");
+        let configs =
+            |remote: &str| BTreeMap::from([("remote.storage.enable".to_owned(), remote.to_owned())]);
+        let t = Topic::new("t", Uuid::new_v4(), vec!["x:0".into()], configs("true"), &keys);
+        assert!(!t.with_configs(configs("true")).drop_archive);
+        let off = t.with_configs(BTreeMap::new());
+        assert!(off.drop_archive);
+        assert!(Topic::decode("t", &off.encode()).unwrap().drop_archive);
+        assert!(
+            off.with_configs(configs("false")).drop_archive,
+            "stays until the worker clears it"
+        );
+        assert!(off.grown(2, &keys).drop_archive);
+        let never = Topic::new("u", Uuid::new_v4(), vec!["x:1".into()], configs("false"), &keys);
+        assert!(!never.with_configs(BTreeMap::new()).drop_archive);
     }
 }

@@ -104,16 +104,21 @@ fn produce(
 /// Consumes every partition from offset 0 up to `ends[p]` and checks each
 /// record against [`rec`]: dense offsets, nothing missing or repeated.
 fn consume_and_check(consumer: &BaseConsumer, topic: &str, ends: &[i64]) {
+    consume_and_check_from(consumer, topic, &vec![0; ends.len()], ends);
+}
+
+/// [`consume_and_check`] from offset `starts[p]` of each partition.
+fn consume_and_check_from(consumer: &BaseConsumer, topic: &str, starts: &[i64], ends: &[i64]) {
     let partitions = ends.len();
     let mut assignment = TopicPartitionList::new();
-    for p in 0..partitions {
+    for (p, start) in starts.iter().enumerate() {
         assignment
-            .add_partition_offset(topic, p as i32, Offset::Offset(0))
+            .add_partition_offset(topic, p as i32, Offset::Offset(*start))
             .expect("assign");
     }
     consumer.assign(&assignment).expect("assign");
-    let mut next = vec![0i64; partitions];
-    let total: i64 = ends.iter().sum();
+    let mut next = starts.to_vec();
+    let total: i64 = ends.iter().zip(starts).map(|(end, start)| end - start).sum();
     let mut consumed = 0i64;
     let deadline = Instant::now() + Duration::from_secs(300);
     while consumed < total {
@@ -969,4 +974,130 @@ fn remote_storage_turned_on_for_a_running_topic_archives_its_sealed_segments() {
     assert_eq!(ends, [2_000]);
     assert_eq!(redis.stream_len(&topic, 0), 0, "Redis holds nothing of it");
     consume_and_check(&ketch.consumer(), &topic, &ends);
+}
+
+/// Remote storage turned off with `remote.log.delete.on.disable=true`
+/// (Kafka's KIP-950): the log start moves to the local start, the topic's
+/// table and its files are deleted, what Redis holds is read as before, and
+/// remote storage turned on again archives it into a new table.
+#[test]
+fn remote_storage_turned_off_deletes_the_archive() {
+    use kafka_protocol::messages::IncrementalAlterConfigsRequest;
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let data_dir = dir.path().join("data");
+    let ketch = tiered_gateway(&redis, &data_dir, &[]);
+    let rt = runtime();
+    let topic = unique_topic("dropped");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        1,
+        &[
+            ("segment.bytes", "65536"),
+            ("segment.ms", "200"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce(&producer, &rt, &topic, 1, 0..2_000);
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [2_000]);
+    let warehouse = data_dir.join("warehouse");
+    let files_of_topic = || -> Vec<std::path::PathBuf> {
+        walk(&warehouse)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(topic.as_str()))
+            .collect()
+    };
+    let parquet = |files: &[std::path::PathBuf]| {
+        files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+            .count()
+    };
+    assert!(parquet(&files_of_topic()) > 0, "archived: {:?}", files_of_topic());
+    // The next records stay in Redis.
+    set_topic_config(&ketch, &topic, "local.retention.bytes", "-1");
+    produce(&producer, &rt, &topic, 1, 2_000..3_000);
+
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        raw::set_topic_config(&mut conn, &topic, "remote.storage.enable", "false"),
+        code::INVALID_CONFIG,
+        "off without deleting the archive is refused (Kafka's rule)"
+    );
+    let op = |name: &str, value: &str| {
+        AlterableConfig::default()
+            .with_name(StrBytes::from_string(name.to_owned()))
+            .with_config_operation(0)
+            .with_value(Some(StrBytes::from_string(value.to_owned())))
+    };
+    let response = conn.request(
+        1,
+        &IncrementalAlterConfigsRequest::default().with_resources(vec![
+            AlterConfigsResource::default()
+                .with_resource_type(2)
+                .with_resource_name(StrBytes::from_string(topic.clone()))
+                .with_configs(vec![
+                    op("remote.storage.enable", "false"),
+                    op("remote.log.delete.on.disable", "true"),
+                ]),
+        ]),
+    );
+    assert_eq!(
+        response.responses[0].error_code,
+        code::NONE,
+        "{:?}",
+        response.responses[0].error_message
+    );
+    let record = || -> String {
+        redis::cmd("HGET")
+            .arg("ketch:topics")
+            .arg(&topic)
+            .query(&mut redis.connection())
+            .expect("topic record")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log_start = raw::list_offsets(&mut conn, &topic, 0, -2).1;
+        let left = files_of_topic();
+        if log_start == 2_000 && left.is_empty() && !record().contains("drop_archive") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the archive was not dropped: log start {log_start}, files {left:?}, record {}",
+            record()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ketch.output().contains("deleted the topic's archive"));
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -4).1,
+        2_000,
+        "earliest local"
+    );
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 1_999, 100));
+    assert_eq!(raw::fetch_result(&response).0, code::OFFSET_OUT_OF_RANGE);
+    assert!(
+        redis.segments(&topic, 0).iter().all(|s| s.get("path").is_none()),
+        "no segment names an archive file: {:?}",
+        redis.segments(&topic, 0)
+    );
+    consume_and_check_from(&ketch.consumer(), &topic, &[2_000], &[3_000]);
+
+    // On again: what Redis holds is archived into a new table, alone.
+    set_topic_config(&ketch, &topic, "remote.storage.enable", "true");
+    set_topic_config(&ketch, &topic, "local.retention.bytes", "0");
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [3_000]);
+    consume_and_check_from(&ketch.consumer(), &topic, &[2_000], &[3_000]);
+    let (catalog, warehouse) = sqlite_catalog(&data_dir);
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(2_000, 3_000)]);
 }

@@ -416,6 +416,19 @@ impl Archiver {
         }
     }
 
+    /// Deletes the topic's table and its files (data, manifests, metadata):
+    /// remote storage was turned off with `remote.log.delete.on.disable`.
+    /// False when there was no table.
+    pub async fn purge_table(&self, topic: &Topic) -> Result<bool> {
+        let catalog = self.catalog().await?;
+        let ident = TableIdent::new(self.namespace.clone(), topic.name.clone());
+        if !catalog.table_exists(&ident).await? {
+            return Ok(false);
+        }
+        catalog.purge_table(&ident).await?;
+        Ok(true)
+    }
+
     /// Archives one sealed segment, read from `tier` in Redis a chunk at a
     /// time (so memory stays bounded whatever `segment.bytes` is), unless
     /// `table` already has it. Records that cannot be read fail it with an

@@ -190,6 +190,9 @@ impl Worker {
             if policy.remote && !held.is_empty() {
                 self.clone().archive_topic(topic.clone(), held.clone(), policy);
             }
+            if topic.drop_archive && policy.no_archive && held.contains(&0) {
+                self.clone().drop_archive(topic.clone());
+            }
             if let Some(compaction) = compaction_policy(topic, &defaults, self.compaction_max_keys)
                 && !held.is_empty()
             {
@@ -304,6 +307,58 @@ impl Worker {
             }
             self.archiving.lock().expect("archiving").remove(&topic.name);
         });
+    }
+
+    /// Deletes the archive of a topic whose remote storage was turned off
+    /// (with `remote.log.delete.on.disable`), in the background: once every
+    /// partition's log start has moved to its local start and no segment
+    /// names an archive file (each partition's worker does that on its
+    /// ticks, `seal.lua`), the table and its files are deleted and the
+    /// topic's mark cleared. Run by the worker of partition 0, retried on
+    /// later ticks until it succeeds.
+    fn drop_archive(self: Arc<Self>, topic: Arc<Topic>) {
+        if !self
+            .archiving
+            .lock()
+            .expect("archiving")
+            .insert(topic.name.clone())
+        {
+            return;
+        }
+        tokio::spawn(async move {
+            match self.try_drop_archive(&topic).await {
+                Ok(true) => {}
+                Ok(false) => tracing::debug!(topic = %topic.name, "archive drop waits for every partition"),
+                Err(e) => tracing::warn!(topic = %topic.name, error = %e, "deleting the archive"),
+            }
+            self.archiving.lock().expect("archiving").remove(&topic.name);
+        });
+    }
+
+    /// One attempt of [`Worker::drop_archive`]; false while a partition
+    /// still reaches into the archive.
+    async fn try_drop_archive(&self, topic: &Topic) -> Result<bool, Error> {
+        for partition in 0..topic.partitions() {
+            let offsets = self.store.offsets(topic, partition).await?;
+            let archived = self
+                .store
+                .segments(topic, partition)
+                .await?
+                .iter()
+                .any(|s| s.path.is_some() || s.quarantine.is_some());
+            if offsets.local_start_offset > offsets.log_start_offset || archived {
+                return Ok(false);
+            }
+        }
+        let purged = self.archiver.purge_table(topic).await?;
+        match self.store.archive_dropped(topic).await {
+            // Another gateway changed the topic meanwhile: done again next tick.
+            Err(StorageError::Conflict(_)) => return Ok(false),
+            other => other?,
+        };
+        tracing::info!(topic = %topic.name, table_deleted = purged,
+            "remote storage turned off: deleted the topic's archive");
+        Ok(true)
     }
 
     /// Archives the partition's sealed segments that are not yet, oldest
@@ -759,8 +814,8 @@ pub fn policy(topic: &Topic, defaults: &Defaults, producer_expiration: Duration)
     let number = |name: &str| configs.number(name);
     // remote.log.copy.disable: the archive is read but no longer written,
     // and retention no longer waits for it (Kafka's read-only remote log).
-    let remote =
-        configs.get("remote.storage.enable") == "true" && configs.get("remote.log.copy.disable") != "true";
+    let archive = configs.get("remote.storage.enable") == "true";
+    let remote = archive && configs.get("remote.log.copy.disable") != "true";
     // Kafka: retention removes segments only under cleanup.policy=delete
     // (an empty policy keeps everything).
     let deletes = configs.cleans_up_by("delete");
@@ -783,6 +838,7 @@ pub fn policy(topic: &Topic, defaults: &Defaults, producer_expiration: Duration)
         retention_ms,
         retention_bytes,
         remote,
+        no_archive: !archive,
         local_retention_ms: local(number("local.retention.ms"), retention_ms),
         local_retention_bytes: local(number("local.retention.bytes"), retention_bytes),
         producer_expiration_ms: i64::try_from(producer_expiration.as_millis()).unwrap_or(i64::MAX),

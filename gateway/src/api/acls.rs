@@ -244,6 +244,7 @@ pub async fn keep_current(ctx: std::sync::Arc<Context>) {
             })
         },
         tick: |_| {},
+        check_every: std::time::Duration::from_secs(5),
     };
     crate::storage::keep_current(ctx, kept).await
 }

@@ -202,6 +202,16 @@ pub async fn alter_topic(
             })?;
         let next = alteration.apply(&topic.configs, &ctx.topic_defaults.get())?;
         if turns_remote_storage_on(&topic.configs, &next) {
+            if topic.drop_archive {
+                return Err(failure(
+                    ResponseError::InvalidConfig,
+                    format!(
+                        "The archive of topic {name} is still being deleted (remote storage was turned \
+                         off with remote.log.delete.on.disable=true); turn remote storage on again once \
+                         it is gone."
+                    ),
+                ));
+            }
             refuse_if_compacted(ctx, &topic).await?;
         }
         if validate_only {
@@ -690,12 +700,19 @@ mod tests {
             .apply(&current, &Defaults::default())
             .unwrap_err();
         assert_eq!(message, "Unknown topic config name: no.such");
-        // Remote storage, once on, is not turned off.
+        // Remote storage is turned off only with its archive deleted.
         let remote = map(&[("remote.storage.enable", "true")]);
         let (_, message) = edit(&[("remote.storage.enable", Change::Delete)])
             .apply(&remote, &Defaults::default())
             .unwrap_err();
         assert!(message.contains("invalid to disable remote storage"), "{message}");
+        let off = edit(&[
+            ("remote.storage.enable", Change::Set("false".into())),
+            ("remote.log.delete.on.disable", Change::Set("true".into())),
+        ])
+        .apply(&remote, &Defaults::default())
+        .unwrap();
+        assert_eq!(off["remote.storage.enable"], "false");
     }
 
     #[test]

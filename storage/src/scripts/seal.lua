@@ -18,6 +18,10 @@
 -- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
 -- ARGV[6] producers.expiration in ms: producer state idle longer is dropped
 -- ARGV[7] local.retention.ms (-1: none)   ARGV[8] local.retention.bytes (-1: none)
+-- ARGV[9] 1 when remote.storage.enable is off: what an archive held is let go
+--         (remote storage turned off with remote.log.delete.on.disable: the log
+--         start moves to the local start, segments forget their archive state);
+--         for a topic that never had remote storage this changes nothing
 --
 -- Reply: {segments sealed, segments deleted, log start offset, producers
 -- expired, local start offset}, or {-1} when the partition does not exist.
@@ -34,6 +38,7 @@ local local_start = math.max(tonumber(meta[7] or meta[2]), log_start)
 local seg_base = tonumber(meta[3] or '0')
 local seg_bytes = tonumber(meta[4] or '0')
 local remote = ARGV[5] == '0'
+local no_archive = ARGV[9] == '1'
 
 local sealed = 0
 if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] or now) >= tonumber(ARGV[2])) then
@@ -44,6 +49,14 @@ if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] o
   redis.call('HDEL', KEYS[1], 'seg_start_ms', 'seg_max_ts')
   sealed = 1
   seg_bytes = 0
+end
+
+-- Remote storage turned off: the archive is being deleted, so the log starts
+-- where Redis does (Kafka moves the log start offset to the local log start
+-- offset). The segments below it, all trimmed from Redis, go below.
+if no_archive and local_start > log_start then
+  log_start = local_start
+  redis.call('HSET', KEYS[1], 'log_start', string.format('%d', log_start))
 end
 
 -- retention.ms / retention.bytes: what Kafka clients can see. Whole sealed
@@ -88,6 +101,26 @@ end
 redis.call('XTRIM', KEYS[5], 'MINID', string.format('%d', log_start))
 redis.call('XTRIM', KEYS[7], 'MINID', string.format('%d', log_start))
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', log_start))
+
+-- Remote storage turned off: the segments still in Redis forget their archive
+-- files and quarantine (their batches are in the log), and the quarantine
+-- copies go. Turned on again, they are archived anew.
+if no_archive then
+  local cleared = false
+  for i = first_kept, #segments do
+    local segment = segments[i]
+    if segment.path or segment.quarantine or segment.skipped or segment.holes then
+      segment.path, segment.file_bytes, segment.quarantine = nil, nil, nil
+      segment.skipped, segment.holes = nil, nil
+      redis.call('ZREM', KEYS[2], members[i])
+      redis.call('ZADD', KEYS[2], segment.base, cjson.encode(segment))
+      cleared = true
+    end
+  end
+  if cleared then
+    redis.call('UNLINK', KEYS[5])
+  end
+end
 
 -- local.retention.ms / local.retention.bytes (remote storage only): archived
 -- segments leave Redis; fetches below the local start read the archive. A
