@@ -979,7 +979,9 @@ fn remote_storage_turned_on_for_a_running_topic_archives_its_sealed_segments() {
 /// Remote storage turned off with `remote.log.delete.on.disable=true`
 /// (Kafka's KIP-950): the log start moves to the local start, the topic's
 /// table and its files are deleted, what Redis holds is read as before, and
-/// remote storage turned on again archives it into a new table.
+/// remote storage turned on again archives it into a new table. Two
+/// gateways share the partitions (and the catalog): each clears the
+/// partitions it leads, the one leading partition 0 deletes the table.
 #[test]
 fn remote_storage_turned_off_deletes_the_archive() {
     use kafka_protocol::messages::IncrementalAlterConfigsRequest;
@@ -993,13 +995,15 @@ fn remote_storage_turned_off_deletes_the_archive() {
     let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(&redis, &data_dir, &[]);
+    let other = tiered_gateway(&redis, &data_dir, &[]);
     let rt = runtime();
     let topic = unique_topic("dropped");
+    const P: usize = 4;
     create_remote_topic(
         &ketch,
         &rt,
         &topic,
-        1,
+        P as i32,
         &[
             ("segment.bytes", "65536"),
             ("segment.ms", "200"),
@@ -1007,8 +1011,8 @@ fn remote_storage_turned_off_deletes_the_archive() {
         ],
     );
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
-    produce(&producer, &rt, &topic, 1, 0..2_000);
-    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [2_000]);
+    produce(&producer, &rt, &topic, P, 0..4_000);
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, P), [1_000; P]);
     let warehouse = data_dir.join("warehouse");
     let files_of_topic = || -> Vec<std::path::PathBuf> {
         walk(&warehouse)
@@ -1025,7 +1029,7 @@ fn remote_storage_turned_off_deletes_the_archive() {
     assert!(parquet(&files_of_topic()) > 0, "archived: {:?}", files_of_topic());
     // The next records stay in Redis.
     set_topic_config(&ketch, &topic, "local.retention.bytes", "-1");
-    produce(&producer, &rt, &topic, 1, 2_000..3_000);
+    produce(&producer, &rt, &topic, P, 4_000..6_000);
 
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(
@@ -1066,38 +1070,50 @@ fn remote_storage_turned_off_deletes_the_archive() {
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let log_start = raw::list_offsets(&mut conn, &topic, 0, -2).1;
+        let log_starts: Vec<i64> = (0..P)
+            .map(|p| raw::list_offsets(&mut conn, &topic, p as i32, -2).1)
+            .collect();
         let left = files_of_topic();
-        if log_start == 2_000 && left.is_empty() && !record().contains("drop_archive") {
+        if log_starts == [1_000; P] && left.is_empty() && !record().contains("drop_archive") {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the archive was not dropped: log start {log_start}, files {left:?}, record {}",
+            "the archive was not dropped: log starts {log_starts:?}, files {left:?}, record {}",
             record()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(ketch.output().contains("deleted the topic's archive"));
-    assert_eq!(
-        raw::list_offsets(&mut conn, &topic, 0, -4).1,
-        2_000,
-        "earliest local"
-    );
-    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 1_999, 100));
-    assert_eq!(raw::fetch_result(&response).0, code::OFFSET_OUT_OF_RANGE);
     assert!(
-        redis.segments(&topic, 0).iter().all(|s| s.get("path").is_none()),
-        "no segment names an archive file: {:?}",
-        redis.segments(&topic, 0)
+        [&ketch, &other]
+            .iter()
+            .any(|k| k.output().contains("deleted the topic's archive")),
+        "no log line"
     );
-    consume_and_check_from(&ketch.consumer(), &topic, &[2_000], &[3_000]);
+    for p in 0..P {
+        assert_eq!(
+            raw::list_offsets(&mut conn, &topic, p as i32, -4).1,
+            1_000,
+            "earliest local"
+        );
+        let response = conn.request(
+            raw::FETCH_VERSION,
+            &raw::fetch_request(&topic, p as i32, 999, 100),
+        );
+        assert_eq!(raw::fetch_result(&response).0, code::OFFSET_OUT_OF_RANGE);
+        assert!(
+            redis.segments(&topic, p).iter().all(|s| s.get("path").is_none()),
+            "no segment names an archive file: {:?}",
+            redis.segments(&topic, p)
+        );
+    }
+    consume_and_check_from(&ketch.consumer(), &topic, &[1_000; P], &[1_500; P]);
 
     // On again: what Redis holds is archived into a new table, alone.
     set_topic_config(&ketch, &topic, "remote.storage.enable", "true");
     set_topic_config(&ketch, &topic, "local.retention.bytes", "0");
-    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [3_000]);
-    consume_and_check_from(&ketch.consumer(), &topic, &[2_000], &[3_000]);
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, P), [1_500; P]);
+    consume_and_check_from(&ketch.consumer(), &topic, &[1_000; P], &[1_500; P]);
     let (catalog, warehouse) = sqlite_catalog(&data_dir);
-    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(2_000, 3_000)]);
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(1_000, 1_500); P]);
 }
