@@ -426,6 +426,10 @@ impl Archiver {
             return Ok(false);
         }
         catalog.purge_table(&ident).await?;
+        self.metadata_deleted
+            .lock()
+            .expect("deleted")
+            .remove(&ident.to_string());
         Ok(true)
     }
 

@@ -247,66 +247,84 @@ impl Worker {
         Ok(())
     }
 
-    /// Starts a compaction pass over `partitions` of `topic` in the
-    /// background, unless the topic's compaction task is still running.
-    fn compact_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>, policy: CompactPolicy) {
-        if !self
-            .compacting
+    /// Runs `work` on `topic` in the background, unless the topic's task of
+    /// that kind (the topics in `running`) is still going.
+    fn spawn_per_topic<F, Fut>(
+        self: Arc<Self>,
+        running: fn(&Worker) -> &std::sync::Mutex<std::collections::HashSet<String>>,
+        topic: Arc<Topic>,
+        work: F,
+    ) where
+        F: FnOnce(Arc<Self>, Arc<Topic>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if !running(&self)
             .lock()
-            .expect("compacting")
+            .expect("running topics")
             .insert(topic.name.clone())
         {
             return;
         }
         tokio::spawn(async move {
-            for partition in partitions {
-                let started = std::time::Instant::now();
-                match self.store.compact(&topic, partition, &self.id, &policy).await {
-                    Ok(Some(outcome)) => {
-                        self.metrics
-                            .compacted(outcome.records_read, outcome.records_kept, started.elapsed());
-                        tracing::debug!(topic = %topic.name, partition, read = outcome.records_read,
+            let name = topic.name.clone();
+            work(self.clone(), topic).await;
+            running(&self).lock().expect("running topics").remove(&name);
+        });
+    }
+
+    /// Starts a compaction pass over `partitions` of `topic` in the
+    /// background, unless the topic's compaction task is still running.
+    fn compact_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>, policy: CompactPolicy) {
+        self.spawn_per_topic(
+            |w| &w.compacting,
+            topic,
+            move |this, topic| async move {
+                for partition in partitions {
+                    let started = std::time::Instant::now();
+                    match this.store.compact(&topic, partition, &this.id, &policy).await {
+                        Ok(Some(outcome)) => {
+                            this.metrics.compacted(
+                                outcome.records_read,
+                                outcome.records_kept,
+                                started.elapsed(),
+                            );
+                            tracing::debug!(topic = %topic.name, partition, read = outcome.records_read,
                             kept = outcome.records_kept, bytes_before = outcome.bytes_before,
                             bytes_after = outcome.bytes_after, clean_end = outcome.clean_end,
                             took_ms = started.elapsed().as_millis() as u64, "compacted");
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        self.metrics.compaction_failed();
-                        tracing::warn!(topic = %topic.name, partition, error = %e, "compaction");
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            this.metrics.compaction_failed();
+                            tracing::warn!(topic = %topic.name, partition, error = %e, "compaction");
+                        }
                     }
                 }
-            }
-            self.compacting.lock().expect("compacting").remove(&topic.name);
-        });
+            },
+        );
     }
 
     /// Starts archiving `partitions` of `topic` in the background, unless
     /// the topic's archiving task is still running.
     fn archive_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>, policy: SegmentPolicy) {
-        if !self
-            .archiving
-            .lock()
-            .expect("archiving")
-            .insert(topic.name.clone())
-        {
-            return;
-        }
-        tokio::spawn(async move {
-            for partition in partitions {
-                match self.archive_pending(&topic, partition).await {
-                    // Apply retention and local retention to what was just archived.
-                    Ok(archived) if archived > 0 => {
-                        if let Err(e) = self.seal_and_retain(&topic, partition, policy).await {
-                            tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+        self.spawn_per_topic(
+            |w| &w.archiving,
+            topic,
+            move |this, topic| async move {
+                for partition in partitions {
+                    match this.archive_pending(&topic, partition).await {
+                        // Apply retention and local retention to what was just archived.
+                        Ok(archived) if archived > 0 => {
+                            if let Err(e) = this.seal_and_retain(&topic, partition, policy).await {
+                                tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                            }
                         }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "archiving"),
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "archiving"),
                 }
-            }
-            self.archiving.lock().expect("archiving").remove(&topic.name);
-        });
+            },
+        );
     }
 
     /// Deletes the archive of a topic whose remote storage was turned off
@@ -317,22 +335,20 @@ impl Worker {
     /// topic's mark cleared. Run by the worker of partition 0, retried on
     /// later ticks until it succeeds.
     fn drop_archive(self: Arc<Self>, topic: Arc<Topic>) {
-        if !self
-            .archiving
-            .lock()
-            .expect("archiving")
-            .insert(topic.name.clone())
-        {
-            return;
-        }
-        tokio::spawn(async move {
-            match self.try_drop_archive(&topic).await {
-                Ok(true) => {}
-                Ok(false) => tracing::debug!(topic = %topic.name, "archive drop waits for every partition"),
-                Err(e) => tracing::warn!(topic = %topic.name, error = %e, "deleting the archive"),
-            }
-            self.archiving.lock().expect("archiving").remove(&topic.name);
-        });
+        // The archiving set: never beside an archiving task of the topic.
+        self.spawn_per_topic(
+            |w| &w.archiving,
+            topic,
+            |this, topic| async move {
+                match this.try_drop_archive(&topic).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::debug!(topic = %topic.name, "archive drop waits for every partition")
+                    }
+                    Err(e) => tracing::warn!(topic = %topic.name, error = %e, "deleting the archive"),
+                }
+            },
+        );
     }
 
     /// One attempt of [`Worker::drop_archive`]; false while a partition
