@@ -980,8 +980,9 @@ fn remote_storage_turned_on_for_a_running_topic_archives_its_sealed_segments() {
 /// (Kafka's KIP-950): the log start moves to the local start, the topic's
 /// table and its files are deleted, what Redis holds is read as before, and
 /// remote storage turned on again archives it into a new table. Two
-/// gateways share the partitions (and the catalog): each clears the
-/// partitions it leads, the one leading partition 0 deletes the table.
+/// gateways share the partitions (and the SQLite catalog and an S3
+/// warehouse): each clears the partitions it leads, the one leading
+/// partition 0 deletes the table and its objects.
 #[test]
 fn remote_storage_turned_off_deletes_the_archive() {
     use kafka_protocol::messages::IncrementalAlterConfigsRequest;
@@ -994,8 +995,9 @@ fn remote_storage_turned_off_deletes_the_archive() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
-    let ketch = tiered_gateway(&redis, &data_dir, &[]);
-    let other = tiered_gateway(&redis, &data_dir, &[]);
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    let ketch = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
+    let other = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
     let rt = runtime();
     let topic = unique_topic("dropped");
     const P: usize = 4;
@@ -1013,9 +1015,8 @@ fn remote_storage_turned_off_deletes_the_archive() {
     let producer = ketch.producer_with(&[("linger.ms", "5")]);
     produce(&producer, &rt, &topic, P, 0..4_000);
     assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, P), [1_000; P]);
-    let warehouse = data_dir.join("warehouse");
     let files_of_topic = || -> Vec<std::path::PathBuf> {
-        walk(&warehouse)
+        walk(&s3.bucket_dir())
             .into_iter()
             .filter(|p| p.to_string_lossy().contains(topic.as_str()))
             .collect()
@@ -1114,6 +1115,12 @@ fn remote_storage_turned_off_deletes_the_archive() {
     set_topic_config(&ketch, &topic, "local.retention.bytes", "0");
     assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, P), [1_500; P]);
     consume_and_check_from(&ketch.consumer(), &topic, &[1_000; P], &[1_500; P]);
-    let (catalog, warehouse) = sqlite_catalog(&data_dir);
-    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(1_000, 1_500); P]);
+    let (catalog, _) = sqlite_catalog(&data_dir);
+    pyiceberg_check(
+        &catalog,
+        "s3://lake/warehouse",
+        Some(&s3),
+        &topic,
+        &[(1_000, 1_500); P],
+    );
 }
