@@ -211,6 +211,9 @@ pub enum Kind {
     Connection,
     /// Partitions created or deleted per second (`controller_mutation_rate`).
     Mutation,
+    /// The share of one thread a client's requests keep busy, in percent
+    /// (`request_percentage`).
+    Request,
 }
 
 impl Kind {
@@ -220,6 +223,7 @@ impl Kind {
             Kind::Fetch => CONSUMER_BYTE_RATE,
             Kind::Connection => CONNECTION_CREATION_RATE,
             Kind::Mutation => CONTROLLER_MUTATION_RATE,
+            Kind::Request => REQUEST_PERCENTAGE,
         }
     }
 
@@ -230,6 +234,7 @@ impl Kind {
             Kind::Fetch => "fetch",
             Kind::Connection => "connection",
             Kind::Mutation => "controller_mutation",
+            Kind::Request => "request",
         }
     }
 }
@@ -400,7 +405,7 @@ pub struct ClientQuotas {
     table: RwLock<Arc<Table>>,
     /// Whether any quota of each [`Kind`] is set: without one, requests
     /// and connections skip quota work.
-    enabled: [AtomicBool; 4],
+    enabled: [AtomicBool; 5],
     sensors: Mutex<HashMap<(Kind, SensorTags), Rate>>,
     /// New connections per address, for `connection_creation_rate`.
     connections: Mutex<HashMap<IpAddr, Rate>>,
@@ -433,15 +438,22 @@ impl ClientQuotas {
 
     /// Replaces the quotas with a newly loaded table.
     pub fn replace(&self, table: Table) {
-        let enabled =
-            [Kind::Produce, Kind::Fetch, Kind::Connection, Kind::Mutation].map(|kind| table.has(kind.key()));
+        let enabled = [
+            Kind::Produce,
+            Kind::Fetch,
+            Kind::Connection,
+            Kind::Mutation,
+            Kind::Request,
+        ]
+        .map(|kind| table.has(kind.key()));
         *self.table.write().expect("quota table lock") = Arc::new(table);
         for (flag, on) in self.enabled.iter().zip(enabled) {
             flag.store(on, Ordering::Relaxed);
         }
     }
 
-    fn enabled(&self, kind: Kind) -> bool {
+    /// Whether any quota of `kind` is set.
+    pub fn enabled(&self, kind: Kind) -> bool {
         self.enabled[kind as usize].load(Ordering::Relaxed)
     }
 
@@ -473,6 +485,22 @@ impl ClientQuotas {
         // observed rate O over the span W down to the quota T, O·W/(W+X) = T.
         let ms = ((observed - bound) / bound * span as f64).round();
         Duration::from_millis(ms as u64)
+    }
+
+    /// Records the time a gateway thread spent handling one of a client's
+    /// requests (Kafka's request handler thread time), as a percentage of
+    /// one thread per second; how long the client must wait for its
+    /// `request_percentage` (0: within it). As Kafka's, the wait is at
+    /// most one quota window.
+    pub fn record_request_time(&self, principal: &str, client_id: &str, busy: Duration) -> Duration {
+        self.record_request_time_at(principal, client_id, busy, self.now_ms())
+    }
+
+    fn record_request_time_at(&self, principal: &str, client_id: &str, busy: Duration, now: u64) -> Duration {
+        // Kafka's NanosToPercentagePerSecond: 100 % per second of one thread.
+        let percent_seconds = busy.as_nanos() as f64 * 1e-7;
+        self.record_at(Kind::Request, principal, client_id, percent_seconds, now)
+            .min(Duration::from_millis(self.config.window_ms))
     }
 
     /// Takes back bytes recorded by [`ClientQuotas::record`] (a throttled
@@ -879,6 +907,33 @@ mod tests {
         );
         assert_eq!(q.max_in_window(Kind::Produce, "User:x", "c"), Some(10_000));
         assert_eq!(q.max_in_window(Kind::Fetch, "User:x", "c"), None);
+    }
+
+    #[test]
+    fn request_time_is_a_percentage_of_one_thread_with_a_wait_of_at_most_a_window() {
+        // 10 % of a thread over 11 one-second samples: 1 s of thread time
+        // fits in the 10 s span.
+        let q = quotas(
+            11,
+            &[(Entity::client(None, Some(None)), REQUEST_PERCENTAGE, 10.0)],
+        );
+        let busy = |ms| Duration::from_millis(ms);
+        assert_eq!(
+            q.record_request_time_at("User:u", "c", busy(1_000), 0),
+            Duration::ZERO
+        );
+        // 1.5 s over 10 s: 15 %, (15-10)/10 × 10 s = 5 s, bounded to 1 s.
+        assert_eq!(
+            q.record_request_time_at("User:u", "c", busy(500), 0),
+            Duration::from_secs(1)
+        );
+        // Produce bytes are measured apart.
+        assert_eq!(q.record_at(Kind::Produce, "User:u", "c", 1e9, 0), Duration::ZERO);
+        let unset = quotas(11, &[]);
+        assert_eq!(
+            unset.record_request_time_at("User:u", "c", busy(60_000), 0),
+            Duration::ZERO
+        );
     }
 
     #[test]

@@ -563,6 +563,88 @@ fn client_throttles(api_key: ApiKey, version: i16) -> bool {
     }
 }
 
+/// Runs `work` and, with `measure`, adds up the time spent polling it: the
+/// time a gateway thread was busy with it (Kafka's request handler thread
+/// time), without the waits for Redis, other gateways or long polls in
+/// between. (Without a `request_percentage` quota nothing is measured.)
+async fn thread_time<F: std::future::Future>(measure: bool, work: F) -> (F::Output, Duration) {
+    if !measure {
+        return (work.await, Duration::ZERO);
+    }
+    let mut work = std::pin::pin!(work);
+    let mut busy = Duration::ZERO;
+    let output = std::future::poll_fn(|cx| {
+        let started = std::time::Instant::now();
+        let poll = work.as_mut().poll(cx);
+        busy += started.elapsed();
+        poll
+    })
+    .await;
+    (output, busy)
+}
+
+/// Sets a response's `throttle_time_ms` (every response ketch sends has
+/// one, KIP-219), keeping a longer one its handler set.
+fn set_throttle_time(response: &mut ResponseKind, throttle: Duration) {
+    let ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
+    macro_rules! set {
+        ($($kind:ident),* $(,)?) => {
+            match response {
+                $(ResponseKind::$kind(r) => r.throttle_time_ms = r.throttle_time_ms.max(ms),)*
+                _ => {}
+            }
+        };
+    }
+    set!(
+        AddOffsetsToTxn,
+        AddPartitionsToTxn,
+        AlterClientQuotas,
+        AlterConfigs,
+        AlterPartitionReassignments,
+        AlterReplicaLogDirs,
+        AlterUserScramCredentials,
+        ApiVersions,
+        CreateAcls,
+        CreatePartitions,
+        CreateTopics,
+        DeleteAcls,
+        DeleteGroups,
+        DeleteRecords,
+        DeleteTopics,
+        DescribeAcls,
+        DescribeClientQuotas,
+        DescribeCluster,
+        DescribeConfigs,
+        DescribeGroups,
+        DescribeLogDirs,
+        DescribeProducers,
+        DescribeTopicPartitions,
+        DescribeTransactions,
+        DescribeUserScramCredentials,
+        ElectLeaders,
+        EndTxn,
+        Fetch,
+        FindCoordinator,
+        Heartbeat,
+        IncrementalAlterConfigs,
+        InitProducerId,
+        JoinGroup,
+        LeaveGroup,
+        ListConfigResources,
+        ListGroups,
+        ListOffsets,
+        ListPartitionReassignments,
+        ListTransactions,
+        Metadata,
+        OffsetCommit,
+        OffsetDelete,
+        OffsetFetch,
+        Produce,
+        SyncGroup,
+        TxnOffsetCommit,
+    );
+}
+
 fn millis(ms: i32) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
@@ -589,6 +671,10 @@ async fn respond(
     let principal = client.principal.clone();
     let client_id = header.client_id.as_deref().unwrap_or("");
     let mut throttle = Duration::ZERO;
+    // The request_percentage quota's throttle, from the thread time the
+    // handling took.
+    let mut request_throttle = Duration::ZERO;
+    let measure = ctx.quotas.enabled(Kind::Request);
     let encoded = match body {
         RequestKind::Fetch(mut fetch) => {
             // One response never takes more than the quota allows over its
@@ -599,7 +685,9 @@ async fn respond(
             }
             // The stored batches go out as they came from Redis (see
             // api::fetch::encode).
-            let mut answer = api::fetch::handle(ctx, &client, &header, fetch).await;
+            let (mut answer, busy) =
+                thread_time(measure, api::fetch::handle(ctx, &client, &header, fetch)).await;
+            request_throttle = ctx.quotas.record_request_time(&principal, client_id, busy);
             crate::metrics::fetch_error_codes(&answer.response, &mut |code| {
                 ctx.requests.error(api_key, code)
             });
@@ -608,13 +696,14 @@ async fn respond(
                 Ok(chunks) => {
                     let bytes = chunks.iter().map(Bytes::len).sum();
                     throttle = ctx.quotas.record(Kind::Fetch, &principal, client_id, bytes);
-                    if throttle.is_zero() {
+                    if throttle.is_zero() && request_throttle.is_zero() {
                         fetched.count(ctx);
                         Ok(Some(chunks))
                     } else {
-                        // The client gets none of it: uncounted.
+                        // The client gets none of it (Kafka answers a fetch
+                        // over either quota empty): uncounted.
                         ctx.quotas.unrecord(Kind::Fetch, &principal, client_id, bytes);
-                        let empty = api::fetch::FetchAnswer::throttled(throttle);
+                        let empty = api::fetch::FetchAnswer::throttled(throttle.max(request_throttle));
                         api::fetch::encode(empty, version, correlation_id).map(Some)
                     }
                 }
@@ -623,30 +712,33 @@ async fn respond(
         }
         body => {
             throttle = asked.throttle;
-            let response = api::handle(ctx, client, &header, body, turns).await;
+            let (response, busy) = thread_time(measure, api::handle(ctx, client, &header, body, turns)).await;
             match response {
                 Some(mut response) => {
+                    request_throttle = ctx.quotas.record_request_time(&principal, client_id, busy);
                     match &mut response {
-                        ResponseKind::Produce(produce) => {
-                            produce.throttle_time_ms =
-                                i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
-                        }
                         // Their handlers measure the controller mutation quota.
                         ResponseKind::CreateTopics(r) => throttle = millis(r.throttle_time_ms),
                         ResponseKind::CreatePartitions(r) => throttle = millis(r.throttle_time_ms),
                         ResponseKind::DeleteTopics(r) => throttle = millis(r.throttle_time_ms),
                         _ => {}
                     }
+                    // The longer of the throttles is the one the client is told (and waits).
+                    set_throttle_time(&mut response, throttle.max(request_throttle));
                     ctx.requests.errors(api_key, &response);
                     encode_response(api_key, version, correlation_id, &response)
                         .map(|bytes| Some(vec![bytes]))
                 }
+                // acks=0 produce: no response, exempt (as in Kafka).
                 None => Ok(None),
             }
         }
     };
+    let by_request = request_throttle > throttle;
+    let throttle = throttle.max(request_throttle);
     if !throttle.is_zero() {
         let kind = match api_key {
+            _ if by_request => Kind::Request,
             ApiKey::Fetch => Kind::Fetch,
             ApiKey::Produce => Kind::Produce,
             _ => Kind::Mutation,

@@ -132,3 +132,61 @@ def test_librdkafka_clients_over_their_quota_are_throttled_and_lose_nothing(ketc
         assert read_throttles and max(read_throttles) > 0, "no throttle event reading at 4x the quota"
     finally:
         consumer.close()
+
+
+
+def test_librdkafka_producer_over_its_request_percentage_is_throttled_and_loses_nothing(ketch_cluster, topic_name):
+    """request_percentage: the thread time a client's requests take. A
+    producer sending small batches back to back at 1 % of a thread is
+    throttled (throttle_cb) and every record is stored once, in order."""
+    (ketch,) = ketch_cluster(1, settings=SETTINGS)
+    create_topic(ketch.bootstrap, topic_name)
+    admin = KafkaAdminClient(bootstrap_servers=ketch.bootstrap)
+    try:
+        set_quota(admin, [("client-id", "busy-writer")], "request_percentage", 1)
+    finally:
+        admin.close()
+    throttles = []
+    delivered = []
+    producer = Producer(
+        {
+            "bootstrap.servers": ketch.bootstrap,
+            "client.id": "busy-writer",
+            # A request per record or two: many requests.
+            "linger.ms": 0,
+            "batch.size": 2048,
+            "throttle_cb": lambda event: throttles.append(event.throttle_time),
+        }
+    )
+    count = 200
+    started = time.monotonic()
+    for i in range(count):
+        producer.produce(topic_name, VALUE, key=str(i).encode(), on_delivery=lambda e, m: delivered.append((e, m)))
+        producer.poll(0)
+    assert producer.flush(90) == 0
+    took = time.monotonic() - started
+    assert [e for e, _ in delivered if e is not None] == []
+    assert [int(m.key()) for _, m in delivered] == list(range(count))
+    assert throttles and max(throttles) > 0, "no throttle event at 1 % of a thread"
+    print(f"produced {count} in {took:.1f} s; {len(throttles)} throttle events, longest {max(throttles):.3f} s")
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": ketch.bootstrap,
+            "group.id": f"{topic_name}-check",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.subscribe([topic_name])
+        keys = []
+        deadline = time.monotonic() + 60
+        while len(keys) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            keys.append(int(message.key()))
+        assert keys == list(range(count)), "every record once, in order"
+    finally:
+        consumer.close()

@@ -725,3 +725,61 @@ fn topic_changes_over_the_controller_mutation_rate_are_refused_or_throttled() {
         assert_eq!(create_timed(&mut other, 7, &name(i), 3).0, code::NONE);
     }
 }
+
+#[test]
+fn requests_over_the_request_percentage_are_throttled() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), WINDOWS);
+    let topic = unique_topic("quota-request");
+    let mut admin = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut admin, &topic, 1), code::NONE);
+    // 1 % of one thread: 10 ms of thread time per second, which some tens
+    // of produce requests use up (the rate spans at least one second).
+    alter_ok(
+        &mut admin,
+        &[("client-id", Some("busy"))],
+        vec![set("request_percentage", 1.0)],
+    );
+    let mut busy = KafkaConn::connect_as(ketch.kafka_addr(), "busy");
+    let started = Instant::now();
+    let (mut sent, mut first) = (0, None);
+    let throttle = loop {
+        let (error, throttle, _) = produce_timed(&mut busy, 9, &topic, 100);
+        assert_eq!(error, code::NONE, "a throttled request is still served");
+        sent += 1;
+        if throttle > 0 && first.is_none() {
+            first = Some(sent);
+        }
+        // Kafka bounds a request-time throttle by one quota window (1 s here).
+        assert!(throttle <= 1_000, "throttle {throttle} ms");
+        if throttle >= 100 {
+            break throttle;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not throttled 100 ms after {sent} requests"
+        );
+    };
+    println!("first throttled after {first:?} requests; {throttle} ms after {sent}");
+    assert!(
+        first > Some(1),
+        "the first request alone cannot use 10 ms of thread time"
+    );
+    // The connection is not read until the throttle time has passed.
+    let (error, _, took) = produce_timed(&mut busy, 9, &topic, 100);
+    assert_eq!(error, code::NONE);
+    assert!(
+        took + Duration::from_millis(50) >= Duration::from_millis(throttle as u64),
+        "answered after {took:?} within a throttle of {throttle} ms"
+    );
+    // Another client id has no quota.
+    let mut idle = KafkaConn::connect_as(ketch.kafka_addr(), "idle");
+    for _ in 0..20 {
+        assert_eq!(produce_timed(&mut idle, 9, &topic, 100).1, 0);
+    }
+    let metrics = ketch.http_get("/metrics").1;
+    assert!(
+        metrics.contains("ketch_quota_throttled_requests_total{quota=\"request\"}"),
+        "{metrics}"
+    );
+}
