@@ -1,9 +1,9 @@
 """Client quotas through the clients' own code: AlterClientQuotas and
 DescribeClientQuotas as kafka-python encodes them (its protocol classes;
 kafka-configs.sh sends the same requests), and librdkafka producers and
-consumers (confluent-kafka) over their byte rate, which see the gateway's
-throttle time in their throttle callback and still deliver and read every
-record. Two gateways: the quota is set through one and enforced by the
+consumers (confluent-kafka) over their byte rate, and a producer over its
+request_percentage, which see the gateway's throttle time in their
+throttle callback and still deliver and read every record. Two gateways: the quota is set through one and enforced by the
 other. Rates are measured over two 1 s samples, so a client may send one
 second's worth of its quota before it is throttled."""
 
@@ -109,18 +109,33 @@ def test_librdkafka_clients_over_their_quota_are_throttled_and_lose_nothing(ketc
     print(f"produced {count} kB in {took:.1f} s, {len(throttles)} throttle events, longest {max(throttles):.3f} s")
 
     read_throttles = []
+    keys = read_keys(
+        b.bootstrap,
+        topic_name,
+        count,
+        {
+            "client.id": "slow-reader",
+            "throttle_cb": lambda event: read_throttles.append(event.throttle_time),
+        },
+    )
+    assert keys == list(range(count)), "every record once, in order"
+    assert read_throttles and max(read_throttles) > 0, "no throttle event reading at 4x the quota"
+
+
+def read_keys(bootstrap, topic, count, config=None):
+    """The keys (as numbers) a new consumer group reads from the start of
+    `topic`, up to `count` of them or 60 s."""
     consumer = Consumer(
         {
-            "bootstrap.servers": b.bootstrap,
-            "client.id": "slow-reader",
-            "group.id": f"{topic_name}-readers",
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic}-readers",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "throttle_cb": lambda event: read_throttles.append(event.throttle_time),
+            **(config or {}),
         }
     )
     try:
-        consumer.subscribe([topic_name])
+        consumer.subscribe([topic])
         keys = []
         deadline = time.monotonic() + 60
         while len(keys) < count and time.monotonic() < deadline:
@@ -128,11 +143,9 @@ def test_librdkafka_clients_over_their_quota_are_throttled_and_lose_nothing(ketc
             if message is None or message.error():
                 continue
             keys.append(int(message.key()))
-        assert keys == list(range(count)), "every record once, in order"
-        assert read_throttles and max(read_throttles) > 0, "no throttle event reading at 4x the quota"
+        return keys
     finally:
         consumer.close()
-
 
 
 def test_librdkafka_producer_over_its_request_percentage_is_throttled_and_loses_nothing(ketch_cluster, topic_name):
@@ -170,23 +183,4 @@ def test_librdkafka_producer_over_its_request_percentage_is_throttled_and_loses_
     assert throttles and max(throttles) > 0, "no throttle event at 1 % of a thread"
     print(f"produced {count} in {took:.1f} s; {len(throttles)} throttle events, longest {max(throttles):.3f} s")
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": ketch.bootstrap,
-            "group.id": f"{topic_name}-check",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        consumer.subscribe([topic_name])
-        keys = []
-        deadline = time.monotonic() + 60
-        while len(keys) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error():
-                continue
-            keys.append(int(message.key()))
-        assert keys == list(range(count)), "every record once, in order"
-    finally:
-        consumer.close()
+    assert read_keys(ketch.bootstrap, topic_name, count) == list(range(count)), "every record once, in order"

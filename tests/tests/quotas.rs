@@ -3,7 +3,8 @@
 //! through one gateway enforced by another, producers answered with a
 //! throttle time and their connection not read meanwhile (old request
 //! versions: the response held back), consumers given empty throttled
-//! fetches and responses no larger than the quota's window.
+//! fetches and responses no larger than the quota's window, clients over
+//! their request_percentage throttled by the thread time of their requests.
 //!
 //! Raw protocol: rdkafka has no quota admin API, and these tests read
 //! throttle_time_ms and time single requests. The gateways measure rates
