@@ -78,30 +78,17 @@ def test_librdkafka_clients_over_their_quota_are_throttled_and_lose_nothing(ketc
     finally:
         admin.close()
 
-    throttles = []
-    producer = Producer(
-        {
-            "bootstrap.servers": b.bootstrap,
-            "client.id": "slow-writer",
-            "linger.ms": 5,
-            # Many requests, not one of 400 kB (a request is counted whole,
-            # after it is stored).
-            "batch.size": 16384,
-            "throttle_cb": lambda event: throttles.append(event.throttle_time),
-        }
-    )
-    delivered = []
     # B learns of the quota at once (announced), but wait for it to apply:
     # a first burst is allowed anyway (one window's worth).
     count = 400  # 400 kB at 100 kB/s: about 3 s after the burst
-    started = time.monotonic()
-    for i in range(count):
-        producer.produce(topic_name, VALUE, key=str(i).encode(), on_delivery=lambda e, m: delivered.append((e, m)))
-        producer.poll(0)
-    assert producer.flush(60) == 0
-    took = time.monotonic() - started
-    assert [e for e, _ in delivered if e is not None] == []
-    assert len(delivered) == count
+    throttles, took = produce_throttled(
+        b.bootstrap,
+        topic_name,
+        count,
+        # Many requests, not one of 400 kB (a request is counted whole,
+        # after it is stored).
+        {"client.id": "slow-writer", "linger.ms": 5, "batch.size": 16384},
+    )
     assert throttles, "no throttle event at 4x the quota"
     assert max(throttles) > 0
     # 300 kB past the burst at 100 kB/s cannot take much under 3 s.
@@ -120,6 +107,30 @@ def test_librdkafka_clients_over_their_quota_are_throttled_and_lose_nothing(ketc
     )
     assert keys == list(range(count)), "every record once, in order"
     assert read_throttles and max(read_throttles) > 0, "no throttle event reading at 4x the quota"
+
+
+def produce_throttled(bootstrap, topic, count, config):
+    """Produces `count` records keyed 0.. with a librdkafka producer of
+    `config`, checks every one was delivered once, in order; the throttle
+    times its throttle callback saw, and the seconds it took."""
+    throttles = []
+    delivered = []
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "throttle_cb": lambda event: throttles.append(event.throttle_time),
+            **config,
+        }
+    )
+    started = time.monotonic()
+    for i in range(count):
+        producer.produce(topic, VALUE, key=str(i).encode(), on_delivery=lambda e, m: delivered.append((e, m)))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    took = time.monotonic() - started
+    assert [e for e, _ in delivered if e is not None] == []
+    assert [int(m.key()) for _, m in delivered] == list(range(count))
+    return throttles, took
 
 
 def read_keys(bootstrap, topic, count, config=None):
@@ -159,27 +170,14 @@ def test_librdkafka_producer_over_its_request_percentage_is_throttled_and_loses_
         set_quota(admin, [("client-id", "busy-writer")], "request_percentage", 1)
     finally:
         admin.close()
-    throttles = []
-    delivered = []
-    producer = Producer(
-        {
-            "bootstrap.servers": ketch.bootstrap,
-            "client.id": "busy-writer",
-            # A request per record or two: many requests.
-            "linger.ms": 0,
-            "batch.size": 2048,
-            "throttle_cb": lambda event: throttles.append(event.throttle_time),
-        }
-    )
     count = 200
-    started = time.monotonic()
-    for i in range(count):
-        producer.produce(topic_name, VALUE, key=str(i).encode(), on_delivery=lambda e, m: delivered.append((e, m)))
-        producer.poll(0)
-    assert producer.flush(90) == 0
-    took = time.monotonic() - started
-    assert [e for e, _ in delivered if e is not None] == []
-    assert [int(m.key()) for _, m in delivered] == list(range(count))
+    throttles, took = produce_throttled(
+        ketch.bootstrap,
+        topic_name,
+        count,
+        # A request per record or two: many requests.
+        {"client.id": "busy-writer", "linger.ms": 0, "batch.size": 2048},
+    )
     assert throttles and max(throttles) > 0, "no throttle event at 1 % of a thread"
     print(f"produced {count} in {took:.1f} s; {len(throttles)} throttle events, longest {max(throttles):.3f} s")
 
