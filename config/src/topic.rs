@@ -666,14 +666,14 @@ impl Defaults {
     /// config name (as stored in Redis), and why any stored one was
     /// skipped: a name or value this version does not take (stored by a
     /// newer one) leaves the next default down in effect.
-    pub fn with_cluster<'a>(
+    pub fn with_cluster<K: AsRef<str>, V: AsRef<str>>(
         &self,
-        stored: impl IntoIterator<Item = (&'a str, &'a str)>,
+        stored: impl IntoIterator<Item = (K, V)>,
     ) -> (Self, Vec<String>) {
         let mut cluster = BTreeMap::new();
         let mut skipped = Vec::new();
         for (name, value) in stored {
-            match validate_broker_default(name, value) {
+            match validate_broker_default(name.as_ref(), value.as_ref()) {
                 Ok((def, value)) => {
                     cluster.insert(def.name, value);
                 }
@@ -696,9 +696,16 @@ impl Defaults {
     }
 
     /// The default of the topic config `name` in effect ("" for a name
-    /// that is not a topic config).
+    /// that is not a topic config): the first of [`Defaults::synonyms`],
+    /// looked up without building them (the produce path asks for several
+    /// per batch).
     pub fn value(&self, name: &str) -> &str {
-        self.synonyms(name).first().map_or("", |(_, value)| value)
+        self.cluster
+            .get(name)
+            .or_else(|| self.settings.get(name))
+            .map(String::as_str)
+            .or_else(|| topic_config(name).map(|def| def.default))
+            .unwrap_or("")
     }
 
     /// Every default of the topic config `name`, the one in effect first:
@@ -821,10 +828,7 @@ pub fn check_together(before: Configs<'_>, after: Configs<'_>) -> Result<(), Str
 /// table the tests of every config are driven by.
 pub fn example_values(def: &ConfigDef) -> (String, String) {
     let valid = match (def.kind, def.valid) {
-        (ConfigType::Boolean, _) => {
-            let other = if def.default == "true" { "false" } else { "true" };
-            other.to_owned()
-        }
+        (ConfigType::Boolean, _) => if def.default == "true" { "false" } else { "true" }.to_owned(),
         (_, Valid::AtLeast(min)) => min.to_string(),
         (_, Valid::Between(_, max)) => max.to_string(),
         (_, Valid::LevelOr(_, min, _)) => min.to_string(),

@@ -7,6 +7,7 @@
 //! copy, the storage worker reads Redis on each tick. docs/configuration.md,
 //! "Cluster-wide topic defaults".
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use ketch_config::topic::Defaults;
@@ -44,7 +45,7 @@ impl ClusterDefaults {
     }
 
     /// Takes the stored defaults (broker config name → value) of `version`.
-    pub fn replace<'a>(&self, version: u64, stored: impl IntoIterator<Item = (&'a str, &'a str)>) {
+    pub fn replace(&self, version: u64, stored: &BTreeMap<String, String>) {
         let (defaults, skipped) = self.base.with_cluster(stored);
         for why in skipped {
             tracing::warn!(%why, "ignoring a stored cluster-wide topic default (written by a newer ketch?)");
@@ -56,8 +57,7 @@ impl ClusterDefaults {
 /// Reads the defaults from storage into this gateway.
 pub async fn reload(ctx: &Context) -> ketch_storage::Result<()> {
     let (version, stored) = ctx.storage.cluster_configs().await?;
-    ctx.topic_defaults
-        .replace(version, stored.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    ctx.topic_defaults.replace(version, &stored);
     Ok(())
 }
 

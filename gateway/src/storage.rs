@@ -574,7 +574,8 @@ impl Storage for Tiered {
 }
 
 /// What a gateway keeps in memory of a versioned set stored in Redis (the
-/// ACLs, the client quotas), for [`keep_current`].
+/// ACLs, the client quotas, the cluster-wide topic defaults), for
+/// [`keep_current`].
 pub struct Kept {
     /// What it is, for the log.
     pub what: &'static str,

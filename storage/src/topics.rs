@@ -334,9 +334,7 @@ impl Store {
         topic: &Topic,
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<Topic>> {
-        let new = topic.with_configs(configs);
-        (self.replace_topic(topic, new).await?)
-            .ok_or_else(|| StorageError::Conflict(format!("topic {} changed meanwhile", topic.name)))
+        self.replace_or_conflict(topic, topic.with_configs(configs)).await
     }
 
     /// Clears [`Topic::drop_archive`] once the archive is gone, if the topic
@@ -346,8 +344,13 @@ impl Store {
             drop_archive: false,
             ..topic.clone()
         };
-        (self.replace_topic(topic, new).await?)
-            .ok_or_else(|| StorageError::Conflict(format!("topic {} changed meanwhile", topic.name)))
+        self.replace_or_conflict(topic, new).await
+    }
+
+    /// [`Store::replace_topic`], a change made meanwhile being a conflict.
+    async fn replace_or_conflict(&self, old: &Topic, new: Topic) -> Result<Arc<Topic>> {
+        (self.replace_topic(old, new).await?)
+            .ok_or_else(|| StorageError::Conflict(format!("topic {} changed meanwhile", old.name)))
     }
 
     /// Replaces the record of `old` with `new` if it is still `old` (and

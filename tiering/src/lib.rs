@@ -167,11 +167,7 @@ impl Worker {
         // a change applies on the next one (max.message.bytes, the one
         // default ketch's settings give, does not concern this worker).
         let defaults = match self.store.cluster_configs().await {
-            Ok((_, stored)) => {
-                Defaults::default()
-                    .with_cluster(stored.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                    .0
-            }
+            Ok((_, stored)) => Defaults::default().with_cluster(&stored).0,
             Err(e) => {
                 tracing::debug!(error = %e, "storage worker: cannot read the cluster-wide topic defaults");
                 return;

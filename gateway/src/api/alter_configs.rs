@@ -87,14 +87,14 @@ impl Alteration {
 
     /// The values after this alteration of `current`, not yet validated:
     /// `known` finds the topic config a name sets (else it is refused with
-    /// `unknown`'s message), `fallback` is the value of a list config
-    /// without an entry in `current` (what APPEND and SUBTRACT start from).
+    /// `unknown`'s message), `fallback` is the value a list config without
+    /// an entry in `current` has (what APPEND and SUBTRACT start from).
     fn edited(
         &self,
         current: &BTreeMap<String, String>,
         known: impl Fn(&str) -> Option<&'static ConfigDef>,
         unknown: impl Fn(&str) -> Failure,
-        fallback: impl Fn(&str) -> String,
+        fallback: impl Fn(&ConfigDef) -> String,
     ) -> Result<BTreeMap<String, String>, Failure> {
         let invalid = |m: String| failure(ResponseError::InvalidConfig, m);
         let mut next = match self {
@@ -105,7 +105,7 @@ impl Alteration {
             for (name, change) in changes {
                 let def = known(name).ok_or_else(|| unknown(name))?;
                 let items = |next: &BTreeMap<String, String>| -> Vec<String> {
-                    let value = next.get(name).cloned().unwrap_or_else(|| fallback(name));
+                    let value = next.get(name).cloned().unwrap_or_else(|| fallback(def));
                     topic::list_items(&value).into_iter().map(str::to_owned).collect()
                 };
                 match change {
@@ -158,7 +158,7 @@ impl Alteration {
             current,
             topic::topic_config,
             |name| invalid(format!("Unknown topic config name: {name}")),
-            |name| defaults.value(name).to_owned(),
+            |def| defaults.value(def.name).to_owned(),
         )?;
         let mut validated = BTreeMap::new();
         for (name, value) in &next {
@@ -285,18 +285,14 @@ async fn alter_cluster_defaults(
             &current,
             topic::defaulted_by,
             |name| invalid(format!("Unknown dynamic broker config: {name}")),
-            |name| topic::defaulted_by(name).map_or_else(String::new, |def| base.value(def.name).to_owned()),
+            |def| base.value(def.name).to_owned(),
         )?;
         let mut validated = BTreeMap::new();
         for (name, value) in &next {
             let (_, value) = topic::validate_broker_default(name, value).map_err(invalid)?;
             validated.insert(name.clone(), value);
         }
-        let pairs = |m: &BTreeMap<String, String>| {
-            base.with_cluster(m.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .0
-        };
-        let (before, after) = (pairs(&current), pairs(&validated));
+        let (before, after) = (base.with_cluster(&current).0, base.with_cluster(&validated).0);
         let none = BTreeMap::new();
         topic::check_together(Configs::new(&none, &before), Configs::new(&none, &after)).map_err(invalid)?;
         for topic in ctx.storage.all_topics().await.map_err(storage_failure)? {
