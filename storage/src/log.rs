@@ -30,6 +30,10 @@ const MAX_READ_COUNT: usize = 1024;
 /// Batches up to this size pass through the append script in one call:
 /// below it, Lua hashing the bytes costs less than a separate XADD.
 const INLINE_BATCH_BYTES: usize = 4096;
+
+/// What an `XRANGE` reply adds to each entry's batch: the entry's id, the
+/// field names, the timestamp and RESP's headers.
+const ENTRY_FRAMING_BYTES: usize = 96;
 /// Times an append in cluster mode follows a moved slot before it gives up
 /// (a retriable error to the client).
 const MAX_MOVED_RETRIES: u64 = 8;
@@ -798,8 +802,14 @@ impl Store {
     /// fields `read_meta_query` asks for, on the data path's connection when
     /// there is one (the batches are then regions of its read buffer,
     /// patched in place, not copies).
-    async fn read_round(&self, keys: &PartitionKeys, pipe: &redis::Pipeline) -> Result<(Vec<Entry>, Value)> {
-        let (entries, meta): (Value, Value) = match self.on_wire(keys, pipe).await? {
+    /// `expect`: about how many bytes the entries take (0: unknown).
+    async fn read_round(
+        &self,
+        keys: &PartitionKeys,
+        pipe: &redis::Pipeline,
+        expect: usize,
+    ) -> Result<(Vec<Entry>, Value)> {
+        let (entries, meta): (Value, Value) = match self.on_wire(keys, pipe, expect).await? {
             OnWire::Replies(replies) => {
                 let mut replies = replies.into_iter();
                 let (Some(entries), Some(meta)) = (replies.next(), replies.next()) else {
@@ -819,7 +829,7 @@ impl Store {
     pub(crate) async fn read_entries(&self, keys: &PartitionKeys, xrange: redis::Cmd) -> Result<Vec<Entry>> {
         let mut pipe = redis::pipe();
         pipe.add_command(xrange);
-        match self.on_wire(keys, &pipe).await? {
+        match self.on_wire(keys, &pipe, 0).await? {
             OnWire::Replies(replies) => match replies.into_iter().next() {
                 Some(entries) => wire_entries(entries),
                 None => Err(StorageError::Data("XRANGE got no reply".to_owned())),
@@ -836,12 +846,12 @@ impl Store {
     /// mode a failure reads the slot map again (the slot moved, or its
     /// master is gone), and a moved slot is left to the cluster connection,
     /// which follows the move.
-    async fn on_wire(&self, keys: &PartitionKeys, pipe: &redis::Pipeline) -> Result<OnWire> {
+    async fn on_wire(&self, keys: &PartitionKeys, pipe: &redis::Pipeline, expect: usize) -> Result<OnWire> {
         let Ok(Some(wire)) = self.durable.wire(&keys.meta).await else {
             return Ok(OnWire::None);
         };
         let mut packed = Packed::default();
-        packed.pipeline(pipe);
+        packed.pipeline(pipe).expect(expect);
         let e = match wire
             .request(packed)
             .await
@@ -942,7 +952,18 @@ impl Store {
                     .arg("COUNT")
                     .arg(count);
             }
-            let (entries, meta) = self.read_round(keys, &read_meta_query(pipe, keys)).await?;
+            // At most about what the entries take, where the partition's
+            // batch sizes are known: the connection reads them in place.
+            // The largest batch seen lately, not the average: a reply
+            // longer than expected is moved whole once more.
+            let expect = seen.map_or(0, |sizes| {
+                count
+                    .saturating_mul(sizes.largest.saturating_add(ENTRY_FRAMING_BYTES))
+                    .min(request.read_cap.saturating_add(request.max_batch_bytes))
+            });
+            let (entries, meta) = self
+                .read_round(keys, &read_meta_query(pipe, keys), expect)
+                .await?;
             let (offsets, classes) = parse_read_meta(meta)?;
             let offsets = offsets.ok_or(StorageError::UnknownTopicOrPartition)?;
             if out.offsets.is_none()

@@ -68,6 +68,8 @@ struct Inner {
 struct Request {
     chunks: Vec<Bytes>,
     replies: usize,
+    /// About how many bytes its replies take ([`Packed::expect`]).
+    expect: usize,
     answer: oneshot::Sender<Vec<Reply>>,
 }
 
@@ -75,6 +77,10 @@ struct Request {
 struct Pending {
     replies: usize,
     got: Vec<Reply>,
+    /// About how many bytes its replies take, and how many of them have
+    /// been taken off the read buffer.
+    expect: usize,
+    taken: usize,
     answer: oneshot::Sender<Vec<Reply>>,
 }
 
@@ -120,6 +126,8 @@ pub(crate) struct Packed {
     chunks: Vec<Bytes>,
     current: BytesMut,
     replies: usize,
+    /// About how many bytes the replies will take (0: unknown).
+    expect: usize,
     /// The first command's name, as a metrics label.
     name: Option<&'static str>,
 }
@@ -160,6 +168,16 @@ impl Packed {
         self.flush();
         self.chunks.push(bytes.clone());
         self.current.extend_from_slice(b"\r\n");
+        self
+    }
+
+    /// About how many bytes the replies will take, when the caller knows
+    /// (a read sized from the batches it expects): the connection then
+    /// makes room for all of them when the first arrives, so a long reply
+    /// is read in place instead of being moved each time the read buffer
+    /// grows. An estimate: replies longer than it are read all the same.
+    pub(crate) fn expect(&mut self, bytes: usize) -> &mut Self {
+        self.expect = bytes;
         self
     }
 
@@ -262,11 +280,13 @@ impl Wire {
     }
 
     async fn exchange(&self, packed: Packed) -> Result<Vec<Reply>> {
+        let expect = packed.expect;
         let (chunks, replies) = packed.finish();
         let (answer, answered) = oneshot::channel();
         let request = Request {
             chunks,
             replies,
+            expect,
             answer,
         };
         let sender = self.sender().await?;
@@ -421,6 +441,8 @@ async fn write_requests<W: tokio::io::AsyncWrite + Unpin>(
             let waiting = Pending {
                 replies: request.replies,
                 got: Vec::with_capacity(request.replies),
+                expect: request.expect,
+                taken: 0,
                 answer: request.answer,
             };
             if pending.send(waiting).is_err() {
@@ -462,6 +484,7 @@ async fn read_replies<R: tokio::io::AsyncRead + Unpin>(
     let mut scanner = Scanner::default();
     loop {
         loop {
+            let held = buf.len();
             let Some(reply) = next_reply(&mut buf, &mut scanner)? else {
                 break;
             };
@@ -474,22 +497,31 @@ async fn read_replies<R: tokio::io::AsyncRead + Unpin>(
                 return Err(std::io::Error::other("redis sent a reply nobody asked for"));
             };
             front.got.push(reply);
+            front.taken += held - buf.len();
             if front.got.len() >= front.replies {
                 let done = queue.pop_front().expect("front exists");
                 let _ = done.answer.send(done.got);
             }
         }
-        // A reply still arriving is kept whole in the buffer: grow it at
-        // least twofold, so a long reply is moved a few times, not once
-        // per read (split-off replies keep the old buffer alive, and bytes
-        // then grows it by no more than asked).
-        buf.reserve(
-            scanner
-                .need
-                .saturating_sub(buf.len())
-                .max(READ_CHUNK)
-                .max(buf.len()),
-        );
+        while let Ok(p) = waiting.try_recv() {
+            queue.push_back(p);
+        }
+        // The buffer starts at the next reply of the request in front.
+        // When that request said how long its replies are, make room for
+        // the rest of them at once. Otherwise a reply still arriving is
+        // kept whole in the buffer: grow it at least twofold, so a long
+        // reply is moved a few times, not once per read (split-off
+        // replies keep the old buffer alive, and bytes then grows it by
+        // no more than asked).
+        let expected = queue
+            .front()
+            .map_or(0, |front| front.expect.saturating_sub(front.taken));
+        let need = scanner.need.saturating_sub(buf.len());
+        buf.reserve(if expected > buf.len() {
+            need.max(expected - buf.len())
+        } else {
+            need.max(READ_CHUNK).max(buf.len())
+        });
         if read.read_buf(&mut buf).await? == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -790,6 +822,77 @@ mod tests {
             &chunks[0][..],
             b"*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n"
         );
+    }
+
+    /// Requests pipelined on one connection, each expecting its replies to
+    /// take some bytes (exactly, far too few, far too many, unknown), get
+    /// their own replies whole, arriving in pieces of any size.
+    #[tokio::test]
+    async fn replies_are_read_whole_whatever_their_requests_expected() {
+        let bulk = |byte: u8, len: usize| {
+            let mut wire = format!("${len}\r\n").into_bytes();
+            wire.extend(std::iter::repeat_n(byte, len));
+            wire.extend(b"\r\n");
+            wire
+        };
+        // Each request: an array of two long bulks, then an integer.
+        let mut wire = Vec::new();
+        let mut sizes = Vec::new();
+        for (i, len) in [(0u8, 300_000), (1, 70_000), (2, 200_000), (3, 5)].map(|(i, n)| (i, n as usize)) {
+            let start = wire.len();
+            wire.extend(b"*2\r\n");
+            wire.extend(bulk(b'a' + i, len));
+            wire.extend(bulk(b'A' + i, len / 2));
+            wire.extend(format!(":{i}\r\n").into_bytes());
+            sizes.push(wire.len() - start);
+        }
+        let expects = [sizes[0], 10, sizes[2] * 8, 0];
+        for piece in [1 << 10, 16 << 10, 100_000, wire.len()] {
+            let (mut server, client) = tokio::io::duplex(piece);
+            let (pending, waiting) = mpsc::unbounded_channel();
+            let mut answers = Vec::new();
+            for expect in expects {
+                let (answer, answered) = oneshot::channel();
+                pending
+                    .send(Pending {
+                        replies: 2,
+                        got: Vec::new(),
+                        expect,
+                        taken: 0,
+                        answer,
+                    })
+                    .unwrap();
+                answers.push(answered);
+            }
+            let reader = tokio::spawn(read_replies(client, waiting));
+            let sent = wire.clone();
+            let writer = tokio::spawn(async move {
+                for chunk in sent.chunks(piece) {
+                    server.write_all(chunk).await.unwrap();
+                }
+                server
+            });
+            for (i, answered) in answers.into_iter().enumerate() {
+                let got = answered.await.expect("answered");
+                let [Reply::Array(items), Reply::Int(n)] = &got[..] else {
+                    panic!("request {i}: {got:?}");
+                };
+                assert_eq!(*n, i as i64);
+                let [Reply::Bulk(first), Reply::Bulk(second)] = &items[..] else {
+                    panic!("request {i}: two bulks");
+                };
+                let len = [300_000, 70_000, 200_000, 5][i];
+                assert_eq!(first.len(), len);
+                assert_eq!(second.len(), len / 2);
+                assert!(
+                    first.iter().all(|b| *b == b'a' + i as u8),
+                    "request {i}, pieces of {piece}"
+                );
+                assert!(second.iter().all(|b| *b == b'A' + i as u8));
+            }
+            drop(writer.await.unwrap());
+            assert!(reader.await.unwrap().is_err(), "the connection closed");
+        }
     }
 
     #[test]
