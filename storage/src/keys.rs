@@ -34,6 +34,7 @@ impl Keys {
             segments: key("segments"),
             quarantine: key("quarantine"),
             lease: key("lease"),
+            archiving: key("archiving"),
             producers: key("producers"),
             txns: key("txns"),
             aborted: key("aborted"),
@@ -59,6 +60,9 @@ pub struct PartitionKeys {
     pub quarantine: String,
     /// The storage worker's lease on this partition.
     pub lease: String,
+    /// Held (the worker's id, with a TTL) while a storage worker may write
+    /// the partition to the topic's Iceberg table (scripts/archiving.lua).
+    pub archiving: String,
     /// Idempotent producers' last batches (and their transactions here).
     pub producers: String,
     /// Open transactions with data in the partition: score = the first
@@ -80,7 +84,7 @@ impl PartitionKeys {
     /// Every key of the partition (the wake-up channel is not a key). Whatever
     /// acts on all of a partition's keys (deleting a topic, migrating the
     /// layout) iterates this list, so a new key cannot be forgotten.
-    pub fn all(&self) -> [&str; 12] {
+    pub fn all(&self) -> [&str; 13] {
         // Destructured so that adding a field fails to compile until it is
         // listed here.
         let PartitionKeys {
@@ -91,6 +95,7 @@ impl PartitionKeys {
             segments,
             quarantine,
             lease,
+            archiving,
             producers,
             txns,
             aborted,
@@ -99,8 +104,8 @@ impl PartitionKeys {
             wake: _,
         } = self;
         [
-            meta, log, times, staging, segments, quarantine, lease, producers, txns, aborted, clean,
-            compacting,
+            meta, log, times, staging, segments, quarantine, lease, archiving, producers, txns, aborted,
+            clean, compacting,
         ]
     }
 }

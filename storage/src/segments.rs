@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::Value;
+use redis::{AsyncCommands, Value};
 use serde::Deserialize;
 
 use crate::log::stream_entries;
@@ -192,6 +192,66 @@ impl Store {
             .key(&keys.lease)
             .arg(worker)
             .arg(ttl.as_millis().max(1) as u64)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(held == 1)
+    }
+
+    /// Takes or renews this worker's archiving registration on a partition
+    /// (`ketch:{TAG}:archiving`, `scripts/archiving.lua`): true while held.
+    /// Taken before the worker checks that the topic still has remote
+    /// storage, held until it stops writing to the topic's table.
+    pub async fn take_archiving(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        worker: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        self.archiving_op(topic, partition, worker, ttl, "take").await
+    }
+
+    /// Renews this worker's archiving registration only if it still holds
+    /// it: false when it expired meanwhile (a purge may then have run).
+    pub async fn renew_archiving(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        worker: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        self.archiving_op(topic, partition, worker, ttl, "renew").await
+    }
+
+    /// Gives up this worker's archiving registration, if it holds it.
+    pub async fn release_archiving(&self, topic: &Topic, partition: i32, worker: &str) -> Result<()> {
+        self.archiving_op(topic, partition, worker, Duration::ZERO, "release")
+            .await
+            .map(drop)
+    }
+
+    /// Whether some worker holds the partition's archiving registration.
+    pub async fn archiving(&self, topic: &Topic, partition: i32) -> Result<bool> {
+        let keys = self.partition_keys(topic, partition);
+        Ok(self.conn().exists(&keys.archiving).await?)
+    }
+
+    async fn archiving_op(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        worker: &str,
+        ttl: Duration,
+        op: &str,
+    ) -> Result<bool> {
+        let keys = self.partition_keys(topic, partition);
+        let held: i64 = self
+            .scripts
+            .archiving
+            .key(&keys.archiving)
+            .arg(worker)
+            .arg(ttl.as_millis().max(1) as u64)
+            .arg(op)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(held == 1)

@@ -660,7 +660,9 @@ impl ClusterSubscriber {
     }
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Aborts its task when dropped: a helper task that must not outlive
+/// the work it serves, however that work ends.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -996,8 +996,14 @@ fn remote_storage_turned_off_deletes_the_archive() {
     let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let s3 = S3Server::start(&dir.path().join("s3"), "lake");
-    let ketch = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
-    let other = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
+    // The storage workers say at debug level why the drop waits.
+    let settings = [
+        s3.ketch_settings("warehouse"),
+        vec!["log.level=info,ketch_tiering=debug".to_owned()],
+    ]
+    .concat();
+    let ketch = tiered_gateway(&redis, &data_dir, &settings);
+    let other = tiered_gateway(&redis, &data_dir, &settings);
     let rt = runtime();
     let topic = unique_topic("dropped");
     const P: usize = 4;
@@ -1031,6 +1037,18 @@ fn remote_storage_turned_off_deletes_the_archive() {
     // The next records stay in Redis.
     set_topic_config(&ketch, &topic, "local.retention.bytes", "-1");
     produce(&producer, &rt, &topic, P, 4_000..6_000);
+
+    // The storage worker of a third gateway, which read the topic while
+    // remote storage was on, is still archiving partition 1 (it holds the
+    // partition's archiving registration): the table must outlive it.
+    let registration = format!("ketch:{{{}}}:archiving", redis.topic_tags(&topic)[1]);
+    redis::cmd("SET")
+        .arg(&registration)
+        .arg("a-third-gateway")
+        .arg("PX")
+        .arg(300_000)
+        .query::<()>(&mut redis.connection())
+        .expect("SET");
 
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(
@@ -1069,6 +1087,27 @@ fn remote_storage_turned_off_deletes_the_archive() {
             .query(&mut redis.connection())
             .expect("topic record")
     };
+    // Every partition has let go of the archive, and the drop waits for the
+    // registration alone.
+    let waits = "archive drop waits: a storage worker may still write the partition to the table";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ![&ketch, &other].iter().any(|k| k.output().contains(waits)) {
+        assert!(
+            Instant::now() < deadline,
+            "the drop never waited for the registration"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        parquet(&files_of_topic()) > 0 && record().contains("drop_archive"),
+        "the table was purged while a worker could still write it: {:?}",
+        files_of_topic()
+    );
+    redis::cmd("DEL")
+        .arg(&registration)
+        .query::<()>(&mut redis.connection())
+        .expect("DEL");
+
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let log_starts: Vec<i64> = (0..P)
@@ -1123,4 +1162,81 @@ fn remote_storage_turned_off_deletes_the_archive() {
         &topic,
         &[(1_000, 1_500); P],
     );
+}
+
+/// The archiving registration (`scripts/archiving.lua`) that a purge of the
+/// archive waits for: one worker holds it, another can neither take, renew
+/// nor release it, and once it expires its holder cannot renew it (the
+/// fence before a commit) until it takes it again.
+#[test]
+fn an_archiving_registration_has_one_holder_and_is_lost_when_it_expires() {
+    use ketch_storage::{Durability, Store, StoreConfig};
+
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let config = StoreConfig {
+        mode: if url.contains(',') {
+            ketch_storage::Mode::Cluster
+        } else {
+            ketch_storage::Mode::Single
+        },
+        url,
+        tls_ca_file: None,
+        namespace: "ketch".to_owned(),
+        command_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+        subscription_linger: Duration::from_secs(1),
+        durability: Durability {
+            replicas: 0,
+            timeout: Duration::from_secs(1),
+            fsync: false,
+            connections: 1,
+        },
+    };
+    runtime().block_on(async {
+        let store = Store::new(&config).expect("store");
+        let topic = store
+            .create_topic(&unique_topic("registered"), 2, Default::default())
+            .await
+            .expect("created");
+        let long = Duration::from_secs(60);
+        let (a, b) = ("worker-a", "worker-b");
+        assert!(!store.archiving(&topic, 0).await.unwrap());
+        assert!(store.take_archiving(&topic, 0, a, long).await.unwrap());
+        assert!(
+            store.take_archiving(&topic, 0, a, long).await.unwrap(),
+            "taken again: renewed"
+        );
+        assert!(
+            !store.take_archiving(&topic, 0, b, long).await.unwrap(),
+            "held by a"
+        );
+        assert!(!store.renew_archiving(&topic, 0, b, long).await.unwrap());
+        assert!(store.renew_archiving(&topic, 0, a, long).await.unwrap());
+        assert!(
+            store.take_archiving(&topic, 1, b, long).await.unwrap(),
+            "per partition"
+        );
+        store.release_archiving(&topic, 0, b).await.unwrap();
+        assert!(store.archiving(&topic, 0).await.unwrap(), "b cannot release a's");
+        store.release_archiving(&topic, 0, a).await.unwrap();
+        assert!(!store.archiving(&topic, 0).await.unwrap());
+        assert!(store.archiving(&topic, 1).await.unwrap());
+
+        // Expired: the holder's renewal fails and does not take it back.
+        assert!(
+            store
+                .take_archiving(&topic, 0, a, Duration::from_millis(50))
+                .await
+                .unwrap()
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while store.archiving(&topic, 0).await.unwrap() {
+            assert!(Instant::now() < deadline, "never expired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!store.renew_archiving(&topic, 0, a, long).await.unwrap());
+        assert!(!store.archiving(&topic, 0).await.unwrap());
+        assert!(store.take_archiving(&topic, 0, b, long).await.unwrap());
+    });
 }

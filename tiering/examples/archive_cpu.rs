@@ -65,6 +65,7 @@ async fn main() {
                 &segment,
                 InMemory { batches, next: 0 },
                 &Default::default(),
+                &ketch_tiering::archive::Unfenced,
             )
             .await
             .expect("archived");

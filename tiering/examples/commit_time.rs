@@ -175,6 +175,7 @@ async fn archive(archiver: &Archiver, table: &mut Table, topic: &Topic, n: usize
             &segment,
             OneBatch(batch, after),
             &Default::default(),
+            &ketch_tiering::archive::Unfenced,
         )
         .await
         .expect("archived");

@@ -198,6 +198,21 @@ pub trait Chunks: Send {
     fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send;
 }
 
+/// Asked once a segment's data file is written, right before its commit:
+/// false stops the commit (the file is deleted) with [`Error::Fenced`].
+pub trait Fence: Sync {
+    fn holds(&self) -> impl Future<Output = ketch_storage::Result<bool>> + Send;
+}
+
+/// No fence: a table no one else may purge (tests, benchmarks).
+pub struct Unfenced;
+
+impl Fence for Unfenced {
+    async fn holds(&self) -> ketch_storage::Result<bool> {
+        Ok(true)
+    }
+}
+
 /// A segment's batches in Redis, about [`CHUNK_BYTES`] at a time.
 struct Redis<'a> {
     store: &'a Store,
@@ -418,14 +433,32 @@ impl Archiver {
 
     /// Deletes the topic's table and its files (data, manifests, metadata):
     /// remote storage was turned off with `remote.log.delete.on.disable`.
-    /// False when there was no table.
+    /// The catalog's purge deletes the files the table's metadata names;
+    /// then everything else under the table's location goes too: files no
+    /// metadata names (those of a commit or a creation the catalog refused
+    /// because another gateway's came first, manifests merged away). False
+    /// when there was no table.
     pub async fn purge_table(&self, topic: &Topic) -> Result<bool> {
         let catalog = self.catalog().await?;
         let ident = TableIdent::new(self.namespace.clone(), topic.name.clone());
         if !catalog.table_exists(&ident).await? {
             return Ok(false);
         }
+        let table = catalog.load_table(&ident).await?;
         catalog.purge_table(&ident).await?;
+        let location = table.metadata().location().trim_end_matches('/');
+        // Only a directory of the table's own (the catalogs' default,
+        // `<warehouse>/<namespace>/<table>`), never one it might share.
+        let own = location
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.starts_with(topic.name.as_str()));
+        if own {
+            table.file_io().delete_prefix(location).await?;
+        } else {
+            tracing::warn!(topic = %topic.name, location,
+                "the table's location is not a directory of its own: files its metadata did not name stay");
+        }
         self.metadata_deleted
             .lock()
             .expect("deleted")
@@ -435,8 +468,10 @@ impl Archiver {
 
     /// Archives one sealed segment, read from `tier` in Redis a chunk at a
     /// time (so memory stays bounded whatever `segment.bytes` is), unless
-    /// `table` already has it. Records that cannot be read fail it with an
-    /// error for which [`Error::is_bad_data`] holds.
+    /// `table` already has it; committed only while `fence` holds. Records
+    /// that cannot be read fail it with an error for which
+    /// [`Error::is_bad_data`] holds.
+    #[allow(clippy::too_many_arguments)]
     pub async fn archive(
         &self,
         store: &Store,
@@ -445,6 +480,7 @@ impl Archiver {
         partition: i32,
         segment: &Segment,
         tier: Tier,
+        fence: &impl Fence,
     ) -> Result<Archived> {
         let chunks = |segment| Redis {
             store,
@@ -459,7 +495,7 @@ impl Archiver {
             .await?;
         let filter = Filter::new(aborted);
         let mut archived = self
-            .archive_from(table, topic, partition, segment, chunks(segment), &filter)
+            .archive_from(table, topic, partition, segment, chunks(segment), &filter, fence)
             .await?;
         if archived.holes.is_none() {
             // Found in the table after a crash, without the commit that
@@ -480,6 +516,7 @@ impl Archiver {
     }
 
     /// [`Archiver::archive`] with the segment's batches from `chunks`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn archive_from(
         &self,
         table: &mut Table,
@@ -488,6 +525,7 @@ impl Archiver {
         segment: &Segment,
         mut chunks: impl Chunks,
         filter: &Filter,
+        fence: &impl Fence,
     ) -> Result<Archived> {
         let schema = table.metadata().current_schema().clone();
         let spec = table.metadata().default_partition_spec().as_ref().clone();
@@ -611,6 +649,14 @@ impl Archiver {
                     .expect("holes serialize"),
             ),
         ]);
+        if !fence.holds().await? {
+            // Not committed: the file would be an orphan (in a table that
+            // may be purged meanwhile).
+            if let Err(e) = table.file_io().delete(&archived.path).await {
+                tracing::warn!(path = %archived.path, error = %e, "cannot delete an uncommitted data file");
+            }
+            return Err(Error::Fenced);
+        }
         let transaction = Transaction::new(table);
         let append = transaction
             .fast_append()
@@ -873,7 +919,7 @@ mod tests {
         };
         let error = lake
             .archiver
-            .archive_from(&mut table, &lake.topic, 0, &segment, failing, &filter)
+            .archive_from(&mut table, &lake.topic, 0, &segment, failing, &filter, &Unfenced)
             .await
             .expect_err("Redis failed");
         assert!(error.to_string().contains("connection reset"), "{error}");
@@ -886,12 +932,103 @@ mod tests {
         };
         let archived = lake
             .archiver
-            .archive_from(&mut table, &lake.topic, 0, &segment, whole, &filter)
+            .archive_from(&mut table, &lake.topic, 0, &segment, whole, &filter, &Unfenced)
             .await
             .expect("archived");
         assert_eq!(archived.records, 1000);
         let rows = crate::testing::rows(&table).await;
         assert_eq!(rows, (0..1000).map(|offset| (0, offset)).collect());
+    }
+
+    /// A fence that no longer holds.
+    struct Lost;
+
+    impl Fence for Lost {
+        async fn holds(&self) -> ketch_storage::Result<bool> {
+            Ok(false)
+        }
+    }
+
+    /// A fence lost while the segment was written (its archiving
+    /// registration expired: the table may have been purged): nothing is
+    /// committed and the data file is deleted; a later attempt under a
+    /// fence that holds archives the segment.
+    #[tokio::test]
+    async fn a_segment_whose_fence_is_lost_is_not_committed_and_leaves_no_file() {
+        let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
+        let mut table = lake.table().await;
+        let segment = crate::testing::segment(0, 300);
+        let chunks = || Chunked {
+            per: 150,
+            last: 299,
+            fail_at: None,
+        };
+        let error = lake
+            .archiver
+            .archive_from(
+                &mut table,
+                &lake.topic,
+                0,
+                &segment,
+                chunks(),
+                &Filter::default(),
+                &Lost,
+            )
+            .await
+            .expect_err("fenced");
+        assert!(matches!(error, Error::Fenced), "{error}");
+        assert!(!error.is_bad_data());
+        assert!(lake.files(".parquet").is_empty(), "{:?}", lake.files(".parquet"));
+        let reloaded = lake.table().await;
+        assert!(
+            reloaded.metadata().current_snapshot().is_none(),
+            "nothing committed"
+        );
+
+        let archived = lake
+            .archiver
+            .archive_from(
+                &mut table,
+                &lake.topic,
+                0,
+                &segment,
+                chunks(),
+                &Filter::default(),
+                &Unfenced,
+            )
+            .await
+            .expect("archived");
+        assert_eq!(archived.records, 300);
+        assert_eq!(lake.files(".parquet").len(), 1);
+        let rows = crate::testing::rows(&lake.table().await).await;
+        assert_eq!(rows, (0..300).map(|offset| (0, offset)).collect());
+    }
+
+    /// A purge deletes the table's whole directory: also files no metadata
+    /// names (here, what a commit the catalog refused leaves), and nothing
+    /// beside it (a table whose name starts alike).
+    #[tokio::test]
+    async fn a_purge_leaves_nothing_of_the_table_and_touches_no_other() {
+        let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
+        let mut table = lake.table().await;
+        lake.archive(&mut table, 0, 0, 10).await;
+        let location = table.metadata().location().trim_end_matches('/').to_owned();
+        let local = |path: &str| std::path::PathBuf::from(path.trim_start_matches("file://"));
+        let orphan = local(&format!("{location}/metadata/snap-refused.avro"));
+        std::fs::write(&orphan, b"a manifest list no metadata names").expect("written");
+        let beside = local(&format!("{location}-2/metadata/00000-beside.metadata.json"));
+        std::fs::create_dir_all(beside.parent().expect("a parent")).expect("a directory");
+        std::fs::write(&beside, b"{}").expect("written");
+
+        assert!(lake.archiver.purge_table(&lake.topic).await.expect("purged"));
+        let left: Vec<_> = lake
+            .files("")
+            .into_iter()
+            .filter(|p| p.starts_with(local(&location)))
+            .collect();
+        assert!(left.is_empty(), "left of the table: {left:?}");
+        assert!(beside.exists(), "the other table's file was deleted");
+        assert!(!lake.archiver.purge_table(&lake.topic).await.expect("no table"));
     }
 
     #[tokio::test]

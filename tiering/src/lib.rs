@@ -26,10 +26,12 @@ use ketch_config::TieringSettings;
 use ketch_config::topic::{Configs, Defaults};
 use ketch_storage::compact::CompactPolicy;
 use ketch_storage::segments::{Segment, SegmentChange, SegmentPolicy, Tier};
+use ketch_storage::wake::AbortOnDrop;
 use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
 use tokio::sync::watch;
 
 pub use archive::Archiver;
+use archive::Fence;
 pub use metrics::{Metrics, describe_metrics};
 pub use reader::RemoteReader;
 
@@ -53,6 +55,11 @@ pub enum Error {
     Records(String),
     #[error("{0}")]
     Io(String),
+    /// The partition's archiving registration was lost before a commit
+    /// (remote storage is being turned off, or the worker stalled for
+    /// `tiering.lease_ttl`): nothing was committed.
+    #[error("the archiving registration was lost before the commit; nothing committed")]
+    Fenced,
     /// The catalog failed to open a moment ago; not tried again yet.
     #[error("the catalog is unavailable ({0}); retrying shortly")]
     Waiting(String),
@@ -337,10 +344,7 @@ impl Worker {
             topic,
             |this, topic| async move {
                 match this.try_drop_archive(&topic).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::debug!(topic = %topic.name, "archive drop waits for every partition")
-                    }
+                    Ok(_) => {}
                     Err(e) => tracing::warn!(topic = %topic.name, error = %e, "deleting the archive"),
                 }
             },
@@ -348,7 +352,8 @@ impl Worker {
     }
 
     /// One attempt of [`Worker::drop_archive`]; false while a partition
-    /// still reaches into the archive.
+    /// still reaches into the archive, or a worker holds its archiving
+    /// registration (see [`Worker::archive_pending`]).
     async fn try_drop_archive(&self, topic: &Topic) -> Result<bool, Error> {
         for partition in 0..topic.partitions() {
             let offsets = self.store.offsets(topic, partition).await?;
@@ -359,6 +364,15 @@ impl Worker {
                 .iter()
                 .any(|s| s.path.is_some() || s.quarantine.is_some());
             if offsets.local_start_offset > offsets.log_start_offset || archived {
+                tracing::debug!(topic = %topic.name, partition,
+                    "archive drop waits: the partition still reaches into the archive");
+                return Ok(false);
+            }
+            // A worker that may still write the table (another gateway's,
+            // which read the topic before remote storage was turned off).
+            if self.store.archiving(topic, partition).await? {
+                tracing::debug!(topic = %topic.name, partition,
+                    "archive drop waits: a storage worker may still write the partition to the table");
                 return Ok(false);
             }
         }
@@ -378,6 +392,13 @@ impl Worker {
     /// whose records cannot be read is quarantined and archiving goes on
     /// with the next; any other failure (catalog, object store, Redis) stops
     /// here, to be retried next tick. Returns how many were archived.
+    ///
+    /// All of it runs under the partition's archiving registration
+    /// ([`Store::take_archiving`]), taken before the topic is read again
+    /// from Redis to check that it still wants an archive: a worker deleting
+    /// the archive (remote storage turned off) waits until no partition has
+    /// one, so whichever comes second of the two sees the other, and no
+    /// table is made or written after it is purged.
     async fn archive_pending(&self, topic: &Topic, partition: i32) -> ketch_storage::Result<usize> {
         let segments = self.store.segments(topic, partition).await?;
         let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
@@ -391,6 +412,46 @@ impl Worker {
         };
         self.metrics.set_lag(&topic.name, partition, lag(&pending));
         if pending.is_empty() {
+            return Ok(0);
+        }
+        if !self
+            .store
+            .take_archiving(topic, partition, &self.id, self.lease_ttl)
+            .await?
+        {
+            tracing::debug!(topic = %topic.name, partition,
+                "archiving waits for another worker's archiving of the partition to end");
+            return Ok(0);
+        }
+        let registration = Archiving {
+            worker: self,
+            topic,
+            partition,
+        };
+        // Renewed in the background, so a long segment keeps it; the commit
+        // checks it once more (Fence).
+        let renewing = registration.keep_renewed();
+        let archived = self
+            .archive_registered(topic, partition, &pending, &registration, lag)
+            .await;
+        drop(renewing);
+        if let Err(e) = self.store.release_archiving(topic, partition, &self.id).await {
+            // It expires after tiering.lease_ttl.
+            tracing::debug!(topic = %topic.name, partition, error = %e, "cannot release the archiving registration");
+        }
+        archived
+    }
+
+    /// [`Worker::archive_pending`] once the registration is held.
+    async fn archive_registered(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        pending: &[Segment],
+        registration: &Archiving<'_>,
+        lag: impl Fn(&[Segment]) -> i64,
+    ) -> ketch_storage::Result<usize> {
+        if !self.still_archives(topic).await? {
             return Ok(0);
         }
         let mut table = match self.archiver.table(topic).await {
@@ -416,11 +477,13 @@ impl Worker {
                 return Ok(archived_count);
             }
 
-            // The lease must still be ours: archiving can take a while.
+            // The lease must still be ours: archiving can take a while. And
+            // remote storage may have been turned off meanwhile.
             if !self
                 .store
                 .take_lease(topic, partition, &self.id, self.lease_ttl)
                 .await?
+                || (done > 0 && !self.still_archives(topic).await?)
             {
                 return Ok(archived_count);
             }
@@ -432,7 +495,15 @@ impl Worker {
             let started = std::time::Instant::now();
             match self
                 .archiver
-                .archive(&self.store, &mut table, topic, partition, segment, tier)
+                .archive(
+                    &self.store,
+                    &mut table,
+                    topic,
+                    partition,
+                    segment,
+                    tier,
+                    registration,
+                )
                 .await
             {
                 Ok(archived) => {
@@ -461,9 +532,16 @@ impl Worker {
                     if archived.written {
                         self.metrics
                             .archived(archived.records, archived.file_bytes, started.elapsed());
-                        self.after_commit(topic, &mut table).await;
+                        if registration.holds().await? {
+                            self.after_commit(topic, &mut table).await;
+                        }
                     }
                     archived_count += 1;
+                }
+                Err(Error::Fenced) => {
+                    tracing::info!(topic = %topic.name, partition, base = segment.base,
+                        "archiving stopped before a commit: the partition's archiving registration was lost (expired, or taken over)");
+                    return Ok(archived_count);
                 }
                 Err(e) if e.is_bad_data() => {
                     self.quarantine(topic, partition, segment, tier, &e).await?;
@@ -479,6 +557,23 @@ impl Worker {
             }
         }
         Ok(archived_count)
+    }
+
+    /// Whether `topic`, read from Redis now, is the same topic and still
+    /// writes its archive: remote storage on, not read-only, no archive
+    /// drop pending.
+    async fn still_archives(&self, topic: &Topic) -> ketch_storage::Result<bool> {
+        let fresh = self.store.topic_fresh(&topic.name).await?;
+        let archives = fresh.as_deref().is_some_and(|t| {
+            t.id == topic.id
+                && !t.drop_archive
+                && t.config("remote.storage.enable") == Some("true")
+                && t.config("remote.log.copy.disable") != Some("true")
+        });
+        if !archives {
+            tracing::debug!(topic = %topic.name, "archiving stops: the topic no longer writes its archive");
+        }
+        Ok(archives)
     }
 
     /// Counts a commit to the topic's table, and maintains the table after
@@ -547,6 +642,50 @@ impl Worker {
             "segment quarantined: the archive cannot write it; it stays in Redis and archiving goes on \
              with later segments (`ketch segments list|retry|skip`)");
         Ok(())
+    }
+}
+
+/// A partition's archiving registration, held by this worker
+/// ([`Store::take_archiving`]): the fence of its commits.
+struct Archiving<'a> {
+    worker: &'a Worker,
+    topic: &'a Topic,
+    partition: i32,
+}
+
+impl Fence for Archiving<'_> {
+    /// Renews it, if it is still held.
+    async fn holds(&self) -> ketch_storage::Result<bool> {
+        let w = self.worker;
+        w.store
+            .renew_archiving(self.topic, self.partition, &w.id, w.lease_ttl)
+            .await
+    }
+}
+
+impl Archiving<'_> {
+    /// Renews it every third of `tiering.lease_ttl` in the background,
+    /// until the returned guard drops (or it was lost).
+    fn keep_renewed(&self) -> AbortOnDrop {
+        let w = self.worker;
+        let (store, topic, id, ttl) = (w.store.clone(), self.topic.clone(), w.id.clone(), w.lease_ttl);
+        let partition = self.partition;
+        AbortOnDrop(tokio::spawn(async move {
+            let mut every = tokio::time::interval(ttl / 3);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                match store.renew_archiving(&topic, partition, &id, ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::debug!(topic = %topic.name, partition, error = %e,
+                            "cannot renew the archiving registration")
+                    }
+                }
+            }
+        }))
     }
 }
 

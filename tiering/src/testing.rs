@@ -43,6 +43,23 @@ impl Lake {
         }
     }
 
+    /// The files under the lake's directory whose names end in `suffix`.
+    pub fn files(&self, suffix: &str) -> Vec<std::path::PathBuf> {
+        fn walk(dir: &std::path::Path, suffix: &str, found: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("a directory").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, suffix, found);
+                } else if path.to_string_lossy().ends_with(suffix) {
+                    found.push(path);
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(self._dir.path(), suffix, &mut found);
+        found
+    }
+
     pub async fn table(&self) -> Table {
         self.archiver.table(&self.topic).await.expect("the topic's table")
     }
@@ -65,6 +82,7 @@ impl Lake {
                 &segment,
                 OneBatch(batch, after),
                 &crate::archive::Filter::default(),
+                &crate::archive::Unfenced,
             )
             .await
             .expect("archived")
