@@ -61,7 +61,7 @@ pub struct PartitionKeys {
     /// The storage worker's lease on this partition.
     pub lease: String,
     /// Held (the worker's id, with a TTL) while a storage worker may write
-    /// the partition to the topic's Iceberg table (scripts/archiving.lua).
+    /// the partition to the topic's Iceberg table (scripts/lease.lua).
     pub archiving: String,
     /// Idempotent producers' last batches (and their transactions here).
     pub producers: String,

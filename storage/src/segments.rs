@@ -186,19 +186,11 @@ impl Store {
         ttl: Duration,
     ) -> Result<bool> {
         let keys = self.partition_keys(topic, partition);
-        let held: i64 = self
-            .scripts
-            .lease
-            .key(&keys.lease)
-            .arg(worker)
-            .arg(ttl.as_millis().max(1) as u64)
-            .invoke_async(&mut self.conn())
-            .await?;
-        Ok(held == 1)
+        self.lease_op(&keys.lease, worker, ttl, "take").await
     }
 
     /// Takes or renews this worker's archiving registration on a partition
-    /// (`ketch:{TAG}:archiving`, `scripts/archiving.lua`): true while held.
+    /// (`ketch:{TAG}:archiving`, `scripts/lease.lua`): true while held.
     /// Taken before the worker checks that the topic still has remote
     /// storage, held until it stops writing to the topic's table.
     pub async fn take_archiving(
@@ -208,7 +200,8 @@ impl Store {
         worker: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        self.archiving_op(topic, partition, worker, ttl, "take").await
+        let keys = self.partition_keys(topic, partition);
+        self.lease_op(&keys.archiving, worker, ttl, "take").await
     }
 
     /// Renews this worker's archiving registration only if it still holds
@@ -220,12 +213,14 @@ impl Store {
         worker: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        self.archiving_op(topic, partition, worker, ttl, "renew").await
+        let keys = self.partition_keys(topic, partition);
+        self.lease_op(&keys.archiving, worker, ttl, "renew").await
     }
 
     /// Gives up this worker's archiving registration, if it holds it.
     pub async fn release_archiving(&self, topic: &Topic, partition: i32, worker: &str) -> Result<()> {
-        self.archiving_op(topic, partition, worker, Duration::ZERO, "release")
+        let keys = self.partition_keys(topic, partition);
+        self.lease_op(&keys.archiving, worker, Duration::ZERO, "release")
             .await
             .map(drop)
     }
@@ -236,19 +231,12 @@ impl Store {
         Ok(self.conn().exists(&keys.archiving).await?)
     }
 
-    async fn archiving_op(
-        &self,
-        topic: &Topic,
-        partition: i32,
-        worker: &str,
-        ttl: Duration,
-        op: &str,
-    ) -> Result<bool> {
-        let keys = self.partition_keys(topic, partition);
+    /// Runs `scripts/lease.lua` on `lease`: `op` is take, renew or release.
+    async fn lease_op(&self, lease: &str, worker: &str, ttl: Duration, op: &str) -> Result<bool> {
         let held: i64 = self
             .scripts
-            .archiving
-            .key(&keys.archiving)
+            .lease
+            .key(lease)
             .arg(worker)
             .arg(ttl.as_millis().max(1) as u64)
             .arg(op)

@@ -526,6 +526,31 @@ pub enum TestRedis {
     Cluster(RedisCluster),
 }
 
+/// What a test needs to reach Redis through ketch's storage layer, as a
+/// gateway would: `url` is [`TestRedis::url`] (seed nodes separated by
+/// commas for a Redis Cluster).
+pub fn store_config(url: &str) -> ketch_storage::StoreConfig {
+    ketch_storage::StoreConfig {
+        url: url.to_owned(),
+        mode: if url.contains(',') {
+            ketch_storage::Mode::Cluster
+        } else {
+            ketch_storage::Mode::Single
+        },
+        tls_ca_file: None,
+        namespace: "ketch".to_owned(),
+        command_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+        subscription_linger: Duration::from_secs(1),
+        durability: ketch_storage::Durability {
+            replicas: 0,
+            timeout: Duration::from_secs(1),
+            fsync: false,
+            connections: 1,
+        },
+    }
+}
+
 /// A connection to a [`TestRedis`], either mode.
 pub enum TestConnection {
     Single(redis::Connection),

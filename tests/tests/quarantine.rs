@@ -74,22 +74,8 @@ fn wait_segments(
 /// Writes `batch` as the next batch of partition 0 through the storage
 /// layer directly, as an earlier release's gateway would have stored it.
 fn store_unvalidated(redis: &RedisServer, topic: &str, batch: Vec<u8>) {
-    use ketch_storage::{Durability, Store, StoreConfig};
-    let config = StoreConfig {
-        url: redis.url(),
-        mode: ketch_storage::Mode::Single,
-        tls_ca_file: None,
-        namespace: "ketch".to_owned(),
-        command_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(2),
-        subscription_linger: Duration::from_secs(1),
-        durability: Durability {
-            replicas: 0,
-            timeout: Duration::from_secs(1),
-            fsync: false,
-            connections: 1,
-        },
-    };
+    use ketch_storage::Store;
+    let config = ketch_tests::store_config(&redis.url());
     runtime().block_on(async {
         let store = Store::new(&config).expect("store");
         let topic = store.topic(topic).await.expect("topic").expect("exists");

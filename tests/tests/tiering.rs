@@ -1164,37 +1164,16 @@ fn remote_storage_turned_off_deletes_the_archive() {
     );
 }
 
-/// The archiving registration (`scripts/archiving.lua`) that a purge of the
+/// The archiving registration (`scripts/lease.lua`) that a purge of the
 /// archive waits for: one worker holds it, another can neither take, renew
 /// nor release it, and once it expires its holder cannot renew it (the
 /// fence before a commit) until it takes it again.
 #[test]
 fn an_archiving_registration_has_one_holder_and_is_lost_when_it_expires() {
-    use ketch_storage::{Durability, Store, StoreConfig};
-
     let redis = TestRedis::start();
-    let url = redis.url();
-    let config = StoreConfig {
-        mode: if url.contains(',') {
-            ketch_storage::Mode::Cluster
-        } else {
-            ketch_storage::Mode::Single
-        },
-        url,
-        tls_ca_file: None,
-        namespace: "ketch".to_owned(),
-        command_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(2),
-        subscription_linger: Duration::from_secs(1),
-        durability: Durability {
-            replicas: 0,
-            timeout: Duration::from_secs(1),
-            fsync: false,
-            connections: 1,
-        },
-    };
+    let config = ketch_tests::store_config(&redis.url());
     runtime().block_on(async {
-        let store = Store::new(&config).expect("store");
+        let store = ketch_storage::Store::new(&config).expect("store");
         let topic = store
             .create_topic(&unique_topic("registered"), 2, Default::default())
             .await
