@@ -67,19 +67,32 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// Lines a child process wrote, kept so a failing test can show them.
+/// Lines a child process wrote, kept so a failing test can show them (and
+/// wait for one).
 #[derive(Clone, Default)]
-struct LogBuffer(Arc<Mutex<String>>);
+struct LogBuffer(Arc<(Mutex<String>, std::sync::Condvar)>);
 
 impl LogBuffer {
     fn push(&self, line: &str) {
-        let mut buf = self.0.lock().expect("log buffer");
+        let mut buf = self.0.0.lock().expect("log buffer");
         buf.push_str(line);
         buf.push('\n');
+        self.0.1.notify_all();
     }
 
     fn contents(&self) -> String {
-        self.0.lock().expect("log buffer").clone()
+        self.0.0.lock().expect("log buffer").clone()
+    }
+
+    /// Whether `text` was written, or is within `timeout`.
+    fn wait_for(&self, text: &str, timeout: Duration) -> bool {
+        let buf = self.0.0.lock().expect("log buffer");
+        let (buf, _) = self
+            .0
+            .1
+            .wait_timeout_while(buf, timeout, |buf| !buf.contains(text))
+            .expect("log buffer");
+        buf.contains(text)
     }
 }
 
@@ -1484,6 +1497,13 @@ impl Ketch {
     /// The gateway's log so far.
     pub fn output(&self) -> String {
         self.log.contents()
+    }
+
+    /// Whether the gateway logs `text`, waiting up to 10 s for it: a line
+    /// logged as a request is answered reaches the test through a pipe
+    /// and a reader thread, so it may come a moment after the response.
+    pub fn logs(&self, text: &str) -> bool {
+        self.log.wait_for(text, Duration::from_secs(10))
     }
 
     /// rdkafka client settings pointed at this gateway.

@@ -191,7 +191,7 @@ fn redis_out_of_memory_fails_ready_and_shows_in_the_api_and_metrics() {
         std::thread::sleep(Duration::from_millis(250));
     }
     assert!(
-        ketch.output().contains("refuses writes"),
+        ketch.logs("refuses writes"),
         "a warning in the log:\n{}",
         ketch.output()
     );
