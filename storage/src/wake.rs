@@ -67,10 +67,18 @@ struct Channel {
 /// the largest next offset seen since the subscription was confirmed never
 /// runs ahead of the log; when it equals a fetch's offset the partition has
 /// nothing for that fetch, and Redis need not be asked.
+///
+/// A read_committed fetch must also report the last stable offset, which
+/// announcements do not carry: `stable_at` is the next offset at which a
+/// read last saw every transaction decided (last stable offset = high
+/// watermark). The last stable offset moves only with an append (a
+/// transaction's data or its marker), so while the next offset is still
+/// `stable_at` it is still the high watermark.
 #[derive(Debug, Clone, Copy, Default)]
 struct Known {
     next_offset: i64,
     log_start: Option<i64>,
+    stable_at: Option<i64>,
 }
 
 impl Known {
@@ -79,6 +87,15 @@ impl Known {
         if let Some(log_start) = log_start {
             self.log_start = Some(self.log_start.map_or(log_start, |l| l.max(log_start)));
         }
+    }
+
+    /// A read's last stable offset at its next offset; an older read than
+    /// the one `stable_at` came from changes nothing.
+    fn saw_stable(&mut self, next_offset: i64, last_stable: i64) {
+        if self.stable_at.is_some_and(|at| at > next_offset) {
+            return;
+        }
+        self.stable_at = (last_stable >= next_offset).then_some(next_offset);
     }
 }
 
@@ -328,16 +345,22 @@ impl WakeHub {
 
     /// Records offsets read from Redis by a read that started under
     /// `generation`; ignored if the subscription lapsed since.
-    pub fn observe(&self, channel: &str, generation: u64, next_offset: i64, log_start: i64) {
+    pub fn observe(
+        &self,
+        channel: &str,
+        generation: u64,
+        next_offset: i64,
+        log_start: i64,
+        last_stable: i64,
+    ) {
         let mut state = self.inner.state.lock().expect("wake state lock");
         if let Some(entry) = state.channels.get_mut(channel)
             && entry.subscribed
             && entry.generation == generation
         {
-            entry
-                .known
-                .get_or_insert_with(Known::default)
-                .saw(next_offset, Some(log_start));
+            let known = entry.known.get_or_insert_with(Known::default);
+            known.saw(next_offset, Some(log_start));
+            known.saw_stable(next_offset, last_stable);
         }
     }
 
@@ -357,11 +380,15 @@ impl WakeHub {
     }
 
     /// The partition's log start offset when it is known to hold nothing at
-    /// or after `offset` (its next offset is `offset`).
-    pub fn known_empty_at(&self, channel: &str, offset: i64) -> Option<i64> {
+    /// or after `offset` (its next offset is `offset`) and, with
+    /// `decided`, to have no undecided transaction either (its last stable
+    /// offset is `offset` too).
+    pub fn known_empty_at(&self, channel: &str, offset: i64, decided: bool) -> Option<i64> {
         let state = self.inner.state.lock().expect("wake state lock");
         let known = state.channels.get(channel).filter(|c| c.subscribed)?.known?;
-        (known.next_offset == offset).then_some(known.log_start).flatten()
+        (known.next_offset == offset && (!decided || known.stable_at == Some(offset)))
+            .then_some(known.log_start)
+            .flatten()
     }
 
     fn all_subscribed(&self, channels: &[String]) -> bool {
@@ -806,27 +833,63 @@ mod tests {
         let (hub, _commands) = WakeHub::detached();
         let _watch = hub.watch(vec!["c".into()]);
         hub.appended("c", Some(5), Some(0));
-        assert_eq!(hub.known_empty_at("c", 5), None, "not subscribed yet");
+        assert_eq!(hub.known_empty_at("c", 5, false), None, "not subscribed yet");
         hub.set_subscribed("c", true);
         let generation = hub.generation("c").unwrap();
-        hub.observe("c", generation, 5, 0);
-        assert_eq!(hub.known_empty_at("c", 5), Some(0));
+        hub.observe("c", generation, 5, 0, 5);
+        assert_eq!(hub.known_empty_at("c", 5, false), Some(0));
         hub.appended("c", Some(7), None);
-        assert_eq!(hub.known_empty_at("c", 5), None);
-        hub.observe("c", generation, 6, 0);
+        assert_eq!(hub.known_empty_at("c", 5, false), None);
+        hub.observe("c", generation, 6, 0, 6);
         assert_eq!(
-            hub.known_empty_at("c", 7),
+            hub.known_empty_at("c", 7, false),
             Some(0),
             "an older read does not move it back"
         );
         hub.connection_lost();
-        assert_eq!(hub.known_empty_at("c", 7), None);
+        assert_eq!(hub.known_empty_at("c", 7, false), None);
         hub.set_subscribed("c", true);
-        hub.observe("c", generation, 7, 0);
+        hub.observe("c", generation, 7, 0, 7);
         assert_eq!(
-            hub.known_empty_at("c", 7),
+            hub.known_empty_at("c", 7, false),
             None,
             "a read from an older subscription is ignored"
+        );
+    }
+
+    /// A read_committed fetch skips a partition only while the next offset
+    /// is the one at which a read saw every transaction decided.
+    #[tokio::test]
+    async fn known_empty_for_read_committed_needs_a_read_that_saw_it_decided() {
+        let (hub, _commands) = WakeHub::detached();
+        let _watch = hub.watch(vec!["c".into()]);
+        hub.set_subscribed("c", true);
+        let generation = hub.generation("c").unwrap();
+        // A transaction open from offset 3: last stable offset 3 < 5.
+        hub.observe("c", generation, 5, 0, 3);
+        assert_eq!(hub.known_empty_at("c", 5, false), Some(0));
+        assert_eq!(hub.known_empty_at("c", 5, true), None, "undecided");
+        // Its marker: offsets 5..6, every transaction decided.
+        hub.appended("c", Some(6), None);
+        assert_eq!(hub.known_empty_at("c", 6, true), None, "no read saw it yet");
+        hub.observe("c", generation, 6, 0, 6);
+        assert_eq!(hub.known_empty_at("c", 6, true), Some(0));
+        assert_eq!(hub.known_empty_at("c", 5, true), None, "only at the next offset");
+        // An older read (started before the marker) changes nothing.
+        hub.observe("c", generation, 5, 0, 3);
+        assert_eq!(hub.known_empty_at("c", 6, true), Some(0));
+        // A transactional append elsewhere: known only by its next offset.
+        hub.appended("c", Some(9), None);
+        assert_eq!(hub.known_empty_at("c", 9, false), Some(0));
+        assert_eq!(hub.known_empty_at("c", 9, true), None);
+        hub.observe("c", generation, 9, 0, 6);
+        assert_eq!(hub.known_empty_at("c", 9, true), None, "open since 6");
+        hub.connection_lost();
+        hub.set_subscribed("c", true);
+        assert_eq!(
+            hub.known_empty_at("c", 9, true),
+            None,
+            "forgotten with the subscription"
         );
     }
 }

@@ -381,6 +381,20 @@ impl RedisServer {
             .expect("connect to redis-server")
     }
 
+    /// How many times `command` (as `INFO commandstats` names it: `xrange`)
+    /// ran on this server since it started.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Bytes the server has sent its clients since it started
     /// (`total_net_output_bytes`).
     pub fn sent_bytes(&self) -> u64 {
@@ -639,6 +653,15 @@ impl TestRedis {
         match self {
             TestRedis::Single(server) => TestConnection::Single(server.connection()),
             TestRedis::Cluster(cluster) => TestConnection::Cluster(Box::new(cluster.connection())),
+        }
+    }
+
+    /// How many times `command` ran on every server (each node of a
+    /// cluster) since they started.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        match self {
+            TestRedis::Single(server) => server.command_calls(command),
+            TestRedis::Cluster(cluster) => cluster.nodes.iter().map(|n| n.command_calls(command)).sum(),
         }
     }
 

@@ -306,6 +306,68 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
     assert_eq!(transactions_metric(&ketch, "coordinator_abort"), 1.0);
 }
 
+/// A read_committed fetch at the end of a partition (librdkafka's default
+/// isolation, a tailing consumer) is answered without reading Redis once a
+/// read saw every transaction there decided, and never while one is open:
+/// then it reports that transaction's first offset as the LSO.
+#[test]
+fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_decided() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-at-end");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let plain = batch::encode(&[Record::value(1_000, b"plain")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, plain), (code::NONE, 0));
+    // (HW, LSO) of an empty read_committed fetch at `offset` (waiting 50 ms).
+    let at_end = |conn: &mut KafkaConn, offset: i64| {
+        let fetch = raw::fetch_request(&topic, 0, offset, 50).with_isolation_level(1);
+        let response: kafka_protocol::messages::FetchResponse = conn.request(11, &fetch);
+        let partition = &response.responses[0].partitions[0];
+        assert_eq!(partition.error_code, code::NONE);
+        assert!(partition.records.as_ref().is_none_or(|r| r.is_empty()));
+        (partition.high_watermark, partition.last_stable_offset)
+    };
+    let answered_from_memory = |conn: &mut KafkaConn, offset: i64, want: (i64, i64)| {
+        // The first fetches subscribe to the partition's wake-ups and read it.
+        for _ in 0..3 {
+            assert_eq!(at_end(conn, offset), want);
+        }
+        let reads = redis.command_calls("xrange");
+        for _ in 0..5 {
+            assert_eq!(at_end(conn, offset), want);
+        }
+        assert_eq!(redis.command_calls("xrange"), reads, "Redis was read");
+    };
+    answered_from_memory(&mut conn, 1, (1, 1));
+
+    // A transaction opens at offset 1: the fetch at the end reads Redis and
+    // reports the transaction's first offset.
+    let id = unique_topic("txn-at-end-id");
+    let started = init(&mut conn, &id, 60_000);
+    assert_eq!(started.error_code, code::NONE);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let open = transactional(&[Record::value(1_001, b"open")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 1));
+    for _ in 0..5 {
+        assert_eq!(at_end(&mut conn, 2), (2, 1), "the open transaction holds the LSO");
+    }
+
+    // Committed: the marker at 2 decides it (written just after EndTxn's answer).
+    let response: EndTxnResponse = conn.request(
+        3,
+        &EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_committed(true),
+    );
+    assert_eq!(response.error_code, code::NONE);
+    eventually("the marker", (3, 3), || watermarks(&mut conn, &topic));
+    answered_from_memory(&mut conn, 3, (3, 3));
+}
+
 #[test]
 fn bad_transactional_input_is_refused_and_stores_nothing() {
     let redis = TestRedis::start();

@@ -461,14 +461,15 @@ fn read_bytes(read: &ReadPartition) -> usize {
 
 /// What a read of a partition this gateway knows to hold nothing at the
 /// fetch offset would find (see `ketch_storage::wake`), without reading
-/// it. A read_committed fetch always reads: the last stable offset it must
-/// report may lie below the fetch offset, which the hub does not know.
+/// it. For a read_committed fetch the partition must also be known to
+/// have every transaction decided there (a read saw its last stable
+/// offset at the fetch offset): the last stable offset it reports is then
+/// the fetch offset. librdkafka's consumers are read_committed by default.
 fn known_empty(ctx: &Context, target: &Target, wake: &str, read_committed: bool) -> Option<ReadPartition> {
     let log_start_offset = ctx
         .storage
         .wake()
-        .known_empty_at(wake, target.offset)
-        .filter(|_| !read_committed)?;
+        .known_empty_at(wake, target.offset, read_committed)?;
     Some(ReadPartition {
         offsets: Some(PartitionOffsets::plain(
             log_start_offset,
@@ -506,7 +507,13 @@ async fn read_partition(
     };
     let read = ctx.storage.read(topic, target.partition, &request).await;
     if let (Some(generation), Ok(ReadPartition { offsets: Some(o), .. })) = (generation, &read) {
-        hub.observe(wake, generation, o.high_watermark, o.log_start_offset);
+        hub.observe(
+            wake,
+            generation,
+            o.high_watermark,
+            o.log_start_offset,
+            o.last_stable_offset,
+        );
     }
     read
 }
