@@ -204,6 +204,19 @@ fn transactional(records: &[Record], pid: i64, epoch: i16, sequence: i32) -> Vec
     batch
 }
 
+/// EndTxn v3 for transactional id `id`: its error code.
+fn end_txn(conn: &mut KafkaConn, id: &str, pid: i64, epoch: i16, committed: bool) -> i16 {
+    let response: EndTxnResponse = conn.request(
+        3,
+        &EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(id.to_owned())))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_committed(committed),
+    );
+    response.error_code
+}
+
 fn produce_in(conn: &mut KafkaConn, id: Option<&str>, topic: &str, batch: Vec<u8>) -> (i16, i64) {
     let request = raw::produce_request(topic, 0, batch)
         .with_transactional_id(id.map(|id| TransactionalId(StrBytes::from_string(id.to_owned()))));
@@ -355,15 +368,7 @@ fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_
     }
 
     // Committed: the marker at 2 decides it (written just after EndTxn's answer).
-    let response: EndTxnResponse = conn.request(
-        3,
-        &EndTxnRequest::default()
-            .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
-            .with_producer_id(ProducerId(pid))
-            .with_producer_epoch(epoch)
-            .with_committed(true),
-    );
-    assert_eq!(response.error_code, code::NONE);
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
     eventually("the marker", (3, 3), || watermarks(&mut conn, &topic));
     answered_from_memory(&mut conn, 3, (3, 3));
 }
@@ -408,17 +413,7 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
         add_partition(&mut conn, &id, pid, epoch - 1, &topic, 0),
         PRODUCER_FENCED
     );
-    let end = |conn: &mut KafkaConn, id: &str, pid: i64| {
-        let response: EndTxnResponse = conn.request(
-            3,
-            &EndTxnRequest::default()
-                .with_transactional_id(TransactionalId(StrBytes::from_string(id.to_owned())))
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
-                .with_committed(true),
-        );
-        response.error_code
-    };
+    let end = |conn: &mut KafkaConn, id: &str, pid: i64| end_txn(conn, id, pid, epoch, true);
     assert_eq!(
         end(&mut conn, "no-such-transactional-id", pid),
         INVALID_PRODUCER_ID_MAPPING
@@ -618,15 +613,7 @@ fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
         1,
         "nothing stored but the transaction's record"
     );
-    let end: EndTxnResponse = conn.request(
-        3,
-        &EndTxnRequest::default()
-            .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
-            .with_producer_id(ProducerId(pid))
-            .with_producer_epoch(epoch)
-            .with_committed(true),
-    );
-    assert_eq!(end.error_code, code::NONE);
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
     eventually("the record and its marker", 2, || redis.next_offset(&topic, 0));
     assert_eq!(
         watermarks(&mut conn, &topic),
@@ -821,17 +808,7 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
     let id = unique_topic("txn-acks-all-id");
     let started = init(&mut conn, &id, 60_000);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    let end = |conn: &mut KafkaConn| {
-        let response: EndTxnResponse = conn.request(
-            3,
-            &EndTxnRequest::default()
-                .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
-                .with_producer_id(ProducerId(pid))
-                .with_producer_epoch(epoch)
-                .with_committed(true),
-        );
-        response.error_code
-    };
+    let end = |conn: &mut KafkaConn| end_txn(conn, &id, pid, epoch, true);
     let replica_next = |topic: &str| -> Option<i64> {
         let tag = &primary.topic_tags(topic)[0];
         redis::cmd("HGET")
@@ -1056,15 +1033,7 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         assert_eq!(staged.topics[0].partitions[0].error_code, code::NONE);
     };
     let end = |conn: &mut KafkaConn, (id, pid, epoch): &(String, i64, i16), commit: bool| {
-        let ended: EndTxnResponse = conn.request(
-            3,
-            &EndTxnRequest::default()
-                .with_transactional_id(txn_id(id))
-                .with_producer_id(ProducerId(*pid))
-                .with_producer_epoch(*epoch)
-                .with_committed(commit),
-        );
-        assert_eq!(ended.error_code, code::NONE);
+        assert_eq!(end_txn(conn, id, *pid, *epoch, commit), code::NONE);
     };
     let (a, b) = (&producers[0], &producers[1]);
 
