@@ -86,8 +86,6 @@ start_ketch() {
 stop_ketch() {
     kill "$ketch_pid" && wait "$ketch_pid" || true
     ketch_pid=
-    # Its leases would keep the next gateway waiting for their TTL.
-    redis-cli -p "$redis_port" --scan --pattern 'ketch:*:lease' | xargs -r redis-cli -p "$redis_port" del >/dev/null
 }
 metric() {
     curl -s "http://127.0.0.1:$http_port/metrics" | awk -v m="$1" '$1 == m {print $2}'

@@ -395,13 +395,17 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         ctx.settings.producers.expiration.get(),
         ctx.tiering_metrics.clone(),
     );
-    let worker_task = tokio::spawn(worker.run(leads, shutdown.clone()));
+    let grace = ctx.settings.broker.shutdown_timeout.get();
+    let worker_task = tokio::spawn(worker.run(leads, shutdown.clone(), grace));
     let finishing = ctx.finishing.clone();
     server::serve(endpoints, ctx, shutdown).await;
     // Transactions decided and answered still get their markers written
     // (else the id's coordinator would finish them after FINISH_GRACE).
     finishing.wait_all(std::time::Duration::from_secs(10)).await;
-    worker_task.abort();
+    // The storage worker releases its leases at once and stops its tasks
+    // within `grace`; its partitions' new leaders need not wait for the
+    // leases to expire.
+    let _ = tokio::time::timeout(grace, worker_task).await;
     for task in [acl_task, tls_task].into_iter().flatten() {
         task.abort();
     }

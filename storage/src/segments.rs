@@ -189,6 +189,30 @@ impl Store {
         self.lease_op(&keys.lease, worker, ttl, "take").await
     }
 
+    /// Renews this worker's lease on a partition only if it still holds
+    /// it: false once it was released (the worker stopped leading the
+    /// partition, or its gateway is stopping) or expired.
+    pub async fn renew_lease(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        worker: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let keys = self.partition_keys(topic, partition);
+        self.lease_op(&keys.lease, worker, ttl, "renew").await
+    }
+
+    /// Gives up this worker's lease on a partition, if it holds it, so the
+    /// partition's new leader takes it on its next tick rather than after
+    /// `tiering.lease_ttl`.
+    pub async fn release_lease(&self, topic: &Topic, partition: i32, worker: &str) -> Result<()> {
+        let keys = self.partition_keys(topic, partition);
+        self.lease_op(&keys.lease, worker, Duration::ZERO, "release")
+            .await
+            .map(drop)
+    }
+
     /// Takes or renews this worker's archiving registration on a partition
     /// (`ketch:{TAG}:archiving`, `scripts/lease.lua`): true while held.
     /// Taken before the worker checks that the topic still has remote

@@ -159,3 +159,69 @@ fn one_gateway_holds_each_partitions_lease() {
     }
     drop((a, b));
 }
+
+/// A lease passes to the partition's new leader at once, not after
+/// `tiering.lease_ttl`: a gateway releases the leases of the partitions it
+/// stops leading when another joins, and all of its leases when it stops.
+#[test]
+fn leases_pass_to_the_new_leader_without_waiting_for_them_to_expire() {
+    // Far longer than the test may take: a lease that only expired would fail it.
+    let worker = [
+        "--set",
+        "tiering.tick_interval=100ms",
+        "--set",
+        "tiering.lease_ttl=300s",
+    ];
+    let redis = TestRedis::start();
+    let a = Ketch::start(&redis.url(), &[&["--node-id", "1"][..], &worker].concat());
+    let topic = unique_topic("handover");
+    a.create_topic(&runtime(), &topic, 8);
+    let mut r = redis.connection();
+    let tags = redis.topic_tags(&topic);
+    let mut holders = || -> Vec<Option<String>> {
+        tags.iter()
+            .map(|tag| {
+                redis::cmd("GET")
+                    .arg(format!("ketch:{{{tag}}}:lease"))
+                    .query(&mut r)
+                    .unwrap()
+            })
+            .collect()
+    };
+    let mut wait_for = |what: &str, done: &dyn Fn(&[Option<String>]) -> bool| -> Vec<Option<String>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = holders();
+            if done(&now) {
+                return now;
+            }
+            assert!(Instant::now() < deadline, "{what}: {now:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let distinct = |h: &[Option<String>]| {
+        h.iter()
+            .flatten()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    let alone = wait_for("the only gateway should lease every partition", &|h| {
+        h.iter().all(Option::is_some) && distinct(h) == 1
+    });
+    let a_worker = alone[0].clone();
+
+    let mut b = Ketch::start(&redis.url(), &[&["--node-id", "2"][..], &worker].concat());
+    wait_for(
+        "the first gateway should release the partitions the second now leads",
+        &|h| h.iter().all(Option::is_some) && distinct(h) == 2,
+    );
+
+    b.terminate();
+    let status = b.wait_exit(Duration::from_secs(30)).expect("the gateway stops");
+    assert!(status.success(), "{status:?}\n{}", b.output());
+    assert!(b.logs("storage worker stopped"), "{}", b.output());
+    wait_for("the stopped gateway's leases should pass back at once", &|h| {
+        h.iter().all(|holder| *holder == a_worker)
+    });
+    drop(a);
+}

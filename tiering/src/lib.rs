@@ -19,6 +19,7 @@ pub mod table;
 #[cfg(test)]
 mod testing;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,6 +117,16 @@ struct Worker {
     compacting: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Distinct keys one compaction pass holds at most.
     compaction_max_keys: usize,
+    /// The partitions whose lease this worker took on its last tick: the
+    /// ones it stops leading are released on the next, and all of them
+    /// when the gateway stops, so their new holder need not wait for
+    /// `tiering.lease_ttl`.
+    leased: std::sync::Mutex<HashMap<(String, i32), Arc<Topic>>>,
+    /// The per-topic tasks (archiving, compaction, archive drops), waited
+    /// for when the gateway stops.
+    tasks: std::sync::Mutex<tokio::task::JoinSet<()>>,
+    /// Set when the gateway stops: archiving ends after the segment at hand.
+    stopping: std::sync::atomic::AtomicBool,
 
     /// When each topic's table is due for maintenance.
     commits: CommitCount,
@@ -141,27 +152,73 @@ impl StorageWorker {
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
                 compacting: std::sync::Mutex::new(std::collections::HashSet::new()),
                 compaction_max_keys: settings.compaction_max_keys,
+                leased: std::sync::Mutex::new(HashMap::new()),
+                tasks: std::sync::Mutex::new(tokio::task::JoinSet::new()),
+                stopping: std::sync::atomic::AtomicBool::new(false),
                 commits: CommitCount::every(settings.maintenance_commits),
                 id: uuid::Uuid::new_v4().to_string(),
             }),
         }
     }
 
-    /// Works until `shutdown`.
-    pub async fn run(self, leads: Leads, mut shutdown: watch::Receiver<bool>) {
+    /// Works until `shutdown`, then stops its tasks (waiting for them at
+    /// most `grace`) and releases its leases.
+    pub async fn run(self, leads: Leads, mut shutdown: watch::Receiver<bool>, grace: Duration) {
         let mut ticks = tokio::time::interval(self.inner.tick_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
-                _ = shutdown.wait_for(|stop| *stop) => return,
+                _ = shutdown.wait_for(|stop| *stop) => break,
             }
             self.inner.clone().tick(&leads).await;
         }
+        self.inner.stop(grace).await;
     }
 }
 
 impl Worker {
+    /// Stops working: releases every lease this worker holds, so the
+    /// partitions' new leaders take them on their next tick rather than
+    /// after `tiering.lease_ttl`, and waits at most `grace` for its tasks.
+    /// Archiving ends after the segment at hand (the lease is renewed, not
+    /// taken back, before each; the task then releases its archiving
+    /// registration, which still keeps the new leader's archiving out until
+    /// then); a compaction pass ends at its next lease check.
+    async fn stop(&self, grace: Duration) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+        let leased = std::mem::take(&mut *self.leased.lock().expect("leased"));
+        let mut released = 0;
+        for ((_, partition), topic) in &leased {
+            match self.store.release_lease(topic, *partition, &self.id).await {
+                Ok(()) => released += 1,
+                Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
+                    "cannot release the partition's lease; it expires after tiering.lease_ttl"),
+            }
+        }
+        let mut tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks"));
+        let running = tasks.len();
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            // Their archiving registrations expire after tiering.lease_ttl.
+            tracing::warn!(
+                tasks = tasks.len(),
+                "storage worker: tasks still running at shutdown; leaving them"
+            );
+        }
+        tracing::info!(
+            leases_released = released,
+            tasks = running,
+            "storage worker stopped"
+        );
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn tick(self: Arc<Self>, leads: &Leads) {
         let topics = match self.store.all_topics().await {
             Ok(topics) => topics,
@@ -180,14 +237,25 @@ impl Worker {
                 return;
             }
         };
+        let previous = std::mem::take(&mut *self.leased.lock().expect("leased"));
+        let mut leased = HashMap::new();
         for topic in &topics {
             let policy = policy(topic, &defaults, self.producer_expiration);
             let mut held = Vec::new();
             for partition in (0..topic.partitions()).filter(|p| leads(topic, *p)) {
+                let key = (topic.name.clone(), partition);
                 match self.work(topic, partition, policy).await {
-                    Ok(true) => held.push(partition),
+                    Ok(true) => {
+                        held.push(partition);
+                        leased.insert(key, topic.clone());
+                    }
                     Ok(false) => {}
-                    Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker"),
+                    Err(e) => {
+                        tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                        if let Some(topic) = previous.get(&key) {
+                            leased.insert(key, topic.clone());
+                        }
+                    }
                 }
             }
             if policy.remote && !held.is_empty() {
@@ -202,6 +270,19 @@ impl Worker {
                 self.clone().compact_topic(topic.clone(), held, compaction);
             }
         }
+        // Partitions this worker no longer leads (another gateway joined,
+        // the topic went): their new leader need not wait for the lease to
+        // expire. Its archiving (renew_lease before each segment) and
+        // compaction (lease-checked scripts) stop with it.
+        for ((name, partition), topic) in previous {
+            if leased.contains_key(&(name, partition)) {
+                continue;
+            }
+            if let Err(e) = self.store.release_lease(&topic, partition, &self.id).await {
+                tracing::debug!(topic = %topic.name, partition, error = %e, "cannot release a partition's lease");
+            }
+        }
+        *self.leased.lock().expect("leased") = leased;
         self.commits.retain(|name| topics.iter().any(|t| t.name == name));
         // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
@@ -268,10 +349,13 @@ impl Worker {
         {
             return;
         }
-        tokio::spawn(async move {
+        let worker = self.clone();
+        let mut tasks = self.tasks.lock().expect("tasks");
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(async move {
             let name = topic.name.clone();
-            work(self.clone(), topic).await;
-            running(&self).lock().expect("running topics").remove(&name);
+            work(worker.clone(), topic).await;
+            running(&worker).lock().expect("running topics").remove(&name);
         });
     }
 
@@ -477,12 +561,15 @@ impl Worker {
                 return Ok(archived_count);
             }
 
-            // The lease must still be ours: archiving can take a while. And
-            // remote storage may have been turned off meanwhile.
-            if !self
-                .store
-                .take_lease(topic, partition, &self.id, self.lease_ttl)
-                .await?
+            // The lease must still be ours: archiving can take a while, and
+            // a lease released (the partition led elsewhere now, the
+            // gateway stopping) is not taken back. And remote storage may
+            // have been turned off meanwhile.
+            if self.stopping()
+                || !self
+                    .store
+                    .renew_lease(topic, partition, &self.id, self.lease_ttl)
+                    .await?
                 || (done > 0 && !self.still_archives(topic).await?)
             {
                 return Ok(archived_count);
