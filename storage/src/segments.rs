@@ -176,83 +176,90 @@ pub struct SealOutcome {
     pub local_start_offset: i64,
 }
 
+/// A partition's leases, each held by one storage worker at a time
+/// (`scripts/lease.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// `ketch:{TAG}:lease`: the worker that seals, archives, applies
+    /// retention to and compacts the partition.
+    Worker,
+    /// `ketch:{TAG}:archiving`: the worker that may write the partition to
+    /// the topic's Iceberg table. Taken before the worker checks that the
+    /// topic still has remote storage, held until it stops writing; a
+    /// purge of the table waits until no partition has one.
+    Archiving,
+}
+
+impl Lease {
+    fn key(self, keys: &crate::keys::PartitionKeys) -> &str {
+        match self {
+            Lease::Worker => &keys.lease,
+            Lease::Archiving => &keys.archiving,
+        }
+    }
+}
+
 impl Store {
-    /// Takes or renews this worker's lease on a partition; true while held.
+    /// Takes `lease` on a partition for this worker, or renews it; true
+    /// while held.
     pub async fn take_lease(
         &self,
+        lease: Lease,
         topic: &Topic,
         partition: i32,
         worker: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        let keys = self.partition_keys(topic, partition);
-        self.lease_op(&keys.lease, worker, ttl, "take").await
+        self.lease_op(
+            lease.key(self.partition_keys(topic, partition)),
+            worker,
+            ttl,
+            "take",
+        )
+        .await
     }
 
-    /// Renews this worker's lease on a partition only if it still holds
-    /// it: false once it was released (the worker stopped leading the
-    /// partition, or its gateway is stopping) or expired.
+    /// Renews `lease` only if this worker still holds it: false once it
+    /// was released or expired. The worker lease is released when the
+    /// worker stops leading the partition or its gateway stops; a lapsed
+    /// archiving registration means a purge of the table may have run.
     pub async fn renew_lease(
         &self,
+        lease: Lease,
         topic: &Topic,
         partition: i32,
         worker: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        let keys = self.partition_keys(topic, partition);
-        self.lease_op(&keys.lease, worker, ttl, "renew").await
+        self.lease_op(
+            lease.key(self.partition_keys(topic, partition)),
+            worker,
+            ttl,
+            "renew",
+        )
+        .await
     }
 
-    /// Gives up this worker's lease on a partition, if it holds it, so the
-    /// partition's new leader takes it on its next tick rather than after
+    /// Gives up `lease`, if this worker holds it: the worker lease goes to
+    /// the partition's new leader on its next tick rather than after
     /// `tiering.lease_ttl`.
-    pub async fn release_lease(&self, topic: &Topic, partition: i32, worker: &str) -> Result<()> {
+    pub async fn release_lease(
+        &self,
+        lease: Lease,
+        topic: &Topic,
+        partition: i32,
+        worker: &str,
+    ) -> Result<()> {
         let keys = self.partition_keys(topic, partition);
-        self.lease_op(&keys.lease, worker, Duration::ZERO, "release")
+        self.lease_op(lease.key(keys), worker, Duration::ZERO, "release")
             .await
             .map(drop)
     }
 
-    /// Takes or renews this worker's archiving registration on a partition
-    /// (`ketch:{TAG}:archiving`, `scripts/lease.lua`): true while held.
-    /// Taken before the worker checks that the topic still has remote
-    /// storage, held until it stops writing to the topic's table.
-    pub async fn take_archiving(
-        &self,
-        topic: &Topic,
-        partition: i32,
-        worker: &str,
-        ttl: Duration,
-    ) -> Result<bool> {
+    /// Whether some worker holds `lease` on the partition.
+    pub async fn lease_held(&self, lease: Lease, topic: &Topic, partition: i32) -> Result<bool> {
         let keys = self.partition_keys(topic, partition);
-        self.lease_op(&keys.archiving, worker, ttl, "take").await
-    }
-
-    /// Renews this worker's archiving registration only if it still holds
-    /// it: false when it expired meanwhile (a purge may then have run).
-    pub async fn renew_archiving(
-        &self,
-        topic: &Topic,
-        partition: i32,
-        worker: &str,
-        ttl: Duration,
-    ) -> Result<bool> {
-        let keys = self.partition_keys(topic, partition);
-        self.lease_op(&keys.archiving, worker, ttl, "renew").await
-    }
-
-    /// Gives up this worker's archiving registration, if it holds it.
-    pub async fn release_archiving(&self, topic: &Topic, partition: i32, worker: &str) -> Result<()> {
-        let keys = self.partition_keys(topic, partition);
-        self.lease_op(&keys.archiving, worker, Duration::ZERO, "release")
-            .await
-            .map(drop)
-    }
-
-    /// Whether some worker holds the partition's archiving registration.
-    pub async fn archiving(&self, topic: &Topic, partition: i32) -> Result<bool> {
-        let keys = self.partition_keys(topic, partition);
-        Ok(self.conn().exists(&keys.archiving).await?)
+        Ok(self.conn().exists(lease.key(keys)).await?)
     }
 
     /// Runs `scripts/lease.lua` on `lease`: `op` is take, renew or release.

@@ -124,6 +124,21 @@ fn retention_ms_deletes_segments_whose_records_are_old() {
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 5);
 }
 
+/// The worker id holding each partition's lease (`ketch:{TAG}:lease`).
+fn lease_holders(redis: &TestRedis, topic: &str) -> Vec<Option<String>> {
+    let mut r = redis.connection();
+    redis
+        .topic_tags(topic)
+        .iter()
+        .map(|tag| {
+            redis::cmd("GET")
+                .arg(format!("ketch:{{{tag}}}:lease"))
+                .query(&mut r)
+                .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn one_gateway_holds_each_partitions_lease() {
     let redis = TestRedis::start();
@@ -131,22 +146,12 @@ fn one_gateway_holds_each_partitions_lease() {
     let b = Ketch::start(&redis.url(), &[&["--node-id", "2"][..], &WORKER].concat());
     let topic = unique_topic("leases");
     a.create_topic(&runtime(), &topic, 8);
-    let mut r = redis.connection();
     let deadline = Instant::now() + Duration::from_secs(20);
     // Until the gateways see each other, each leads (and leases) every
     // partition it can; then a lease passes to the partition's leader once
     // its old holder stops renewing it (lease_ttl).
     loop {
-        let holders: Vec<Option<String>> = redis
-            .topic_tags(&topic)
-            .iter()
-            .map(|tag| {
-                redis::cmd("GET")
-                    .arg(format!("ketch:{{{tag}}}:lease"))
-                    .query(&mut r)
-                    .unwrap()
-            })
-            .collect();
+        let holders = lease_holders(&redis, &topic);
         let distinct: std::collections::BTreeSet<&String> = holders.iter().flatten().collect();
         if holders.iter().all(Option::is_some) && distinct.len() == 2 {
             break;
@@ -176,22 +181,10 @@ fn leases_pass_to_the_new_leader_without_waiting_for_them_to_expire() {
     let a = Ketch::start(&redis.url(), &[&["--node-id", "1"][..], &worker].concat());
     let topic = unique_topic("handover");
     a.create_topic(&runtime(), &topic, 8);
-    let mut r = redis.connection();
-    let tags = redis.topic_tags(&topic);
-    let mut holders = || -> Vec<Option<String>> {
-        tags.iter()
-            .map(|tag| {
-                redis::cmd("GET")
-                    .arg(format!("ketch:{{{tag}}}:lease"))
-                    .query(&mut r)
-                    .unwrap()
-            })
-            .collect()
-    };
-    let mut wait_for = |what: &str, done: &dyn Fn(&[Option<String>]) -> bool| -> Vec<Option<String>> {
+    let wait_for = |what: &str, done: &dyn Fn(&[Option<String>]) -> bool| -> Vec<Option<String>> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let now = holders();
+            let now = lease_holders(&redis, &topic);
             if done(&now) {
                 return now;
             }

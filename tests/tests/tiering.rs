@@ -1176,6 +1176,7 @@ fn an_archiving_registration_has_one_holder_and_is_lost_when_it_expires() {
     let redis = TestRedis::start();
     let config = ketch_tests::store_config(&redis.url());
     runtime().block_on(async {
+        use ketch_storage::segments::Lease;
         let store = ketch_storage::Store::new(&config).expect("store");
         let topic = store
             .create_topic(&unique_topic("registered"), 2, Default::default())
@@ -1183,42 +1184,79 @@ fn an_archiving_registration_has_one_holder_and_is_lost_when_it_expires() {
             .expect("created");
         let long = Duration::from_secs(60);
         let (a, b) = ("worker-a", "worker-b");
-        assert!(!store.archiving(&topic, 0).await.unwrap());
-        assert!(store.take_archiving(&topic, 0, a, long).await.unwrap());
+        assert!(!store.lease_held(Lease::Archiving, &topic, 0).await.unwrap());
         assert!(
-            store.take_archiving(&topic, 0, a, long).await.unwrap(),
+            store
+                .take_lease(Lease::Archiving, &topic, 0, a, long)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .take_lease(Lease::Archiving, &topic, 0, a, long)
+                .await
+                .unwrap(),
             "taken again: renewed"
         );
         assert!(
-            !store.take_archiving(&topic, 0, b, long).await.unwrap(),
+            !store
+                .take_lease(Lease::Archiving, &topic, 0, b, long)
+                .await
+                .unwrap(),
             "held by a"
         );
-        assert!(!store.renew_archiving(&topic, 0, b, long).await.unwrap());
-        assert!(store.renew_archiving(&topic, 0, a, long).await.unwrap());
         assert!(
-            store.take_archiving(&topic, 1, b, long).await.unwrap(),
+            !store
+                .renew_lease(Lease::Archiving, &topic, 0, b, long)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .renew_lease(Lease::Archiving, &topic, 0, a, long)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .take_lease(Lease::Archiving, &topic, 1, b, long)
+                .await
+                .unwrap(),
             "per partition"
         );
-        store.release_archiving(&topic, 0, b).await.unwrap();
-        assert!(store.archiving(&topic, 0).await.unwrap(), "b cannot release a's");
-        store.release_archiving(&topic, 0, a).await.unwrap();
-        assert!(!store.archiving(&topic, 0).await.unwrap());
-        assert!(store.archiving(&topic, 1).await.unwrap());
+        store.release_lease(Lease::Archiving, &topic, 0, b).await.unwrap();
+        assert!(
+            store.lease_held(Lease::Archiving, &topic, 0).await.unwrap(),
+            "b cannot release a's"
+        );
+        store.release_lease(Lease::Archiving, &topic, 0, a).await.unwrap();
+        assert!(!store.lease_held(Lease::Archiving, &topic, 0).await.unwrap());
+        assert!(store.lease_held(Lease::Archiving, &topic, 1).await.unwrap());
 
         // Expired: the holder's renewal fails and does not take it back.
         assert!(
             store
-                .take_archiving(&topic, 0, a, Duration::from_millis(50))
+                .take_lease(Lease::Archiving, &topic, 0, a, Duration::from_millis(50))
                 .await
                 .unwrap()
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        while store.archiving(&topic, 0).await.unwrap() {
+        while store.lease_held(Lease::Archiving, &topic, 0).await.unwrap() {
             assert!(Instant::now() < deadline, "never expired");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(!store.renew_archiving(&topic, 0, a, long).await.unwrap());
-        assert!(!store.archiving(&topic, 0).await.unwrap());
-        assert!(store.take_archiving(&topic, 0, b, long).await.unwrap());
+        assert!(
+            !store
+                .renew_lease(Lease::Archiving, &topic, 0, a, long)
+                .await
+                .unwrap()
+        );
+        assert!(!store.lease_held(Lease::Archiving, &topic, 0).await.unwrap());
+        assert!(
+            store
+                .take_lease(Lease::Archiving, &topic, 0, b, long)
+                .await
+                .unwrap()
+        );
     });
 }

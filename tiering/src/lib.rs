@@ -26,7 +26,7 @@ use std::time::Duration;
 use ketch_config::TieringSettings;
 use ketch_config::topic::{Configs, Defaults};
 use ketch_storage::compact::CompactPolicy;
-use ketch_storage::segments::{Segment, SegmentChange, SegmentPolicy, Tier};
+use ketch_storage::segments::{Lease, Segment, SegmentChange, SegmentPolicy, Tier};
 use ketch_storage::wake::AbortOnDrop;
 use ketch_storage::{PartitionOffsets, ReadPartition, ReadRequest, StorageError, Store, Topic};
 use tokio::sync::watch;
@@ -190,7 +190,11 @@ impl Worker {
         let leased = std::mem::take(&mut *self.leased.lock().expect("leased"));
         let mut released = 0;
         for ((_, partition), topic) in &leased {
-            match self.store.release_lease(topic, *partition, &self.id).await {
+            match self
+                .store
+                .release_lease(Lease::Worker, topic, *partition, &self.id)
+                .await
+            {
                 Ok(()) => released += 1,
                 Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
                     "cannot release the partition's lease; it expires after tiering.lease_ttl"),
@@ -278,7 +282,11 @@ impl Worker {
             if leased.contains_key(&(name, partition)) {
                 continue;
             }
-            if let Err(e) = self.store.release_lease(&topic, partition, &self.id).await {
+            if let Err(e) = self
+                .store
+                .release_lease(Lease::Worker, &topic, partition, &self.id)
+                .await
+            {
                 tracing::debug!(topic = %topic.name, partition, error = %e, "cannot release a partition's lease");
             }
         }
@@ -305,7 +313,7 @@ impl Worker {
     ) -> ketch_storage::Result<bool> {
         if !self
             .store
-            .take_lease(topic, partition, &self.id, self.lease_ttl)
+            .take_lease(Lease::Worker, topic, partition, &self.id, self.lease_ttl)
             .await?
         {
             return Ok(false);
@@ -454,7 +462,7 @@ impl Worker {
             }
             // A worker that may still write the table (another gateway's,
             // which read the topic before remote storage was turned off).
-            if self.store.archiving(topic, partition).await? {
+            if self.store.lease_held(Lease::Archiving, topic, partition).await? {
                 tracing::debug!(topic = %topic.name, partition,
                     "archive drop waits: a storage worker may still write the partition to the table");
                 return Ok(false);
@@ -478,7 +486,7 @@ impl Worker {
     /// here, to be retried next tick. Returns how many were archived.
     ///
     /// All of it runs under the partition's archiving registration
-    /// ([`Store::take_archiving`]), taken before the topic is read again
+    /// ([`Lease::Archiving`]), taken before the topic is read again
     /// from Redis to check that it still wants an archive: a worker deleting
     /// the archive (remote storage turned off) waits until no partition has
     /// one, so whichever comes second of the two sees the other, and no
@@ -500,7 +508,7 @@ impl Worker {
         }
         if !self
             .store
-            .take_archiving(topic, partition, &self.id, self.lease_ttl)
+            .take_lease(Lease::Archiving, topic, partition, &self.id, self.lease_ttl)
             .await?
         {
             tracing::debug!(topic = %topic.name, partition,
@@ -519,7 +527,11 @@ impl Worker {
             .archive_registered(topic, partition, &pending, &registration, lag)
             .await;
         drop(renewing);
-        if let Err(e) = self.store.release_archiving(topic, partition, &self.id).await {
+        if let Err(e) = self
+            .store
+            .release_lease(Lease::Archiving, topic, partition, &self.id)
+            .await
+        {
             // It expires after tiering.lease_ttl.
             tracing::debug!(topic = %topic.name, partition, error = %e, "cannot release the archiving registration");
         }
@@ -568,7 +580,7 @@ impl Worker {
             if self.stopping()
                 || !self
                     .store
-                    .renew_lease(topic, partition, &self.id, self.lease_ttl)
+                    .renew_lease(Lease::Worker, topic, partition, &self.id, self.lease_ttl)
                     .await?
                 || (done > 0 && !self.still_archives(topic).await?)
             {
@@ -733,7 +745,7 @@ impl Worker {
 }
 
 /// A partition's archiving registration, held by this worker
-/// ([`Store::take_archiving`]): the fence of its commits.
+/// ([`Lease::Archiving`]): the fence of its commits.
 struct Archiving<'a> {
     worker: &'a Worker,
     topic: &'a Topic,
@@ -745,7 +757,7 @@ impl Fence for Archiving<'_> {
     async fn holds(&self) -> ketch_storage::Result<bool> {
         let w = self.worker;
         w.store
-            .renew_archiving(self.topic, self.partition, &w.id, w.lease_ttl)
+            .renew_lease(Lease::Archiving, self.topic, self.partition, &w.id, w.lease_ttl)
             .await
     }
 }
@@ -763,7 +775,10 @@ impl Archiving<'_> {
             every.tick().await;
             loop {
                 every.tick().await;
-                match store.renew_archiving(&topic, partition, &id, ttl).await {
+                match store
+                    .renew_lease(Lease::Archiving, &topic, partition, &id, ttl)
+                    .await
+                {
                     Ok(true) => {}
                     Ok(false) => return,
                     Err(e) => {
