@@ -18,6 +18,8 @@
 # PAYLOAD (random, the default, text or zeros: ketch-bench producer --payload),
 # OUT (results directory, default benchmark/results/<date>/archive),
 # BENCH_KETCH_BIN (another gateway binary to measure),
+# KETCH_TIERING_COMPRESSION / KETCH_TIERING_COMPRESSION_LEVEL (the archive's
+# codec, as every gateway setting, from the environment: zstd, lz4, snappy…),
 # PROFILE=1 (perf profiles of ketch while it archives and while it serves each
 # tier, profile-*.txt).
 set -euo pipefail
@@ -194,6 +196,7 @@ echo "remote reads: $(metric ketch_remote_read_bytes_total) bytes, cache hits $(
     echo "host: $(uname -srm), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
     echo "redis: $(redis-server --version)"
     echo "ketch: $("$KETCH" --version) (checkout $(git rev-parse --short HEAD))"
-    echo "command: RECORDS=$RECORDS SEGMENT_BYTES=$SEGMENT_BYTES benchmark/run-archive.sh"
+    echo "command: RECORDS=$RECORDS SEGMENT_BYTES=$SEGMENT_BYTES PAYLOAD=${PAYLOAD:-random} benchmark/run-archive.sh"
+    echo "archive codec: ${KETCH_TIERING_COMPRESSION:-zstd (default)} level ${KETCH_TIERING_COMPRESSION_LEVEL:-default}"
 } >"$OUT/environment.txt"
 cat "$results"

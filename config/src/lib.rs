@@ -26,6 +26,16 @@ pub use security::{AclSettings, Listener, SaslSettings, SecurityProtocol, TlsSet
 /// Metadata lists such an address once, under an id derived from it.
 pub const MAX_NODE_ID: i32 = (1 << 30) - 1;
 
+/// The codecs `tiering.compression` takes, each with the levels
+/// `tiering.compression_level` may give it (`None`: it has none).
+pub const ARCHIVE_CODECS: [(&str, Option<std::ops::RangeInclusive<i32>>); 5] = [
+    ("zstd", Some(1..=22)),
+    ("lz4", None),
+    ("snappy", None),
+    ("gzip", Some(0..=9)),
+    ("uncompressed", None),
+];
+
 /// Why settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -270,6 +280,14 @@ pub struct TieringSettings {
     pub s3_path_style: bool,
     /// Rows per Parquet row group; a remote read decodes one row group.
     pub row_group_rows: usize,
+    /// The codec of the data files' pages: `zstd`, `lz4` (Parquet's
+    /// LZ4_RAW), `snappy`, `gzip` or `uncompressed`. Compressing is most of
+    /// archiving's CPU; see [`ARCHIVE_CODECS`].
+    #[serde(deserialize_with = "lenient::string")]
+    pub compression: String,
+    /// The codec's level (zstd 1–22, gzip 0–9; the others have none).
+    /// Unset: zstd 1, gzip 6.
+    pub compression_level: Option<i32>,
     /// Decoded row groups kept in memory for sequential remote readers.
     pub read_cache_bytes: usize,
     /// Snapshots of a topic's table younger than this are never expired:
@@ -480,6 +498,8 @@ impl Default for TieringSettings {
             s3_secret_access_key: String::new(),
             s3_path_style: false,
             row_group_rows: 32 * 1024,
+            compression: "zstd".to_owned(),
+            compression_level: None,
             read_cache_bytes: 64 * 1024 * 1024,
             snapshot_retention: Duration::from_secs(3600),
             snapshots_kept: 10,
@@ -771,6 +791,37 @@ impl Settings {
         if self.tiering.row_group_rows == 0 {
             return bad("tiering.row_group_rows", "must be at least 1");
         }
+        let Some((_, levels)) = ARCHIVE_CODECS
+            .iter()
+            .find(|(codec, _)| *codec == self.tiering.compression)
+        else {
+            return bad(
+                "tiering.compression",
+                "must be zstd, lz4, snappy, gzip or uncompressed",
+            );
+        };
+        if let Some(level) = self.tiering.compression_level {
+            match levels {
+                Some(levels) if levels.contains(&level) => {}
+                Some(levels) => {
+                    return bad(
+                        "tiering.compression_level",
+                        &format!(
+                            "must be {} to {} for {}",
+                            levels.start(),
+                            levels.end(),
+                            self.tiering.compression
+                        ),
+                    );
+                }
+                None => {
+                    return bad(
+                        "tiering.compression_level",
+                        &format!("{} has no levels: leave it unset", self.tiering.compression),
+                    );
+                }
+            }
+        }
         if self.tiering.snapshots_kept == 0 {
             return bad(
                 "tiering.snapshots_kept",
@@ -961,6 +1012,8 @@ mod tests {
             ("catalog_uri", "mysql://x", "tiering.catalog_uri"),
             ("row_group_rows", "0", "tiering.row_group_rows"),
             ("snapshots_kept", "0", "tiering.snapshots_kept"),
+            ("compression", "lzo", "tiering.compression"),
+            ("compression", "ZSTD", "tiering.compression"),
         ] {
             let err = Loader::new()
                 .set("tiering", key, value)
@@ -975,6 +1028,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("tiering.catalog_uri"), "{err}");
+        for (codec, level, message) in [
+            ("zstd", "0", "must be 1 to 22 for zstd"),
+            ("zstd", "23", "must be 1 to 22 for zstd"),
+            ("gzip", "10", "must be 0 to 9 for gzip"),
+            ("lz4", "1", "lz4 has no levels"),
+            ("uncompressed", "3", "uncompressed has no levels"),
+        ] {
+            let err = Loader::new()
+                .set("tiering", "compression", codec)
+                .set("tiering", "compression_level", level)
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("tiering.compression_level") && err.contains(message),
+                "{codec} {level}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn archive_compression_defaults_to_zstd_and_takes_each_codec() {
+        let s = Loader::new().load().unwrap();
+        assert_eq!(
+            (s.tiering.compression.as_str(), s.tiering.compression_level),
+            ("zstd", None)
+        );
+        for (codec, levels) in ARCHIVE_CODECS {
+            let s = Loader::new()
+                .env([("KETCH_TIERING_COMPRESSION".to_owned(), codec.to_owned())])
+                .unwrap()
+                .load()
+                .unwrap();
+            assert_eq!(s.tiering.compression, codec);
+            if let Some(levels) = levels {
+                let s = Loader::new()
+                    .set("tiering", "compression", codec)
+                    .set("tiering", "compression_level", &levels.end().to_string())
+                    .load()
+                    .unwrap();
+                assert_eq!(s.tiering.compression_level, Some(*levels.end()));
+            }
+        }
     }
 
     #[test]

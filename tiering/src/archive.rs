@@ -37,7 +37,7 @@ use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use ketch_config::TieringSettings;
 use ketch_storage::segments::{Segment, Tier};
 use ketch_storage::{Store, Topic};
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use tokio::sync::Mutex;
@@ -252,14 +252,15 @@ fn chunk_entries(last: &[Bytes]) -> usize {
     (CHUNK_BYTES / average).clamp(1, MAX_CHUNK_ENTRIES)
 }
 
-/// How data files are written: zstd (level 1), row groups of `rows` rows,
-/// column statistics (a reader prunes row groups by partition, offset,
-/// timestamp and key) but none of values (min/max of payloads prune
-/// nothing, and comparing every value cost a tenth of archiving's CPU), no
-/// dictionary for the columns whose values rarely repeat (offsets,
-/// timestamps, values: the dictionary is built for each row group until
-/// it outgrows its page, then thrown away).
-fn writer_properties(rows: usize) -> WriterProperties {
+/// How data files are written: `tiering.compression` (zstd level 1 unless
+/// configured), row groups of `tiering.row_group_rows` rows, column
+/// statistics (a reader prunes row groups by partition, offset, timestamp
+/// and key) but none of values (min/max of payloads prune nothing, and
+/// comparing every value cost a tenth of archiving's CPU), no dictionary
+/// for the columns whose values rarely repeat (offsets, timestamps, values:
+/// the dictionary is built for each row group until it outgrows its page,
+/// then thrown away).
+fn writer_properties(settings: &TieringSettings) -> Result<WriterProperties> {
     let value = ColumnPath::from("value");
     let header_value = ColumnPath::from(vec![
         "headers".to_owned(),
@@ -267,16 +268,51 @@ fn writer_properties(rows: usize) -> WriterProperties {
         "element".to_owned(),
         "value".to_owned(),
     ]);
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("a valid level")))
-        .set_max_row_group_row_count(Some(rows))
+    Ok(WriterProperties::builder()
+        .set_compression(compression(settings)?)
+        .set_max_row_group_row_count(Some(settings.row_group_rows))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_column_statistics_enabled(value.clone(), EnabledStatistics::None)
         .set_column_statistics_enabled(header_value, EnabledStatistics::None)
         .set_column_dictionary_enabled(value, false)
         .set_column_dictionary_enabled(ColumnPath::from("offset"), false)
         .set_column_dictionary_enabled(ColumnPath::from("timestamp"), false)
-        .build()
+        .build())
+}
+
+/// The level of `tiering.compression`: `tiering.compression_level`, or for
+/// zstd 1 and for gzip 6 when it is unset.
+fn compression_level(settings: &TieringSettings) -> Option<i32> {
+    match settings.compression.as_str() {
+        "zstd" => Some(settings.compression_level.unwrap_or(1)),
+        "gzip" => Some(settings.compression_level.unwrap_or(6)),
+        _ => settings.compression_level,
+    }
+}
+
+/// The Parquet codec `tiering.compression` and `tiering.compression_level`
+/// name (the settings loader checked both; this refuses what it let by).
+/// `lz4` is Parquet's LZ4_RAW: the older LZ4 codec's framing is deprecated
+/// and read differently by different readers.
+fn compression(settings: &TieringSettings) -> Result<Compression> {
+    let codec = settings.compression.as_str();
+    let level = compression_level(settings);
+    let bad = |e: String| Error::Io(format!("tiering.compression {codec} at level {level:?}: {e}"));
+    Ok(match (codec, level) {
+        ("zstd", Some(level)) => {
+            Compression::ZSTD(ZstdLevel::try_new(level).map_err(|e| bad(e.to_string()))?)
+        }
+        ("gzip", Some(level)) => Compression::GZIP(
+            u32::try_from(level)
+                .ok()
+                .and_then(|level| GzipLevel::try_new(level).ok())
+                .ok_or_else(|| bad("not a gzip level".to_owned()))?,
+        ),
+        ("lz4", None) => Compression::LZ4_RAW,
+        ("snappy", None) => Compression::SNAPPY,
+        ("uncompressed", None) => Compression::UNCOMPRESSED,
+        _ => return Err(bad("not a codec and level ketch writes".to_owned())),
+    })
 }
 
 /// Runs `writer` on a task of its own: it writes each row group sent, and
@@ -398,6 +434,25 @@ impl Archiver {
         }
     }
 
+    /// What a new topic table records besides its schema: the topic, and
+    /// the codec ketch writes (Iceberg's `write.parquet.compression-*`, so
+    /// that other engines writing to the table, a compaction say, use it
+    /// too). ketch itself writes with `tiering.compression` whatever a
+    /// table says, so changing it applies to every table at once.
+    fn table_properties(&self, topic: &Topic) -> HashMap<String, String> {
+        let mut properties = HashMap::from([
+            (
+                "write.parquet.compression-codec".to_owned(),
+                self.settings.compression.clone(),
+            ),
+            ("ketch.topic".to_owned(), topic.name.clone()),
+        ]);
+        if let Some(level) = compression_level(&self.settings) {
+            properties.insert("write.parquet.compression-level".to_owned(), level.to_string());
+        }
+        properties
+    }
+
     /// The topic's table, created (with its namespace) if missing.
     pub async fn table(&self, topic: &Topic) -> Result<Table> {
         let catalog = self.catalog().await?;
@@ -419,10 +474,7 @@ impl Archiver {
             .sort_order(table::sort_order(&schema))
             .partition_spec(table::partition_spec())
             .schema(schema)
-            .properties(HashMap::from([
-                ("write.parquet.compression-codec".to_owned(), "zstd".to_owned()),
-                ("ketch.topic".to_owned(), topic.name.clone()),
-            ]))
+            .properties(self.table_properties(topic))
             .build();
         match catalog.create_table(&self.namespace, creation).await {
             Ok(table) => Ok(table),
@@ -542,7 +594,7 @@ impl Archiver {
         }
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
 
-        let properties = writer_properties(self.settings.row_group_rows);
+        let properties = writer_properties(&self.settings)?;
         let rolling = RollingFileWriterBuilder::new(
             ParquetWriterBuilder::new(properties, schema),
             usize::MAX,
@@ -1049,5 +1101,106 @@ mod tests {
         row_groups.send(None).await.expect("close taken");
         assert!(writing.await.expect("the task ends").is_ok());
         assert!(closed.load(Ordering::SeqCst));
+    }
+
+    /// Every codec `tiering.compression` takes writes data files in that
+    /// codec (read off the file's own metadata), whose rows and values read
+    /// back, and a new table records it for other engines' writers.
+    #[tokio::test]
+    async fn each_archive_codec_writes_files_in_it_that_read_back() {
+        use arrow_array::cast::AsArray;
+        use futures::TryStreamExt;
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+
+        for (codec, level, expected) in [
+            (
+                "zstd",
+                None,
+                Compression::ZSTD(ZstdLevel::try_new(1).expect("a level")),
+            ),
+            (
+                "zstd",
+                Some(9),
+                Compression::ZSTD(ZstdLevel::try_new(9).expect("a level")),
+            ),
+            ("lz4", None, Compression::LZ4_RAW),
+            ("snappy", None, Compression::SNAPPY),
+            (
+                "gzip",
+                Some(1),
+                Compression::GZIP(GzipLevel::try_new(1).expect("a level")),
+            ),
+            ("uncompressed", None, Compression::UNCOMPRESSED),
+        ] {
+            let lake = crate::testing::Lake::new(|s| {
+                s.row_group_rows = 100;
+                s.compression = codec.to_owned();
+                s.compression_level = level;
+            });
+            let mut table = lake.table().await;
+            let properties = table.metadata().properties();
+            assert_eq!(
+                properties
+                    .get("write.parquet.compression-codec")
+                    .map(String::as_str),
+                Some(codec)
+            );
+            let recorded_level = properties.get("write.parquet.compression-level").cloned();
+            assert_eq!(
+                recorded_level,
+                match codec {
+                    "zstd" => Some(level.unwrap_or(1).to_string()),
+                    "gzip" => Some(level.unwrap_or(6).to_string()),
+                    _ => None,
+                },
+                "{codec}"
+            );
+            let archived = lake.archive(&mut table, 0, 0, 250).await;
+            assert_eq!(archived.records, 250);
+
+            let files = lake.files(".parquet");
+            assert_eq!(files.len(), 1, "{codec}: {files:?}");
+            let reader = SerializedFileReader::new(std::fs::File::open(&files[0]).expect("the file"))
+                .expect("a Parquet file");
+            let metadata = reader.metadata();
+            assert_eq!(metadata.num_row_groups(), 3, "{codec}");
+            for group in metadata.row_groups() {
+                for column in group.columns() {
+                    // The codec's level is not in the file; the codec is.
+                    assert_eq!(
+                        std::mem::discriminant(&column.compression()),
+                        std::mem::discriminant(&expected),
+                        "{codec}: {}",
+                        column.column_path()
+                    );
+                }
+            }
+
+            let table = lake.table().await;
+            let batches: Vec<RecordBatch> = table
+                .scan()
+                .select(["offset", "value"])
+                .build()
+                .expect("a scan")
+                .to_arrow()
+                .await
+                .expect("a scan")
+                .try_collect()
+                .await
+                .expect("the rows");
+            let mut read = Vec::new();
+            for batch in &batches {
+                let offsets = batch.column(0).as_primitive::<arrow_array::types::Int64Type>();
+                let values = batch.column(1).as_binary::<i64>();
+                for i in 0..batch.num_rows() {
+                    read.push((offsets.value(i), values.value(i).to_vec()));
+                }
+            }
+            read.sort();
+            let written: Vec<_> = (0..250)
+                .map(|offset| (offset, format!("record {offset}").into_bytes()))
+                .collect();
+            assert_eq!(read, written, "{codec}");
+        }
     }
 }
