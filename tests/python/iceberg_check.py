@@ -6,7 +6,9 @@ Usage: python3 iceberg_check.py SPEC.json, where SPEC is
    "table": str, "warehouse": str, "s3": {endpoint, access_key, secret_key,
    region} or null,
    "partitions": {"<p>": [first_offset, end_offset_exclusive]},
-   "samples": [{"partition": p, "offset": o, "key": hex|null, "value": hex|null}]}
+   "samples": [{"partition": p, "offset": o, "key": hex|null, "value": hex|null}],
+   "codec": {"table": write.parquet.compression-codec, "files": [names
+   pyarrow may give the codec in a column chunk]} or absent}
 Prints one JSON line with what it found; exits 1 on any mismatch.
 """
 
@@ -14,6 +16,7 @@ import json
 import sys
 
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 
 
@@ -74,7 +77,26 @@ def main() -> int:
         if key != sample["key"] or value != sample["value"]:
             errors.append(f"{expr}: key/value differ (key {key} vs {sample['key']})")
 
-    print(json.dumps({"rows": len(rows), "partitions": found,
+    codec = spec.get("codec")
+    files = 0
+    if codec:
+        recorded = table.properties.get("write.parquet.compression-codec")
+        if recorded != codec["table"]:
+            errors.append(f"the table records codec {recorded}, expected {codec['table']}")
+        for path in table.inspect.files()["file_path"].to_pylist():
+            files += 1
+            with table.io.new_input(path).open() as stream:
+                metadata = pq.ParquetFile(stream).metadata
+                for g in range(metadata.num_row_groups):
+                    group = metadata.row_group(g)
+                    for c in range(group.num_columns):
+                        column = group.column(c)
+                        if column.compression not in codec["files"]:
+                            errors.append(f"{path}: column {column.path_in_schema} is {column.compression}")
+        if not files:
+            errors.append("no data files")
+
+    print(json.dumps({"rows": len(rows), "codec_checked_files": files, "partitions": found,
                       "samples": len(spec["samples"]), "errors": errors}))
     return 1 if errors else 0
 

@@ -248,6 +248,20 @@ fn pyiceberg_check(
     topic: &str,
     ranges: &[(i64, i64)],
 ) {
+    pyiceberg_check_codec(catalog_uri, warehouse, s3, topic, ranges, None);
+}
+
+/// [`pyiceberg_check`], and with `codec` (Iceberg's name, and the names
+/// pyarrow may give it in the data files' column chunks) that the table
+/// records it and every data file is written in it.
+fn pyiceberg_check_codec(
+    catalog_uri: &str,
+    warehouse: &str,
+    s3: Option<&S3Server>,
+    topic: &str,
+    ranges: &[(i64, i64)],
+    codec: Option<(&str, &[&str])>,
+) {
     let partitions = ranges.len();
     let mut samples = Vec::new();
     for (p, &(first, end)) in ranges.iter().enumerate() {
@@ -277,6 +291,9 @@ fn pyiceberg_check(
             .map(|(p, r)| (p.to_string(), serde_json::json!([r.0, r.1])))
             .collect::<serde_json::Map<_, _>>(),
         "samples": samples,
+        "codec": codec.map(|(name, in_files)| serde_json::json!({
+            "table": name, "files": in_files,
+        })),
     });
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("spec.json");
@@ -749,6 +766,45 @@ fn rest_catalog_archives_and_serves_the_archive() {
     consume_and_check(&ketch.consumer(), &topic, &[end]);
     let sql = format!("sqlite:///{}", rest_db.display());
     pyiceberg_check(&sql, &warehouse, None, &topic, &[(0, local_starts[0])]);
+}
+
+/// `tiering.compression=lz4`: the archive is written in Parquet's LZ4_RAW,
+/// which the gateway's own remote reads decode (a consumer reads every
+/// record across the tier boundary) and pyiceberg reads too; the table
+/// records the codec and every column chunk of every data file is in it.
+#[test]
+fn an_archive_written_in_lz4_is_served_and_read_by_pyiceberg() {
+    const RECORDS: usize = 30_000;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let data_dir = dir.path().join("data");
+    let ketch = tiered_gateway(&redis, &data_dir, &["tiering.compression=lz4".to_owned()]);
+    let rt = runtime();
+    let topic = unique_topic("lz4");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        1,
+        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce_segments(&producer, &rt, &redis, &topic, 3, RECORDS / 3);
+    let local_starts = wait_archived(&redis, &ketch, &topic, 1, true, 262144);
+    assert!(local_starts[0] > 0);
+    let end = redis.next_offset(&topic, 0);
+    consume_and_check(&ketch.consumer(), &topic, &[end]);
+    let (catalog, warehouse) = sqlite_catalog(&data_dir);
+    // pyarrow names Parquet's LZ4_RAW "LZ4" (its older framing, which ketch
+    // does not write, "LZ4_HADOOP"); a zstd file would say "ZSTD".
+    pyiceberg_check_codec(
+        &catalog,
+        &warehouse,
+        None,
+        &topic,
+        &[(0, local_starts[0])],
+        Some(("lz4", &["LZ4", "LZ4_RAW"])),
+    );
 }
 
 /// Retention on a remote-storage topic: `local.retention.ms` trims archived
