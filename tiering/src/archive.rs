@@ -608,6 +608,7 @@ impl Archiver {
         // segment's batches: on a gateway with two cores, archiving uses
         // both.
         let (row_groups, writing) = spawn_writer(writer);
+        let started = Instant::now();
         let mut records = 0u64;
         let mut holes = Holes::default();
         // Ok(false): the writer task failed; its error is the one to
@@ -664,6 +665,7 @@ impl Archiver {
             Ok(row_groups.send(None).await.is_ok())
         }
         .await;
+        let fed_in = started.elapsed();
         let files = match fed {
             Ok(true) => writer_result(writing).await?,
             Ok(false) => return Err(writer_failure(writing).await),
@@ -701,6 +703,7 @@ impl Archiver {
                     .expect("holes serialize"),
             ),
         ]);
+        let written_in = started.elapsed();
         if !fence.holds().await? {
             // Not committed: the file would be an orphan (in a table that
             // may be purged meanwhile).
@@ -719,6 +722,17 @@ impl Archiver {
         match transaction.commit(catalog.as_ref()).await {
             Ok(updated) => {
                 *table = updated;
+                // The phases, in ms since the segment's first read: every
+                // row group decoded and handed to the writer task; the file
+                // closed (its last row groups encoded, its upload complete);
+                // the commit made.
+                tracing::debug!(
+                    topic = %topic.name, partition, base = segment.base, records,
+                    file_bytes = archived.file_bytes,
+                    read_ms = fed_in.as_millis(), written_ms = written_in.as_millis(),
+                    committed_ms = started.elapsed().as_millis(),
+                    "data file written and committed"
+                );
                 Ok(archived)
             }
             Err(e) => {
