@@ -281,8 +281,8 @@ pub struct TieringSettings {
     /// Rows per Parquet row group; a remote read decodes one row group.
     pub row_group_rows: usize,
     /// The codec of the data files' pages: `zstd`, `lz4` (Parquet's
-    /// LZ4_RAW), `snappy`, `gzip` or `uncompressed`. Compressing is most of
-    /// archiving's CPU; see [`ARCHIVE_CODECS`].
+    /// LZ4_RAW), `snappy`, `gzip` or `uncompressed` (zstd is about 40% of
+    /// archiving's CPU; see [`ARCHIVE_CODECS`]).
     #[serde(deserialize_with = "lenient::string")]
     pub compression: String,
     /// The codec's level (zstd 1–22, gzip 0–9; the others have none).
