@@ -374,6 +374,33 @@ fn produce_segments(
     }
 }
 
+/// A new one-partition remote topic (name from `prefix`) of three
+/// segments of `records / 3` records, archived and trimmed from Redis down
+/// to the open segment: its name, local start offset and end offset.
+fn archive_three_segments(
+    ketch: &Ketch,
+    redis: &TestRedis,
+    prefix: &str,
+    records: usize,
+) -> (String, i64, i64) {
+    let rt = runtime();
+    let topic = unique_topic(prefix);
+    create_remote_topic(
+        ketch,
+        &rt,
+        &topic,
+        1,
+        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
+    );
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce_segments(&producer, &rt, redis, &topic, 3, records / 3);
+    let local_starts = wait_archived(redis, ketch, &topic, 1, true, 262144);
+    assert!(local_starts[0] > 0, "nothing trimmed from Redis");
+    let end = redis.next_offset(&topic, 0);
+    assert_eq!(end, (records / 3 * 3) as i64);
+    (topic, local_starts[0], end)
+}
+
 fn set(args: &mut Vec<String>, setting: String) {
     args.push("--set".to_owned());
     args.push(setting);
@@ -744,28 +771,14 @@ fn rest_catalog_archives_and_serves_the_archive() {
             format!("tiering.catalog_uri={}", catalog.url()),
         ],
     );
-    let rt = runtime();
-    let topic = unique_topic("rest");
-    create_remote_topic(
-        &ketch,
-        &rt,
-        &topic,
-        1,
-        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
-    );
-    let producer = ketch.producer_with(&[("linger.ms", "5")]);
-    produce_segments(&producer, &rt, &redis, &topic, 3, RECORDS / 3);
-    let local_starts = wait_archived(&redis, &ketch, &topic, 1, true, 262144);
-    assert!(local_starts[0] > 0);
-    let end = redis.next_offset(&topic, 0);
-    assert_eq!(end, (RECORDS / 3 * 3) as i64);
+    let (topic, local_start, end) = archive_three_segments(&ketch, &redis, "rest", RECORDS);
     assert!(
         !data_dir.join("catalog.db").exists(),
         "no SQLite catalog with REST configured"
     );
     consume_and_check(&ketch.consumer(), &topic, &[end]);
     let sql = format!("sqlite:///{}", rest_db.display());
-    pyiceberg_check(&sql, &warehouse, None, &topic, &[(0, local_starts[0])]);
+    pyiceberg_check(&sql, &warehouse, None, &topic, &[(0, local_start)]);
 }
 
 /// `tiering.compression=lz4`: the archive is written in Parquet's LZ4_RAW,
@@ -779,20 +792,7 @@ fn an_archive_written_in_lz4_is_served_and_read_by_pyiceberg() {
     let redis = TestRedis::start();
     let data_dir = dir.path().join("data");
     let ketch = tiered_gateway(&redis, &data_dir, &["tiering.compression=lz4".to_owned()]);
-    let rt = runtime();
-    let topic = unique_topic("lz4");
-    create_remote_topic(
-        &ketch,
-        &rt,
-        &topic,
-        1,
-        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
-    );
-    let producer = ketch.producer_with(&[("linger.ms", "5")]);
-    produce_segments(&producer, &rt, &redis, &topic, 3, RECORDS / 3);
-    let local_starts = wait_archived(&redis, &ketch, &topic, 1, true, 262144);
-    assert!(local_starts[0] > 0);
-    let end = redis.next_offset(&topic, 0);
+    let (topic, local_start, end) = archive_three_segments(&ketch, &redis, "lz4", RECORDS);
     consume_and_check(&ketch.consumer(), &topic, &[end]);
     let (catalog, warehouse) = sqlite_catalog(&data_dir);
     // pyarrow names Parquet's LZ4_RAW "LZ4" (its older framing, which ketch
@@ -802,7 +802,7 @@ fn an_archive_written_in_lz4_is_served_and_read_by_pyiceberg() {
         &warehouse,
         None,
         &topic,
-        &[(0, local_starts[0])],
+        &[(0, local_start)],
         Some(("lz4", &["LZ4", "LZ4_RAW"])),
     );
 }

@@ -1123,7 +1123,6 @@ mod tests {
     #[tokio::test]
     async fn each_archive_codec_writes_files_in_it_that_read_back() {
         use arrow_array::cast::AsArray;
-        use futures::TryStreamExt;
         use parquet::file::reader::{FileReader, SerializedFileReader};
 
         for (codec, level, expected) in [
@@ -1191,17 +1190,7 @@ mod tests {
             }
 
             let table = lake.table().await;
-            let batches: Vec<RecordBatch> = table
-                .scan()
-                .select(["offset", "value"])
-                .build()
-                .expect("a scan")
-                .to_arrow()
-                .await
-                .expect("a scan")
-                .try_collect()
-                .await
-                .expect("the rows");
+            let batches = crate::testing::scan(&table, &["offset", "value"]).await;
             let mut read = Vec::new();
             for batch in &batches {
                 let offsets = batch.column(0).as_primitive::<arrow_array::types::Int64Type>();

@@ -102,18 +102,8 @@ pub fn segment(base: i64, records: i64) -> Segment {
 
 /// Every (partition, offset) a scan of the table's current snapshot reads.
 pub async fn rows(table: &Table) -> BTreeSet<(i32, i64)> {
-    let batches: Vec<_> = table
-        .scan()
-        .select(["partition", "offset"])
-        .build()
-        .expect("a scan")
-        .to_arrow()
+    scan(table, &["partition", "offset"])
         .await
-        .expect("a scan")
-        .try_collect()
-        .await
-        .expect("the rows");
-    batches
         .iter()
         .flat_map(|batch| {
             let partitions = batch.column(0).as_primitive::<Int32Type>().clone();
@@ -121,6 +111,21 @@ pub async fn rows(table: &Table) -> BTreeSet<(i32, i64)> {
             (0..batch.num_rows()).map(move |i| (partitions.value(i), offsets.value(i)))
         })
         .collect()
+}
+
+/// The `columns` of every row a scan of the table's current snapshot reads.
+pub async fn scan(table: &Table, columns: &[&str]) -> Vec<arrow_array::RecordBatch> {
+    table
+        .scan()
+        .select(columns.iter().copied())
+        .build()
+        .expect("a scan")
+        .to_arrow()
+        .await
+        .expect("a scan")
+        .try_collect()
+        .await
+        .expect("the rows")
 }
 
 /// The data files the current snapshot's manifests list as live.
