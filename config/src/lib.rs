@@ -27,12 +27,13 @@ pub use security::{AclSettings, Listener, SaslSettings, SecurityProtocol, TlsSet
 pub const MAX_NODE_ID: i32 = (1 << 30) - 1;
 
 /// The codecs `tiering.compression` takes, each with the levels
-/// `tiering.compression_level` may give it (`None`: it has none).
-pub const ARCHIVE_CODECS: [(&str, Option<std::ops::RangeInclusive<i32>>); 5] = [
-    ("zstd", Some(1..=22)),
+/// `tiering.compression_level` may give it and the level used when it is
+/// unset (`None`: the codec has no levels).
+pub const ARCHIVE_CODECS: [(&str, Option<(std::ops::RangeInclusive<i32>, i32)>); 5] = [
+    ("zstd", Some((1..=22, 1))),
     ("lz4", None),
     ("snappy", None),
-    ("gzip", Some(0..=9)),
+    ("gzip", Some((0..=9, 6))),
     ("uncompressed", None),
 ];
 
@@ -656,6 +657,18 @@ impl Loader {
 }
 
 impl TieringSettings {
+    /// The level the archive's codec runs at: `compression_level`, or the
+    /// codec's default from [`ARCHIVE_CODECS`]; `None` for a codec without
+    /// levels (where the loader refuses a `compression_level`).
+    pub fn compression_level_or_default(&self) -> Option<i32> {
+        let default = ARCHIVE_CODECS
+            .iter()
+            .find(|(codec, _)| *codec == self.compression)
+            .and_then(|(_, levels)| levels.as_ref())
+            .map(|(_, default)| *default);
+        self.compression_level.or(default)
+    }
+
     /// The SQL catalog's URI, with the embedded SQLite default.
     pub fn catalog_uri(&self) -> String {
         if self.catalog_uri.is_empty() {
@@ -802,8 +815,8 @@ impl Settings {
         };
         if let Some(level) = self.tiering.compression_level {
             match levels {
-                Some(levels) if levels.contains(&level) => {}
-                Some(levels) => {
+                Some((levels, _)) if levels.contains(&level) => {}
+                Some((levels, _)) => {
                     return bad(
                         "tiering.compression_level",
                         &format!(
@@ -1055,6 +1068,7 @@ mod tests {
             (s.tiering.compression.as_str(), s.tiering.compression_level),
             ("zstd", None)
         );
+        assert_eq!(s.tiering.compression_level_or_default(), Some(1));
         for (codec, levels) in ARCHIVE_CODECS {
             let s = Loader::new()
                 .env([("KETCH_TIERING_COMPRESSION".to_owned(), codec.to_owned())])
@@ -1062,7 +1076,7 @@ mod tests {
                 .load()
                 .unwrap();
             assert_eq!(s.tiering.compression, codec);
-            if let Some(levels) = levels {
+            if let Some((levels, _)) = levels {
                 let s = Loader::new()
                     .set("tiering", "compression", codec)
                     .set("tiering", "compression_level", &levels.end().to_string())

@@ -280,33 +280,20 @@ fn writer_properties(settings: &TieringSettings) -> Result<WriterProperties> {
         .build())
 }
 
-/// The level of `tiering.compression`: `tiering.compression_level`, or for
-/// zstd 1 and for gzip 6 when it is unset.
-fn compression_level(settings: &TieringSettings) -> Option<i32> {
-    match settings.compression.as_str() {
-        "zstd" => Some(settings.compression_level.unwrap_or(1)),
-        "gzip" => Some(settings.compression_level.unwrap_or(6)),
-        _ => settings.compression_level,
-    }
-}
-
 /// The Parquet codec `tiering.compression` and `tiering.compression_level`
 /// name (the settings loader checked both; this refuses what it let by).
 /// `lz4` is Parquet's LZ4_RAW: the older LZ4 codec's framing is deprecated
 /// and read differently by different readers.
 fn compression(settings: &TieringSettings) -> Result<Compression> {
     let codec = settings.compression.as_str();
-    let level = compression_level(settings);
+    let level = settings.compression_level_or_default();
     let bad = |e: String| Error::Io(format!("tiering.compression {codec} at level {level:?}: {e}"));
     Ok(match (codec, level) {
         ("zstd", Some(level)) => {
             Compression::ZSTD(ZstdLevel::try_new(level).map_err(|e| bad(e.to_string()))?)
         }
         ("gzip", Some(level)) => Compression::GZIP(
-            u32::try_from(level)
-                .ok()
-                .and_then(|level| GzipLevel::try_new(level).ok())
-                .ok_or_else(|| bad("not a gzip level".to_owned()))?,
+            GzipLevel::try_new(u32::try_from(level).unwrap_or(u32::MAX)).map_err(|e| bad(e.to_string()))?,
         ),
         ("lz4", None) => Compression::LZ4_RAW,
         ("snappy", None) => Compression::SNAPPY,
@@ -447,7 +434,7 @@ impl Archiver {
             ),
             ("ketch.topic".to_owned(), topic.name.clone()),
         ]);
-        if let Some(level) = compression_level(&self.settings) {
+        if let Some(level) = self.settings.compression_level_or_default() {
             properties.insert("write.parquet.compression-level".to_owned(), level.to_string());
         }
         properties
