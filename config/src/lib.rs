@@ -26,10 +26,13 @@ pub use security::{AclSettings, Listener, SaslSettings, SecurityProtocol, TlsSet
 /// Metadata lists such an address once, under an id derived from it.
 pub const MAX_NODE_ID: i32 = (1 << 30) - 1;
 
-/// The codecs `tiering.compression` takes, each with the levels
-/// `tiering.compression_level` may give it and the level used when it is
-/// unset (`None`: the codec has no levels).
-pub const ARCHIVE_CODECS: [(&str, Option<(std::ops::RangeInclusive<i32>, i32)>); 5] = [
+/// The levels `tiering.compression_level` may give a codec, and the level
+/// used when it is unset.
+pub type CodecLevels = (std::ops::RangeInclusive<i32>, i32);
+
+/// The codecs `tiering.compression` takes, each with its levels (`None`:
+/// the codec has none).
+pub const ARCHIVE_CODECS: [(&str, Option<CodecLevels>); 5] = [
     ("zstd", Some((1..=22, 1))),
     ("lz4", None),
     ("snappy", None),
