@@ -9,6 +9,7 @@ Usage: python3 iceberg_check.py SPEC.json, where SPEC is
    "samples": [{"partition": p, "offset": o, "key": hex|null, "value": hex|null}],
    "codec": {"table": write.parquet.compression-codec, "files": [names
    pyarrow may give the codec in a column chunk]} or absent}
+It also checks that each partition's segments were committed in order.
 Prints one JSON line with what it found; exits 1 on any mismatch.
 """
 
@@ -77,6 +78,25 @@ def main() -> int:
         if key != sample["key"] or value != sample["value"]:
             errors.append(f"{expr}: key/value differ (key {key} vs {sample['key']})")
 
+    # ketch commits a partition's segments in order, each one after the
+    # last: the snapshots that record a segment (maintenance's do not) name
+    # ascending, adjoining offset ranges per partition.
+    commits = 0
+    last_of = {}
+    for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number or 0):
+        summary = snapshot.summary
+        props = dict(getattr(summary, "additional_properties", None) or {}) if summary else {}
+        if "ketch.base-offset" not in props:
+            continue
+        commits += 1
+        p = props["ketch.partition"]
+        base, last = int(props["ketch.base-offset"]), int(props["ketch.last-offset"])
+        if p in last_of and base != last_of[p] + 1:
+            errors.append(f"partition {p}: segment {base}..{last} committed after one ending at {last_of[p]}")
+        last_of[p] = last
+    if not commits:
+        errors.append("no snapshot records a segment")
+
     codec = spec.get("codec")
     files = 0
     if codec:
@@ -96,7 +116,7 @@ def main() -> int:
         if not files:
             errors.append("no data files")
 
-    print(json.dumps({"rows": len(rows), "codec_checked_files": files, "partitions": found,
+    print(json.dumps({"rows": len(rows), "segment_commits": commits, "codec_checked_files": files, "partitions": found,
                       "samples": len(spec["samples"]), "errors": errors}))
     return 1 if errors else 0
 

@@ -70,6 +70,55 @@ pub struct Archived {
     pub holes: Option<Vec<(i64, i64)>>,
 }
 
+/// A segment [`Archiver::start`] is done with.
+pub enum Fed {
+    /// The table has it already.
+    Found(Archived),
+    /// Every row handed to its data file's writer, which is closing the
+    /// file: [`Archiver::finish`] commits it, [`Fed::abandon`] gives it up.
+    Closing(Closing),
+}
+
+/// A data file closing on its writer task. Dropped (archiving cancelled),
+/// it stops the task, so no file is finished that nothing commits.
+pub struct Closing {
+    writing: Option<Writing>,
+    records: u64,
+    holes: Vec<(i64, i64)>,
+    /// When the segment's first read began, and how long after it every
+    /// row group had been handed over.
+    started: Instant,
+    fed_in: Duration,
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(writing) = &self.writing {
+            writing.abort();
+        }
+    }
+}
+
+impl Fed {
+    /// Gives the segment up uncommitted: once its writer is done, a file it
+    /// finished is deleted (it would be an orphan; the segment is archived
+    /// again later under the same name).
+    pub async fn abandon(self, table: &Table) {
+        let Fed::Closing(mut closing) = self else { return };
+        let Some(writing) = closing.writing.take() else {
+            return;
+        };
+        let Ok(files) = writer_result(writing).await else {
+            return;
+        };
+        for file in files {
+            if let Err(e) = table.file_io().delete(file.file_path()).await {
+                tracing::warn!(path = %file.file_path(), error = %e, "cannot delete an uncommitted data file");
+            }
+        }
+    }
+}
+
 /// What archiving leaves out of a segment: every control batch
 /// (transaction markers) and the batches of aborted transactions — each
 /// aborted transaction's batches of its producer from its first offset up
@@ -509,7 +558,8 @@ impl Archiver {
     /// time (so memory stays bounded whatever `segment.bytes` is), unless
     /// `table` already has it; committed only while `fence` holds. Records
     /// that cannot be read fail it with an error for which
-    /// [`Error::is_bad_data`] holds.
+    /// [`Error::is_bad_data`] holds. [`Archiver::start`] then
+    /// [`Archiver::finish`].
     #[allow(clippy::too_many_arguments)]
     pub async fn archive(
         &self,
@@ -521,6 +571,24 @@ impl Archiver {
         tier: Tier,
         fence: &impl Fence,
     ) -> Result<Archived> {
+        let fed = self.start(store, table, topic, partition, segment, tier).await?;
+        self.finish(table, topic, partition, segment, fed, fence).await
+    }
+
+    /// Reads the segment from `tier` and hands all its rows to its data
+    /// file's writer, which goes on closing the file (its last row groups
+    /// encoded, its upload completed) on a task of its own; or finds it in
+    /// `table` already. `table` is only read: the partition's previous
+    /// segment may be committed to the table meanwhile.
+    pub async fn start(
+        &self,
+        store: &Store,
+        table: &Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        tier: Tier,
+    ) -> Result<Fed> {
         let chunks = |segment| Redis {
             store,
             topic,
@@ -533,9 +601,12 @@ impl Archiver {
             .aborted_ranges(topic, partition, segment.base, segment.last, None)
             .await?;
         let filter = Filter::new(aborted);
-        let mut archived = self
-            .archive_from(table, topic, partition, segment, chunks(segment), &filter, fence)
+        let fed = self
+            .feed(table, topic, partition, segment, chunks(segment), &filter)
             .await?;
+        let Fed::Found(mut archived) = fed else {
+            return Ok(fed);
+        };
         if archived.holes.is_none() {
             // Found in the table after a crash, without the commit that
             // says which offsets it left out: read them off the segment.
@@ -551,7 +622,7 @@ impl Archiver {
             }
             archived.holes = Some(holes.ranges);
         }
-        Ok(archived)
+        Ok(Fed::Found(archived))
     }
 
     /// [`Archiver::archive`] with the segment's batches from `chunks`.
@@ -562,10 +633,26 @@ impl Archiver {
         topic: &Topic,
         partition: i32,
         segment: &Segment,
-        mut chunks: impl Chunks,
+        chunks: impl Chunks,
         filter: &Filter,
         fence: &impl Fence,
     ) -> Result<Archived> {
+        let fed = self
+            .feed(table, topic, partition, segment, chunks, filter)
+            .await?;
+        self.finish(table, topic, partition, segment, fed, fence).await
+    }
+
+    /// [`Archiver::start`] with the segment's batches from `chunks`.
+    pub(crate) async fn feed(
+        &self,
+        table: &Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        mut chunks: impl Chunks,
+        filter: &Filter,
+    ) -> Result<Fed> {
         let schema = table.metadata().current_schema().clone();
         let spec = table.metadata().default_partition_spec().as_ref().clone();
         let key = PartitionKey::new(
@@ -577,7 +664,7 @@ impl Archiver {
         let locations = DefaultLocationGenerator::new(table.metadata())?;
         let path = locations.generate_location(Some(&key), &name);
         if let Some(done) = already_archived(table, topic, partition, segment, &path).await? {
-            return Ok(done);
+            return Ok(Fed::Found(done));
         }
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
 
@@ -653,17 +740,45 @@ impl Archiver {
         }
         .await;
         let fed_in = started.elapsed();
-        let files = match fed {
-            Ok(true) => writer_result(writing).await?,
-            Ok(false) => return Err(writer_failure(writing).await),
+        match fed {
+            Ok(true) => Ok(Fed::Closing(Closing {
+                writing: Some(writing),
+                records,
+                holes: holes.ranges,
+                started,
+                fed_in,
+            })),
+            Ok(false) => Err(writer_failure(writing).await),
             Err(e) => {
                 // The writer task drops the file unfinished; it must be gone
                 // before the segment is tried again under the same name.
                 drop(row_groups);
                 let _ = writing.await;
-                return Err(e);
+                Err(e)
             }
+        }
+    }
+
+    /// Commits a segment [`Archiver::start`] fed to its writer once the
+    /// file is closed, if `fence` still holds (else deletes the file).
+    pub async fn finish(
+        &self,
+        table: &mut Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        fed: Fed,
+        fence: &impl Fence,
+    ) -> Result<Archived> {
+        let mut closing = match fed {
+            Fed::Found(archived) => return Ok(archived),
+            Fed::Closing(closing) => closing,
         };
+        let (records, started, fed_in) = (closing.records, closing.started, closing.fed_in);
+        let Some(writing) = closing.writing.take() else {
+            return Err(Error::Io("the data file writer was already awaited".to_owned()));
+        };
+        let files = writer_result(writing).await?;
         let [file] = &files[..] else {
             return Err(Error::Data(format!(
                 "expected one data file, the writer made {}",
@@ -675,7 +790,7 @@ impl Archiver {
             file_bytes: file.file_size_in_bytes(),
             records,
             written: true,
-            holes: Some(holes.ranges),
+            holes: Some(std::mem::take(&mut closing.holes)),
         };
         let summary = HashMap::from([
             (TOPIC_ID.to_owned(), topic.id.to_string()),
@@ -1082,6 +1197,43 @@ mod tests {
         assert!(left.is_empty(), "left of the table: {left:?}");
         assert!(beside.exists(), "the other table's file was deleted");
         assert!(!lake.archiver.purge_table(&lake.topic).await.expect("no table"));
+    }
+
+    /// The worker reads and encodes a partition's next segment while the
+    /// one before closes its file and commits: commits stay in the
+    /// partition's order, and a segment given up then leaves no file.
+    #[tokio::test]
+    async fn a_segment_fed_while_the_one_before_closes_commits_after_it_and_one_given_up_leaves_no_file() {
+        let lake = crate::testing::Lake::new(|_| {});
+        let mut table = lake.table().await;
+        let first = lake.start(&table, 0, 0, 10).await;
+        let second = lake.start(&table.clone(), 0, 10, 10).await;
+        lake.finish(&mut table, 0, 0, 10, first).await;
+        lake.finish(&mut table, 0, 10, 10, second).await;
+        let mut snapshots: Vec<_> = table.metadata().snapshots().collect();
+        snapshots.sort_by_key(|s| s.sequence_number());
+        let bases: Vec<_> = snapshots
+            .iter()
+            .filter_map(|s| s.summary().additional_properties.get(BASE_OFFSET).cloned())
+            .collect();
+        assert_eq!(bases, ["0", "10"]);
+        let all: std::collections::BTreeSet<_> = (0..20).map(|offset| (0, offset)).collect();
+        assert_eq!(crate::testing::rows(&table).await, all);
+
+        let given_up = lake.start(&table, 0, 20, 10).await;
+        assert!(matches!(given_up, Fed::Closing(_)));
+        given_up.abandon(&table).await;
+        let files = lake.files(".parquet");
+        assert_eq!(files.len(), 2, "{files:?}");
+        assert!(
+            files.iter().all(|f| !f
+                .to_string_lossy()
+                .ends_with("-00000-00000000000000000020.parquet")),
+            "{files:?}"
+        );
+        let table = lake.table().await;
+        assert_eq!(table.metadata().snapshots().count(), 2);
+        assert_eq!(crate::testing::rows(&table).await, all);
     }
 
     #[tokio::test]

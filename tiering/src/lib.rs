@@ -566,11 +566,17 @@ impl Worker {
         // transaction cannot be archived.
         let stable = self.store.offsets(topic, partition).await?.last_stable_offset;
         let mut archived_count = 0;
+        // A segment whose rows are all handed to its data file's writer:
+        // it is committed while the next segment is read and encoded, so
+        // closing the file (the last row groups, the upload's completion)
+        // and the commit overlap the next segment's work. Commits stay in
+        // the partition's order.
+        let mut closing: Option<Started> = None;
         for (done, segment) in pending.iter().enumerate() {
             if segment.last >= stable {
                 tracing::debug!(topic = %topic.name, partition, base = segment.base,
                     "archiving waits for the segment's transactions to be decided");
-                return Ok(archived_count);
+                break;
             }
 
             // The lease must still be ours: archiving can take a while, and
@@ -584,7 +590,7 @@ impl Worker {
                     .await?
                 || (done > 0 && !self.still_archives(topic).await?)
             {
-                return Ok(archived_count);
+                break;
             }
             let tier = if segment.quarantine.is_some() {
                 Tier::Quarantine
@@ -592,70 +598,185 @@ impl Worker {
                 Tier::Log
             };
             let started = std::time::Instant::now();
-            match self
+            // Read from a copy of the table, as the previous segment's commit
+            // moves the table on meanwhile.
+            let snapshot = table.clone();
+            let starting = self
                 .archiver
-                .archive(
-                    &self.store,
+                .start(&self.store, &snapshot, topic, partition, segment, tier);
+            let (fed, previous) = match closing.take() {
+                None => (starting.await, Step::Next),
+                Some(previous) => {
+                    let finishing = self.finish_segment(
+                        &mut table,
+                        topic,
+                        partition,
+                        pending,
+                        previous,
+                        registration,
+                        &lag,
+                    );
+                    tokio::join!(starting, finishing)
+                }
+            };
+            match previous {
+                Step::Next => {}
+                Step::Archived => archived_count += 1,
+                Step::Stop => {
+                    if let Ok(fed) = fed {
+                        fed.abandon(&table).await;
+                    }
+                    return Ok(archived_count);
+                }
+                Step::Failed(e) => {
+                    if let Ok(fed) = fed {
+                        fed.abandon(&table).await;
+                    }
+                    return Err(e);
+                }
+            }
+            let step = match fed {
+                Ok(fed) => {
+                    closing = Some(Started {
+                        done,
+                        tier,
+                        started,
+                        fed,
+                    });
+                    continue;
+                }
+                Err(e) => self.failed(topic, partition, pending, done, tier, e, &lag).await,
+            };
+            match step {
+                Step::Next | Step::Archived => {}
+                Step::Stop => return Ok(archived_count),
+                Step::Failed(e) => return Err(e),
+            }
+        }
+        if let Some(previous) = closing {
+            match self
+                .finish_segment(
                     &mut table,
                     topic,
                     partition,
-                    segment,
-                    tier,
+                    pending,
+                    previous,
                     registration,
+                    &lag,
                 )
                 .await
             {
-                Ok(archived) => {
-                    self.store
-                        .mark_archived(
-                            topic,
-                            partition,
-                            segment,
-                            &archived.path,
-                            archived.file_bytes,
-                            archived.holes.as_deref().unwrap_or_default(),
-                        )
-                        .await?;
-                    if tier == Tier::Quarantine {
-                        self.store.purge_quarantine(topic, partition, segment).await?;
-                        tracing::info!(topic = %topic.name, partition, base = segment.base, last = segment.last,
-                            "quarantined segment archived on retry");
-                    }
-                    tracing::debug!(topic = %topic.name, partition, base = segment.base, last = segment.last,
-                        path = %archived.path, written = archived.written,
-                        ms = started.elapsed().as_millis() as u64, "segment archived");
-                    // The gauge follows the archive at once, not after the
-                    // table maintenance below, which can take a while.
-                    self.metrics
-                        .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
-                    if archived.written {
-                        self.metrics
-                            .archived(archived.records, archived.file_bytes, started.elapsed());
-                        if registration.holds().await? {
-                            self.after_commit(topic, &mut table).await;
-                        }
-                    }
-                    archived_count += 1;
-                }
-                Err(Error::Fenced) => {
-                    tracing::info!(topic = %topic.name, partition, base = segment.base,
-                        "archiving stopped before a commit: the partition's archiving registration was lost (expired, or taken over)");
-                    return Ok(archived_count);
-                }
-                Err(e) if e.is_bad_data() => {
-                    self.quarantine(topic, partition, segment, tier, &e).await?;
-                    self.metrics
-                        .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
-                }
-                Err(e) => {
-                    self.metrics.archive_failed();
-                    tracing::warn!(topic = %topic.name, partition, base = segment.base, error = %e,
-                        "archiving a segment failed; retrying next tick");
-                    return Ok(archived_count);
-                }
+                Step::Next => {}
+                Step::Archived => archived_count += 1,
+                Step::Stop => {}
+                Step::Failed(e) => return Err(e),
             }
         }
         Ok(archived_count)
+    }
+
+    /// Commits a segment [`Archiver::start`] is done with and records it
+    /// archived (or quarantined: [`Worker::failed`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_segment(
+        &self,
+        table: &mut iceberg::table::Table,
+        topic: &Topic,
+        partition: i32,
+        pending: &[Segment],
+        started: Started,
+        registration: &Archiving<'_>,
+        lag: &impl Fn(&[Segment]) -> i64,
+    ) -> Step {
+        let Started {
+            done,
+            tier,
+            started,
+            fed,
+        } = started;
+        let segment = &pending[done];
+        let archived = match self
+            .archiver
+            .finish(table, topic, partition, segment, fed, registration)
+            .await
+        {
+            Ok(archived) => archived,
+            Err(e) => return self.failed(topic, partition, pending, done, tier, e, lag).await,
+        };
+        let recorded = async {
+            self.store
+                .mark_archived(
+                    topic,
+                    partition,
+                    segment,
+                    &archived.path,
+                    archived.file_bytes,
+                    archived.holes.as_deref().unwrap_or_default(),
+                )
+                .await?;
+            if tier == Tier::Quarantine {
+                self.store.purge_quarantine(topic, partition, segment).await?;
+                tracing::info!(topic = %topic.name, partition, base = segment.base, last = segment.last,
+                    "quarantined segment archived on retry");
+            }
+            tracing::debug!(topic = %topic.name, partition, base = segment.base, last = segment.last,
+                path = %archived.path, written = archived.written,
+                ms = started.elapsed().as_millis() as u64, "segment archived");
+            // The gauge follows the archive at once, not after the table
+            // maintenance below, which can take a while.
+            self.metrics
+                .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
+            if archived.written {
+                self.metrics
+                    .archived(archived.records, archived.file_bytes, started.elapsed());
+                if registration.holds().await? {
+                    self.after_commit(topic, table).await;
+                }
+            }
+            Ok::<_, StorageError>(())
+        };
+        match recorded.await {
+            Ok(()) => Step::Archived,
+            Err(e) => Step::Failed(e),
+        }
+    }
+
+    /// What a segment's archiving failing with `e` leads to: a segment that
+    /// cannot be read is quarantined and archiving goes on with the next;
+    /// anything else stops archiving the partition until the next tick.
+    #[allow(clippy::too_many_arguments)]
+    async fn failed(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        pending: &[Segment],
+        done: usize,
+        tier: Tier,
+        e: Error,
+        lag: &impl Fn(&[Segment]) -> i64,
+    ) -> Step {
+        let segment = &pending[done];
+        match e {
+            Error::Fenced => {
+                tracing::info!(topic = %topic.name, partition, base = segment.base,
+                    "archiving stopped before a commit: the partition's archiving registration was lost (expired, or taken over)");
+                Step::Stop
+            }
+            e if e.is_bad_data() => {
+                if let Err(e) = self.quarantine(topic, partition, segment, tier, &e).await {
+                    return Step::Failed(e);
+                }
+                self.metrics
+                    .set_lag(&topic.name, partition, lag(&pending[done + 1..]));
+                Step::Next
+            }
+            e => {
+                self.metrics.archive_failed();
+                tracing::warn!(topic = %topic.name, partition, base = segment.base, error = %e,
+                    "archiving a segment failed; retrying next tick");
+                Step::Stop
+            }
+        }
     }
 
     /// Whether `topic`, read from Redis now, is the same topic and still
@@ -742,6 +863,28 @@ impl Worker {
              with later segments (`ketch segments list|retry|skip`)");
         Ok(())
     }
+}
+
+/// A segment of a partition's pending ones that [`Archiver::start`] is
+/// done with, waiting for [`Worker::finish_segment`].
+struct Started {
+    /// Its index in the pending segments.
+    done: usize,
+    tier: Tier,
+    started: std::time::Instant,
+    fed: archive::Fed,
+}
+
+/// Where archiving a partition goes after a segment.
+enum Step {
+    /// On to the next segment (the last was quarantined, or none finished).
+    Next,
+    /// On to the next segment: the last was archived.
+    Archived,
+    /// No further this tick (an error logged, the registration lost).
+    Stop,
+    /// No further: Redis failed recording it.
+    Failed(StorageError),
 }
 
 /// A partition's archiving registration, held by this worker

@@ -1,6 +1,7 @@
 //! A real archive for tests: the embedded SQL catalog (SQLite) and a local
 //! warehouse in a temporary directory, and segments archived through
-//! [`Archiver::archive_from`] from batches made in memory.
+//! [`Archiver::archive_from`] (or [`Archiver::start`]'s feeding and
+//! [`Archiver::finish`]) from batches made in memory.
 
 use std::collections::BTreeSet;
 
@@ -13,7 +14,7 @@ use ketch_storage::Topic;
 use ketch_storage::batch::BatchBuilder;
 use ketch_storage::segments::Segment;
 
-use crate::archive::{Archived, Archiver, Chunks};
+use crate::archive::{Archived, Archiver, Chunks, Fed};
 
 pub struct Lake {
     pub archiver: Archiver,
@@ -66,27 +67,67 @@ impl Lake {
 
     /// Archives `records` records from offset `base` of `partition`.
     pub async fn archive(&self, table: &mut Table, partition: i32, base: i64, records: i64) -> Archived {
-        let segment = segment(base, records);
-        let mut batch = BatchBuilder::new(base);
-        for offset in base..base + records {
-            let value = format!("record {offset}");
-            batch.push(offset, None, Some(value.as_bytes()), std::iter::empty());
-        }
-        let batch = batch.finish();
-        let after = segment.last + 1;
         self.archiver
             .archive_from(
                 table,
                 &self.topic,
                 partition,
-                &segment,
-                OneBatch(batch, after),
+                &segment(base, records),
+                one_batch(base, records),
                 &crate::archive::Filter::default(),
                 &crate::archive::Unfenced,
             )
             .await
             .expect("archived")
     }
+
+    /// Hands `records` records from offset `base` of `partition` to their
+    /// data file's writer ([`Archiver::start`]), reading `table`.
+    pub async fn start(&self, table: &Table, partition: i32, base: i64, records: i64) -> Fed {
+        self.archiver
+            .feed(
+                table,
+                &self.topic,
+                partition,
+                &segment(base, records),
+                one_batch(base, records),
+                &crate::archive::Filter::default(),
+            )
+            .await
+            .expect("fed")
+    }
+
+    /// Commits what [`Lake::start`] fed ([`Archiver::finish`]).
+    pub async fn finish(
+        &self,
+        table: &mut Table,
+        partition: i32,
+        base: i64,
+        records: i64,
+        fed: Fed,
+    ) -> Archived {
+        self.archiver
+            .finish(
+                table,
+                &self.topic,
+                partition,
+                &segment(base, records),
+                fed,
+                &crate::archive::Unfenced,
+            )
+            .await
+            .expect("archived")
+    }
+}
+
+/// `records` records from offset `base`, in one batch.
+fn one_batch(base: i64, records: i64) -> OneBatch {
+    let mut batch = BatchBuilder::new(base);
+    for offset in base..base + records {
+        let value = format!("record {offset}");
+        batch.push(offset, None, Some(value.as_bytes()), std::iter::empty());
+    }
+    OneBatch(batch.finish(), base + records)
 }
 
 pub fn segment(base: i64, records: i64) -> Segment {
