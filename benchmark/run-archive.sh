@@ -57,8 +57,8 @@ REDIS_URL="redis://127.0.0.1:$redis_port"
 BOOTSTRAP="127.0.0.1:$kafka_port"
 
 cleanup() {
-    [ -n "${ketch_pid:-}" ] && kill "$ketch_pid" 2>/dev/null && wait "$ketch_pid" 2>/dev/null
-    cp "$work/ketch.log" "$OUT/ketch.log" 2>/dev/null
+    [ -n "${ketch_pid:-}" ] && kill "$ketch_pid" 2>/dev/null && wait "$ketch_pid" 2>/dev/null &&
+        cat "$work/ketch.log" >>"$OUT/ketch.log"
     [ -n "${s3_pid:-}" ] && kill "$s3_pid" 2>/dev/null && wait "$s3_pid" 2>/dev/null
     [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
     rm -rf "$work"
@@ -81,13 +81,20 @@ start_ketch() {
         --set "tiering.data_dir=$work/data" --set "tiering.warehouse=s3://lake/warehouse" \
         --set "tiering.s3_endpoint=http://127.0.0.1:$s3_port" --set tiering.s3_access_key_id=bench \
         --set tiering.s3_secret_access_key=bench-secret --set tiering.s3_path_style=true \
+        --set "log.level=${KETCH_LOG_LEVEL:-info,ketch_tiering::archive=debug}" \
         >"$work/ketch.log" 2>&1 &
     ketch_pid=$!
     wait_for "$work/ketch.log" "ketch serving" "$ketch_pid"
 }
+# Every gateway's log is kept, one after another, in $OUT/ketch.log.
 stop_ketch() {
     kill "$ketch_pid" && wait "$ketch_pid" || true
+    cat "$work/ketch.log" >>"$OUT/ketch.log"
     ketch_pid=
+}
+# cpu_ticks PID: the process's user + system CPU time so far, in clock ticks.
+cpu_ticks() {
+    awk '{print $14 + $15}' "/proc/$1/stat"
 }
 metric() {
     curl -s "http://127.0.0.1:$http_port/metrics" | awk -v m="$1" '$1 == m {print $2}'
@@ -114,6 +121,7 @@ produce() { # topic partitions
 
 results="$OUT/archive.jsonl"
 : >"$results"
+: >"$OUT/ketch.log"
 unreachable="postgres://nobody@127.0.0.1:$(free_port)/none"
 for partitions in 1 4; do
     log "$partitions partition(s): produce $RECORDS records of 100 B; segments sealed, not archived"
@@ -125,6 +133,7 @@ for partitions in 1 4; do
     stop_ketch
     log "$partitions partition(s): archive them"
     start=$(date +%s.%N)
+    s3_cpu_before=$(cpu_ticks "$s3_pid")
     start_ketch ""
     if [ -n "${PROFILE:-}" ]; then
         perf record -e cpu-clock -F 999 -g -p "$ketch_pid" -o "$work/perf-archive.data" 2>/dev/null &
@@ -135,6 +144,8 @@ for partitions in 1 4; do
         sleep 0.05
     done
     end=$(date +%s.%N)
+    ketch_cpu=$(cpu_ticks "$ketch_pid")
+    s3_cpu=$(($(cpu_ticks "$s3_pid") - s3_cpu_before))
     if [ -n "${PROFILE:-}" ]; then
         kill -INT "$perf_pid" && wait "$perf_pid" || true
         perf report -i "$work/perf-archive.data" --no-children --percent-limit 1 --stdio 2>/dev/null \
@@ -142,18 +153,36 @@ for partitions in 1 4; do
     fi
     python3 - "$partitions" "$start" "$end" "$RECORDS" "$(metric ketch_archive_bytes_total)" \
         "$(metric ketch_archive_segments_total)" "$(metric ketch_archive_failures_total)" \
-        "$(metric ketch_archive_segment_seconds_sum)" >>"$results" <<'PY'
-import json, sys
-partitions, start, end, records, parquet_bytes, segments, failures, archiving = sys.argv[1:]
+        "$(metric ketch_archive_segment_seconds_sum)" "$work/ketch.log" "$ketch_cpu" "$s3_cpu" \
+        "$(getconf CLK_TCK)" >>"$results" <<'PY'
+import datetime, json, re, sys
+(partitions, start, end, records, parquet_bytes, segments, failures, archiving, log,
+ ketch_cpu, s3_cpu, tick) = sys.argv[1:]
 seconds = float(end) - float(start)
-# archiving_s: the worker's time in segments (read, write, commit), one
-# segment at a time per topic; seconds also holds the gateway's start,
-# the catalog's opening and the first ticks.
+# archiving_s: the sum of the segments' times (read, write, commit); a
+# partition's next segment is read while the one before commits, so this
+# counts the overlap twice. archiving_wall_s: from the first segment's
+# first read to the last commit, off the archiver's debug line per segment
+# (its time, and committed_ms since that segment's first read). seconds
+# also holds the gateway's start, the catalog's opening and the first ticks.
+spans = []
+for line in open(log, errors="replace"):
+    m = re.match(r"(\S+Z) .*committed_ms=(\d+)", line)
+    if m:
+        at = datetime.datetime.fromisoformat(m[1].replace("Z", "+00:00")).timestamp()
+        spans.append((at - int(m[2]) / 1000, at))
+wall = max(e for _, e in spans) - min(s for s, _ in spans) if spans else None
 print(json.dumps({"measure": "archive", "partitions": int(partitions), "records": int(records),
                   "seconds": round(seconds, 3), "records_per_s": round(int(records) / seconds),
+                  "archiving_wall_s": round(wall, 3) if wall else None,
+                  "records_per_archiving_wall_s": round(int(records) / wall) if wall else None,
                   # (absent from builds before the metric)
                   "archiving_s": round(float(archiving), 3) if archiving else None,
                   "records_per_archiving_s": round(int(records) / float(archiving)) if archiving else None,
+                  # CPU seconds (user + system) of the archiving gateway from
+                  # its start, and of the S3 server over the same time.
+                  "ketch_cpu_s": round(int(ketch_cpu) / int(tick), 2),
+                  "s3_server_cpu_s": round(int(s3_cpu) / int(tick), 2),
                   "parquet_bytes": int(float(parquet_bytes)), "segments": int(float(segments)),
                   "failures": int(float(failures))}))
 PY
