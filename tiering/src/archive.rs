@@ -99,7 +99,53 @@ impl Drop for Closing {
     }
 }
 
+/// A segment whose data file is closed, ready for [`Archiver::commit`].
+pub enum Closed {
+    /// The table has it already.
+    Found(Archived),
+    Written {
+        files: Vec<iceberg::spec::DataFile>,
+        archived: Archived,
+        started: Instant,
+        fed_in: Duration,
+        written_in: Duration,
+    },
+}
+
 impl Fed {
+    /// Waits for the segment's data file to be closed.
+    pub async fn closed(self) -> Result<Closed> {
+        let mut closing = match self {
+            Fed::Found(archived) => return Ok(Closed::Found(archived)),
+            Fed::Closing(closing) => closing,
+        };
+        let (records, started, fed_in) = (closing.records, closing.started, closing.fed_in);
+        let Some(writing) = closing.writing.take() else {
+            return Err(Error::Io("the data file writer was already awaited".to_owned()));
+        };
+        let files = writer_result(writing).await?;
+        let [file] = &files[..] else {
+            return Err(Error::Data(format!(
+                "expected one data file, the writer made {}",
+                files.len()
+            )));
+        };
+        let archived = Archived {
+            path: file.file_path().to_owned(),
+            file_bytes: file.file_size_in_bytes(),
+            records,
+            written: true,
+            holes: Some(std::mem::take(&mut closing.holes)),
+        };
+        Ok(Closed::Written {
+            files,
+            archived,
+            started,
+            fed_in,
+            written_in: started.elapsed(),
+        })
+    }
+
     /// Gives the segment up uncommitted: once its writer is done, a file it
     /// finished is deleted (it would be an orphan; the segment is archived
     /// again later under the same name).
@@ -770,28 +816,33 @@ impl Archiver {
         fed: Fed,
         fence: &impl Fence,
     ) -> Result<Archived> {
-        let mut closing = match fed {
-            Fed::Found(archived) => return Ok(archived),
-            Fed::Closing(closing) => closing,
+        let closed = fed.closed().await?;
+        self.commit(table, topic, partition, segment, closed, fence).await
+    }
+
+    /// Commits a closed data file to `table` (the table's current state:
+    /// the commit is checked against it), if `fence` still holds (else
+    /// deletes the file).
+    pub async fn commit(
+        &self,
+        table: &mut Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        closed: Closed,
+        fence: &impl Fence,
+    ) -> Result<Archived> {
+        let (files, archived, started, fed_in, written_in) = match closed {
+            Closed::Found(archived) => return Ok(archived),
+            Closed::Written {
+                files,
+                archived,
+                started,
+                fed_in,
+                written_in,
+            } => (files, archived, started, fed_in, written_in),
         };
-        let (records, started, fed_in) = (closing.records, closing.started, closing.fed_in);
-        let Some(writing) = closing.writing.take() else {
-            return Err(Error::Io("the data file writer was already awaited".to_owned()));
-        };
-        let files = writer_result(writing).await?;
-        let [file] = &files[..] else {
-            return Err(Error::Data(format!(
-                "expected one data file, the writer made {}",
-                files.len()
-            )));
-        };
-        let archived = Archived {
-            path: file.file_path().to_owned(),
-            file_bytes: file.file_size_in_bytes(),
-            records,
-            written: true,
-            holes: Some(std::mem::take(&mut closing.holes)),
-        };
+        let records = archived.records;
         let summary = HashMap::from([
             (TOPIC_ID.to_owned(), topic.id.to_string()),
             (PARTITION.to_owned(), partition.to_string()),
@@ -805,7 +856,6 @@ impl Archiver {
                     .expect("holes serialize"),
             ),
         ]);
-        let written_in = started.elapsed();
         if !fence.holds().await? {
             // Not committed: the file would be an orphan (in a table that
             // may be purged meanwhile).

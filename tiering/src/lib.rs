@@ -406,18 +406,25 @@ impl Worker {
             |w| &w.archiving,
             topic,
             move |this, topic| async move {
-                for partition in partitions {
-                    match this.archive_pending(&topic, partition).await {
-                        // Apply retention and local retention to what was just archived.
-                        Ok(archived) if archived > 0 => {
-                            if let Err(e) = this.seal_and_retain(&topic, partition, policy).await {
-                                tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                use futures::StreamExt;
+                // The topic's table, opened by the first partition that
+                // archives and committed to by one partition at a time.
+                let table = tokio::sync::Mutex::new(None);
+                let (this, topic, table) = (&this, &topic, &table);
+                futures::stream::iter(partitions)
+                    .for_each_concurrent(PARTITIONS_ARCHIVED_AT_ONCE, |partition| async move {
+                        match this.archive_pending(topic, partition, table).await {
+                            // Apply retention and local retention to what was just archived.
+                            Ok(archived) if archived > 0 => {
+                                if let Err(e) = this.seal_and_retain(topic, partition, policy).await {
+                                    tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                                }
                             }
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "archiving"),
                         }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "archiving"),
-                    }
-                }
+                    })
+                    .await;
             },
         );
     }
@@ -491,7 +498,12 @@ impl Worker {
     /// the archive (remote storage turned off) waits until no partition has
     /// one, so whichever comes second of the two sees the other, and no
     /// table is made or written after it is purged.
-    async fn archive_pending(&self, topic: &Topic, partition: i32) -> ketch_storage::Result<usize> {
+    async fn archive_pending(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        table: &SharedTable,
+    ) -> ketch_storage::Result<usize> {
         let segments = self.store.segments(topic, partition).await?;
         let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
         self.metrics
@@ -524,7 +536,7 @@ impl Worker {
         // checks it once more (Fence).
         let renewing = registration.keep_renewed();
         let archived = self
-            .archive_registered(topic, partition, &pending, &registration, lag)
+            .archive_registered(topic, partition, &pending, &registration, lag, table)
             .await;
         drop(renewing);
         if let Err(e) = self
@@ -546,22 +558,32 @@ impl Worker {
         pending: &[Segment],
         registration: &Archiving<'_>,
         lag: impl Fn(&[Segment]) -> i64,
+        table: &SharedTable,
     ) -> ketch_storage::Result<usize> {
         if !self.still_archives(topic).await? {
             return Ok(0);
         }
-        let mut table = match self.archiver.table(topic).await {
-            Ok(table) => table,
-            Err(Error::Waiting(e)) => {
-                tracing::debug!(topic = %topic.name, error = %e, "archiving waits for the catalog");
-                return Ok(0);
+        // Opened under this partition's registration, after the check
+        // above (so never made again after a purge); another partition
+        // of the topic may have opened it first, under its own.
+        {
+            let mut slot = table.lock().await;
+            if slot.is_none() {
+                match self.archiver.table(topic).await {
+                    Ok(opened) => *slot = Some(opened),
+                    Err(Error::Waiting(e)) => {
+                        tracing::debug!(topic = %topic.name, error = %e, "archiving waits for the catalog");
+                        return Ok(0);
+                    }
+                    Err(e) => {
+                        self.metrics.archive_failed();
+                        tracing::warn!(topic = %topic.name, error = %e, "cannot open the topic's Iceberg table");
+                        return Ok(0);
+                    }
+                }
             }
-            Err(e) => {
-                self.metrics.archive_failed();
-                tracing::warn!(topic = %topic.name, error = %e, "cannot open the topic's Iceberg table");
-                return Ok(0);
-            }
-        };
+        }
+        let current = || async { table.lock().await.clone().expect("the table, opened above") };
         // Archiving never passes the last stable offset: an undecided
         // transaction cannot be archived.
         let stable = self.store.offsets(topic, partition).await?.last_stable_offset;
@@ -598,24 +620,17 @@ impl Worker {
                 Tier::Log
             };
             let started = std::time::Instant::now();
-            // Read from a copy of the table, as the previous segment's commit
-            // moves the table on meanwhile.
-            let snapshot = table.clone();
+            // Read from a copy of the table, as commits (the previous
+            // segment's, other partitions') move the table on meanwhile.
+            let snapshot = current().await;
             let starting = self
                 .archiver
                 .start(&self.store, &snapshot, topic, partition, segment, tier);
             let (fed, previous) = match closing.take() {
                 None => (starting.await, Step::Next),
                 Some(previous) => {
-                    let finishing = self.finish_segment(
-                        &mut table,
-                        topic,
-                        partition,
-                        pending,
-                        previous,
-                        registration,
-                        &lag,
-                    );
+                    let finishing =
+                        self.finish_segment(table, topic, partition, pending, previous, registration, &lag);
                     tokio::join!(starting, finishing)
                 }
             };
@@ -624,13 +639,13 @@ impl Worker {
                 Step::Archived => archived_count += 1,
                 Step::Stop => {
                     if let Ok(fed) = fed {
-                        fed.abandon(&table).await;
+                        fed.abandon(&snapshot).await;
                     }
                     return Ok(archived_count);
                 }
                 Step::Failed(e) => {
                     if let Ok(fed) = fed {
-                        fed.abandon(&table).await;
+                        fed.abandon(&snapshot).await;
                     }
                     return Err(e);
                 }
@@ -655,15 +670,7 @@ impl Worker {
         }
         if let Some(previous) = closing {
             match self
-                .finish_segment(
-                    &mut table,
-                    topic,
-                    partition,
-                    pending,
-                    previous,
-                    registration,
-                    &lag,
-                )
+                .finish_segment(table, topic, partition, pending, previous, registration, &lag)
                 .await
             {
                 Step::Next => {}
@@ -680,7 +687,7 @@ impl Worker {
     #[allow(clippy::too_many_arguments)]
     async fn finish_segment(
         &self,
-        table: &mut iceberg::table::Table,
+        table: &SharedTable,
         topic: &Topic,
         partition: i32,
         pending: &[Segment],
@@ -695,13 +702,24 @@ impl Worker {
             fed,
         } = started;
         let segment = &pending[done];
+        // The file closes without the table; the commit and what follows
+        // it hold the table, one partition at a time.
+        let closed = match fed.closed().await {
+            Ok(closed) => closed,
+            Err(e) => return self.failed(topic, partition, pending, done, tier, e, lag).await,
+        };
+        let mut held = table.lock().await;
+        let table = held.as_mut().expect("the table, opened before any segment");
         let archived = match self
             .archiver
-            .finish(table, topic, partition, segment, fed, registration)
+            .commit(table, topic, partition, segment, closed, registration)
             .await
         {
             Ok(archived) => archived,
-            Err(e) => return self.failed(topic, partition, pending, done, tier, e, lag).await,
+            Err(e) => {
+                drop(held);
+                return self.failed(topic, partition, pending, done, tier, e, lag).await;
+            }
         };
         let recorded = async {
             self.store
@@ -864,6 +882,17 @@ impl Worker {
         Ok(())
     }
 }
+
+/// How many partitions of one topic its archiving task archives at once.
+/// Each reads and decodes on one task while its data file is encoded on
+/// another, and the topic's commits go one at a time through its table,
+/// so two keep two cores busy while one partition's file closes and
+/// commits.
+const PARTITIONS_ARCHIVED_AT_ONCE: usize = 2;
+
+/// A topic's table for its partitions' archiving: opened once, committed
+/// to by one partition at a time (so a gateway's commits never conflict).
+type SharedTable = tokio::sync::Mutex<Option<iceberg::table::Table>>;
 
 /// A segment of a partition's pending ones that [`Archiver::start`] is
 /// done with, waiting for [`Worker::finish_segment`].
