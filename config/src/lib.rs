@@ -306,6 +306,11 @@ pub struct TieringSettings {
     /// merged) after every this many commits this gateway makes to it; each
     /// commit adds a snapshot and a manifest. 0 turns maintenance off.
     pub maintenance_commits: u32,
+    /// Partitions of one topic a gateway archives at once (each reads on
+    /// one task and encodes on another; the topic's commits go one at a
+    /// time). Kafka's `remote.log.manager.copier.thread.pool.size` plays
+    /// this part across all partitions.
+    pub archive_partitions: usize,
     /// Distinct keys a compaction pass over one partition holds in memory
     /// (each costs its key's bytes and about 64 more): a pass over more
     /// stops at a segment boundary and the next pass goes on from there.
@@ -508,6 +513,7 @@ impl Default for TieringSettings {
             snapshot_retention: Duration::from_secs(3600),
             snapshots_kept: 10,
             maintenance_commits: 20,
+            archive_partitions: 2,
             compaction_max_keys: 1_000_000,
         }
     }
@@ -807,6 +813,9 @@ impl Settings {
         if self.tiering.row_group_rows == 0 {
             return bad("tiering.row_group_rows", "must be at least 1");
         }
+        if self.tiering.archive_partitions == 0 {
+            return bad("tiering.archive_partitions", "must be at least 1");
+        }
         let Some((_, levels)) = ARCHIVE_CODECS
             .iter()
             .find(|(codec, _)| *codec == self.tiering.compression)
@@ -1009,6 +1018,7 @@ mod tests {
             (s.tiering.snapshots_kept, s.tiering.maintenance_commits),
             (10, 20)
         );
+        assert_eq!(s.tiering.archive_partitions, 2);
         assert_eq!(s.tiering.s3_access_key_id, "AKIA");
         assert!(s.tiering.s3_path_style);
         let s = Loader::new()
@@ -1027,6 +1037,7 @@ mod tests {
             ("catalog", "hive", "tiering.catalog"),
             ("catalog_uri", "mysql://x", "tiering.catalog_uri"),
             ("row_group_rows", "0", "tiering.row_group_rows"),
+            ("archive_partitions", "0", "tiering.archive_partitions"),
             ("snapshots_kept", "0", "tiering.snapshots_kept"),
             ("compression", "lzo", "tiering.compression"),
             ("compression", "ZSTD", "tiering.compression"),

@@ -411,6 +411,9 @@ fn set(args: &mut Vec<String>, setting: String) {
 /// trimmed from Redis down to the open segment; a consumer from offset 0
 /// reads every record byte-identical across the tier boundary, ListOffsets
 /// answers from the archive, and pyiceberg finds exactly the produced rows.
+/// All four partitions are archived at once (`tiering.archive_partitions`),
+/// their commits to the one table never conflicting (no failures counted)
+/// and each partition's in order (pyiceberg).
 #[test]
 fn a_million_records_cross_the_tier_boundary_through_s3() {
     const RECORDS: usize = 1_000_000;
@@ -420,7 +423,9 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
     let redis = TestRedis::start();
     let s3 = S3Server::start(&dir.path().join("s3"), "lake");
     let data_dir = dir.path().join("data");
-    let ketch = tiered_gateway(&redis, &data_dir, &s3.ketch_settings("warehouse"));
+    let mut settings = s3.ketch_settings("warehouse");
+    settings.push(format!("tiering.archive_partitions={PARTITIONS}"));
+    let ketch = tiered_gateway(&redis, &data_dir, &settings);
     let rt = runtime();
     let topic = unique_topic("tiered");
     create_remote_topic(

@@ -117,6 +117,9 @@ struct Worker {
     compacting: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Distinct keys one compaction pass holds at most.
     compaction_max_keys: usize,
+    /// `tiering.archive_partitions`: partitions of one topic archived at
+    /// once; their commits go one at a time through the topic's table.
+    archive_partitions: usize,
     /// The partitions whose lease this worker took on its last tick: the
     /// ones it stops leading are released on the next, and all of them
     /// when the gateway stops, so their new holder need not wait for
@@ -152,6 +155,7 @@ impl StorageWorker {
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
                 compacting: std::sync::Mutex::new(std::collections::HashSet::new()),
                 compaction_max_keys: settings.compaction_max_keys,
+                archive_partitions: settings.archive_partitions.max(1),
                 leased: std::sync::Mutex::new(HashMap::new()),
                 tasks: std::sync::Mutex::new(tokio::task::JoinSet::new()),
                 stopping: std::sync::atomic::AtomicBool::new(false),
@@ -412,7 +416,7 @@ impl Worker {
                 let table = tokio::sync::Mutex::new(None);
                 let (this, topic, table) = (&this, &topic, &table);
                 futures::stream::iter(partitions)
-                    .for_each_concurrent(PARTITIONS_ARCHIVED_AT_ONCE, |partition| async move {
+                    .for_each_concurrent(this.archive_partitions, |partition| async move {
                         match this.archive_pending(topic, partition, table).await {
                             // Apply retention and local retention to what was just archived.
                             Ok(archived) if archived > 0 => {
@@ -882,13 +886,6 @@ impl Worker {
         Ok(())
     }
 }
-
-/// How many partitions of one topic its archiving task archives at once.
-/// Each reads and decodes on one task while its data file is encoded on
-/// another, and the topic's commits go one at a time through its table,
-/// so two keep two cores busy while one partition's file closes and
-/// commits.
-const PARTITIONS_ARCHIVED_AT_ONCE: usize = 2;
 
 /// A topic's table for its partitions' archiving: opened once, committed
 /// to by one partition at a time (so a gateway's commits never conflict).
