@@ -1,7 +1,7 @@
 //! A real archive for tests: the embedded SQL catalog (SQLite) and a local
 //! warehouse in a temporary directory, and segments archived through
-//! [`Archiver::archive_from`] (or [`Archiver::start`]'s feeding and
-//! [`Archiver::finish`]) from batches made in memory.
+//! [`Archiver::start`]'s feeding and [`Archiver::finish`] from batches made
+//! in memory.
 
 use std::collections::BTreeSet;
 
@@ -65,20 +65,11 @@ impl Lake {
         self.archiver.table(&self.topic).await.expect("the topic's table")
     }
 
-    /// Archives `records` records from offset `base` of `partition`.
+    /// Archives `records` records from offset `base` of `partition`
+    /// ([`Lake::start`], then [`Lake::finish`]).
     pub async fn archive(&self, table: &mut Table, partition: i32, base: i64, records: i64) -> Archived {
-        self.archiver
-            .archive_from(
-                table,
-                &self.topic,
-                partition,
-                &segment(base, records),
-                one_batch(base, records),
-                &crate::archive::Filter::default(),
-                &crate::archive::Unfenced,
-            )
-            .await
-            .expect("archived")
+        let fed = self.start(table, partition, base, records).await;
+        self.finish(table, partition, base, records, fed).await
     }
 
     /// Hands `records` records from offset `base` of `partition` to their
