@@ -240,21 +240,12 @@ fn metric(ketch: &Ketch, name: &str) -> f64 {
 }
 
 /// Runs `tests/python/iceberg_check.py` on the table and panics with its
-/// report unless the table holds exactly `ranges[p]` of partition `p`.
+/// report unless the table holds exactly `ranges[p]` of partition `p`, each
+/// partition's segments committed in order, and, with `codec` (Iceberg's
+/// name, and the names pyarrow may give it in the data files' column
+/// chunks), the table records the codec and every data file is written
+/// in it.
 fn pyiceberg_check(
-    catalog_uri: &str,
-    warehouse: &str,
-    s3: Option<&S3Server>,
-    topic: &str,
-    ranges: &[(i64, i64)],
-) {
-    pyiceberg_check_codec(catalog_uri, warehouse, s3, topic, ranges, None);
-}
-
-/// [`pyiceberg_check`], and with `codec` (Iceberg's name, and the names
-/// pyarrow may give it in the data files' column chunks) that the table
-/// records it and every data file is written in it.
-fn pyiceberg_check_codec(
     catalog_uri: &str,
     warehouse: &str,
     s3: Option<&S3Server>,
@@ -521,7 +512,7 @@ fn a_million_records_cross_the_tier_boundary_through_s3() {
     let (catalog, _) = sqlite_catalog(&data_dir);
     let local_starts = wait_archived(&redis, &ketch, &topic, PARTITIONS, true, 1048576);
     let ranges: Vec<(i64, i64)> = local_starts.iter().map(|&s| (0, s)).collect();
-    pyiceberg_check(&catalog, "s3://lake/warehouse", Some(&s3), &topic, &ranges);
+    pyiceberg_check(&catalog, "s3://lake/warehouse", Some(&s3), &topic, &ranges, None);
     // The data files are Parquet objects in the bucket.
     let parquet_files = walk(&s3.bucket_dir())
         .into_iter()
@@ -627,7 +618,7 @@ fn kill9_during_archiving_leaves_every_offset_archived_once() {
         "every record archived and trimmed"
     );
     let (catalog, warehouse) = sqlite_catalog(&data_dir);
-    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)], None);
     consume_and_check(&ketch.consumer(), &topic, &[records]);
 }
 
@@ -714,7 +705,7 @@ fn a_commit_redis_never_heard_of_is_recognised_not_repeated() {
     );
     let (catalog, warehouse) = sqlite_catalog(&data_dir);
     let archived_end = again.last().unwrap()["last"].as_i64().unwrap() + 1;
-    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, archived_end)]);
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, archived_end)], None);
 }
 
 /// The same flow with the catalog in PostgreSQL and the warehouse on
@@ -753,7 +744,7 @@ fn postgres_catalog_archives_and_serves_the_archive() {
     let catalog = postgres.url().replace("postgres://", "postgresql+psycopg2://");
     let warehouse = format!("file://{}", data_dir.join("warehouse").display());
     let ranges: Vec<(i64, i64)> = local_starts.iter().map(|&s| (0, s)).collect();
-    pyiceberg_check(&catalog, &warehouse, None, &topic, &ranges);
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &ranges, None);
 }
 
 /// The same flow through an Iceberg REST catalog (a pyiceberg-backed
@@ -783,7 +774,7 @@ fn rest_catalog_archives_and_serves_the_archive() {
     );
     consume_and_check(&ketch.consumer(), &topic, &[end]);
     let sql = format!("sqlite:///{}", rest_db.display());
-    pyiceberg_check(&sql, &warehouse, None, &topic, &[(0, local_start)]);
+    pyiceberg_check(&sql, &warehouse, None, &topic, &[(0, local_start)], None);
 }
 
 /// `tiering.compression=lz4`: the archive is written in Parquet's LZ4_RAW,
@@ -802,7 +793,7 @@ fn an_archive_written_in_lz4_is_served_and_read_by_pyiceberg() {
     let (catalog, warehouse) = sqlite_catalog(&data_dir);
     // pyarrow names Parquet's LZ4_RAW "LZ4" (its older framing, which ketch
     // does not write, "LZ4_HADOOP"); a zstd file would say "ZSTD".
-    pyiceberg_check_codec(
+    pyiceberg_check(
         &catalog,
         &warehouse,
         None,
@@ -910,7 +901,7 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let (catalog, warehouse) = sqlite_catalog(&data_dir);
-    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)]);
+    pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)], None);
 }
 
 /// Sets a topic config through IncrementalAlterConfigs (SET); every
@@ -1225,6 +1216,7 @@ fn remote_storage_turned_off_deletes_the_archive() {
         Some(&s3),
         &topic,
         &[(1_000, 1_500); P],
+        None,
     );
 }
 

@@ -66,7 +66,7 @@ pub struct Archived {
     pub written: bool,
     /// The offsets the file has no rows for (transaction markers, aborted
     /// transactions); `None` when a file found in the table's manifests
-    /// after a crash does not say (see [`Archiver::archive`]).
+    /// after a crash does not say (see [`Archiver::start`]).
     pub holes: Option<Vec<(i64, i64)>>,
 }
 
@@ -600,32 +600,15 @@ impl Archiver {
         Ok(true)
     }
 
-    /// Archives one sealed segment, read from `tier` in Redis a chunk at a
-    /// time (so memory stays bounded whatever `segment.bytes` is), unless
-    /// `table` already has it; committed only while `fence` holds. Records
-    /// that cannot be read fail it with an error for which
-    /// [`Error::is_bad_data`] holds. [`Archiver::start`] then
-    /// [`Archiver::finish`].
-    #[allow(clippy::too_many_arguments)]
-    pub async fn archive(
-        &self,
-        store: &Store,
-        table: &mut Table,
-        topic: &Topic,
-        partition: i32,
-        segment: &Segment,
-        tier: Tier,
-        fence: &impl Fence,
-    ) -> Result<Archived> {
-        let fed = self.start(store, table, topic, partition, segment, tier).await?;
-        self.finish(table, topic, partition, segment, fed, fence).await
-    }
-
-    /// Reads the segment from `tier` and hands all its rows to its data
-    /// file's writer, which goes on closing the file (its last row groups
-    /// encoded, its upload completed) on a task of its own; or finds it in
-    /// `table` already. `table` is only read: the partition's previous
-    /// segment may be committed to the table meanwhile.
+    /// Starts archiving one sealed segment: reads it from `tier` in Redis a
+    /// chunk at a time (so memory stays bounded whatever `segment.bytes`
+    /// is) and hands all its rows to its data file's writer, which goes on
+    /// closing the file (its last row groups encoded, its upload
+    /// completed) on a task of its own; or finds it in `table` already.
+    /// Records that cannot be read fail it with an error for which
+    /// [`Error::is_bad_data`] holds. `table` is only read: other segments
+    /// may be committed to the table meanwhile. [`Fed::closed`] then
+    /// [`Archiver::commit`] (committed only while a fence holds) finish it.
     pub async fn start(
         &self,
         store: &Store,
@@ -671,7 +654,9 @@ impl Archiver {
         Ok(Fed::Found(archived))
     }
 
-    /// [`Archiver::archive`] with the segment's batches from `chunks`.
+    /// Archives one segment whose batches come from `chunks`
+    /// ([`Archiver::feed`], then [`Archiver::finish`]); committed only
+    /// while `fence` holds.
     #[allow(clippy::too_many_arguments)]
     pub async fn archive_from(
         &self,
