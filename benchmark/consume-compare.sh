@@ -19,7 +19,11 @@
 # Redis, 10,000 records/s of 1 KiB to 16 partitions for LATENCY_DURATION
 # (20s) through `ketch-bench roundtrip`; a line per run with produce
 # (send to ack) and end-to-end (send to consume) p50 and p99, and the
-# server CPU per record.
+# server CPU per record and the client's own CPU seconds.
+#
+# BENCH_BEFORE and BENCH_AFTER (optional) give each side its own
+# ketch-bench binary, to compare two builds of the client against one
+# server (pass the same ketch binary twice).
 set -euo pipefail
 
 before=${1:?usage: consume-compare.sh BEFORE_BIN AFTER_BIN [ROUNDS]}
@@ -69,10 +73,15 @@ start_ketch() {
     done
 }
 
-# A fresh Redis and the build of $side (before or after) on it.
+# A fresh Redis and the build of $side (before or after) on it, and the
+# client that side runs with.
 start_side() {
     bin=$before
-    [ "$side" = after ] && bin=$after
+    client=${BENCH_BEFORE:-$BENCH}
+    if [ "$side" = after ]; then
+        bin=$after
+        client=${BENCH_AFTER:-$BENCH}
+    fi
     start_redis
     start_ketch "$bin"
 }
@@ -82,18 +91,18 @@ cpu() { python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))
 
 if [ "${MODE:-}" = latency ]; then
     field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
-    printf 'linger_ms\tround\tbuild\tproduce_p50_ms\tproduce_p99_ms\te2e_p50_ms\te2e_p99_ms\tserver_cpu_us_rec\n'
+    printf 'linger_ms\tround\tbuild\tproduce_p50_ms\tproduce_p99_ms\te2e_p50_ms\te2e_p99_ms\tserver_cpu_us_rec\tclient_cpu_s\n'
     for linger in ${LINGERS:-0 1}; do
         for round in $(seq 1 "$rounds"); do
             for side in before after; do
                 start_side
-                "$BENCH" roundtrip --bootstrap-server "127.0.0.1:$kafka_port" --workload 1-topic-16-partitions-1kb \
+                "$client" roundtrip --bootstrap-server "127.0.0.1:$kafka_port" --workload 1-topic-16-partitions-1kb \
                     --topic t --create-topic --rate 10000 --duration "${LATENCY_DURATION:-20s}" --linger-ms "$linger" \
                     --output json --quiet --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/r.json"
                 stop ketch_pid
                 stop redis_pid
                 printf '%s\t%s\t%s\t%s\n' "$linger" "$round" "$side" "$(field "$work/r.json" \
-                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record']))")"
+                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record'], r.get('client', {}).get('cpu_s', '')))")"
             done
         done
     done
@@ -107,12 +116,12 @@ for entry in $workloads; do
     for round in $(seq 1 "$rounds"); do
         for side in before after; do
             start_side
-            "$BENCH" producer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
+            "$client" producer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
                 --create-topic --records "$records" --acks all --compression none --output json --quiet \
                 --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/p.json"
             stop ketch_pid
             start_ketch "$bin"
-            "$BENCH" consumer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
+            "$client" consumer --bootstrap-server "127.0.0.1:$kafka_port" --workload "$workload" --topic t \
                 --from beginning --records "$records" --output json --quiet \
                 --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/c.json"
             peak=$(awk '/VmHWM/ {print $2}' "/proc/$ketch_pid/status")

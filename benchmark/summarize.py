@@ -196,20 +196,21 @@ def main():
     for linger in [0, 1]:
         rt = load(directory, f"roundtrip-10k-1kb-linger{linger}.json")
         if rt:
-            latency[linger] = rt["results"]
+            latency[linger] = rt["results"] | {"client_cpu_s": rt.get("client", {}).get("cpu_s")}
     if latency:
         out.append("\n## Fixed rate: 10,000 records/s of 1 KiB, 16 partitions, acks=all\n")
         out.append(
             "| producer linger.ms | acked | matched | missing | duplicates "
-            "| produce p50 / p99 / max ms | end-to-end p50 / p99 / max ms |"
+            "| produce p50 / p99 / max ms | end-to-end p50 / p99 / max ms | client CPU s |"
         )
-        out.append("|---:|---:|---:|---:|---:|---|---|")
+        out.append("|---:|---:|---:|---:|---:|---|---|---:|")
         for linger, r in latency.items():
             pl, el = r["produce"]["latency"], r["end_to_end_latency"]
             out.append(
                 f"| {linger} | {fmt(r['acked'])} | {fmt(r['matched'])} | {fmt(r['missing'])} "
                 f"| {fmt(r['duplicates'])} | {pl['p50_ms']:.2f} / {pl['p99_ms']:.2f} / {pl['max_ms']:.2f} "
-                f"| {el['p50_ms']:.2f} / {el['p99_ms']:.2f} / {el['max_ms']:.2f} |"
+                f"| {el['p50_ms']:.2f} / {el['p99_ms']:.2f} / {el['max_ms']:.2f} "
+                f"| {fmt(r['client_cpu_s'], 1)} |"
             )
 
     out.append("\n## Targets (issue #3), each a ratio measured in this run\n")

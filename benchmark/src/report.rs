@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::args::{CommonArgs, OutputFormat};
-use crate::sysstat::{RedisMemoryWatch, ServerWatch};
+use crate::sysstat::{ClientWatch, RedisMemoryWatch, ServerWatch};
 
 /// How often the progress line and JSONL interval records appear.
 const TICK: Duration = Duration::from_secs(1);
@@ -161,6 +161,7 @@ pub struct Session {
     start: Instant,
     servers: Option<ServerWatch>,
     redis_memory: Option<RedisMemoryWatch>,
+    client: ClientWatch,
     pub progress: Progress,
 }
 
@@ -176,6 +177,7 @@ impl Session {
             start,
             servers: servers.transpose()?,
             redis_memory: redis_memory.transpose()?,
+            client: ClientWatch::start()?,
             progress: Progress::new(common, start),
         })
     }
@@ -203,6 +205,7 @@ impl Session {
             "results": figures,
             "server": self.servers.map(|s| s.finish(records)).transpose()?,
             "redis_memory": self.redis_memory.map(|r| r.finish(records)).transpose()?,
+            "client": { "cpu_s": self.client.cpu_s()? },
         });
         emit(&self.common, &result)
     }

@@ -62,6 +62,28 @@ impl ServerWatch {
     }
 }
 
+/// CPU time of this client process (all its threads: librdkafka's too),
+/// so a run shows when the load generator, not the server, took the cores.
+pub struct ClientWatch {
+    start: u64,
+    ticks_per_second: f64,
+}
+
+impl ClientWatch {
+    pub fn start() -> anyhow::Result<Self> {
+        Ok(ClientWatch {
+            start: cpu_ticks(std::process::id())?,
+            ticks_per_second: clock_ticks_per_second(),
+        })
+    }
+
+    /// Seconds of CPU (user + system) since [`ClientWatch::start`].
+    pub fn cpu_s(&self) -> anyhow::Result<f64> {
+        let spent = cpu_ticks(std::process::id())?.saturating_sub(self.start);
+        Ok(spent as f64 / self.ticks_per_second)
+    }
+}
+
 fn clock_ticks_per_second() -> f64 {
     let output = Command::new("getconf").arg("CLK_TCK").output();
     output
