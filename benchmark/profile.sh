@@ -16,6 +16,10 @@
 # PERF=1 also samples both processes (perf record, 5 kHz; ketch with DWARF
 # call graphs) during the phase into OUT (default: a new directory under
 # /tmp), named ketch.perf and redis.perf, for `perf report -i`.
+# REDIS_PERF_ARGS adds arguments to Redis's perf record (e.g. `-g`: the
+# kernel's call chains show which copy a page fault came from), REDIS_ARGS
+# to its redis-server command line, and the environment reaches
+# redis-server too (its jemalloc reads MALLOC_CONF).
 set -euo pipefail
 
 bin=${1:?usage: profile.sh KETCH_BIN WORKLOAD RECORDS [produce|consume]}
@@ -39,7 +43,7 @@ cleanup() {
 trap cleanup EXIT
 
 redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no ${REDIS_ARGS:-} >"$work/redis.log" 2>&1 &
 redis_pid=$!
 until grep -qs "Ready to accept connections" "$work/redis.log"; do kill -0 "$redis_pid"; sleep 0.05; done
 kafka_port=$(free_port)
@@ -65,7 +69,7 @@ if [ -n "${PERF:-}" ]; then
     mkdir -p "$out"
     perf record -F 5000 --call-graph dwarf,16384 -o "$out/ketch.perf" -p "$ketch_pid" >/dev/null 2>&1 &
     perf_pids="$!"
-    perf record -F 5000 -o "$out/redis.perf" -p "$redis_pid" >/dev/null 2>&1 &
+    perf record -F 5000 ${REDIS_PERF_ARGS:-} -o "$out/redis.perf" -p "$redis_pid" >/dev/null 2>&1 &
     perf_pids="$perf_pids $!"
     sleep 0.5
 fi
