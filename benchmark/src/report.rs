@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::args::{CommonArgs, OutputFormat};
-use crate::sysstat::{ClientWatch, RedisMemoryWatch, ServerWatch};
+use crate::sysstat::{RedisMemoryWatch, ServerWatch};
 
 /// How often the progress line and JSONL interval records appear.
 const TICK: Duration = Duration::from_secs(1);
@@ -161,7 +161,9 @@ pub struct Session {
     start: Instant,
     servers: Option<ServerWatch>,
     redis_memory: Option<RedisMemoryWatch>,
-    client: ClientWatch,
+    /// This process (all its threads, librdkafka's too), so a run shows
+    /// when the load generator, not the server, took the cores.
+    client: ServerWatch,
     pub progress: Progress,
 }
 
@@ -177,7 +179,7 @@ impl Session {
             start,
             servers: servers.transpose()?,
             redis_memory: redis_memory.transpose()?,
-            client: ClientWatch::start()?,
+            client: ServerWatch::start(&[std::process::id()])?,
             progress: Progress::new(common, start),
         })
     }
@@ -205,7 +207,7 @@ impl Session {
             "results": figures,
             "server": self.servers.map(|s| s.finish(records)).transpose()?,
             "redis_memory": self.redis_memory.map(|r| r.finish(records)).transpose()?,
-            "client": { "cpu_s": self.client.cpu_s()? },
+            "client": { "cpu_s": self.client.finish(records)?.total_cpu_s },
         });
         emit(&self.common, &result)
     }

@@ -7,7 +7,8 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-/// CPU time of server processes, sampled at the start of a run.
+/// CPU time of server processes (or of this client itself), sampled at the
+/// start of a run.
 pub struct ServerWatch {
     start_ticks: Vec<(u32, u64)>,
     ticks_per_second: f64,
@@ -59,28 +60,6 @@ impl ServerWatch {
             total_cpu_s,
             cpu_us_per_record,
         })
-    }
-}
-
-/// CPU time of this client process (all its threads: librdkafka's too),
-/// so a run shows when the load generator, not the server, took the cores.
-pub struct ClientWatch {
-    start: u64,
-    ticks_per_second: f64,
-}
-
-impl ClientWatch {
-    pub fn start() -> anyhow::Result<Self> {
-        Ok(ClientWatch {
-            start: cpu_ticks(std::process::id())?,
-            ticks_per_second: clock_ticks_per_second(),
-        })
-    }
-
-    /// Seconds of CPU (user + system) since [`ClientWatch::start`].
-    pub fn cpu_s(&self) -> anyhow::Result<f64> {
-        let spent = cpu_ticks(std::process::id())?.saturating_sub(self.start);
-        Ok(spent as f64 / self.ticks_per_second)
     }
 }
 
