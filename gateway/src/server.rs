@@ -472,7 +472,6 @@ where
         // (Kafka reads a connection's next request only once the last one
         // is answered, so its throttle mutes the connection before the next
         // one is read; pipelined ones would otherwise all pass).
-        let produce = matches!(request.1, RequestKind::Produce(_));
         let throttle = match &request.1 {
             RequestKind::Produce(_) => {
                 let client_id = request.0.client_id.as_deref().unwrap_or("");
@@ -485,30 +484,20 @@ where
             _ => Duration::ZERO,
         };
         let (after, done) = order.admit(Effect::of(&request.1));
-        let inflight = ctx.requests.request();
-        let ctx = ctx.clone();
-        let mute = mute.clone();
-        let handle = tokio::spawn(async move {
-            let _inflight = inflight;
-            // Dropped when this request has taken effect, releasing the
-            // requests that wait for it.
-            let _done = done;
-            futures::future::join_all(after.into_iter().map(Done::wait)).await;
-            // An earlier request this one waited for may have been
-            // throttled since this one was read (produce requests were
-            // measured as they were read).
-            if let Some(until) = mute.until().filter(|_| !produce) {
-                tokio::time::sleep_until(until).await;
-            }
-            let (header, body) = request;
-            let asked = Asked { received, throttle };
-            let chunks = respond(&ctx, client, header, body, turns, asked, &mute).await;
-            drop(held);
-            Some(Response {
-                chunks: chunks?,
-                _budget: reserved,
-            })
-        });
+        let admitted = Admitted {
+            ctx: ctx.clone(),
+            client,
+            request,
+            turns,
+            asked: Asked { received, throttle },
+            after,
+            done,
+            mute: mute.clone(),
+            held,
+            reserved,
+            _inflight: ctx.requests.request(),
+        };
+        let handle = tokio::spawn(admitted.serve());
         if pending_tx.send(handle).await.is_err() {
             break Ok(());
         }
@@ -517,6 +506,64 @@ where
     drop(pending_tx);
     let _ = writer.await;
     result
+}
+
+/// A request read and admitted, with what it holds until it is answered.
+/// Every request spawns a task of [`Admitted::serve`], which boxes
+/// [`respond`], so the task tokio copies as it starts and ends it stays
+/// small (1.2 KiB; it was 8 KiB).
+struct Admitted {
+    ctx: Arc<Context>,
+    client: api::Client,
+    request: (RequestHeader, RequestKind),
+    turns: api::produce::Turns,
+    asked: Asked,
+    /// The requests it must wait for (request ordering, [`Order`]).
+    after: Vec<Done>,
+    /// Dropped when this request has taken effect, releasing the requests
+    /// that wait for it.
+    done: Running,
+    mute: Arc<Mute>,
+    /// Its share of the connection's request budget.
+    held: tokio::sync::OwnedSemaphorePermit,
+    /// Its share of the connection's response budget, until the response
+    /// is written.
+    reserved: Option<tokio::sync::OwnedSemaphorePermit>,
+    _inflight: crate::metrics::Open,
+}
+
+impl Admitted {
+    async fn serve(self) -> Option<Response> {
+        let Admitted {
+            ctx,
+            client,
+            request: (header, body),
+            turns,
+            asked,
+            after,
+            done,
+            mute,
+            held,
+            reserved,
+            _inflight,
+        } = self;
+        let _done = done;
+        futures::future::join_all(after.into_iter().map(Done::wait)).await;
+        // An earlier request this one waited for may have been throttled
+        // since this one was read (produce requests were measured as they
+        // were read).
+        if let Some(until) = mute.until().filter(|_| !matches!(body, RequestKind::Produce(_))) {
+            tokio::time::sleep_until(until).await;
+        }
+        // Boxed: the task holds a pointer, so tokio's copies of it as it
+        // starts and finishes it stay small (see `a_request_task_stays_small`).
+        let chunks = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute)).await;
+        drop(held);
+        Some(Response {
+            chunks: chunks?,
+            _budget: reserved,
+        })
+    }
 }
 
 /// Until when a connection is not read: a quota throttled its client.
@@ -567,13 +614,18 @@ fn client_throttles(api_key: ApiKey, version: i16) -> bool {
 /// time a gateway thread was busy with it (Kafka's request handler thread
 /// time), without the waits for Redis, other gateways or long polls in
 /// between. (Without a `request_percentage` quota nothing is measured.)
-async fn thread_time<F: std::future::Future>(measure: bool, work: F) -> (F::Output, Duration) {
-    if !measure {
-        return (work.await, Duration::ZERO);
-    }
-    let mut work = std::pin::pin!(work);
+async fn thread_time<F: std::future::Future>(
+    measure: bool,
+    mut work: std::pin::Pin<&mut F>,
+) -> (F::Output, Duration) {
+    // The handler's future is borrowed, not moved in: an `async fn` that
+    // takes a future by value and pins it stores it twice (the argument and
+    // the pinned local), and every request's task would carry both.
     let mut busy = Duration::ZERO;
     let output = std::future::poll_fn(|cx| {
+        if !measure {
+            return work.as_mut().poll(cx);
+        }
         let started = std::time::Instant::now();
         let poll = work.as_mut().poll(cx);
         busy += started.elapsed();
@@ -685,8 +737,11 @@ async fn respond(
             }
             // The stored batches go out as they came from Redis (see
             // api::fetch::encode).
-            let (mut answer, busy) =
-                thread_time(measure, api::fetch::handle(ctx, &client, &header, fetch)).await;
+            let (mut answer, busy) = thread_time(
+                measure,
+                std::pin::pin!(api::fetch::handle(ctx, &client, &header, fetch)),
+            )
+            .await;
             request_throttle = ctx.quotas.record_request_time(&principal, client_id, busy);
             crate::metrics::fetch_error_codes(&answer.response, &mut |code| {
                 ctx.requests.error(api_key, code)
@@ -712,7 +767,11 @@ async fn respond(
         }
         body => {
             throttle = asked.throttle;
-            let (response, busy) = thread_time(measure, api::handle(ctx, client, &header, body, turns)).await;
+            let (response, busy) = thread_time(
+                measure,
+                std::pin::pin!(api::handle(ctx, client, &header, body, turns)),
+            )
+            .await;
             match response {
                 Some(mut response) => {
                     request_throttle = ctx.quotas.record_request_time(&principal, client_id, busy);
@@ -1067,6 +1126,68 @@ pub fn encode_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every request spawns a task of [`Admitted::serve`], which tokio
+    /// copies whole as it starts and finishes it; the task boxes
+    /// [`respond`]. Together they were one 8 KiB future: `thread_time`
+    /// stored the handler's future twice, and every handler's state was in
+    /// it.
+    #[tokio::test]
+    async fn a_request_task_stays_small() {
+        let (_stop, shutdown) = watch::channel(false);
+        let ctx = Arc::new(Context::new(
+            ketch_config::Settings::default(),
+            Arc::new(crate::memory::MemoryStorage::default()),
+            Arc::default(),
+            shutdown,
+        ));
+        let budget = Arc::new(tokio::sync::Semaphore::new(1));
+        let request = RequestKind::Produce(Default::default());
+        let (after, done) = Order::default().admit(Effect::of(&request));
+        let admitted = Admitted {
+            ctx: ctx.clone(),
+            client: api::Client {
+                peer: "127.0.0.1:9092".parse().expect("an address"),
+                principal: Arc::from("User:ANONYMOUS"),
+                forwarded: false,
+                listener: Arc::from(""),
+            },
+            request: (RequestHeader::default(), request),
+            turns: Default::default(),
+            asked: Asked {
+                received: std::time::Instant::now(),
+                throttle: Duration::ZERO,
+            },
+            after,
+            done,
+            mute: Arc::default(),
+            held: budget.try_acquire_owned().expect("a permit"),
+            reserved: None,
+            _inflight: ctx.requests.request(),
+        };
+        let response = respond(
+            &ctx,
+            admitted.client.clone(),
+            admitted.request.0.clone(),
+            RequestKind::Produce(Default::default()),
+            Default::default(),
+            admitted.asked,
+            &admitted.mute,
+        );
+        let respond_size = std::mem::size_of_val(&response);
+        assert!(
+            respond_size <= 3072,
+            "respond's future is {respond_size} bytes (at most 3072)"
+        );
+        drop(response);
+        let task = admitted.serve();
+        let size = std::mem::size_of_val(&task);
+        let limit = 1536;
+        assert!(
+            size <= limit,
+            "a request's task future is {size} bytes (at most {limit})"
+        );
+    }
 
     #[tokio::test]
     async fn oversized_and_negative_frames_are_refused_before_allocation() {

@@ -197,6 +197,14 @@ pub fn cluster_authorized(ctx: &Context, client: &Client, op: Operation) -> bool
 /// Runs one request. `None` means no response is sent (acks=0 produce).
 /// `turns` orders a produce request's appends after its connection's
 /// earlier ones (see [`produce::Sequencer`]).
+///
+/// Every request's task holds this future, so it holds only the produce
+/// path's own; the other handlers run boxed ([`handle_other`]), one
+/// allocation for requests rarer than produce. (Fetches come here only
+/// from the fuzz target: the server answers them with [`fetch::handle`]
+/// and its own encoding.) A request's task is copied whole as tokio starts
+/// and ends it; with every handler's state in it, it was 8 KiB
+/// (benchmark/README.md, issue #14, eleventh round).
 pub async fn handle(
     ctx: &Context,
     client: Client,
@@ -204,17 +212,29 @@ pub async fn handle(
     request: RequestKind,
     turns: produce::Turns,
 ) -> Option<ResponseKind> {
+    match request {
+        RequestKind::ApiVersions(r) => Some(ResponseKind::ApiVersions(api_versions::handle(ctx, header, r))),
+        RequestKind::Produce(r) => Some(ResponseKind::Produce(
+            produce::handle(ctx, &client, header, r, turns).await?,
+        )),
+        other => Box::pin(handle_other(ctx, client, header, other)).await,
+    }
+}
+
+/// [`handle`] for every request but ApiVersions and Produce.
+async fn handle_other(
+    ctx: &Context,
+    client: Client,
+    header: &RequestHeader,
+    request: RequestKind,
+) -> Option<ResponseKind> {
     let response = match request {
-        RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(ctx, header, r)),
-        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, &client, header, r).await),
-        RequestKind::Produce(r) => {
-            ResponseKind::Produce(produce::handle(ctx, &client, header, r, turns).await?)
-        }
         RequestKind::Fetch(r) => {
             let answer = fetch::handle(ctx, &client, header, r).await;
             answer.fetched.count(ctx);
             ResponseKind::Fetch(answer.into_response())
         }
+        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, &client, header, r).await),
         RequestKind::ListOffsets(r) => {
             ResponseKind::ListOffsets(list_offsets::handle(ctx, &client, header, r).await)
         }
