@@ -541,13 +541,12 @@ impl Admitted {
             turns,
             asked,
             after,
-            done,
+            done: _done,
             mute,
             held,
             reserved,
             _inflight,
         } = self;
-        let _done = done;
         futures::future::join_all(after.into_iter().map(Done::wait)).await;
         // An earlier request this one waited for may have been throttled
         // since this one was read (produce requests were measured as they
