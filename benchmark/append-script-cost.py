@@ -2,7 +2,8 @@
 """What one inline append costs inside Redis, the append script alone.
 
     benchmark/append-script-cost.py [--script PATH] [--calls N] [--bytes B]
-                                    [--idempotent] [--depth D]
+                                    [--idempotent] [--state json|compact]
+                                    [--depth D]
 
 Starts a fresh redis-server on a free loopback port, loads the append
 script (storage/src/scripts/append.lua by default), creates one partition's
@@ -10,7 +11,10 @@ meta and sends N inline appends of a B-byte batch, pipelined D deep, each
 with a timestamp one millisecond after the last (as a steady producer's
 batches have). With --idempotent, every append comes from one idempotent
 producer with consecutive sequences, so the script reads and writes its
-state each time. Prints Redis's own count of microseconds per call (INFO
+state each time, in the compact encoding of layout 3 (--state compact, the
+default) or as JSON (--state json, as before layout 3; see
+storage/src/scripts/producer_state.lua, which is prepended to the script
+as the gateway does). Prints Redis's own count of microseconds per call (INFO
 commandstats: the script and the commands it runs, without reading the
 request or writing the reply) and the redis-server's CPU per call (user +
 system, from /proc, everything included). The batch is random bytes: the
@@ -71,6 +75,7 @@ def main():
     ap.add_argument("--bytes", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=16)
     ap.add_argument("--idempotent", action="store_true")
+    ap.add_argument("--state", choices=("json", "compact"), default="compact")
     args = ap.parse_args()
 
     probe = socket.socket()
@@ -92,7 +97,8 @@ def main():
                 time.sleep(0.05)
         if conn is None:
             sys.exit("redis-server did not start")
-        sha = conn.call("SCRIPT", "LOAD", open(args.script).read()).decode()
+        codec = open(os.path.join(HERE, "..", "storage", "src", "scripts", "producer_state.lua")).read()
+        sha = conn.call("SCRIPT", "LOAD", codec + open(args.script).read()).decode()
         conn.call("HSET", KEYS[0], "next_offset", "0", "log_start", "0")
         batch = os.urandom(args.bytes)
         producer = "7" if args.idempotent else "-1"
@@ -107,7 +113,8 @@ def main():
                 ts += 1
                 requests.append(
                     encode("EVALSHA", sha, "7", *KEYS, "inline", "-1", "1", str(ts), "k:{p}:wake",
-                           "4096", str(args.bytes), producer, "0", str(sent + i), "0", batch)
+                           "4096", str(args.bytes), producer, "0", str(sent + i), "0",
+                           "1" if args.state == "compact" else "0", batch)
                 )
             conn.sock.sendall(b"".join(requests))
             for _ in range(n):
@@ -122,7 +129,7 @@ def main():
             for line in stats.splitlines()
             if line.startswith("cmdstat_evalsha:")
         )
-        print(f"calls {args.calls}  batch {args.bytes} B  idempotent {args.idempotent}  "
+        print(f"calls {args.calls}  batch {args.bytes} B  idempotent {args.idempotent} ({args.state})  "
               f"script µs/call {per_call}  redis-server CPU µs/call {cpu_s * 1e6 / args.calls:.1f}")
     finally:
         redis.terminate()

@@ -212,12 +212,8 @@ async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::Stor
         ketch_storage::StorageError::Unavailable("checking the layout took over 90 s".to_owned())
     })??;
     match outcome {
-        ketch_storage::LayoutCheck::Migrated { from } => {
-            tracing::info!(
-                from,
-                to = ketch_storage::LAYOUT_VERSION,
-                "migrated the Redis layout"
-            )
+        ketch_storage::LayoutCheck::Migrated { from, to } => {
+            tracing::info!(from, to, "migrated the Redis layout")
         }
         other => tracing::debug!(?other, "Redis layout checked"),
     }

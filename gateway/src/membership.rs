@@ -331,6 +331,7 @@ impl Membership {
                     by_address: l.by_address,
                 })
                 .collect(),
+            layout: ketch_storage::LAYOUT_VERSION,
             instance: String::new(),
             heartbeat_ms: 0,
         }
@@ -439,6 +440,7 @@ impl Membership {
                 Err(e) => fatal(&e),
             }
         }
+        let mut layout_waits: Option<Vec<i32>> = None;
         let mut ticks = tokio::time::interval(how.heartbeat_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -495,13 +497,44 @@ impl Membership {
                 continue;
             }
             match store.live_brokers(how.node_timeout).await {
-                Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
+                Ok(brokers) => {
+                    if !store.layout_final() {
+                        finish_layout(&store, &brokers, &mut layout_waits).await;
+                    }
+                    self.set_live(brokers.into_iter().map(node).collect());
+                }
                 Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
             }
         }
         if let Err(e) = store.deregister(self.my_id(), &self.instance).await {
             tracing::debug!(error = %e, "cannot deregister");
         }
+    }
+}
+
+/// Takes the last step of the Redis layout once every live gateway serves
+/// it (`Store::finish_layout`); says once which gateways it waits for,
+/// and again when they change.
+async fn finish_layout(store: &Store, live: &[BrokerRecord], waits: &mut Option<Vec<i32>>) {
+    let me = format!("pid {}", std::process::id());
+    match store.finish_layout(live, &me).await {
+        Ok(true) => {}
+        Ok(false) => {
+            let older: Vec<i32> = live
+                .iter()
+                .filter(|b| b.layout < ketch_storage::LAYOUT_VERSION)
+                .map(|b| b.node_id)
+                .collect();
+            if !older.is_empty() && waits.as_ref() != Some(&older) {
+                tracing::info!(
+                    gateways = ?older,
+                    "the Redis layout stays at version 2 while these gateways of an older release run \
+                     (idempotent producers' state stays JSON)"
+                );
+            }
+            *waits = Some(older);
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot finish the Redis layout yet"),
     }
 }
 

@@ -215,7 +215,11 @@ pub trait Storage: Send + Sync {
         let _ = (topic, partition, from, to, span);
         Ok(Vec::new())
     }
-    async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
+    async fn producer_states(
+        &self,
+        topic: &Topic,
+        partition: i32,
+    ) -> Result<Vec<(i64, ketch_storage::ProducerSummary)>> {
         let _ = (topic, partition);
         Ok(Vec::new())
     }
@@ -554,7 +558,11 @@ impl Storage for Tiered {
             .aborted_transactions(topic, partition, range, span)
             .await
     }
-    async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
+    async fn producer_states(
+        &self,
+        topic: &Topic,
+        partition: i32,
+    ) -> Result<Vec<(i64, ketch_storage::ProducerSummary)>> {
         self.store.producer_states(topic, partition).await
     }
     async fn stage_txn_offsets(

@@ -1,6 +1,6 @@
 //! The broker registry (DESIGN §6): `ketch:brokers`, a hash of node id →
 //! JSON {instance, host, port, rack, internal_host, internal_port, hostname,
-//! by_address, listeners, heartbeat_ms}. An entry is a lease on its node id: each gateway refreshes
+//! by_address, listeners, layout, heartbeat_ms}. An entry is a lease on its node id: each gateway refreshes
 //! its own every `cluster.heartbeat_interval`, stamped with Redis's clock,
 //! and an entry older than `cluster.node_timeout` is a dead gateway whose id
 //! is free again. A gateway without a configured id claims the lowest free
@@ -39,6 +39,10 @@ pub struct BrokerRecord {
     /// before named listeners: `host` and `port` are then their only one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<ListenerRecord>,
+    /// The newest Redis layout the gateway serves (layout.rs); absent (0)
+    /// for gateways from before layout 3.
+    #[serde(default)]
+    pub layout: u32,
     /// The process (a UUID per start).
     #[serde(default, skip_serializing)]
     pub instance: String,
@@ -115,6 +119,7 @@ impl Store {
                     hostname: None,
                     by_address: false,
                     listeners: Vec::new(),
+                    layout: 0,
                     instance: String::new(),
                     heartbeat_ms: now,
                 });

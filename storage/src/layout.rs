@@ -19,7 +19,19 @@
 //!    gateways never read, so the step only records the version; a batch a
 //!    version 1 gateway appends leaves `sized_to` behind, and the next
 //!    append restarts the range the classes describe.
+//! 3. Idempotent producers' state (`ketch:{TAG}:producers`) may be stored
+//!    in a compact binary encoding instead of JSON
+//!    (`scripts/producer_state.lua`). A gateway of this version reads both;
+//!    one of version 2 reads only JSON. So this step is not taken at start
+//!    like the others: a gateway migrates to version 2 on its own, and
+//!    takes the step to 3 ([`Store::finish_layout`]) only when every live
+//!    gateway in the registry serves version 3 (its registry entry says
+//!    so; a version 2 gateway's entry has no `layout`). Until then every
+//!    gateway writes JSON. Once the layout is 3 a version 2 gateway
+//!    refuses to start, as it refuses any newer layout. JSON states stay
+//!    readable and are rewritten compact at the producer's next append.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -27,7 +39,10 @@ use redis::AsyncCommands;
 use crate::{Result, StorageError, Store};
 
 /// The layout this build reads and writes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
+/// The newest layout a gateway migrates to at start, whoever else runs:
+/// the steps up to it only add what older gateways never read.
+const ADDITIVE_LAYOUT: u32 = 2;
 
 /// How long a migrating gateway holds the lock before another may take it
 /// (a gateway that died mid-migration); steps are idempotent.
@@ -42,8 +57,13 @@ pub enum LayoutCheck {
     Current,
     /// A new namespace: the version was recorded.
     Initialized,
-    /// This gateway migrated the layout from `from`.
-    Migrated { from: u32 },
+    /// This gateway migrated the layout from `from` to `to` (2 while a
+    /// gateway of an older release may still run: see
+    /// [`Store::finish_layout`]).
+    Migrated { from: u32, to: u32 },
+    /// The layout is 2: the last step waits for every live gateway to
+    /// serve version 3 ([`Store::finish_layout`]).
+    Waiting,
     /// Another gateway migrated it while this one waited.
     MigratedByAnother,
 }
@@ -88,8 +108,16 @@ impl Store {
                         supported: LAYOUT_VERSION,
                     });
                 }
-                Some(LAYOUT_VERSION) if waited => return Ok(LayoutCheck::MigratedByAnother),
-                Some(LAYOUT_VERSION) => return Ok(LayoutCheck::Current),
+                Some(LAYOUT_VERSION) => {
+                    self.compact_producers.store(true, Ordering::Relaxed);
+                    return Ok(if waited {
+                        LayoutCheck::MigratedByAnother
+                    } else {
+                        LayoutCheck::Current
+                    });
+                }
+                Some(ADDITIVE_LAYOUT) if waited => return Ok(LayoutCheck::MigratedByAnother),
+                Some(ADDITIVE_LAYOUT) => return Ok(LayoutCheck::Waiting),
                 _ => {}
             }
             let lock = format!("{}:lock", self.layout_key());
@@ -113,30 +141,101 @@ impl Store {
         }
     }
 
-    /// Runs the steps from `found` to [`LAYOUT_VERSION`], holding the lock.
+    /// Runs the steps from `found` to [`ADDITIVE_LAYOUT`], holding the
+    /// lock; a new namespace starts at [`LAYOUT_VERSION`].
     async fn migrate(&self, found: Option<u32>, me: &str) -> Result<LayoutCheck> {
         // Read again under the lock: another gateway may have finished.
         let Some(mut version) = self.layout_version().await?.or(found) else {
             self.set_layout_version(LAYOUT_VERSION, me).await?;
+            self.compact_producers.store(true, Ordering::Relaxed);
             tracing::info!(
                 version = LAYOUT_VERSION,
                 "recorded the Redis layout version of a new namespace"
             );
             return Ok(LayoutCheck::Initialized);
         };
+        if version >= LAYOUT_VERSION {
+            self.compact_producers.store(true, Ordering::Relaxed);
+            return Ok(LayoutCheck::MigratedByAnother);
+        }
         let from = version;
-        while version < LAYOUT_VERSION {
-            // Step `version` → `version + 1`. The only step so far (1 → 2)
+        while version < ADDITIVE_LAYOUT {
+            // Step `version` → `version + 1`. The only such step (1 → 2)
             // adds nothing existing data needs; see the module docs.
             version += 1;
             self.set_layout_version(version, me).await?;
             tracing::info!(from = version - 1, to = version, "migrated the Redis layout");
         }
-        Ok(if from == LAYOUT_VERSION {
+        Ok(if from == version {
             LayoutCheck::MigratedByAnother
         } else {
-            LayoutCheck::Migrated { from }
+            LayoutCheck::Migrated { from, to: version }
         })
+    }
+
+    /// Whether this gateway writes producer state in the compact encoding:
+    /// the layout is 3.
+    pub fn layout_final(&self) -> bool {
+        self.compact_producers.load(Ordering::Relaxed)
+    }
+
+    /// Takes the step from layout 2 to 3 once every gateway in `live` (the
+    /// live registry, this gateway included) serves layout 3, or notices
+    /// that another gateway took it; from then on this gateway writes the
+    /// compact producer state. Returns whether the layout is 3. A no-op
+    /// once it is.
+    pub async fn finish_layout(&self, live: &[crate::BrokerRecord], me: &str) -> Result<bool> {
+        if self.layout_final() {
+            return Ok(true);
+        }
+        match self.layout_version().await? {
+            Some(version) if version >= LAYOUT_VERSION => {
+                self.compact_producers.store(true, Ordering::Relaxed);
+                tracing::info!(
+                    version,
+                    "the Redis layout is final: writing compact producer state"
+                );
+                return Ok(true);
+            }
+            Some(ADDITIVE_LAYOUT) => {}
+            // Not checked yet (Redis was down at start): ensure_layout runs first.
+            _ => return Ok(false),
+        }
+        if live.is_empty() || live.iter().any(|b| b.layout < LAYOUT_VERSION) {
+            return Ok(false);
+        }
+        let lock = format!("{}:lock", self.layout_key());
+        let taken = redis::cmd("SET")
+            .arg(&lock)
+            .arg(me)
+            .arg("NX")
+            .arg("PX")
+            .arg(LOCK_TTL.as_millis() as u64)
+            .query_async::<Option<String>>(&mut self.conn())
+            .await?
+            .is_some();
+        if !taken {
+            // Another gateway migrates; the next check sees its result.
+            return Ok(false);
+        }
+        let outcome = async {
+            if self.layout_version().await? == Some(ADDITIVE_LAYOUT) {
+                self.set_layout_version(LAYOUT_VERSION, me).await?;
+                self.compact_producers.store(true, Ordering::Relaxed);
+                tracing::info!(
+                    from = ADDITIVE_LAYOUT,
+                    to = LAYOUT_VERSION,
+                    gateways = live.len(),
+                    "migrated the Redis layout: every live gateway serves it"
+                );
+            }
+            Ok::<_, StorageError>(())
+        }
+        .await;
+        let _: i64 = self.conn().del(&lock).await?;
+        outcome?;
+        self.compact_producers.store(true, Ordering::Relaxed);
+        Ok(true)
     }
 
     async fn set_layout_version(&self, version: u32, me: &str) -> Result<()> {

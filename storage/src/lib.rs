@@ -30,6 +30,7 @@ pub mod wake;
 mod wire;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::Value;
 use redis::aio::ConnectionManager;
@@ -44,6 +45,7 @@ pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use metrics::describe_metrics;
+pub use producers::{ProducerSummary, decode_producer_state};
 pub use quotas::{QuotaChange, StoredQuota};
 pub use security::StoredCredential;
 pub use topics::{Topic, validate_topic_name};
@@ -126,7 +128,22 @@ pub struct Store {
     scripts: Arc<Scripts>,
     /// The server's address in single mode (`host:port`), for reports.
     server: Arc<str>,
+    /// Whether scripts write producer state in the compact encoding
+    /// (`scripts/producer_state.lua`): once the layout is 3 (layout.rs).
+    compact_producers: Arc<AtomicBool>,
 }
+
+/// A script that reads idempotent producers' state, with the state's codec
+/// (`scripts/producer_state.lua`) prepended.
+macro_rules! with_producer_state {
+    ($file:literal) => {
+        concat!(include_str!("scripts/producer_state.lua"), include_str!($file))
+    };
+}
+
+/// The append script as loaded (log.rs loads it by hand where a master
+/// lacks it).
+const APPEND_SCRIPT: &str = with_producer_state!("scripts/append.lua");
 
 struct Scripts {
     append: redis::Script,
@@ -224,26 +241,37 @@ impl Store {
             topics: Arc::new(topics::TopicCache::default()),
             appenders: Arc::new(log::Appenders::default()),
             scripts: Arc::new(Scripts {
-                append: redis::Script::new(include_str!("scripts/append.lua")),
+                append: redis::Script::new(APPEND_SCRIPT),
                 delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),
                 replace_topic: redis::Script::new(include_str!("scripts/add_partitions.lua")),
                 heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
                 deregister: redis::Script::new(include_str!("scripts/deregister.lua")),
                 store_group: redis::Script::new(include_str!("scripts/store_group.lua")),
-                seal: redis::Script::new(include_str!("scripts/seal.lua")),
+                seal: redis::Script::new(with_producer_state!("scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
                 change_versioned_hash: redis::Script::new(include_str!("scripts/change_versioned_hash.lua")),
                 txn: redis::Script::new(include_str!("scripts/txn.lua")),
-                txn_join: redis::Script::new(include_str!("scripts/txn_join.lua")),
+                txn_join: redis::Script::new(with_producer_state!("scripts/txn_join.lua")),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),
                 txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
             }),
             server: Arc::from(server),
+            compact_producers: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// The scripts' argument saying whether to write producer state in the
+    /// compact encoding ('1') or as JSON ('0').
+    fn compact_producers_arg(&self) -> &'static str {
+        if self.compact_producers.load(Ordering::Relaxed) {
+            "1"
+        } else {
+            "0"
+        }
     }
 
     /// Checks that Redis answers. A failed command makes the connection

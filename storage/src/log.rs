@@ -658,7 +658,8 @@ impl Store {
                 .arg(header.producer_id)
                 .arg(header.producer_epoch)
                 .arg(header.base_sequence)
-                .arg(transactional_arg(header));
+                .arg(transactional_arg(header))
+                .arg(self.compact_producers_arg());
             cmd
         };
         if batch.len() <= INLINE_BATCH_BYTES {
@@ -711,7 +712,7 @@ impl Store {
             }
         };
         let reserve = |packed: &mut Packed, mode: &str, inline: bool| {
-            evalsha(packed, 11 + usize::from(inline));
+            evalsha(packed, 12 + usize::from(inline));
             packed
                 .arg(mode)
                 .int(expected)
@@ -723,7 +724,8 @@ impl Store {
                 .int(header.producer_id)
                 .int(i64::from(header.producer_epoch))
                 .int(i64::from(header.base_sequence))
-                .arg(transactional_arg(header));
+                .arg(transactional_arg(header))
+                .arg(self.compact_producers_arg());
         };
         let mut packed = Packed::default();
         if batch.len() <= INLINE_BATCH_BYTES {
@@ -789,7 +791,7 @@ impl Store {
                     .command(3)
                     .arg("SCRIPT")
                     .arg("LOAD")
-                    .arg(include_str!("scripts/append.lua"));
+                    .arg(crate::APPEND_SCRIPT);
                 for reply in wire.request(packed).await? {
                     reply.ok()?;
                 }

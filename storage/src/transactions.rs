@@ -26,7 +26,7 @@ use redis::{AsyncCommands, Value};
 use crate::batch::transaction_marker;
 use crate::groups::TopicPartition;
 use crate::log::append_keys;
-use crate::{CommittedOffset, Result, StorageError, Store, Topic};
+use crate::{CommittedOffset, ProducerSummary, Result, StorageError, Store, Topic, decode_producer_state};
 
 /// A decided transaction, to be finished: markers to its partitions,
 /// offsets to its groups, then `complete`.
@@ -555,6 +555,7 @@ impl Store {
             .arg(producer.0)
             .arg(producer.1)
             .arg(number)
+            .arg(self.compact_producers_arg())
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match reply.as_str() {
@@ -594,6 +595,7 @@ impl Store {
             .arg(decided.epoch)
             .arg(decided.number)
             .arg(if decided.commit { "commit" } else { "abort" })
+            .arg(self.compact_producers_arg())
             .arg(&marker[..]);
         // With acks=all waiting for replicas (or fsync), a marker is made as
         // durable as the data it decides, before the transaction completes
@@ -677,17 +679,22 @@ impl Store {
             .collect())
     }
 
-    /// Every producer a partition keeps state for: (producer id, the raw
-    /// JSON state of `scripts/append.lua`), for DescribeProducers.
-    pub async fn producer_states(&self, topic: &Topic, partition: i32) -> Result<Vec<(i64, String)>> {
+    /// Every producer a partition keeps state for, by producer id, for
+    /// DescribeProducers; a state that decodes as neither encoding of
+    /// `scripts/producer_state.lua` is left out.
+    pub async fn producer_states(
+        &self,
+        topic: &Topic,
+        partition: i32,
+    ) -> Result<Vec<(i64, ProducerSummary)>> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
-        let states: HashMap<String, String> = self.conn().hgetall(&keys.producers).await?;
+        let states: HashMap<String, Vec<u8>> = self.conn().hgetall(&keys.producers).await?;
         Ok(states
             .into_iter()
-            .filter_map(|(pid, json)| Some((pid.parse().ok()?, json)))
+            .filter_map(|(pid, raw)| Some((pid.parse().ok()?, decode_producer_state(&raw)?)))
             .collect())
     }
 

@@ -21,7 +21,7 @@ def run(*args):
 
 
 def test_plain_and_idempotent_appends_are_stored_and_timed():
-    for args in ([], ["--idempotent"]):
+    for args in ([], ["--idempotent"], ["--idempotent", "--state", "json"]):
         done = run(*args)
         assert done.returncode == 0, done.stderr
         m = re.search(r"script µs/call ([0-9.]+)\s+redis-server CPU µs/call ([0-9.]+)", done.stdout)

@@ -693,6 +693,18 @@ impl TestRedis {
     pub fn next_offset(&self, topic: &str, partition: usize) -> i64 {
         next_offset(&mut self.connection(), topic, partition)
     }
+
+    /// The state a partition keeps for an idempotent producer, as stored
+    /// (`ketch:{TAG}:producers`).
+    pub fn producer_state(&self, topic: &str, partition: usize, producer_id: i64) -> Option<Vec<u8>> {
+        let mut conn = self.connection();
+        let key = partition_key(&mut conn, topic, partition, "producers");
+        redis::cmd("HGET")
+            .arg(key)
+            .arg(producer_id)
+            .query(&mut conn)
+            .expect("HGET producers")
+    }
 }
 
 fn partition_key(conn: &mut dyn redis::ConnectionLike, topic: &str, partition: usize, key: &str) -> String {

@@ -194,3 +194,172 @@ fn idle_producer_state_expires_like_kafkas() {
     assert_eq!(produce(&mut conn, 2, 2), UNKNOWN_PRODUCER_ID);
     assert_eq!(produce(&mut conn, 2, 0), code::NONE);
 }
+
+/// Layout 3 (issue #14): idempotent producers' state is stored compact
+/// instead of JSON, but only once no gateway of an older release can read
+/// it. While one is live in the registry the layout stays 2 and states
+/// stay JSON; once it leaves, the gateway takes the last step, and each
+/// producer's next append rewrites its state compact. Retries of batches
+/// acknowledged under JSON are still answered with their offsets, and the
+/// sequence goes on across the change.
+#[test]
+fn producer_state_turns_compact_once_no_older_gateway_is_live() {
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+    use kafka_protocol::messages::{DescribeProducersRequest, DescribeProducersResponse};
+
+    let redis = TestRedis::start();
+    let layout = || -> Option<String> {
+        redis::cmd("HGET")
+            .arg("ketch:layout")
+            .arg("version")
+            .query(&mut redis.connection())
+            .expect("HGET ketch:layout")
+    };
+    // A namespace at layout 2, with a gateway of the previous release in
+    // the registry: its entry names no layout. Its heartbeat is stamped in
+    // the future, so it stays live until the test removes it.
+    let (seconds, _): (i64, i64) = redis::cmd("TIME").query(&mut redis.connection()).expect("TIME");
+    let older = serde_json::json!({"host": "127.0.0.1", "port": 9, "instance": "older", "heartbeat_ms": (seconds + 600) * 1000});
+    let _: () = redis::cmd("HSET")
+        .arg("ketch:layout")
+        .arg("version")
+        .arg(2)
+        .query(&mut redis.connection())
+        .expect("layout 2");
+    let _: () = redis::cmd("HSET")
+        .arg("ketch:brokers")
+        .arg(9)
+        .arg(older.to_string())
+        .query(&mut redis.connection())
+        .expect("an older gateway");
+    let ketch = Ketch::start(&redis.url(), &["--set", "cluster.heartbeat_interval=100ms"]);
+    assert!(
+        ketch.logs("the Redis layout stays at version 2 while these gateways of an older release run"),
+        "{}",
+        ketch.output()
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("compact-state");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (_, id, _) = init_producer_id(&mut conn, -1, -1);
+    let produce = |conn: &mut KafkaConn, seq: i32| {
+        raw::produce(
+            conn,
+            &topic,
+            0,
+            batch::encode_idempotent(&record(i64::from(seq)), id, 0, seq),
+        )
+    };
+    for seq in 0..7 {
+        assert_eq!(produce(&mut conn, seq), (code::NONE, i64::from(seq)));
+    }
+    assert_eq!(layout().as_deref(), Some("2"));
+    let state = redis.producer_state(&topic, 0, id).expect("state");
+    assert_eq!(state.first(), Some(&b'{'), "JSON while an older gateway runs");
+
+    // The older gateway leaves: the layout becomes 3.
+    let _: () = redis::cmd("HDEL")
+        .arg("ketch:brokers")
+        .arg(9)
+        .query(&mut redis.connection())
+        .expect("HDEL");
+    assert!(
+        ketch.logs("migrated the Redis layout: every live gateway serves it"),
+        "{}",
+        ketch.output()
+    );
+    assert_eq!(layout().as_deref(), Some("3"));
+    // Retries of batches acknowledged under JSON (the last five are kept).
+    assert_eq!(produce(&mut conn, 6), (code::NONE, 6));
+    assert_eq!(produce(&mut conn, 2), (code::NONE, 2));
+    let state = redis.producer_state(&topic, 0, id).expect("state");
+    assert_eq!(state.first(), Some(&1), "a retry rewrites the state compact");
+    assert_eq!(
+        produce(&mut conn, 1).0,
+        OUT_OF_ORDER_SEQUENCE_NUMBER,
+        "older than the last five"
+    );
+    assert_eq!(produce(&mut conn, 7), (code::NONE, 7));
+    assert_eq!(
+        produce(&mut conn, 7),
+        (code::NONE, 7),
+        "a retry under the compact state"
+    );
+    assert_eq!(produce(&mut conn, 9).0, OUT_OF_ORDER_SEQUENCE_NUMBER);
+    assert_eq!(redis.next_offset(&topic, 0), 8, "every batch once");
+
+    let response: DescribeProducersResponse = conn.request(
+        0,
+        &DescribeProducersRequest::default().with_topics(vec![
+            TopicRequest::default()
+                .with_name(raw::topic_name(&topic))
+                .with_partition_indexes(vec![0]),
+        ]),
+    );
+    let producers = &response.topics[0].partitions[0].active_producers;
+    assert_eq!(producers.len(), 1);
+    assert_eq!(
+        (
+            producers[0].producer_id.0,
+            producers[0].producer_epoch,
+            producers[0].last_sequence
+        ),
+        (id, 0, 7)
+    );
+    assert!(producers[0].last_timestamp > 0);
+}
+
+/// The producer state's two encodings (`scripts/producer_state.lua`) carry
+/// the same state in every shape the scripts write: with and without a
+/// transaction, its first offset, the last ended transaction, and with no
+/// batches or five. The compact bytes Lua writes decode in Rust
+/// (DescribeProducers) to what the JSON does.
+#[test]
+fn the_producer_state_codec_keeps_every_shape() {
+    let redis = TestRedis::start();
+    let states = [
+        r#"{"e":0,"t":1700000000123,"b":[[0,0,5]]}"#,
+        r#"{"e":2,"t":1700000000123,"b":[[0,4,10],[5,9,15],[10,10,20],[11,20,21],[21,2147483647,31]]}"#,
+        r#"{"e":7,"t":1,"b":{},"x":{"n":3,"e":7}}"#,
+        r#"{"e":7,"t":1,"b":[[0,0,40]],"x":{"n":3,"e":7,"f":40},"l":-1}"#,
+        r#"{"e":32767,"t":1700000000999,"b":[[3,3,9007199254740000]],"l":12}"#,
+    ];
+    // Each state: decoded from JSON, encoded compact, decoded again, and
+    // encoded as JSON; both decodings are compared field by field.
+    let script = concat!(
+        include_str!("../../storage/src/scripts/producer_state.lua"),
+        r#"
+local function canon(s)
+  local x = s.x and string.format('%d/%d/%s', s.x.n, s.x.e, tostring(s.x.f)) or '-'
+  local b = {}
+  for i = 1, #s.b do b[i] = string.format('%d', s.b[i]) end
+  return string.format('%d|%d|%s|%s|%s', s.e, s.t, x, tostring(s.l), table.concat(b, ','))
+end
+local from_json = decode_state(ARGV[1])
+local compact = encode_state(from_json, '1')
+local from_compact = decode_state(compact)
+local json = encode_state(from_compact, '0')
+return {canon(from_json), canon(from_compact), canon(decode_state(json)), compact, json}
+"#
+    );
+    for state in states {
+        let (from_json, from_compact, again, compact, json): (String, String, String, Vec<u8>, String) =
+            redis::cmd("EVAL")
+                .arg(script)
+                .arg(0)
+                .arg(state)
+                .query(&mut redis.connection())
+                .expect("EVAL the codec");
+        assert_eq!(from_compact, from_json, "{state}");
+        assert_eq!(again, from_json, "{state}");
+        assert_eq!(compact.first(), Some(&1), "{state}");
+        assert!(json.starts_with('{') && json.contains(r#""b":["#), "{json}");
+        let rust = ketch_storage::decode_producer_state(&compact);
+        assert!(rust.is_some(), "{state}");
+        assert_eq!(
+            rust,
+            ketch_storage::decode_producer_state(state.as_bytes()),
+            "{state}"
+        );
+    }
+}

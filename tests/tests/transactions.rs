@@ -562,19 +562,24 @@ fn init_named(conn: &mut KafkaConn, id: &str, pid: i64, epoch: i16) -> (i16, i64
     )
 }
 
-/// Runs `scripts/txn_join.lua` as AddPartitionsToTxn would for
+/// Runs `scripts/txn_join.lua` (with the producer state's codec, writing
+/// it compact) as AddPartitionsToTxn would for
 /// transaction `number` of `pid` on partition 0 of `topic`: what a
 /// registration delayed past its transaction's end would meet.
 fn late_join(redis: &TestRedis, topic: &str, pid: i64, epoch: i16, number: i64) -> String {
     let tag = &redis.topic_tags(topic)[0];
     redis::cmd("EVAL")
-        .arg(include_str!("../../storage/src/scripts/txn_join.lua"))
+        .arg(concat!(
+            include_str!("../../storage/src/scripts/producer_state.lua"),
+            include_str!("../../storage/src/scripts/txn_join.lua")
+        ))
         .arg(2)
         .arg(format!("ketch:{{{tag}}}:meta"))
         .arg(format!("ketch:{{{tag}}}:producers"))
         .arg(pid)
         .arg(epoch)
         .arg(number)
+        .arg(1)
         .query(&mut redis.connection())
         .expect("EVAL txn_join")
 }

@@ -2,7 +2,9 @@
 //! layout newer than it understands, and a running two-gateway system
 //! upgrades one gateway at a time from the release before the layout was
 //! versioned, with its data and committed offsets intact, while the
-//! not-yet-upgraded gateway keeps serving beside the migrated layout.
+//! not-yet-upgraded gateway keeps serving beside the migrated layout. The
+//! layout's last step (3: compact producer state) waits until no gateway
+//! of the previous release is live.
 //!
 //! The previous release's binary comes from `$KETCH_UPGRADE_BASE_BIN`;
 //! `scripts/test.sh` builds it from the commit named in
@@ -146,7 +148,7 @@ fn a_gateway_refuses_a_layout_newer_than_it_understands() {
         .expect("HSET");
     let output = Ketch::start_expecting_failure(&redis.url(), &[]);
     assert!(
-        output.contains("the Redis layout is version 99, newer than the 2 this ketch understands"),
+        output.contains("the Redis layout is version 99, newer than the 3 this ketch understands"),
         "{output}"
     );
     assert_eq!(
@@ -160,7 +162,7 @@ fn a_gateway_refuses_a_layout_newer_than_it_understands() {
 fn a_new_namespace_records_the_current_layout() {
     let redis = RedisServer::start();
     let _ketch = Ketch::start(&redis.url(), &[]);
-    assert_eq!(layout(&redis).as_deref(), Some("2"));
+    assert_eq!(layout(&redis).as_deref(), Some("3"));
 }
 
 #[test]
@@ -207,11 +209,81 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
     }
     check_round_robin_records(&b, &topic, PARTITIONS, 750);
     assert_eq!(committed(&b, &topic), offsets);
+    // One idempotent producer appends through both (each partition to its
+    // leader): the previous release reads the state the upgraded gateway
+    // writes, so it stays JSON, and so does the layout.
+    let idempotent = a.producer_with(&[("enable.idempotence", "true")]);
+    produce(&idempotent, &topic, 750..810);
+    assert_eq!(layout(&redis).as_deref(), Some("2"));
+    let states = producer_states(&redis);
+    assert_eq!(
+        states.len(),
+        PARTITIONS as usize,
+        "one producer in each partition"
+    );
+    assert!(
+        states.iter().all(|s| s.first() == Some(&b'{')),
+        "JSON beside the previous release"
+    );
 
     b.replace_with(&ketch_bin());
-    produce(&b.producer(), &topic, 750..900);
+    // With no gateway of the previous release left, the layout takes its
+    // last step: producer state may be compact from then on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while layout(&redis).as_deref() != Some("3") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the layout stayed 2:\n{}\n{}",
+            a.output(),
+            b.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Each gateway writes compact state once it logs that it took the step
+    // or, at its next heartbeat, that it found it taken.
+    let compact = |k: &Ketch| {
+        let out = k.output();
+        out.contains("migrated the Redis layout: every live gateway serves it")
+            || out.contains("the Redis layout is final: writing compact producer state")
+    };
+    while !(compact(&a) && compact(&b)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a gateway never turned to compact state:\n{}\n{}",
+            a.output(),
+            b.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The same producer goes on: its next batches are checked against the
+    // JSON state and rewrite it compact.
+    produce(&idempotent, &topic, 810..870);
+    let states = producer_states(&redis);
+    assert_eq!(states.len(), PARTITIONS as usize);
+    assert!(
+        states.iter().all(|s| s.first() == Some(&1)),
+        "compact after the upgrade"
+    );
+    produce(&b.producer(), &topic, 870..900);
     check_round_robin_records(&a, &topic, PARTITIONS, 900);
     check_round_robin_records(&b, &topic, PARTITIONS, 900);
     assert_eq!(committed(&a, &topic), offsets);
     assert_eq!(committed(&b, &topic), offsets);
+}
+
+/// Every idempotent producer state of every partition, as stored.
+fn producer_states(redis: &RedisServer) -> Vec<Vec<u8>> {
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("ketch:{*}:producers")
+        .query(&mut conn)
+        .expect("KEYS");
+    keys.iter()
+        .flat_map(|key| {
+            redis::cmd("HVALS")
+                .arg(key)
+                .query::<Vec<Vec<u8>>>(&mut conn)
+                .expect("HVALS")
+        })
+        .collect()
 }

@@ -44,10 +44,8 @@ pub async fn handle(
             };
             match ctx.storage.producer_states(&t, index).await {
                 Ok(states) => {
-                    let mut producers: Vec<ProducerState> = states
-                        .iter()
-                        .filter_map(|(pid, json)| producer(*pid, json))
-                        .collect();
+                    let mut producers: Vec<ProducerState> =
+                        states.iter().map(|(pid, state)| producer(*pid, state)).collect();
                     producers.sort_by_key(|p| p.producer_id.0);
                     partitions.push(answer.with_active_producers(producers));
                 }
@@ -63,29 +61,12 @@ pub async fn handle(
     DescribeProducersResponse::default().with_topics(topics)
 }
 
-/// One producer's state from its JSON (see `scripts/append.lua`).
-fn producer(pid: i64, json: &str) -> Option<ProducerState> {
-    let state: serde_json::Value = serde_json::from_str(json).ok()?;
-    let epoch = state.get("e")?.as_i64()?;
-    let last_sequence = state
-        .get("b")
-        .and_then(|b| b.as_array())
-        .and_then(|b| b.last())
-        .and_then(|last| last.get(1))
-        .and_then(|s| s.as_i64())
-        .unwrap_or(-1);
-    let txn_start = state
-        .get("x")
-        .and_then(|x| x.get("f"))
-        .and_then(|f| f.as_i64())
-        .unwrap_or(-1);
-    Some(
-        ProducerState::default()
-            .with_producer_id(ProducerId(pid))
-            .with_producer_epoch(epoch as i32)
-            .with_last_sequence(last_sequence as i32)
-            .with_last_timestamp(state.get("t").and_then(|t| t.as_i64()).unwrap_or(-1))
-            .with_coordinator_epoch(-1)
-            .with_current_txn_start_offset(txn_start),
-    )
+fn producer(pid: i64, state: &ketch_storage::ProducerSummary) -> ProducerState {
+    ProducerState::default()
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(state.epoch)
+        .with_last_sequence(state.last_sequence)
+        .with_last_timestamp(state.last_timestamp)
+        .with_coordinator_epoch(-1)
+        .with_current_txn_start_offset(state.txn_start)
 }

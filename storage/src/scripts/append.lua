@@ -3,7 +3,7 @@
 -- around an XADD:
 --
 --   MULTI
---   EVALSHA append 4 meta times log staging  reserve <expected> <count> <max_ts> <wake> <interval> <size>
+--   EVALSHA append 4 meta times log staging  reserve <expected> <count> <max_ts> <wake> <interval> <size> ...
 --   XADD staging NOMKSTREAM <last>-<count> b <batch> t <max_ts>
 --   EVALSHA append 4 meta times log staging  finish
 --   EXEC
@@ -25,10 +25,13 @@
 -- KEYS[2] ketch:{TAG}:times    sparse time index: score = running max timestamp, member = base offset
 -- KEYS[3] ketch:{TAG}:log      stream, one entry per batch, id <last_offset>-<record_count>
 -- KEYS[4] ketch:{TAG}:staging  the log's name during the XADD
--- KEYS[5] ketch:{TAG}:producers  hash: producer id -> JSON {e: epoch, b: [[first_seq, last_seq, base_offset]...],
---                                t: last append, ms, x: the producer's transaction here, if any:
---                                {n: transaction number, e: epoch, f: first offset of its data (absent: none yet)},
---                                l: the number of the last transaction a marker ended here}
+-- KEYS[5] ketch:{TAG}:producers  hash: producer id -> state, decoded and encoded by
+--                                scripts/producer_state.lua (prepended to this script) into
+--                                {e: epoch, b: the last five batches, flat: first_seq, last_seq,
+--                                base_offset, first_seq, ..., t: last append, ms, x: the producer's
+--                                transaction here, if any: {n: transaction number, e: epoch, f: first
+--                                offset of its data (absent: none yet)}, l: the number of the last
+--                                transaction a marker ended here}
 -- KEYS[6] ketch:{TAG}:txns       open transactions with data here: score = first offset, member = producer id
 -- KEYS[7] ketch:{TAG}:aborted    aborted transactions: score = marker offset, member = '<producer id>:<first offset>'
 -- ARGV[1] 'reserve', 'inline', 'marker' or 'finish'
@@ -39,7 +42,8 @@
 --          ARGV[10] base sequence (marker: the transaction number)
 -- reserve, inline: ARGV[11] '1' for a transactional batch, else '0'
 -- marker:  ARGV[11] 'commit' or 'abort'
--- inline, marker: ARGV[12] the batch bytes (small batches only: they get hashed)
+-- ARGV[12] '1' when the layout allows the compact producer state encoding, else '0'
+-- inline, marker: ARGV[13] the batch bytes (small batches only: they get hashed)
 --
 -- A transactional batch is stored only while the producer's transaction
 -- is registered here (scripts/txn_join.lua, at AddPartitionsToTxn) at the
@@ -126,7 +130,7 @@ if ARGV[1] == 'marker' then
   local epoch = tonumber(ARGV[9])
   local number = tonumber(ARGV[10])
   local stored = redis.call('HGET', KEYS[5], producer_id)
-  local state = stored and cjson.decode(stored) or {e = epoch, b = {}}
+  local state = stored and decode_state(stored) or {e = epoch, b = {}}
   if epoch < state.e then
     return {'skipped'}
   end
@@ -145,7 +149,7 @@ if ARGV[1] == 'marker' then
   -- A registration for this transaction arriving late (a stalled
   -- AddPartitionsToTxn) must not open it again (scripts/txn_join.lua).
   state.l = math.max(state.l or -1, number)
-  redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
+  redis.call('HSET', KEYS[5], producer_id, encode_state(state, ARGV[12]))
   if not (ends and x.f) then
     return {'skipped'}
   end
@@ -163,7 +167,7 @@ elseif tonumber(producer_id) >= 0 then
   local first_seq = tonumber(ARGV[10])
   local last_seq = (first_seq + count - 1) % 2147483648
   local stored = redis.call('HGET', KEYS[5], producer_id)
-  local state = stored and cjson.decode(stored) or nil
+  local state = stored and decode_state(stored) or nil
   -- Last activity (Redis time), for producers.expiration (scripts/seal.lua).
   local now_ms = clock()
   if state and epoch < state.e then
@@ -176,15 +180,15 @@ elseif tonumber(producer_id) >= 0 then
     return {'not_in_transaction'}
   end
   if state and epoch == state.e then
-    for _, b in ipairs(state.b) do
-      if b[1] == first_seq and b[2] == last_seq then
+    local b = state.b
+    for i = 1, #b, 3 do
+      if b[i] == first_seq and b[i + 1] == last_seq then
         state.t = now_ms
-        redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
-        return {'duplicate', b[3], tonumber(meta[2])}
+        redis.call('HSET', KEYS[5], producer_id, encode_state(state, ARGV[12]))
+        return {'duplicate', b[i + 2], tonumber(meta[2])}
       end
     end
-    local previous = state.b[#state.b]
-    if previous and first_seq ~= (previous[2] + 1) % 2147483648 then
+    if #b > 0 and first_seq ~= (b[#b - 1] + 1) % 2147483648 then
       return {'out_of_order'}
     end
   elseif first_seq ~= 0 then
@@ -196,16 +200,20 @@ elseif tonumber(producer_id) >= 0 then
     -- producer's transactions stays.
     state = {e = epoch, b = {}, x = state and state.x, l = state and state.l}
   end
-  table.insert(state.b, {first_seq, last_seq, base})
-  if #state.b > 5 then
-    table.remove(state.b, 1)
+  local b = state.b
+  if #b >= 15 then
+    -- Keep the last five: drop the oldest (b is flat, three numbers a batch).
+    b = {unpack(b, #b - 11)}
+    state.b = b
   end
+  local n = #b
+  b[n + 1], b[n + 2], b[n + 3] = first_seq, last_seq, base
   state.t = now_ms
   if transactional and not state.x.f then
     state.x.f = base
     opens_txn = true
   end
-  redis.call('HSET', KEYS[5], producer_id, cjson.encode(state))
+  redis.call('HSET', KEYS[5], producer_id, encode_state(state, ARGV[12]))
 end
 if opens_txn then
   redis.call('ZADD', KEYS[6], string.format('%d', base), producer_id)
@@ -215,7 +223,7 @@ if opens_txn then
 end
 
 if ARGV[1] ~= 'reserve' then
-  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[12], 't', ARGV[4])
+  redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[13], 't', ARGV[4])
 else
   if redis.call('EXISTS', KEYS[3]) == 0 then
     -- First batch: create the empty stream the staged XADD needs.

@@ -5,7 +5,8 @@
 -- take the id while it is.
 --
 -- KEYS[1] ketch:brokers   hash: node id -> JSON {instance, host, port, rack,
---                         internal_host, internal_port, hostname, heartbeat_ms}
+--                         internal_host, internal_port, hostname, by_address, listeners, layout,
+--                         heartbeat_ms}
 -- ARGV[1] node id, or -1: claim the lowest id no live gateway holds
 -- ARGV[2] this process's instance id (a UUID)
 -- ARGV[3] the entry as JSON, without instance and heartbeat_ms

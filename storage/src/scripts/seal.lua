@@ -9,7 +9,7 @@
 --                               batches are then in KEYS[5] too), `skipped` once an operator
 --                               gave up on it
 -- KEYS[3] ketch:{TAG}:log       the stream
--- KEYS[4] ketch:{TAG}:producers idempotent producers' state (see append.lua)
+-- KEYS[4] ketch:{TAG}:producers idempotent producers' state (scripts/producer_state.lua, prepended here)
 -- KEYS[5] ketch:{TAG}:quarantine batches of quarantined segments (see segment_state.lua)
 -- KEYS[6] ketch:{TAG}:aborted   aborted transactions, by abort marker offset (see append.lua)
 -- KEYS[7] ketch:{TAG}:clean     the compacted part of a compacted topic's log (see compact_swap.lua)
@@ -162,7 +162,7 @@ end
 local expired = 0
 local producers = redis.call('HGETALL', KEYS[4])
 for i = 1, #producers, 2 do
-  local ok, state = pcall(cjson.decode, producers[i + 1])
+  local ok, state = pcall(decode_state, producers[i + 1])
   -- A producer with an open transaction here is kept: its data holds the
   -- last stable offset until the marker, which needs the state.
   local open = ok and type(state) == 'table' and type(state.x) == 'table' and state.x.f

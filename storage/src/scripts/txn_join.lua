@@ -4,8 +4,9 @@
 -- number ends it there.
 --
 -- KEYS[1] ketch:{TAG}:meta       partition metadata (absent: no such partition)
--- KEYS[2] ketch:{TAG}:producers  producer id -> JSON state (see append.lua)
+-- KEYS[2] ketch:{TAG}:producers  producer id -> state (scripts/producer_state.lua, prepended here)
 -- ARGV[1] producer id, ARGV[2] epoch, ARGV[3] transaction number
+-- ARGV[4] '1' when the layout allows the compact state encoding, else '0'
 --
 -- Reply: 'ok'; 'no_partition'; 'stale_epoch' (the partition knows a newer
 -- epoch of the producer: it was fenced); 'pending' (an earlier
@@ -18,7 +19,7 @@ end
 local epoch = tonumber(ARGV[2])
 local number = tonumber(ARGV[3])
 local stored = redis.call('HGET', KEYS[2], ARGV[1])
-local state = stored and cjson.decode(stored) or nil
+local state = stored and decode_state(stored) or nil
 if state and epoch < state.e then
   return 'stale_epoch'
 end
@@ -43,5 +44,5 @@ end
 local now = redis.call('TIME')
 state.t = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 state.x = {n = number, e = epoch}
-redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(state))
+redis.call('HSET', KEYS[2], ARGV[1], encode_state(state, ARGV[4]))
 return 'ok'
