@@ -215,7 +215,7 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
     let idempotent = a.producer_with(&[("enable.idempotence", "true")]);
     produce(&idempotent, &topic, 750..810);
     assert_eq!(layout(&redis).as_deref(), Some("2"));
-    let states = producer_states(&redis);
+    let states = producer_states(&redis, &topic);
     assert_eq!(
         states.len(),
         PARTITIONS as usize,
@@ -225,6 +225,7 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
         states.iter().all(|s| s.first() == Some(&b'{')),
         "JSON beside the previous release"
     );
+    idempotent_batches_alternate_between_releases(&a, &b);
 
     b.replace_with(&ketch_bin());
     // With no gateway of the previous release left, the layout takes its
@@ -258,7 +259,7 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
     // The same producer goes on: its next batches are checked against the
     // JSON state and rewrite it compact.
     produce(&idempotent, &topic, 810..870);
-    let states = producer_states(&redis);
+    let states = producer_states(&redis, &topic);
     assert_eq!(states.len(), PARTITIONS as usize);
     assert!(
         states.iter().all(|s| s.first() == Some(&1)),
@@ -271,17 +272,54 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
     assert_eq!(committed(&b, &topic), offsets);
 }
 
-/// Every idempotent producer state of every partition, as stored.
-fn producer_states(redis: &RedisServer) -> Vec<Vec<u8>> {
+/// One producer's batches to one partition alternate between the upgraded
+/// gateway and the previous release, so each reads the JSON state the
+/// other wrote; retries are answered by the release that did not store
+/// the batch. (A partition's leader moves between gateways as they
+/// restart.)
+fn idempotent_batches_alternate_between_releases(upgraded: &Ketch, previous: &Ketch) {
+    let mut conns = [
+        KafkaConn::connect(upgraded.kafka_addr()),
+        KafkaConn::connect(previous.kafka_addr()),
+    ];
+    let topic = unique_topic("upgrade-idempotent");
+    assert_eq!(raw::create_topic(&mut conns[0], &topic, 1), code::NONE);
+    let producer_id = 424_242;
+    let batch = |seq: i32| {
+        let record = Record::value(1_700_000_000_000, format!("s{seq}").as_bytes());
+        batch::encode_idempotent(&[record], producer_id, 0, seq)
+    };
+    for seq in 0..6 {
+        let conn = &mut conns[seq as usize % 2];
+        assert_eq!(
+            raw::produce(conn, &topic, 0, batch(seq)),
+            (code::NONE, i64::from(seq)),
+            "sequence {seq}"
+        );
+    }
+    assert_eq!(
+        raw::produce(&mut conns[1], &topic, 0, batch(4)),
+        (code::NONE, 4),
+        "a retry through the previous release"
+    );
+    assert_eq!(
+        raw::produce(&mut conns[0], &topic, 0, batch(5)),
+        (code::NONE, 5),
+        "a retry through the upgraded gateway"
+    );
+    assert_eq!(raw::produce(&mut conns[1], &topic, 0, batch(6)), (code::NONE, 6));
+}
+
+/// Every idempotent producer state of every partition of `topic`, as
+/// stored.
+fn producer_states(redis: &RedisServer, topic: &str) -> Vec<Vec<u8>> {
     let mut conn = redis.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("ketch:{*}:producers")
-        .query(&mut conn)
-        .expect("KEYS");
-    keys.iter()
-        .flat_map(|key| {
+    redis
+        .topic_tags(topic)
+        .iter()
+        .flat_map(|tag| {
             redis::cmd("HVALS")
-                .arg(key)
+                .arg(format!("ketch:{{{tag}}}:producers"))
                 .query::<Vec<Vec<u8>>>(&mut conn)
                 .expect("HVALS")
         })
