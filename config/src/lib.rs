@@ -239,6 +239,11 @@ pub struct ClusterSettings {
     /// first address this machine's hostname resolves to.
     #[serde(deserialize_with = "lenient::optional_string")]
     pub internal_advertised_host: Option<String>,
+    /// How long every live gateway must have served the newest Redis
+    /// layout before one takes a step an older release cannot read
+    /// (storage/src/layout.rs): an older gateway restarting meanwhile
+    /// comes back before the step, not after it.
+    pub layout_step_delay: Duration,
 }
 
 /// The storage worker (segments, retention) and the Iceberg archive.
@@ -486,6 +491,7 @@ impl Default for ClusterSettings {
             node_timeout: Duration::from_secs(5),
             internal_listen: None,
             internal_advertised_host: None,
+            layout_step_delay: Duration::from_secs(60),
         }
     }
 }

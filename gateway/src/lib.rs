@@ -217,6 +217,12 @@ async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::Stor
         }
         other => tracing::debug!(?other, "Redis layout checked"),
     }
+    if store.layout_final() {
+        tracing::info!(
+            version = ketch_storage::LAYOUT_VERSION,
+            "the Redis layout is final: writing compact producer state"
+        );
+    }
     Ok(())
 }
 
@@ -316,6 +322,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         configured: ctx.settings.broker.id,
         heartbeat_interval: ctx.settings.cluster.heartbeat_interval.get(),
         node_timeout: ctx.settings.cluster.node_timeout.get(),
+        layout_step_delay: ctx.settings.cluster.layout_step_delay.get(),
     };
     // Take the node id before serving when Redis answers (a configured id
     // still held by a crashed incarnation is waited for here); otherwise the

@@ -82,6 +82,8 @@ pub struct Registering {
     pub configured: Option<i32>,
     pub heartbeat_interval: Duration,
     pub node_timeout: Duration,
+    /// `cluster.layout_step_delay`.
+    pub layout_step_delay: Duration,
 }
 
 impl Membership {
@@ -440,7 +442,8 @@ impl Membership {
                 Err(e) => fatal(&e),
             }
         }
-        let mut layout_waits: Option<Vec<i32>> = None;
+        let mut older_gateways: Vec<i32> = Vec::new();
+        let mut layout_ready: Option<Instant> = None;
         let mut ticks = tokio::time::interval(how.heartbeat_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -498,9 +501,14 @@ impl Membership {
             }
             match store.live_brokers(how.node_timeout).await {
                 Ok(brokers) => {
-                    if !store.layout_final() {
-                        finish_layout(&store, &brokers, &mut layout_waits).await;
-                    }
+                    let all_serve = brokers.iter().all(|b| b.layout >= ketch_storage::LAYOUT_VERSION);
+                    let may_step = layout_step_due(
+                        &mut layout_ready,
+                        all_serve,
+                        Instant::now(),
+                        how.layout_step_delay,
+                    );
+                    watch_layout(&store, &brokers, may_step, &mut older_gateways).await;
                     self.set_live(brokers.into_iter().map(node).collect());
                 }
                 Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
@@ -512,30 +520,52 @@ impl Membership {
     }
 }
 
-/// Takes the last step of the Redis layout once every live gateway serves
-/// it (`Store::finish_layout`); says once which gateways it waits for,
-/// and again when they change.
-async fn finish_layout(store: &Store, live: &[BrokerRecord], waits: &mut Option<Vec<i32>>) {
-    let me = format!("pid {}", std::process::id());
-    match store.finish_layout(live, &me).await {
-        Ok(true) => {}
-        Ok(false) => {
-            let older: Vec<i32> = live
-                .iter()
-                .filter(|b| b.layout < ketch_storage::LAYOUT_VERSION)
-                .map(|b| b.node_id)
-                .collect();
-            if !older.is_empty() && waits.as_ref() != Some(&older) {
-                tracing::info!(
-                    gateways = ?older,
-                    "the Redis layout stays at version 2 while these gateways of an older release run \
-                     (idempotent producers' state stays JSON)"
-                );
-            }
-            *waits = Some(older);
-        }
-        Err(e) => tracing::debug!(error = %e, "cannot finish the Redis layout yet"),
+/// Whether the Redis layout's last step is due: every live gateway has
+/// served it (`all_serve`) for `delay`, counted from the first heartbeat
+/// that found so (`ready`, reset by any that did not).
+fn layout_step_due(ready: &mut Option<Instant>, all_serve: bool, now: Instant, delay: Duration) -> bool {
+    if !all_serve {
+        *ready = None;
+        return false;
     }
+    now.duration_since(*ready.get_or_insert(now)) >= delay
+}
+
+/// Takes the last step of the Redis layout when `may_step`
+/// (`Store::finish_layout`), or notices another gateway took it. Says
+/// which gateways of an older release it waits for, and warns of any that
+/// join after the step (they cannot read compact producer state); `seen`
+/// is who it said so of last.
+async fn watch_layout(store: &Store, live: &[BrokerRecord], may_step: bool, seen: &mut Vec<i32>) {
+    let older: Vec<i32> = live
+        .iter()
+        .filter(|b| b.layout < ketch_storage::LAYOUT_VERSION)
+        .map(|b| b.node_id)
+        .collect();
+    if !store.layout_final() {
+        let me = format!("pid {}", std::process::id());
+        if let Err(e) = store.finish_layout(live, may_step, &me).await {
+            tracing::debug!(error = %e, "cannot finish the Redis layout yet");
+        }
+    }
+    if older.is_empty() || *seen == older {
+        *seen = older;
+        return;
+    }
+    if store.layout_final() {
+        tracing::warn!(
+            gateways = ?older,
+            "gateways of an older release serve beside Redis layout 3: their scripts cannot read the compact \
+             producer state, so their idempotent appends fail; upgrade or stop them"
+        );
+    } else {
+        tracing::info!(
+            gateways = ?older,
+            "the Redis layout stays at version 2 while these gateways of an older release run \
+             (idempotent producers' state stays JSON)"
+        );
+    }
+    *seen = older;
 }
 
 /// Why a gateway cannot have its node id.
@@ -697,6 +727,30 @@ mod tests {
             by_address: false,
             listeners: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_layout_step_waits_for_every_gateway_to_serve_it_for_the_whole_delay() {
+        let delay = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut ready = None;
+        assert!(!layout_step_due(&mut ready, false, at(0), delay));
+        assert!(
+            !layout_step_due(&mut ready, true, at(1), delay),
+            "the delay starts now"
+        );
+        assert!(!layout_step_due(&mut ready, true, at(60), delay));
+        // An older gateway back (it restarted): the count starts again.
+        assert!(!layout_step_due(&mut ready, false, at(61), delay));
+        assert!(!layout_step_due(&mut ready, true, at(70), delay));
+        assert!(!layout_step_due(&mut ready, true, at(129), delay));
+        assert!(layout_step_due(&mut ready, true, at(130), delay));
+        let mut ready = None;
+        assert!(
+            layout_step_due(&mut ready, true, at(0), Duration::ZERO),
+            "0s: at once"
+        );
     }
 
     fn membership(ids: &[i32]) -> Membership {

@@ -25,8 +25,9 @@
 //!    one of version 2 reads only JSON. So this step is not taken at start
 //!    like the others: a gateway migrates to version 2 on its own, and
 //!    takes the step to 3 ([`Store::finish_layout`]) only when every live
-//!    gateway in the registry serves version 3 (its registry entry says
-//!    so; a version 2 gateway's entry has no `layout`). Until then every
+//!    gateway in the registry has served version 3 (its registry entry
+//!    says so; a version 2 gateway's entry has no `layout`) for
+//!    `cluster.layout_step_delay`. Until then every
 //!    gateway writes JSON. Once the layout is 3 a version 2 gateway
 //!    refuses to start, as it refuses any newer layout. JSON states stay
 //!    readable and are rewritten compact at the producer's next append.
@@ -120,24 +121,13 @@ impl Store {
                 Some(ADDITIVE_LAYOUT) => return Ok(LayoutCheck::Waiting),
                 _ => {}
             }
-            let lock = format!("{}:lock", self.layout_key());
-            let taken: bool = redis::cmd("SET")
-                .arg(&lock)
-                .arg(me)
-                .arg("NX")
-                .arg("PX")
-                .arg(LOCK_TTL.as_millis() as u64)
-                .query_async::<Option<String>>(&mut self.conn())
-                .await?
-                .is_some();
-            if !taken {
-                waited = true;
-                tokio::time::sleep(LOCK_POLL).await;
-                continue;
+            match self.with_lock(me, self.migrate(found, me)).await? {
+                Some(outcome) => return Ok(outcome),
+                None => {
+                    waited = true;
+                    tokio::time::sleep(LOCK_POLL).await;
+                }
             }
-            let outcome = self.migrate(found, me).await;
-            let _: i64 = self.conn().del(&lock).await?;
-            return outcome;
         }
     }
 
@@ -179,12 +169,18 @@ impl Store {
         self.compact_producers.load(Ordering::Relaxed)
     }
 
-    /// Takes the step from layout 2 to 3 once every gateway in `live` (the
-    /// live registry, this gateway included) serves layout 3, or notices
-    /// that another gateway took it; from then on this gateway writes the
-    /// compact producer state. Returns whether the layout is 3. A no-op
-    /// once it is.
-    pub async fn finish_layout(&self, live: &[crate::BrokerRecord], me: &str) -> Result<bool> {
+    /// Takes the step from layout 2 to 3 when `may_step` (every gateway
+    /// has served layout 3 for `cluster.layout_step_delay`) and every
+    /// gateway in `live` (the live registry, this gateway included) serves
+    /// it, or notices that another gateway took it; from then on this
+    /// gateway writes the compact producer state. Returns whether the
+    /// layout is 3. A no-op once it is.
+    pub async fn finish_layout(
+        &self,
+        live: &[crate::BrokerRecord],
+        may_step: bool,
+        me: &str,
+    ) -> Result<bool> {
         if self.layout_final() {
             return Ok(true);
         }
@@ -201,9 +197,37 @@ impl Store {
             // Not checked yet (Redis was down at start): ensure_layout runs first.
             _ => return Ok(false),
         }
-        if live.is_empty() || live.iter().any(|b| b.layout < LAYOUT_VERSION) {
+        if !may_step || live.is_empty() || live.iter().any(|b| b.layout < LAYOUT_VERSION) {
             return Ok(false);
         }
+        let step = async {
+            if self.layout_version().await? == Some(ADDITIVE_LAYOUT) {
+                self.set_layout_version(LAYOUT_VERSION, me).await?;
+                self.compact_producers.store(true, Ordering::Relaxed);
+                tracing::info!(
+                    from = ADDITIVE_LAYOUT,
+                    to = LAYOUT_VERSION,
+                    gateways = live.len(),
+                    "migrated the Redis layout: every live gateway serves it; writing compact producer state"
+                );
+            }
+            Ok(())
+        };
+        if self.with_lock(me, step).await?.is_none() {
+            // Another gateway migrates; the next check sees its result.
+            return Ok(false);
+        }
+        self.compact_producers.store(true, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Runs `work` holding `ketch:layout:lock`; `None` (and `work` not
+    /// run) when another gateway holds it.
+    async fn with_lock<T>(
+        &self,
+        me: &str,
+        work: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<Option<T>> {
         let lock = format!("{}:lock", self.layout_key());
         let taken = redis::cmd("SET")
             .arg(&lock)
@@ -215,27 +239,11 @@ impl Store {
             .await?
             .is_some();
         if !taken {
-            // Another gateway migrates; the next check sees its result.
-            return Ok(false);
+            return Ok(None);
         }
-        let outcome = async {
-            if self.layout_version().await? == Some(ADDITIVE_LAYOUT) {
-                self.set_layout_version(LAYOUT_VERSION, me).await?;
-                self.compact_producers.store(true, Ordering::Relaxed);
-                tracing::info!(
-                    from = ADDITIVE_LAYOUT,
-                    to = LAYOUT_VERSION,
-                    gateways = live.len(),
-                    "migrated the Redis layout: every live gateway serves it"
-                );
-            }
-            Ok::<_, StorageError>(())
-        }
-        .await;
+        let outcome = work.await;
         let _: i64 = self.conn().del(&lock).await?;
-        outcome?;
-        self.compact_producers.store(true, Ordering::Relaxed);
-        Ok(true)
+        outcome.map(Some)
     }
 
     async fn set_layout_version(&self, version: u32, me: &str) -> Result<()> {

@@ -1272,6 +1272,13 @@ impl Ketch {
     /// Stops the gateway gracefully and starts `binary` in its place, with
     /// the same settings and ports: a rolling upgrade of one gateway.
     pub fn replace_with(&mut self, binary: &Path) {
+        self.replace_with_more(binary, &[]);
+    }
+
+    /// As [`Ketch::replace_with`], with `more` arguments (settings only
+    /// the new binary knows).
+    pub fn replace_with_more(&mut self, binary: &Path, more: &[&str]) {
+        self.extra_args.extend(more.iter().map(|a| a.to_string()));
         self.terminate();
         let status = self.wait_exit(Duration::from_secs(30));
         assert!(

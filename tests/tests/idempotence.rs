@@ -232,7 +232,15 @@ fn producer_state_turns_compact_once_no_older_gateway_is_live() {
         .arg(older.to_string())
         .query(&mut redis.connection())
         .expect("an older gateway");
-    let ketch = Ketch::start(&redis.url(), &["--set", "cluster.heartbeat_interval=100ms"]);
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.layout_step_delay=300ms",
+        ],
+    );
     assert!(
         ketch.logs("the Redis layout stays at version 2 while these gateways of an older release run"),
         "{}",
@@ -307,6 +315,20 @@ fn producer_state_turns_compact_once_no_older_gateway_is_live() {
         (id, 0, 7)
     );
     assert!(producers[0].last_timestamp > 0);
+
+    // A gateway of the older release that joins now cannot read compact
+    // state: the gateway says so.
+    let _: () = redis::cmd("HSET")
+        .arg("ketch:brokers")
+        .arg(9)
+        .arg(older.to_string())
+        .query(&mut redis.connection())
+        .expect("the older gateway again");
+    assert!(
+        ketch.logs("gateways of an older release serve beside Redis layout 3"),
+        "{}",
+        ketch.output()
+    );
 }
 
 /// The producer state's two encodings (`scripts/producer_state.lua`) carry
