@@ -61,6 +61,8 @@ pub async fn handle(
     DescribeProducersResponse::default().with_topics(topics)
 }
 
+/// One producer's state as DescribeProducers reports it (decoded from
+/// either encoding by `ketch_storage::decode_producer_state`).
 fn producer(pid: i64, state: &ketch_storage::ProducerSummary) -> ProducerState {
     ProducerState::default()
         .with_producer_id(ProducerId(pid))
