@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, TestRedis, runtime, unique_topic};
+use rdkafka::consumer::Consumer;
 
 const WORKER: [&str; 4] = [
     "--set",
@@ -144,12 +145,41 @@ fn one_gateway_holds_each_partitions_lease() {
     let redis = TestRedis::start();
     let a = Ketch::start(&redis.url(), &[&["--node-id", "1"][..], &WORKER].concat());
     let b = Ketch::start(&redis.url(), &[&["--node-id", "2"][..], &WORKER].concat());
-    let topic = unique_topic("leases");
-    a.create_topic(&runtime(), &topic, 8);
+    // Partitions are placed by hashing the topic's random id: in one topic
+    // of 128, all 8 land on one gateway, and this test needs both. Topics
+    // are made until one spreads over both, as Metadata reports once the
+    // gateways see each other.
     let deadline = Instant::now() + Duration::from_secs(20);
-    // Until the gateways see each other, each leads (and leases) every
-    // partition it can; then a lease passes to the partition's leader once
-    // its old holder stops renewing it (lease_ttl).
+    let leaders = |topic: &str| -> (usize, std::collections::BTreeSet<i32>) {
+        let metadata = a
+            .consumer()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let leaders = metadata.topics()[0]
+            .partitions()
+            .iter()
+            .map(|p| p.leader())
+            .collect();
+        (metadata.brokers().len(), leaders)
+    };
+    let topic = loop {
+        let topic = unique_topic("leases");
+        a.create_topic(&runtime(), &topic, 8);
+        let (brokers, led_by) = loop {
+            let (brokers, led_by) = leaders(&topic);
+            if brokers == 2 {
+                break (brokers, led_by);
+            }
+            assert!(Instant::now() < deadline, "the gateways never saw each other");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if led_by.len() == brokers {
+            break topic;
+        }
+    };
+    // Each partition's lease ends with its leader's worker (one taken
+    // before the gateways saw each other passes once its holder stops
+    // renewing it).
     loop {
         let holders = lease_holders(&redis, &topic);
         let distinct: std::collections::BTreeSet<&String> = holders.iter().flatten().collect();
