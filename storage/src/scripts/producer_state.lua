@@ -9,13 +9,14 @@
 -- Stored in one of two encodings, told apart by the first byte:
 -- * JSON ('{'): every layout. Gateways before layout 3 read and write
 --   only this.
--- * compact (byte 1), from layout 3 on; about a fifth of JSON's cost to
---   decode and encode. Big-endian:
+-- * compact (byte 1), from layout 3 on; less than half of JSON's cost to
+--   decode and encode (benchmark/README.md, issue #14, twelfth round).
+--   Big-endian:
 --     1 (the encoding), flags (1: x, 2: x.f, 4: l), e i4, t i8,
 --     [x.n i8, x.e i4, [x.f i8]], [l i8],
 --     the number of batches (one byte), then each: first_seq i4, last_seq i4, base i8.
 -- A gateway writes the compact encoding only once the layout is 3
--- (src/layout.rs): until then a gateway of an older release may read the
+-- (storage/src/layout.rs): until then a gateway of an older release may read the
 -- state. The file is prepended to each script that reads the state.
 local function decode_state(s)
   if string.byte(s, 1) == 123 then
