@@ -442,8 +442,7 @@ impl Membership {
                 Err(e) => fatal(&e),
             }
         }
-        let mut older_gateways: Vec<i32> = Vec::new();
-        let mut layout_ready: Option<Instant> = None;
+        let mut layout = LayoutWatch::default();
         let mut ticks = tokio::time::interval(how.heartbeat_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -501,14 +500,7 @@ impl Membership {
             }
             match store.live_brokers(how.node_timeout).await {
                 Ok(brokers) => {
-                    let all_serve = brokers.iter().all(|b| b.layout >= ketch_storage::LAYOUT_VERSION);
-                    let may_step = layout_step_due(
-                        &mut layout_ready,
-                        all_serve,
-                        Instant::now(),
-                        how.layout_step_delay,
-                    );
-                    watch_layout(&store, &brokers, may_step, &mut older_gateways).await;
+                    layout.beat(&store, &brokers, how.layout_step_delay).await;
                     self.set_live(brokers.into_iter().map(node).collect());
                 }
                 Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
@@ -531,41 +523,53 @@ fn layout_step_due(ready: &mut Option<Instant>, all_serve: bool, now: Instant, d
     now.duration_since(*ready.get_or_insert(now)) >= delay
 }
 
-/// Takes the last step of the Redis layout when `may_step`
-/// (`Store::finish_layout`), or notices another gateway took it. Says
-/// which gateways of an older release it waits for, and warns of any that
-/// join after the step (they cannot read compact producer state); `seen`
-/// is who it said so of last.
-async fn watch_layout(store: &Store, live: &[BrokerRecord], may_step: bool, seen: &mut Vec<i32>) {
-    let older: Vec<i32> = live
-        .iter()
-        .filter(|b| b.layout < ketch_storage::LAYOUT_VERSION)
-        .map(|b| b.node_id)
-        .collect();
-    if !store.layout_final() {
-        let me = format!("pid {}", std::process::id());
-        if let Err(e) = store.finish_layout(live, may_step, &me).await {
-            tracing::debug!(error = %e, "cannot finish the Redis layout yet");
+/// What a gateway keeps between heartbeats about the Redis layout's last
+/// step.
+#[derive(Default)]
+struct LayoutWatch {
+    /// Since when every live gateway has served the layout.
+    ready: Option<Instant>,
+    /// The gateways of an older release it last said it saw.
+    said: Vec<i32>,
+}
+
+impl LayoutWatch {
+    /// Takes the last step of the Redis layout once it is due
+    /// (`Store::finish_layout`), or notices another gateway took it. Says
+    /// which gateways of an older release it waits for, and warns of any
+    /// that join after the step (they cannot read compact producer state).
+    async fn beat(&mut self, store: &Store, live: &[BrokerRecord], delay: Duration) {
+        let older: Vec<i32> = live
+            .iter()
+            .filter(|b| b.layout < ketch_storage::LAYOUT_VERSION)
+            .map(|b| b.node_id)
+            .collect();
+        if !store.layout_final() {
+            let may_step = layout_step_due(&mut self.ready, older.is_empty(), Instant::now(), delay);
+            let me = format!("pid {}", std::process::id());
+            if let Err(e) = store.finish_layout(live, may_step, &me).await {
+                tracing::debug!(error = %e, "cannot finish the Redis layout yet");
+            }
         }
+        if older.is_empty() || self.said == older {
+            self.said = older;
+            return;
+        }
+        if store.layout_final() {
+            tracing::warn!(
+                gateways = ?older,
+                "gateways of an older release serve beside Redis layout 3: their scripts cannot read the compact \
+                 producer state, so their idempotent appends fail; upgrade or stop them"
+            );
+        } else {
+            tracing::info!(
+                gateways = ?older,
+                "the Redis layout stays at version 2 while these gateways of an older release run \
+                 (idempotent producers' state stays JSON)"
+            );
+        }
+        self.said = older;
     }
-    if older.is_empty() || *seen == older {
-        *seen = older;
-        return;
-    }
-    if store.layout_final() {
-        tracing::warn!(
-            gateways = ?older,
-            "gateways of an older release serve beside Redis layout 3: their scripts cannot read the compact \
-             producer state, so their idempotent appends fail; upgrade or stop them"
-        );
-    } else {
-        tracing::info!(
-            gateways = ?older,
-            "the Redis layout stays at version 2 while these gateways of an older release run \
-             (idempotent producers' state stays JSON)"
-        );
-    }
-    *seen = older;
 }
 
 /// Why a gateway cannot have its node id.
