@@ -116,7 +116,7 @@ export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_comm
 # (run with --workspace: the same features, so nothing is built again).
 cluster_suites=(roundtrip compression produce_fetch membership multi_gateway list_offsets offsets
     idempotence admin admin_apis retention tiering load_balancer security observability transactions topic_configs compaction
-    quotas)
+    quotas tail)
 
 results=()
 failed=0

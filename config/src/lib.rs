@@ -200,6 +200,9 @@ pub struct FetchSettings {
     /// Upper bound on the record bytes of one Fetch response (Kafka's
     /// broker-side `fetch.max.bytes`); bounds the memory a fetch holds.
     pub max_response_bytes: usize,
+    /// What the copies of just-appended batches, kept for the fetches that
+    /// tail their partitions, may hold together (0: keep none).
+    pub tail_cache_bytes: usize,
 }
 
 /// Consumer groups.
@@ -468,6 +471,7 @@ impl Default for FetchSettings {
             max_wait: Duration::from_secs(30),
             subscription_linger: Duration::from_secs(30),
             max_response_bytes: 8 * 1024 * 1024,
+            tail_cache_bytes: 8 * 1024 * 1024,
         }
     }
 }

@@ -100,6 +100,11 @@ fn describe() {
         "Time fetches waited for data (min_bytes, max_wait_ms); only fetches that waited."
     );
     describe_counter!(
+        "ketch_fetch_partition_reads_total",
+        "Partitions fetches read, by source: tail (the batches this gateway appended last, kept for the \
+         fetches tailing them) and redis. A partition known to hold nothing new is not read."
+    );
+    describe_counter!(
         "ketch_group_rebalances_total",
         "Rebalances started in the groups this gateway coordinates."
     );
@@ -192,6 +197,8 @@ pub struct Requests {
     connections: AtomicI64,
     inflight: AtomicI64,
     fetch_wait: Histogram,
+    /// Partition reads of fetches: from the tail, from Redis.
+    fetch_reads: [Counter; 2],
 }
 
 impl Default for Requests {
@@ -216,6 +223,8 @@ impl Default for Requests {
             connections: AtomicI64::new(0),
             inflight: AtomicI64::new(0),
             fetch_wait: metrics::histogram!("ketch_fetch_wait_seconds"),
+            fetch_reads: ["tail", "redis"]
+                .map(|source| metrics::counter!("ketch_fetch_partition_reads_total", "source" => source)),
         }
     }
 }
@@ -255,6 +264,12 @@ impl Requests {
     /// A fetch waited `waited` for data.
     pub fn fetch_waited(&self, waited: Duration) {
         self.fetch_wait.record(waited.as_secs_f64());
+    }
+
+    /// A fetch read a partition: from the tail this gateway keeps of it, or
+    /// from Redis.
+    pub fn fetch_read(&self, from_tail: bool) {
+        self.fetch_reads[usize::from(!from_tail)].increment(1);
     }
 
     /// A connection opened; closed when the guard drops.

@@ -24,6 +24,7 @@ mod producers;
 mod quotas;
 mod security;
 pub mod segments;
+mod tail;
 mod topics;
 pub mod transactions;
 pub mod wake;
@@ -65,6 +66,9 @@ pub struct StoreConfig {
     pub connect_timeout: std::time::Duration,
     /// How long a wake-up subscription outlives its last waiter.
     pub subscription_linger: std::time::Duration,
+    /// What the tails of partitions that fetches are tailing may hold
+    /// together (`tail.rs`; 0: keep none).
+    pub tail_cache_bytes: usize,
     /// What an acks=all append waits for.
     pub durability: Durability,
 }
@@ -102,6 +106,7 @@ impl StoreConfig {
             command_timeout: settings.redis.command_timeout.get(),
             connect_timeout: settings.redis.connect_timeout.get(),
             subscription_linger: settings.fetch.subscription_linger.get(),
+            tail_cache_bytes: settings.fetch.tail_cache_bytes,
             durability: Durability {
                 replicas: settings.storage.acks_all_replicas,
                 timeout: settings.storage.acks_all_timeout.get(),
@@ -232,6 +237,7 @@ impl Store {
                 (conn, durable, wake)
             }
         };
+        wake.set_tail_budget(config.tail_cache_bytes);
         Ok(Self {
             conn,
             durable: Arc::new(durable),

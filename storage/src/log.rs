@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use redis::Value;
 
 use crate::batch::{self, BatchHeader, Records};
@@ -552,6 +552,7 @@ impl Store {
         let keys = self.partition_keys(topic, partition);
         let slot = self.appenders.slot(&keys.meta);
         let mut next = slot.lock().await;
+        let _appending = self.wake.appending(&keys.wake);
         for _ in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
             let attempt = match &via {
@@ -593,8 +594,25 @@ impl Store {
                 } => {
                     let next_offset = base_offset + i64::from(header.record_count);
                     *next = Some(next_offset);
-                    self.wake
-                        .appended(&keys.wake, Some(next_offset), Some(log_start_offset));
+                    let transactional = header.is_transactional();
+                    // A fetch tailing the partition here reads it back at
+                    // once: keep it as a read from Redis would return it.
+                    let tail = (!transactional
+                        && batch.len() <= crate::tail::TAIL_BATCH_BYTES
+                        && self.wake.keeps_tail(&keys.wake))
+                    .then(|| {
+                        let mut copy = BytesMut::from(&batch[..]);
+                        crate::batch::patch_header(&mut copy, base_offset, 0);
+                        copy.freeze()
+                    });
+                    self.wake.stored(
+                        &keys.wake,
+                        base_offset,
+                        next_offset,
+                        log_start_offset,
+                        transactional,
+                        tail,
+                    );
                     return Ok(AppendOutcome {
                         base_offset,
                         log_start_offset,
@@ -1197,10 +1215,15 @@ impl Store {
             .key(&keys.times)
             .key(&keys.clean)
             .arg(offset)
+            .arg(&keys.wake)
             .invoke_async(&mut self.conn())
             .await?;
         match reply[..] {
-            [0, low_watermark] => Ok(low_watermark),
+            [0, low_watermark] => {
+                // The script told every gateway; this one knows at once.
+                self.wake.appended(&keys.wake, None, Some(low_watermark));
+                Ok(low_watermark)
+            }
             [-1] => Err(StorageError::UnknownTopicOrPartition),
             [-2, high_watermark] => Err(StorageError::OffsetOutOfRange {
                 log_start: 0,

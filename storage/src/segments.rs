@@ -303,6 +303,7 @@ impl Store {
             .arg(policy.local_retention_ms)
             .arg(policy.local_retention_bytes)
             .arg(if policy.no_archive { 1 } else { 0 })
+            .arg(&keys.wake)
             .invoke_async(&mut self.conn())
             .await?;
         match reply[..] {

@@ -23,8 +23,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
+use crate::log::{PartitionOffsets, ReadPartition};
+use crate::tail::Tail;
 use crate::wire::Stream;
 use tokio::sync::{Notify, mpsc, watch};
 
@@ -48,6 +52,21 @@ struct Inner {
 struct State {
     channels: HashMap<String, Channel>,
     next_waiter: u64,
+    /// What the channels' tails may hold together (`fetch.tail_cache_bytes`).
+    tail_budget: usize,
+    /// What they hold.
+    tail_bytes: usize,
+}
+
+impl State {
+    /// Forgets what `channel` knew of its partition: its offsets and tail.
+    fn forget(&mut self, channel: &str) {
+        if let Some(c) = self.channels.get_mut(channel) {
+            self.tail_bytes -= c.tail.bytes();
+            c.tail.clear();
+            c.known = None;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -60,6 +79,13 @@ struct Channel {
     generation: u64,
     /// The partition's offsets as last seen while subscribed.
     known: Option<Known>,
+    /// The batches this gateway appended last, while subscribed (`tail.rs`).
+    tail: Tail,
+    /// Appends through this gateway under way ([`WakeHub::appending`]).
+    appending: u32,
+    /// An announcement came while one was under way: its waiters are woken
+    /// when it ends.
+    deferred: bool,
 }
 
 /// What this gateway knows of a partition while subscribed to its channel.
@@ -150,6 +176,31 @@ impl Waiter {
         }
         drop(fired);
         self.notify.notify_one();
+    }
+}
+
+/// An append under way ([`WakeHub::appending`]); dropping it ends it.
+pub struct Appending<'a> {
+    hub: &'a WakeHub,
+    /// `None`: nothing deferred (the channel was not subscribed).
+    channel: Option<&'a str>,
+}
+
+impl Drop for Appending<'_> {
+    fn drop(&mut self) {
+        let Some(channel) = self.channel else {
+            return;
+        };
+        let mut state = self.hub.inner.state.lock().expect("wake state lock");
+        let Some(entry) = state.channels.get_mut(channel) else {
+            return;
+        };
+        entry.appending = entry.appending.saturating_sub(1);
+        if entry.appending == 0 && std::mem::take(&mut entry.deferred) {
+            for waiter in entry.waiters.values() {
+                waiter.wake(Some(channel));
+            }
+        }
     }
 }
 
@@ -314,22 +365,145 @@ impl WakeHub {
     }
 
     /// An append made the partition's next offset `next_offset` (and its
-    /// log start `log_start`, when known): remember it, wake the watches.
+    /// log start `log_start`, when known), or the log start moved: remember
+    /// it, wake the watches.
     pub fn appended(&self, channel: &str, next_offset: Option<i64>, log_start: Option<i64>) {
         let mut state = self.inner.state.lock().expect("wake state lock");
         if let Some(entry) = state.channels.get_mut(channel) {
-            if entry.subscribed
-                && let Some(next_offset) = next_offset
-            {
-                entry
-                    .known
+            match (next_offset, &mut entry.known) {
+                _ if !entry.subscribed => {}
+                (Some(next_offset), known) => known
                     .get_or_insert_with(Known::default)
-                    .saw(next_offset, log_start);
+                    .saw(next_offset, log_start),
+                // The log start alone (this gateway's DeleteRecords): what
+                // is known of the next offset stays.
+                (None, Some(known)) => known.saw(known.next_offset, log_start),
+                (None, None) => {}
+            }
+            if entry.appending > 0 {
+                // Most likely this gateway's own append, announced back
+                // before its reply came: its waiters wake when it ends,
+                // and then find its batch in the tail.
+                entry.deferred = true;
+                return;
             }
             for waiter in entry.waiters.values() {
                 waiter.wake(Some(channel));
             }
         }
+    }
+
+    /// An append through this gateway to `channel`'s partition begins; it
+    /// ends when the guard drops. Meanwhile, announcements on the channel
+    /// (the append's own among them) wake no one until it ends: a fetch
+    /// woken by its own announcement would read Redis for the batch that
+    /// [`WakeHub::stored`] is about to keep in the tail.
+    pub fn appending<'a>(&'a self, channel: &'a str) -> Appending<'a> {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        let Some(entry) = state.channels.get_mut(channel).filter(|c| c.subscribed) else {
+            return Appending {
+                hub: self,
+                channel: None,
+            };
+        };
+        entry.appending += 1;
+        Appending {
+            hub: self,
+            channel: Some(channel),
+        }
+    }
+
+    /// Sets what the channels' tails may hold together (0: keep none).
+    pub fn set_tail_budget(&self, bytes: usize) {
+        self.inner.state.lock().expect("wake state lock").tail_budget = bytes;
+    }
+
+    /// Whether an append to `channel`'s partition now should bring its
+    /// batch to [`WakeHub::stored`]: fetches are tailing it here (the
+    /// channel is subscribed) and tails may hold something.
+    pub fn keeps_tail(&self, channel: &str) -> bool {
+        let state = self.inner.state.lock().expect("wake state lock");
+        state.tail_budget > 0 && state.channels.get(channel).is_some_and(|c| c.subscribed)
+    }
+
+    /// This gateway stored a batch at `base` and the partition's next offset
+    /// is now `next_offset`: as [`WakeHub::appended`], and
+    /// - a batch that is not transactional, stored where a read last saw
+    ///   every transaction decided, leaves them all decided: the partition
+    ///   is known stable at `next_offset`;
+    /// - `tail`, the batch with its offsets patched in (see `tail.rs`),
+    ///   joins the partition's tail. Pass it only for a batch that is not
+    ///   transactional: a transactional one passes `None`, which starts the
+    ///   tail's run again after it.
+    pub fn stored(
+        &self,
+        channel: &str,
+        base: i64,
+        next_offset: i64,
+        log_start: i64,
+        transactional: bool,
+        tail: Option<Bytes>,
+    ) {
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        let spare = state.tail_budget.saturating_sub(state.tail_bytes);
+        let Some(entry) = state.channels.get_mut(channel) else {
+            return;
+        };
+        let mut grew = 0;
+        if entry.subscribed {
+            let known = entry.known.get_or_insert_with(Known::default);
+            known.saw(next_offset, Some(log_start));
+            if !transactional && known.stable_at == Some(base) {
+                known.stable_at = Some(next_offset);
+            }
+            grew = match tail {
+                Some(batch) if !transactional => {
+                    entry
+                        .tail
+                        .push(base, next_offset - 1, batch, Instant::now(), spare)
+                }
+                _ => {
+                    let held = entry.tail.bytes() as isize;
+                    entry.tail.clear();
+                    -held
+                }
+            };
+        }
+        entry.deferred = false;
+        for waiter in entry.waiters.values() {
+            waiter.wake(Some(channel));
+        }
+        state.tail_bytes = state.tail_bytes.saturating_add_signed(grew);
+    }
+
+    /// What a read of `channel`'s partition from `offset` would return, from
+    /// its tail (see `tail.rs`), up to `max_bytes` (the batch that crosses
+    /// it included): `None` when the tail does not hold `offset`, when
+    /// `offset` is below the log start, or, for a read_committed fetch
+    /// (`decided`), when the batch there does not lie wholly below what is
+    /// known to be stable. The offsets are what the hub knows: the high
+    /// watermark never ahead of the log, possibly behind it.
+    pub fn read_tail(
+        &self,
+        channel: &str,
+        offset: i64,
+        max_bytes: usize,
+        decided: bool,
+    ) -> Option<ReadPartition> {
+        let state = self.inner.state.lock().expect("wake state lock");
+        let entry = state.channels.get(channel).filter(|c| c.subscribed)?;
+        let known = entry.known?;
+        let log_start = known.log_start.filter(|&start| offset >= start)?;
+        let stable = known.stable_at.filter(|&at| at <= known.next_offset);
+        let end = if decided { stable? } else { i64::MAX };
+        let batches = entry.tail.read(offset, end, max_bytes)?;
+        Some(ReadPartition {
+            offsets: Some(PartitionOffsets {
+                last_stable_offset: stable.unwrap_or(known.next_offset),
+                ..PartitionOffsets::plain(log_start, log_start, known.next_offset)
+            }),
+            batches,
+        })
     }
 
     /// The subscription generation of `channel`, if it is subscribed: pass
@@ -400,10 +574,10 @@ impl WakeHub {
 
     fn set_subscribed(&self, channel: &str, subscribed: bool) {
         let mut state = self.inner.state.lock().expect("wake state lock");
+        state.forget(channel);
         if let Some(c) = state.channels.get_mut(channel) {
             c.subscribed = subscribed;
             c.generation += 1;
-            c.known = None;
         }
         drop(state);
         self.inner.confirmations.send_modify(|n| *n += 1);
@@ -413,10 +587,10 @@ impl WakeHub {
     /// waiters re-check the log in case they missed a wake-up.
     fn subscription_lost(&self, channel: &str) {
         let mut state = self.inner.state.lock().expect("wake state lock");
+        state.forget(channel);
         if let Some(c) = state.channels.get_mut(channel) {
             c.subscribed = false;
             c.generation += 1;
-            c.known = None;
             for waiter in c.waiters.values() {
                 waiter.wake(None);
             }
@@ -429,9 +603,11 @@ impl WakeHub {
     /// every waiter re-checks the log in case it missed a wake-up.
     fn connection_lost(&self) {
         let mut state = self.inner.state.lock().expect("wake state lock");
+        state.tail_bytes = 0;
         for channel in state.channels.values_mut() {
             channel.subscribed = false;
             channel.known = None;
+            channel.tail.clear();
             for waiter in channel.waiters.values() {
                 waiter.wake(None);
             }
@@ -450,6 +626,7 @@ impl WakeHub {
             .map(|(name, _)| name.clone())
             .collect();
         for name in &idle {
+            state.forget(name);
             state.channels.remove(name);
         }
         idle
@@ -494,7 +671,9 @@ enum Frame {
     },
     Message {
         channel: String,
-        next_offset: Option<i64>,
+        /// The partition's next offset and log start, where the message
+        /// gives them (see [`announcement`]).
+        announced: (Option<i64>, Option<i64>),
     },
     Error(String),
     Other,
@@ -576,7 +755,10 @@ impl Subscriber {
 
     fn handle(&self, frame: Frame) {
         match frame {
-            Frame::Message { channel, next_offset } => self.hub.appended(&channel, next_offset, None),
+            Frame::Message {
+                channel,
+                announced: (next_offset, log_start),
+            } => self.hub.appended(&channel, next_offset, log_start),
             Frame::Confirm { kind, channel } => {
                 if kind.eq_ignore_ascii_case(b"ssubscribe") {
                     self.hub.set_subscribed(&channel, true);
@@ -653,8 +835,9 @@ impl ClusterSubscriber {
         match push.kind {
             redis::PushKind::SMessage => {
                 if let Some(channel) = text(push.data.first()) {
-                    let next_offset = text(push.data.get(1)).and_then(|p| p.parse().ok());
-                    self.hub.appended(&channel, next_offset, None);
+                    let (next_offset, log_start) =
+                        text(push.data.get(1)).map_or((None, None), |p| announcement(&p));
+                    self.hub.appended(&channel, next_offset, log_start);
                 }
             }
             redis::PushKind::SSubscribe => {
@@ -707,6 +890,18 @@ fn encode(args: &[&str]) -> Vec<u8> {
     out
 }
 
+/// What a message on a partition's channel announces: its next offset
+/// (an append), or its next offset and log start, separated by a space (a
+/// DeleteRecords or retention step that moved the log start). A gateway of
+/// an earlier release reads the second form as no offset at all, which only
+/// wakes its fetches.
+fn announcement(payload: &str) -> (Option<i64>, Option<i64>) {
+    let mut parts = payload.split(' ');
+    let next_offset = parts.next().and_then(|p| p.parse().ok());
+    let log_start = parts.next().and_then(|p| p.parse().ok());
+    (next_offset, log_start)
+}
+
 /// Reads one RESP2 pub/sub frame: an array of bulk strings and integers, or
 /// an error line.
 async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<Frame> {
@@ -722,9 +917,10 @@ async fn read_frame<R: tokio::io::AsyncRead + Unpin>(r: &mut BufReader<R>) -> st
                 [Some(kind), Some(channel), payload] if kind.eq_ignore_ascii_case(b"smessage") => {
                     Frame::Message {
                         channel: String::from_utf8_lossy(channel).into_owned(),
-                        next_offset: payload
+                        announced: payload
                             .as_deref()
-                            .and_then(|p| std::str::from_utf8(p).ok()?.parse().ok()),
+                            .and_then(|p| std::str::from_utf8(p).ok())
+                            .map_or((None, None), announcement),
                     }
                 }
                 [Some(kind), Some(channel), _] => Frame::Confirm {
@@ -792,7 +988,7 @@ mod tests {
             matches!(read_frame(&mut r).await.unwrap(), Frame::Confirm { channel, .. } if channel == "k:{a}")
         );
         assert!(
-            matches!(read_frame(&mut r).await.unwrap(), Frame::Message { channel, next_offset: Some(7) } if channel == "k:{a}")
+            matches!(read_frame(&mut r).await.unwrap(), Frame::Message { channel, announced: (Some(7), None) } if channel == "k:{a}")
         );
         assert!(matches!(read_frame(&mut r).await.unwrap(), Frame::Error(e) if e == "ERR nope"));
         assert!(read_frame(&mut r).await.is_err());
@@ -891,5 +1087,92 @@ mod tests {
             None,
             "forgotten with the subscription"
         );
+    }
+
+    fn batch(len: usize) -> Bytes {
+        Bytes::from(vec![1u8; len])
+    }
+
+    fn tail_of(hub: &WakeHub, offset: i64, decided: bool) -> Option<(usize, i64, i64, i64)> {
+        hub.read_tail("c", offset, usize::MAX, decided).map(|read| {
+            let o = read.offsets.unwrap();
+            (
+                read.batches.len(),
+                o.log_start_offset,
+                o.high_watermark,
+                o.last_stable_offset,
+            )
+        })
+    }
+
+    /// A tail serves what this gateway stored while subscribed, from the
+    /// log start on, and is forgotten with the subscription.
+    #[tokio::test]
+    async fn a_tail_serves_from_the_log_start_while_subscribed() {
+        let (hub, _commands) = WakeHub::detached();
+        hub.set_tail_budget(1 << 20);
+        let _watch = hub.watch(vec!["c".into()]);
+        assert!(!hub.keeps_tail("c"), "not subscribed yet");
+        hub.stored("c", 0, 2, 0, false, Some(batch(10)));
+        assert_eq!(tail_of(&hub, 0, false), None);
+        hub.set_subscribed("c", true);
+        assert!(hub.keeps_tail("c"));
+        hub.stored("c", 2, 4, 0, false, Some(batch(10)));
+        hub.stored("c", 4, 5, 0, false, Some(batch(10)));
+        assert_eq!(tail_of(&hub, 3, false), Some((2, 0, 5, 5)));
+        // Another gateway appended: the high watermark is what was announced.
+        hub.appended("c", Some(8), None);
+        assert_eq!(tail_of(&hub, 4, false), Some((1, 0, 8, 8)));
+        assert_eq!(tail_of(&hub, 5, false), None, "not stored here");
+        // DeleteRecords or retention moved the log start (announced).
+        hub.appended("c", Some(8), Some(4));
+        assert_eq!(tail_of(&hub, 3, false), None, "below the log start");
+        assert_eq!(tail_of(&hub, 4, false), Some((1, 4, 8, 8)));
+        // This gateway's own DeleteRecords: the log start alone.
+        hub.appended("c", None, Some(5));
+        assert_eq!(tail_of(&hub, 4, false), None);
+        hub.stored("c", 8, 9, 5, false, Some(batch(10)));
+        assert_eq!(tail_of(&hub, 8, false), Some((1, 5, 9, 9)));
+        hub.subscription_lost("c");
+        hub.set_subscribed("c", true);
+        assert_eq!(tail_of(&hub, 8, false), None, "forgotten with the subscription");
+        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
+        // No budget, no tail.
+        hub.set_tail_budget(0);
+        assert!(!hub.keeps_tail("c"));
+    }
+
+    /// read_committed: a tail serves batches below what is known stable;
+    /// a batch that is not transactional, stored where every transaction
+    /// was decided, keeps them decided.
+    #[tokio::test]
+    async fn a_tail_serves_read_committed_below_what_is_known_stable() {
+        let (hub, _commands) = WakeHub::detached();
+        hub.set_tail_budget(1 << 20);
+        let _watch = hub.watch(vec!["c".into()]);
+        hub.set_subscribed("c", true);
+        let generation = hub.generation("c").unwrap();
+        hub.stored("c", 0, 2, 0, false, Some(batch(10)));
+        assert_eq!(tail_of(&hub, 0, true), None, "no read saw it decided");
+        assert_eq!(tail_of(&hub, 0, false), Some((1, 0, 2, 2)));
+        hub.observe("c", generation, 2, 0, 2);
+        hub.stored("c", 2, 4, 0, false, Some(batch(10)));
+        assert_eq!(hub.known_empty_at("c", 4, true), Some(0), "still decided");
+        assert_eq!(tail_of(&hub, 2, true), Some((1, 0, 4, 4)));
+        // A transactional batch of this gateway: undecided from 4 on, and
+        // the run starts again after it.
+        hub.stored("c", 4, 5, 0, true, None);
+        assert_eq!(hub.known_empty_at("c", 5, true), None);
+        hub.stored("c", 5, 6, 0, false, Some(batch(10)));
+        assert_eq!(tail_of(&hub, 2, false), None, "the run starts again");
+        assert_eq!(tail_of(&hub, 5, true), None, "above an open transaction");
+        assert_eq!(tail_of(&hub, 5, false), Some((1, 0, 6, 4)));
+        // Another gateway's transactional batch, then this one's: known
+        // stable only as far as before it.
+        hub.observe("c", generation, 6, 0, 6);
+        hub.appended("c", Some(7), None);
+        hub.stored("c", 7, 8, 0, false, Some(batch(10)));
+        assert_eq!(tail_of(&hub, 7, true), None);
+        assert_eq!(hub.known_empty_at("c", 8, true), None);
     }
 }

@@ -569,6 +569,7 @@ pub fn store_config(url: &str) -> ketch_storage::StoreConfig {
         command_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(2),
         subscription_linger: Duration::from_secs(1),
+        tail_cache_bytes: 8 * 1024 * 1024,
         durability: ketch_storage::Durability {
             replicas: 0,
             timeout: Duration::from_secs(1),

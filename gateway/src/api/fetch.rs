@@ -418,6 +418,20 @@ async fn read_all(
             let target = &topics[t][p];
             // A partition_max_bytes of 0 still reads one batch (KIP-74).
             let limit = budget.min(target.max_bytes.max(1));
+            // What this gateway appended last and still holds (a tailing
+            // consumer's partition): no read of Redis.
+            if let Some(read) = ctx
+                .storage
+                .wake()
+                .read_tail(wake, target.offset, limit, read_committed)
+            {
+                ctx.requests.fetch_read(true);
+                let bytes = read_bytes(&read);
+                budget = budget.saturating_sub(bytes);
+                left = left.saturating_sub(bytes);
+                reads[t][p] = Some(Ok(read));
+                continue;
+            }
             // What the read takes of the budget: about what the partition
             // holds when this gateway knows (a tailing consumer's
             // partitions hold a few batches), else all it may read.
@@ -489,6 +503,7 @@ async fn read_partition(
     wake: &str,
     budget: usize,
 ) -> ReadResult {
+    ctx.requests.fetch_read(false);
     if budget == 0 {
         let offsets = ctx.storage.offsets(topic, target.partition).await?;
         return Ok(ReadPartition {

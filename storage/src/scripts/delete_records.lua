@@ -6,6 +6,9 @@
 -- KEYS[3] ketch:{TAG}:times
 -- KEYS[4] ketch:{TAG}:clean   the compacted part of a compacted topic's log
 -- ARGV[1] the new log start offset; -1 means the high watermark
+-- ARGV[2] the partition's wake-up channel: told '<next offset> <log start>'
+--         when the log start moved (gateways drop what they keep of the
+--         partition's tail below it: tail.rs)
 --
 -- Reply: {0, low_watermark} on success, {-1} when the partition does not
 -- exist, {-2, high_watermark} when the offset is past the high watermark.
@@ -32,5 +35,8 @@ if target > start then
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d', target))
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d', target))
   start = target
+  if ARGV[2] then
+    redis.call('SPUBLISH', ARGV[2], string.format('%d %d', hw, start))
+  end
 end
 return {0, start}

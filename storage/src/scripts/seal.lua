@@ -22,6 +22,9 @@
 --         (remote storage turned off with remote.log.delete.on.disable: the log
 --         start moves to the local start, segments forget their archive state);
 --         for a topic that never had remote storage this changes nothing
+-- ARGV[10] the partition's wake-up channel: told '<next offset> <log start>'
+--          when the log start moved (gateways drop what they keep of the
+--          partition's tail below it: tail.rs)
 --
 -- Reply: {segments sealed, segments deleted, log start offset, producers
 -- expired, local start offset}, or {-1} when the partition does not exist.
@@ -170,5 +173,8 @@ for i = 1, #producers, 2 do
     redis.call('HDEL', KEYS[4], producers[i])
     expired = expired + 1
   end
+end
+if log_start > tonumber(meta[2]) and ARGV[10] then
+  redis.call('SPUBLISH', ARGV[10], string.format('%d %d', next_offset, log_start))
 end
 return {sealed, deleted, log_start, expired, local_start}
