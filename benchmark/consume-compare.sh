@@ -67,7 +67,7 @@ start_ketch() {
     "$1" serve --listen "127.0.0.1:$kafka_port" --http-listen "127.0.0.1:$(free_port)" \
         --redis-url "redis://127.0.0.1:$redis_port" >"$work/ketch.log" 2>&1 &
     ketch_pid=$!
-    until grep -q "ketch serving" "$work/ketch.log"; do
+    until grep -qs "ketch serving" "$work/ketch.log"; do
         kill -0 "$ketch_pid" || { cat "$work/ketch.log" >&2; exit 1; }
         sleep 0.05
     done

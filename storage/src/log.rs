@@ -552,7 +552,7 @@ impl Store {
         let keys = self.partition_keys(topic, partition);
         let slot = self.appenders.slot(&keys.meta);
         let mut next = slot.lock().await;
-        let _appending = self.wake.appending(&keys.wake);
+        let appending = self.wake.appending(&keys.wake);
         for _ in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
             let attempt = match &via {
@@ -599,7 +599,7 @@ impl Store {
                     // once: keep it as a read from Redis would return it.
                     let tail = (!transactional
                         && batch.len() <= crate::tail::TAIL_BATCH_BYTES
-                        && self.wake.keeps_tail(&keys.wake))
+                        && appending.keeps_tail())
                     .then(|| {
                         let mut copy = BytesMut::from(&batch[..]);
                         crate::batch::patch_header(&mut copy, base_offset, 0);

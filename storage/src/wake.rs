@@ -184,6 +184,16 @@ pub struct Appending<'a> {
     hub: &'a WakeHub,
     /// `None`: nothing deferred (the channel was not subscribed).
     channel: Option<&'a str>,
+    keeps_tail: bool,
+}
+
+impl Appending<'_> {
+    /// Whether the append should bring its batch to [`WakeHub::stored`]:
+    /// fetches were tailing the partition here when it began (its channel
+    /// was subscribed), and tails may hold something.
+    pub fn keeps_tail(&self) -> bool {
+        self.keeps_tail
+    }
 }
 
 impl Drop for Appending<'_> {
@@ -400,30 +410,25 @@ impl WakeHub {
     /// [`WakeHub::stored`] is about to keep in the tail.
     pub fn appending<'a>(&'a self, channel: &'a str) -> Appending<'a> {
         let mut state = self.inner.state.lock().expect("wake state lock");
+        let keeps_tail = state.tail_budget > 0;
         let Some(entry) = state.channels.get_mut(channel).filter(|c| c.subscribed) else {
             return Appending {
                 hub: self,
                 channel: None,
+                keeps_tail: false,
             };
         };
         entry.appending += 1;
         Appending {
             hub: self,
             channel: Some(channel),
+            keeps_tail,
         }
     }
 
     /// Sets what the channels' tails may hold together (0: keep none).
     pub fn set_tail_budget(&self, bytes: usize) {
         self.inner.state.lock().expect("wake state lock").tail_budget = bytes;
-    }
-
-    /// Whether an append to `channel`'s partition now should bring its
-    /// batch to [`WakeHub::stored`]: fetches are tailing it here (the
-    /// channel is subscribed) and tails may hold something.
-    pub fn keeps_tail(&self, channel: &str) -> bool {
-        let state = self.inner.state.lock().expect("wake state lock");
-        state.tail_budget > 0 && state.channels.get(channel).is_some_and(|c| c.subscribed)
     }
 
     /// This gateway stored a batch at `base` and the partition's next offset
@@ -1112,11 +1117,11 @@ mod tests {
         let (hub, _commands) = WakeHub::detached();
         hub.set_tail_budget(1 << 20);
         let _watch = hub.watch(vec!["c".into()]);
-        assert!(!hub.keeps_tail("c"), "not subscribed yet");
+        assert!(!hub.appending("c").keeps_tail(), "not subscribed yet");
         hub.stored("c", 0, 2, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 0, false), None);
         hub.set_subscribed("c", true);
-        assert!(hub.keeps_tail("c"));
+        assert!(hub.appending("c").keeps_tail());
         hub.stored("c", 2, 4, 0, false, Some(batch(10)));
         hub.stored("c", 4, 5, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 3, false), Some((2, 0, 5, 5)));
@@ -1139,7 +1144,7 @@ mod tests {
         assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
         // No budget, no tail.
         hub.set_tail_budget(0);
-        assert!(!hub.keeps_tail("c"));
+        assert!(!hub.appending("c").keeps_tail());
     }
 
     /// read_committed: a tail serves batches below what is known stable;
@@ -1174,5 +1179,30 @@ mod tests {
         hub.stored("c", 7, 8, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 7, true), None);
         assert_eq!(hub.known_empty_at("c", 8, true), None);
+    }
+
+    /// An announcement during this gateway's append to the partition (its
+    /// own, most likely) wakes the watches when the append ends, stored or
+    /// not.
+    #[tokio::test]
+    async fn an_announcement_during_an_append_wakes_when_it_ends() {
+        let (hub, _commands) = WakeHub::detached();
+        hub.set_tail_budget(1 << 20);
+        let watch = hub.watch(vec!["c".into()]);
+        hub.set_subscribed("c", true);
+        let appending = hub.appending("c");
+        hub.appended("c", Some(3), None);
+        assert_eq!(watch.take_fired(), Fired::Nothing);
+        hub.stored("c", 0, 3, 0, false, Some(batch(10)));
+        assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
+        drop(appending);
+        assert_eq!(watch.take_fired(), Fired::Nothing, "woken once");
+        // An append that failed: woken as it ends.
+        let appending = hub.appending("c");
+        hub.appended("c", Some(6), None);
+        assert_eq!(watch.take_fired(), Fired::Nothing);
+        drop(appending);
+        assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
+        assert_eq!(hub.known_next("c"), Some(6), "known at once all the same");
     }
 }
