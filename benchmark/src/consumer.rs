@@ -228,15 +228,28 @@ fn position(plan: &ConsumerPlan, index: usize) -> anyhow::Result<BaseConsumer> {
     for &partition in plan.partitions.iter().skip(index).step_by(plan.consumers) {
         let offset = match plan.start_at {
             StartAt::Beginning => Offset::Beginning,
-            StartAt::End => {
-                let (_, high) = consumer.fetch_watermarks(&plan.topic, partition, Duration::from_secs(10))?;
-                Offset::Offset(high)
-            }
+            StartAt::End => Offset::Offset(high_watermark(&consumer, &plan.topic, partition)?),
         };
         assignment.add_partition_offset(&plan.topic, partition, offset)?;
     }
     consumer.assign(&assignment).context("assigning partitions")?;
     Ok(consumer)
+}
+
+/// A partition's high watermark. A request that fails is tried again for
+/// a while, as `kafka::partitions_of` tries metadata: gateways that started
+/// together may disagree on who leads it for up to a heartbeat.
+fn high_watermark(consumer: &BaseConsumer, topic: &str, partition: i32) -> anyhow::Result<i64> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)) {
+            Ok((_, high)) => return Ok(high),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(e).with_context(|| format!("the high watermark of {topic}/{partition}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
 }
 
 /// One consumer's poll loop.

@@ -79,14 +79,26 @@ fn create_topic(config: &ClientConfig, name: &str, partitions: i32) -> anyhow::R
 }
 
 /// Partition ids of `topic`, waiting briefly for metadata to show it.
+///
+/// A metadata request that fails is tried again until the deadline: for
+/// up to a heartbeat after gateways start together, one may not list the
+/// others yet, and librdkafka, told of fewer brokers, fails the requests it
+/// had in flight to the others (`DestroyBroker`, `UnknownPartition`).
 pub fn partitions_of(config: &ClientConfig, topic: &str) -> anyhow::Result<Vec<i32>> {
     let consumer: BaseConsumer = config.create().context("creating a metadata client")?;
     let deadline = Instant::now() + METADATA_WAIT;
     loop {
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let found = metadata.topics().iter().find(|t| t.name() == topic);
-        if let Some(found) = found.filter(|t| t.error().is_none() && !t.partitions().is_empty()) {
-            return Ok(found.partitions().iter().map(|p| p.id()).collect());
+        let found = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(metadata) => metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+                .map(|t| t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>()),
+            Err(e) if Instant::now() >= deadline => return Err(e.into()),
+            Err(_) => None,
+        };
+        if let Some(partitions) = found {
+            return Ok(partitions);
         }
         if Instant::now() >= deadline {
             bail!("topic {topic} not found in metadata (use --create-topic to create it)");

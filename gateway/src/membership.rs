@@ -445,10 +445,25 @@ impl Membership {
         let mut layout = LayoutWatch::default();
         let mut ticks = tokio::time::interval(how.heartbeat_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A gateway that joins or leaves says so (heartbeat.lua,
+        // deregister.lua): the live set is read at once rather than at the
+        // next heartbeat, so the gateways' Metadata agree within
+        // milliseconds, not a heartbeat interval. Crashed gateways are
+        // still found by their heartbeats' age.
+        let changes = store.wake().watch(vec![store.brokers_channel()]);
         loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
+            let announced = tokio::select! {
+                _ = ticks.tick() => false,
+                _ = changes.notified() => true,
                 _ = shutdown.wait_for(|stop| *stop) => break,
+            };
+            if announced {
+                changes.take_fired();
+                match store.live_brokers(how.node_timeout).await {
+                    Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
+                    Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
+                }
+                continue;
             }
             let id = self.my_id();
             let started = Instant::now();

@@ -82,6 +82,13 @@ impl Store {
         format!("{}:brokers", self.keys.namespace())
     }
 
+    /// The channel a gateway's joining or leaving the registry is announced
+    /// on: its hash tag is the registry key's whole name, so the two share a
+    /// slot in Redis Cluster (the scripts publish it).
+    pub fn brokers_channel(&self) -> String {
+        format!("{{{}}}:changed", self.brokers_key())
+    }
+
     /// Registers or refreshes this gateway's entry under `node_id`, or
     /// under the lowest id no live gateway holds when `node_id` is `None`
     /// (at most `max_node_id`). Never takes an id another live process
@@ -104,6 +111,7 @@ impl Store {
             .arg(entry)
             .arg(node_timeout.as_millis() as u64)
             .arg(max_node_id)
+            .arg(self.brokers_channel())
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match status {
@@ -162,6 +170,7 @@ impl Store {
             .key(self.brokers_key())
             .arg(node_id)
             .arg(instance)
+            .arg(self.brokers_channel())
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())

@@ -35,7 +35,17 @@ fn metadata(via: &Ketch, topic: &str) -> (BTreeSet<i32>, Vec<i32>) {
 /// Polls Metadata until `done` holds: membership converges through
 /// heartbeats, and Metadata is the only place a client can see it.
 fn wait_for_metadata(via: &Ketch, topic: &str, what: &str, done: impl Fn(&BTreeSet<i32>, &[i32]) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    wait_for_metadata_within(via, topic, Duration::from_secs(15), what, done);
+}
+
+fn wait_for_metadata_within(
+    via: &Ketch,
+    topic: &str,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&BTreeSet<i32>, &[i32]) -> bool,
+) {
+    let deadline = Instant::now() + within;
     loop {
         let (brokers, leaders) = metadata(via, topic);
         if done(&brokers, &leaders) {
@@ -79,6 +89,45 @@ fn metadata_lists_live_gateways_and_moves_a_dead_ones_partitions() {
             assert_eq!(before, after, "a partition moved though its leader lives");
         }
     }
+}
+
+/// A gateway that joins or leaves says so (heartbeat.lua, deregister.lua):
+/// the others list it in Metadata at once, not at their next heartbeat, so
+/// clients do not get brokers lists that disagree for a heartbeat.
+#[test]
+fn a_joining_or_leaving_gateway_is_announced_to_the_others() {
+    let redis = TestRedis::start();
+    // Heartbeats far apart: only the announcements can tell in time.
+    let start = |id: &str| {
+        Ketch::start(
+            &redis.url(),
+            &[
+                "--node-id",
+                id,
+                "--set",
+                "cluster.heartbeat_interval=30s",
+                "--set",
+                "cluster.node_timeout=90s",
+            ],
+        )
+    };
+    let a = start("1");
+    let topic = unique_topic("membership");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 4),
+        0
+    );
+    assert_eq!(metadata(&a, &topic).0, BTreeSet::from([1]));
+    let mut b = start("2");
+    let within = Duration::from_secs(5);
+    wait_for_metadata_within(&a, &topic, within, "gateway 2 joined", |brokers, _| {
+        *brokers == BTreeSet::from([1, 2])
+    });
+    b.terminate();
+    assert!(b.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    wait_for_metadata_within(&a, &topic, within, "gateway 2 left", |brokers, leaders| {
+        *brokers == BTreeSet::from([1]) && leaders.iter().all(|l| *l == 1)
+    });
 }
 
 #[test]

@@ -12,6 +12,9 @@
 -- ARGV[3] the entry as JSON, without instance and heartbeat_ms
 -- ARGV[4] node timeout (ms)
 -- ARGV[5] largest node id that may be claimed
+-- ARGV[6] the channel told '<node id>' when this process joins: its entry
+--         was absent, another process's or expired ({ketch:brokers}:changed,
+--         so it shares the registry's slot)
 --
 -- Reply: {1, node_id, now_ms, ''} once registered; {0, node_id, now_ms,
 -- holder_entry} when another live process holds the node id (nothing is
@@ -58,8 +61,20 @@ else
     return {0, id, now, raw}
   end
 end
+-- Whether this process was live under the id already (a heartbeat), or
+-- joins: the other gateways read the registry at once when told.
+local joins = true
+local prior = redis.call('HGET', KEYS[1], id)
+if prior then
+  local ok, old = pcall(cjson.decode, prior)
+  joins = not (ok and type(old) == 'table' and old.instance == ARGV[2]
+    and type(old.heartbeat_ms) == 'number' and now - old.heartbeat_ms < timeout)
+end
 local entry = cjson.decode(ARGV[3])
 entry.instance = ARGV[2]
 entry.heartbeat_ms = now
 redis.call('HSET', KEYS[1], id, cjson.encode(entry))
+if joins and ARGV[6] then
+  redis.call('SPUBLISH', ARGV[6], string.format('%d', id))
+end
 return {1, id, now, ''}
