@@ -66,6 +66,17 @@ fn start_topic(ketch: &Ketch) -> String {
     topic
 }
 
+/// A topic on `ketch`, a consumer tailing it there and a producer, after
+/// the first run of batches: its fetches subscribed to the partition's
+/// channel, and the tail is kept from then on.
+fn tailing(ketch: &Ketch) -> (String, KafkaConn, [KafkaConn; 1]) {
+    let topic = start_topic(ketch);
+    let mut consumer = KafkaConn::connect(ketch.kafka_addr());
+    let mut producers = [KafkaConn::connect(ketch.kafka_addr())];
+    tail(&mut consumer, &mut producers, &topic, 0);
+    (topic, consumer, producers)
+}
+
 /// Redis `XRANGE` calls (every read of a partition's log) while `f` runs.
 fn xranges_during(redis: &TestRedis, f: impl FnOnce()) -> u64 {
     let before = redis.command_calls("xrange");
@@ -77,12 +88,7 @@ fn xranges_during(redis: &TestRedis, f: impl FnOnce()) -> u64 {
 fn a_tailing_fetch_is_answered_without_reading_redis() {
     let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
-    let topic = start_topic(&ketch);
-    let mut consumer = KafkaConn::connect(ketch.kafka_addr());
-    let mut producers = [KafkaConn::connect(ketch.kafka_addr())];
-    // The first fetches subscribe to the partition's channel; the tail is
-    // kept from then on.
-    tail(&mut consumer, &mut producers, &topic, 0);
+    let (topic, mut consumer, mut producers) = tailing(&ketch);
     let reads = xranges_during(&redis, || tail(&mut consumer, &mut producers, &topic, BATCHES));
     assert!(
         reads <= 2,
@@ -103,10 +109,7 @@ fn a_tailing_fetch_is_answered_without_reading_redis() {
     // Turned off, every tailing fetch reads Redis (this is what the
     // assertions above would see if the tail were not used).
     let off = Ketch::start(&redis.url(), &["--set", "fetch.tail_cache_bytes=0"]);
-    let topic = start_topic(&off);
-    let mut consumer = KafkaConn::connect(off.kafka_addr());
-    let mut producers = [KafkaConn::connect(off.kafka_addr())];
-    tail(&mut consumer, &mut producers, &topic, 0);
+    let (topic, mut consumer, mut producers) = tailing(&off);
     let reads = xranges_during(&redis, || tail(&mut consumer, &mut producers, &topic, BATCHES));
     assert!(
         reads >= BATCHES as u64,
@@ -139,10 +142,7 @@ fn a_tail_holds_only_a_contiguous_run_of_its_gateways_batches() {
 fn a_tail_serves_nothing_below_the_log_start() {
     let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);
-    let topic = start_topic(&ketch);
-    let mut consumer = KafkaConn::connect(ketch.kafka_addr());
-    let mut producers = [KafkaConn::connect(ketch.kafka_addr())];
-    tail(&mut consumer, &mut producers, &topic, 0);
+    let (topic, mut consumer, _producers) = tailing(&ketch);
     let high_watermark = BATCHES as i64 * RECORDS;
     let below = high_watermark - RECORDS;
     // The last batch is in the tail.
