@@ -459,59 +459,55 @@ impl Membership {
             };
             if announced {
                 changes.take_fired();
-                match store.live_brokers(how.node_timeout).await {
-                    Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
-                    Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
-                }
-                continue;
-            }
-            let id = self.my_id();
-            let started = Instant::now();
-            let registered = store
-                .register(
-                    Some(id),
-                    &self.record(),
-                    &self.instance,
-                    how.node_timeout,
-                    MAX_NODE_ID,
-                )
-                .await;
-            let reached = match registered {
-                Ok(Registration::Registered { .. }) => Some(started),
-                Ok(Registration::Held { holder, .. }) => {
-                    fatal(&RegisterError::Lost(describe_holder(&holder)))
-                }
-                Ok(Registration::NoFreeId) => None,
-                Err(e) => {
-                    tracing::debug!(error = %e, "heartbeat failed");
-                    None
-                }
-            };
-            match self.beat(reached) {
-                Lapse::None => {}
-                Lapse::Began => {
-                    tracing::warn!(
-                        "heartbeats have not reached Redis for cluster.node_timeout - cluster.heartbeat_interval: \
-                         forgetting this gateway's groups before the others take it for dead"
-                    );
-                    self.forget_all.store(true, Ordering::SeqCst);
-                    self.changes.send_modify(|n| *n += 1);
-                }
-                Lapse::Ended { noticed } => {
-                    if !noticed {
-                        tracing::warn!(
-                            "no heartbeat reached Redis for cluster.node_timeout - cluster.heartbeat_interval \
-                             (was this process paused?): forgetting its groups, their new coordinators have them"
-                        );
-                    } else {
-                        tracing::info!("heartbeats reach Redis again: coordinating groups again");
+            } else {
+                let id = self.my_id();
+                let started = Instant::now();
+                let registered = store
+                    .register(
+                        Some(id),
+                        &self.record(),
+                        &self.instance,
+                        how.node_timeout,
+                        MAX_NODE_ID,
+                    )
+                    .await;
+                let reached = match registered {
+                    Ok(Registration::Registered { .. }) => Some(started),
+                    Ok(Registration::Held { holder, .. }) => {
+                        fatal(&RegisterError::Lost(describe_holder(&holder)))
                     }
-                    self.forget_all.store(true, Ordering::SeqCst);
-                    self.changes.send_modify(|n| *n += 1);
+                    Ok(Registration::NoFreeId) => None,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "heartbeat failed");
+                        None
+                    }
+                };
+                match self.beat(reached) {
+                    Lapse::None => {}
+                    Lapse::Began => {
+                        tracing::warn!(
+                            "heartbeats have not reached Redis for cluster.node_timeout - cluster.heartbeat_interval: \
+                             forgetting this gateway's groups before the others take it for dead"
+                        );
+                        self.forget_all.store(true, Ordering::SeqCst);
+                        self.changes.send_modify(|n| *n += 1);
+                    }
+                    Lapse::Ended { noticed } => {
+                        if !noticed {
+                            tracing::warn!(
+                                "no heartbeat reached Redis for cluster.node_timeout - cluster.heartbeat_interval \
+                                 (was this process paused?): forgetting its groups, their new coordinators have them"
+                            );
+                        } else {
+                            tracing::info!("heartbeats reach Redis again: coordinating groups again");
+                        }
+                        self.forget_all.store(true, Ordering::SeqCst);
+                        self.changes.send_modify(|n| *n += 1);
+                    }
                 }
-            }
-            if reached.is_none() {
-                continue;
+                if reached.is_none() {
+                    continue;
+                }
             }
             match store.live_brokers(how.node_timeout).await {
                 Ok(brokers) => {

@@ -59,12 +59,10 @@ struct State {
 }
 
 impl State {
-    /// Forgets what `channel` knew of its partition: its offsets and tail.
+    /// Forgets what `channel` knew of its partition (see [`Channel::forget`]).
     fn forget(&mut self, channel: &str) {
         if let Some(c) = self.channels.get_mut(channel) {
-            self.tail_bytes -= c.tail.bytes();
-            c.tail.clear();
-            c.known = None;
+            self.tail_bytes -= c.forget();
         }
     }
 }
@@ -86,6 +84,17 @@ struct Channel {
     /// An announcement came while one was under way: its waiters are woken
     /// when it ends.
     deferred: bool,
+}
+
+impl Channel {
+    /// Forgets what it knew of its partition, its offsets and tail; returns
+    /// the bytes the tail held.
+    fn forget(&mut self) -> usize {
+        let held = self.tail.bytes();
+        self.tail.clear();
+        self.known = None;
+        held
+    }
 }
 
 /// What this gateway knows of a partition while subscribed to its channel.
@@ -462,12 +471,10 @@ impl WakeHub {
                 known.stable_at = Some(next_offset);
             }
             grew = match tail {
-                Some(batch) if !transactional => {
-                    entry
-                        .tail
-                        .push(base, next_offset - 1, batch, Instant::now(), spare)
-                }
-                _ => {
+                Some(batch) => entry
+                    .tail
+                    .push(base, next_offset - 1, batch, Instant::now(), spare),
+                None => {
                     let held = entry.tail.bytes() as isize;
                     entry.tail.clear();
                     -held
@@ -611,8 +618,7 @@ impl WakeHub {
         state.tail_bytes = 0;
         for channel in state.channels.values_mut() {
             channel.subscribed = false;
-            channel.known = None;
-            channel.tail.clear();
+            channel.forget();
             for waiter in channel.waiters.values() {
                 waiter.wake(None);
             }
