@@ -43,7 +43,8 @@
 # before/after comparison), COMPARE_KETCH_BIN and COMPARE_ROUNDS (2) for
 # step 5, SKIP_PRESETS=1 (only steps 5 and 6; for iterating on them),
 # SKIP_COMPRESSED=1 (no step 5), SKIP_CLUSTER=1 (no step 6), CLUSTER_MASTERS (3; 1
-# or at least 3),
+# or at least 3), PEER_ROUNDS (1; with a peer, the presets run that many times,
+# alternated, and summary.md gives every round's ratios and their median),
 # CLUSTER_PARTITIONS (24).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -163,28 +164,37 @@ preset() { # side, workload
     else
         bootstrap=$PEER_BOOTSTRAP prefix=peer- args=("${peer_common[@]}")
     fi
-    local topic="bench-$workload-$run_id"
+    local topic="bench-$workload-$run_id${suffix:-}"
     log "$workload ($side): produce $records records (acks=all, no compression)"
     "$BENCH" producer --bootstrap-server "$bootstrap" --workload "$workload" --topic "$topic" \
         --create-topic --records "$records" --acks all --compression none "${args[@]}" \
-        --result-file "$OUT/${prefix}produce-$workload.json" >/dev/null
+        --result-file "$OUT/${prefix}produce-$workload${suffix:-}.json" >/dev/null
     log "$workload ($side): consume them"
     "$BENCH" consumer --bootstrap-server "$bootstrap" --workload "$workload" --topic "$topic" \
         --from beginning --records "$records" --validate checksum "${args[@]}" \
-        --result-file "$OUT/${prefix}consume-$workload.json" >/dev/null
+        --result-file "$OUT/${prefix}consume-$workload${suffix:-}.json" >/dev/null
 }
-index=0
-for workload in "${presets[@]}"; do
-    index=$((index + 1))
-    if [ -z "$PEER_BOOTSTRAP" ]; then
-        preset ketch "$workload"
-    elif (( index % 2 )); then
-        preset ketch "$workload"
-        preset peer "$workload"
-    else
-        preset peer "$workload"
-        preset ketch "$workload"
-    fi
+# With a peer, PEER_ROUNDS rounds of the presets (each round's results
+# beside the first's, named …-round<N>.json); who goes first alternates
+# by preset and by round.
+rounds=1
+[ -n "$PEER_BOOTSTRAP" ] && rounds=${PEER_ROUNDS:-1}
+for round in $(seq 1 "$rounds"); do
+    suffix=
+    [ "$round" -gt 1 ] && suffix="-round$round"
+    index=$round
+    for workload in "${presets[@]}"; do
+        index=$((index + 1))
+        if [ -z "$PEER_BOOTSTRAP" ]; then
+            preset ketch "$workload"
+        elif (( index % 2 )); then
+            preset peer "$workload"
+            preset ketch "$workload"
+        else
+            preset ketch "$workload"
+            preset peer "$workload"
+        fi
+    done
 done
 
 for size in 1KB 100B; do

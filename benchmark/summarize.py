@@ -296,6 +296,7 @@ def peer_section(directory, rows, out):
             f"| {fmt(rate(kc))} | {fmt(rate(pc))} | {ratio(rate(kc), rate(pc))} "
             f"| {fmt(cpu_us(kp), 2)} / {fmt(peer_cpu, 2)} | {fmt(peer_rss, 1)} |"
         )
+    peer_rounds_section(directory, peer, out)
     for linger in (0, 1):
         k = load(directory, f"roundtrip-10k-1kb-linger{linger}.json")
         q = load(directory, f"peer-roundtrip-10k-1kb-linger{linger}.json")
@@ -306,6 +307,59 @@ def peer_section(directory, rows, out):
                 f"peer {ql['produce']['latency']['p99_ms']:.2f} ms; end-to-end p99 ketch "
                 f"{kl['end_to_end_latency']['p99_ms']:.2f} ms, peer {ql['end_to_end_latency']['p99_ms']:.2f} ms"
             )
+
+
+def peer_rounds_section(directory, peer, out):
+    """Every round's ratios, ketch ÷ peer, and their median, where
+    run-baseline.sh ran the presets PEER_ROUNDS times (…-round<N>.json)."""
+    def rate(result):
+        return result["results"]["throughput"]["records_per_s"] if result else None
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    table = []
+    for w in peer:
+        rounds = []
+        for n in range(1, 100):
+            suffix = "" if n == 1 else f"-round{n}"
+            kp = load(directory, f"produce-{w}{suffix}.json")
+            pp = load(directory, f"peer-produce-{w}{suffix}.json")
+            if kp is None or pp is None:
+                break
+            kc = load(directory, f"consume-{w}{suffix}.json")
+            pc = load(directory, f"peer-consume-{w}{suffix}.json")
+            peer_cpu = cpu_us(pp) if pp["server"]["processes"] else None
+            rounds.append((
+                ratio(rate(kp), rate(pp)),
+                ratio(rate(kc), rate(pc)),
+                ratio(cpu_us(kp), peer_cpu),
+            ))
+        if len(rounds) > 1:
+            table.append((w, rounds))
+    if not table:
+        return
+    out.append(
+        f"\n### Every round, ketch ÷ peer ({len(table[0][1])} rounds, who went first alternating)\n"
+    )
+    out.append(
+        "| workload | produce rate | median | consume rate | median "
+        "| produce CPU per record | median |"
+    )
+    out.append("|---|---|---:|---|---:|---|---:|")
+
+    def column(values):
+        shown = ", ".join(fmt(v, 2) for v in values)
+        present = sorted(v for v in values if v is not None)
+        if not present:
+            return f"{shown} | –"
+        mid = len(present) // 2
+        median = present[mid] if len(present) % 2 else (present[mid - 1] + present[mid]) / 2
+        return f"{shown} | {median:.2f}"
+
+    for w, rounds in table:
+        produce, consume, cpu = zip(*rounds)
+        out.append(f"| {w} | {column(produce)} | {column(consume)} | {column(cpu)} |")
 
 
 if __name__ == "__main__":
