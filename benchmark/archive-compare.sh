@@ -4,7 +4,7 @@
 #   benchmark/archive-compare.sh BEFORE AFTER DIR [ROUNDS]
 #
 # runs benchmark/run-archive.sh ROUNDS times (default 3) with each release
-# binary in turn (1,000,000 random 100 B records, zstd, the warehouse on
+# binary in turn (RECORDS random 100 B records, default 1,000,000; zstd, the warehouse on
 # the loopback S3 server), results in DIR/<before|after>-<round>, and
 # prints per run: partitions, records per second of archiving wall time,
 # segments, and the CPU seconds of the gateway and of the S3 server.
@@ -19,7 +19,7 @@ for round in $(seq 1 "${4:-3}"); do
     for build in before after; do
         bin=$before; [ $build = after ] && bin=$after
         out=$dir/${TAG:-}$build-$round${SEGMENT_BYTES:+-segments-$SEGMENT_BYTES}
-        env -u KETCH_BIN BENCH_KETCH_BIN="$bin" PAYLOAD=random RECORDS=1000000 OUT="$out" \
+        env -u KETCH_BIN BENCH_KETCH_BIN="$bin" PAYLOAD=random RECORDS="${RECORDS:-1000000}" OUT="$out" \
             benchmark/run-archive.sh >"$out.log" 2>&1 || echo "FAILED $out"
         echo "$build $round: $(grep -h '"measure": "archive"' "$out/archive.jsonl" | python3 -c '
 import sys, json

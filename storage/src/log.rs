@@ -845,11 +845,16 @@ impl Store {
 
     /// The entries of one `XRANGE` of a partition's stream (`xrange`), on
     /// the data path's connection when there is one, as [`Store::read`]
-    /// reads them.
-    pub(crate) async fn read_entries(&self, keys: &PartitionKeys, xrange: redis::Cmd) -> Result<Vec<Entry>> {
+    /// reads them. `expect`: about how many bytes they take (0: unknown).
+    pub(crate) async fn read_entries(
+        &self,
+        keys: &PartitionKeys,
+        xrange: redis::Cmd,
+        expect: usize,
+    ) -> Result<Vec<Entry>> {
         let mut pipe = redis::pipe();
         pipe.add_command(xrange);
-        match self.on_wire(keys, &pipe, 0).await? {
+        match self.on_wire(keys, &pipe, expect).await? {
             OnWire::Replies(replies) => match replies.into_iter().next() {
                 Some(entries) => wire_entries(entries),
                 None => Err(StorageError::Data("XRANGE got no reply".to_owned())),
@@ -977,8 +982,7 @@ impl Store {
             // The largest batch seen lately, not the average: a reply
             // longer than expected is moved whole once more.
             let expect = seen.map_or(0, |sizes| {
-                count
-                    .saturating_mul(sizes.largest.saturating_add(ENTRY_FRAMING_BYTES))
+                reply_bytes(count, sizes.largest)
                     .min(request.read_cap.saturating_add(request.max_batch_bytes))
             });
             let (entries, meta) = self
@@ -1645,6 +1649,12 @@ fn transactional_arg(header: &BatchHeader) -> &'static str {
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
         || e.to_string().contains("NOSCRIPT")
+}
+
+/// About the bytes of an `XRANGE` reply of `entries` entries whose batches
+/// are at most `largest` bytes.
+pub(crate) fn reply_bytes(entries: usize, largest: usize) -> usize {
+    entries.saturating_mul(largest.saturating_add(ENTRY_FRAMING_BYTES))
 }
 
 /// One stream entry: a batch, its base offset already patched.

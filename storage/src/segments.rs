@@ -140,6 +140,11 @@ impl redis::FromRedisValue for SegmentChanged {
 
 /// Stream entries copied or deleted per round trip.
 const QUARANTINE_CHUNK: usize = 256;
+/// The most room a segment read makes at once for its reply
+/// ([`Store::segment_chunk`]): one large batch among many small ones must
+/// not make it reserve the small ones' count of large ones (a longer
+/// reply still arrives whole, growing the buffer as it comes).
+const MAX_CHUNK_ROOM: usize = 16 * 1024 * 1024;
 
 /// When to seal and what to keep, from the topic's configs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,7 +405,7 @@ impl Store {
         };
         while next <= segment.last {
             let (batches, after) = self
-                .segment_chunk(topic, partition, segment, Tier::Log, next, QUARANTINE_CHUNK)
+                .segment_chunk(topic, partition, segment, Tier::Log, next, QUARANTINE_CHUNK, None)
                 .await?;
             let mut pipe = redis::pipe();
             for batch in &batches {
@@ -470,7 +475,7 @@ impl Store {
         let mut next = offset;
         while next <= segment.last && (out.is_empty() || bytes < max_bytes) {
             let (batches, after) = self
-                .segment_chunk(topic, partition, segment, Tier::Quarantine, next, 4)
+                .segment_chunk(topic, partition, segment, Tier::Quarantine, next, 4, None)
                 .await?;
             for batch in batches {
                 if !out.is_empty() && bytes + batch.len() > max_bytes {
@@ -509,6 +514,11 @@ impl Store {
     /// `next` (at most `max_entries`), read from `tier` with their base
     /// offsets set, and the offset after them (`segment.last + 1` at the
     /// end). Fails if Redis no longer holds the batch at `next`.
+    /// `largest_batch`: about the largest batch the read may return, where
+    /// the caller knows (the last chunk's): the connection then makes room
+    /// for the whole reply at once, instead of growing its read buffer
+    /// twofold and moving what arrived each time.
+    #[allow(clippy::too_many_arguments)]
     pub async fn segment_chunk(
         &self,
         topic: &Topic,
@@ -517,6 +527,7 @@ impl Store {
         tier: Tier,
         next: i64,
         max_entries: usize,
+        largest_batch: Option<usize>,
     ) -> Result<(Vec<Bytes>, i64)> {
         let keys = self.partition_keys(topic, partition);
         let key = match tier {
@@ -530,7 +541,10 @@ impl Store {
             .arg(segment.last)
             .arg("COUNT")
             .arg(max_entries.max(1));
-        let entries = self.read_entries(keys, xrange).await?;
+        let expect = largest_batch.map_or(0, |largest| {
+            crate::log::reply_bytes(max_entries.max(1), largest).min(MAX_CHUNK_ROOM)
+        });
+        let entries = self.read_entries(keys, xrange, expect).await?;
         match entries.first() {
             Some(first)
                 if first.last_offset - i64::from(first.record_count) < next && first.last_offset >= next => {}

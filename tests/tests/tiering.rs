@@ -1028,6 +1028,79 @@ fn remote_storage_turned_on_for_a_running_topic_archives_its_sealed_segments() {
     consume_and_check(&ketch.consumer(), &topic, &ends);
 }
 
+/// A segment whose batches jump in size, from a few hundred bytes to
+/// 600 KB and back, is archived record for record. The archiver reads a
+/// segment in chunks, each sized from the one before (and telling the
+/// data connection how long its reply will be): a chunk of small batches is
+/// followed by one holding the large ones, and the reverse.
+#[test]
+fn a_segment_of_small_and_large_batches_is_archived_whole() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("sizes");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        1,
+        &[
+            ("segment.bytes", "67108864"),
+            ("segment.ms", "1000"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    // Record i's value: 600 KB for the twelve in the middle, else 100 B.
+    let value = |i: usize| {
+        let len = if (300..312).contains(&i) { 600_000 } else { 100 };
+        (0..len).map(|j| (i * 31 + j * 7) as u8).collect::<Vec<u8>>()
+    };
+    const RECORDS: usize = 612;
+    let producer = ketch.producer_with(&[("linger.ms", "0")]);
+    for i in 0..RECORDS {
+        // One record per batch: sent after the last is delivered.
+        let payload = value(i);
+        let delivery = rt
+            .block_on(
+                producer.send(
+                    FutureRecord::<(), Vec<u8>>::to(&topic)
+                        .partition(0)
+                        .payload(&payload),
+                    Duration::from_secs(10),
+                ),
+            )
+            .map_err(|(e, _)| e)
+            .expect("delivered");
+        assert_eq!(delivery.offset, i as i64);
+    }
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [RECORDS as i64]);
+    assert_eq!(redis.stream_len(&topic, 0), 0, "Redis holds nothing of it");
+    assert_eq!(metric(&ketch, "ketch_archive_failures_total"), 0.0);
+
+    let consumer = ketch.consumer();
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(&topic, 0, Offset::Beginning)
+        .expect("assign");
+    consumer.assign(&assignment).expect("assign");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut next = 0;
+    while next < RECORDS {
+        assert!(Instant::now() < deadline, "consumed only {next} of {RECORDS}");
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let message = message.expect("a record");
+        assert_eq!(message.offset(), next as i64, "offsets are dense");
+        assert!(
+            message.payload() == Some(&value(next)[..]),
+            "record {next} differs from what was produced"
+        );
+        next += 1;
+    }
+}
+
 /// Remote storage turned off with `remote.log.delete.on.disable=true`
 /// (Kafka's KIP-950): the log start moves to the local start, the topic's
 /// table and its files are deleted, what Redis holds is read as before, and

@@ -317,6 +317,8 @@ struct Redis<'a> {
     tier: Tier,
     /// Entries the next read asks for.
     entries: usize,
+    /// The largest batch of the last read (unknown before the first).
+    largest: Option<usize>,
 }
 
 impl Chunks for Redis<'_> {
@@ -330,9 +332,11 @@ impl Chunks for Redis<'_> {
                 self.tier,
                 next,
                 self.entries,
+                self.largest,
             )
             .await?;
         self.entries = chunk_entries(&batches);
+        self.largest = batches.iter().map(Bytes::len).max();
         Ok((batches, after))
     }
 }
@@ -625,6 +629,7 @@ impl Archiver {
             segment,
             tier,
             entries: FIRST_CHUNK_ENTRIES,
+            largest: None,
         };
         let aborted = store
             .aborted_ranges(topic, partition, segment.base, segment.last, None)
