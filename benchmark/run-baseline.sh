@@ -44,7 +44,8 @@
 # step 5, SKIP_PRESETS=1 (only steps 5 and 6; for iterating on them),
 # SKIP_COMPRESSED=1 (no step 5), SKIP_CLUSTER=1 (no step 6), CLUSTER_MASTERS (3; 1
 # or at least 3), PEER_ROUNDS (1; with a peer, the presets run that many times,
-# alternated, and summary.md gives every round's ratios and their median),
+# alternated, and summary.md gives every round's ratios and their median; a
+# peer from --peer-cmd is started afresh for each round),
 # CLUSTER_PARTITIONS (24).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,7 +101,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ -n "$PEER_CMD" ]; then
+# Starts the peer from --peer-cmd on a free port (its log: $work/peer.log).
+start_peer() {
     peer_port=$(free_port)
     PEER_BOOTSTRAP="127.0.0.1:$peer_port"
     log "starting the peer ($PEER_NAME) on $peer_port: ${PEER_CMD//\{port\}/$peer_port}"
@@ -110,9 +112,11 @@ if [ -n "$PEER_CMD" ]; then
         kill -0 "$PEER_PID" || { cat "$work/peer.log"; exit 1; }
         sleep 0.1
     done
-fi
+    peer_common=(--output json --quiet --server-pid "$PEER_PID")
+}
 peer_common=(--output json --quiet)
 [ -n "$PEER_PID" ] && peer_common+=(--server-pid "$PEER_PID")
+[ -n "$PEER_CMD" ] && start_peer
 
 log "starting redis-server on $redis_port"
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
@@ -182,6 +186,13 @@ rounds=1
 for round in $(seq 1 "$rounds"); do
     suffix=
     [ "$round" -gt 1 ] && suffix="-round$round"
+    # A peer started here starts each round afresh, as ketch's Redis is
+    # flushed for each preset: a broker that keeps every record in memory
+    # slows as it grows, and later rounds would measure that.
+    if [ "$round" -gt 1 ] && [ -n "$PEER_CMD" ]; then
+        kill "$PEER_PID" && wait "$PEER_PID" 2>/dev/null || true
+        start_peer
+    fi
     index=$round
     for workload in "${presets[@]}"; do
         index=$((index + 1))
