@@ -1028,11 +1028,13 @@ fn remote_storage_turned_on_for_a_running_topic_archives_its_sealed_segments() {
     consume_and_check(&ketch.consumer(), &topic, &ends);
 }
 
-/// A segment whose batches jump in size, from a few hundred bytes to
-/// 600 KB and back, is archived record for record. The archiver reads a
+/// A segment whose batches jump in size, from 600 KB to a few hundred
+/// bytes and back, is archived record for record. The archiver reads a
 /// segment in chunks, each sized from the one before (and telling the
-/// data connection how long its reply will be): a chunk of small batches is
-/// followed by one holding the large ones, and the reverse.
+/// data connection how long its reply will be): here a chunk of large
+/// batches is followed by one of small ones (room made for far more than
+/// arrives), and a chunk sized from small batches holds large ones (a
+/// reply far longer than expected).
 #[test]
 fn a_segment_of_small_and_large_batches_is_archived_whole() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1046,14 +1048,20 @@ fn a_segment_of_small_and_large_batches_is_archived_whole() {
         &topic,
         1,
         &[
+            // One segment: sealed by time once all is produced.
             ("segment.bytes", "67108864"),
-            ("segment.ms", "1000"),
+            ("segment.ms", "3000"),
             ("local.retention.bytes", "0"),
         ],
     );
-    // Record i's value: 600 KB for the twelve in the middle, else 100 B.
+    // Record i's value: 600 KB for the first ten and twelve in the middle
+    // (chunks of 4, 6, 6 and 4,096 entries), else 100 B.
     let value = |i: usize| {
-        let len = if (300..312).contains(&i) { 600_000 } else { 100 };
+        let len = if i < 10 || (300..312).contains(&i) {
+            600_000
+        } else {
+            100
+        };
         (0..len).map(|j| (i * 31 + j * 7) as u8).collect::<Vec<u8>>()
     };
     const RECORDS: usize = 612;
