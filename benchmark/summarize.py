@@ -51,6 +51,11 @@ def peak_rss(result, name):
     return None
 
 
+def rate(result):
+    """Records per second of a throughput result (None without one)."""
+    return result["results"]["throughput"]["records_per_s"] if result else None
+
+
 def fmt(value, digits=0):
     if value is None:
         return "–"
@@ -279,9 +284,6 @@ def peer_section(directory, rows, out):
         "| peer consume rec/s | ketch / peer | server CPU µs/rec produce: ketch+redis / peer | peer peak RSS MiB |"
     )
     out.append("|---|---:|---:|---:|---:|---:|---:|---|---:|")
-    def rate(result):
-        return result["results"]["throughput"]["records_per_s"] if result else None
-
     def ratio(a, b):
         return f"{a / b:.2f}" if a and b else "–"
 
@@ -312,9 +314,6 @@ def peer_section(directory, rows, out):
 def peer_rounds_section(directory, peer, out):
     """Every round's ratios, ketch ÷ peer, and their median, where
     run-baseline.sh ran the presets PEER_ROUNDS times (…-round<N>.json)."""
-    def rate(result):
-        return result["results"]["throughput"]["records_per_s"] if result else None
-
     def ratio(a, b):
         return a / b if a and b else None
 
