@@ -111,13 +111,17 @@ pub fn run(cmd: &RedisXaddCmd) -> anyhow::Result<Vec<String>> {
     let writers = start_writers(cmd, &client, &pool)?;
     let finished = || writers.iter().all(|(thread, _)| thread.is_finished());
     session.progress.watch(finished, || totals(&writers).0);
-    let elapsed = session.start().elapsed();
     let (sample, histogram) = totals(&writers);
+    // The run ends when the last writer had its last reply, not when the
+    // watch above, polling, noticed.
+    let mut last = session.start();
     for (thread, _) in writers {
-        thread
+        let done = thread
             .join()
             .map_err(|_| anyhow::anyhow!("a writer thread panicked"))??;
+        last = last.max(done);
     }
+    let elapsed = last - session.start();
     let figures = XaddFigures {
         throughput: Throughput::new(sample.records, sample.bytes, elapsed),
         pipeline_latency: LatencySummary::of(&histogram),
@@ -126,7 +130,8 @@ pub fn run(cmd: &RedisXaddCmd) -> anyhow::Result<Vec<String>> {
     Ok(Vec::new())
 }
 
-type Writer = (JoinHandle<anyhow::Result<()>>, Arc<Mutex<WriterStats>>);
+/// A writer's thread (answering when it had its last reply) and its figures.
+type Writer = (JoinHandle<anyhow::Result<Instant>>, Arc<Mutex<WriterStats>>);
 
 fn start_writers(
     cmd: &RedisXaddCmd,
@@ -153,7 +158,8 @@ fn start_writers(
     Ok(writers)
 }
 
-/// Writes `quota` records in pipelines of `pipeline` XADDs, timing each pipeline.
+/// Writes `quota` records in pipelines of `pipeline` XADDs, timing each
+/// pipeline; answers when the last pipeline's replies were in.
 fn write(
     mut connection: redis::Connection,
     pool: &PayloadPool,
@@ -162,7 +168,7 @@ fn write(
     pipeline: usize,
     quota: u64,
     stats: &Mutex<WriterStats>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Instant> {
     let mut picker = pool.picker(id);
     let mut written = 0u64;
     while written < quota {
@@ -180,7 +186,7 @@ fn write(
         record(stats, batch, bytes, took);
         written += batch;
     }
-    Ok(())
+    Ok(Instant::now())
 }
 
 fn record(stats: &Mutex<WriterStats>, records: u64, bytes: u64, took: Duration) {

@@ -206,7 +206,6 @@ pub fn run(cmd: &RoundtripCmd) -> anyhow::Result<Vec<String>> {
     session
         .progress
         .watch(|| producers.is_finished(), || lock(&tracker).sample());
-    let produced_in = session.start().elapsed();
     let totals = producers.join()?;
     let drain_start = Instant::now();
     let drained = || lock(&tracker).missing(&totals.acked_sequences) == 0;
@@ -216,13 +215,7 @@ pub fn run(cmd: &RoundtripCmd) -> anyhow::Result<Vec<String>> {
     );
     let drain_s = drain_start.elapsed().as_secs_f64();
     let consumed = consumers.join()?;
-    let figures = figures(
-        &lock(&tracker),
-        &totals,
-        produced_in,
-        consumed.throughput(),
-        drain_s,
-    );
+    let figures = figures(&lock(&tracker), &totals, consumed.throughput(), drain_s);
     let failures = failures(&figures, cmd.drain_timeout);
     session.finish(params, figures, totals.acked)?;
     Ok(failures)
@@ -231,12 +224,11 @@ pub fn run(cmd: &RoundtripCmd) -> anyhow::Result<Vec<String>> {
 fn figures(
     tracker: &Tracker,
     totals: &ProducerTotals,
-    produced_in: Duration,
     consume: Throughput,
     drain_s: f64,
 ) -> RoundtripFigures {
     RoundtripFigures {
-        produce: ProduceFigures::of(totals, produced_in),
+        produce: ProduceFigures::of(totals),
         consume,
         end_to_end_latency: LatencySummary::of(&tracker.end_to_end_us),
         acked: totals.acked_sequences.iter().map(SeqSet::len).sum(),

@@ -125,3 +125,51 @@ fn redis_xadd_writes_one_stream_entry_per_record() {
         .unwrap();
     assert_eq!(len, 3000);
 }
+
+/// A run's time ends with its last reply. The bench's main thread checks
+/// for the end only every 50 ms, and runs used to be timed to that check:
+/// a full-rate preset of half a second read up to a tenth slow, in steps.
+/// One record each way: the time between the start and the one reply is
+/// setting up a client, well under the 50 ms the old timing counted at
+/// least.
+#[test]
+fn runs_end_with_their_last_reply() {
+    let redis = RedisServer::start();
+    let (ok, xadd) = bench(&[
+        "redis-xadd",
+        "--redis-url",
+        &redis.url(),
+        "--stream",
+        "bench:one",
+        "--records",
+        "1",
+        "--pipeline",
+        "1",
+    ]);
+    assert!(ok, "{xadd}");
+    let seconds = xadd["results"]["throughput"]["seconds"].as_f64().unwrap();
+    let reply_s = xadd["results"]["pipeline_latency"]["max_ms"].as_f64().unwrap() / 1000.0;
+    assert!(
+        seconds - reply_s < 0.025,
+        "one XADD replied in {reply_s} s, the run was timed at {seconds} s"
+    );
+
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let (ok, produced) = bench(&[
+        "producer",
+        "--bootstrap-server",
+        &ketch.bootstrap(),
+        "--topic",
+        &unique_topic("bench-one"),
+        "--create-topic",
+        "--records",
+        "1",
+    ]);
+    assert!(ok, "{produced}");
+    let seconds = produced["results"]["throughput"]["seconds"].as_f64().unwrap();
+    let ack_s = produced["results"]["latency"]["max_ms"].as_f64().unwrap() / 1000.0;
+    assert!(
+        seconds - ack_s < 0.025,
+        "one record was acknowledged in {ack_s} s, the run was timed at {seconds} s"
+    );
+}
