@@ -17,7 +17,8 @@
 # Knobs (environment): RECORDS (default 2000000), SEGMENT_BYTES (64 MiB),
 # PAYLOAD (random, the default, text or zeros: ketch-bench producer --payload),
 # OUT (results directory, default benchmark/results/<date>/archive),
-# BENCH_KETCH_BIN (another gateway binary to measure),
+# BENCH_KETCH_BIN (another gateway binary to measure), BENCH_S3_BIN (another
+# build of the S3 server),
 # KETCH_TIERING_COMPRESSION / KETCH_TIERING_COMPRESSION_LEVEL (the archive's
 # codec, as every gateway setting, from the environment: zstd, lz4, snappy…),
 # PROFILE=1 (perf profiles of ketch while it archives and while it serves each
@@ -45,7 +46,7 @@ log "building release binaries"
 cargo build --release -p ketch-gateway -p ketch-bench
 KETCH="${BENCH_KETCH_BIN:-$target/release/ketch}"
 BENCH="$target/release/ketch-bench"
-S3="$target/release/ketch-s3"
+S3="${BENCH_S3_BIN:-$target/release/ketch-s3}"
 
 mkdir -p "$OUT"
 work=$(mktemp -d)

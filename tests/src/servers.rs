@@ -41,8 +41,21 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts a server over `root` with bucket `bucket`.
+    /// Starts a server over `root` with bucket `bucket`, taking requests
+    /// signed with [`S3_ACCESS_KEY`] and [`S3_SECRET_KEY`].
     pub fn start(root: &Path, bucket: &str) -> Self {
+        Self::start_with(root, bucket, true)
+    }
+
+    /// Starts a server over `root` with bucket `bucket` that takes
+    /// unsigned requests (and no signed ones).
+    pub fn start_unsigned(root: &Path, bucket: &str) -> Self {
+        Self::start_with(root, bucket, false)
+    }
+
+    fn start_with(root: &Path, bucket: &str, signed: bool) -> Self {
+        let keys = ["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY];
+        let keys = if signed { &keys[..] } else { &[] };
         retry_port_race(|| {
             let port = free_port();
             let path = ketch_bin().with_file_name("ketch-s3");
@@ -55,7 +68,7 @@ impl S3Server {
                 Command::new(path)
                     .args(["--root", &root.display().to_string(), "--bucket", bucket])
                     .args(["--listen", &format!("127.0.0.1:{port}")])
-                    .args(["--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY]),
+                    .args(keys),
                 "listening on",
                 "ketch-s3",
             )?;
@@ -71,6 +84,15 @@ impl S3Server {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's own directory (buckets, and s3s-fs's bookkeeping files).
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// The bucket's directory on disk.
