@@ -8,8 +8,9 @@ never touched, and the kernel faults in and zeroes each page first. A
 gateway in service has retention (or archiving, local.retention.*)
 trimming its partitions, and Redis stores new batches in the memory the
 trimmed ones freed. This script measures both, with ketch-bench's
-producer (1-topic-16-partitions-1kb: 16 partitions, 1 KiB records,
-acks=all, no compression), for ketch and optionally a peer broker:
+producer (a preset, --workload: 1-topic-16-partitions-1kb by default,
+16 partitions of 1 KiB records; acks=all, no compression), for ketch and
+optionally a peer broker:
 
   fill    a fresh server, a topic without retention, --records records
           produced and measured;
@@ -48,8 +49,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from servers import Servers, free_port  # noqa: E402
 
-WORKLOAD = "1-topic-16-partitions-1kb"
-PARTITIONS = 16
+# ketch-bench's presets and their partitions.
+PRESETS = {
+    "1-topic-1-partition-1kb": 1,
+    "1-topic-16-partitions-1kb": 16,
+    "1-topic-16-partitions-100b": 16,
+    "1-topic-3-partitions-100b-3producers": 3,
+    "1-topic-100-partitions-1kb": 100,
+}
 TOPIC = "steady"
 
 
@@ -68,19 +75,19 @@ def peak_rss_mib(pid):
     return None
 
 
-def create_topic(bootstrap, retention):
+def create_topic(bootstrap, partitions, retention):
     from confluent_kafka.admin import AdminClient, NewTopic
 
     config = {}
     if retention:
         config = {"retention.bytes": str(retention[0]), "segment.bytes": str(retention[1])}
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config=config)]).values():
+    for future in admin.create_topics([NewTopic(TOPIC, partitions, 1, config=config)]).values():
         future.result()
 
 
-def produce(bench, bootstrap, records, result_file=None):
-    argv = [bench, "producer", "--bootstrap-server", bootstrap, "--workload", WORKLOAD,
+def produce(bench, bootstrap, workload, records, result_file=None):
+    argv = [bench, "producer", "--bootstrap-server", bootstrap, "--workload", workload,
             "--topic", TOPIC, "--records", str(records), "--acks", "all", "--compression", "none",
             "--output", "json", "--quiet"]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
@@ -92,12 +99,16 @@ def produce(bench, bootstrap, records, result_file=None):
     return result
 
 
-def measure(bench, bootstrap, processes, mode, records, out_file):
-    """Prefills (steady), then produces and measures; processes: {name: pid}."""
+def measure(args, bootstrap, processes, mode, out_file):
+    """Creates the topic, prefills it (steady), then produces and measures;
+    processes: {name: pid}."""
+    retention = (args.retention_bytes, args.segment_bytes) if mode == "steady" else None
+    create_topic(bootstrap, PRESETS[args.workload], retention)
+    records = args.records
     if mode == "steady":
-        produce(bench, bootstrap, records)
+        produce(args.bench, bootstrap, args.workload, records)
     before = {name: proc_stat(pid) for name, pid in processes.items()}
-    result = produce(bench, bootstrap, records, out_file)
+    result = produce(args.bench, bootstrap, args.workload, records, out_file)
     after = {name: proc_stat(pid) for name, pid in processes.items()}
     figures = {
         "records_per_s": result["results"]["throughput"]["records_per_s"],
@@ -118,12 +129,10 @@ def measure(bench, bootstrap, processes, mode, records, out_file):
 
 
 def run_ketch(args, mode, work, out):
-    retention = (args.retention_bytes, args.segment_bytes) if mode == "steady" else None
     with Servers(work, out, args.ketch, settings=["tiering.tick_interval=1s"]) as servers:
-        create_topic(servers.bootstrap, retention)
         redis_pid = servers.processes[0].pid
-        return measure(args.bench, servers.bootstrap, {"ketch": servers.ketch.pid, "redis": redis_pid},
-                       mode, args.records, out / "produce.json")
+        return measure(args, servers.bootstrap, {"ketch": servers.ketch.pid, "redis": redis_pid},
+                       mode, out / "produce.json")
 
 
 def run_peer(args, mode, work, out):
@@ -141,10 +150,7 @@ def run_peer(args, mode, work, out):
                 if peer.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the peer did not start: {(work / 'peer.log').read_text()}")
                 time.sleep(0.1)
-        retention = (args.retention_bytes, args.segment_bytes) if mode == "steady" else None
-        bootstrap = f"127.0.0.1:{port}"
-        create_topic(bootstrap, retention)
-        return measure(args.bench, bootstrap, {args.peer_name: peer.pid}, mode, args.records,
+        return measure(args, f"127.0.0.1:{port}", {args.peer_name: peer.pid}, mode,
                        out / "produce.json")
     finally:
         peer.terminate()
@@ -161,6 +167,7 @@ def main():
     parser.add_argument("--bench", default=None, help="ketch-bench (default: next to --ketch)")
     parser.add_argument("--peer-name", default="peer")
     parser.add_argument("--peer-cmd", help="the peer's command line; {port} is its listener port")
+    parser.add_argument("--workload", choices=sorted(PRESETS), default="1-topic-16-partitions-1kb")
     parser.add_argument("--records", type=int, default=3_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--retention-bytes", type=int, default=32 << 20)
@@ -192,7 +199,7 @@ def main():
                   flush=True)
 
     lines = [f"# Produce from empty (fill) and in service (steady): {args.records:,} records of "
-             f"{WORKLOAD}, retention.bytes={args.retention_bytes}, segment.bytes={args.segment_bytes}, "
+             f"{args.workload}, retention.bytes={args.retention_bytes}, segment.bytes={args.segment_bytes}, "
              f"{args.rounds} rounds", "",
              "| side | mode | records/s (median) | server CPU µs/record (median) | per process: CPU µs/record, "
              "faults/record (medians) | peak RSS MiB (max) |", "|---|---|---:|---:|---|---:|"]
