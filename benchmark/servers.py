@@ -13,6 +13,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def stop(process, grace=30):
+    """SIGTERM, then SIGKILL if the process has not exited after `grace` s."""
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def redis_cli(port, *args):
     """redis-cli's answer, stripped (replies may hold binary data)."""
     out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True, capture_output=True)
@@ -68,12 +78,7 @@ class Servers:
 
     def __exit__(self, *exc):
         for p in reversed(self.processes):
-            p.terminate()
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p)
         if self.log_path.exists():
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "ketch.log").write_text(self.log_path.read_text())

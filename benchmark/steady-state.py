@@ -47,7 +47,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import Servers, free_port  # noqa: E402
+from servers import Servers, free_port, stop  # noqa: E402
 
 # ketch-bench's presets and their partitions.
 PRESETS = {
@@ -153,12 +153,7 @@ def run_peer(args, mode, work, out):
         return measure(args, f"127.0.0.1:{port}", {args.peer_name: peer.pid}, mode,
                        out / "produce.json")
     finally:
-        peer.terminate()
-        try:
-            peer.wait(30)
-        except subprocess.TimeoutExpired:
-            peer.kill()
-            peer.wait()
+        stop(peer)
 
 
 def main():
