@@ -130,8 +130,8 @@ fn redis_xadd_writes_one_stream_entry_per_record() {
 /// for the end only every 50 ms, and runs used to be timed to that check:
 /// a full-rate preset of half a second read up to a tenth slow, in steps.
 /// One record each way: the time between the start and the one reply is
-/// setting up a client, well under the 50 ms the old timing counted at
-/// least.
+/// setting up a client (about 1.5 ms here), under 40 ms even on a loaded
+/// machine, where the old timing counted at least 50.
 #[test]
 fn runs_end_with_their_last_reply() {
     let redis = RedisServer::start();
@@ -150,7 +150,7 @@ fn runs_end_with_their_last_reply() {
     let seconds = xadd["results"]["throughput"]["seconds"].as_f64().unwrap();
     let reply_s = xadd["results"]["pipeline_latency"]["max_ms"].as_f64().unwrap() / 1000.0;
     assert!(
-        seconds - reply_s < 0.025,
+        seconds - reply_s < 0.04,
         "one XADD replied in {reply_s} s, the run was timed at {seconds} s"
     );
 
@@ -169,7 +169,7 @@ fn runs_end_with_their_last_reply() {
     let seconds = produced["results"]["throughput"]["seconds"].as_f64().unwrap();
     let ack_s = produced["results"]["latency"]["max_ms"].as_f64().unwrap() / 1000.0;
     assert!(
-        seconds - ack_s < 0.025,
+        seconds - ack_s < 0.04,
         "one record was acknowledged in {ack_s} s, the run was timed at {seconds} s"
     );
 }
