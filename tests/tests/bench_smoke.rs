@@ -126,9 +126,10 @@ fn redis_xadd_writes_one_stream_entry_per_record() {
     assert_eq!(len, 3000);
 }
 
-/// A run's time ends with its last reply. The bench's main thread checks
-/// for the end only every 50 ms, and runs used to be timed to that check:
-/// a full-rate preset of half a second read up to a tenth slow, in steps.
+/// A run's time ends with its last reply. Runs used to be timed to when
+/// the bench's main thread, checking every 50 ms, saw the producers'
+/// flush return, and rdkafka's flush polls 100 ms at a time: a full-rate
+/// preset of half a second was timed up to 150 ms long, in steps.
 /// One record each way: the time between the start and the one reply is
 /// setting up a client (about 1.5 ms here), under 40 ms even on a loaded
 /// machine, where the old timing counted at least 50.
