@@ -25,8 +25,9 @@ their peak RSS. The sides and modes alternate each round (ABBA), and a
 summary gives each mode's medians and ketch ÷ peer.
 
 ketch's storage worker applies retention every tiering.tick_interval;
-this script sets 1 s (the default is 5 s), so at this machine's 700 MB/s
-Redis overshoots the retention by about a second of data, not five.
+this script sets 1 s (--tick-interval; the gateway's default is 5 s), so
+at this machine's 700 MB/s Redis overshoots the retention by about a
+second of data, not five.
 
     benchmark/steady-state.py --ketch target/release/ketch
     benchmark/steady-state.py --ketch BIN --peer-name nisshi \\
@@ -39,6 +40,7 @@ import json
 import os
 import pathlib
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -129,7 +131,7 @@ def measure(args, bootstrap, processes, mode, out_file):
 
 
 def run_ketch(args, mode, work, out):
-    with Servers(work, out, args.ketch, settings=["tiering.tick_interval=1s"]) as servers:
+    with Servers(work, out, args.ketch, settings=[f"tiering.tick_interval={args.tick_interval}"]) as servers:
         redis_pid = servers.processes[0].pid
         return measure(args, servers.bootstrap, {"ketch": servers.ketch.pid, "redis": redis_pid},
                        mode, out / "produce.json")
@@ -167,8 +169,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--retention-bytes", type=int, default=32 << 20)
     parser.add_argument("--segment-bytes", type=int, default=8 << 20)
+    parser.add_argument("--tick-interval", default="1s",
+                        help="ketch's tiering.tick_interval (how often retention is applied)")
+    parser.add_argument("--modes", type=lambda v: v.split(","), default=["fill", "steady"],
+                        help="fill, steady or both (comma-separated)")
     parser.add_argument("--out", default=None, help="results directory")
     args = parser.parse_args()
+    # Stopped with SIGTERM, still stop the servers it started (the `with`
+    # blocks and `finally` clauses run on SystemExit, not on a signal).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.ketch = os.path.abspath(args.ketch)
     args.bench = args.bench or os.path.join(os.path.dirname(args.ketch), "ketch-bench")
     out = pathlib.Path(args.out or f"benchmark/results/{time.strftime('%Y-%m-%d')}-steady-state")
@@ -177,7 +186,7 @@ def main():
     sides = [("ketch", run_ketch)] + ([(args.peer_name, run_peer)] if args.peer_cmd else [])
     runs = []
     for round_ in range(1, args.rounds + 1):
-        order = [(m, s) for m in ("fill", "steady") for s in sides]
+        order = [(m, s) for m in args.modes for s in sides]
         if round_ % 2 == 0:
             order.reverse()
         for mode, (side, run) in order:
@@ -199,7 +208,7 @@ def main():
              "| side | mode | records/s (median) | server CPU µs/record (median) | per process: CPU µs/record, "
              "faults/record (medians) | peak RSS MiB (max) |", "|---|---|---:|---:|---|---:|"]
     medians = {}
-    for mode in ("fill", "steady"):
+    for mode in args.modes:
         for side, _ in sides:
             mine = [r for r in runs if r["side"] == side and r["mode"] == mode]
             rate = statistics.median(r["records_per_s"] for r in mine)
@@ -213,7 +222,7 @@ def main():
             lines.append(f"| {side} | {mode} | {rate:,.0f} | {cpu:.3f} | {per} | {rss:,.0f} |")
     if len(sides) > 1:
         lines.append("")
-        for mode in ("fill", "steady"):
+        for mode in args.modes:
             (k_rate, k_cpu), (p_rate, p_cpu) = medians[("ketch", mode)], medians[(args.peer_name, mode)]
             lines.append(f"- {mode}: ketch ÷ {args.peer_name}: produce {k_rate / p_rate:.2f}, "
                          f"server CPU per record {k_cpu / p_cpu:.2f}")
