@@ -43,7 +43,7 @@ use s3s::auth::{Credentials, SimpleAuth};
 use s3s::crypto::{Checksum, Md5};
 use s3s::dto::*;
 use s3s::service::S3ServiceBuilder;
-use s3s::{Body, S3, S3Error, S3Request, S3Response, S3Result, s3_error};
+use s3s::{Body, S3, S3Request, S3Response, S3Result, s3_error};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use uuid::Uuid;
@@ -421,34 +421,49 @@ impl Objects {
     }
 }
 
-/// Hashes and writes a part's body to `temp`, then renames it to `file`.
+/// Writes a file through `temp`: `write` fills it, then it is renamed to
+/// `dest` (its directory made). On any error `temp` is removed and `dest`
+/// is untouched.
+fn replace_file<T>(
+    temp: &Path,
+    dest: &Path,
+    write: impl FnOnce(&mut File) -> io::Result<T>,
+) -> io::Result<T> {
+    let placed = (|| {
+        let value = write(&mut File::create(temp)?)?;
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::rename(temp, dest)?;
+        Ok(value)
+    })();
+    if placed.is_err() {
+        let _ = std::fs::remove_file(temp);
+    }
+    placed
+}
+
+/// Hashes and writes a part's body to its file (through `temp`).
 fn write_part(chunks: &[Bytes], temp: &Path, file: &Path) -> io::Result<[u8; 16]> {
-    let written = (|| {
+    replace_file(temp, file, |out| {
         let mut md5 = Md5::new();
-        let mut out = File::create(temp)?;
         for chunk in chunks {
             md5.update(chunk);
             out.write_all(chunk)?;
         }
-        std::fs::rename(temp, file)?;
         Ok(md5.finalize())
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(temp);
-    }
-    written
+    })
 }
 
-/// Joins the parts into `temp` and renames it to `object`, then removes
-/// the parts; answers their MD5s (hashing any not known). Every part is
-/// checked before anything is written: each uploaded, each but the last
-/// at least [`MIN_PART`] long.
+/// Joins the parts into `object` (through `temp`), then removes the parts;
+/// answers their MD5s (hashing any not known). Every part is checked
+/// before anything is written: each uploaded, each but the last at least
+/// [`MIN_PART`] long.
 fn join_parts(
     parts: &[(i32, PathBuf, Option<[u8; 16]>)],
     temp: &Path,
     object: &Path,
 ) -> S3Result<Vec<[u8; 16]>> {
-    let internal = |what: &str, e: io::Error| s3_error!(InternalError, "{what}: {e}");
     let mut lengths = Vec::with_capacity(parts.len());
     for (number, file, _) in parts {
         lengths.push(match std::fs::metadata(file) {
@@ -456,7 +471,7 @@ fn join_parts(
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(s3_error!(InvalidPart, "part {number} was not uploaded"));
             }
-            Err(e) => return Err(internal("reading a part", e)),
+            Err(e) => return Err(s3_error!(InternalError, "reading a part: {e}")),
         });
     }
     for (index, ((number, _, _), length)) in parts.iter().zip(lengths).enumerate() {
@@ -467,37 +482,24 @@ fn join_parts(
             ));
         }
     }
-    let joined = (|| -> Result<Vec<[u8; 16]>, S3Error> {
-        let mut out = File::create(temp).map_err(|e| internal("creating the object", e))?;
+    let md5s = replace_file(temp, object, |out| {
         let mut md5s = Vec::with_capacity(parts.len());
         for (_, file, md5) in parts {
-            let mut part = File::open(file).map_err(|e| internal("reading a part", e))?;
             // File to file: the kernel copies (copy_file_range), no read
             // into this process.
-            io::copy(&mut part, &mut out).map_err(|e| internal("joining the parts", e))?;
+            io::copy(&mut File::open(file)?, out)?;
             md5s.push(match md5 {
                 Some(md5) => *md5,
-                None => hash_file(file).map_err(|e| internal("hashing a part", e))?,
+                None => hash_file(file)?,
             });
         }
-        if let Some(dir) = object.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| internal("creating the object's directory", e))?;
-        }
-        std::fs::rename(temp, object).map_err(|e| internal("placing the object", e))?;
         Ok(md5s)
-    })();
-    match joined {
-        Ok(md5s) => {
-            for (_, file, _) in parts {
-                let _ = std::fs::remove_file(file);
-            }
-            Ok(md5s)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(temp);
-            Err(e)
-        }
+    })
+    .map_err(|e| s3_error!(InternalError, "joining the parts: {e}"))?;
+    for (_, file, _) in parts {
+        let _ = std::fs::remove_file(file);
     }
+    Ok(md5s)
 }
 
 fn hash_file(file: &Path) -> io::Result<[u8; 16]> {
