@@ -15,13 +15,17 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeade
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::Context;
 use crate::api;
 use crate::auth::sasl::{Outcome, Session};
 use crate::quotas::Kind;
+
+mod responses;
+
+use responses::{Front, Place, Responses};
 
 /// The most a frame's length field alone may make us allocate; a larger
 /// frame's buffer grows to its full size only once this much has arrived.
@@ -233,9 +237,6 @@ struct Response {
     _budget: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-/// A response to send, in request order; `None` for acks=0 produce.
-type Pending = tokio::task::JoinHandle<Option<Response>>;
-
 /// The response memory one connection may hold, in KiB: two of the largest
 /// fetch responses. A fetch reserves its share before reading and gives it
 /// back once its response is written, so a client that sends fetches but
@@ -268,16 +269,6 @@ async fn reserve(
     }
 }
 
-/// A response ready now (SASL answers, error answers), in the response order.
-fn ready(bytes: Bytes) -> Pending {
-    tokio::spawn(async move {
-        Some(Response {
-            chunks: vec![bytes],
-            _budget: None,
-        })
-    })
-}
-
 /// A SASL token sent as a raw size-prefixed frame (after a v0 handshake).
 fn raw_frame(token: &[u8]) -> Bytes {
     let mut buf = BytesMut::with_capacity(4 + token.len());
@@ -303,8 +294,8 @@ where
     let _open = ctx.requests.connection();
     let sasl_required = listener.protocol.sasl();
     let listener_name: Arc<str> = Arc::from(listener.name.as_str());
-    let (pending_tx, pending_rx) = mpsc::channel::<Pending>(ctx.settings.broker.max_inflight_requests);
-    let writer = tokio::spawn(write_responses(write, pending_rx));
+    let responses = Responses::new(ctx.settings.broker.max_inflight_requests);
+    let writer = tokio::spawn(write_responses(write, responses.clone()));
     let max = ctx.settings.broker.max_request_bytes;
     let idle = ctx.settings.broker.connections_max_idle.get();
     let budget = Arc::new(tokio::sync::Semaphore::new(response_budget_kib(&ctx)));
@@ -350,7 +341,7 @@ where
         if session.expects_raw_token() {
             match session.raw_token(ctx.storage.as_ref(), &frame).await {
                 Outcome::Raw(token) => {
-                    if pending_tx.send(ready(raw_frame(&token))).await.is_err() {
+                    if !responses.answer(raw_frame(&token)).await {
                         break Ok(());
                     }
                     continue;
@@ -366,7 +357,7 @@ where
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
             Err(Rejected::Answer(bytes)) => {
-                if pending_tx.send(ready(bytes)).await.is_err() {
+                if !responses.answer(bytes).await {
                     break Ok(());
                 }
                 continue;
@@ -420,7 +411,7 @@ where
             match outcome {
                 Outcome::Answer(kind) => match encode(&kind) {
                     Ok(bytes) => {
-                        if pending_tx.send(ready(bytes)).await.is_err() {
+                        if !responses.answer(bytes).await {
                             break Ok(());
                         }
                         continue;
@@ -430,7 +421,7 @@ where
                 Outcome::Raw(_) => continue,
                 Outcome::Close(kind, why) => {
                     if let Some(Ok(bytes)) = kind.as_ref().map(encode) {
-                        let _ = pending_tx.send(ready(bytes)).await;
+                        responses.answer(bytes).await;
                     }
                     break Err(ConnectionError::Auth(why));
                 }
@@ -483,6 +474,11 @@ where
             }
             _ => Duration::ZERO,
         };
+        // Its place in the response order, once fewer than
+        // `broker.max_inflight_requests` responses are waiting.
+        let Some(place) = responses.place().await else {
+            break Ok(());
+        };
         let (after, done) = order.admit(Effect::of(&request.1));
         let admitted = Admitted {
             ctx: ctx.clone(),
@@ -495,15 +491,13 @@ where
             mute: mute.clone(),
             held,
             reserved,
+            place,
             _inflight: ctx.requests.request(),
         };
-        let handle = tokio::spawn(admitted.serve());
-        if pending_tx.send(handle).await.is_err() {
-            break Ok(());
-        }
+        tokio::spawn(admitted.serve());
     };
     // Answer everything already accepted, then close.
-    drop(pending_tx);
+    responses.close();
     let _ = writer.await;
     result
 }
@@ -529,11 +523,13 @@ struct Admitted {
     /// Its share of the connection's response budget, until the response
     /// is written.
     reserved: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Where its response goes in the connection's response order.
+    place: Place,
     _inflight: crate::metrics::Open,
 }
 
 impl Admitted {
-    async fn serve(self) -> Option<Response> {
+    async fn serve(self) {
         let Admitted {
             ctx,
             client,
@@ -545,6 +541,7 @@ impl Admitted {
             mute,
             held,
             reserved,
+            place,
             _inflight,
         } = self;
         futures::future::join_all(after.into_iter().map(Done::wait)).await;
@@ -558,10 +555,10 @@ impl Admitted {
         // starts and finishes it stay small (see `a_request_task_stays_small`).
         let chunks = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute)).await;
         drop(held);
-        Some(Response {
-            chunks: chunks?,
+        place.fill(chunks.map(|chunks| Response {
+            chunks,
             _budget: reserved,
-        })
+        }));
     }
 }
 
@@ -967,39 +964,40 @@ impl Order {
     }
 }
 
-async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, mut pending: mpsc::Receiver<Pending>) {
+/// Writes the connection's responses in request order as they become
+/// ready, until the reader is done and everything admitted is written (or
+/// the client's socket fails, or a request's task ended without an answer).
+async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, responses: Arc<Responses>) {
     let mut write = BufWriter::new(write);
-    let mut next = None;
     loop {
-        let handle = match next.take() {
-            Some(handle) => handle,
-            None => match pending.recv().await {
-                Some(handle) => handle,
-                None => break,
-            },
-        };
-        let response = match handle.await {
-            Ok(response) => response,
-            Err(e) => {
-                tracing::error!(error = %e, "request handler panicked; closing connection");
-                return;
+        match responses.front() {
+            Front::Ready(response, next_ready) => {
+                if let Some(response) = response
+                    && write_chunks(&mut write, &response.chunks).await.is_err()
+                {
+                    break;
+                }
+                // Pipelined responses that are ready share a write; one
+                // whose successor is still being worked on goes out now (a
+                // request in flight is not a reason to hold the answer to
+                // an earlier one: the client may be waiting for it before
+                // it sends more).
+                if !next_ready && write.flush().await.is_err() {
+                    break;
+                }
             }
-        };
-        if let Some(response) = response
-            && write_chunks(&mut write, &response.chunks).await.is_err()
-        {
-            return;
-        }
-        // Pipelined responses that are ready share a write; one whose
-        // successor is still being worked on goes out now (a request in
-        // flight is not a reason to hold the answer to an earlier one: the
-        // client may be waiting for it before it sends more).
-        next = pending.try_recv().ok();
-        if next.as_ref().is_none_or(|handle| !handle.is_finished()) && write.flush().await.is_err() {
-            return;
+            Front::Waiting => responses.changed().await,
+            Front::End => {
+                let _ = write.flush().await;
+                break;
+            }
+            Front::Abandoned => {
+                tracing::error!("request handler panicked; closing connection");
+                break;
+            }
         }
     }
-    let _ = write.flush().await;
+    responses.stop();
 }
 
 /// Writes a response's chunks: one write of the whole list (`writev`), so a
@@ -1162,6 +1160,7 @@ mod tests {
             mute: Arc::default(),
             held: budget.try_acquire_owned().expect("a permit"),
             reserved: None,
+            place: Responses::new(1).place().await.expect("room"),
             _inflight: ctx.requests.request(),
         };
         let response = respond(
