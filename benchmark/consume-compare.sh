@@ -19,7 +19,9 @@
 # Redis, 10,000 records/s of 1 KiB to 16 partitions for LATENCY_DURATION
 # (20s) through `ketch-bench roundtrip`; a line per run with produce
 # (send to ack) and end-to-end (send to consume) p50 and p99, and the
-# server CPU per record and the client's own CPU seconds.
+# server CPU per record, the client's own CPU seconds and the gateway's
+# context switches per record (voluntary and involuntary, all its threads,
+# since it started).
 #
 # BENCH_BEFORE and BENCH_AFTER (optional) give each side its own
 # ketch-bench binary, to compare two builds of the client against one
@@ -91,7 +93,7 @@ cpu() { python3 -c "import json,sys; print('%.3f' % json.load(open(sys.argv[1]))
 
 if [ "${MODE:-}" = latency ]; then
     field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
-    printf 'linger_ms\tround\tbuild\tproduce_p50_ms\tproduce_p99_ms\te2e_p50_ms\te2e_p99_ms\tserver_cpu_us_rec\tclient_cpu_s\n'
+    printf 'linger_ms\tround\tbuild\tproduce_p50_ms\tproduce_p99_ms\te2e_p50_ms\te2e_p99_ms\tserver_cpu_us_rec\tclient_cpu_s\tketch_switches_rec\n'
     for linger in ${LINGERS:-0 1}; do
         for round in $(seq 1 "$rounds"); do
             for side in before after; do
@@ -99,10 +101,12 @@ if [ "${MODE:-}" = latency ]; then
                 "$client" roundtrip --bootstrap-server "127.0.0.1:$kafka_port" --workload 1-topic-16-partitions-1kb \
                     --topic t --create-topic --rate 10000 --duration "${LATENCY_DURATION:-20s}" --linger-ms "$linger" \
                     --output json --quiet --server-pid "$ketch_pid" --server-pid "$redis_pid" >"$work/r.json"
+                switches=$(cat /proc/"$ketch_pid"/task/*/status |
+                    awk '/ctxt_switches/ {n += $2} END {print n}')
                 stop ketch_pid
                 stop redis_pid
                 printf '%s\t%s\t%s\t%s\n' "$linger" "$round" "$side" "$(field "$work/r.json" \
-                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record'], r.get('client', {}).get('cpu_s', '')))")"
+                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record'], r.get('client', {}).get('cpu_s', ''), round($switches * r['server']['cpu_us_per_record'] / (r['server']['total_cpu_s'] * 1e6), 3)))")"
             done
         done
     done
