@@ -9,8 +9,12 @@ use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, TestRedis, unique_topic};
 
 fn start() -> (TestRedis, Ketch, KafkaConn, String) {
+    start_with(&[])
+}
+
+fn start_with(args: &[&str]) -> (TestRedis, Ketch, KafkaConn, String) {
     let redis = TestRedis::start();
-    let ketch = Ketch::start(&redis.url(), &[]);
+    let ketch = Ketch::start(&redis.url(), args);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("wire");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
@@ -45,8 +49,20 @@ fn pipelined_produce_requests_are_appended_in_request_order() {
     // Kafka appends the requests of one connection in the order they were
     // sent; a producer without idempotence relies on it for ordering when it
     // has several requests in flight.
+    appended_and_answered_in_request_order(&[]);
+}
+
+#[test]
+fn one_answer_waiting_at_a_time_still_serves_a_pipeline() {
+    // With room for one waiting answer, the gateway admits each request
+    // only once the one before it has been answered: 200 pipelined
+    // requests all the same, in order.
+    appended_and_answered_in_request_order(&["--set", "broker.max_inflight_requests=1"]);
+}
+
+fn appended_and_answered_in_request_order(args: &[&str]) {
     const IN_FLIGHT: usize = 200;
-    let (_redis, _ketch, mut conn, topic) = start();
+    let (_redis, _ketch, mut conn, topic) = start_with(args);
     let mut frames = Vec::new();
     for n in 0..IN_FLIGHT {
         let records: Vec<Record> = (0..5)
