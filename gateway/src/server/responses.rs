@@ -12,8 +12,9 @@
 //! task to the run queue and woke the other worker thread to steal it: at a
 //! low request rate each request crossed threads, and every crossing is a
 //! futex wake and a context switch (an idle virtual CPU woken, on a VM).
-//! Now a request's task, its Redis connection's task and the writer run one
-//! after another on the thread that read the request.
+//! Now no wake of the gateway's own hands a request to the other thread:
+//! its task, its Redis connection's task and the writer run on whichever
+//! thread the sockets wake.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
