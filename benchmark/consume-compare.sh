@@ -106,7 +106,7 @@ if [ "${MODE:-}" = latency ]; then
                 stop ketch_pid
                 stop redis_pid
                 printf '%s\t%s\t%s\t%s\n' "$linger" "$round" "$side" "$(field "$work/r.json" \
-                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record'], r.get('client', {}).get('cpu_s', ''), round($switches * r['server']['cpu_us_per_record'] / (r['server']['total_cpu_s'] * 1e6), 3)))")"
+                    "'\t'.join(str(x) for x in (r['results']['produce']['latency']['p50_ms'], r['results']['produce']['latency']['p99_ms'], r['results']['end_to_end_latency']['p50_ms'], r['results']['end_to_end_latency']['p99_ms'], r['server']['cpu_us_per_record'], r.get('client', {}).get('cpu_s', ''), round($switches / r['results']['produce']['latency']['count'], 3)))")"
             done
         done
     done
