@@ -680,13 +680,20 @@ impl Store {
                 .arg(self.compact_producers_arg());
             cmd
         };
+        let presence = self.wake.presence(&keys.wake).unwrap_or_default();
         if batch.len() <= INLINE_BATCH_BYTES {
-            return reserve("inline").arg(&batch[..]).query_async(&mut conn).await;
+            return reserve("inline")
+                .arg(&batch[..])
+                .arg(&presence)
+                .query_async(&mut conn)
+                .await;
         }
         let last = expected.max(0) + i64::from(count) - 1;
+        let mut reserve = reserve("reserve");
+        reserve.arg("").arg(&presence);
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .add_command(reserve("reserve"))
+            .add_command(reserve)
             .cmd("XADD")
             .arg(&keys.staging)
             .arg("NOMKSTREAM")
@@ -729,8 +736,8 @@ impl Store {
                 packed.arg(key);
             }
         };
-        let reserve = |packed: &mut Packed, mode: &str, inline: bool| {
-            evalsha(packed, 12 + usize::from(inline));
+        let reserve = |packed: &mut Packed, mode: &str| {
+            evalsha(packed, 14);
             packed
                 .arg(mode)
                 .int(expected)
@@ -745,10 +752,11 @@ impl Store {
                 .arg(transactional_arg(header))
                 .arg(self.compact_producers_arg());
         };
+        let presence = self.wake.presence(&keys.wake).unwrap_or_default();
         let mut packed = Packed::default();
         if batch.len() <= INLINE_BATCH_BYTES {
-            reserve(&mut packed, "inline", true);
-            packed.bytes(batch);
+            reserve(&mut packed, "inline");
+            packed.bytes(batch).arg(&presence);
             let mut replies = wire.request(packed).await?.into_iter();
             let reply = replies
                 .next()
@@ -757,7 +765,8 @@ impl Store {
         }
         let last = expected.max(0) + i64::from(count) - 1;
         packed.command(1).arg("MULTI");
-        reserve(&mut packed, "reserve", false);
+        reserve(&mut packed, "reserve");
+        packed.arg("").arg(&presence);
         packed
             .command(8)
             .arg("XADD")

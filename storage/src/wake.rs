@@ -4,7 +4,9 @@
 //! channels of its partitions and sleeps until one fires or `max_wait_ms`
 //! passes. Appends through this gateway wake it in-process; appends through
 //! another gateway reach it through Redis sharded pub/sub (`SPUBLISH` in the
-//! append script, `SSUBSCRIBE` here). A channel is subscribed while someone
+//! append script, `SSUBSCRIBE` here). The script leaves an append
+//! unannounced when only the appending gateway listens, which Redis tells
+//! from each gateway's presence channel ([`WakeHub::presence`]). A channel is subscribed while someone
 //! waits on it and for `linger` after, so a consumer long-polling in a loop
 //! does not subscribe and unsubscribe on every fetch. Nothing here polls
 //! Redis.
@@ -46,6 +48,9 @@ struct Inner {
     commands: mpsc::UnboundedSender<Command>,
     /// Bumped whenever a subscription is confirmed or lost.
     confirmations: watch::Sender<u64>,
+    /// Names this gateway's presence channels (see [`WakeHub::presence`]);
+    /// `None` for a hub that subscribes to nothing.
+    presence: Option<u64>,
 }
 
 #[derive(Default)]
@@ -300,7 +305,7 @@ impl WakeHub {
         linger: Duration,
         connect_timeout: Duration,
     ) -> Self {
-        let (hub, rx) = Self::detached();
+        let (hub, rx) = Self::detached(Some(rand::random()));
         let subscriber = Subscriber {
             hub: hub.clone(),
             client,
@@ -320,7 +325,7 @@ impl WakeHub {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> crate::Result<Self> {
-        let (hub, commands) = Self::detached();
+        let (hub, commands) = Self::detached(Some(rand::random()));
         let (pushes_tx, pushes) = mpsc::unbounded_channel();
         let conn =
             crate::connection::Conn::cluster(seeds, tls, connect_timeout, response_timeout, Some(pushes_tx))?;
@@ -339,20 +344,35 @@ impl WakeHub {
     /// A hub that only hears of appends made in this process (no Redis
     /// subscription): for storage kept in memory.
     pub fn in_process() -> Self {
-        Self::detached().0
+        Self::detached(None).0
     }
 
     /// A hub without its subscriber task, and the commands meant for it.
-    fn detached() -> (Self, mpsc::UnboundedReceiver<Command>) {
+    fn detached(presence: Option<u64>) -> (Self, mpsc::UnboundedReceiver<Command>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let hub = Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 commands,
                 confirmations: watch::Sender::new(0),
+                presence,
             }),
         };
         (hub, rx)
+    }
+
+    /// This gateway's presence channel for `channel`: its subscriber holds
+    /// it exactly while it holds `channel` (subscribed after it, in the
+    /// same command where it can be, and unsubscribed before it; the same
+    /// slot, so the same node and connection). The append script counts
+    /// both channels' subscribers in Redis and announces an append only
+    /// when someone other than the appending gateway listens: that gateway
+    /// wakes its own fetches itself ([`WakeHub::stored`]). Redis, not this
+    /// gateway's belief, says whether its subscription is alive, so a
+    /// subscription dropped unnoticed costs an announcement, never a
+    /// missed one. `None` for a hub that subscribes to nothing.
+    pub fn presence(&self, channel: &str) -> Option<String> {
+        self.inner.presence.map(|id| presence_channel(channel, id))
     }
 
     /// Registers interest in `channels`.
@@ -737,7 +757,7 @@ impl Subscriber {
         // Queued commands are superseded by the full resubscription below.
         while commands.try_recv().is_ok() {}
         for channel in self.hub.channel_names() {
-            write.write_all(&encode(&["SSUBSCRIBE", &channel])).await?;
+            write.write_all(&self.subscribe(&channel)).await?;
         }
         let mut sweep = tokio::time::interval((self.linger / 2).max(Duration::from_millis(100)));
         loop {
@@ -745,7 +765,7 @@ impl Subscriber {
                 command = commands.recv() => match command {
                     Some(Command::Subscribe(channel)) => {
                         if self.hub.is_wanted(&channel) {
-                            write.write_all(&encode(&["SSUBSCRIBE", &channel])).await?;
+                            write.write_all(&self.subscribe(&channel)).await?;
                         }
                     }
                     None => return Ok(()),
@@ -757,11 +777,24 @@ impl Subscriber {
                 },
                 _ = sweep.tick() => {
                     for channel in self.hub.take_idle(self.linger) {
-                        write.write_all(&encode(&["SUNSUBSCRIBE", &channel])).await?;
+                        let mut unsubscribe = vec!["SUNSUBSCRIBE"];
+                        let presence = self.hub.presence(&channel);
+                        unsubscribe.extend(presence.as_deref());
+                        unsubscribe.push(&channel);
+                        write.write_all(&encode(&unsubscribe)).await?;
                     }
                 }
             }
         }
+    }
+
+    /// `SSUBSCRIBE` of `channel` and then its presence channel, in one
+    /// command (one slot: Redis takes both before serving anyone else).
+    fn subscribe(&self, channel: &str) -> Vec<u8> {
+        let presence = self.hub.presence(channel);
+        let mut args = vec!["SSUBSCRIBE", channel];
+        args.extend(presence.as_deref());
+        encode(&args)
     }
 
     fn handle(&self, frame: Frame) {
@@ -815,6 +848,16 @@ impl ClusterSubscriber {
                         self.subscribe(channel, &mut retry).await;
                     }
                     for channel in self.hub.take_idle(self.linger) {
+                        // The presence channel first: Redis must never see
+                        // it held without the channel.
+                        if let Some(presence) = self.hub.presence(&channel)
+                            && let Err(e) = self.conn.sunsubscribe(&presence).await
+                        {
+                            // Both stay: messages on a channel no one here
+                            // waits for are ignored.
+                            tracing::debug!(error = %e, channel, "cannot unsubscribe an idle presence channel");
+                            continue;
+                        }
                         if let Err(e) = self.conn.sunsubscribe(&channel).await {
                             tracing::debug!(error = %e, channel, "cannot unsubscribe an idle wake-up channel");
                         }
@@ -828,7 +871,15 @@ impl ClusterSubscriber {
         if !self.hub.is_wanted(&channel) || retry.contains(&channel) {
             return;
         }
-        match self.conn.ssubscribe(&channel).await {
+        let presence = self.hub.presence(&channel);
+        let subscribed = match self.conn.ssubscribe(&channel).await {
+            Ok(()) => match &presence {
+                Some(presence) => self.conn.ssubscribe(presence).await,
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        };
+        match subscribed {
             Ok(()) => self.hub.set_subscribed(&channel, true),
             Err(e) => {
                 tracing::debug!(error = %e, channel, "wake-up subscription failed; will retry");
@@ -889,6 +940,12 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// The presence channel of the hub `id` for `channel`: the same hash tag,
+/// so the same slot.
+fn presence_channel(channel: &str, id: u64) -> String {
+    format!("{channel}:{id:016x}")
 }
 
 fn encode(args: &[&str]) -> Vec<u8> {
@@ -1024,7 +1081,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_watch_learns_which_channels_fired() {
-        let (hub, _commands) = WakeHub::detached();
+        let (hub, _commands) = WakeHub::detached(None);
         let watch = hub.watch(vec!["c".into(), "d".into()]);
         hub.appended("c", Some(5), None);
         let fired = watch.take_fired();
@@ -1037,7 +1094,7 @@ mod tests {
 
     #[tokio::test]
     async fn known_offsets_need_a_confirmed_subscription_and_never_go_back() {
-        let (hub, _commands) = WakeHub::detached();
+        let (hub, _commands) = WakeHub::detached(None);
         let _watch = hub.watch(vec!["c".into()]);
         hub.appended("c", Some(5), Some(0));
         assert_eq!(hub.known_empty_at("c", 5, false), None, "not subscribed yet");
@@ -1068,7 +1125,7 @@ mod tests {
     /// is the one at which a read saw every transaction decided.
     #[tokio::test]
     async fn known_empty_for_read_committed_needs_a_read_that_saw_it_decided() {
-        let (hub, _commands) = WakeHub::detached();
+        let (hub, _commands) = WakeHub::detached(None);
         let _watch = hub.watch(vec!["c".into()]);
         hub.set_subscribed("c", true);
         let generation = hub.generation("c").unwrap();
@@ -1120,7 +1177,7 @@ mod tests {
     /// log start on, and is forgotten with the subscription.
     #[tokio::test]
     async fn a_tail_serves_from_the_log_start_while_subscribed() {
-        let (hub, _commands) = WakeHub::detached();
+        let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1 << 20);
         let _watch = hub.watch(vec!["c".into()]);
         assert!(!hub.appending("c").keeps_tail(), "not subscribed yet");
@@ -1158,7 +1215,7 @@ mod tests {
     /// was decided, keeps them decided.
     #[tokio::test]
     async fn a_tail_serves_read_committed_below_what_is_known_stable() {
-        let (hub, _commands) = WakeHub::detached();
+        let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1 << 20);
         let _watch = hub.watch(vec!["c".into()]);
         hub.set_subscribed("c", true);
@@ -1192,7 +1249,7 @@ mod tests {
     /// not.
     #[tokio::test]
     async fn an_announcement_during_an_append_wakes_when_it_ends() {
-        let (hub, _commands) = WakeHub::detached();
+        let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1 << 20);
         let watch = hub.watch(vec!["c".into()]);
         hub.set_subscribed("c", true);

@@ -9,6 +9,7 @@ pub mod proxy;
 pub mod raw;
 pub mod servers;
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -664,6 +665,38 @@ impl TestRedis {
             TestRedis::Single(server) => server.command_calls(command),
             TestRedis::Cluster(cluster) => cluster.nodes.iter().map(|n| n.command_calls(command)).sum(),
         }
+    }
+
+    /// Sharded pub/sub channels matching `pattern` and how many clients
+    /// hold each, over every server (each node of a cluster).
+    pub fn shard_channels(&self, pattern: &str) -> BTreeMap<String, u64> {
+        let on = |server: &RedisServer| -> Vec<(String, u64)> {
+            let mut conn = server.connection();
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
+                .arg(pattern)
+                .query(&mut conn)
+                .expect("PUBSUB SHARDCHANNELS");
+            if channels.is_empty() {
+                return Vec::new();
+            }
+            redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(&channels)
+                .query(&mut conn)
+                .expect("PUBSUB SHARDNUMSUB")
+        };
+        let mut out = BTreeMap::new();
+        let servers: Vec<&RedisServer> = match self {
+            TestRedis::Single(server) => vec![server],
+            TestRedis::Cluster(cluster) => cluster.nodes.iter().collect(),
+        };
+        for server in servers {
+            for (channel, count) in on(server) {
+                *out.entry(channel).or_insert(0) += count;
+            }
+        }
+        out
     }
 
     /// The hash tags of a topic's partitions, from its `ketch:topics` record.

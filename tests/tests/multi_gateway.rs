@@ -179,3 +179,93 @@ fn fetch_waiting_on_one_gateway_wakes_for_a_produce_through_another() {
     );
     assert!(p99 < Duration::from_millis(50), "p99 {p99:?} >= 50 ms");
 }
+
+/// An append is announced on its partition's channel only when a gateway
+/// other than the appending one listens there: the appending gateway wakes
+/// its own fetches itself, and Redis, counting the subscribers of the
+/// channel and of that gateway's presence channel, leaves the message out.
+/// Once a second gateway waits on the partition, appends are announced and
+/// its fetch wakes at once.
+#[test]
+fn appends_are_announced_only_when_another_gateway_listens() {
+    const ALONE: i64 = 20;
+    let redis = TestRedis::start();
+    let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
+    let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
+    let topic = unique_topic("announce");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 1),
+        code::NONE
+    );
+    let tag = redis.topic_tags(&topic).remove(0);
+    let channel = format!("ketch:{{{tag}}}:wake");
+    // The channel and each gateway's presence channel for it, once `want`
+    // gateways hold both.
+    let wait_for_listeners = |want: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let held = redis.shard_channels(&format!("{channel}*"));
+            let presences = held.iter().filter(|(c, n)| **c != channel && **n == 1).count();
+            if held.get(&channel) == Some(&(want as u64)) && presences == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "listeners on {channel}: {held:?}");
+            thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let fetch = |conn: &mut KafkaConn, offset: i64| {
+        conn.send(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, offset, 5_000));
+    };
+    let fetched = |conn: &mut KafkaConn| {
+        let response = conn.receive::<kafka_protocol::messages::FetchRequest>(raw::FETCH_VERSION);
+        let (error, _, records) = raw::fetch_result(&response);
+        (error, records.as_deref().map_or(0, raw::count_records))
+    };
+
+    // A consumer long-polls through A, which appends too: nobody else listens.
+    let mut consumer_a = KafkaConn::connect(a.kafka_addr());
+    let mut producer = KafkaConn::connect(a.kafka_addr());
+    let announced = redis.command_calls("spublish");
+    for offset in 0..ALONE {
+        fetch(&mut consumer_a, offset);
+        if offset == 0 {
+            wait_for_listeners(1);
+        }
+        let (error, stored) = raw::produce(
+            &mut producer,
+            &topic,
+            0,
+            batch::encode(&[Record::value(offset, b"alone")]),
+        );
+        assert_eq!((error, stored), (code::NONE, offset));
+        assert_eq!(fetched(&mut consumer_a), (code::NONE, 1), "offset {offset}");
+    }
+    assert_eq!(
+        redis.command_calls("spublish") - announced,
+        0,
+        "appends announced with only the appending gateway listening"
+    );
+
+    // B waits on the partition too: A's next append is announced, and B's
+    // fetch (up to 5 s) is answered as soon as it is.
+    let mut consumer_b = KafkaConn::connect(b.kafka_addr());
+    fetch(&mut consumer_b, ALONE);
+    fetch(&mut consumer_a, ALONE);
+    wait_for_listeners(2);
+    let (error, stored) = raw::produce(
+        &mut producer,
+        &topic,
+        0,
+        batch::encode(&[Record::value(ALONE, b"heard")]),
+    );
+    assert_eq!((error, stored), (code::NONE, ALONE));
+    let acked = Instant::now();
+    assert_eq!(fetched(&mut consumer_b), (code::NONE, 1));
+    let waited = acked.elapsed();
+    assert!(
+        waited < Duration::from_secs(2),
+        "B's fetch answered after {waited:?}"
+    );
+    assert_eq!(fetched(&mut consumer_a), (code::NONE, 1));
+    assert!(redis.command_calls("spublish") - announced >= 1);
+}

@@ -44,6 +44,13 @@
 -- marker:  ARGV[11] 'commit' or 'abort'
 -- ARGV[12] '1' when the layout allows the compact producer state encoding, else '0'
 -- inline, marker: ARGV[13] the batch bytes (small batches only: they get hashed)
+-- reserve: ARGV[13] '' (unused)
+-- ARGV[14] (optional) the appending gateway's presence channel for ARGV[5]
+--          (storage/src/wake.rs, WakeHub::presence): its subscriber holds it
+--          exactly while it holds ARGV[5]. The append is announced on
+--          ARGV[5] only when more clients hold ARGV[5] than hold it: when
+--          someone other than the appending gateway listens (that one wakes
+--          its own fetches). Without it, always announced.
 --
 -- A transactional batch is stored only while the producer's transaction
 -- is registered here (scripts/txn_join.lua, at AddPartitionsToTxn) at the
@@ -269,5 +276,8 @@ redis.call('HSET', KEYS[1], 'next_offset', string.format('%d', base + count),
   'seg_bytes', string.format('%d', tonumber(meta[6] or '0') + size),
   'seg_start_ms', seg_start,
   'seg_max_ts', string.format('%d', seg_max_ts))
-redis.call('SPUBLISH', ARGV[5], string.format('%d', base + count))
+local listeners = ARGV[14] and ARGV[14] ~= '' and redis.call('PUBSUB', 'SHARDNUMSUB', ARGV[5], ARGV[14])
+if not listeners or listeners[2] > listeners[4] then
+  redis.call('SPUBLISH', ARGV[5], string.format('%d', base + count))
+end
 return {'stored', base, tonumber(meta[2])}
