@@ -6,10 +6,10 @@
 //! another gateway reach it through Redis sharded pub/sub (`SPUBLISH` in the
 //! append script, `SSUBSCRIBE` here). The script leaves an append
 //! unannounced when only the appending gateway listens, which Redis tells
-//! from each gateway's presence channel ([`WakeHub::presence`]). A channel is subscribed while someone
-//! waits on it and for `linger` after, so a consumer long-polling in a loop
-//! does not subscribe and unsubscribe on every fetch. Nothing here polls
-//! Redis.
+//! from each gateway's presence channel ([`WakeHub::presence`]). A channel
+//! is subscribed while someone waits on it and for `linger` after, so a
+//! consumer long-polling in a loop does not subscribe and unsubscribe on
+//! every fetch. Nothing here polls Redis.
 //!
 //! The hub does not care how subscriptions reach Redis; two transports feed
 //! it. In single mode, redis-rs offers no `SSUBSCRIBE`, so [`Subscriber`]
