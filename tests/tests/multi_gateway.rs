@@ -24,16 +24,23 @@ fn value(writer: usize, batch: usize, record: usize) -> Vec<u8> {
     format!("w{writer}-b{batch}-r{record}").into_bytes()
 }
 
-#[test]
-fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
+/// A Redis, gateways A (node 1) and B (node 2) on it, and a topic of one
+/// partition named from `prefix`, created through A.
+fn two_gateways(prefix: &str) -> (TestRedis, Ketch, Ketch, String) {
     let redis = TestRedis::start();
     let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
     let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
-    let topic = unique_topic("two-gateways");
+    let topic = unique_topic(prefix);
     assert_eq!(
         raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 1),
         code::NONE
     );
+    (redis, a, b, topic)
+}
+
+#[test]
+fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
+    let (_redis, a, b, topic) = two_gateways("two-gateways");
 
     let writers: Vec<_> = (0..2 * WRITERS_PER_GATEWAY)
         .map(|writer| {
@@ -108,14 +115,7 @@ fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
 #[test]
 fn fetch_waiting_on_one_gateway_wakes_for_a_produce_through_another() {
     const TRIALS: usize = 200;
-    let redis = TestRedis::start();
-    let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
-    let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
-    let topic = unique_topic("wake");
-    assert_eq!(
-        raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 1),
-        code::NONE
-    );
+    let (_redis, a, b, topic) = two_gateways("wake");
 
     // The consumer thread parks a Fetch (max_wait 5 s) on gateway A at the
     // offset it is told, and reports when the answer arrived.
@@ -189,14 +189,7 @@ fn fetch_waiting_on_one_gateway_wakes_for_a_produce_through_another() {
 #[test]
 fn appends_are_announced_only_when_another_gateway_listens() {
     const ALONE: i64 = 20;
-    let redis = TestRedis::start();
-    let a = Ketch::start(&redis.url(), &["--node-id", "1"]);
-    let b = Ketch::start(&redis.url(), &["--node-id", "2"]);
-    let topic = unique_topic("announce");
-    assert_eq!(
-        raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 1),
-        code::NONE
-    );
+    let (redis, a, b, topic) = two_gateways("announce");
     let tag = redis.topic_tags(&topic).remove(0);
     let channel = format!("ketch:{{{tag}}}:wake");
     // The channel and each gateway's presence channel for it, once `want`
