@@ -215,6 +215,12 @@ fn appends_are_announced_only_when_another_gateway_listens() {
         (error, records.as_deref().map_or(0, raw::count_records))
     };
 
+    // One record through A, expected at `offset`.
+    let append = |producer: &mut KafkaConn, offset: i64| {
+        let batch = batch::encode(&[Record::value(offset, b"announce")]);
+        assert_eq!(raw::produce(producer, &topic, 0, batch), (code::NONE, offset));
+    };
+
     // A consumer long-polls through A, which appends too: nobody else listens.
     let mut consumer_a = KafkaConn::connect(a.kafka_addr());
     let mut producer = KafkaConn::connect(a.kafka_addr());
@@ -224,13 +230,7 @@ fn appends_are_announced_only_when_another_gateway_listens() {
         if offset == 0 {
             wait_for_listeners(1);
         }
-        let (error, stored) = raw::produce(
-            &mut producer,
-            &topic,
-            0,
-            batch::encode(&[Record::value(offset, b"alone")]),
-        );
-        assert_eq!((error, stored), (code::NONE, offset));
+        append(&mut producer, offset);
         assert_eq!(fetched(&mut consumer_a), (code::NONE, 1), "offset {offset}");
     }
     assert_eq!(
@@ -245,13 +245,7 @@ fn appends_are_announced_only_when_another_gateway_listens() {
     fetch(&mut consumer_b, ALONE);
     fetch(&mut consumer_a, ALONE);
     wait_for_listeners(2);
-    let (error, stored) = raw::produce(
-        &mut producer,
-        &topic,
-        0,
-        batch::encode(&[Record::value(ALONE, b"heard")]),
-    );
-    assert_eq!((error, stored), (code::NONE, ALONE));
+    append(&mut producer, ALONE);
     let acked = Instant::now();
     assert_eq!(fetched(&mut consumer_b), (code::NONE, 1));
     let waited = acked.elapsed();
