@@ -24,11 +24,18 @@
 //! perhaps fewer of them (the read stops where the run does).
 //!
 //! Memory: batches of at most [`TAIL_BATCH_BYTES`], at most
-//! [`TAIL_PARTITION_BYTES`] per partition, none older than [`TAIL_AGE`]
-//! once the partition's next batch arrives, and at most the hub's budget
-//! (`fetch.tail_cache_bytes`) over all partitions.
+//! [`TAIL_PARTITION_BYTES`] per partition, and at most the hub's budget
+//! (`fetch.tail_cache_bytes`) over all partitions. The hub's [`Order`]
+//! numbers every batch kept, in every tail, in the order they were kept:
+//! when the budget is short the oldest batches go first, whichever
+//! partitions they are in, and a batch older than [`TAIL_AGE`] goes at the
+//! next batch kept anywhere (or the hub's next sweep). So a partition whose
+//! appends stopped, or whose consumers left (its channel stays subscribed
+//! for `fetch.subscription_linger`), does not hold the budget that the
+//! partitions being tailed now need.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,8 +47,8 @@ pub const TAIL_BATCH_BYTES: usize = 256 * 1024;
 /// Most bytes one partition's tail keeps.
 pub const TAIL_PARTITION_BYTES: usize = 1024 * 1024;
 
-/// A tail's batches older than this go when the next one comes: a tailing
-/// consumer fetches within milliseconds of an append.
+/// Batches kept longer than this go: a tailing consumer fetches within
+/// milliseconds of an append.
 pub const TAIL_AGE: Duration = Duration::from_secs(1);
 
 /// One partition's run of cached batches.
@@ -57,7 +64,8 @@ struct Cached {
     /// Last offset, inclusive.
     last: i64,
     batch: Bytes,
-    at: Instant,
+    /// Its number in the hub's [`Order`].
+    seq: u64,
 }
 
 impl Tail {
@@ -66,37 +74,46 @@ impl Tail {
         self.bytes
     }
 
-    /// Adds the batch at `base..=last` (its offsets patched in) appended at
-    /// `now`, if it follows the run (else the run starts again with it) and
-    /// fits: `spare` is what the hub's budget has left, and the tail's own
-    /// bytes count toward it. Returns how far the tail's bytes changed.
-    pub(crate) fn push(&mut self, base: i64, last: i64, batch: Bytes, now: Instant, spare: usize) -> isize {
+    /// Adds the batch at `base..=last` (its offsets patched in), numbered
+    /// `seq` in the hub's [`Order`], if it follows the run (else the run
+    /// starts again with it) and is at most [`TAIL_BATCH_BYTES`]; the
+    /// tail's oldest batches make room within [`TAIL_PARTITION_BYTES`].
+    /// Returns how far the tail's bytes changed.
+    pub(crate) fn push(&mut self, base: i64, last: i64, batch: Bytes, seq: u64) -> isize {
         let before = self.bytes as isize;
         if self.batches.back().is_some_and(|b| b.last + 1 != base) {
             self.clear();
         }
-        let room = spare.saturating_add(self.bytes).min(TAIL_PARTITION_BYTES);
-        if batch.len() > TAIL_BATCH_BYTES || batch.len() > room {
+        if batch.len() > TAIL_BATCH_BYTES {
             // Not kept: the run cannot go on past it.
             self.clear();
             return self.bytes as isize - before;
         }
-        while let Some(front) = self.batches.front() {
-            let old = now.saturating_duration_since(front.at) > TAIL_AGE;
-            if !old && self.bytes + batch.len() <= room {
+        while self.bytes + batch.len() > TAIL_PARTITION_BYTES {
+            let Some(front) = self.batches.pop_front() else {
                 break;
-            }
+            };
             self.bytes -= front.batch.len();
-            self.batches.pop_front();
         }
         self.bytes += batch.len();
         self.batches.push_back(Cached {
             base,
             last,
             batch,
-            at: now,
+            seq,
         });
         self.bytes as isize - before
+    }
+
+    /// Drops the tail's oldest batch if it is the one numbered `seq`;
+    /// returns the bytes freed.
+    pub(crate) fn pop_front_if(&mut self, seq: u64) -> usize {
+        if self.batches.front().is_none_or(|b| b.seq != seq) {
+            return 0;
+        }
+        let front = self.batches.pop_front().expect("checked above");
+        self.bytes -= front.batch.len();
+        front.batch.len()
     }
 
     /// Empties the tail.
@@ -129,6 +146,56 @@ impl Tail {
     }
 }
 
+/// Every batch the hub's tails keep, numbered in the order kept. An entry
+/// outlives its batch when the tail dropped it on its own (a new run, its
+/// partition's limit, a lapsed subscription); it is passed over when it
+/// comes first. Since every batch numbered lower than the first entry is
+/// gone, a batch still kept is the front of its tail when its entry comes
+/// first, which is what [`Tail::pop_front_if`] checks.
+#[derive(Debug, Default)]
+pub(crate) struct Order {
+    kept: VecDeque<Kept>,
+    next_seq: u64,
+}
+
+/// One batch kept in the tail of `channel`'s partition.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    pub(crate) channel: Arc<str>,
+    pub(crate) seq: u64,
+    at: Instant,
+}
+
+impl Order {
+    /// Numbers a batch kept in `channel`'s tail at `now`.
+    pub(crate) fn keep(&mut self, channel: Arc<str>, now: Instant) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.kept.push_back(Kept {
+            channel,
+            seq,
+            at: now,
+        });
+        seq
+    }
+
+    /// Takes the oldest entry if it is older than [`TAIL_AGE`] at `now`, or
+    /// whatever its age when the budget is `short`.
+    pub(crate) fn pop_oldest(&mut self, now: Instant, short: bool) -> Option<Kept> {
+        let front = self.kept.front()?;
+        if short || now.saturating_duration_since(front.at) > TAIL_AGE {
+            self.kept.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Forgets every entry (every tail was emptied).
+    pub(crate) fn clear(&mut self) {
+        self.kept.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,16 +206,15 @@ mod tests {
 
     #[test]
     fn a_run_is_contiguous_and_starts_again_at_a_gap() {
-        let now = Instant::now();
         let mut tail = Tail::default();
-        assert_eq!(tail.push(0, 4, batch(10), now, usize::MAX), 10);
-        assert_eq!(tail.push(5, 5, batch(20), now, usize::MAX), 20);
+        assert_eq!(tail.push(0, 4, batch(10), 0), 10);
+        assert_eq!(tail.push(5, 5, batch(20), 1), 20);
         assert_eq!(tail.read(0, i64::MAX, usize::MAX).map(|b| b.len()), Some(2));
         assert_eq!(tail.read(3, i64::MAX, usize::MAX).map(|b| b.len()), Some(2));
         assert_eq!(tail.read(5, i64::MAX, usize::MAX).map(|b| b.len()), Some(1));
         assert_eq!(tail.read(6, i64::MAX, usize::MAX), None);
         // Offsets 6–7 went elsewhere (another gateway, a marker).
-        assert_eq!(tail.push(8, 9, batch(5), now, usize::MAX), -25);
+        assert_eq!(tail.push(8, 9, batch(5), 2), -25);
         assert_eq!(tail.read(0, i64::MAX, usize::MAX), None);
         assert_eq!(tail.read(8, i64::MAX, usize::MAX).map(|b| b.len()), Some(1));
         assert_eq!(tail.bytes(), 5);
@@ -156,10 +222,9 @@ mod tests {
 
     #[test]
     fn a_read_stops_at_its_bytes_and_below_its_end() {
-        let now = Instant::now();
         let mut tail = Tail::default();
         for i in 0..4 {
-            tail.push(i * 10, i * 10 + 9, batch(100), now, usize::MAX);
+            tail.push(i * 10, i * 10 + 9, batch(100), i as u64);
         }
         // The batch that crosses the limit is included, as from Redis.
         assert_eq!(tail.read(0, i64::MAX, 150).map(|b| b.len()), Some(2));
@@ -172,43 +237,52 @@ mod tests {
 
     #[test]
     fn a_tail_keeps_within_its_limits() {
-        let now = Instant::now();
         let mut tail = Tail::default();
         // Too large for any tail: not kept, and the run starts again.
-        tail.push(0, 0, batch(100), now, usize::MAX);
-        assert_eq!(
-            tail.push(1, 1, batch(TAIL_BATCH_BYTES + 1), now, usize::MAX),
-            -100
-        );
+        tail.push(0, 0, batch(100), 0);
+        assert_eq!(tail.push(1, 1, batch(TAIL_BATCH_BYTES + 1), 1), -100);
         assert_eq!(tail.read(0, i64::MAX, usize::MAX), None);
         // The partition's share: the oldest batches make room.
         let size = TAIL_PARTITION_BYTES / 4;
         for i in 0..6 {
-            tail.push(2 + i, 2 + i, batch(size), now, usize::MAX);
+            tail.push(2 + i, 2 + i, batch(size), 2 + i as u64);
         }
         assert_eq!(tail.bytes(), TAIL_PARTITION_BYTES);
         assert_eq!(tail.read(3, i64::MAX, usize::MAX), None);
         assert_eq!(tail.read(4, i64::MAX, usize::MAX).map(|b| b.len()), Some(4));
-        // The hub's budget: what is spare plus what the tail holds.
+    }
+
+    #[test]
+    fn only_the_oldest_batch_of_a_tail_is_dropped_by_its_number() {
         let mut tail = Tail::default();
-        tail.push(0, 0, batch(300), now, 1000);
-        tail.push(1, 1, batch(300), now, 700);
-        assert_eq!(tail.push(2, 2, batch(300), now, 100), 0);
-        assert_eq!(tail.read(1, i64::MAX, usize::MAX).map(|b| b.len()), Some(2));
-        // Nothing spare, nothing held: not kept.
-        assert_eq!(Tail::default().push(0, 0, batch(1), now, 0), 0);
-        // Batches older than TAIL_AGE go when the next comes.
-        let mut tail = Tail::default();
-        tail.push(0, 0, batch(10), now, usize::MAX);
-        tail.push(1, 1, batch(10), now + TAIL_AGE / 2, usize::MAX);
-        tail.push(
-            2,
-            2,
-            batch(10),
-            now + TAIL_AGE + Duration::from_millis(1),
-            usize::MAX,
-        );
+        tail.push(0, 0, batch(10), 4);
+        tail.push(1, 1, batch(20), 9);
+        assert_eq!(tail.pop_front_if(9), 0, "not the oldest");
+        assert_eq!(tail.pop_front_if(3), 0, "gone already");
+        assert_eq!(tail.pop_front_if(4), 10);
         assert_eq!(tail.read(0, i64::MAX, usize::MAX), None);
-        assert_eq!(tail.read(1, i64::MAX, usize::MAX).map(|b| b.len()), Some(2));
+        assert_eq!(tail.read(1, i64::MAX, usize::MAX).map(|b| b.len()), Some(1));
+        assert_eq!(tail.pop_front_if(9), 20);
+        assert_eq!(tail.bytes(), 0);
+        assert_eq!(tail.pop_front_if(9), 0);
+    }
+
+    #[test]
+    fn the_order_gives_up_its_oldest_when_short_or_old() {
+        let now = Instant::now();
+        let mut order = Order::default();
+        let a: Arc<str> = Arc::from("a");
+        assert_eq!(order.keep(a.clone(), now), 0);
+        assert_eq!(order.keep(Arc::from("b"), now + TAIL_AGE / 2), 1);
+        assert!(
+            order.pop_oldest(now + TAIL_AGE, false).is_none(),
+            "young, room enough"
+        );
+        let oldest = order.pop_oldest(now + TAIL_AGE, true).expect("short of room");
+        assert_eq!((&*oldest.channel, oldest.seq), ("a", 0));
+        let later = now + TAIL_AGE / 2 + TAIL_AGE + Duration::from_millis(1);
+        let old = order.pop_oldest(later, false).expect("older than TAIL_AGE");
+        assert_eq!((&*old.channel, old.seq), ("b", 1));
+        assert!(order.pop_oldest(later, true).is_none(), "empty");
     }
 }

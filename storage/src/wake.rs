@@ -30,7 +30,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::log::{PartitionOffsets, ReadPartition};
-use crate::tail::Tail;
+use crate::tail::{Order, TAIL_BATCH_BYTES, Tail};
 use crate::wire::Stream;
 use tokio::sync::{Notify, mpsc, watch};
 
@@ -61,6 +61,8 @@ struct State {
     tail_budget: usize,
     /// What they hold.
     tail_bytes: usize,
+    /// Every batch they hold, oldest first (see `tail.rs`).
+    tail_order: Order,
 }
 
 impl State {
@@ -70,10 +72,28 @@ impl State {
             self.tail_bytes -= c.forget();
         }
     }
+
+    /// Drops kept batches older than [`crate::tail::TAIL_AGE`] from every
+    /// tail, and the oldest of the rest until the budget has room for
+    /// `need` more bytes.
+    fn make_tail_room(&mut self, need: usize, now: Instant) {
+        loop {
+            let short = self.tail_bytes.saturating_add(need) > self.tail_budget;
+            let Some(oldest) = self.tail_order.pop_oldest(now, short) else {
+                break;
+            };
+            if let Some(c) = self.channels.get_mut(&*oldest.channel) {
+                self.tail_bytes -= c.tail.pop_front_if(oldest.seq);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
 struct Channel {
+    /// Its name, shared with the entries of its batches in the tails'
+    /// [`Order`].
+    name: Arc<str>,
     waiters: HashMap<u64, Arc<Waiter>>,
     subscribed: bool,
     idle_since: Option<Instant>,
@@ -385,7 +405,10 @@ impl WakeHub {
         for name in &channels {
             let channel = state.channels.entry(name.clone()).or_insert_with(|| {
                 let _ = self.inner.commands.send(Command::Subscribe(name.clone()));
-                Channel::default()
+                Channel {
+                    name: Arc::from(name.as_str()),
+                    ..Channel::default()
+                }
             });
             channel.waiters.insert(id, waiter.clone());
             channel.idle_since = None;
@@ -478,34 +501,62 @@ impl WakeHub {
         transactional: bool,
         tail: Option<Bytes>,
     ) {
-        let mut state = self.inner.state.lock().expect("wake state lock");
-        let spare = state.tail_budget.saturating_sub(state.tail_bytes);
+        self.store(
+            channel,
+            base,
+            next_offset,
+            log_start,
+            transactional,
+            tail,
+            Instant::now(),
+        );
+    }
+
+    /// [`WakeHub::stored`] at `now`.
+    #[allow(clippy::too_many_arguments)]
+    fn store(
+        &self,
+        channel: &str,
+        base: i64,
+        next_offset: i64,
+        log_start: i64,
+        transactional: bool,
+        tail: Option<Bytes>,
+        now: Instant,
+    ) {
+        let mut guard = self.inner.state.lock().expect("wake state lock");
+        let state = &mut *guard;
+        let subscribed = state.channels.get(channel).is_some_and(|c| c.subscribed);
+        // A batch the tail keeps: room for it is made first, the oldest
+        // batches anywhere giving way.
+        let keep = tail.filter(|b| subscribed && b.len() <= TAIL_BATCH_BYTES.min(state.tail_budget));
+        state.make_tail_room(keep.as_ref().map_or(0, Bytes::len), now);
         let Some(entry) = state.channels.get_mut(channel) else {
             return;
         };
-        let mut grew = 0;
         if entry.subscribed {
             let known = entry.known.get_or_insert_with(Known::default);
             known.saw(next_offset, Some(log_start));
             if !transactional && known.stable_at == Some(base) {
                 known.stable_at = Some(next_offset);
             }
-            grew = match tail {
-                Some(batch) => entry
-                    .tail
-                    .push(base, next_offset - 1, batch, Instant::now(), spare),
+            let grew = match keep {
+                Some(batch) => {
+                    let seq = state.tail_order.keep(entry.name.clone(), now);
+                    entry.tail.push(base, next_offset - 1, batch, seq)
+                }
                 None => {
                     let held = entry.tail.bytes() as isize;
                     entry.tail.clear();
                     -held
                 }
             };
+            state.tail_bytes = state.tail_bytes.saturating_add_signed(grew);
         }
         entry.deferred = false;
         for waiter in entry.waiters.values() {
             waiter.wake(Some(channel));
         }
-        state.tail_bytes = state.tail_bytes.saturating_add_signed(grew);
     }
 
     /// What a read of `channel`'s partition from `offset` would return, from
@@ -636,6 +687,7 @@ impl WakeHub {
     fn connection_lost(&self) {
         let mut state = self.inner.state.lock().expect("wake state lock");
         state.tail_bytes = 0;
+        state.tail_order.clear();
         for channel in state.channels.values_mut() {
             channel.subscribed = false;
             channel.forget();
@@ -647,9 +699,11 @@ impl WakeHub {
         self.inner.confirmations.send_modify(|n| *n += 1);
     }
 
-    /// Channels idle for longer than `linger`, removed from the state.
+    /// Channels idle for longer than `linger`, removed from the state;
+    /// kept batches past their age dropped.
     fn take_idle(&self, linger: Duration) -> Vec<String> {
         let mut state = self.inner.state.lock().expect("wake state lock");
+        state.make_tail_room(0, Instant::now());
         let idle: Vec<String> = state
             .channels
             .iter()
@@ -1208,6 +1262,49 @@ mod tests {
         // No budget, no tail.
         hub.set_tail_budget(0);
         assert!(!hub.appending("c").keeps_tail());
+    }
+
+    /// The tails' budget goes to the newest batches, whichever partitions
+    /// they are in: a partition no longer appended to, or no longer tailed
+    /// (its channel still subscribed), gives way to one being tailed now.
+    #[tokio::test]
+    async fn the_oldest_batches_anywhere_give_way() {
+        let (hub, _commands) = WakeHub::detached(None);
+        hub.set_tail_budget(1000);
+        let _watch = hub.watch(vec!["a".into(), "b".into()]);
+        hub.set_subscribed("a", true);
+        hub.set_subscribed("b", true);
+        let held = |channel: &str, offset| {
+            hub.read_tail(channel, offset, usize::MAX, false)
+                .map(|r| r.batches.len())
+        };
+        let now = Instant::now();
+        for i in 0..3 {
+            hub.store("a", i, i + 1, 0, false, Some(batch(300)), now);
+        }
+        assert_eq!(held("a", 0), Some(3));
+        // "b" needs room: "a"'s oldest batch gives it.
+        hub.store("b", 0, 1, 0, false, Some(batch(300)), now);
+        assert_eq!(held("a", 0), None);
+        assert_eq!(held("a", 1), Some(2));
+        assert_eq!(held("b", 0), Some(1));
+        // A batch too large for the whole budget is not kept, and takes
+        // nothing from the others.
+        hub.store("b", 1, 2, 0, false, Some(batch(1001)), now);
+        assert_eq!(held("b", 0), None);
+        assert_eq!(held("a", 1), Some(2));
+        // Past their age, "a"'s batches go at the next batch kept anywhere.
+        let later = now + crate::tail::TAIL_AGE + Duration::from_millis(1);
+        hub.store("b", 2, 3, 0, false, Some(batch(10)), later);
+        assert_eq!(held("a", 1), None);
+        assert_eq!(held("b", 2), Some(1));
+        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 10);
+        // Or at the hub's sweep.
+        assert!(hub.take_idle(Duration::from_secs(3600)).is_empty());
+        assert_eq!(held("b", 2), Some(1), "not old yet");
+        let mut state = hub.inner.state.lock().unwrap();
+        state.make_tail_room(0, later + crate::tail::TAIL_AGE + Duration::from_millis(1));
+        assert_eq!(state.tail_bytes, 0);
     }
 
     /// read_committed: a tail serves batches below what is known stable;

@@ -117,6 +117,29 @@ fn a_tailing_fetch_is_answered_without_reading_redis() {
     );
 }
 
+/// A partition no longer tailed keeps its channel subscribed for a while
+/// (`fetch.subscription_linger`), and its tail what it held; the budget
+/// still goes to the partition tailed now, its oldest batches giving way.
+#[test]
+fn a_tail_no_longer_read_gives_way_to_one_being_read() {
+    let redis = TestRedis::start();
+    // Room for about 25 of these batches.
+    let ketch = Ketch::start(&redis.url(), &["--set", "fetch.tail_cache_bytes=4096"]);
+    let (first, mut consumer, mut producers) = tailing(&ketch);
+    let reads = xranges_during(&redis, || tail(&mut consumer, &mut producers, &first, BATCHES));
+    assert!(
+        reads <= 2,
+        "{reads} reads of the log for {BATCHES} tailing fetches"
+    );
+    // The first topic's tail is full and nothing appends to it any more.
+    let (second, mut consumer, mut producers) = tailing(&ketch);
+    let reads = xranges_during(&redis, || tail(&mut consumer, &mut producers, &second, BATCHES));
+    assert!(
+        reads <= 2,
+        "{reads} reads of the log for {BATCHES} tailing fetches of a second topic"
+    );
+}
+
 /// Batches appended through another gateway are not in this one's tail:
 /// the consumer gets them from Redis, and the tail's run starts again after
 /// each, so every offset is served once, in order, with its own bytes.
