@@ -375,10 +375,106 @@ const PER_REQUEST_CONCURRENCY: usize = 32;
 /// [`PER_REQUEST_CONCURRENCY`] at a time; the outputs in entry order.
 pub async fn each<T, F: std::future::Future<Output = T>>(futures: impl IntoIterator<Item = F>) -> Vec<T> {
     use futures::StreamExt;
-    futures::stream::iter(futures)
-        .buffered(PER_REQUEST_CONCURRENCY)
-        .collect()
-        .await
+    Quiet::new(
+        futures::stream::iter(futures)
+            .buffered(PER_REQUEST_CONCURRENCY)
+            .collect::<Vec<T>>(),
+    )
+    .await
+}
+
+/// Polls a future that wakes its own task while it is polled, and keeps
+/// those wake-ups from the runtime: it is polled again at once instead.
+///
+/// [`each`] keeps its futures in a `FuturesOrdered`, which wakes its own
+/// task whenever it has polled all its futures and all were pending (so
+/// as not to starve other tasks). Tokio takes a task woken while it runs
+/// for a yield: it queues the task behind the others and wakes a parked
+/// worker thread to take it, which finds nothing to do and parks again. At
+/// 10,000 records/s with `linger.ms=1`, where a produce request carries a
+/// batch or two, that was a quarter of the gateway's futex wake-ups
+/// (benchmark/README.md, issue #14, eighteenth round). Polled again, such a
+/// `FuturesOrdered` finds none of its futures woken and returns at once. A
+/// future that keeps waking itself is still yielded to the runtime, after
+/// [`Quiet::REPOLLS`] polls. Wake-ups from elsewhere (the futures' I/O,
+/// other tasks) reach the task as they come.
+struct Quiet<F> {
+    inner: std::pin::Pin<Box<F>>,
+    waker: std::sync::Arc<QuietWaker>,
+}
+
+#[derive(Default)]
+struct QuietWaker {
+    /// While the inner future is being polled.
+    polling: std::sync::atomic::AtomicBool,
+    /// Woken since its poll began.
+    woken: std::sync::atomic::AtomicBool,
+    /// The task's own waker, from its last poll.
+    task: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl std::task::Wake for QuietWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        // `woken` before `polling`, as `poll` stores them the other way
+        // round: a wake-up racing the end of a poll is seen by one side at
+        // least.
+        self.woken.store(true, SeqCst);
+        if !self.polling.load(SeqCst)
+            && let Some(task) = self.task.lock().expect("quiet waker lock").as_ref()
+        {
+            task.wake_by_ref();
+        }
+    }
+}
+
+impl<F> Quiet<F> {
+    /// Polls of the inner future in one poll of the task.
+    const REPOLLS: usize = 4;
+
+    fn new(inner: F) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            waker: std::sync::Arc::default(),
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Quiet<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        use std::sync::atomic::Ordering::SeqCst;
+        {
+            let mut task = self.waker.task.lock().expect("quiet waker lock");
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        let waker = std::task::Waker::from(self.waker.clone());
+        let mut inner_cx = std::task::Context::from_waker(&waker);
+        for _ in 0..Self::REPOLLS {
+            self.waker.woken.store(false, SeqCst);
+            self.waker.polling.store(true, SeqCst);
+            let polled = self.inner.as_mut().poll(&mut inner_cx);
+            self.waker.polling.store(false, SeqCst);
+            if polled.is_ready() {
+                return polled;
+            }
+            if !self.waker.woken.load(SeqCst) {
+                return std::task::Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 /// The Kafka error code for a storage failure.
@@ -596,4 +692,97 @@ pub(crate) fn this_broker(ctx: &Context, name: &str) -> Result<(), String> {
 
 pub fn str_bytes(s: impl Into<String>) -> StrBytes {
     StrBytes::from_string(s.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use super::{PER_REQUEST_CONCURRENCY, each};
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Waiting entries do not wake the request's task: only what they wait
+    /// for does (tokio hands a task that woke itself to another worker
+    /// thread). The answers come in entry order.
+    #[test]
+    fn waiting_entries_leave_the_task_asleep() {
+        for n in [1, 2, PER_REQUEST_CONCURRENCY, 100] {
+            let (senders, receivers): (Vec<_>, Vec<_>) =
+                (0..n).map(|_| tokio::sync::oneshot::channel::<usize>()).unzip();
+            let mut all = pin!(each(receivers));
+            let count = Arc::new(Count::default());
+            let waker = Waker::from(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            assert!(all.as_mut().poll(&mut cx).is_pending());
+            assert!(all.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(
+                count.0.load(Ordering::SeqCst),
+                0,
+                "{n} entries woke their own task"
+            );
+            for (i, sender) in senders.into_iter().enumerate().rev() {
+                sender.send(i).unwrap();
+            }
+            assert!(
+                count.0.load(Ordering::SeqCst) > 0,
+                "{n} entries answered, the task not woken"
+            );
+            let out = (0..n)
+                .find_map(|_| match all.as_mut().poll(&mut cx) {
+                    Poll::Ready(out) => Some(out),
+                    Poll::Pending => None,
+                })
+                .expect("all answered");
+            let got: Vec<usize> = out.into_iter().map(Result::unwrap).collect();
+            assert_eq!(got, (0..n).collect::<Vec<_>>());
+        }
+    }
+
+    /// A future that keeps waking itself is still yielded to the runtime.
+    #[test]
+    fn an_entry_that_keeps_waking_itself_yields() {
+        let polls = AtomicUsize::new(0);
+        let mut all = pin!(each([std::future::poll_fn(|cx| {
+            polls.fetch_add(1, Ordering::SeqCst);
+            cx.waker().wake_by_ref();
+            Poll::<()>::Pending
+        })]));
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        assert!(all.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(polls.load(Ordering::SeqCst) > 1);
+    }
+
+    /// Many entries: in order, at most PER_REQUEST_CONCURRENCY at once.
+    #[tokio::test]
+    async fn many_entries_run_a_few_at_a_time_in_order() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let out = each((0..200usize).map(|i| {
+            let (running, most) = (running.clone(), most.clone());
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                i
+            }
+        }))
+        .await;
+        assert_eq!(out, (0..200).collect::<Vec<_>>());
+        assert_eq!(most.load(Ordering::SeqCst), PER_REQUEST_CONCURRENCY);
+    }
 }
