@@ -501,29 +501,7 @@ impl WakeHub {
         transactional: bool,
         tail: Option<Bytes>,
     ) {
-        self.store(
-            channel,
-            base,
-            next_offset,
-            log_start,
-            transactional,
-            tail,
-            Instant::now(),
-        );
-    }
-
-    /// [`WakeHub::stored`] at `now`.
-    #[allow(clippy::too_many_arguments)]
-    fn store(
-        &self,
-        channel: &str,
-        base: i64,
-        next_offset: i64,
-        log_start: i64,
-        transactional: bool,
-        tail: Option<Bytes>,
-        now: Instant,
-    ) {
+        let now = Instant::now();
         let mut guard = self.inner.state.lock().expect("wake state lock");
         let state = &mut *guard;
         let subscribed = state.channels.get(channel).is_some_and(|c| c.subscribed);
@@ -1274,37 +1252,32 @@ mod tests {
         let _watch = hub.watch(vec!["a".into(), "b".into()]);
         hub.set_subscribed("a", true);
         hub.set_subscribed("b", true);
-        let held = |channel: &str, offset| {
-            hub.read_tail(channel, offset, usize::MAX, false)
-                .map(|r| r.batches.len())
-        };
-        let now = Instant::now();
+        let held = |channel: &str, offset| hub.read_tail(channel, offset, usize::MAX, false).map(|r| r.batches.len());
         for i in 0..3 {
-            hub.store("a", i, i + 1, 0, false, Some(batch(300)), now);
+            hub.stored("a", i, i + 1, 0, false, Some(batch(300)));
         }
         assert_eq!(held("a", 0), Some(3));
         // "b" needs room: "a"'s oldest batch gives it.
-        hub.store("b", 0, 1, 0, false, Some(batch(300)), now);
+        hub.stored("b", 0, 1, 0, false, Some(batch(300)));
         assert_eq!(held("a", 0), None);
         assert_eq!(held("a", 1), Some(2));
         assert_eq!(held("b", 0), Some(1));
         // A batch too large for the whole budget is not kept, and takes
         // nothing from the others.
-        hub.store("b", 1, 2, 0, false, Some(batch(1001)), now);
+        hub.stored("b", 1, 2, 0, false, Some(batch(1001)));
         assert_eq!(held("b", 0), None);
         assert_eq!(held("a", 1), Some(2));
-        // Past their age, "a"'s batches go at the next batch kept anywhere.
-        let later = now + crate::tail::TAIL_AGE + Duration::from_millis(1);
-        hub.store("b", 2, 3, 0, false, Some(batch(10)), later);
-        assert_eq!(held("a", 1), None);
-        assert_eq!(held("b", 2), Some(1));
-        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 10);
-        // Or at the hub's sweep.
+        hub.stored("b", 2, 3, 0, false, Some(batch(10)));
+        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 610);
+        // The sweep, or the next batch kept anywhere, finds nothing old yet…
         assert!(hub.take_idle(Duration::from_secs(3600)).is_empty());
-        assert_eq!(held("b", 2), Some(1), "not old yet");
-        let mut state = hub.inner.state.lock().unwrap();
-        state.make_tail_room(0, later + crate::tail::TAIL_AGE + Duration::from_millis(1));
-        assert_eq!(state.tail_bytes, 0);
+        assert_eq!(held("a", 1), Some(2));
+        // …and past their age, every partition's batches go.
+        let later = Instant::now() + crate::tail::TAIL_AGE + Duration::from_millis(1);
+        hub.inner.state.lock().unwrap().make_tail_room(0, later);
+        assert_eq!(held("a", 1), None);
+        assert_eq!(held("b", 2), None);
+        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
     }
 
     /// read_committed: a tail serves batches below what is known stable;
