@@ -1252,7 +1252,10 @@ mod tests {
         let _watch = hub.watch(vec!["a".into(), "b".into()]);
         hub.set_subscribed("a", true);
         hub.set_subscribed("b", true);
-        let held = |channel: &str, offset| hub.read_tail(channel, offset, usize::MAX, false).map(|r| r.batches.len());
+        let held = |channel: &str, offset| {
+            hub.read_tail(channel, offset, usize::MAX, false)
+                .map(|r| r.batches.len())
+        };
         for i in 0..3 {
             hub.stored("a", i, i + 1, 0, false, Some(batch(300)));
         }
