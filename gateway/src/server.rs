@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -25,7 +25,7 @@ use crate::quotas::Kind;
 
 mod responses;
 
-use responses::{Front, Place, Responses};
+use responses::{Drained, Place, Responses};
 
 /// The most a frame's length field alone may make us allocate; a larger
 /// frame's buffer grows to its full size only once this much has arrived.
@@ -294,8 +294,8 @@ where
     let _open = ctx.requests.connection();
     let sasl_required = listener.protocol.sasl();
     let listener_name: Arc<str> = Arc::from(listener.name.as_str());
-    let responses = Responses::new(ctx.settings.broker.max_inflight_requests);
-    let writer = tokio::spawn(write_responses(write, responses.clone()));
+    let responses = Responses::new(ctx.settings.broker.max_inflight_requests, write);
+    let writer = tokio::spawn(write_responses(responses.clone()));
     let max = ctx.settings.broker.max_request_bytes;
     let idle = ctx.settings.broker.connections_max_idle.get();
     let budget = Arc::new(tokio::sync::Semaphore::new(response_budget_kib(&ctx)));
@@ -537,7 +537,7 @@ impl Admitted {
             turns,
             asked,
             after,
-            done: _done,
+            done,
             mute,
             held,
             reserved,
@@ -555,10 +555,15 @@ impl Admitted {
         // starts and finishes it stay small (see `a_request_task_stays_small`).
         let chunks = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute)).await;
         drop(held);
-        place.fill(chunks.map(|chunks| Response {
-            chunks,
-            _budget: reserved,
-        }));
+        // The request has taken effect: those that wait for it may go on
+        // while its answer is written (by this task, see `responses.rs`).
+        drop(done);
+        place
+            .fill(chunks.map(|chunks| Response {
+                chunks,
+                _budget: reserved,
+            }))
+            .await;
     }
 }
 
@@ -964,37 +969,23 @@ impl Order {
     }
 }
 
-/// Writes the connection's responses in request order as they become
-/// ready, until the reader is done and everything admitted is written (or
-/// the client's socket fails, or a request's task ended without an answer).
-async fn write_responses<W: tokio::io::AsyncWrite + Unpin>(write: W, responses: Arc<Responses>) {
-    let mut write = BufWriter::new(write);
+/// Writes the connection's responses in request order as they become ready,
+/// those the requests' own tasks did not write (see `responses.rs`), until
+/// the reader is done and everything admitted is written (or the client's
+/// socket fails, or a request's task ended without an answer).
+async fn write_responses(responses: Arc<Responses>) {
     loop {
-        match responses.front() {
-            Front::Ready(response, next_ready) => {
-                if let Some(response) = response
-                    && write_chunks(&mut write, &response.chunks).await.is_err()
-                {
-                    break;
-                }
-                // Pipelined responses that are ready share a write; one
-                // whose successor is still being worked on goes out now (a
-                // request in flight is not a reason to hold the answer to
-                // an earlier one: the client may be waiting for it before
-                // it sends more).
-                if !next_ready && write.flush().await.is_err() {
-                    break;
-                }
-            }
-            Front::Waiting => responses.changed().await,
-            Front::End => {
-                let _ = write.flush().await;
-                break;
-            }
-            Front::Abandoned => {
+        let drained = {
+            let mut out = responses.out.lock().await;
+            responses.drain(&mut out).await
+        };
+        match drained {
+            Drained::Waiting => responses.changed().await,
+            Drained::Abandoned => {
                 tracing::error!("request handler panicked; closing connection");
                 break;
             }
+            Drained::End | Drained::Failed => break,
         }
     }
     responses.stop();
@@ -1160,7 +1151,7 @@ mod tests {
             mute: Arc::default(),
             held: budget.try_acquire_owned().expect("a permit"),
             reserved: None,
-            place: Responses::new(1).place().await.expect("room"),
+            place: Responses::new(1, tokio::io::sink()).place().await.expect("room"),
             _inflight: ctx.requests.request(),
         };
         let response = respond(

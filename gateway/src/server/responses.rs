@@ -1,9 +1,17 @@
 //! A connection's responses, kept in request order until they are written.
 //!
 //! The reader takes a [`Place`] for each request as it admits it; the
-//! request's task fills its place when it is done; the writer writes the
-//! places at the front as they fill. Only filling the front place wakes the
-//! writer: admitting a request wakes nobody.
+//! request's task fills its place when it is done. The task that fills the
+//! front place writes it, and the places after it that are ready, itself,
+//! unless the writer task is writing: then it wakes the writer, which
+//! writes the places at the front as they fill. Admitting a request, or
+//! filling a place behind the front, wakes nobody.
+//!
+//! The writer task used to write every response: the request's task woke
+//! it, and when that task had just woken another (a produce request's
+//! append wakes the fetches waiting for the partition), tokio moved the
+//! other to its run queue and woke the second worker thread to take it
+//! (benchmark/README.md, issue #14, eighteenth round).
 //!
 //! The writer used to receive each request's task handle through a channel
 //! and wait on it. Every admitted request then woke the writer twice (for
@@ -20,13 +28,33 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::Response;
+use super::{Response, write_chunks};
+
+/// Where a connection's responses are written: its socket (or TLS stream),
+/// buffered so that pipelined responses that are ready share a write.
+pub(super) type Out = BufWriter<Box<dyn AsyncWrite + Send + Unpin>>;
+
+/// How a [`Responses::drain`] ended.
+pub(super) enum Drained {
+    /// The front request is still being worked on.
+    Waiting,
+    /// The reader is done and everything has been written, or the
+    /// responses were dropped ([`Responses::stop`]).
+    End,
+    /// The front request's task ended without an answer.
+    Abandoned,
+    /// The connection could not be written to.
+    Failed,
+}
 
 /// The responses of one connection, in request order.
 pub(super) struct Responses {
     queue: Mutex<Queue>,
+    /// The connection's write side: whoever holds it writes the front.
+    pub(super) out: tokio::sync::Mutex<Out>,
     /// Wakes the writer: the front place was filled, or the reader is done.
     wake: Notify,
     /// Places not yet written, at most `broker.max_inflight_requests`: the
@@ -82,9 +110,14 @@ pub(super) struct Place {
 }
 
 impl Responses {
-    pub(super) fn new(max_inflight: usize) -> Arc<Responses> {
+    pub(super) fn new(
+        max_inflight: usize,
+        write: impl AsyncWrite + Send + Unpin + 'static,
+    ) -> Arc<Responses> {
+        let write: Box<dyn AsyncWrite + Send + Unpin> = Box::new(write);
         Arc::new(Responses {
             queue: Mutex::default(),
+            out: tokio::sync::Mutex::new(BufWriter::new(write)),
             wake: Notify::new(),
             room: Arc::new(Semaphore::new(max_inflight.max(1))),
         })
@@ -122,10 +155,12 @@ impl Responses {
         let Some(place) = self.place().await else {
             return false;
         };
-        place.fill(Some(Response {
-            chunks: vec![bytes],
-            _budget: None,
-        }));
+        place
+            .fill(Some(Response {
+                chunks: vec![bytes],
+                _budget: None,
+            }))
+            .await;
         true
     }
 
@@ -139,6 +174,9 @@ impl Responses {
     /// Takes the front response when it is ready.
     pub(super) fn front(&self) -> Front {
         let mut queue = self.queue();
+        if queue.gone {
+            return Front::End;
+        }
         let Some(entry) = queue.places.front_mut() else {
             return if queue.closed { Front::End } else { Front::Waiting };
         };
@@ -164,6 +202,36 @@ impl Responses {
         }
     }
 
+    /// Writes the front responses to `out` as long as they are ready
+    /// (holding `out`, the writer's lock, keeps them in order).
+    pub(super) async fn drain(&self, out: &mut Out) -> Drained {
+        loop {
+            match self.front() {
+                Front::Ready(response, next_ready) => {
+                    if let Some(response) = response
+                        && write_chunks(out, &response.chunks).await.is_err()
+                    {
+                        return Drained::Failed;
+                    }
+                    // Pipelined responses that are ready share a write; one
+                    // whose successor is still being worked on goes out now
+                    // (a request in flight is not a reason to hold the
+                    // answer to an earlier one: the client may be waiting
+                    // for it before it sends more).
+                    if !next_ready && out.flush().await.is_err() {
+                        return Drained::Failed;
+                    }
+                }
+                Front::Waiting => return Drained::Waiting,
+                Front::End => {
+                    let _ = out.flush().await;
+                    return Drained::End;
+                }
+                Front::Abandoned => return Drained::Abandoned,
+            }
+        }
+    }
+
     /// Waits until the front place may have been filled (or the reader
     /// closed). A wake given while the writer was not waiting is kept, so
     /// none is missed between [`Responses::front`] and this.
@@ -181,43 +249,67 @@ impl Responses {
         self.room.close();
     }
 
-    fn settle(&self, number: u64, state: State) {
+    /// Sets a place's state; whether it is the front place (only its
+    /// filling lets the responses go on).
+    fn settle(&self, number: u64, state: State) -> bool {
         let mut queue = self.queue();
         if queue.gone {
-            return;
+            return false;
         }
         let Some(index) = number.checked_sub(queue.front) else {
-            return;
+            return false;
         };
         if let Some(entry) = queue.places.get_mut(index as usize) {
             entry.state = state;
         }
-        // Only the front place's filling lets the writer go on.
-        if index == 0 {
-            drop(queue);
-            self.wake.notify_one();
-        }
+        index == 0
     }
 }
 
 impl Place {
     /// Fills the place with the request's response (`None`: no response).
-    pub(super) fn fill(mut self, response: Option<Response>) {
+    /// The front place's response is written here, with those after it that
+    /// are ready, unless the writer task is writing (then it is woken).
+    pub(super) async fn fill(mut self, response: Option<Response>) {
         self.filled = true;
-        self.responses.settle(self.number, State::Filled(response));
+        let responses = self.responses.clone();
+        if !responses.settle(self.number, State::Filled(response)) {
+            return;
+        }
+        let Ok(mut out) = responses.out.try_lock() else {
+            responses.wake.notify_one();
+            return;
+        };
+        // Boxed: a request's task holds this future; see
+        // `a_request_task_stays_small`.
+        match Box::pin(responses.drain(&mut out)).await {
+            Drained::Waiting => {}
+            // The writer task ends the connection's writing.
+            Drained::Failed => {
+                drop(out);
+                responses.stop();
+                responses.wake.notify_one();
+            }
+            Drained::End | Drained::Abandoned => {
+                drop(out);
+                responses.wake.notify_one();
+            }
+        }
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        if !self.filled {
-            self.responses.settle(self.number, State::Abandoned);
+        if !self.filled && self.responses.settle(self.number, State::Abandoned) {
+            self.responses.wake.notify_one();
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, DuplexStream};
+
     use super::*;
 
     fn response(text: &'static str) -> Option<Response> {
@@ -227,57 +319,83 @@ mod tests {
         })
     }
 
-    fn text(front: Front) -> Option<(String, bool)> {
-        match front {
-            Front::Ready(Some(r), next) => Some((String::from_utf8(r.chunks.concat()).expect("text"), next)),
-            _ => None,
+    /// Responses writing to one end of a pipe, and the other end.
+    fn responses(max_inflight: usize) -> (Arc<Responses>, DuplexStream) {
+        let (write, read) = tokio::io::duplex(1 << 16);
+        (Responses::new(max_inflight, write), read)
+    }
+
+    /// What was written so far.
+    async fn written(read: &mut DuplexStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(Ok(n)) =
+            tokio::time::timeout(std::time::Duration::from_millis(20), read.read(&mut buf)).await
+        {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
         }
+        String::from_utf8(got).expect("text")
     }
 
     #[tokio::test]
     async fn responses_leave_in_request_order_whatever_order_they_are_filled_in() {
-        let responses = Responses::new(8);
+        let (responses, mut read) = responses(8);
         let first = responses.place().await.expect("room");
         let second = responses.place().await.expect("room");
         let third = responses.place().await.expect("room");
-        third.fill(response("c"));
-        second.fill(None);
-        assert!(
-            matches!(responses.front(), Front::Waiting),
-            "the first is not answered yet"
-        );
-        first.fill(response("a"));
-        assert_eq!(text(responses.front()), Some(("a".to_owned(), true)));
-        assert!(
-            matches!(responses.front(), Front::Ready(None, true)),
-            "an acks=0 produce writes nothing"
-        );
-        assert_eq!(text(responses.front()), Some(("c".to_owned(), false)));
+        let fourth = responses.place().await.expect("room");
+        third.fill(response("c")).await;
+        second.fill(None).await;
+        assert_eq!(written(&mut read).await, "", "the first is not answered yet");
+        // The first one's task writes it, the acks=0 produce's nothing, and
+        // the third's answer.
+        first.fill(response("a")).await;
+        assert_eq!(written(&mut read).await, "ac");
         assert!(matches!(responses.front(), Front::Waiting));
+        fourth.fill(response("d")).await;
+        assert_eq!(written(&mut read).await, "d");
         responses.close();
         assert!(matches!(responses.front(), Front::End));
     }
 
+    /// The task that fills the front place writes it: the writer is not
+    /// woken. While the writer writes, it is woken instead; filling a
+    /// later place wakes nobody.
     #[tokio::test]
-    async fn only_filling_the_front_place_wakes_the_writer() {
-        let responses = Responses::new(8);
+    async fn the_front_is_written_by_its_task_unless_the_writer_is_writing() {
+        let (responses, mut read) = responses(8);
         let first = responses.place().await.expect("room");
         let second = responses.place().await.expect("room");
+        let third = responses.place().await.expect("room");
         let changed = responses.changed();
         tokio::pin!(changed);
         assert!(futures::poll!(&mut changed).is_pending());
-        second.fill(response("b"));
+        second.fill(response("b")).await;
         assert!(futures::poll!(&mut changed).is_pending(), "a later place filled");
-        first.fill(response("a"));
-        assert!(futures::poll!(&mut changed).is_ready(), "the front place filled");
+        first.fill(response("a")).await;
+        assert!(futures::poll!(&mut changed).is_pending(), "written by its task");
+        assert_eq!(written(&mut read).await, "ab");
+        let writing = responses.out.lock().await;
+        third.fill(response("c")).await;
+        assert!(futures::poll!(&mut changed).is_ready(), "the writer is woken");
+        drop(writing);
+        let mut out = responses.out.lock().await;
+        assert!(matches!(responses.drain(&mut out).await, Drained::Waiting));
+        drop(out);
+        assert_eq!(written(&mut read).await, "c");
     }
 
     #[tokio::test]
     async fn a_wake_before_the_writer_waits_is_kept() {
-        let responses = Responses::new(8);
+        let (responses, _read) = responses(8);
         let place = responses.place().await.expect("room");
         assert!(matches!(responses.front(), Front::Waiting));
-        place.fill(response("a"));
+        let writing = responses.out.lock().await;
+        place.fill(response("a")).await;
+        drop(writing);
         // The writer looked, then the place filled, then it waits.
         tokio::time::timeout(std::time::Duration::from_secs(5), responses.changed())
             .await
@@ -286,26 +404,43 @@ mod tests {
 
     #[tokio::test]
     async fn a_place_dropped_unfilled_is_abandoned() {
-        let responses = Responses::new(8);
+        let (responses, _read) = responses(8);
         let place = responses.place().await.expect("room");
+        let changed = responses.changed();
+        tokio::pin!(changed);
+        assert!(futures::poll!(&mut changed).is_pending());
         drop(place);
+        assert!(futures::poll!(&mut changed).is_ready(), "the writer is woken");
         assert!(matches!(responses.front(), Front::Abandoned));
+    }
+
+    /// A client that stopped reading: its task's write fails, the
+    /// responses stop, and the reader admits no more.
+    #[tokio::test]
+    async fn a_failed_write_stops_the_responses() {
+        let (responses, read) = responses(8);
+        drop(read);
+        let place = responses.place().await.expect("room");
+        place.fill(response("a")).await;
+        assert!(matches!(responses.front(), Front::End));
+        assert!(responses.place().await.is_none());
     }
 
     #[tokio::test]
     async fn the_reader_waits_for_room_and_stops_when_the_writer_does() {
-        let responses = Responses::new(2);
+        let (responses, mut read) = responses(2);
         let first = responses.place().await.expect("room");
-        let _second = responses.place().await.expect("room");
+        let second = responses.place().await.expect("room");
         let third = responses.place();
         tokio::pin!(third);
         assert!(futures::poll!(&mut third).is_pending(), "two places are the most");
-        first.fill(response("a"));
+        second.fill(response("b")).await;
         assert!(
             futures::poll!(&mut third).is_pending(),
-            "room comes back when a response is taken"
+            "room comes back when a response is written"
         );
-        assert!(text(responses.front()).is_some());
+        first.fill(response("a")).await;
+        assert_eq!(written(&mut read).await, "ab");
         assert!(matches!(
             futures::poll!(&mut third),
             std::task::Poll::Ready(Some(_))
