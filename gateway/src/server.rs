@@ -989,6 +989,9 @@ async fn write_responses(responses: Arc<Responses>) {
         }
     }
     responses.stop();
+    // Closes the connection's write side (the client sees it end), even
+    // while requests' tasks still hold the responses.
+    drop(responses.out.lock().await.take());
 }
 
 /// Writes a response's chunks: one write of the whole list (`writev`), so a
@@ -1114,6 +1117,33 @@ pub fn encode_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's task that ends without an answer (a panic) ends the
+    /// connection's writing once the answers before it are written: the
+    /// client sees them, then the end of the stream.
+    #[tokio::test]
+    async fn an_abandoned_request_closes_the_connection_after_the_answers_before_it() {
+        let (write, mut read) = tokio::io::duplex(1 << 16);
+        let responses = Responses::new(8, write);
+        let writer = tokio::spawn(write_responses(responses.clone()));
+        let first = responses.place().await.expect("room");
+        let second = responses.place().await.expect("room");
+        drop(second);
+        first
+            .fill(Some(Response {
+                chunks: vec![Bytes::from_static(b"answer")],
+                _budget: None,
+            }))
+            .await;
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), read.read_to_end(&mut got))
+            .await
+            .expect("the stream ends")
+            .expect("read");
+        assert_eq!(got, b"answer");
+        writer.await.expect("the writer ends");
+        assert!(responses.place().await.is_none());
+    }
 
     /// Every request spawns a task of [`Admitted::serve`], which tokio
     /// copies whole as it starts and finishes it; the task boxes

@@ -54,7 +54,8 @@ pub(super) enum Drained {
 pub(super) struct Responses {
     queue: Mutex<Queue>,
     /// The connection's write side: whoever holds it writes the front.
-    pub(super) out: tokio::sync::Mutex<Out>,
+    /// Taken (and so closed) when the writer task ends.
+    pub(super) out: tokio::sync::Mutex<Option<Out>>,
     /// Wakes the writer: the front place was filled, or the reader is done.
     wake: Notify,
     /// Places not yet written, at most `broker.max_inflight_requests`: the
@@ -117,7 +118,7 @@ impl Responses {
         let write: Box<dyn AsyncWrite + Send + Unpin> = Box::new(write);
         Arc::new(Responses {
             queue: Mutex::default(),
-            out: tokio::sync::Mutex::new(BufWriter::new(write)),
+            out: tokio::sync::Mutex::new(Some(BufWriter::new(write))),
             wake: Notify::new(),
             room: Arc::new(Semaphore::new(max_inflight.max(1))),
         })
@@ -203,8 +204,12 @@ impl Responses {
     }
 
     /// Writes the front responses to `out` as long as they are ready
-    /// (holding `out`, the writer's lock, keeps them in order).
-    pub(super) async fn drain(&self, out: &mut Out) -> Drained {
+    /// (holding `out`, the writer's lock, keeps them in order); `None`: the
+    /// writer task has ended.
+    pub(super) async fn drain(&self, out: &mut Option<Out>) -> Drained {
+        let Some(out) = out.as_mut() else {
+            return Drained::End;
+        };
         loop {
             match self.front() {
                 Front::Ready(response, next_ready) => {
@@ -227,7 +232,11 @@ impl Responses {
                     let _ = out.flush().await;
                     return Drained::End;
                 }
-                Front::Abandoned => return Drained::Abandoned,
+                Front::Abandoned => {
+                    // The answers before it go out before the end.
+                    let _ = out.flush().await;
+                    return Drained::Abandoned;
+                }
             }
         }
     }
