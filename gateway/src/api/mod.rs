@@ -399,8 +399,10 @@ pub async fn each<T, F: std::future::Future<Output = T>>(futures: impl IntoItera
 /// [`Quiet::REPOLLS`] polls. Wake-ups from elsewhere (the futures' I/O,
 /// other tasks) reach the task as they come.
 struct Quiet<F> {
-    inner: std::pin::Pin<Box<F>>,
-    waker: std::sync::Arc<QuietWaker>,
+    inner: F,
+    shared: std::sync::Arc<QuietWaker>,
+    /// The waker the inner future is polled with, over `shared`.
+    waker: std::task::Waker,
 }
 
 #[derive(Default)]
@@ -437,14 +439,16 @@ impl<F> Quiet<F> {
     const REPOLLS: usize = 4;
 
     fn new(inner: F) -> Self {
+        let shared = std::sync::Arc::<QuietWaker>::default();
         Self {
-            inner: Box::pin(inner),
-            waker: std::sync::Arc::default(),
+            inner,
+            waker: std::task::Waker::from(shared.clone()),
+            shared,
         }
     }
 }
 
-impl<F: std::future::Future> std::future::Future for Quiet<F> {
+impl<F: std::future::Future + Unpin> std::future::Future for Quiet<F> {
     type Output = F::Output;
 
     fn poll(
@@ -452,23 +456,23 @@ impl<F: std::future::Future> std::future::Future for Quiet<F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
         use std::sync::atomic::Ordering::SeqCst;
+        let this = &mut *self;
         {
-            let mut task = self.waker.task.lock().expect("quiet waker lock");
+            let mut task = this.shared.task.lock().expect("quiet waker lock");
             if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
                 *task = Some(cx.waker().clone());
             }
         }
-        let waker = std::task::Waker::from(self.waker.clone());
-        let mut inner_cx = std::task::Context::from_waker(&waker);
+        let mut inner_cx = std::task::Context::from_waker(&this.waker);
         for _ in 0..Self::REPOLLS {
-            self.waker.woken.store(false, SeqCst);
-            self.waker.polling.store(true, SeqCst);
-            let polled = self.inner.as_mut().poll(&mut inner_cx);
-            self.waker.polling.store(false, SeqCst);
+            this.shared.woken.store(false, SeqCst);
+            this.shared.polling.store(true, SeqCst);
+            let polled = std::pin::Pin::new(&mut this.inner).poll(&mut inner_cx);
+            this.shared.polling.store(false, SeqCst);
             if polled.is_ready() {
                 return polled;
             }
-            if !self.waker.woken.load(SeqCst) {
+            if !this.shared.woken.load(SeqCst) {
                 return std::task::Poll::Pending;
             }
         }

@@ -281,7 +281,7 @@ impl Place {
     /// are ready, unless the writer task is writing (then it is woken).
     pub(super) async fn fill(mut self, response: Option<Response>) {
         self.filled = true;
-        let responses = self.responses.clone();
+        let responses = &self.responses;
         if !responses.settle(self.number, State::Filled(response)) {
             return;
         }
