@@ -109,6 +109,10 @@ struct Channel {
     /// An announcement came while one was under way: its waiters are woken
     /// when it ends.
     deferred: bool,
+    /// The subscription was lost and not yet confirmed again: an append
+    /// through another gateway meanwhile woke no one, so the waiters read
+    /// the partition again once it is.
+    lapsed: bool,
 }
 
 impl Channel {
@@ -633,12 +637,21 @@ impl WakeHub {
             .all(|c| state.channels.get(c).is_some_and(|c| c.subscribed))
     }
 
-    fn set_subscribed(&self, channel: &str, subscribed: bool) {
+    /// Redis confirmed the subscription of `channel`. If it had been lost,
+    /// its waiters read the partition again: they went back to sleep after
+    /// the loss, and an append through another gateway before now was
+    /// announced to no one here.
+    fn confirmed(&self, channel: &str) {
         let mut state = self.inner.state.lock().expect("wake state lock");
         state.forget(channel);
         if let Some(c) = state.channels.get_mut(channel) {
-            c.subscribed = subscribed;
+            c.subscribed = true;
             c.generation += 1;
+            if std::mem::take(&mut c.lapsed) {
+                for waiter in c.waiters.values() {
+                    waiter.wake(Some(channel));
+                }
+            }
         }
         drop(state);
         self.inner.confirmations.send_modify(|n| *n += 1);
@@ -651,6 +664,7 @@ impl WakeHub {
         state.forget(channel);
         if let Some(c) = state.channels.get_mut(channel) {
             c.subscribed = false;
+            c.lapsed = true;
             c.generation += 1;
             for waiter in c.waiters.values() {
                 waiter.wake(None);
@@ -668,6 +682,7 @@ impl WakeHub {
         state.tail_order.clear();
         for channel in state.channels.values_mut() {
             channel.subscribed = false;
+            channel.lapsed = true;
             channel.forget();
             for waiter in channel.waiters.values() {
                 waiter.wake(None);
@@ -837,7 +852,7 @@ impl Subscriber {
             } => self.hub.appended(&channel, next_offset, log_start),
             Frame::Confirm { kind, channel } => {
                 if kind.eq_ignore_ascii_case(b"ssubscribe") {
-                    self.hub.set_subscribed(&channel, true);
+                    self.hub.confirmed(&channel);
                 }
             }
             Frame::Error(e) => tracing::warn!(error = %e, "redis refused a wake-up subscription"),
@@ -912,7 +927,7 @@ impl ClusterSubscriber {
             Err(e) => Err(e),
         };
         match subscribed {
-            Ok(()) => self.hub.set_subscribed(&channel, true),
+            Ok(()) => self.hub.confirmed(&channel),
             Err(e) => {
                 tracing::debug!(error = %e, channel, "wake-up subscription failed; will retry");
                 retry.push(channel);
@@ -936,7 +951,7 @@ impl ClusterSubscriber {
             }
             redis::PushKind::SSubscribe => {
                 if let Some(channel) = text(push.data.first()) {
-                    self.hub.set_subscribed(&channel, true);
+                    self.hub.confirmed(&channel);
                 }
             }
             redis::PushKind::SUnsubscribe => {
@@ -1130,7 +1145,7 @@ mod tests {
         let _watch = hub.watch(vec!["c".into()]);
         hub.appended("c", Some(5), Some(0));
         assert_eq!(hub.known_empty_at("c", 5, false), None, "not subscribed yet");
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         let generation = hub.generation("c").unwrap();
         hub.observe("c", generation, 5, 0, 5);
         assert_eq!(hub.known_empty_at("c", 5, false), Some(0));
@@ -1144,7 +1159,7 @@ mod tests {
         );
         hub.connection_lost();
         assert_eq!(hub.known_empty_at("c", 7, false), None);
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         hub.observe("c", generation, 7, 0, 7);
         assert_eq!(
             hub.known_empty_at("c", 7, false),
@@ -1153,13 +1168,62 @@ mod tests {
         );
     }
 
+    /// A fetch woken by a lost subscription reads, finds nothing and sleeps
+    /// again; an append through another gateway before the subscription is
+    /// back is announced to no one here, so its confirmation wakes the
+    /// fetch to read once more (as a fetch's loop does: once confirmed, it
+    /// only waits for `notified`).
+    #[tokio::test]
+    async fn a_subscription_confirmed_again_wakes_its_waiters_to_read() {
+        for lose in [
+            (|hub: &WakeHub| hub.subscription_lost("c")) as fn(&WakeHub),
+            |hub| hub.connection_lost(),
+        ] {
+            let (hub, _commands) = WakeHub::detached(None);
+            let watch = hub.watch(vec!["c".into(), "d".into()]);
+            hub.confirmed("c");
+            hub.confirmed("d");
+            assert!(watch.subscribed(Duration::ZERO).await);
+            let _ = watch.take_fired_since_start();
+            let woken = |watch: &Watch| {
+                let notified = watch.notified();
+                tokio::pin!(notified);
+                std::future::Future::poll(
+                    notified.as_mut(),
+                    &mut std::task::Context::from_waker(std::task::Waker::noop()),
+                )
+                .is_ready()
+            };
+            assert!(!woken(&watch));
+
+            lose(&hub);
+            assert!(woken(&watch), "the loss wakes the fetch to read");
+            assert_eq!(watch.take_fired(), Fired::All);
+            // The fetch read, found nothing, and sleeps: confirming "d" (not
+            // lost by subscription_lost) wakes no one, confirming "c" does.
+            if !hub.all_subscribed(&["d".into()]) {
+                hub.confirmed("d");
+                assert!(woken(&watch));
+                assert!(watch.take_fired().includes("d"));
+            }
+            assert!(!woken(&watch));
+            hub.confirmed("c");
+            assert!(woken(&watch), "the confirmation wakes the fetch to read again");
+            assert!(watch.take_fired().includes("c"));
+            // Confirmed twice (the command's answer and its push): once is enough.
+            hub.confirmed("c");
+            assert!(!woken(&watch));
+            assert_eq!(watch.take_fired(), Fired::Nothing);
+        }
+    }
+
     /// A read_committed fetch skips a partition only while the next offset
     /// is the one at which a read saw every transaction decided.
     #[tokio::test]
     async fn known_empty_for_read_committed_needs_a_read_that_saw_it_decided() {
         let (hub, _commands) = WakeHub::detached(None);
         let _watch = hub.watch(vec!["c".into()]);
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         let generation = hub.generation("c").unwrap();
         // A transaction open from offset 3: last stable offset 3 < 5.
         hub.observe("c", generation, 5, 0, 3);
@@ -1181,7 +1245,7 @@ mod tests {
         hub.observe("c", generation, 9, 0, 6);
         assert_eq!(hub.known_empty_at("c", 9, true), None, "open since 6");
         hub.connection_lost();
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         assert_eq!(
             hub.known_empty_at("c", 9, true),
             None,
@@ -1215,7 +1279,7 @@ mod tests {
         assert!(!hub.appending("c").keeps_tail(), "not subscribed yet");
         hub.stored("c", 0, 2, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 0, false), None);
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         assert!(hub.appending("c").keeps_tail());
         hub.stored("c", 2, 4, 0, false, Some(batch(10)));
         hub.stored("c", 4, 5, 0, false, Some(batch(10)));
@@ -1234,7 +1298,7 @@ mod tests {
         hub.stored("c", 8, 9, 5, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 8, false), Some((1, 5, 9, 9)));
         hub.subscription_lost("c");
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         assert_eq!(tail_of(&hub, 8, false), None, "forgotten with the subscription");
         assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
         // No budget, no tail.
@@ -1250,8 +1314,8 @@ mod tests {
         let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1000);
         let _watch = hub.watch(vec!["a".into(), "b".into()]);
-        hub.set_subscribed("a", true);
-        hub.set_subscribed("b", true);
+        hub.confirmed("a");
+        hub.confirmed("b");
         let held = |channel: &str, offset| {
             hub.read_tail(channel, offset, usize::MAX, false)
                 .map(|r| r.batches.len())
@@ -1291,7 +1355,7 @@ mod tests {
         let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1 << 20);
         let _watch = hub.watch(vec!["c".into()]);
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         let generation = hub.generation("c").unwrap();
         hub.stored("c", 0, 2, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 0, true), None, "no read saw it decided");
@@ -1325,7 +1389,7 @@ mod tests {
         let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1 << 20);
         let watch = hub.watch(vec!["c".into()]);
-        hub.set_subscribed("c", true);
+        hub.confirmed("c");
         let appending = hub.appending("c");
         hub.appended("c", Some(3), None);
         assert_eq!(watch.take_fired(), Fired::Nothing);

@@ -1119,6 +1119,67 @@ impl RedisCluster {
             .expect("a node of the cluster")
     }
 
+    /// Moves the one slot of `key` to the master on `to`, keys and all, as
+    /// `redis-cli --cluster reshard` moves each slot (IMPORTING, MIGRATING,
+    /// MIGRATE, SETSLOT NODE on the target, the source, then the rest), but
+    /// in milliseconds rather than the seconds all of a master's take.
+    pub fn move_slot_of(&self, key: &str, to: u16) {
+        let node = |port: u16| {
+            self.nodes
+                .iter()
+                .find(|n| n.port() == port && n.child.is_some())
+                .expect("a running node of the cluster")
+                .connection()
+        };
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.running().connection())
+            .expect("CLUSTER KEYSLOT");
+        let from = self.master_of(key);
+        assert_ne!(from, to, "{key} is already on {to}");
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let (mut source, mut target) = (node(from), node(to));
+        let setslot = |conn: &mut redis::Connection, state: &str, id: &str| {
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id)
+                .query::<()>(conn)
+                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state}: {e}"));
+        };
+        setslot(&mut target, "IMPORTING", &from_id);
+        setslot(&mut source, "MIGRATING", &to_id);
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut source)
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let mut migrate = redis::cmd("MIGRATE");
+            migrate.arg("127.0.0.1").arg(to).arg("").arg(0).arg(5000);
+            if let Some(password) = self.nodes[0].password() {
+                migrate.arg("AUTH").arg(password);
+            }
+            migrate
+                .arg("KEYS")
+                .arg(&keys)
+                .query::<()>(&mut source)
+                .expect("MIGRATE");
+        }
+        setslot(&mut target, "NODE", &to_id);
+        setslot(&mut source, "NODE", &to_id);
+        let others: std::collections::BTreeSet<u16> = self.slot_ranges().into_iter().map(|r| r.2).collect();
+        for port in others.into_iter().filter(|p| ![from, to].contains(p)) {
+            setslot(&mut node(port), "NODE", &to_id);
+        }
+    }
+
     /// Moves every slot of the master on `from` to the master on `to` with
     /// `redis-cli --cluster reshard`, keys and all.
     pub fn reshard_all(&self, from: u16, to: u16) {
