@@ -19,7 +19,9 @@
 //! channel's slot, and messages arrive as push frames. When a slot moves,
 //! its node drops the channel (a `sunsubscribe` push): the channel's
 //! waiters re-check the log, and the channel is subscribed again where the
-//! slot went.
+//! slot went. An append through another gateway before that is confirmed
+//! is announced to no one here, so the waiters re-check once more then
+//! (`Channel::lapsed`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -887,7 +889,22 @@ impl ClusterSubscriber {
                     None => return,
                 },
                 push = pushes.recv() => match push {
-                    Some(push) => self.handle(push, &mut retry),
+                    Some(push) => {
+                        // Subscribe again at once where Redis dropped a
+                        // subscription (its slot moved: the node that took
+                        // it is up), after the pushes already here (the
+                        // presence channel's drop follows its channel's).
+                        // What fails, and what a lost connection dropped,
+                        // waits for the sweep.
+                        let mut dropped: Vec<String> = self.handle(push, &mut retry).into_iter().collect();
+                        while let Ok(push) = pushes.try_recv() {
+                            dropped.extend(self.handle(push, &mut retry));
+                        }
+                        for channel in dropped {
+                            retry.retain(|c| *c != channel);
+                            self.subscribe(channel, &mut retry).await;
+                        }
+                    }
                     None => return,
                 },
                 _ = sweep.tick() => {
@@ -935,7 +952,9 @@ impl ClusterSubscriber {
         }
     }
 
-    fn handle(&self, push: redis::PushInfo, retry: &mut Vec<String>) {
+    /// Takes in one push; returns the channel whose subscription Redis
+    /// dropped, if it did (also added to `retry`).
+    fn handle(&self, push: redis::PushInfo, retry: &mut Vec<String>) -> Option<String> {
         let text = |value: Option<&redis::Value>| match value {
             Some(redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
             Some(redis::Value::SimpleString(text)) => Some(text.clone()),
@@ -961,8 +980,9 @@ impl ClusterSubscriber {
                     tracing::debug!(channel, "redis dropped a wake-up subscription; subscribing again");
                     self.hub.subscription_lost(&channel);
                     if !retry.contains(&channel) {
-                        retry.push(channel);
+                        retry.push(channel.clone());
                     }
+                    return Some(channel);
                 }
             }
             redis::PushKind::Disconnection => {
@@ -976,6 +996,7 @@ impl ClusterSubscriber {
             }
             _ => {}
         }
+        None
     }
 }
 
