@@ -607,6 +607,7 @@ impl Store {
                     });
                     self.wake.stored(
                         &keys.wake,
+                        appending.since(),
                         base_offset,
                         next_offset,
                         log_start_offset,
@@ -1220,6 +1221,7 @@ impl Store {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
+        let since = self.wake.generation(&keys.wake);
         let reply: Vec<i64> = self
             .scripts
             .delete_records
@@ -1234,7 +1236,7 @@ impl Store {
         match reply[..] {
             [0, low_watermark] => {
                 // The script told every gateway; this one knows at once.
-                self.wake.appended(&keys.wake, None, Some(low_watermark));
+                self.wake.wrote(&keys.wake, since, None, Some(low_watermark));
                 Ok(low_watermark)
             }
             [-1] => Err(StorageError::UnknownTopicOrPartition),

@@ -579,6 +579,7 @@ impl Store {
         let keys = self.partition_keys(topic, partition);
         let now = crate::now_ms();
         let marker = transaction_marker(decided.producer_id, decided.epoch, decided.commit, 0, now);
+        let since = self.wake.generation(&keys.wake);
         let mut invocation = self.scripts.append.prepare_invoke();
         for key in append_keys(keys) {
             invocation.key(key);
@@ -613,7 +614,7 @@ impl Store {
                     .ok_or_else(|| bad("marker offset", &reply))?;
                 let log_start = items.get(2).and_then(int);
                 self.appenders.written_at(&keys.meta, base).await;
-                self.wake.appended(&keys.wake, Some(base + 1), log_start);
+                self.wake.wrote(&keys.wake, since, Some(base + 1), log_start);
                 Ok(true)
             }
             Some("skipped") => Ok(false),

@@ -225,9 +225,17 @@ pub struct Appending<'a> {
     /// `None`: nothing deferred (the channel was not subscribed).
     channel: Option<&'a str>,
     keeps_tail: bool,
+    /// The subscription's generation when the append began, if subscribed.
+    since: Option<u64>,
 }
 
 impl Appending<'_> {
+    /// The channel's subscription generation when the append began (if
+    /// it was subscribed): pass it to [`WakeHub::stored`].
+    pub fn since(&self) -> Option<u64> {
+        self.since
+    }
+
     /// Whether the append should bring its batch to [`WakeHub::stored`]:
     /// fetches were tailing the partition here when it began (its channel
     /// was subscribed), and tails may hold something.
@@ -432,14 +440,45 @@ impl WakeHub {
         }
     }
 
-    /// An append made the partition's next offset `next_offset` (and its
-    /// log start `log_start`, when known), or the log start moved: remember
-    /// it, wake the watches.
+    /// Redis announced on `channel` that an append made the partition's
+    /// next offset `next_offset` (and its log start `log_start`, when
+    /// known), or that the log start moved: remember it, wake the watches.
     pub fn appended(&self, channel: &str, next_offset: Option<i64>, log_start: Option<i64>) {
-        let mut state = self.inner.state.lock().expect("wake state lock");
+        self.learned(channel, None, next_offset, log_start)
+    }
+
+    /// This gateway's own write to the partition (a transaction marker,
+    /// DeleteRecords), sent while its channel was subscribed under the
+    /// generation `since` ([`WakeHub::generation`], taken before sending),
+    /// made the next offset `next_offset` and the log start `log_start`:
+    /// as [`WakeHub::appended`], but the offsets are kept only if the
+    /// subscription is still that one. A write that ran in Redis before
+    /// the subscription was live, or while it lapsed, may have followed
+    /// appends through other gateways that were announced to no one here:
+    /// kept, its offsets would hide them ([`WakeHub::known_empty_at`]).
+    /// Nor may what was known before stay, the write itself being
+    /// announced to no one here: the partition's offsets and tail are
+    /// forgotten, and the next read asks Redis.
+    pub fn wrote(&self, channel: &str, since: Option<u64>, next_offset: Option<i64>, log_start: Option<i64>) {
+        self.learned(channel, Some(since), next_offset, log_start)
+    }
+
+    /// `since`: `None` for an announcement (it came through the
+    /// subscription), `Some` for this gateway's own write.
+    fn learned(
+        &self,
+        channel: &str,
+        since: Option<Option<u64>>,
+        next_offset: Option<i64>,
+        log_start: Option<i64>,
+    ) {
+        let mut guard = self.inner.state.lock().expect("wake state lock");
+        let state = &mut *guard;
         if let Some(entry) = state.channels.get_mut(channel) {
+            let current = entry.subscribed && since.is_none_or(|since| since == Some(entry.generation));
             match (next_offset, &mut entry.known) {
                 _ if !entry.subscribed => {}
+                _ if !current => state.tail_bytes -= entry.forget(),
                 (Some(next_offset), known) => known
                     .get_or_insert_with(Known::default)
                     .saw(next_offset, log_start),
@@ -474,6 +513,7 @@ impl WakeHub {
                 hub: self,
                 channel: None,
                 keeps_tail: false,
+                since: None,
             };
         };
         entry.appending += 1;
@@ -481,6 +521,7 @@ impl WakeHub {
             hub: self,
             channel: Some(channel),
             keeps_tail,
+            since: Some(entry.generation),
         }
     }
 
@@ -490,7 +531,8 @@ impl WakeHub {
     }
 
     /// This gateway stored a batch at `base` and the partition's next offset
-    /// is now `next_offset`: as [`WakeHub::appended`], and
+    /// is now `next_offset`, by an append begun under the subscription
+    /// generation `since` ([`Appending::since`]): as [`WakeHub::wrote`], and
     /// - a batch that is not transactional, stored where a read last saw
     ///   every transaction decided, leaves them all decided: the partition
     ///   is known stable at `next_offset`;
@@ -498,9 +540,11 @@ impl WakeHub {
     ///   joins the partition's tail. Pass it only for a batch that is not
     ///   transactional: a transactional one passes `None`, which starts the
     ///   tail's run again after it.
+    #[allow(clippy::too_many_arguments)]
     pub fn stored(
         &self,
         channel: &str,
+        since: Option<u64>,
         base: i64,
         next_offset: i64,
         log_start: i64,
@@ -510,7 +554,11 @@ impl WakeHub {
         let now = Instant::now();
         let mut guard = self.inner.state.lock().expect("wake state lock");
         let state = &mut *guard;
-        let subscribed = state.channels.get(channel).is_some_and(|c| c.subscribed);
+        // What the append saw is kept only under the subscription it began
+        // with (see `wrote`): an append through another gateway before that
+        // subscription was live would hide behind its offsets.
+        let current = |c: &Channel| c.subscribed && since == Some(c.generation);
+        let subscribed = state.channels.get(channel).is_some_and(current);
         // A batch the tail keeps: room for it is made first, the oldest
         // batches anywhere giving way.
         let keep = tail.filter(|b| subscribed && b.len() <= TAIL_BATCH_BYTES.min(state.tail_budget));
@@ -518,7 +566,10 @@ impl WakeHub {
         let Some(entry) = state.channels.get_mut(channel) else {
             return;
         };
-        if entry.subscribed {
+        if !subscribed && entry.subscribed {
+            // Under another subscription (see `wrote`).
+            state.tail_bytes -= entry.forget();
+        } else if subscribed {
             let known = entry.known.get_or_insert_with(Known::default);
             known.saw(next_offset, Some(log_start));
             if !transactional && known.stable_at == Some(base) {
@@ -1290,6 +1341,68 @@ mod tests {
         })
     }
 
+    /// What this gateway's own write saw of the partition is kept only under
+    /// the subscription it began with: one that ran in Redis before the
+    /// subscription was live, or while it lapsed, may follow appends through
+    /// other gateways announced to no one here, and would hide them.
+    #[tokio::test]
+    async fn a_write_begun_under_another_subscription_leaves_nothing_known() {
+        let (hub, _commands) = WakeHub::detached(None);
+        hub.set_tail_budget(1 << 20);
+        let _watch = hub.watch(vec!["c".into()]);
+        let read = |next| hub.observe("c", hub.generation("c").unwrap(), next, 0, next);
+        // Begun before the subscription was live; a read under it saw the
+        // partition empty at 0 before the append ran; the reply comes after.
+        let appending = hub.appending("c");
+        assert_eq!(appending.since(), None);
+        hub.confirmed("c");
+        read(0);
+        assert_eq!(hub.known_empty_at("c", 0, false), Some(0));
+        hub.stored("c", appending.since(), 0, 2, 0, false, Some(batch(10)));
+        drop(appending);
+        // Its own offsets would hide an append through another gateway at
+        // 2; what the read saw would hide this one (never announced here).
+        assert_eq!(
+            hub.known_empty_at("c", 2, false),
+            None,
+            "another append may be at 2"
+        );
+        assert_eq!(hub.known_empty_at("c", 0, false), None, "the append made it 2");
+        assert_eq!(tail_of(&hub, 0, false), None);
+        // Begun under the subscription: kept.
+        read(2);
+        let appending = hub.appending("c");
+        hub.stored("c", appending.since(), 2, 4, 0, false, Some(batch(10)));
+        drop(appending);
+        assert_eq!(hub.known_empty_at("c", 4, false), Some(0));
+        assert_eq!(tail_of(&hub, 2, false), Some((1, 0, 4, 4)));
+        // Begun, then the subscription lapsed and came back before its reply.
+        let appending = hub.appending("c");
+        hub.subscription_lost("c");
+        hub.confirmed("c");
+        read(4);
+        hub.stored("c", appending.since(), 4, 6, 0, false, Some(batch(10)));
+        drop(appending);
+        assert_eq!(hub.known_empty_at("c", 4, false), None);
+        assert_eq!(hub.known_empty_at("c", 6, false), None);
+        assert_eq!(tail_of(&hub, 4, false), None);
+        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
+        // The same for a transaction marker or DeleteRecords of its own.
+        let since = hub.generation("c");
+        hub.connection_lost();
+        hub.confirmed("c");
+        read(6);
+        hub.wrote("c", since, Some(7), Some(0));
+        assert_eq!(hub.known_empty_at("c", 6, false), None, "the marker made it 7");
+        assert_eq!(hub.known_empty_at("c", 7, false), None);
+        read(7);
+        hub.wrote("c", hub.generation("c"), Some(8), Some(0));
+        assert_eq!(hub.known_empty_at("c", 8, false), Some(0));
+        // Announcements come through the subscription: always kept.
+        hub.appended("c", Some(9), None);
+        assert_eq!(hub.known_empty_at("c", 9, false), Some(0));
+    }
+
     /// A tail serves what this gateway stored while subscribed, from the
     /// log start on, and is forgotten with the subscription.
     #[tokio::test]
@@ -1298,12 +1411,12 @@ mod tests {
         hub.set_tail_budget(1 << 20);
         let _watch = hub.watch(vec!["c".into()]);
         assert!(!hub.appending("c").keeps_tail(), "not subscribed yet");
-        hub.stored("c", 0, 2, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 0, 2, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 0, false), None);
         hub.confirmed("c");
         assert!(hub.appending("c").keeps_tail());
-        hub.stored("c", 2, 4, 0, false, Some(batch(10)));
-        hub.stored("c", 4, 5, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 2, 4, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 4, 5, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 3, false), Some((2, 0, 5, 5)));
         // Another gateway appended: the high watermark is what was announced.
         hub.appended("c", Some(8), None);
@@ -1316,7 +1429,7 @@ mod tests {
         // This gateway's own DeleteRecords: the log start alone.
         hub.appended("c", None, Some(5));
         assert_eq!(tail_of(&hub, 4, false), None);
-        hub.stored("c", 8, 9, 5, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 8, 9, 5, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 8, false), Some((1, 5, 9, 9)));
         hub.subscription_lost("c");
         hub.confirmed("c");
@@ -1342,20 +1455,20 @@ mod tests {
                 .map(|r| r.batches.len())
         };
         for i in 0..3 {
-            hub.stored("a", i, i + 1, 0, false, Some(batch(300)));
+            hub.stored("a", hub.generation("a"), i, i + 1, 0, false, Some(batch(300)));
         }
         assert_eq!(held("a", 0), Some(3));
         // "b" needs room: "a"'s oldest batch gives it.
-        hub.stored("b", 0, 1, 0, false, Some(batch(300)));
+        hub.stored("b", hub.generation("b"), 0, 1, 0, false, Some(batch(300)));
         assert_eq!(held("a", 0), None);
         assert_eq!(held("a", 1), Some(2));
         assert_eq!(held("b", 0), Some(1));
         // A batch too large for the whole budget is not kept, and takes
         // nothing from the others.
-        hub.stored("b", 1, 2, 0, false, Some(batch(1001)));
+        hub.stored("b", hub.generation("b"), 1, 2, 0, false, Some(batch(1001)));
         assert_eq!(held("b", 0), None);
         assert_eq!(held("a", 1), Some(2));
-        hub.stored("b", 2, 3, 0, false, Some(batch(10)));
+        hub.stored("b", hub.generation("b"), 2, 3, 0, false, Some(batch(10)));
         assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 610);
         // The sweep, or the next batch kept anywhere, finds nothing old yet…
         assert!(hub.take_idle(Duration::from_secs(3600)).is_empty());
@@ -1378,18 +1491,18 @@ mod tests {
         let _watch = hub.watch(vec!["c".into()]);
         hub.confirmed("c");
         let generation = hub.generation("c").unwrap();
-        hub.stored("c", 0, 2, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 0, 2, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 0, true), None, "no read saw it decided");
         assert_eq!(tail_of(&hub, 0, false), Some((1, 0, 2, 2)));
         hub.observe("c", generation, 2, 0, 2);
-        hub.stored("c", 2, 4, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 2, 4, 0, false, Some(batch(10)));
         assert_eq!(hub.known_empty_at("c", 4, true), Some(0), "still decided");
         assert_eq!(tail_of(&hub, 2, true), Some((1, 0, 4, 4)));
         // A transactional batch of this gateway: undecided from 4 on, and
         // the run starts again after it.
-        hub.stored("c", 4, 5, 0, true, None);
+        hub.stored("c", hub.generation("c"), 4, 5, 0, true, None);
         assert_eq!(hub.known_empty_at("c", 5, true), None);
-        hub.stored("c", 5, 6, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 5, 6, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 2, false), None, "the run starts again");
         assert_eq!(tail_of(&hub, 5, true), None, "above an open transaction");
         assert_eq!(tail_of(&hub, 5, false), Some((1, 0, 6, 4)));
@@ -1397,7 +1510,7 @@ mod tests {
         // stable only as far as before it.
         hub.observe("c", generation, 6, 0, 6);
         hub.appended("c", Some(7), None);
-        hub.stored("c", 7, 8, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 7, 8, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 7, true), None);
         assert_eq!(hub.known_empty_at("c", 8, true), None);
     }
@@ -1414,7 +1527,7 @@ mod tests {
         let appending = hub.appending("c");
         hub.appended("c", Some(3), None);
         assert_eq!(watch.take_fired(), Fired::Nothing);
-        hub.stored("c", 0, 3, 0, false, Some(batch(10)));
+        hub.stored("c", hub.generation("c"), 0, 3, 0, false, Some(batch(10)));
         assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
         drop(appending);
         assert_eq!(watch.take_fired(), Fired::Nothing, "woken once");
