@@ -99,8 +99,9 @@ struct Channel {
     waiters: HashMap<u64, Arc<Waiter>>,
     subscribed: bool,
     idle_since: Option<Instant>,
-    /// Bumped at every confirmed subscription: what was read under an older
-    /// one may have missed appends.
+    /// Bumped at every confirmed or lost subscription, and when a write of
+    /// this gateway's begun under an older one lands (`WakeHub::wrote`):
+    /// what was read or written under an older one may have missed appends.
     generation: u64,
     /// The partition's offsets as last seen while subscribed.
     known: Option<Known>,
@@ -458,7 +459,9 @@ impl WakeHub {
     /// kept, its offsets would hide them ([`WakeHub::known_empty_at`]).
     /// Nor may what was known before stay, the write itself being
     /// announced to no one here: the partition's offsets and tail are
-    /// forgotten, and the next read asks Redis.
+    /// forgotten and its generation moves on (a read already under way may
+    /// have started before the write ran), so only a read started from now
+    /// tells them again.
     pub fn wrote(&self, channel: &str, since: Option<u64>, next_offset: Option<i64>, log_start: Option<i64>) {
         self.learned(channel, Some(since), next_offset, log_start)
     }
@@ -478,7 +481,10 @@ impl WakeHub {
             let current = entry.subscribed && since.is_none_or(|since| since == Some(entry.generation));
             match (next_offset, &mut entry.known) {
                 _ if !entry.subscribed => {}
-                _ if !current => state.tail_bytes -= entry.forget(),
+                _ if !current => {
+                    state.tail_bytes -= entry.forget();
+                    entry.generation += 1;
+                }
                 (Some(next_offset), known) => known
                     .get_or_insert_with(Known::default)
                     .saw(next_offset, log_start),
@@ -569,6 +575,7 @@ impl WakeHub {
         if !subscribed && entry.subscribed {
             // Under another subscription (see `wrote`).
             state.tail_bytes -= entry.forget();
+            entry.generation += 1;
         } else if subscribed {
             let known = entry.known.get_or_insert_with(Known::default);
             known.saw(next_offset, Some(log_start));
@@ -694,8 +701,16 @@ impl WakeHub {
     /// its waiters read the partition again: they went back to sleep after
     /// the loss, and an append through another gateway before now was
     /// announced to no one here.
+    ///
+    /// A channel already subscribed is confirmed again by the cluster
+    /// subscriber (the command's answer and its push): the same
+    /// subscription, since a loss would have marked it unsubscribed, so
+    /// what is known under it stays.
     fn confirmed(&self, channel: &str) {
         let mut state = self.inner.state.lock().expect("wake state lock");
+        if state.channels.get(channel).is_some_and(|c| c.subscribed) {
+            return;
+        }
         state.forget(channel);
         if let Some(c) = state.channels.get_mut(channel) {
             c.subscribed = true;
@@ -1282,10 +1297,15 @@ mod tests {
             hub.confirmed("c");
             assert!(woken(&watch), "the confirmation wakes the fetch to read again");
             assert!(watch.take_fired().includes("c"));
-            // Confirmed twice (the command's answer and its push): once is enough.
+            // Confirmed twice (the command's answer and its push): the same
+            // subscription, what is known under it stays.
+            let generation = hub.generation("c").unwrap();
+            hub.observe("c", generation, 3, 0, 3);
             hub.confirmed("c");
             assert!(!woken(&watch));
             assert_eq!(watch.take_fired(), Fired::Nothing);
+            assert_eq!(hub.generation("c"), Some(generation));
+            assert_eq!(hub.known_empty_at("c", 3, false), Some(0));
         }
     }
 
@@ -1358,8 +1378,11 @@ mod tests {
         hub.confirmed("c");
         read(0);
         assert_eq!(hub.known_empty_at("c", 0, false), Some(0));
+        // Another read started before the append ran, answered after its reply.
+        let late = hub.generation("c").unwrap();
         hub.stored("c", appending.since(), 0, 2, 0, false, Some(batch(10)));
         drop(appending);
+        hub.observe("c", late, 0, 0, 0);
         // Its own offsets would hide an append through another gateway at
         // 2; what the read saw would hide this one (never announced here).
         assert_eq!(
