@@ -59,6 +59,9 @@ struct Inner {
 struct State {
     channels: HashMap<String, Channel>,
     next_waiter: u64,
+    /// The last subscription generation given out, to any channel: a
+    /// channel removed and made again never repeats an earlier one.
+    generations: u64,
     /// What the channels' tails may hold together (`fetch.tail_cache_bytes`).
     tail_budget: usize,
     /// What they hold.
@@ -99,9 +102,10 @@ struct Channel {
     waiters: HashMap<u64, Arc<Waiter>>,
     subscribed: bool,
     idle_since: Option<Instant>,
-    /// Bumped at every confirmed or lost subscription, and when a write of
-    /// this gateway's begun under an older one lands (`WakeHub::wrote`):
-    /// what was read or written under an older one may have missed appends.
+    /// Moves on (to a number no channel had) at every confirmed or lost
+    /// subscription, and when an append of this gateway's begun under an
+    /// older one lands (`WakeHub::stored`): what was read or written under
+    /// an older one may have missed appends.
     generation: u64,
     /// The partition's offsets as last seen while subscribed.
     known: Option<Known>,
@@ -449,19 +453,17 @@ impl WakeHub {
     }
 
     /// This gateway's own write to the partition (a transaction marker,
-    /// DeleteRecords), sent while its channel was subscribed under the
-    /// generation `since` ([`WakeHub::generation`], taken before sending),
-    /// made the next offset `next_offset` and the log start `log_start`:
-    /// as [`WakeHub::appended`], but the offsets are kept only if the
-    /// subscription is still that one. A write that ran in Redis before
-    /// the subscription was live, or while it lapsed, may have followed
-    /// appends through other gateways that were announced to no one here:
-    /// kept, its offsets would hide them ([`WakeHub::known_empty_at`]).
-    /// Nor may what was known before stay, the write itself being
-    /// announced to no one here: the partition's offsets and tail are
-    /// forgotten and its generation moves on (a read already under way may
-    /// have started before the write ran), so only a read started from now
-    /// tells them again.
+    /// DeleteRecords), sent when the channel's subscription generation was
+    /// `since` ([`WakeHub::generation`], taken before sending; `None`: not
+    /// subscribed), made the next offset `next_offset` and the log start
+    /// `log_start`: as [`WakeHub::appended`], but the offsets are kept only
+    /// under that same subscription. A write that ran in Redis before the
+    /// subscription was live, or while it lapsed, may have followed appends
+    /// through other gateways that were announced to no one here: kept, its
+    /// offsets would hide them ([`WakeHub::known_empty_at`]). (These writes
+    /// are announced on the channel like any other gateway's, so what was
+    /// known before them can stay; an append is not, see
+    /// [`WakeHub::stored`].)
     pub fn wrote(&self, channel: &str, since: Option<u64>, next_offset: Option<i64>, log_start: Option<i64>) {
         self.learned(channel, Some(since), next_offset, log_start)
     }
@@ -475,16 +477,11 @@ impl WakeHub {
         next_offset: Option<i64>,
         log_start: Option<i64>,
     ) {
-        let mut guard = self.inner.state.lock().expect("wake state lock");
-        let state = &mut *guard;
+        let mut state = self.inner.state.lock().expect("wake state lock");
         if let Some(entry) = state.channels.get_mut(channel) {
             let current = entry.subscribed && since.is_none_or(|since| since == Some(entry.generation));
             match (next_offset, &mut entry.known) {
-                _ if !entry.subscribed => {}
-                _ if !current => {
-                    state.tail_bytes -= entry.forget();
-                    entry.generation += 1;
-                }
+                _ if !current => {}
                 (Some(next_offset), known) => known
                     .get_or_insert_with(Known::default)
                     .saw(next_offset, log_start),
@@ -538,7 +535,9 @@ impl WakeHub {
 
     /// This gateway stored a batch at `base` and the partition's next offset
     /// is now `next_offset`, by an append begun under the subscription
-    /// generation `since` ([`Appending::since`]): as [`WakeHub::wrote`], and
+    /// generation `since` ([`Appending::since`]): as [`WakeHub::wrote`]
+    /// (except that under another subscription what was known is forgotten
+    /// too: an append is not announced back to the gateway that made it), and
     /// - a batch that is not transactional, stored where a read last saw
     ///   every transaction decided, leaves them all decided: the partition
     ///   is known stable at `next_offset`;
@@ -573,9 +572,15 @@ impl WakeHub {
             return;
         };
         if !subscribed && entry.subscribed {
-            // Under another subscription (see `wrote`).
+            // Begun under another subscription: its own offsets may hide
+            // an append through another gateway before this one was live,
+            // and no one announced this append here (the script announces
+            // an append only to other gateways), so what a read already
+            // under way saw before it would hide it too. Forgotten, and
+            // only a read started from now tells the offsets again.
             state.tail_bytes -= entry.forget();
-            entry.generation += 1;
+            state.generations += 1;
+            entry.generation = state.generations;
         } else if subscribed {
             let known = entry.known.get_or_insert_with(Known::default);
             known.saw(next_offset, Some(log_start));
@@ -643,7 +648,9 @@ impl WakeHub {
     }
 
     /// Records offsets read from Redis by a read that started under
-    /// `generation`; ignored if the subscription lapsed since.
+    /// `generation`; ignored if the generation moved on since (the
+    /// subscription lapsed or was confirmed again, or an append begun under
+    /// an older one landed).
     pub fn observe(
         &self,
         channel: &str,
@@ -702,43 +709,45 @@ impl WakeHub {
     /// the loss, and an append through another gateway before now was
     /// announced to no one here.
     ///
-    /// A channel already subscribed is confirmed again by the cluster
-    /// subscriber (the command's answer and its push): the same
-    /// subscription, since a loss would have marked it unsubscribed, so
-    /// what is known under it stays.
+    /// A channel already subscribed may be confirmed again: in cluster mode
+    /// by the command's answer and its push, but also when redis-rs
+    /// subscribed again on its own after it replaced a node's connection,
+    /// which it may do without a `Disconnection` push; the two cannot be
+    /// told apart, so a repeated confirmation counts as a lapse too.
     fn confirmed(&self, channel: &str) {
-        let mut state = self.inner.state.lock().expect("wake state lock");
-        if state.channels.get(channel).is_some_and(|c| c.subscribed) {
-            return;
-        }
-        state.forget(channel);
+        let mut guard = self.inner.state.lock().expect("wake state lock");
+        let state = &mut *guard;
         if let Some(c) = state.channels.get_mut(channel) {
-            c.subscribed = true;
-            c.generation += 1;
-            if std::mem::take(&mut c.lapsed) {
+            state.tail_bytes -= c.forget();
+            state.generations += 1;
+            c.generation = state.generations;
+            let again = std::mem::replace(&mut c.subscribed, true);
+            if std::mem::take(&mut c.lapsed) || again {
                 for waiter in c.waiters.values() {
                     waiter.wake(Some(channel));
                 }
             }
         }
-        drop(state);
+        drop(guard);
         self.inner.confirmations.send_modify(|n| *n += 1);
     }
 
     /// Redis dropped one channel's subscription (its slot moved): its
     /// waiters re-check the log in case they missed a wake-up.
     fn subscription_lost(&self, channel: &str) {
-        let mut state = self.inner.state.lock().expect("wake state lock");
-        state.forget(channel);
+        let mut guard = self.inner.state.lock().expect("wake state lock");
+        let state = &mut *guard;
         if let Some(c) = state.channels.get_mut(channel) {
+            state.tail_bytes -= c.forget();
+            state.generations += 1;
+            c.generation = state.generations;
             c.subscribed = false;
             c.lapsed = true;
-            c.generation += 1;
             for waiter in c.waiters.values() {
                 waiter.wake(None);
             }
         }
-        drop(state);
+        drop(guard);
         self.inner.confirmations.send_modify(|n| *n += 1);
     }
 
@@ -958,10 +967,10 @@ impl ClusterSubscriber {
                     Some(push) => {
                         // Subscribe again at once where Redis dropped a
                         // subscription (its slot moved: the node that took
-                        // it is up), after the pushes already here (the
-                        // presence channel's drop follows its channel's).
-                        // What fails, and what a lost connection dropped,
-                        // waits for the sweep.
+                        // it is up), after the pushes already here (Redis
+                        // drops all of a slot's channels, presence channels
+                        // among them, at once). What fails, and what a lost
+                        // connection dropped, waits for the sweep.
                         let mut dropped: Vec<String> = self.handle(push, &mut retry).into_iter().collect();
                         while let Ok(push) = pushes.try_recv() {
                             dropped.extend(self.handle(push, &mut retry));
@@ -1297,15 +1306,21 @@ mod tests {
             hub.confirmed("c");
             assert!(woken(&watch), "the confirmation wakes the fetch to read again");
             assert!(watch.take_fired().includes("c"));
-            // Confirmed twice (the command's answer and its push): the same
-            // subscription, what is known under it stays.
+            assert!(!woken(&watch));
+            // Confirmed again while subscribed (the command's answer and its
+            // push, or redis-rs subscribing again on its own after replacing
+            // a connection it did not report lost): counted as a lapse, since
+            // the two cannot be told apart. What was known goes, the fetch
+            // reads again, and a read begun before does not count.
             let generation = hub.generation("c").unwrap();
             hub.observe("c", generation, 3, 0, 3);
-            hub.confirmed("c");
-            assert!(!woken(&watch));
-            assert_eq!(watch.take_fired(), Fired::Nothing);
-            assert_eq!(hub.generation("c"), Some(generation));
             assert_eq!(hub.known_empty_at("c", 3, false), Some(0));
+            hub.confirmed("c");
+            assert!(woken(&watch));
+            assert!(watch.take_fired().includes("c"));
+            assert_eq!(hub.known_empty_at("c", 3, false), None);
+            hub.observe("c", generation, 3, 0, 3);
+            assert_eq!(hub.known_empty_at("c", 3, false), None);
         }
     }
 
@@ -1410,15 +1425,24 @@ mod tests {
         assert_eq!(hub.known_empty_at("c", 6, false), None);
         assert_eq!(tail_of(&hub, 4, false), None);
         assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
-        // The same for a transaction marker or DeleteRecords of its own.
+        // A transaction marker or DeleteRecords of its own: its offsets count
+        // only under the subscription it began with, too. Those writes are
+        // announced like any other gateway's (if they ran once the
+        // subscription was live; if before, a read under it saw them), so
+        // what was known stays.
         let since = hub.generation("c");
         hub.connection_lost();
         hub.confirmed("c");
         read(6);
         hub.wrote("c", since, Some(7), Some(0));
-        assert_eq!(hub.known_empty_at("c", 6, false), None, "the marker made it 7");
-        assert_eq!(hub.known_empty_at("c", 7, false), None);
-        read(7);
+        assert_eq!(
+            hub.known_empty_at("c", 7, false),
+            None,
+            "its own offsets are not taken"
+        );
+        assert_eq!(hub.known_empty_at("c", 6, false), Some(0));
+        hub.appended("c", Some(7), None);
+        assert_eq!(hub.known_empty_at("c", 7, false), Some(0));
         hub.wrote("c", hub.generation("c"), Some(8), Some(0));
         assert_eq!(hub.known_empty_at("c", 8, false), Some(0));
         // Announcements come through the subscription: always kept.
