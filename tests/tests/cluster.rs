@@ -606,35 +606,19 @@ fn a_wake_up_subscription_follows_its_slot_to_another_master() {
 
     // The partition's slot moves to another master, its keys with it.
     let from = placement(&cluster, &topic)[0];
-    let to = cluster
-        .slot_ranges()
-        .into_iter()
-        .map(|(_, _, port)| port)
-        .find(|port| *port != from)
-        .expect("another master");
+    let to = another_master(&cluster, from);
     cluster.reshard_all(from, to);
     assert_eq!(placement(&cluster, &topic), vec![to]);
 
     // A fetch parked on b now wakes for an append through a: b's
     // subscription followed the slot to its new master.
-    let (elapsed, response) = std::thread::scope(|s| {
-        let fetch = s.spawn(|| {
-            let started = Instant::now();
-            let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 1, 20_000));
-            (started.elapsed(), response)
-        });
-        // Only makes it likely the fetch is parked first.
-        std::thread::sleep(Duration::from_millis(300));
-        let second = batch::encode(&[Record::value(2, b"second")]);
-        assert_eq!(raw::produce(&mut conn_a, &topic, 0, second), (code::NONE, 1));
-        fetch.join().expect("fetch thread")
-    });
-    let (error, high_watermark, records) = raw::fetch_result(&response);
-    assert_eq!((error, high_watermark), (code::NONE, 2));
-    assert_eq!(raw::count_records(&records.expect("records")), 1);
-    assert!(
-        elapsed < Duration::from_secs(10),
-        "the fetch waited {elapsed:?} for a 20 s limit: the subscription stayed on the old master"
+    parked_fetch_answers(
+        &mut conn_b,
+        &mut conn_a,
+        &topic,
+        1,
+        || {},
+        "the subscription stayed on the old master",
     );
 
     // A fetch parked while the slot moves: Redis drops b's subscription
@@ -643,31 +627,58 @@ fn a_wake_up_subscription_follows_its_slot_to_another_master() {
     // b's fetch still answers: it reads again once the subscription is back.
     // (The master the slots left holds none now; Redis made it a replica.)
     let tag = format!("{{{}}}", tags(&cluster, &topic)[0]);
-    let third = cluster
+    let third = another_master(&cluster, to);
+    parked_fetch_answers(
+        &mut conn_b,
+        &mut conn_a,
+        &topic,
+        2,
+        || cluster.move_slot_of(&tag, third),
+        "an append while its subscription lapsed was missed",
+    );
+    assert_eq!(placement(&cluster, &topic), vec![third]);
+}
+
+/// A master serving slots, other than the one on `port`.
+fn another_master(cluster: &RedisCluster, port: u16) -> u16 {
+    cluster
         .slot_ranges()
         .into_iter()
-        .map(|(_, _, port)| port)
-        .find(|port| *port != to)
-        .expect("a third master");
+        .map(|(_, _, p)| p)
+        .find(|p| *p != port)
+        .expect("another master")
+}
+
+/// Parks a fetch of up to 20 s at `offset` (partition 0 of `topic`) on
+/// `fetcher`, runs `meanwhile`, appends one record there through
+/// `producer`, and asserts the fetch answers with it well before its
+/// limit; `late` says what a late answer means.
+fn parked_fetch_answers(
+    fetcher: &mut KafkaConn,
+    producer: &mut KafkaConn,
+    topic: &str,
+    offset: i64,
+    meanwhile: impl FnOnce(),
+    late: &str,
+) {
     let (elapsed, response) = std::thread::scope(|s| {
         let fetch = s.spawn(|| {
             let started = Instant::now();
-            let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 2, 20_000));
+            let response = fetcher.request(12, &raw::fetch_request(topic, 0, offset, 20_000));
             (started.elapsed(), response)
         });
         // Only makes it likely the fetch is parked first.
         std::thread::sleep(Duration::from_millis(300));
-        cluster.move_slot_of(&tag, third);
-        let record = batch::encode(&[Record::value(3, b"third")]);
-        assert_eq!(raw::produce(&mut conn_a, &topic, 0, record), (code::NONE, 2));
+        meanwhile();
+        let record = batch::encode(&[Record::value(offset, b"parked")]);
+        assert_eq!(raw::produce(producer, topic, 0, record), (code::NONE, offset));
         fetch.join().expect("fetch thread")
     });
-    assert_eq!(placement(&cluster, &topic), vec![third]);
     let (error, high_watermark, records) = raw::fetch_result(&response);
-    assert_eq!((error, high_watermark), (code::NONE, 3));
+    assert_eq!((error, high_watermark), (code::NONE, offset + 1));
     assert_eq!(raw::count_records(&records.expect("records")), 1);
     assert!(
         elapsed < Duration::from_secs(10),
-        "the fetch waited {elapsed:?} for a 20 s limit: an append while its subscription lapsed was missed"
+        "the fetch waited {elapsed:?} for a 20 s limit: {late}"
     );
 }
