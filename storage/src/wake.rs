@@ -71,11 +71,15 @@ struct State {
 }
 
 impl State {
-    /// Forgets what `channel` knew of its partition (see [`Channel::forget`]).
-    fn forget(&mut self, channel: &str) {
-        if let Some(c) = self.channels.get_mut(channel) {
-            self.tail_bytes -= c.forget();
-        }
+    /// Forgets what `channel` knew of its partition (see [`Channel::forget`])
+    /// and gives it a new generation, so that what reads and writes begun
+    /// before tell of it is ignored.
+    fn forget(&mut self, channel: &str) -> Option<&mut Channel> {
+        let c = self.channels.get_mut(channel)?;
+        self.tail_bytes -= c.forget();
+        self.generations += 1;
+        c.generation = self.generations;
+        Some(c)
     }
 
     /// Drops kept batches older than [`crate::tail::TAIL_AGE`] from every
@@ -568,20 +572,19 @@ impl WakeHub {
         // batches anywhere giving way.
         let keep = tail.filter(|b| subscribed && b.len() <= TAIL_BATCH_BYTES.min(state.tail_budget));
         state.make_tail_room(keep.as_ref().map_or(0, Bytes::len), now);
-        let Some(entry) = state.channels.get_mut(channel) else {
-            return;
-        };
-        if !subscribed && entry.subscribed {
+        if !subscribed && state.channels.get(channel).is_some_and(|c| c.subscribed) {
             // Begun under another subscription: its own offsets may hide
             // an append through another gateway before this one was live,
             // and no one announced this append here (the script announces
             // an append only to other gateways), so what a read already
             // under way saw before it would hide it too. Forgotten, and
             // only a read started from now tells the offsets again.
-            state.tail_bytes -= entry.forget();
-            state.generations += 1;
-            entry.generation = state.generations;
-        } else if subscribed {
+            state.forget(channel);
+        }
+        let Some(entry) = state.channels.get_mut(channel) else {
+            return;
+        };
+        if subscribed {
             let known = entry.known.get_or_insert_with(Known::default);
             known.saw(next_offset, Some(log_start));
             if !transactional && known.stable_at == Some(base) {
@@ -715,12 +718,8 @@ impl WakeHub {
     /// which it may do without a `Disconnection` push; the two cannot be
     /// told apart, so a repeated confirmation counts as a lapse too.
     fn confirmed(&self, channel: &str) {
-        let mut guard = self.inner.state.lock().expect("wake state lock");
-        let state = &mut *guard;
-        if let Some(c) = state.channels.get_mut(channel) {
-            state.tail_bytes -= c.forget();
-            state.generations += 1;
-            c.generation = state.generations;
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        if let Some(c) = state.forget(channel) {
             let again = std::mem::replace(&mut c.subscribed, true);
             if std::mem::take(&mut c.lapsed) || again {
                 for waiter in c.waiters.values() {
@@ -728,26 +727,22 @@ impl WakeHub {
                 }
             }
         }
-        drop(guard);
+        drop(state);
         self.inner.confirmations.send_modify(|n| *n += 1);
     }
 
     /// Redis dropped one channel's subscription (its slot moved): its
     /// waiters re-check the log in case they missed a wake-up.
     fn subscription_lost(&self, channel: &str) {
-        let mut guard = self.inner.state.lock().expect("wake state lock");
-        let state = &mut *guard;
-        if let Some(c) = state.channels.get_mut(channel) {
-            state.tail_bytes -= c.forget();
-            state.generations += 1;
-            c.generation = state.generations;
+        let mut state = self.inner.state.lock().expect("wake state lock");
+        if let Some(c) = state.forget(channel) {
             c.subscribed = false;
             c.lapsed = true;
             for waiter in c.waiters.values() {
                 waiter.wake(None);
             }
         }
-        drop(guard);
+        drop(state);
         self.inner.confirmations.send_modify(|n| *n += 1);
     }
 
@@ -976,7 +971,6 @@ impl ClusterSubscriber {
                             dropped.extend(self.handle(push, &mut retry));
                         }
                         for channel in dropped {
-                            retry.retain(|c| *c != channel);
                             self.subscribe(channel, &mut retry).await;
                         }
                     }
@@ -1028,7 +1022,7 @@ impl ClusterSubscriber {
     }
 
     /// Takes in one push; returns the channel whose subscription Redis
-    /// dropped, if it did (also added to `retry`).
+    /// dropped, if it did, for the caller to subscribe again.
     fn handle(&self, push: redis::PushInfo, retry: &mut Vec<String>) -> Option<String> {
         let text = |value: Option<&redis::Value>| match value {
             Some(redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
@@ -1054,9 +1048,6 @@ impl ClusterSubscriber {
                 {
                     tracing::debug!(channel, "redis dropped a wake-up subscription; subscribing again");
                     self.hub.subscription_lost(&channel);
-                    if !retry.contains(&channel) {
-                        retry.push(channel.clone());
-                    }
                     return Some(channel);
                 }
             }
