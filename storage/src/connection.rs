@@ -40,8 +40,42 @@ pub enum Mode {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, std::sync::Arc<SlotMapWatch>),
 }
+
+/// What a cluster connection's clones share to notice a stale slot map.
+///
+/// redis-rs reads its slot map again only after a redirection. A master
+/// that stops answering without closing its connections (frozen, or cut
+/// off) gives none: once its replica has taken its slots, the connection
+/// would keep sending their commands to it, each timing out, until it
+/// answers again. So a command that times out makes the connection check
+/// the map (at most once per second, in the background): it asks the
+/// masters it knows for `CLUSTER SLOTS` ([`Conn::slot_ranges_from`]) and,
+/// when a slot changed masters since the last check, makes redis-rs read
+/// the map again ([`Conn::reread_slot_map`]).
+pub(crate) struct SlotMapWatch {
+    conn: ClusterConnection,
+    response_timeout: Duration,
+    /// The seed nodes (`host:port`), asked for the slot map besides the
+    /// masters a caller knows.
+    seeds: Vec<String>,
+    state: std::sync::Mutex<WatchState>,
+}
+
+#[derive(Default)]
+struct WatchState {
+    /// The map the last check read.
+    ranges: Vec<(u16, u16, String)>,
+    /// When a check last began.
+    checked: Option<std::time::Instant>,
+    /// When a check last made redis-rs read the map again.
+    reread: Option<std::time::Instant>,
+}
+
+/// How long after making redis-rs read the slot map again a check, finding
+/// no change, makes it read it again anyway (its read may have failed).
+const REREAD_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
 /// TLS settings for `rediss://` URLs: the PEM certificate authorities to
 /// trust, or the system's roots when `None`.
@@ -133,15 +167,30 @@ impl Conn {
         let config = redis::cluster::ClusterConfig::new()
             .set_connection_timeout(connect_timeout)
             .set_response_timeout(response_timeout);
-        Ok(Conn::Cluster(
-            client.get_pending_async_connection_with_config(config),
-        ))
+        let conn = client.get_pending_async_connection_with_config(config);
+        let watch = std::sync::Arc::new(SlotMapWatch {
+            conn: conn.clone(),
+            response_timeout,
+            seeds: seeds
+                .iter()
+                .filter_map(|seed| {
+                    let info = redis::IntoConnectionInfo::into_connection_info(*seed).ok()?;
+                    match info.addr() {
+                        redis::ConnectionAddr::Tcp(host, port)
+                        | redis::ConnectionAddr::TcpTls { host, port, .. } => Some(format!("{host}:{port}")),
+                        _ => None,
+                    }
+                })
+                .collect(),
+            state: Default::default(),
+        });
+        Ok(Conn::Cluster(conn, watch))
     }
 
     pub(crate) fn mode(&self) -> Mode {
         match self {
             Conn::Single(_) => Mode::Single,
-            Conn::Cluster(_) => Mode::Cluster,
+            Conn::Cluster(..) => Mode::Cluster,
         }
     }
 
@@ -156,14 +205,172 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The slot map, asked of the nodes `known` (`host:port`) and the seed
+    /// nodes directly and at once, the first answer taken; through the cluster connection's
+    /// own routing when none answers within `limit` (or none is known).
+    /// A master that stops answering without closing its connections
+    /// leaves redis-rs's map stale (it reads it again only after a
+    /// redirection), so its routing may keep asking that one.
+    pub(crate) async fn slot_ranges_from(
+        &self,
+        known: &[String],
+        limit: Duration,
+    ) -> Result<Vec<(u16, u16, String)>> {
+        if let Conn::Cluster(c, watch) = self {
+            let mut nodes: Vec<&String> = known.iter().chain(&watch.seeds).collect();
+            nodes.sort();
+            nodes.dedup();
+            let asks: Vec<_> = nodes
+                .into_iter()
+                .filter_map(|address| {
+                    let (host, port) = address.rsplit_once(':')?;
+                    let routing = by_address(host, port.parse().ok()?);
+                    let mut c = c.clone();
+                    Some(Box::pin(async move {
+                        let mut cmd = redis::cmd("CLUSTER");
+                        cmd.arg("SLOTS");
+                        let reply = tokio::time::timeout(limit, c.route_command(cmd, routing))
+                            .await
+                            .map_err(|_| StorageError::Unavailable("CLUSTER SLOTS timed out".to_owned()))??;
+                        parse_cluster_slots(reply)
+                    }))
+                })
+                .collect();
+            if !asks.is_empty()
+                && let Ok((ranges, _)) = futures::future::select_ok(asks).await
+            {
+                return Ok(ranges);
+            }
+        }
+        self.slot_ranges().await
+    }
+
+    /// Makes the cluster connection read its slot map again, which it does
+    /// only after a redirection: asks one master of `ranges`, by address,
+    /// about a key of a slot another serves, which it answers with MOVED.
+    pub(crate) async fn reread_slot_map(&self, ranges: &[(u16, u16, String)], limit: Duration) {
+        let Conn::Cluster(c, _) = self else {
+            return;
+        };
+        let Some((asked, (first, last, _))) = ranges.first().and_then(|(_, _, asked)| {
+            let other = ranges.iter().find(|(_, _, master)| master != asked)?;
+            Some((asked, other))
+        }) else {
+            return;
+        };
+        let Some(key) = (0u32..)
+            .take(1 << 20)
+            .map(|n| format!("{{ketch-slot-map-{n}}}"))
+            .find(|key| (*first..=*last).contains(&crate::durable::slot_of(key)))
+        else {
+            return;
+        };
+        let Some(routing) = asked
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some(by_address(host, port.parse().ok()?)))
+        else {
+            return;
+        };
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(&key);
+        if let Ok(Err(e)) = tokio::time::timeout(limit, c.clone().route_command(cmd, routing)).await {
+            tracing::debug!(error = %e, "asking for a moved key to refresh the slot map failed");
+        }
+    }
+}
+
+impl Conn {
+    fn watch(&self) -> Option<std::sync::Arc<SlotMapWatch>> {
+        match self {
+            Conn::Cluster(_, watch) => Some(watch.clone()),
+            Conn::Single(_) => None,
+        }
+    }
+}
+
+/// `reply`, a timeout in it making the cluster connection check its slot
+/// map ([`SlotMapWatch`]).
+fn watched<'a, T: Send + 'a>(
+    watch: Option<std::sync::Arc<SlotMapWatch>>,
+    reply: RedisFuture<'a, T>,
+) -> RedisFuture<'a, T> {
+    let Some(watch) = watch else {
+        return reply;
+    };
+    Box::pin(async move {
+        let reply = reply.await;
+        if let Err(e) = &reply
+            && e.is_timeout()
+        {
+            watch.check();
+        }
+        reply
+    })
+}
+
+impl SlotMapWatch {
+    /// Checks the slot map in the background, unless a check began less
+    /// than a second ago.
+    fn check(self: std::sync::Arc<Self>) {
+        let known = {
+            let mut state = self.state.lock().expect("slot map watch");
+            if state
+                .checked
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+            {
+                return;
+            }
+            state.checked = Some(std::time::Instant::now());
+            state.ranges.iter().map(|r| r.2.clone()).collect::<Vec<_>>()
+        };
+        tokio::spawn(async move {
+            let conn = Conn::Cluster(self.conn.clone(), self.clone());
+            let limit = self.response_timeout;
+            let ranges = match conn.slot_ranges_from(&known, limit).await {
+                Ok(ranges) => ranges,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the slot map");
+                    return;
+                }
+            };
+            let reread = {
+                let mut state = self.state.lock().expect("slot map watch");
+                let changed = state.ranges != ranges;
+                state.ranges = ranges.clone();
+                // The first check cannot tell whether the map changed.
+                let due = state.reread.is_none_or(|t| t.elapsed() >= REREAD_AGAIN_AFTER);
+                if changed || due {
+                    state.reread = Some(std::time::Instant::now());
+                }
+                changed || due
+            };
+            if reread {
+                conn.reread_slot_map(&ranges, limit).await;
+            }
+        });
+    }
+}
+
+/// Routing to the node at `host:port`.
+fn by_address(host: &str, port: u16) -> redis::cluster_routing::RoutingInfo {
+    redis::cluster_routing::RoutingInfo::SingleNode(
+        redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        },
+    )
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let command = first_command(cmd);
+        let watch = self.watch();
         let reply = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, _) => c.req_packed_command(cmd),
         };
-        timed(command, reply)
+        watched(watch, timed(command, reply))
     }
 
     fn req_packed_commands<'a>(
@@ -178,9 +385,10 @@ impl ConnectionLike for Conn {
         } else {
             pipeline.cmd_iter().next().map_or("OTHER", first_command)
         };
+        let watch = self.watch();
         let replies = match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => {
+            Conn::Cluster(c, _) => {
                 if whole {
                     c.req_packed_commands(pipeline, offset, count)
                 } else {
@@ -188,7 +396,7 @@ impl ConnectionLike for Conn {
                 }
             }
         };
-        timed(command, replies)
+        watched(watch, timed(command, replies))
     }
 
     fn get_db(&self) -> i64 {

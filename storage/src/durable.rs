@@ -237,10 +237,16 @@ impl DurablePool {
         Ok(pool)
     }
 
-    /// Reads the slot map again (after a MOVED: a slot changed masters).
+    /// Reads the slot map again (after a MOVED: a slot changed masters; or
+    /// a failure: its master may have been failed over), asking the masters
+    /// it knows at once (see [`Conn::slot_ranges_from`]).
     pub(crate) async fn refresh(&self) -> Result<()> {
         if let Target::Cluster(masters) = &self.target {
-            let ranges = masters.conn.slot_ranges().await?;
+            let known: Vec<String> = masters.slots.read().await.iter().map(|r| r.2.clone()).collect();
+            let ranges = masters
+                .conn
+                .slot_ranges_from(&known, self.wire.response_timeout)
+                .await?;
             *masters.slots.write().await = ranges;
         }
         Ok(())

@@ -9,7 +9,9 @@
 //! from each gateway's presence channel ([`WakeHub::presence`]). A channel
 //! is subscribed while someone waits on it and for `linger` after, so a
 //! consumer long-polling in a loop does not subscribe and unsubscribe on
-//! every fetch. Nothing here polls Redis.
+//! every fetch. Nothing here polls a partition; in cluster mode the
+//! subscriber checks every 2 s that Redis still holds its subscriptions
+//! ([`ClusterSubscriber`]).
 //!
 //! The hub does not care how subscriptions reach Redis; two transports feed
 //! it. In single mode, redis-rs offers no `SSUBSCRIBE`, so [`Subscriber`]
@@ -21,7 +23,8 @@
 //! waiters re-check the log, and the channel is subscribed again where the
 //! slot went. An append through another gateway before that is confirmed
 //! is announced to no one here, so the waiters re-check once more then
-//! (`Channel::lapsed`).
+//! (`Channel::lapsed`). A subscription Redis dropped without a push is
+//! found by the subscriber's audit and treated the same way.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -369,18 +372,38 @@ impl WakeHub {
         response_timeout: Duration,
     ) -> crate::Result<Self> {
         let (hub, commands) = Self::detached(Some(rand::random()));
-        let (pushes_tx, pushes) = mpsc::unbounded_channel();
-        let conn =
-            crate::connection::Conn::cluster(seeds, tls, connect_timeout, response_timeout, Some(pushes_tx))?;
-        let crate::connection::Conn::Cluster(conn) = conn else {
-            unreachable!("Conn::cluster makes a cluster connection");
-        };
+        let (seeds, tls): (Vec<String>, _) = (seeds.iter().map(|s| (*s).to_owned()).collect(), tls.clone());
+        let connect: Connect = Box::new(move || {
+            let (pushes_tx, pushes) = mpsc::unbounded_channel();
+            let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+            let conn = crate::connection::Conn::cluster(
+                &seeds,
+                &tls,
+                connect_timeout,
+                response_timeout,
+                Some(pushes_tx),
+            )?;
+            let crate::connection::Conn::Cluster(conn, _) = conn else {
+                unreachable!("Conn::cluster makes a cluster connection");
+            };
+            Ok((conn, pushes))
+        });
+        let (conn, pushes) = connect()?;
+        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
         let subscriber = ClusterSubscriber {
             hub: hub.clone(),
             conn,
+            connect,
+            epoch: 0,
             linger,
+            response_timeout,
+            outcomes: outcomes_tx,
+            pending: Default::default(),
+            retry: Vec::new(),
+            audit_lost: Default::default(),
+            auditing: false,
         };
-        tokio::spawn(subscriber.run(commands, pushes));
+        tokio::spawn(subscriber.run(commands, pushes, outcomes));
         Ok(hub)
     }
 
@@ -782,6 +805,17 @@ impl WakeHub {
         idle
     }
 
+    /// The channels subscribed, with their generations.
+    fn subscribed_channels(&self) -> Vec<(String, u64)> {
+        let state = self.inner.state.lock().expect("wake state lock");
+        state
+            .channels
+            .iter()
+            .filter(|(_, c)| c.subscribed)
+            .map(|(name, c)| (name.clone(), c.generation))
+            .collect()
+    }
+
     fn channel_names(&self) -> Vec<String> {
         self.inner
             .state
@@ -933,11 +967,74 @@ impl Subscriber {
     }
 }
 
+/// How often the cluster subscriber asks Redis whether it still holds what
+/// it believes it holds (see [`ClusterSubscriber`]).
+const AUDIT_EVERY: Duration = Duration::from_secs(2);
+
+/// Makes the cluster subscriber's connection and the receiver of its pushes.
+type Connect = Box<
+    dyn Fn() -> crate::Result<(
+            redis::cluster_async::ClusterConnection,
+            mpsc::UnboundedReceiver<redis::PushInfo>,
+        )> + Send,
+>;
+
+/// What a task the cluster subscriber started found; `epoch` names the
+/// connection it used ([`ClusterSubscriber::epoch`]).
+enum Outcome {
+    /// Which channels it subscribed (both the channel and its presence
+    /// channel) and which it could not.
+    Subscribed {
+        epoch: u64,
+        results: Vec<(String, bool)>,
+    },
+    /// The channels, with the generation they had when the audit began,
+    /// whose presence channel Redis does not hold (or whose node did not
+    /// answer).
+    Audited { epoch: u64, lost: Vec<(String, u64)> },
+}
+
 /// The task that subscribes through a Redis Cluster connection.
+///
+/// Every command to Redis runs in a task of its own, bounded by the
+/// response timeout, and reports back as an [`Outcome`]: a node that stops
+/// answering (frozen, or cut off without its connection closing) delays no
+/// other node's messages.
+///
+/// Every [`AUDIT_EVERY`] it asks each subscribed channel's master how many
+/// subscribers the channel's presence channel has (`PUBSUB SHARDNUMSUB`,
+/// one per channel, together). Only this gateway subscribes to its presence
+/// channels, and only alongside the channel, so 0 means Redis no longer
+/// holds the subscription, though no push said so. That happens when
+/// redis-rs replaces a node's connection without a `Disconnection` push
+/// (its own resubscription sends all of a node's shard channels in one
+/// `SSUBSCRIBE`, which Redis refuses when they span slots), and when a
+/// master stops answering without closing its connections and its replica
+/// takes its slots. The lost channel's waiters re-check the log and it is
+/// subscribed again. If that fails too, the connection's slot map is stale
+/// (redis-rs reads it again only after a redirection, and a node that does
+/// not answer gives none): the subscriber makes a new connection, which
+/// reads the map afresh, and subscribes everything again through it.
 struct ClusterSubscriber {
     hub: WakeHub,
     conn: redis::cluster_async::ClusterConnection,
+    connect: Connect,
+    /// Moves on with every new connection: what tasks of an older one
+    /// report is ignored (its pushes go to a receiver dropped with it).
+    epoch: u64,
     linger: Duration,
+    response_timeout: Duration,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    /// Channels being subscribed by a task.
+    pending: std::collections::HashSet<String>,
+    /// Channels to subscribe again at the next sweep: after a failed
+    /// `SSUBSCRIBE` (the node was down, the slot moving) or a lost
+    /// connection.
+    retry: Vec<String>,
+    /// Channels lost in the last audit whose new subscription is under way:
+    /// if it fails, the connection is made again.
+    audit_lost: std::collections::HashSet<String>,
+    auditing: bool,
 }
 
 impl ClusterSubscriber {
@@ -945,17 +1042,17 @@ impl ClusterSubscriber {
         mut self,
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+        mut outcomes: mpsc::UnboundedReceiver<Outcome>,
     ) {
-        // Channels to subscribe again: after a failed SSUBSCRIBE (the node
-        // was down, the slot moving) or a subscription Redis dropped.
-        let mut retry: Vec<String> = Vec::new();
         let mut sweep = tokio::time::interval(
             (self.linger / 2).clamp(Duration::from_millis(100), Duration::from_secs(1)),
         );
+        let mut audit = tokio::time::interval(AUDIT_EVERY);
+        audit.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 command = commands.recv() => match command {
-                    Some(Command::Subscribe(channel)) => self.subscribe(channel, &mut retry).await,
+                    Some(Command::Subscribe(channel)) => self.subscribe(vec![channel]),
                     None => return,
                 },
                 push = pushes.recv() => match push {
@@ -966,64 +1063,269 @@ impl ClusterSubscriber {
                         // drops all of a slot's channels, presence channels
                         // among them, at once). What fails, and what a lost
                         // connection dropped, waits for the sweep.
-                        let mut dropped: Vec<String> = self.handle(push, &mut retry).into_iter().collect();
+                        let mut dropped: Vec<String> = self.handle(push).into_iter().collect();
                         while let Ok(push) = pushes.try_recv() {
-                            dropped.extend(self.handle(push, &mut retry));
+                            dropped.extend(self.handle(push));
                         }
-                        for channel in dropped {
-                            self.subscribe(channel, &mut retry).await;
-                        }
+                        self.subscribe(dropped);
                     }
                     None => return,
                 },
-                _ = sweep.tick() => {
-                    for channel in std::mem::take(&mut retry) {
-                        self.subscribe(channel, &mut retry).await;
-                    }
-                    for channel in self.hub.take_idle(self.linger) {
-                        // The presence channel first: Redis must never see
-                        // it held without the channel.
-                        if let Some(presence) = self.hub.presence(&channel)
-                            && let Err(e) = self.conn.sunsubscribe(&presence).await
-                        {
-                            // Both stay: messages on a channel no one here
-                            // waits for are ignored.
-                            tracing::debug!(error = %e, channel, "cannot unsubscribe an idle presence channel");
-                            continue;
-                        }
-                        if let Err(e) = self.conn.sunsubscribe(&channel).await {
-                            tracing::debug!(error = %e, channel, "cannot unsubscribe an idle wake-up channel");
-                        }
+                Some(outcome) = outcomes.recv() => {
+                    if let Some(fresh) = self.apply(outcome) {
+                        pushes = fresh;
                     }
                 }
+                _ = sweep.tick() => {
+                    let retry = std::mem::take(&mut self.retry);
+                    self.subscribe(retry);
+                    self.unsubscribe(self.hub.take_idle(self.linger));
+                }
+                _ = audit.tick() => self.audit(),
             }
         }
     }
 
-    async fn subscribe(&mut self, channel: String, retry: &mut Vec<String>) {
-        if !self.hub.is_wanted(&channel) || retry.contains(&channel) {
+    /// Subscribes `channels` (each wanted, not already under way) in a task.
+    fn subscribe(&mut self, channels: Vec<String>) {
+        let channels: Vec<(String, Option<String>)> = channels
+            .into_iter()
+            .filter(|c| self.hub.is_wanted(c) && !self.retry.contains(c) && self.pending.insert(c.clone()))
+            .map(|c| {
+                let presence = self.hub.presence(&c);
+                (c, presence)
+            })
+            .collect();
+        if channels.is_empty() {
             return;
         }
-        let presence = self.hub.presence(&channel);
-        let subscribed = match self.conn.ssubscribe(&channel).await {
-            Ok(()) => match &presence {
-                Some(presence) => self.conn.ssubscribe(presence).await,
-                None => Ok(()),
-            },
-            Err(e) => Err(e),
-        };
-        match subscribed {
-            Ok(()) => self.hub.confirmed(&channel),
-            Err(e) => {
-                tracing::debug!(error = %e, channel, "wake-up subscription failed; will retry");
-                retry.push(channel);
+        let (conn, limit, epoch, outcomes) = (
+            self.conn.clone(),
+            self.response_timeout,
+            self.epoch,
+            self.outcomes.clone(),
+        );
+        tokio::spawn(async move {
+            let attempts = channels.into_iter().map(|(channel, presence)| {
+                let mut conn = conn.clone();
+                async move {
+                    let subscribed = tokio::time::timeout(limit, async {
+                        conn.ssubscribe(&channel).await?;
+                        match &presence {
+                            Some(presence) => conn.ssubscribe(presence).await,
+                            None => Ok(()),
+                        }
+                    })
+                    .await;
+                    let ok = match subscribed {
+                        Ok(Ok(())) => true,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, channel, "wake-up subscription failed; will retry");
+                            false
+                        }
+                        Err(_) => {
+                            tracing::debug!(channel, "wake-up subscription timed out; will retry");
+                            false
+                        }
+                    };
+                    (channel, ok)
+                }
+            });
+            let results = futures::future::join_all(attempts).await;
+            let _ = outcomes.send(Outcome::Subscribed { epoch, results });
+        });
+    }
+
+    /// Unsubscribes `channels`, no longer wanted, in a task. One wanted
+    /// again meanwhile is subscribed again when Redis tells it dropped it.
+    fn unsubscribe(&self, channels: Vec<String>) {
+        if channels.is_empty() {
+            return;
+        }
+        let idle: Vec<(String, Option<String>)> = channels
+            .into_iter()
+            .map(|c| {
+                let presence = self.hub.presence(&c);
+                (c, presence)
+            })
+            .collect();
+        let (conn, limit) = (self.conn.clone(), self.response_timeout);
+        tokio::spawn(async move {
+            let each = idle.into_iter().map(|(channel, presence)| {
+                let mut conn = conn.clone();
+                async move {
+                    let _ = tokio::time::timeout(limit, async {
+                        // The presence channel first: Redis must never see
+                        // it held without the channel. If that fails both
+                        // stay: messages on a channel no one here waits for
+                        // are ignored.
+                        if let Some(presence) = &presence
+                            && let Err(e) = conn.sunsubscribe(presence).await
+                        {
+                            tracing::debug!(error = %e, channel, "cannot unsubscribe an idle presence channel");
+                            return;
+                        }
+                        if let Err(e) = conn.sunsubscribe(&channel).await {
+                            tracing::debug!(error = %e, channel, "cannot unsubscribe an idle wake-up channel");
+                        }
+                    })
+                    .await;
+                }
+            });
+            futures::future::join_all(each).await;
+        });
+    }
+
+    /// Asks, in a task, whether Redis holds each subscribed channel's
+    /// presence channel (one audit at a time).
+    fn audit(&mut self) {
+        if self.auditing {
+            return;
+        }
+        let checks: Vec<(String, String, u64)> = self
+            .hub
+            .subscribed_channels()
+            .into_iter()
+            .filter(|(c, _)| !self.pending.contains(c))
+            .filter_map(|(c, generation)| {
+                let presence = self.hub.presence(&c)?;
+                Some((c, presence, generation))
+            })
+            .collect();
+        if checks.is_empty() {
+            return;
+        }
+        self.auditing = true;
+        let (conn, limit, epoch, outcomes) = (
+            self.conn.clone(),
+            self.response_timeout,
+            self.epoch,
+            self.outcomes.clone(),
+        );
+        tokio::spawn(async move {
+            let each = checks.into_iter().map(|(channel, presence, generation)| {
+                let mut conn = conn.clone();
+                async move {
+                    let route = redis::cluster_routing::Route::new(
+                        crate::durable::slot_of(&presence),
+                        redis::cluster_routing::SlotAddr::Master,
+                    );
+                    let mut cmd = redis::cmd("PUBSUB");
+                    cmd.arg("SHARDNUMSUB").arg(&presence);
+                    let asked = conn.route_command(
+                        cmd,
+                        redis::cluster_routing::RoutingInfo::SingleNode(
+                            redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(route),
+                        ),
+                    );
+                    let held = match tokio::time::timeout(limit, asked).await {
+                        Ok(Ok(value)) => subscriber_count(&value).is_some_and(|n| n > 0),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, channel, "cannot check a wake-up subscription");
+                            false
+                        }
+                        Err(_) => {
+                            tracing::debug!(channel, "checking a wake-up subscription timed out");
+                            false
+                        }
+                    };
+                    (!held).then_some((channel, generation))
+                }
+            });
+            let lost = futures::future::join_all(each)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            let _ = outcomes.send(Outcome::Audited { epoch, lost });
+        });
+    }
+
+    /// Takes in what a task found; returns the pushes of a new connection
+    /// when it made one.
+    fn apply(&mut self, outcome: Outcome) -> Option<mpsc::UnboundedReceiver<redis::PushInfo>> {
+        match outcome {
+            Outcome::Subscribed { epoch, results } => {
+                if epoch != self.epoch {
+                    return None;
+                }
+                let mut failed_after_audit = false;
+                let mut stray = Vec::new();
+                for (channel, ok) in results {
+                    self.pending.remove(&channel);
+                    let after_audit = self.audit_lost.remove(&channel);
+                    if !self.hub.is_wanted(&channel) {
+                        // Removed as idle while it was being subscribed.
+                        if ok {
+                            stray.push(channel);
+                        }
+                    } else if ok {
+                        self.hub.confirmed(&channel);
+                    } else {
+                        failed_after_audit |= after_audit;
+                        if !self.retry.contains(&channel) {
+                            self.retry.push(channel);
+                        }
+                    }
+                }
+                self.unsubscribe(stray);
+                if failed_after_audit {
+                    return self.reconnect();
+                }
+            }
+            Outcome::Audited { epoch, lost } => {
+                self.auditing = false;
+                if epoch != self.epoch {
+                    return None;
+                }
+                let mut again = Vec::new();
+                for (channel, generation) in lost {
+                    // Confirmed or lost since the audit began: that says more.
+                    if self.hub.generation(&channel) != Some(generation) || self.pending.contains(&channel) {
+                        continue;
+                    }
+                    tracing::warn!(
+                        channel,
+                        "redis no longer holds a wake-up subscription; subscribing again"
+                    );
+                    self.hub.subscription_lost(&channel);
+                    again.push(channel);
+                }
+                self.subscribe(again.clone());
+                let pending = &self.pending;
+                self.audit_lost
+                    .extend(again.into_iter().filter(|c| pending.contains(c)));
             }
         }
+        None
+    }
+
+    /// Replaces the connection with a new one (which reads the slot map
+    /// afresh) and subscribes every channel again through it; returns the
+    /// new connection's pushes.
+    fn reconnect(&mut self) -> Option<mpsc::UnboundedReceiver<redis::PushInfo>> {
+        let (conn, pushes) = match (self.connect)() {
+            Ok(made) => made,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot make a new wake-up subscription connection");
+                return None;
+            }
+        };
+        tracing::warn!("a wake-up subscription could not be restored; subscribing again on a new connection");
+        self.conn = conn;
+        self.epoch += 1;
+        self.pending.clear();
+        self.audit_lost.clear();
+        self.auditing = false;
+        self.hub.connection_lost();
+        self.retry.clear();
+        self.subscribe(self.hub.channel_names());
+        Some(pushes)
     }
 
     /// Takes in one push; returns the channel whose subscription Redis
     /// dropped, if it did, for the caller to subscribe again.
-    fn handle(&self, push: redis::PushInfo, retry: &mut Vec<String>) -> Option<String> {
+    fn handle(&mut self, push: redis::PushInfo) -> Option<String> {
         let text = |value: Option<&redis::Value>| match value {
             Some(redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
             Some(redis::Value::SimpleString(text)) => Some(text.clone()),
@@ -1055,14 +1357,30 @@ impl ClusterSubscriber {
                 tracing::warn!("a wake-up subscription connection to a cluster node was lost");
                 self.hub.connection_lost();
                 for channel in self.hub.channel_names() {
-                    if !retry.contains(&channel) {
-                        retry.push(channel);
+                    if !self.retry.contains(&channel) {
+                        self.retry.push(channel);
                     }
                 }
             }
             _ => {}
         }
         None
+    }
+}
+
+/// The subscriber count in a `PUBSUB SHARDNUMSUB` answer for one channel:
+/// a map in RESP3, a flat array in RESP2.
+fn subscriber_count(value: &redis::Value) -> Option<i64> {
+    match value {
+        redis::Value::Map(pairs) => match pairs.first() {
+            Some((_, redis::Value::Int(n))) => Some(*n),
+            _ => None,
+        },
+        redis::Value::Array(items) => match items.get(1) {
+            Some(redis::Value::Int(n)) => Some(*n),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

@@ -375,6 +375,18 @@ impl RedisServer {
         }
     }
 
+    /// Whether it answers a PING within a second (it is not frozen).
+    pub fn answers(&self) -> bool {
+        let second = Duration::from_secs(1);
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(second))
+            .and_then(|mut c| {
+                c.set_read_timeout(Some(second))?;
+                redis::cmd("PING").query::<String>(&mut c)
+            })
+            .is_ok()
+    }
+
     /// A synchronous connection for inspecting what ketch stored.
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url())
@@ -1007,11 +1019,12 @@ impl RedisCluster {
         }
     }
 
-    /// A node that is running (to ask about the cluster).
+    /// A node that is running and answers (to ask about the cluster): not
+    /// one stopped or frozen.
     pub fn running(&self) -> &RedisServer {
         self.nodes
             .iter()
-            .find(|n| n.child.is_some())
+            .find(|n| n.child.is_some() && n.answers())
             .expect("a node of the cluster is running")
     }
 
@@ -1024,13 +1037,18 @@ impl RedisCluster {
     }
 
     /// Waits until the slot of `key` is served by a master other than the
-    /// one on `port` and every running node reports `cluster_state:ok`: a
-    /// failover completed.
+    /// one on `port` and every other running node reports
+    /// `cluster_state:ok`: a failover completed. The node on `port` may be
+    /// stopped or frozen.
     pub fn await_failover(&self, key: &str, port: u16, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let moved = self.master_of(key) != port;
-            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+            let mut others = self
+                .nodes
+                .iter()
+                .filter(|n| n.child.is_some() && n.port() != port);
+            let ok = others.all(|n| {
                 let info: String = redis::cmd("CLUSTER")
                     .arg("INFO")
                     .query(&mut n.connection())

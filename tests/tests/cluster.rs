@@ -682,3 +682,77 @@ fn parked_fetch_answers(
         "the fetch waited {elapsed:?} for a 20 s limit: {late}"
     );
 }
+
+/// A master that stops answering without closing its connections
+/// (frozen, as a partitioned or hung host), then failed over: Redis holds
+/// gateway b's wake-up subscription on a node that says nothing, and no
+/// push tells b. b must find it out (its audit of the presence channels)
+/// instead of answering "nothing new" from what it knew before.
+#[test]
+fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let a = gateway(&cluster, "1");
+    let b = gateway(&cluster, "2");
+    let topic = unique_topic("cluster-wake-frozen");
+    let mut conn_a = KafkaConn::connect(a.kafka_addr());
+    let mut conn_b = KafkaConn::connect(b.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn_a, &topic, 1), code::NONE);
+    let first = batch::encode(&[Record::value(0, b"first")]);
+    assert_eq!(raw::produce(&mut conn_a, &topic, 0, first), (code::NONE, 0));
+    // b long-polls the partition's end: subscribed on its master, b knows
+    // its next offset is 1.
+    let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 1, 100));
+    let (error, high_watermark, _) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 1));
+    let tag = format!("{{{}}}", tags(&cluster, &topic)[0]);
+    let victim = placement(&cluster, &topic)[0];
+
+    let frozen = Frozen::freeze(cluster.node_mut(victim).pid());
+    cluster.await_failover(&tag, victim, Duration::from_secs(60));
+    // Through a, retrying as a client would until its data path finds the
+    // new master: its commands to the frozen one time out, and a timeout
+    // makes it read the slot map again (`SlotMapWatch`).
+    let second = batch::encode(&[Record::value(1, b"second")]);
+    let failed_over = Instant::now();
+    let deadline = failed_over + Duration::from_secs(90);
+    loop {
+        if raw::produce(&mut conn_a, &topic, 0, second.clone()).0 == code::NONE {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gateway a could not append after the failover\n{}",
+            a.output()
+        );
+    }
+    eprintln!(
+        "gateway a appended {:?} after the failover",
+        failed_over.elapsed()
+    );
+    // b reads it while the old master is still frozen.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 1, 2_000));
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        if error == code::NONE && high_watermark == 2 {
+            assert_eq!(raw::count_records(&records.expect("records")), 1);
+            eprintln!("gateway b read it {:?} after the failover", failed_over.elapsed());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b still answers {error}, high watermark {high_watermark}: it trusts a dead subscription\n{}",
+            b.output()
+        );
+    }
+    // And b's subscription is live again, on the new master.
+    parked_fetch_answers(
+        &mut conn_b,
+        &mut conn_a,
+        &topic,
+        2,
+        || {},
+        "b did not subscribe again where the slot went",
+    );
+    drop(frozen);
+}
