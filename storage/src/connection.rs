@@ -40,7 +40,7 @@ pub enum Mode {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection, std::sync::Arc<SlotMapWatch>),
+    Cluster(std::sync::Arc<SlotMapWatch>),
 }
 
 /// What a cluster connection's clones share to notice a stale slot map.
@@ -52,30 +52,38 @@ pub(crate) enum Conn {
 /// answers again. So a command that times out makes the connection check
 /// the map (at most once per second, in the background): it asks the
 /// masters it knows for `CLUSTER SLOTS` ([`Conn::slot_ranges_from`]) and,
-/// when a slot changed masters since the last check, makes redis-rs read
-/// the map again ([`Conn::reread_slot_map`]).
+/// when a slot changed masters since the map was last read, replaces the
+/// cluster connection with a new one, which reads the map afresh (at most
+/// once per [`REPLACE_EVERY`]). Only then: a new connection is no help
+/// while such a master still serves its slots (before its failover).
 pub(crate) struct SlotMapWatch {
-    conn: ClusterConnection,
+    /// The connection every clone of the [`Conn`] uses.
+    conn: std::sync::Mutex<ClusterConnection>,
+    /// Makes a new one.
+    make: Box<dyn Fn() -> ClusterConnection + Send + Sync>,
     response_timeout: Duration,
     /// The seed nodes (`host:port`), asked for the slot map besides the
     /// masters a caller knows.
     seeds: Vec<String>,
+    /// A seed node's URL: credentials and options for dialling nodes.
+    template: Option<redis::ConnectionInfo>,
+    tls: Tls,
     state: std::sync::Mutex<WatchState>,
 }
 
 #[derive(Default)]
 struct WatchState {
-    /// The map the last check read.
+    /// The map as last read: when the connection was made, then by each
+    /// check.
     ranges: Vec<(u16, u16, String)>,
     /// When a check last began.
     checked: Option<std::time::Instant>,
-    /// When a check last made redis-rs read the map again.
-    reread: Option<std::time::Instant>,
+    /// When a check last replaced the connection.
+    replaced: Option<std::time::Instant>,
 }
 
-/// How long after making redis-rs read the slot map again a check, finding
-/// no change, makes it read it again anyway (its read may have failed).
-const REREAD_AGAIN_AFTER: Duration = Duration::from_secs(10);
+/// The least time between two replacements of a cluster connection.
+const REPLACE_EVERY: Duration = Duration::from_secs(10);
 
 /// TLS settings for `rediss://` URLs: the PEM certificate authorities to
 /// trust, or the system's roots when `None`.
@@ -167,9 +175,10 @@ impl Conn {
         let config = redis::cluster::ClusterConfig::new()
             .set_connection_timeout(connect_timeout)
             .set_response_timeout(response_timeout);
-        let conn = client.get_pending_async_connection_with_config(config);
+        let make = move || client.get_pending_async_connection_with_config(config.clone());
         let watch = std::sync::Arc::new(SlotMapWatch {
-            conn: conn.clone(),
+            conn: std::sync::Mutex::new(make()),
+            make: Box::new(make),
             response_timeout,
             seeds: seeds
                 .iter()
@@ -182,9 +191,17 @@ impl Conn {
                     }
                 })
                 .collect(),
+            template: seeds
+                .first()
+                .and_then(|seed| redis::IntoConnectionInfo::into_connection_info(*seed).ok()),
+            tls: tls.clone(),
             state: Default::default(),
         });
-        Ok(Conn::Cluster(conn, watch))
+        // The map redis-rs starts from, for the checks to compare with.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(watch.clone().first_read());
+        }
+        Ok(Conn::Cluster(watch))
     }
 
     pub(crate) fn mode(&self) -> Mode {
@@ -206,84 +223,81 @@ impl Conn {
 }
 
 impl Conn {
-    /// The slot map, asked of the nodes `known` (`host:port`) and the seed
-    /// nodes directly and at once, the first answer taken; through the cluster connection's
-    /// own routing when none answers within `limit` (or none is known).
-    /// A master that stops answering without closing its connections
-    /// leaves redis-rs's map stale (it reads it again only after a
-    /// redirection), so its routing may keep asking that one.
+    /// The slot map: through the cluster connection's routing (a node it
+    /// picks), and when that gives no answer within `limit`, asked of the
+    /// nodes `known` (`host:port`) and the seed nodes at once, each on a
+    /// connection of its own, the first answer taken. A master that stops
+    /// answering without closing its connections leaves redis-rs's map
+    /// stale (it reads it again only after a redirection), so its routing
+    /// may pick that one. (Not redis-rs's routing by address: it answers a
+    /// node it has no connection to with a reconnection to the seed nodes,
+    /// which holds up every command.)
     pub(crate) async fn slot_ranges_from(
         &self,
         known: &[String],
         limit: Duration,
     ) -> Result<Vec<(u16, u16, String)>> {
-        if let Conn::Cluster(c, watch) = self {
-            let mut nodes: Vec<&String> = known.iter().chain(&watch.seeds).collect();
-            nodes.sort();
-            nodes.dedup();
-            let asks: Vec<_> = nodes
-                .into_iter()
-                .filter_map(|address| {
-                    let (host, port) = address.rsplit_once(':')?;
-                    let routing = by_address(host, port.parse().ok()?);
-                    let mut c = c.clone();
-                    Some(Box::pin(async move {
-                        let mut cmd = redis::cmd("CLUSTER");
-                        cmd.arg("SLOTS");
-                        let reply = tokio::time::timeout(limit, c.route_command(cmd, routing))
-                            .await
-                            .map_err(|_| StorageError::Unavailable("CLUSTER SLOTS timed out".to_owned()))??;
-                        parse_cluster_slots(reply)
-                    }))
+        let routed = tokio::time::timeout(limit, self.slot_ranges()).await;
+        let Conn::Cluster(watch) = self else {
+            return routed.map_err(|_| StorageError::Unavailable("CLUSTER SLOTS timed out".to_owned()))?;
+        };
+        let routed_error = match routed {
+            Ok(Ok(ranges)) => return Ok(ranges),
+            Ok(Err(e)) => e,
+            Err(_) => StorageError::Unavailable("CLUSTER SLOTS timed out".to_owned()),
+        };
+        let mut nodes: Vec<&String> = known.iter().chain(&watch.seeds).collect();
+        nodes.sort();
+        nodes.dedup();
+        let asks: Vec<_> = nodes
+            .into_iter()
+            .filter_map(|address| node_client(watch.template.as_ref()?, &watch.tls, address).ok())
+            .map(|client| {
+                Box::pin(async move {
+                    let reply: Value = tokio::time::timeout(limit, async {
+                        let mut conn = client.get_multiplexed_async_connection().await?;
+                        redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut conn).await
+                    })
+                    .await
+                    .map_err(|_| StorageError::Unavailable("CLUSTER SLOTS timed out".to_owned()))??;
+                    parse_cluster_slots(reply)
                 })
-                .collect();
-            if !asks.is_empty()
-                && let Ok((ranges, _)) = futures::future::select_ok(asks).await
-            {
-                return Ok(ranges);
-            }
+            })
+            .collect();
+        if asks.is_empty() {
+            return Err(routed_error);
         }
-        self.slot_ranges().await
+        futures::future::select_ok(asks).await.map(|(ranges, _)| ranges)
     }
+}
 
-    /// Makes the cluster connection read its slot map again, which it does
-    /// only after a redirection: asks one master of `ranges`, by address,
-    /// about a key of a slot another serves, which it answers with MOVED.
-    pub(crate) async fn reread_slot_map(&self, ranges: &[(u16, u16, String)], limit: Duration) {
-        let Conn::Cluster(c, _) = self else {
-            return;
-        };
-        let Some((asked, (first, last, _))) = ranges.first().and_then(|(_, _, asked)| {
-            let other = ranges.iter().find(|(_, _, master)| master != asked)?;
-            Some((asked, other))
-        }) else {
-            return;
-        };
-        let Some(key) = (0u32..)
-            .take(1 << 20)
-            .map(|n| format!("{{ketch-slot-map-{n}}}"))
-            .find(|key| (*first..=*last).contains(&crate::durable::slot_of(key)))
-        else {
-            return;
-        };
-        let Some(routing) = asked
-            .rsplit_once(':')
-            .and_then(|(host, port)| Some(by_address(host, port.parse().ok()?)))
-        else {
-            return;
-        };
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(&key);
-        if let Ok(Err(e)) = tokio::time::timeout(limit, c.clone().route_command(cmd, routing)).await {
-            tracing::debug!(error = %e, "asking for a moved key to refresh the slot map failed");
-        }
-    }
+/// A client of the cluster node at `address` (`host:port`), with the
+/// credentials and TLS settings of `template` (a seed node's).
+pub(crate) fn node_client(
+    template: &redis::ConnectionInfo,
+    tls: &Tls,
+    address: &str,
+) -> Result<redis::Client> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
+        .ok_or_else(|| StorageError::Data(format!("cluster node address {address:?}")))?;
+    let addr = match template.addr() {
+        redis::ConnectionAddr::TcpTls { insecure, .. } => redis::ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: None,
+        },
+        _ => redis::ConnectionAddr::Tcp(host, port),
+    };
+    tls.client(template.clone().set_addr(addr))
 }
 
 impl Conn {
     fn watch(&self) -> Option<std::sync::Arc<SlotMapWatch>> {
         match self {
-            Conn::Cluster(_, watch) => Some(watch.clone()),
+            Conn::Cluster(watch) => Some(watch.clone()),
             Conn::Single(_) => None,
         }
     }
@@ -293,6 +307,7 @@ impl Conn {
 /// map ([`SlotMapWatch`]).
 fn watched<'a, T: Send + 'a>(
     watch: Option<std::sync::Arc<SlotMapWatch>>,
+    command: &'static str,
     reply: RedisFuture<'a, T>,
 ) -> RedisFuture<'a, T> {
     let Some(watch) = watch else {
@@ -303,6 +318,7 @@ fn watched<'a, T: Send + 'a>(
         if let Err(e) = &reply
             && e.is_timeout()
         {
+            tracing::debug!(command, error = %e, "a redis cluster command timed out; checking the slot map");
             watch.check();
         }
         reply
@@ -310,6 +326,22 @@ fn watched<'a, T: Send + 'a>(
 }
 
 impl SlotMapWatch {
+    /// The cluster connection to use now.
+    pub(crate) fn current(&self) -> ClusterConnection {
+        self.conn.lock().expect("cluster connection").clone()
+    }
+
+    /// Reads the map when the connection is made.
+    async fn first_read(self: std::sync::Arc<Self>) {
+        let conn = Conn::Cluster(self.clone());
+        if let Ok(ranges) = conn.slot_ranges_from(&[], self.response_timeout).await {
+            let mut state = self.state.lock().expect("slot map watch");
+            if state.ranges.is_empty() {
+                state.ranges = ranges;
+            }
+        }
+    }
+
     /// Checks the slot map in the background, unless a check began less
     /// than a second ago.
     fn check(self: std::sync::Arc<Self>) {
@@ -325,7 +357,7 @@ impl SlotMapWatch {
             state.ranges.iter().map(|r| r.2.clone()).collect::<Vec<_>>()
         };
         tokio::spawn(async move {
-            let conn = Conn::Cluster(self.conn.clone(), self.clone());
+            let conn = Conn::Cluster(self.clone());
             let limit = self.response_timeout;
             let ranges = match conn.slot_ranges_from(&known, limit).await {
                 Ok(ranges) => ranges,
@@ -334,32 +366,28 @@ impl SlotMapWatch {
                     return;
                 }
             };
-            let reread = {
-                let mut state = self.state.lock().expect("slot map watch");
-                let changed = state.ranges != ranges;
-                state.ranges = ranges.clone();
-                // The first check cannot tell whether the map changed.
-                let due = state.reread.is_none_or(|t| t.elapsed() >= REREAD_AGAIN_AFTER);
-                if changed || due {
-                    state.reread = Some(std::time::Instant::now());
-                }
-                changed || due
-            };
-            if reread {
-                conn.reread_slot_map(&ranges, limit).await;
+            let mut state = self.state.lock().expect("slot map watch");
+            let last = std::mem::replace(&mut state.ranges, ranges);
+            // Without a map read before (none answered then), a change
+            // cannot be told.
+            if last.is_empty() || last == state.ranges {
+                return;
             }
+            if state.replaced.is_some_and(|t| t.elapsed() < REPLACE_EVERY) {
+                // The next check after the pause compares with this map,
+                // so keep the one the connection may still use.
+                state.ranges = last;
+                return;
+            }
+            state.replaced = Some(std::time::Instant::now());
+            drop(state);
+            tracing::warn!(
+                "a redis cluster master changed while commands timed out; reconnecting to the cluster"
+            );
+            metrics::replaced_connection();
+            *self.conn.lock().expect("cluster connection") = (self.make)();
         });
     }
-}
-
-/// Routing to the node at `host:port`.
-fn by_address(host: &str, port: u16) -> redis::cluster_routing::RoutingInfo {
-    redis::cluster_routing::RoutingInfo::SingleNode(
-        redis::cluster_routing::SingleNodeRoutingInfo::ByAddress {
-            host: host.to_owned(),
-            port,
-        },
-    )
 }
 
 impl ConnectionLike for Conn {
@@ -368,9 +396,12 @@ impl ConnectionLike for Conn {
         let watch = self.watch();
         let reply = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c, _) => c.req_packed_command(cmd),
+            Conn::Cluster(watch) => {
+                let mut c = watch.current();
+                Box::pin(async move { c.req_packed_command(cmd).await })
+            }
         };
-        watched(watch, timed(command, reply))
+        watched(watch, command, timed(command, reply))
     }
 
     fn req_packed_commands<'a>(
@@ -388,15 +419,16 @@ impl ConnectionLike for Conn {
         let watch = self.watch();
         let replies = match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c, _) => {
+            Conn::Cluster(watch) => {
+                let mut c = watch.current();
                 if whole {
-                    c.req_packed_commands(pipeline, offset, count)
+                    Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
                 } else {
-                    split(c.clone(), pipeline, offset, count)
+                    split(c, pipeline, offset, count)
                 }
             }
         };
-        watched(watch, timed(command, replies))
+        watched(watch, command, timed(command, replies))
     }
 
     fn get_db(&self) -> i64 {

@@ -54,6 +54,9 @@ struct Masters {
     template: redis::ConnectionInfo,
     tls: Tls,
     slots: tokio::sync::RwLock<Vec<(u16, u16, String)>>,
+    /// Held while the map is read; when the last read began. Requests
+    /// that fail together share one read.
+    reading: tokio::sync::Mutex<Option<std::time::Instant>>,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
 }
 
@@ -160,6 +163,7 @@ impl DurablePool {
                 template,
                 tls: wire.tls.clone(),
                 slots: tokio::sync::RwLock::new(Vec::new()),
+                reading: tokio::sync::Mutex::new(None),
                 pools: Mutex::new(HashMap::new()),
             })),
             wire,
@@ -242,12 +246,24 @@ impl DurablePool {
     /// it knows at once (see [`Conn::slot_ranges_from`]).
     pub(crate) async fn refresh(&self) -> Result<()> {
         if let Target::Cluster(masters) = &self.target {
+            let asked = std::time::Instant::now();
+            let mut read = masters.reading.lock().await;
+            if read.is_some_and(|began| began >= asked) {
+                // Another read began after this was asked for, and ended.
+                return Ok(());
+            }
+            let began = std::time::Instant::now();
             let known: Vec<String> = masters.slots.read().await.iter().map(|r| r.2.clone()).collect();
             let ranges = masters
                 .conn
                 .slot_ranges_from(&known, self.wire.response_timeout)
                 .await?;
-            *masters.slots.write().await = ranges;
+            let mut slots = masters.slots.write().await;
+            if *slots != ranges {
+                tracing::debug!(?ranges, "the slot map changed");
+            }
+            *slots = ranges;
+            *read = Some(began);
         }
         Ok(())
     }
@@ -261,20 +277,7 @@ fn node_pool(
     wire: &WireSettings,
     size: usize,
 ) -> Result<NodePool> {
-    let (host, port) = master
-        .rsplit_once(':')
-        .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
-        .ok_or_else(|| StorageError::Data(format!("cluster node address {master:?}")))?;
-    let addr = match template.addr() {
-        redis::ConnectionAddr::TcpTls { insecure, .. } => redis::ConnectionAddr::TcpTls {
-            host,
-            port,
-            insecure: *insecure,
-            tls_params: None,
-        },
-        _ => redis::ConnectionAddr::Tcp(host, port),
-    };
-    let client = tls.client(template.clone().set_addr(addr))?;
+    let client = crate::connection::node_client(template, tls, master)?;
     NodePool::new(&client, config, wire, size)
 }
 

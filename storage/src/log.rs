@@ -460,7 +460,8 @@ impl Store {
                 self.durable.refresh().await?;
                 Ok(true)
             }
-            StorageError::Unavailable(_) => {
+            StorageError::Unavailable(message) => {
+                tracing::debug!(error = %message, "a write to a partition's master failed; reading the slot map");
                 self.refresh_slot_map().await;
                 Ok(false)
             }

@@ -70,9 +70,30 @@ pub fn describe_metrics() {
         "Redis round trips, by command (a pipeline's first command), from sending to the reply."
     );
     describe_counter!(
+        "ketch_redis_cluster_reconnects_total",
+        "Times the cluster connection was replaced because a master changed while commands timed out (its slot map was stale)."
+    );
+    describe_counter!(
+        "ketch_wake_subscription_losses_total",
+        "Wake-up subscriptions lost, by how: push (Redis dropped one: its slot moved), connection (a subscriber connection was lost, with all it held), audit (found gone by the cluster subscriber's audit, with no push)."
+    );
+    describe_counter!(
+        "ketch_wake_subscription_audits_total",
+        "Audits of the cluster subscriber's wake-up subscriptions (PUBSUB SHARDNUMSUB of its presence channels) that completed."
+    );
+    describe_counter!(
+        "ketch_wake_subscription_reconnects_total",
+        "Times the cluster subscriber replaced its connection because a lost subscription could not be made again (a stale slot map)."
+    );
+    describe_counter!(
         "ketch_redis_errors_total",
         "Redis commands that failed, by kind: oom (maxmemory reached), io (connection), timeout, reply (any other error reply)."
     );
+}
+
+/// Counts a cluster connection replaced because its slot map went stale.
+pub(crate) fn replaced_connection() {
+    metrics::counter!("ketch_redis_cluster_reconnects_total").increment(1);
 }
 
 /// The label of a command named `name` (any case).

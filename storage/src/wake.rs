@@ -383,10 +383,10 @@ impl WakeHub {
                 response_timeout,
                 Some(pushes_tx),
             )?;
-            let crate::connection::Conn::Cluster(conn, _) = conn else {
+            let crate::connection::Conn::Cluster(conn) = conn else {
                 unreachable!("Conn::cluster makes a cluster connection");
             };
-            Ok((conn, pushes))
+            Ok((conn.current(), pushes))
         });
         let (conn, pushes) = connect()?;
         let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
@@ -400,8 +400,10 @@ impl WakeHub {
             outcomes: outcomes_tx,
             pending: Default::default(),
             retry: Vec::new(),
-            audit_lost: Default::default(),
             auditing: false,
+            unsubscribing: Default::default(),
+            dropped: Default::default(),
+            reconnected: None,
         };
         tokio::spawn(subscriber.run(commands, pushes, outcomes));
         Ok(hub)
@@ -879,6 +881,7 @@ impl Subscriber {
             if commands.is_closed() {
                 return;
             }
+            lost("connection");
             self.hub.connection_lost();
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -979,6 +982,16 @@ type Connect = Box<
         )> + Send,
 >;
 
+/// How subscribing one channel went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    Subscribed,
+    Failed,
+    /// No answer within the response timeout: its node may have stopped
+    /// answering, and the connection's slot map may be stale.
+    TimedOut,
+}
+
 /// What a task the cluster subscriber started found; `epoch` names the
 /// connection it used ([`ClusterSubscriber::epoch`]).
 enum Outcome {
@@ -986,12 +999,14 @@ enum Outcome {
     /// channel) and which it could not.
     Subscribed {
         epoch: u64,
-        results: Vec<(String, bool)>,
+        results: Vec<(String, Attempt)>,
     },
     /// The channels, with the generation they had when the audit began,
     /// whose presence channel Redis does not hold (or whose node did not
     /// answer).
     Audited { epoch: u64, lost: Vec<(String, u64)> },
+    /// It unsubscribed these channels (or gave up).
+    Unsubscribed { epoch: u64, channels: Vec<String> },
 }
 
 /// The task that subscribes through a Redis Cluster connection.
@@ -1011,10 +1026,19 @@ enum Outcome {
 /// `SSUBSCRIBE`, which Redis refuses when they span slots), and when a
 /// master stops answering without closing its connections and its replica
 /// takes its slots. The lost channel's waiters re-check the log and it is
-/// subscribed again. If that fails too, the connection's slot map is stale
-/// (redis-rs reads it again only after a redirection, and a node that does
-/// not answer gives none): the subscriber makes a new connection, which
-/// reads the map afresh, and subscribes everything again through it.
+/// subscribed again.
+///
+/// A subscription that gets no answer within the timeout means its node
+/// stopped answering, and the connection's slot map may be stale (redis-rs
+/// reads it again only after a redirection, which such a node never
+/// gives): the subscriber makes a new connection, which reads the map
+/// afresh, and subscribes everything again through it, at most once per
+/// [`RECONNECT_EVERY`].
+///
+/// Commands for one channel never overlap: a channel wanted again while
+/// its unsubscription is under way is subscribed when that ends, and one
+/// Redis dropped while its subscription was under way is subscribed again
+/// when that ends instead of being confirmed.
 struct ClusterSubscriber {
     hub: WakeHub,
     conn: redis::cluster_async::ClusterConnection,
@@ -1031,11 +1055,23 @@ struct ClusterSubscriber {
     /// `SSUBSCRIBE` (the node was down, the slot moving) or a lost
     /// connection.
     retry: Vec<String>,
-    /// Channels lost in the last audit whose new subscription is under way:
-    /// if it fails, the connection is made again.
-    audit_lost: std::collections::HashSet<String>,
     auditing: bool,
+    /// Channels being unsubscribed by a task: one wanted again meanwhile
+    /// is subscribed once that ends, so that Redis never sees the two
+    /// tasks' commands interleaved (it could be left holding the presence
+    /// channel without the channel, which no audit would see).
+    unsubscribing: std::collections::HashSet<String>,
+    /// Channels being subscribed whose subscription Redis dropped (or
+    /// whose node connection was lost) meanwhile: subscribed again when
+    /// the task ends, not confirmed.
+    dropped: std::collections::HashSet<String>,
+    /// When the connection was last made again: at most once per
+    /// [`RECONNECT_EVERY`] (a slow node must not make it churn).
+    reconnected: Option<Instant>,
 }
+
+/// The least time between two new connections of the cluster subscriber.
+const RECONNECT_EVERY: Duration = Duration::from_secs(10);
 
 impl ClusterSubscriber {
     async fn run(
@@ -1090,7 +1126,12 @@ impl ClusterSubscriber {
     fn subscribe(&mut self, channels: Vec<String>) {
         let channels: Vec<(String, Option<String>)> = channels
             .into_iter()
-            .filter(|c| self.hub.is_wanted(c) && !self.retry.contains(c) && self.pending.insert(c.clone()))
+            .filter(|c| {
+                self.hub.is_wanted(c)
+                    && !self.retry.contains(c)
+                    && !self.unsubscribing.contains(c)
+                    && self.pending.insert(c.clone())
+            })
             .map(|c| {
                 let presence = self.hub.presence(&c);
                 (c, presence)
@@ -1117,18 +1158,22 @@ impl ClusterSubscriber {
                         }
                     })
                     .await;
-                    let ok = match subscribed {
-                        Ok(Ok(())) => true,
+                    let attempt = match subscribed {
+                        Ok(Ok(())) => Attempt::Subscribed,
+                        Ok(Err(e)) if e.is_timeout() => {
+                            tracing::debug!(error = %e, channel, "wake-up subscription timed out; will retry");
+                            Attempt::TimedOut
+                        }
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, channel, "wake-up subscription failed; will retry");
-                            false
+                            Attempt::Failed
                         }
                         Err(_) => {
                             tracing::debug!(channel, "wake-up subscription timed out; will retry");
-                            false
+                            Attempt::TimedOut
                         }
                     };
-                    (channel, ok)
+                    (channel, attempt)
                 }
             });
             let results = futures::future::join_all(attempts).await;
@@ -1138,10 +1183,19 @@ impl ClusterSubscriber {
 
     /// Unsubscribes `channels`, no longer wanted, in a task. One wanted
     /// again meanwhile is subscribed again when Redis tells it dropped it.
-    fn unsubscribe(&self, channels: Vec<String>) {
+    fn unsubscribe(&mut self, channels: Vec<String>) {
+        let channels: Vec<String> = channels
+            .into_iter()
+            .filter(|c| self.unsubscribing.insert(c.clone()))
+            .collect();
         if channels.is_empty() {
             return;
         }
+        let done = Outcome::Unsubscribed {
+            epoch: self.epoch,
+            channels: channels.clone(),
+        };
+        let outcomes = self.outcomes.clone();
         let idle: Vec<(String, Option<String>)> = channels
             .into_iter()
             .map(|c| {
@@ -1173,6 +1227,7 @@ impl ClusterSubscriber {
                 }
             });
             futures::future::join_all(each).await;
+            let _ = outcomes.send(done);
         });
     }
 
@@ -1237,6 +1292,7 @@ impl ClusterSubscriber {
                 .into_iter()
                 .flatten()
                 .collect();
+            metrics::counter!("ketch_wake_subscription_audits_total").increment(1);
             let _ = outcomes.send(Outcome::Audited { epoch, lost });
         });
     }
@@ -1249,37 +1305,42 @@ impl ClusterSubscriber {
                 if epoch != self.epoch {
                     return None;
                 }
-                let mut failed_after_audit = false;
+                let mut timed_out = false;
                 let mut stray = Vec::new();
-                for (channel, ok) in results {
+                let mut again = Vec::new();
+                for (channel, attempt) in results {
                     self.pending.remove(&channel);
-                    let after_audit = self.audit_lost.remove(&channel);
+                    let dropped = self.dropped.remove(&channel);
+                    let ok = attempt == Attempt::Subscribed;
                     if !self.hub.is_wanted(&channel) {
                         // Removed as idle while it was being subscribed.
                         if ok {
                             stray.push(channel);
                         }
+                    } else if ok && dropped {
+                        again.push(channel);
                     } else if ok {
                         self.hub.confirmed(&channel);
                     } else {
-                        failed_after_audit |= after_audit;
+                        timed_out |= attempt == Attempt::TimedOut;
                         if !self.retry.contains(&channel) {
                             self.retry.push(channel);
                         }
                     }
                 }
                 self.unsubscribe(stray);
-                if failed_after_audit {
+                self.subscribe(again);
+                if timed_out {
                     return self.reconnect();
                 }
             }
-            Outcome::Audited { epoch, lost } => {
-                self.auditing = false;
+            Outcome::Audited { epoch, lost: gone } => {
                 if epoch != self.epoch {
                     return None;
                 }
+                self.auditing = false;
                 let mut again = Vec::new();
-                for (channel, generation) in lost {
+                for (channel, generation) in gone {
                     // Confirmed or lost since the audit began: that says more.
                     if self.hub.generation(&channel) != Some(generation) || self.pending.contains(&channel) {
                         continue;
@@ -1288,13 +1349,21 @@ impl ClusterSubscriber {
                         channel,
                         "redis no longer holds a wake-up subscription; subscribing again"
                     );
+                    lost("audit");
                     self.hub.subscription_lost(&channel);
                     again.push(channel);
                 }
-                self.subscribe(again.clone());
-                let pending = &self.pending;
-                self.audit_lost
-                    .extend(again.into_iter().filter(|c| pending.contains(c)));
+                self.subscribe(again);
+            }
+            Outcome::Unsubscribed { epoch, channels } => {
+                if epoch != self.epoch {
+                    return None;
+                }
+                for channel in &channels {
+                    self.unsubscribing.remove(channel);
+                }
+                // Those wanted again meanwhile.
+                self.subscribe(channels);
             }
         }
         None
@@ -1304,6 +1373,11 @@ impl ClusterSubscriber {
     /// afresh) and subscribes every channel again through it; returns the
     /// new connection's pushes.
     fn reconnect(&mut self) -> Option<mpsc::UnboundedReceiver<redis::PushInfo>> {
+        if self.reconnected.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
+            // The failed channels are on the retry list; the next audit
+            // after the pause tries again.
+            return None;
+        }
         let (conn, pushes) = match (self.connect)() {
             Ok(made) => made,
             Err(e) => {
@@ -1314,9 +1388,12 @@ impl ClusterSubscriber {
         tracing::warn!("a wake-up subscription could not be restored; subscribing again on a new connection");
         self.conn = conn;
         self.epoch += 1;
+        self.reconnected = Some(Instant::now());
         self.pending.clear();
-        self.audit_lost.clear();
+        self.unsubscribing.clear();
+        self.dropped.clear();
         self.auditing = false;
+        metrics::counter!("ketch_wake_subscription_reconnects_total").increment(1);
         self.hub.connection_lost();
         self.retry.clear();
         self.subscribe(self.hub.channel_names());
@@ -1349,13 +1426,21 @@ impl ClusterSubscriber {
                     && self.hub.is_wanted(&channel)
                 {
                     tracing::debug!(channel, "redis dropped a wake-up subscription; subscribing again");
+                    lost("push");
                     self.hub.subscription_lost(&channel);
+                    if self.pending.contains(&channel) {
+                        // What the task under way reports may be older.
+                        self.dropped.insert(channel);
+                        return None;
+                    }
                     return Some(channel);
                 }
             }
             redis::PushKind::Disconnection => {
                 tracing::warn!("a wake-up subscription connection to a cluster node was lost");
+                lost("connection");
                 self.hub.connection_lost();
+                self.dropped.extend(self.pending.iter().cloned());
                 for channel in self.hub.channel_names() {
                     if !self.retry.contains(&channel) {
                         self.retry.push(channel);
@@ -1366,6 +1451,14 @@ impl ClusterSubscriber {
         }
         None
     }
+}
+
+/// Counts a lost wake-up subscription (`how`: `push`, Redis said it dropped
+/// it; `connection`, a subscriber connection was lost, all its
+/// subscriptions with it; `audit`, found gone by the cluster subscriber's
+/// audit).
+fn lost(how: &'static str) {
+    metrics::counter!("ketch_wake_subscription_losses_total", "how" => how).increment(1);
 }
 
 /// The subscriber count in a `PUBSUB SHARDNUMSUB` answer for one channel:
@@ -1499,6 +1592,161 @@ fn parse_len(text: &str) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cluster subscriber on a hub, its connection never reaching a
+    /// server: what its tasks report is not read, so `apply` and `handle`
+    /// are driven by hand.
+    fn cluster_subscriber() -> (ClusterSubscriber, mpsc::UnboundedReceiver<Outcome>) {
+        let (hub, _commands) = WakeHub::detached(Some(7));
+        let connect: Connect = Box::new(|| {
+            let (pushes_tx, pushes) = mpsc::unbounded_channel();
+            let conn = crate::connection::Conn::cluster(
+                &["redis://127.0.0.1:1"],
+                &crate::connection::Tls::default(),
+                Duration::from_millis(100),
+                Duration::from_millis(100),
+                Some(pushes_tx),
+            )?;
+            let crate::connection::Conn::Cluster(conn) = conn else {
+                unreachable!("Conn::cluster makes a cluster connection");
+            };
+            Ok((conn.current(), pushes))
+        });
+        let (conn, _pushes) = connect().expect("a lazy connection");
+        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
+        let subscriber = ClusterSubscriber {
+            hub,
+            conn,
+            connect,
+            epoch: 0,
+            linger: Duration::from_secs(30),
+            response_timeout: Duration::from_millis(100),
+            outcomes: outcomes_tx,
+            pending: Default::default(),
+            retry: Vec::new(),
+            auditing: false,
+            unsubscribing: Default::default(),
+            dropped: Default::default(),
+            reconnected: None,
+        };
+        (subscriber, outcomes)
+    }
+
+    fn push(kind: redis::PushKind, channel: &str) -> redis::PushInfo {
+        redis::PushInfo {
+            kind,
+            data: vec![redis::Value::BulkString(channel.as_bytes().to_vec())],
+        }
+    }
+
+    #[tokio::test]
+    async fn the_cluster_subscribers_commands_for_one_channel_never_overlap() {
+        let (mut s, _outcomes) = cluster_subscriber();
+        let _watch = s.hub.watch(vec!["x".into()]);
+
+        // Wanted again while it is being unsubscribed: subscribed after.
+        s.unsubscribing.insert("x".into());
+        s.subscribe(vec!["x".into()]);
+        assert!(!s.pending.contains("x"), "subscribed while being unsubscribed");
+        s.apply(Outcome::Unsubscribed {
+            epoch: 0,
+            channels: vec!["x".into()],
+        });
+        assert!(s.pending.contains("x") && s.unsubscribing.is_empty());
+
+        // Dropped by Redis while being subscribed: not confirmed by the
+        // task's answer, subscribed again.
+        assert_eq!(s.handle(push(redis::PushKind::SUnsubscribe, "x")), None);
+        s.apply(Outcome::Subscribed {
+            epoch: 0,
+            results: vec![("x".into(), Attempt::Subscribed)],
+        });
+        assert!(
+            !s.hub.all_subscribed(&["x".into()]),
+            "confirmed after Redis dropped it"
+        );
+        assert!(s.pending.contains("x"), "not subscribed again");
+        s.apply(Outcome::Subscribed {
+            epoch: 0,
+            results: vec![("x".into(), Attempt::Subscribed)],
+        });
+        assert!(s.hub.all_subscribed(&["x".into()]));
+
+        // What tasks of an older connection report is ignored.
+        s.pending.insert("x".into());
+        s.epoch = 1;
+        s.apply(Outcome::Subscribed {
+            epoch: 0,
+            results: vec![("x".into(), Attempt::Failed)],
+        });
+        assert!(s.pending.contains("x") && s.retry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_audit_that_finds_a_subscription_gone_subscribes_it_again() {
+        let (mut s, _outcomes) = cluster_subscriber();
+        let _watch = s.hub.watch(vec!["x".into(), "y".into()]);
+        s.hub.confirmed("x");
+        s.hub.confirmed("y");
+        s.hub.appended("x", Some(5), Some(0));
+        assert_eq!(s.hub.known_next("x"), Some(5));
+        let x = s.hub.generation("x").expect("subscribed");
+        let y = s.hub.generation("y").expect("subscribed");
+        // y was confirmed again after the audit began: its answer is old.
+        s.hub.confirmed("y");
+        s.auditing = true;
+        s.apply(Outcome::Audited {
+            epoch: 0,
+            lost: vec![("x".into(), x), ("y".into(), y)],
+        });
+        assert!(!s.auditing);
+        assert!(
+            !s.hub.all_subscribed(&["x".into()]),
+            "x still believed subscribed"
+        );
+        assert_eq!(s.hub.known_next("x"), None, "what x knew is kept");
+        assert!(s.pending.contains("x"), "x not subscribed again");
+        assert!(s.hub.all_subscribed(&["y".into()]) && !s.pending.contains("y"));
+
+        // A subscription that times out makes a new connection, not twice
+        // within RECONNECT_EVERY.
+        s.pending.clear();
+        let pushes = s.apply(Outcome::Subscribed {
+            epoch: 0,
+            results: vec![("x".into(), Attempt::TimedOut)],
+        });
+        assert!(pushes.is_some() && s.epoch == 1, "no new connection");
+        assert!(
+            !s.hub.all_subscribed(&["y".into()]),
+            "y kept across the new connection"
+        );
+        assert!(s.pending.contains("x") && s.pending.contains("y"));
+        s.pending.clear();
+        let pushes = s.apply(Outcome::Subscribed {
+            epoch: 1,
+            results: vec![("x".into(), Attempt::TimedOut)],
+        });
+        assert!(
+            pushes.is_none() && s.epoch == 1,
+            "a second new connection at once"
+        );
+        assert!(s.retry.contains(&"x".to_owned()));
+    }
+
+    #[test]
+    fn reads_shardnumsub_answers() {
+        let n = |v: redis::Value| subscriber_count(&v);
+        let channel = || redis::Value::BulkString(b"c".to_vec());
+        assert_eq!(
+            n(redis::Value::Array(vec![channel(), redis::Value::Int(2)])),
+            Some(2)
+        );
+        assert_eq!(
+            n(redis::Value::Map(vec![(channel(), redis::Value::Int(0))])),
+            Some(0)
+        );
+        assert_eq!(n(redis::Value::Nil), None);
+    }
 
     #[tokio::test]
     async fn parses_pubsub_frames() {

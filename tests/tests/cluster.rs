@@ -639,6 +639,18 @@ fn a_wake_up_subscription_follows_its_slot_to_another_master() {
     assert_eq!(placement(&cluster, &topic), vec![third]);
 }
 
+/// The sum of the `/metrics` samples of `ketch` whose line starts with
+/// `series` (a name, or a name and its first labels).
+fn counter(ketch: &Ketch, series: &str) -> f64 {
+    let (status, metrics) = ketch.http_get("/metrics");
+    assert_eq!(status, 200);
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{', ',']))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// A master serving slots, other than the one on `port`.
 fn another_master(cluster: &RedisCluster, port: u16) -> u16 {
     cluster
@@ -692,7 +704,8 @@ fn parked_fetch_answers(
 fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     let mut cluster = RedisCluster::start(3, 1);
     let a = gateway(&cluster, "1");
-    let b = gateway(&cluster, "2");
+    // Its subscription stays while nothing waits, for the whole test.
+    let b = gateway_with(&cluster, "2", &["--set", "fetch.subscription_linger=300s"]);
     let topic = unique_topic("cluster-wake-frozen");
     let mut conn_a = KafkaConn::connect(a.kafka_addr());
     let mut conn_b = KafkaConn::connect(b.kafka_addr());
@@ -704,6 +717,18 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 1, 100));
     let (error, high_watermark, _) = raw::fetch_result(&response);
     assert_eq!((error, high_watermark), (code::NONE, 1));
+    // b's audits find its subscription held while its master answers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counter(&b, "ketch_wake_subscription_audits_total") < 2.0 {
+        assert!(Instant::now() < deadline, "b audited no subscription");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let audit_losses = "ketch_wake_subscription_losses_total{how=\"audit\"}";
+    assert_eq!(
+        counter(&b, audit_losses),
+        0.0,
+        "an audit took a live subscription for lost"
+    );
     let tag = format!("{{{}}}", tags(&cluster, &topic)[0]);
     let victim = placement(&cluster, &topic)[0];
 
@@ -745,6 +770,10 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
             b.output()
         );
     }
+    assert!(
+        counter(&b, audit_losses) >= 1.0,
+        "no audit found the subscription lost"
+    );
     // And b's subscription is live again, on the new master.
     parked_fetch_answers(
         &mut conn_b,
