@@ -43,6 +43,10 @@ pub(crate) enum Conn {
     Cluster(std::sync::Arc<SlotMapWatch>),
 }
 
+/// Makes a cluster connection, starting from the seeds and the nodes given
+/// (`host:port`).
+type MakeCluster = Box<dyn Fn(&[String]) -> Result<ClusterConnection> + Send + Sync>;
+
 /// What a cluster connection's clones share to notice a stale slot map.
 ///
 /// redis-rs reads its slot map again only after a redirection. A master
@@ -59,8 +63,8 @@ pub(crate) enum Conn {
 pub(crate) struct SlotMapWatch {
     /// The connection every clone of the [`Conn`] uses.
     conn: std::sync::Mutex<ClusterConnection>,
-    /// Makes a new one.
-    make: Box<dyn Fn() -> ClusterConnection + Send + Sync>,
+    /// Makes a new one, starting from the seeds and these nodes.
+    make: MakeCluster,
     response_timeout: Duration,
     /// The seed nodes (`host:port`), asked for the slot map besides the
     /// masters a caller knows.
@@ -148,36 +152,54 @@ pub(crate) fn seed_urls(url: &str) -> Vec<&str> {
 
 impl Conn {
     /// A lazily connected cluster connection to the cluster `seeds` belong
-    /// to; `push` receives its pub/sub messages (RESP3).
+    /// to (starting from them and the nodes `also`, `host:port`); `push`
+    /// receives its pub/sub messages (RESP3).
     pub(crate) fn cluster(
         seeds: &[&str],
         tls: &Tls,
         connect_timeout: Duration,
         response_timeout: Duration,
         push: Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>,
+        also: &[String],
     ) -> Result<Conn> {
-        let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.to_vec())
-            .connection_timeout(connect_timeout)
-            .response_timeout(response_timeout)
-            .retries(4)
-            .max_retry_wait(500);
-        if let Some(certificates) = tls.certificates() {
-            builder = builder.certs(certificates);
-        }
-        if let Some(push) = push {
-            builder = builder
-                .use_protocol(redis::ProtocolVersion::RESP3)
-                .push_sender(push);
-        }
-        let client = builder
-            .build()
+        let infos: Vec<redis::ConnectionInfo> = seeds
+            .iter()
+            .map(|seed| redis::IntoConnectionInfo::into_connection_info(*seed))
+            .collect::<redis::RedisResult<_>>()
             .map_err(|e| StorageError::Unavailable(format!("invalid redis cluster url: {e}")))?;
-        let config = redis::cluster::ClusterConfig::new()
-            .set_connection_timeout(connect_timeout)
-            .set_response_timeout(response_timeout);
-        let make = move || client.get_pending_async_connection_with_config(config.clone());
+        let template = infos.first().cloned();
+        let tls_for_make = tls.clone();
+        let make = move |extra: &[String]| -> Result<ClusterConnection> {
+            // The nodes a connection starts from: the seeds, and the
+            // masters a check just read (a seed may be the node that
+            // stopped answering).
+            let mut nodes = infos.clone();
+            if let Some(template) = &infos.first() {
+                nodes.extend(extra.iter().filter_map(|a| node_info(template, a).ok()));
+            }
+            let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
+                .connection_timeout(connect_timeout)
+                .response_timeout(response_timeout)
+                .retries(4)
+                .max_retry_wait(500);
+            if let Some(certificates) = tls_for_make.certificates() {
+                builder = builder.certs(certificates);
+            }
+            if let Some(push) = &push {
+                builder = builder
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(push.clone());
+            }
+            let client = builder
+                .build()
+                .map_err(|e| StorageError::Unavailable(format!("invalid redis cluster url: {e}")))?;
+            let config = redis::cluster::ClusterConfig::new()
+                .set_connection_timeout(connect_timeout)
+                .set_response_timeout(response_timeout);
+            Ok(client.get_pending_async_connection_with_config(config))
+        };
         let watch = std::sync::Arc::new(SlotMapWatch {
-            conn: std::sync::Mutex::new(make()),
+            conn: std::sync::Mutex::new(make(also)?),
             make: Box::new(make),
             response_timeout,
             seeds: seeds
@@ -191,9 +213,7 @@ impl Conn {
                     }
                 })
                 .collect(),
-            template: seeds
-                .first()
-                .and_then(|seed| redis::IntoConnectionInfo::into_connection_info(*seed).ok()),
+            template,
             tls: tls.clone(),
             state: Default::default(),
         });
@@ -271,6 +291,14 @@ impl Conn {
     }
 }
 
+/// The masters of a slot map, each once.
+pub(crate) fn masters_of(ranges: &[(u16, u16, String)]) -> Vec<String> {
+    let mut masters: Vec<String> = ranges.iter().map(|r| r.2.clone()).collect();
+    masters.sort();
+    masters.dedup();
+    masters
+}
+
 /// A client of the cluster node at `address` (`host:port`), with the
 /// credentials and TLS settings of `template` (a seed node's).
 pub(crate) fn node_client(
@@ -278,6 +306,12 @@ pub(crate) fn node_client(
     tls: &Tls,
     address: &str,
 ) -> Result<redis::Client> {
+    tls.client(node_info(template, address)?)
+}
+
+/// The connection settings of the cluster node at `address` (`host:port`):
+/// those of `template` (a seed node's) with its address.
+fn node_info(template: &redis::ConnectionInfo, address: &str) -> Result<redis::ConnectionInfo> {
     let (host, port) = address
         .rsplit_once(':')
         .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
@@ -291,7 +325,7 @@ pub(crate) fn node_client(
         },
         _ => redis::ConnectionAddr::Tcp(host, port),
     };
-    tls.client(template.clone().set_addr(addr))
+    Ok(template.clone().set_addr(addr))
 }
 
 impl Conn {
@@ -331,6 +365,36 @@ impl SlotMapWatch {
         self.conn.lock().expect("cluster connection").clone()
     }
 
+    /// Whether every node of `nodes` (`host:port`) answers a PING within
+    /// the response timeout, each on a connection of its own.
+    pub(crate) async fn all_answer(&self, nodes: &[String]) -> bool {
+        let Some(template) = &self.template else {
+            return false;
+        };
+        let limit = self.response_timeout;
+        let pings = nodes.iter().map(|address| async move {
+            let Ok(client) = node_client(template, &self.tls, address) else {
+                return false;
+            };
+            let ping = async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            };
+            matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(_)))
+        });
+        futures::future::join_all(pings).await.into_iter().all(|ok| ok)
+    }
+
+    /// The slot map, when every master in it answers (see
+    /// [`SlotMapWatch::all_answer`]): then a connection whose commands time
+    /// out follows a stale map, and a new one starting from these masters
+    /// would not.
+    pub(crate) async fn answering_map(self: &std::sync::Arc<Self>) -> Option<Vec<(u16, u16, String)>> {
+        let conn = Conn::Cluster(self.clone());
+        let ranges = conn.slot_ranges_from(&[], self.response_timeout).await.ok()?;
+        self.all_answer(&masters_of(&ranges)).await.then_some(ranges)
+    }
+
     /// Reads the map when the connection is made.
     async fn first_read(self: std::sync::Arc<Self>) {
         let conn = Conn::Cluster(self.clone());
@@ -366,26 +430,44 @@ impl SlotMapWatch {
                     return;
                 }
             };
-            let mut state = self.state.lock().expect("slot map watch");
-            let last = std::mem::replace(&mut state.ranges, ranges);
-            // Without a map read before (none answered then), a change
-            // cannot be told.
-            if last.is_empty() || last == state.ranges {
+            let last = {
+                let mut state = self.state.lock().expect("slot map watch");
+                let last = std::mem::replace(&mut state.ranges, ranges.clone());
+                // A map the connection started from (or the last check
+                // read) and unchanged: it routes as the cluster does, and
+                // the timeout was something else (a slow command).
+                if !last.is_empty() && last == ranges {
+                    return;
+                }
+                if state.replaced.is_some_and(|t| t.elapsed() < REPLACE_EVERY) {
+                    // The next check after the pause compares with this
+                    // map, so keep the one the connection may still use.
+                    state.ranges = last;
+                    return;
+                }
+                last
+            };
+            // Only when every master answers: while one that stopped
+            // answering still serves slots (before its failover) a new
+            // connection is no help.
+            let masters = masters_of(&ranges);
+            if !self.all_answer(&masters).await {
+                self.state.lock().expect("slot map watch").ranges = last;
                 return;
             }
-            if state.replaced.is_some_and(|t| t.elapsed() < REPLACE_EVERY) {
-                // The next check after the pause compares with this map,
-                // so keep the one the connection may still use.
-                state.ranges = last;
-                return;
-            }
-            state.replaced = Some(std::time::Instant::now());
-            drop(state);
+            let conn = match (self.make)(&masters) {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot make a new redis cluster connection");
+                    return;
+                }
+            };
+            self.state.lock().expect("slot map watch").replaced = Some(std::time::Instant::now());
             tracing::warn!(
                 "a redis cluster master changed while commands timed out; reconnecting to the cluster"
             );
             metrics::replaced_connection();
-            *self.conn.lock().expect("cluster connection") = (self.make)();
+            *self.conn.lock().expect("cluster connection") = conn;
         });
     }
 }

@@ -55,7 +55,7 @@ struct Masters {
     tls: Tls,
     slots: tokio::sync::RwLock<Vec<(u16, u16, String)>>,
     /// Held while the map is read; when the last read began. Requests
-    /// that fail together share one read.
+    /// that fail together share one read, answered or not.
     reading: tokio::sync::Mutex<Option<std::time::Instant>>,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
 }
@@ -247,23 +247,27 @@ impl DurablePool {
     pub(crate) async fn refresh(&self) -> Result<()> {
         if let Target::Cluster(masters) = &self.target {
             let asked = std::time::Instant::now();
-            let mut read = masters.reading.lock().await;
-            if read.is_some_and(|began| began >= asked) {
+            let mut reading = masters.reading.lock().await;
+            if reading.is_some_and(|began| began >= asked) {
                 // Another read began after this was asked for, and ended.
+                // (If it failed, so would this one.)
                 return Ok(());
             }
             let began = std::time::Instant::now();
             let known: Vec<String> = masters.slots.read().await.iter().map(|r| r.2.clone()).collect();
-            let ranges = masters
+            let read = masters
                 .conn
                 .slot_ranges_from(&known, self.wire.response_timeout)
-                .await?;
+                .await;
+            // Shared whether it answered or not: those waiting would fail
+            // the same way, one after another.
+            *reading = Some(began);
+            let ranges = read?;
             let mut slots = masters.slots.write().await;
             if *slots != ranges {
                 tracing::debug!(?ranges, "the slot map changed");
             }
             *slots = ranges;
-            *read = Some(began);
         }
         Ok(())
     }

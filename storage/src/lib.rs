@@ -225,7 +225,14 @@ impl Store {
                 (Conn::Single(conn), durable, wake)
             }
             Mode::Cluster => {
-                let conn = Conn::cluster(&seeds, &tls, config.connect_timeout, config.command_timeout, None)?;
+                let conn = Conn::cluster(
+                    &seeds,
+                    &tls,
+                    config.connect_timeout,
+                    config.command_timeout,
+                    None,
+                    &[],
+                )?;
                 let durable = durable::DurablePool::cluster(conn.clone(), first, durable_config, wire, size)?;
                 let wake = WakeHub::start_cluster(
                     &seeds,

@@ -71,11 +71,11 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "ketch_redis_cluster_reconnects_total",
-        "Times the cluster connection was replaced because a master changed while commands timed out (its slot map was stale)."
+        "Times the cluster connection was replaced: commands timed out, the slot map had changed and every master in it answered (its own map was stale)."
     );
     describe_counter!(
         "ketch_wake_subscription_losses_total",
-        "Wake-up subscriptions lost, by how: push (Redis dropped one: its slot moved), connection (a subscriber connection was lost, with all it held), audit (found gone by the cluster subscriber's audit, with no push)."
+        "Wake-up subscriptions lost, by how: push (Redis dropped one: its slot moved), connection (a subscriber connection that was up was lost, with all it held: counted once), audit (found gone by the cluster subscriber's audit, with no push)."
     );
     describe_counter!(
         "ketch_wake_subscription_audits_total",
@@ -83,7 +83,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "ketch_wake_subscription_reconnects_total",
-        "Times the cluster subscriber replaced its connection because a lost subscription could not be made again (a stale slot map)."
+        "Times the cluster subscriber replaced its connection: a subscription timed out while every master of the slot map answered (its own map was stale)."
     );
     describe_counter!(
         "ketch_redis_errors_total",

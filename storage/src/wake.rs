@@ -372,39 +372,8 @@ impl WakeHub {
         response_timeout: Duration,
     ) -> crate::Result<Self> {
         let (hub, commands) = Self::detached(Some(rand::random()));
-        let (seeds, tls): (Vec<String>, _) = (seeds.iter().map(|s| (*s).to_owned()).collect(), tls.clone());
-        let connect: Connect = Box::new(move || {
-            let (pushes_tx, pushes) = mpsc::unbounded_channel();
-            let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
-            let conn = crate::connection::Conn::cluster(
-                &seeds,
-                &tls,
-                connect_timeout,
-                response_timeout,
-                Some(pushes_tx),
-            )?;
-            let crate::connection::Conn::Cluster(conn) = conn else {
-                unreachable!("Conn::cluster makes a cluster connection");
-            };
-            Ok((conn.current(), pushes))
-        });
-        let (conn, pushes) = connect()?;
-        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
-        let subscriber = ClusterSubscriber {
-            hub: hub.clone(),
-            conn,
-            connect,
-            epoch: 0,
-            linger,
-            response_timeout,
-            outcomes: outcomes_tx,
-            pending: Default::default(),
-            retry: Vec::new(),
-            auditing: false,
-            unsubscribing: Default::default(),
-            dropped: Default::default(),
-            reconnected: None,
-        };
+        let (subscriber, pushes, outcomes) =
+            ClusterSubscriber::new(hub.clone(), seeds, tls, linger, connect_timeout, response_timeout)?;
         tokio::spawn(subscriber.run(commands, pushes, outcomes));
         Ok(hub)
     }
@@ -869,19 +838,25 @@ impl Subscriber {
     async fn run(self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.connect().await {
+            let served = match self.connect().await {
                 Ok(stream) => {
                     backoff = Duration::from_millis(50);
                     if let Err(e) = self.serve(stream, &mut commands).await {
                         tracing::warn!(error = %e, "wake-up subscription connection lost");
                     }
+                    true
                 }
-                Err(e) => tracing::debug!(error = %e, "cannot open wake-up subscription connection"),
-            }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot open wake-up subscription connection");
+                    false
+                }
+            };
             if commands.is_closed() {
                 return;
             }
-            lost("connection");
+            if served {
+                lost("connection");
+            }
             self.hub.connection_lost();
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -974,11 +949,15 @@ impl Subscriber {
 /// it believes it holds (see [`ClusterSubscriber`]).
 const AUDIT_EVERY: Duration = Duration::from_secs(2);
 
-/// Makes the cluster subscriber's connection and the receiver of its pushes.
+/// Makes the cluster subscriber's connection (starting from the seeds and
+/// the nodes given), the receiver of its pushes and its slot map watch.
 type Connect = Box<
-    dyn Fn() -> crate::Result<(
+    dyn Fn(
+            &[String],
+        ) -> crate::Result<(
             redis::cluster_async::ClusterConnection,
             mpsc::UnboundedReceiver<redis::PushInfo>,
+            Arc<crate::connection::SlotMapWatch>,
         )> + Send,
 >;
 
@@ -1007,6 +986,12 @@ enum Outcome {
     Audited { epoch: u64, lost: Vec<(String, u64)> },
     /// It unsubscribed these channels (or gave up).
     Unsubscribed { epoch: u64, channels: Vec<String> },
+    /// After a subscription timed out: every master answers (these), so
+    /// the connection's slot map is stale; `None` when one does not.
+    Checked {
+        epoch: u64,
+        masters: Option<Vec<String>>,
+    },
 }
 
 /// The task that subscribes through a Redis Cluster connection.
@@ -1029,11 +1014,12 @@ enum Outcome {
 /// subscribed again.
 ///
 /// A subscription that gets no answer within the timeout means its node
-/// stopped answering, and the connection's slot map may be stale (redis-rs
+/// stopped answering. If the cluster has failed it over (every master of
+/// its slot map answers), the connection's own map is stale (redis-rs
 /// reads it again only after a redirection, which such a node never
 /// gives): the subscriber makes a new connection, which reads the map
 /// afresh, and subscribes everything again through it, at most once per
-/// [`RECONNECT_EVERY`].
+/// [`RECONNECT_EVERY`] ([`ClusterSubscriber::check`]).
 ///
 /// Commands for one channel never overlap: a channel wanted again while
 /// its unsubscription is under way is subscribed when that ends, and one
@@ -1042,6 +1028,10 @@ enum Outcome {
 struct ClusterSubscriber {
     hub: WakeHub,
     conn: redis::cluster_async::ClusterConnection,
+    /// Reads the slot map and asks the masters whether they answer.
+    watch: Arc<crate::connection::SlotMapWatch>,
+    /// A check after a timed-out subscription is under way.
+    checking: bool,
     connect: Connect,
     /// Moves on with every new connection: what tasks of an older one
     /// report is ignored (its pushes go to a receiver dropped with it).
@@ -1066,7 +1056,7 @@ struct ClusterSubscriber {
     /// the task ends, not confirmed.
     dropped: std::collections::HashSet<String>,
     /// When the connection was last made again: at most once per
-    /// [`RECONNECT_EVERY`] (a slow node must not make it churn).
+    /// [`RECONNECT_EVERY`].
     reconnected: Option<Instant>,
 }
 
@@ -1074,6 +1064,59 @@ struct ClusterSubscriber {
 const RECONNECT_EVERY: Duration = Duration::from_secs(10);
 
 impl ClusterSubscriber {
+    /// A subscriber on `hub` for the cluster `seeds` belong to, its
+    /// connection's pushes and what its tasks will report.
+    fn new(
+        hub: WakeHub,
+        seeds: &[&str],
+        tls: &crate::connection::Tls,
+        linger: Duration,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> crate::Result<(
+        Self,
+        mpsc::UnboundedReceiver<redis::PushInfo>,
+        mpsc::UnboundedReceiver<Outcome>,
+    )> {
+        let (seeds, tls): (Vec<String>, _) = (seeds.iter().map(|s| (*s).to_owned()).collect(), tls.clone());
+        let connect: Connect = Box::new(move |also: &[String]| {
+            let (pushes_tx, pushes) = mpsc::unbounded_channel();
+            let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+            let conn = crate::connection::Conn::cluster(
+                &seeds,
+                &tls,
+                connect_timeout,
+                response_timeout,
+                Some(pushes_tx),
+                also,
+            )?;
+            let crate::connection::Conn::Cluster(watch) = conn else {
+                unreachable!("Conn::cluster makes a cluster connection");
+            };
+            Ok((watch.current(), pushes, watch))
+        });
+        let (conn, pushes, watch) = connect(&[])?;
+        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
+        let subscriber = Self {
+            hub,
+            conn,
+            watch,
+            checking: false,
+            connect,
+            epoch: 0,
+            linger,
+            response_timeout,
+            outcomes: outcomes_tx,
+            pending: Default::default(),
+            retry: Vec::new(),
+            auditing: false,
+            unsubscribing: Default::default(),
+            dropped: Default::default(),
+            reconnected: None,
+        };
+        Ok((subscriber, pushes, outcomes))
+    }
+
     async fn run(
         mut self,
         mut commands: mpsc::UnboundedReceiver<Command>,
@@ -1184,9 +1227,11 @@ impl ClusterSubscriber {
     /// Unsubscribes `channels`, no longer wanted, in a task. One wanted
     /// again meanwhile is subscribed again when Redis tells it dropped it.
     fn unsubscribe(&mut self, channels: Vec<String>) {
+        // One being subscribed is unsubscribed when that ends (it is not
+        // wanted then).
         let channels: Vec<String> = channels
             .into_iter()
-            .filter(|c| self.unsubscribing.insert(c.clone()))
+            .filter(|c| !self.pending.contains(c) && self.unsubscribing.insert(c.clone()))
             .collect();
         if channels.is_empty() {
             return;
@@ -1331,7 +1376,7 @@ impl ClusterSubscriber {
                 self.unsubscribe(stray);
                 self.subscribe(again);
                 if timed_out {
-                    return self.reconnect();
+                    self.check();
                 }
             }
             Outcome::Audited { epoch, lost: gone } => {
@@ -1355,6 +1400,15 @@ impl ClusterSubscriber {
                 }
                 self.subscribe(again);
             }
+            Outcome::Checked { epoch, masters } => {
+                if epoch != self.epoch {
+                    return None;
+                }
+                self.checking = false;
+                if let Some(masters) = masters {
+                    return self.reconnect(&masters);
+                }
+            }
             Outcome::Unsubscribed { epoch, channels } => {
                 if epoch != self.epoch {
                     return None;
@@ -1369,25 +1423,45 @@ impl ClusterSubscriber {
         None
     }
 
+    /// After a subscription timed out, asks in a task whether every master
+    /// of the cluster's slot map answers: then the connection's own map is
+    /// stale (its commands went to a node the cluster failed over), and a
+    /// new connection is made. Not while a master that stopped answering
+    /// still serves slots (before its failover), when a new connection
+    /// would not help; at most once per [`RECONNECT_EVERY`].
+    fn check(&mut self) {
+        if self.checking || self.reconnected.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
+            return;
+        }
+        self.checking = true;
+        let (watch, epoch, outcomes) = (self.watch.clone(), self.epoch, self.outcomes.clone());
+        tokio::spawn(async move {
+            let masters = watch
+                .answering_map()
+                .await
+                .map(|ranges| crate::connection::masters_of(&ranges));
+            let _ = outcomes.send(Outcome::Checked { epoch, masters });
+        });
+    }
+
     /// Replaces the connection with a new one (which reads the slot map
     /// afresh) and subscribes every channel again through it; returns the
     /// new connection's pushes.
-    fn reconnect(&mut self) -> Option<mpsc::UnboundedReceiver<redis::PushInfo>> {
-        if self.reconnected.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
-            // The failed channels are on the retry list; the next audit
-            // after the pause tries again.
-            return None;
-        }
-        let (conn, pushes) = match (self.connect)() {
+    fn reconnect(&mut self, masters: &[String]) -> Option<mpsc::UnboundedReceiver<redis::PushInfo>> {
+        let (conn, pushes, watch) = match (self.connect)(masters) {
             Ok(made) => made,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot make a new wake-up subscription connection");
                 return None;
             }
         };
-        tracing::warn!("a wake-up subscription could not be restored; subscribing again on a new connection");
+        tracing::warn!(
+            "a wake-up subscription timed out while every redis master answers (a stale slot map); subscribing again on a new connection"
+        );
         self.conn = conn;
+        self.watch = watch;
         self.epoch += 1;
+        self.checking = false;
         self.reconnected = Some(Instant::now());
         self.pending.clear();
         self.unsubscribing.clear();
@@ -1598,37 +1672,15 @@ mod tests {
     /// are driven by hand.
     fn cluster_subscriber() -> (ClusterSubscriber, mpsc::UnboundedReceiver<Outcome>) {
         let (hub, _commands) = WakeHub::detached(Some(7));
-        let connect: Connect = Box::new(|| {
-            let (pushes_tx, pushes) = mpsc::unbounded_channel();
-            let conn = crate::connection::Conn::cluster(
-                &["redis://127.0.0.1:1"],
-                &crate::connection::Tls::default(),
-                Duration::from_millis(100),
-                Duration::from_millis(100),
-                Some(pushes_tx),
-            )?;
-            let crate::connection::Conn::Cluster(conn) = conn else {
-                unreachable!("Conn::cluster makes a cluster connection");
-            };
-            Ok((conn.current(), pushes))
-        });
-        let (conn, _pushes) = connect().expect("a lazy connection");
-        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
-        let subscriber = ClusterSubscriber {
+        let (subscriber, _pushes, outcomes) = ClusterSubscriber::new(
             hub,
-            conn,
-            connect,
-            epoch: 0,
-            linger: Duration::from_secs(30),
-            response_timeout: Duration::from_millis(100),
-            outcomes: outcomes_tx,
-            pending: Default::default(),
-            retry: Vec::new(),
-            auditing: false,
-            unsubscribing: Default::default(),
-            dropped: Default::default(),
-            reconnected: None,
-        };
+            &["redis://127.0.0.1:1"],
+            &crate::connection::Tls::default(),
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            Duration::from_millis(100),
+        )
+        .expect("a lazy connection");
         (subscriber, outcomes)
     }
 
@@ -1708,12 +1760,27 @@ mod tests {
         assert!(s.pending.contains("x"), "x not subscribed again");
         assert!(s.hub.all_subscribed(&["y".into()]) && !s.pending.contains("y"));
 
-        // A subscription that times out makes a new connection, not twice
+        // A subscription that times out has the cluster checked; a new
+        // connection is made only if every master answers, and not twice
         // within RECONNECT_EVERY.
         s.pending.clear();
         let pushes = s.apply(Outcome::Subscribed {
             epoch: 0,
             results: vec![("x".into(), Attempt::TimedOut)],
+        });
+        assert!(pushes.is_none() && s.checking, "no check of the cluster");
+        let pushes = s.apply(Outcome::Checked {
+            epoch: 0,
+            masters: None,
+        });
+        assert!(
+            pushes.is_none() && s.epoch == 0,
+            "a new connection while a master does not answer"
+        );
+        s.check();
+        let pushes = s.apply(Outcome::Checked {
+            epoch: 0,
+            masters: Some(Vec::new()),
         });
         assert!(pushes.is_some() && s.epoch == 1, "no new connection");
         assert!(
@@ -1722,14 +1789,11 @@ mod tests {
         );
         assert!(s.pending.contains("x") && s.pending.contains("y"));
         s.pending.clear();
-        let pushes = s.apply(Outcome::Subscribed {
+        s.apply(Outcome::Subscribed {
             epoch: 1,
             results: vec![("x".into(), Attempt::TimedOut)],
         });
-        assert!(
-            pushes.is_none() && s.epoch == 1,
-            "a second new connection at once"
-        );
+        assert!(!s.checking, "a second new connection at once");
         assert!(s.retry.contains(&"x".to_owned()));
     }
 

@@ -26,6 +26,11 @@ fn gateway(cluster: &RedisCluster, id: &str) -> Ketch {
 }
 
 fn gateway_with(cluster: &RedisCluster, id: &str, extra: &[&str]) -> Ketch {
+    gateway_seeded(&cluster.url(), id, extra)
+}
+
+/// A gateway given only the seed nodes in `seeds` (`redis.url`).
+fn gateway_seeded(seeds: &str, id: &str, extra: &[&str]) -> Ketch {
     let mut args = vec![
         "--node-id",
         id,
@@ -39,7 +44,7 @@ fn gateway_with(cluster: &RedisCluster, id: &str, extra: &[&str]) -> Ketch {
         "cluster.node_timeout=2s",
     ];
     args.extend_from_slice(extra);
-    Ketch::start(&cluster.url(), &args)
+    Ketch::start(seeds, &args)
 }
 
 /// The masters (by port) holding each partition of `topic`, read from the
@@ -696,20 +701,26 @@ fn parked_fetch_answers(
 }
 
 /// A master that stops answering without closing its connections
-/// (frozen, as a partitioned or hung host), then failed over: Redis holds
-/// gateway b's wake-up subscription on a node that says nothing, and no
-/// push tells b. b must find it out (its audit of the presence channels)
-/// instead of answering "nothing new" from what it knew before.
+/// (frozen, as a partitioned or hung host), then failed over. Gateway a,
+/// whose one seed node it is, must route around it (its commands time out,
+/// its slot map is read from the other masters, its cluster connection is
+/// made again). Redis holds gateway b's wake-up subscription on a node that
+/// says nothing, and no push tells b: b must find it out (its audit of the
+/// presence channels) instead of answering "nothing new" from what it knew
+/// before.
 #[test]
 fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     let mut cluster = RedisCluster::start(3, 1);
-    let a = gateway(&cluster, "1");
     // Its subscription stays while nothing waits, for the whole test.
     let b = gateway_with(&cluster, "2", &["--set", "fetch.subscription_linger=300s"]);
     let topic = unique_topic("cluster-wake-frozen");
-    let mut conn_a = KafkaConn::connect(a.kafka_addr());
     let mut conn_b = KafkaConn::connect(b.kafka_addr());
-    assert_eq!(raw::create_topic(&mut conn_a, &topic, 1), code::NONE);
+    assert_eq!(raw::create_topic(&mut conn_b, &topic, 1), code::NONE);
+    let victim = placement(&cluster, &topic)[0];
+    // Gateway a knows only the master that will stop answering as its seed:
+    // it must find the others from the slot map.
+    let a = gateway_seeded(&cluster.node_mut(victim).url(), "1", &[]);
+    let mut conn_a = KafkaConn::connect(a.kafka_addr());
     let first = batch::encode(&[Record::value(0, b"first")]);
     assert_eq!(raw::produce(&mut conn_a, &topic, 0, first), (code::NONE, 0));
     // b long-polls the partition's end: subscribed on its master, b knows
@@ -730,7 +741,6 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
         "an audit took a live subscription for lost"
     );
     let tag = format!("{{{}}}", tags(&cluster, &topic)[0]);
-    let victim = placement(&cluster, &topic)[0];
 
     let frozen = Frozen::freeze(cluster.node_mut(victim).pid());
     cluster.await_failover(&tag, victim, Duration::from_secs(60));
