@@ -385,14 +385,32 @@ impl SlotMapWatch {
         futures::future::join_all(pings).await.into_iter().all(|ok| ok)
     }
 
-    /// The slot map, when every master in it answers (see
-    /// [`SlotMapWatch::all_answer`]): then a connection whose commands time
-    /// out follows a stale map, and a new one starting from these masters
-    /// would not.
-    pub(crate) async fn answering_map(self: &std::sync::Arc<Self>) -> Option<Vec<(u16, u16, String)>> {
+    /// The slot map, when it shows this connection's map stale: it differs
+    /// from the one the connection started from (or the last check read;
+    /// any map when none was read) and the masters of the ranges that
+    /// changed all answer (see [`SlotMapWatch::all_answer`]). Then a
+    /// connection whose commands time out follows a stale map, and a new one
+    /// starting from these masters would not. Not while a master that
+    /// stopped answering still serves slots (before its failover), when a
+    /// new connection would not help.
+    pub(crate) async fn stale_map(self: &std::sync::Arc<Self>) -> Option<Vec<(u16, u16, String)>> {
+        let last = self.state.lock().expect("slot map watch").ranges.clone();
         let conn = Conn::Cluster(self.clone());
-        let ranges = conn.slot_ranges_from(&[], self.response_timeout).await.ok()?;
-        self.all_answer(&masters_of(&ranges)).await.then_some(ranges)
+        let ranges = match conn
+            .slot_ranges_from(&masters_of(&last), self.response_timeout)
+            .await
+        {
+            Ok(ranges) => ranges,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the slot map");
+                return None;
+            }
+        };
+        if ranges.is_empty() || ranges == last {
+            return None;
+        }
+        let changed: Vec<(u16, u16, String)> = ranges.iter().filter(|r| !last.contains(r)).cloned().collect();
+        self.all_answer(&masters_of(&changed)).await.then_some(ranges)
     }
 
     /// Reads the map when the connection is made.
@@ -409,60 +427,37 @@ impl SlotMapWatch {
     /// Checks the slot map in the background, unless a check began less
     /// than a second ago.
     fn check(self: std::sync::Arc<Self>) {
-        let known = {
+        {
             let mut state = self.state.lock().expect("slot map watch");
-            if state
-                .checked
-                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-            {
+            let recent = |t: Option<std::time::Instant>, within| t.is_some_and(|t| t.elapsed() < within);
+            if recent(state.checked, Duration::from_secs(1)) || recent(state.replaced, REPLACE_EVERY) {
                 return;
             }
             state.checked = Some(std::time::Instant::now());
-            state.ranges.iter().map(|r| r.2.clone()).collect::<Vec<_>>()
-        };
+        }
         tokio::spawn(async move {
-            let conn = Conn::Cluster(self.clone());
-            let limit = self.response_timeout;
-            let ranges = match conn.slot_ranges_from(&known, limit).await {
-                Ok(ranges) => ranges,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot read the slot map");
-                    return;
-                }
-            };
-            let last = {
-                let mut state = self.state.lock().expect("slot map watch");
-                let last = std::mem::replace(&mut state.ranges, ranges.clone());
-                // A map the connection started from (or the last check
-                // read) and unchanged: it routes as the cluster does, and
-                // the timeout was something else (a slow command).
-                if !last.is_empty() && last == ranges {
-                    return;
-                }
-                if state.replaced.is_some_and(|t| t.elapsed() < REPLACE_EVERY) {
-                    // The next check after the pause compares with this
-                    // map, so keep the one the connection may still use.
-                    state.ranges = last;
-                    return;
-                }
-                last
-            };
-            // Only when every master answers: while one that stopped
-            // answering still serves slots (before its failover) a new
-            // connection is no help.
-            let masters = masters_of(&ranges);
-            if !self.all_answer(&masters).await {
-                self.state.lock().expect("slot map watch").ranges = last;
+            let Some(ranges) = self.stale_map().await else {
                 return;
-            }
-            let conn = match (self.make)(&masters) {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot make a new redis cluster connection");
+            };
+            let masters = masters_of(&ranges);
+            let conn = {
+                let mut state = self.state.lock().expect("slot map watch");
+                // Another check replaced it meanwhile, or did lately.
+                if state.replaced.is_some_and(|t| t.elapsed() < REPLACE_EVERY) {
                     return;
                 }
+                let conn = match (self.make)(&masters) {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot make a new redis cluster connection");
+                        return;
+                    }
+                };
+                state.replaced = Some(std::time::Instant::now());
+                // What the new connection starts from.
+                state.ranges = ranges;
+                conn
             };
-            self.state.lock().expect("slot map watch").replaced = Some(std::time::Instant::now());
             tracing::warn!(
                 "a redis cluster master changed while commands timed out; reconnecting to the cluster"
             );

@@ -71,7 +71,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "ketch_redis_cluster_reconnects_total",
-        "Times the cluster connection was replaced: commands timed out, the slot map had changed and every master in it answered (its own map was stale)."
+        "Times the cluster connection was replaced: commands timed out, the slot map had changed and the masters that took slots answered (its own map was stale)."
     );
     describe_counter!(
         "ketch_wake_subscription_losses_total",
@@ -83,7 +83,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "ketch_wake_subscription_reconnects_total",
-        "Times the cluster subscriber replaced its connection: a subscription timed out while every master of the slot map answered (its own map was stale)."
+        "Times the cluster subscriber replaced its connection: a subscription timed out, the slot map had changed and the masters that took slots answered (its own map was stale)."
     );
     describe_counter!(
         "ketch_redis_errors_total",

@@ -986,8 +986,9 @@ enum Outcome {
     Audited { epoch: u64, lost: Vec<(String, u64)> },
     /// It unsubscribed these channels (or gave up).
     Unsubscribed { epoch: u64, channels: Vec<String> },
-    /// After a subscription timed out: every master answers (these), so
-    /// the connection's slot map is stale; `None` when one does not.
+    /// After a subscription timed out: the connection's slot map is stale,
+    /// and these are the masters of the cluster's; `None` when it is not
+    /// (or it cannot be told).
     Checked {
         epoch: u64,
         masters: Option<Vec<String>>,
@@ -1423,12 +1424,10 @@ impl ClusterSubscriber {
         None
     }
 
-    /// After a subscription timed out, asks in a task whether every master
-    /// of the cluster's slot map answers: then the connection's own map is
-    /// stale (its commands went to a node the cluster failed over), and a
-    /// new connection is made. Not while a master that stopped answering
-    /// still serves slots (before its failover), when a new connection
-    /// would not help; at most once per [`RECONNECT_EVERY`].
+    /// After a subscription timed out, asks in a task whether the
+    /// connection's slot map is stale (the cluster's changed, and the
+    /// masters that took slots answer: [`crate::connection::SlotMapWatch::stale_map`]): then a
+    /// new connection is made; at most once per [`RECONNECT_EVERY`].
     fn check(&mut self) {
         if self.checking || self.reconnected.is_some_and(|t| t.elapsed() < RECONNECT_EVERY) {
             return;
@@ -1437,7 +1436,7 @@ impl ClusterSubscriber {
         let (watch, epoch, outcomes) = (self.watch.clone(), self.epoch, self.outcomes.clone());
         tokio::spawn(async move {
             let masters = watch
-                .answering_map()
+                .stale_map()
                 .await
                 .map(|ranges| crate::connection::masters_of(&ranges));
             let _ = outcomes.send(Outcome::Checked { epoch, masters });
@@ -1456,7 +1455,7 @@ impl ClusterSubscriber {
             }
         };
         tracing::warn!(
-            "a wake-up subscription timed out while every redis master answers (a stale slot map); subscribing again on a new connection"
+            "a wake-up subscription timed out on a stale slot map; subscribing again on a new connection"
         );
         self.conn = conn;
         self.watch = watch;

@@ -784,6 +784,10 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
         counter(&b, audit_losses) >= 1.0,
         "no audit found the subscription lost"
     );
+    assert!(
+        counter(&a, "ketch_redis_cluster_reconnects_total") >= 1.0,
+        "a never left the cluster connection that followed its only seed"
+    );
     // And b's subscription is live again, on the new master.
     parked_fetch_answers(
         &mut conn_b,
