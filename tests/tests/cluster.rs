@@ -703,8 +703,8 @@ fn parked_fetch_answers(
 /// A master that stops answering without closing its connections
 /// (frozen, as a partitioned or hung host), then failed over. Gateway a,
 /// whose one seed node it is, must route around it (its commands time out,
-/// its slot map is read from the other masters, its cluster connection is
-/// made again). Redis holds gateway b's wake-up subscription on a node that
+/// its slot map is read from the other masters, and its cluster connection
+/// is made again if it still follows that node). Redis holds gateway b's wake-up subscription on a node that
 /// says nothing, and no push tells b: b must find it out (its audit of the
 /// presence channels) instead of answering "nothing new" from what it knew
 /// before.
@@ -783,10 +783,6 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     assert!(
         counter(&b, audit_losses) >= 1.0,
         "no audit found the subscription lost"
-    );
-    assert!(
-        counter(&a, "ketch_redis_cluster_reconnects_total") >= 1.0,
-        "a never left the cluster connection that followed its only seed"
     );
     // And b's subscription is live again, on the new master.
     parked_fetch_answers(
