@@ -54,12 +54,13 @@ type MakeCluster = Box<dyn Fn(&[String]) -> Result<ClusterConnection> + Send + S
 /// off) gives none: once its replica has taken its slots, the connection
 /// would keep sending their commands to it, each timing out, until it
 /// answers again. So a command that times out makes the connection check
-/// the map (at most once per second, in the background): it asks the
-/// masters it knows for `CLUSTER SLOTS` ([`Conn::slot_ranges_from`]) and,
-/// when a slot changed masters since the map was last read, replaces the
-/// cluster connection with a new one, which reads the map afresh (at most
-/// once per [`REPLACE_EVERY`]). Only then: a new connection is no help
-/// while such a master still serves its slots (before its failover).
+/// the map (at most once per second, in the background): it reads
+/// `CLUSTER SLOTS` ([`Conn::slot_ranges_from`]) and, when the map differs
+/// from the one the connection was made from and the masters that took
+/// slots answer ([`SlotMapWatch::stale_map`]), replaces the cluster
+/// connection with a new one, which reads the map afresh (at most once per
+/// [`REPLACE_EVERY`]). Only then: a new connection is no help while such a
+/// master still serves its slots (before its failover).
 pub(crate) struct SlotMapWatch {
     /// The connection every clone of the [`Conn`] uses.
     conn: std::sync::Mutex<ClusterConnection>,
@@ -77,8 +78,8 @@ pub(crate) struct SlotMapWatch {
 
 #[derive(Default)]
 struct WatchState {
-    /// The map as last read: when the connection was made, then by each
-    /// check.
+    /// The map the connection was made from: read just after it was
+    /// made, or the one a replacement started from.
     ranges: Vec<(u16, u16, String)>,
     /// When a check last began.
     checked: Option<std::time::Instant>,
@@ -168,6 +169,15 @@ impl Conn {
             .collect::<redis::RedisResult<_>>()
             .map_err(|e| StorageError::Unavailable(format!("invalid redis cluster url: {e}")))?;
         let template = infos.first().cloned();
+        let seed_addresses = infos
+            .iter()
+            .filter_map(|info| match info.addr() {
+                redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                    Some(format!("{host}:{port}"))
+                }
+                _ => None,
+            })
+            .collect();
         let tls_for_make = tls.clone();
         let make = move |extra: &[String]| -> Result<ClusterConnection> {
             // The nodes a connection starts from: the seeds, and the
@@ -202,17 +212,7 @@ impl Conn {
             conn: std::sync::Mutex::new(make(also)?),
             make: Box::new(make),
             response_timeout,
-            seeds: seeds
-                .iter()
-                .filter_map(|seed| {
-                    let info = redis::IntoConnectionInfo::into_connection_info(*seed).ok()?;
-                    match info.addr() {
-                        redis::ConnectionAddr::Tcp(host, port)
-                        | redis::ConnectionAddr::TcpTls { host, port, .. } => Some(format!("{host}:{port}")),
-                        _ => None,
-                    }
-                })
-                .collect(),
+            seeds: seed_addresses,
             template,
             tls: tls.clone(),
             state: Default::default(),

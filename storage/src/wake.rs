@@ -1015,8 +1015,9 @@ enum Outcome {
 /// subscribed again.
 ///
 /// A subscription that gets no answer within the timeout means its node
-/// stopped answering. If the cluster has failed it over (every master of
-/// its slot map answers), the connection's own map is stale (redis-rs
+/// stopped answering. If the cluster has failed it over (its slot map
+/// changed, and the masters that took slots answer), the connection's own
+/// map is stale (redis-rs
 /// reads it again only after a redirection, which such a node never
 /// gives): the subscriber makes a new connection, which reads the map
 /// afresh, and subscribes everything again through it, at most once per
@@ -1166,6 +1167,24 @@ impl ClusterSubscriber {
         }
     }
 
+    /// What a task of this subscriber needs: its connection, the time
+    /// limit of each command, the connection's epoch and where to report.
+    fn for_task(
+        &self,
+    ) -> (
+        redis::cluster_async::ClusterConnection,
+        Duration,
+        u64,
+        mpsc::UnboundedSender<Outcome>,
+    ) {
+        (
+            self.conn.clone(),
+            self.response_timeout,
+            self.epoch,
+            self.outcomes.clone(),
+        )
+    }
+
     /// Subscribes `channels` (each wanted, not already under way) in a task.
     fn subscribe(&mut self, channels: Vec<String>) {
         let channels: Vec<(String, Option<String>)> = channels
@@ -1184,12 +1203,7 @@ impl ClusterSubscriber {
         if channels.is_empty() {
             return;
         }
-        let (conn, limit, epoch, outcomes) = (
-            self.conn.clone(),
-            self.response_timeout,
-            self.epoch,
-            self.outcomes.clone(),
-        );
+        let (conn, limit, epoch, outcomes) = self.for_task();
         tokio::spawn(async move {
             let attempts = channels.into_iter().map(|(channel, presence)| {
                 let mut conn = conn.clone();
@@ -1297,12 +1311,7 @@ impl ClusterSubscriber {
             return;
         }
         self.auditing = true;
-        let (conn, limit, epoch, outcomes) = (
-            self.conn.clone(),
-            self.response_timeout,
-            self.epoch,
-            self.outcomes.clone(),
-        );
+        let (conn, limit, epoch, outcomes) = self.for_task();
         tokio::spawn(async move {
             let each = checks.into_iter().map(|(channel, presence, generation)| {
                 let mut conn = conn.clone();
@@ -1760,7 +1769,7 @@ mod tests {
         assert!(s.hub.all_subscribed(&["y".into()]) && !s.pending.contains("y"));
 
         // A subscription that times out has the cluster checked; a new
-        // connection is made only if every master answers, and not twice
+        // connection is made only if the map is stale, and not twice
         // within RECONNECT_EVERY.
         s.pending.clear();
         let pushes = s.apply(Outcome::Subscribed {
