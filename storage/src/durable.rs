@@ -54,9 +54,8 @@ struct Masters {
     template: redis::ConnectionInfo,
     tls: Tls,
     slots: tokio::sync::RwLock<Vec<(u16, u16, String)>>,
-    /// Held while the map is read; when the last read began. Requests
-    /// that fail together share one read, answered or not.
-    reading: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Requests that fail together share one read of the map.
+    reading: SharedRead,
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
 }
 
@@ -163,7 +162,7 @@ impl DurablePool {
                 template,
                 tls: wire.tls.clone(),
                 slots: tokio::sync::RwLock::new(Vec::new()),
-                reading: tokio::sync::Mutex::new(None),
+                reading: SharedRead::default(),
                 pools: Mutex::new(HashMap::new()),
             })),
             wire,
@@ -246,30 +245,59 @@ impl DurablePool {
     /// it knows at once (see [`Conn::slot_ranges_from`]).
     pub(crate) async fn refresh(&self) -> Result<()> {
         if let Target::Cluster(masters) = &self.target {
-            let asked = std::time::Instant::now();
-            let mut reading = masters.reading.lock().await;
-            if reading.is_some_and(|began| began >= asked) {
-                // Another read began after this was asked for, and ended.
-                // (If it failed, so would this one.)
-                return Ok(());
-            }
-            let began = std::time::Instant::now();
-            let known: Vec<String> = masters.slots.read().await.iter().map(|r| r.2.clone()).collect();
-            let read = masters
-                .conn
-                .slot_ranges_from(&known, self.wire.response_timeout)
-                .await;
-            // Shared whether it answered or not: those waiting would fail
-            // the same way, one after another.
-            *reading = Some(began);
-            let ranges = read?;
-            let mut slots = masters.slots.write().await;
-            if *slots != ranges {
-                tracing::debug!(?ranges, "the slot map changed");
-            }
-            *slots = ranges;
+            masters
+                .reading
+                .read(|| async {
+                    let known: Vec<String> = masters.slots.read().await.iter().map(|r| r.2.clone()).collect();
+                    let ranges = masters
+                        .conn
+                        .slot_ranges_from(&known, self.wire.response_timeout)
+                        .await?;
+                    let mut slots = masters.slots.write().await;
+                    if *slots != ranges {
+                        tracing::debug!(?ranges, "the slot map changed");
+                    }
+                    *slots = ranges;
+                    Ok(())
+                })
+                .await?;
         }
         Ok(())
+    }
+}
+
+/// One read shared by the requests that ask for it together: a request
+/// that finds a read began after it asked, and ended, takes that read's
+/// outcome (its error too: the same read now would fail the same way)
+/// instead of reading again.
+#[derive(Default)]
+struct SharedRead {
+    /// Held while a read runs; when the last read began and how it ended.
+    last: tokio::sync::Mutex<Option<(std::time::Instant, std::result::Result<(), String>)>>,
+}
+
+impl SharedRead {
+    async fn read<F, Fut>(&self, read: F) -> Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let asked = std::time::Instant::now();
+        let mut last = self.last.lock().await;
+        if let Some((began, outcome)) = &*last
+            && *began >= asked
+        {
+            return outcome.clone().map_err(StorageError::Unavailable);
+        }
+        let began = std::time::Instant::now();
+        let outcome = read().await;
+        let shared = match &outcome {
+            Ok(()) => Ok(()),
+            Err(StorageError::Unavailable(message)) => Err(message.clone()),
+            Err(e) => Err(e.to_string()),
+        };
+        *last = Some((began, shared));
+        outcome
     }
 }
 
@@ -378,6 +406,59 @@ mod tests {
         drop(a);
         let c = pool.get("k").await.unwrap();
         assert_eq!(c.index, a_index);
+    }
+
+    #[tokio::test]
+    async fn requests_that_ask_together_share_one_read_and_its_failure() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let shared = Arc::new(SharedRead::default());
+        let reads = Arc::new(AtomicUsize::new(0));
+        // Every read after the first fails, naming itself.
+        let read = |reads: Arc<AtomicUsize>| async move {
+            let n = reads.fetch_add(1, SeqCst) + 1;
+            Err(StorageError::Unavailable(format!("read {n}: no master answered")))
+        };
+        // A read is under way ...
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn({
+            let (shared, reads) = (shared.clone(), reads.clone());
+            async move {
+                shared
+                    .read(|| async {
+                        reads.fetch_add(1, SeqCst);
+                        released.await.unwrap();
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        while reads.load(SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // ... when three requests ask: it may have begun before what they
+        // saw, so one of them reads again, and the others take its outcome.
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let (shared, reads) = (shared.clone(), reads.clone());
+                tokio::spawn(async move { shared.read(|| read(reads)).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        for waiter in waiters {
+            let outcome = waiter.await.unwrap();
+            assert!(
+                matches!(&outcome, Err(StorageError::Unavailable(m)) if m == "read 2: no master answered"),
+                "{outcome:?}"
+            );
+        }
+        assert_eq!(reads.load(SeqCst), 2);
+        // One that asks afterwards reads again.
+        assert!(shared.read(|| read(reads.clone())).await.is_err());
+        assert_eq!(reads.load(SeqCst), 3);
     }
 
     #[test]
