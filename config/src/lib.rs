@@ -134,8 +134,10 @@ pub struct BrokerSettings {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS); in
-    /// cluster mode one seed node or a comma-separated list of them.
+    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS,
+    /// `unix:///path/to/redis.sock[?user=…&pass=…&db=…]` for a Redis on
+    /// this host's Unix socket); in cluster mode one seed node or a
+    /// comma-separated list of them (TCP or TLS).
     pub url: String,
     /// PEM file of the certificate authorities that sign Redis's TLS
     /// certificates (`rediss://`); unset: the system's trusted roots.
@@ -873,11 +875,31 @@ impl Settings {
             return bad("redis.namespace", "must be non-empty, without braces or spaces");
         }
         let urls: Vec<&str> = self.redis.url.split(',').map(str::trim).collect();
-        if urls
+        let unix = |url: &&str| url.starts_with("unix://") || url.starts_with("redis+unix://");
+        if urls.iter().any(unix) {
+            if self.redis.mode == RedisMode::Cluster {
+                return bad(
+                    "redis.url",
+                    "names a Unix socket, but Redis Cluster nodes are reached over TCP: give redis:// or rediss:// seed nodes",
+                );
+            }
+            if urls
+                .iter()
+                .any(|url| !url.starts_with("unix:///") && !url.starts_with("redis+unix:///"))
+            {
+                return bad(
+                    "redis.url",
+                    "a Unix socket URL takes an absolute path: unix:///path/to/redis.sock",
+                );
+            }
+        } else if urls
             .iter()
             .any(|url| !url.starts_with("redis://") && !url.starts_with("rediss://"))
         {
-            return bad("redis.url", "must start with redis:// (or rediss:// for TLS)");
+            return bad(
+                "redis.url",
+                "must start with redis:// (rediss:// for TLS, unix:// for a Unix socket)",
+            );
         }
         if urls.iter().any(|url| url.contains("#insecure")) {
             return bad(
@@ -1163,6 +1185,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("sentinel") || err.contains("mode"), "{err}");
+    }
+
+    #[test]
+    fn a_unix_socket_is_taken_in_single_mode_only() {
+        for url in [
+            "unix:///run/redis/redis.sock",
+            "redis+unix:///tmp/r.sock?pass=x&db=2",
+        ] {
+            let s = Loader::new().set("redis", "url", url).load().unwrap();
+            assert_eq!(s.redis.url, url);
+        }
+        let refused = |loader: Loader| loader.load().unwrap_err().to_string();
+        let err = refused(
+            Loader::new()
+                .set("redis", "url", "unix:///tmp/r.sock")
+                .set("redis", "mode", "cluster"),
+        );
+        assert!(err.contains("redis.url") && err.contains("TCP"), "{err}");
+        let err = refused(Loader::new().set("redis", "url", "unix://tmp/r.sock"));
+        assert!(err.contains("absolute path"), "{err}");
+        let err = refused(Loader::new().set("redis", "url", "http://127.0.0.1:6379"));
+        assert!(err.contains("must start with redis://"), "{err}");
+        let err = refused(Loader::new().set("redis", "url", "unix:///tmp/r.sock").set(
+            "redis",
+            "tls_ca_file",
+            "/etc/hostname",
+        ));
+        assert!(err.contains("redis.tls_ca_file"), "{err}");
     }
 
     #[test]

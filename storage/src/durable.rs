@@ -59,14 +59,12 @@ struct Masters {
     pools: Mutex<HashMap<String, Arc<NodePool>>>,
 }
 
-/// `size` lazily opened connections to one node, and one more shared by
-/// the appends that do not wait (cluster mode); the node's data-path
-/// connection (appends that do not wait and partition reads, both modes).
+/// `size` lazily opened connections to one node (appends that wait); the
+/// node's data-path connection (appends that do not wait and partition
+/// reads).
 struct NodePool {
     connections: Vec<ConnectionManager>,
-    shared: ConnectionManager,
-    /// `None` for a Unix socket: redis-rs serves those.
-    wire: Option<Wire>,
+    wire: Wire,
     /// Indexes of the connections nobody holds.
     free: Mutex<Vec<usize>>,
     /// One permit per free connection.
@@ -93,7 +91,6 @@ impl NodePool {
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Self {
             connections,
-            shared: ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?,
             wire: Wire::new(
                 client,
                 wire.tls.clone(),
@@ -170,22 +167,12 @@ impl DurablePool {
     }
 
     /// The data-path connection ([`Wire`]) to the server, or in cluster
-    /// mode to the master that holds `key`; `None` where redis-rs must serve
-    /// (a Unix socket).
-    pub(crate) async fn wire(&self, key: &str) -> Result<Option<Wire>> {
+    /// mode to the master that holds `key`: appends that do not wait and
+    /// partition reads go to their master directly rather than through the
+    /// cluster connection, which copies every command (the batch with it)
+    /// into its routing task.
+    pub(crate) async fn wire(&self, key: &str) -> Result<Wire> {
         Ok(self.node(key).await?.wire.clone())
-    }
-
-    /// In cluster mode, the shared connection to the master that holds
-    /// `key`, for appends that do not wait: they go to their master
-    /// directly rather than through the cluster connection, which copies
-    /// every command (the batch with it) into its routing task. `None` in
-    /// single mode.
-    pub(crate) async fn shared(&self, key: &str) -> Result<Option<Conn>> {
-        match &self.target {
-            Target::Single(_) => Ok(None),
-            Target::Cluster(_) => Ok(Some(Conn::Single(self.node(key).await?.shared.clone()))),
-        }
     }
 
     /// Waits for a free connection to the node that holds `key`.

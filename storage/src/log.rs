@@ -384,10 +384,7 @@ impl Store {
         let wait = acks_all && self.durability.waits();
         let keys = self.partition_keys(topic, partition);
         if !wait && self.mode() == crate::Mode::Single {
-            let via = match self.durable.wire(&keys.meta).await? {
-                Some(wire) => Via::Wire(wire),
-                None => Via::Conn(self.conn()),
-            };
+            let via = Via::Wire(self.durable.wire(&keys.meta).await?);
             return self.append_once(topic, partition, batch, header, via).await;
         }
         // In cluster mode the write goes to the partition's master directly
@@ -406,13 +403,7 @@ impl Store {
             } else if asked {
                 (Via::Conn(self.conn()), None)
             } else {
-                match self.durable.wire(&keys.meta).await? {
-                    Some(wire) => (Via::Wire(wire), None),
-                    None => {
-                        let shared = self.durable.shared(&keys.meta).await?;
-                        (Via::Conn(shared.unwrap_or_else(|| self.conn())), None)
-                    }
-                }
+                (Via::Wire(self.durable.wire(&keys.meta).await?), None)
             };
             match self
                 .append_once(topic, partition, batch, header, via.clone())
@@ -475,31 +466,6 @@ impl Store {
         if let Err(e) = self.durable.refresh().await {
             tracing::debug!(error = %e, "cannot read the slot map");
         }
-    }
-
-    /// Runs a pipeline over one partition's keys (`key` one of them): in
-    /// cluster mode on the shared connection to the partition's master, as
-    /// appends do, rather than through the cluster connection's routing
-    /// task; after a MOVED or ASK (the slot moved or is moving), through the
-    /// cluster connection, which follows it, the slot map read again for the
-    /// next time.
-    async fn query_partition<T: redis::FromRedisValue>(
-        &self,
-        key: &str,
-        pipe: &redis::Pipeline,
-    ) -> Result<T> {
-        if let Ok(Some(mut conn)) = self.durable.shared(key).await {
-            match pipe.query_async(&mut conn).await {
-                Ok(value) => return Ok(value),
-                Err(e) => {
-                    self.refresh_slot_map().await;
-                    if !durable::is_moved(&e.to_string()) {
-                        return Err(e.into());
-                    }
-                }
-            }
-        }
-        Ok(pipe.query_async(&mut self.conn()).await?)
     }
 
     /// Waits until the writes of `conn` reached the configured replicas (and
@@ -848,8 +814,7 @@ impl Store {
                 };
                 return Ok((wire_entries(entries)?, meta.into_value()));
             }
-            OnWire::Moved => pipe.query_async(&mut self.conn()).await?,
-            OnWire::None => self.query_partition(&keys.meta, pipe).await?,
+            OnWire::Moved | OnWire::Unplaced => pipe.query_async(&mut self.conn()).await?,
         };
         Ok((stream_entries(entries)?, meta))
     }
@@ -870,7 +835,7 @@ impl Store {
                 Some(entries) => wire_entries(entries),
                 None => Err(StorageError::Data("XRANGE got no reply".to_owned())),
             },
-            OnWire::Moved | OnWire::None => {
+            OnWire::Moved | OnWire::Unplaced => {
                 let (entries,): (Value,) = pipe.query_async(&mut self.conn()).await?;
                 stream_entries(entries)
             }
@@ -878,13 +843,13 @@ impl Store {
     }
 
     /// Runs `pipe` over one partition's keys on the data path's connection
-    /// (its replies, every one a success), unless there is none; in cluster
-    /// mode a failure reads the slot map again (the slot moved, or its
-    /// master is gone), and a moved slot is left to the cluster connection,
-    /// which follows the move.
+    /// (its replies, every one a success); in cluster mode a failure reads
+    /// the slot map again (the slot moved, or its master is gone), and a
+    /// moved slot, or one whose master is not known, is left to the cluster
+    /// connection, which follows the move.
     async fn on_wire(&self, keys: &PartitionKeys, pipe: &redis::Pipeline, expect: usize) -> Result<OnWire> {
-        let Ok(Some(wire)) = self.durable.wire(&keys.meta).await else {
-            return Ok(OnWire::None);
+        let Ok(wire) = self.durable.wire(&keys.meta).await else {
+            return Ok(OnWire::Unplaced);
         };
         let mut packed = Packed::default();
         packed.pipeline(pipe).expect(expect);
@@ -1531,8 +1496,9 @@ enum OnWire {
     Replies(Vec<Reply>),
     /// The slot moved: the cluster connection follows it.
     Moved,
-    /// There is no such connection.
-    None,
+    /// No master is known for the slot (the map could not be read): the
+    /// cluster connection finds one.
+    Unplaced,
 }
 
 /// How an append reaches Redis.
@@ -1540,9 +1506,8 @@ enum OnWire {
 enum Via {
     /// The data path's own connection.
     Wire(Wire),
-    /// redis-rs: acks=all appends that `WAIT` on their connection, Unix
-    /// sockets, and a slot being migrated (the cluster connection follows
-    /// ASK).
+    /// redis-rs: acks=all appends that `WAIT` on their connection, and a
+    /// slot being migrated (the cluster connection follows ASK).
     Conn(Conn),
 }
 

@@ -236,29 +236,23 @@ fn format_int(n: i64, buf: &mut [u8; 20]) -> &str {
 }
 
 impl Wire {
-    /// A connection to the server `client` names, dialled on first use;
-    /// `None` for a Unix socket (those stay on redis-rs).
+    /// A connection to the server `client` names (TCP, TLS or a Unix
+    /// socket), dialled on first use.
     pub(crate) fn new(
         client: &redis::Client,
         tls: Tls,
         connect_timeout: Duration,
         response_timeout: Duration,
-    ) -> Option<Wire> {
+    ) -> Wire {
         let info = client.get_connection_info().clone();
-        if !matches!(
-            info.addr(),
-            redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
-        ) {
-            return None;
-        }
-        Some(Wire(Arc::new(Inner {
+        Wire(Arc::new(Inner {
             info,
             tls,
             connect_timeout,
             response_timeout,
             live: tokio::sync::Mutex::new(None),
             timers: crate::metrics::Timers::default(),
-        })))
+        }))
     }
 
     /// Sends the commands and waits for their replies, one per command (an
@@ -330,28 +324,32 @@ impl Wire {
     }
 }
 
-/// A connection to Redis: TCP, or TLS over it.
+/// A connection to Redis: TCP, TLS over it, or a Unix socket.
 pub(crate) trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
 
-/// Dials the server `info` names (TCP or TLS), authenticates and selects
-/// its database.
+/// Dials the server `info` names (TCP, TLS or a Unix socket),
+/// authenticates and selects its database.
 pub(crate) async fn open(
     info: &redis::ConnectionInfo,
     tls: &Tls,
     timeout: Duration,
 ) -> std::io::Result<Box<dyn Stream>> {
-    let (host, port, secure) = match info.addr() {
-        redis::ConnectionAddr::Tcp(host, port) => (host, *port, false),
-        redis::ConnectionAddr::TcpTls { host, port, .. } => (host, *port, true),
-        _ => {
-            return Err(std::io::Error::other(
-                "only redis:// and rediss:// URLs have a direct connection",
-            ));
-        }
-    };
     let connect = async {
+        let (host, port, secure) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (host, *port, false),
+            redis::ConnectionAddr::TcpTls { host, port, .. } => (host, *port, true),
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => {
+                let unix = tokio::net::UnixStream::connect(path).await?;
+                return Ok::<Box<dyn Stream>, std::io::Error>(Box::new(unix));
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(std::io::Error::other(format!("no direct connection to {other}")));
+            }
+        };
         let tcp = TcpStream::connect((host.as_str(), port)).await?;
         tcp.set_nodelay(true)?;
         if !secure {

@@ -305,6 +305,42 @@ impl RedisServer {
         })
     }
 
+    /// A server that also listens on a Unix socket in its directory;
+    /// `args` as for [`RedisServer::start_with`].
+    pub fn start_unix(args: &[&str]) -> Self {
+        retry_port_race(|| {
+            let mut server = Self::reserve_unix(args);
+            server.try_start().map(|()| server)
+        })
+    }
+
+    /// As [`RedisServer::reserve`], for a server that also listens on a
+    /// Unix socket ([`RedisServer::start_unix`]).
+    pub fn reserve_unix(args: &[&str]) -> Self {
+        let mut server = Self::reserve();
+        let socket = server.dir.join("redis.sock").display().to_string();
+        server.args = vec![
+            "--unixsocket".into(),
+            socket,
+            "--unixsocketperm".into(),
+            "700".into(),
+        ];
+        server.args.extend(args.iter().map(|a| (*a).to_owned()));
+        server
+    }
+
+    /// The `unix://` URL of a server started with
+    /// [`RedisServer::start_unix`] (its password as `pass`).
+    pub fn unix_url(&self) -> String {
+        let at = self
+            .args
+            .iter()
+            .position(|a| a == "--unixsocket")
+            .expect("a Unix socket");
+        let password = self.password().map_or_else(String::new, |p| format!("?pass={p}"));
+        format!("unix://{}{password}", self.args[at + 1])
+    }
+
     /// The `rediss://` URL of a server started with [`RedisServer::start_tls`].
     pub fn tls_url(&self) -> String {
         format!(
