@@ -517,6 +517,10 @@ impl Group {
         member.answer_join(join_error(old_id.clone(), ResponseError::FencedInstanceId));
         member.answer_sync(sync_error(ResponseError::FencedInstanceId));
         member.id = new_id.clone();
+        // A new incarnation, but not a new member: it waits for the
+        // rebalance without heartbeats, as Kafka's `replaceStaticMember`
+        // makes it.
+        member.is_new = false;
         member.heartbeat_deadline = now + member.session_timeout;
         if let Some(instance_id) = &member.instance_id {
             self.static_members.insert(instance_id.clone(), new_id.clone());
@@ -677,17 +681,23 @@ impl Group {
         self.sync_deadline = Some(now + self.rebalance_timeout());
     }
 
-    /// Keeps the leader if it rejoined, else picks a member that did.
+    /// Keeps the leader if it rejoined, else picks a member that did. When
+    /// none did (static members that did not rejoin), the leader stays:
+    /// one of them that rejoins under a new member id takes its place
+    /// ([`Group::replace_static_member`]), as in Kafka's
+    /// `maybeElectNewJoinedLeader`.
     fn elect_joined_leader(&mut self) -> bool {
-        let Some(leader) = &self.leader else {
-            return false;
-        };
-        if self.members.get(leader).is_some_and(|m| m.join_waiter.is_some()) {
+        let joined = |id: &StrBytes| self.members.get(id).is_some_and(|m| m.join_waiter.is_some());
+        if self.leader.as_ref().is_some_and(joined) {
             return true;
         }
-        let joined = self.members.values().find(|m| m.join_waiter.is_some());
-        self.leader = joined.map(|m| m.id.clone());
-        self.leader.is_some()
+        match self.members.values().find(|m| m.join_waiter.is_some()) {
+            Some(member) => {
+                self.leader = Some(member.id.clone());
+                true
+            }
+            None => false,
+        }
     }
 
     fn init_next_generation(&mut self, now: Instant) {

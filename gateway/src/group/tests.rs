@@ -342,6 +342,101 @@ async fn a_restarted_static_member_gets_its_assignment_without_a_rebalance() {
     assert_eq!(stale_join.error_code, code(ResponseError::FencedInstanceId));
 }
 
+/// Two static members through join and sync: (leader, follower, generation).
+async fn stable_static_pair(h: &Harness) -> (JoinGroupResponse, JoinGroupResponse, i32) {
+    let joins = ["one", "two"].map(|instance| h.spawn_join(static_join("", instance), 9));
+    let [one, two] = joins;
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    let generation = one.generation_id;
+    let (leader, follower) = if one.member_id == one.leader {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    let follower_sync = h.spawn_sync(sync_request(&follower.member_id, generation, &[]));
+    let assignments = [(&leader.member_id, "1"), (&follower.member_id, "2")];
+    h.sync(sync_request(&leader.member_id, generation, &assignments))
+        .await;
+    follower_sync.await.unwrap();
+    (leader, follower, generation)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_static_leader_that_misses_the_rebalance_leads_it_when_it_rejoins() {
+    let h = Harness::new();
+    let (leader, follower, generation) = stable_static_pair(&h).await;
+    let instance = |r: &JoinGroupResponse| {
+        if r.member_id.starts_with("one-") {
+            "one"
+        } else {
+            "two"
+        }
+    };
+    // The follower is removed by instance id: a rebalance begins. The
+    // leader keeps its session alive but does not rejoin within the
+    // rebalance timeout (60 s) ...
+    let leaving = vec![MemberIdentity::default().with_group_instance_id(Some(s(instance(&follower))))];
+    assert_eq!(now(h.groups.leave(&s("g"), leaving)).unwrap()[0].error_code, 0);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(70) {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        h.heartbeat(&leader.member_id, generation);
+    }
+    assert_eq!(h.describe_state(), "PreparingRebalance");
+    // ... then restarts, forgetting its member id: it is every member the
+    // group has, so the rebalance completes with it leading.
+    let rejoined = tokio::time::timeout(
+        Duration::from_secs(600),
+        h.join(static_join("", instance(&leader))),
+    )
+    .await
+    .expect("the rebalance completes");
+    assert_eq!(rejoined.error_code, 0);
+    assert_eq!(rejoined.leader, rejoined.member_id);
+    assert_eq!(rejoined.generation_id, generation + 1);
+    assert_eq!(rejoined.members.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_static_member_replaced_while_it_waits_for_a_rebalance_needs_no_heartbeat() {
+    let h = Harness::new();
+    let (leader, follower, generation) = stable_static_pair(&h).await;
+    // A new static member starts a rebalance; the leader rejoins, the
+    // follower does not (it keeps its session alive), so the join phase
+    // waits for it up to the rebalance timeout (60 s).
+    let first = h.spawn_join(static_join("", "three"), 9);
+    let leader_instance = if leader.member_id.starts_with("one-") {
+        "one"
+    } else {
+        "two"
+    };
+    let leader_join = h.spawn_join(static_join(&leader.member_id, leader_instance), 9);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The new member's process restarts and joins again under a new
+    // member id, then waits without heartbeats for longer than its session
+    // timeout (10 s): a member waiting for a rebalance needs none.
+    let again = h.spawn_join(static_join("", "three"), 9);
+    let started = Instant::now();
+    while !again.is_finished() {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        h.heartbeat(&follower.member_id, generation);
+    }
+    assert_eq!(
+        first.await.unwrap().error_code,
+        code(ResponseError::FencedInstanceId),
+        "the first incarnation is fenced"
+    );
+    let again = again.await.unwrap();
+    assert_eq!(again.error_code, 0, "after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_secs(55),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(again.generation_id, generation + 1);
+    assert_eq!(leader_join.await.unwrap().error_code, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn leaving_triggers_a_rebalance_and_answers_each_member() {
     let h = Harness::new();
