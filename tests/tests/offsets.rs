@@ -1,7 +1,9 @@
 //! Committed offsets in Redis: OffsetCommit, OffsetFetch and OffsetDelete
 //! for a group without members (consumers that assign their own partitions),
-//! through the raw protocol so every error code is visible.
+//! and OffsetDelete for a group with members, through the raw protocol so
+//! every error code is visible.
 
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
@@ -9,14 +11,20 @@ use kafka_protocol::messages::offset_delete_request::{
     OffsetDeleteRequestPartition, OffsetDeleteRequestTopic,
 };
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
-use kafka_protocol::messages::{OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+use kafka_protocol::messages::{
+    ConsumerProtocolSubscription, GroupId, JoinGroupRequest, JoinGroupResponse, OffsetCommitRequest,
+    OffsetDeleteRequest, OffsetFetchRequest, SyncGroupRequest,
+};
+use kafka_protocol::protocol::{Encodable, StrBytes};
 use ketch_tests::raw::{self, KafkaConn, code};
 use ketch_tests::{Ketch, TestRedis, unique_topic};
 
 const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 const ILLEGAL_GENERATION: i16 = 22;
 const GROUP_ID_NOT_FOUND: i16 = 69;
+const NON_EMPTY_GROUP: i16 = 68;
+const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
 
 fn commit(
     conn: &mut KafkaConn,
@@ -25,8 +33,21 @@ fn commit(
     offsets: &[(i32, i64, &str)],
     generation: i32,
 ) -> Vec<i16> {
+    commit_as(conn, group, "", topic, offsets, generation)
+}
+
+/// [`commit`] by the group's member `member_id`.
+fn commit_as(
+    conn: &mut KafkaConn,
+    group: &str,
+    member_id: &str,
+    topic: &str,
+    offsets: &[(i32, i64, &str)],
+    generation: i32,
+) -> Vec<i16> {
     let request = OffsetCommitRequest::default()
         .with_group_id(StrBytes::from_string(group.to_owned()).into())
+        .with_member_id(StrBytes::from_string(member_id.to_owned()))
         .with_generation_id_or_member_epoch(generation)
         .with_topics(vec![
             OffsetCommitRequestTopic::default()
@@ -145,4 +166,138 @@ fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
     let ketch = Ketch::start(&redis.url(), &[]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(fetch(&mut conn, &group, &topic, &[1])[0].1, 20);
+}
+
+/// A JoinGroup v3 (no member id round trip) of a member subscribed to
+/// `topics` with the consumer protocol (or of `protocol_type`'s members).
+fn join(
+    conn: &mut KafkaConn,
+    group: &str,
+    member_id: &str,
+    protocol_type: &str,
+    topics: &[&str],
+) -> JoinGroupResponse {
+    let mut metadata = bytes::BytesMut::new();
+    metadata.extend_from_slice(&0i16.to_be_bytes());
+    ConsumerProtocolSubscription::default()
+        .with_topics(
+            topics
+                .iter()
+                .map(|t| StrBytes::from_string((*t).to_owned()))
+                .collect(),
+        )
+        .encode(&mut metadata, 0)
+        .unwrap();
+    let request = JoinGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_member_id(StrBytes::from_string(member_id.to_owned()))
+        .with_protocol_type(StrBytes::from_string(protocol_type.to_owned()))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(metadata.freeze()),
+        ]);
+    conn.request(3, &request)
+}
+
+/// OffsetDelete of partition 0 of each topic: the request's error and each
+/// topic's.
+fn delete_offsets(conn: &mut KafkaConn, group: &str, topics: &[&str]) -> (i16, Vec<i16>) {
+    let request = OffsetDeleteRequest::default()
+        .with_group_id(StrBytes::from_string(group.to_owned()).into())
+        .with_topics(
+            topics
+                .iter()
+                .map(|topic| {
+                    OffsetDeleteRequestTopic::default()
+                        .with_name(raw::topic_name(topic))
+                        .with_partitions(vec![
+                            OffsetDeleteRequestPartition::default().with_partition_index(0),
+                        ])
+                })
+                .collect(),
+        );
+    let response = conn.request(0, &request);
+    let codes = response
+        .topics
+        .iter()
+        .map(|t| t.partitions[0].error_code)
+        .collect();
+    (response.error_code, codes)
+}
+
+#[test]
+fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "groups.initial_rebalance_delay=0s"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let (consumed, other) = (unique_topic("consumed"), unique_topic("other"));
+    for topic in [&consumed, &other] {
+        assert_eq!(raw::create_topic(&mut conn, topic, 1), code::NONE);
+    }
+    let group = unique_topic("group");
+
+    // One member, subscribed to `consumed`, joins and syncs: Stable.
+    let joined = join(&mut conn, &group, "", "consumer", &[&consumed]);
+    assert_eq!(joined.error_code, code::NONE);
+    let (member, generation) = (joined.member_id.clone(), joined.generation_id);
+    let sync = SyncGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+        .with_member_id(member.clone())
+        .with_generation_id(generation)
+        .with_assignments(vec![
+            SyncGroupRequestAssignment::default()
+                .with_member_id(member.clone())
+                .with_assignment(bytes::Bytes::from_static(b"assignment")),
+        ]);
+    assert_eq!(conn.request(2, &sync).error_code, code::NONE);
+    for topic in [&consumed, &other] {
+        let committed = commit_as(&mut conn, &group, &member, topic, &[(0, 7, "")], generation);
+        assert_eq!(committed, vec![0]);
+    }
+
+    // A second member's join starts a rebalance (it waits for the first
+    // to rejoin): the group describes no subscriptions in this state.
+    let addr = ketch.kafka_addr();
+    let (group2, consumed2) = (group.clone(), consumed.clone());
+    let second = std::thread::spawn(move || {
+        let mut conn = KafkaConn::connect(addr);
+        join(&mut conn, &group2, "", "consumer", &[&consumed2]).error_code
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let heartbeat = kafka_protocol::messages::HeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+            .with_member_id(member.clone())
+            .with_generation_id(generation);
+        if conn.request(3, &heartbeat).error_code == 27 {
+            break; // REBALANCE_IN_PROGRESS
+        }
+        assert!(std::time::Instant::now() < deadline, "no rebalance began");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        delete_offsets(&mut conn, &group, &[&consumed, &other]),
+        (code::NONE, vec![GROUP_SUBSCRIBED_TO_TOPIC, code::NONE])
+    );
+    assert_eq!(fetch(&mut conn, &group, &consumed, &[0])[0].1, 7, "kept");
+    assert_eq!(fetch(&mut conn, &group, &other, &[0])[0].1, -1, "deleted");
+
+    // The first member rejoins: the rebalance completes for both.
+    assert_eq!(
+        join(&mut conn, &group, &member, "consumer", &[&consumed]).error_code,
+        code::NONE
+    );
+    assert_eq!(second.join().unwrap(), code::NONE);
+
+    // A group whose members do not use the consumer protocol keeps its
+    // offsets while it has members.
+    let connect = unique_topic("connect-group");
+    assert_eq!(
+        join(&mut conn, &connect, "", "connect", &[]).error_code,
+        code::NONE
+    );
+    assert_eq!(delete_offsets(&mut conn, &connect, &[&other]).0, NON_EMPTY_GROUP);
 }

@@ -1,7 +1,12 @@
 //! OffsetDelete (v0, KIP-496): remove a group's committed offsets for some
 //! partitions. While the group has members, the offsets of topics they are
-//! subscribed to stay (GROUP_SUBSCRIBED_TO_TOPIC); a group with neither
-//! members nor offsets is GROUP_ID_NOT_FOUND.
+//! subscribed to stay (GROUP_SUBSCRIBED_TO_TOPIC), during a rebalance too;
+//! when their subscriptions are not known (before the group's first
+//! generation, or metadata that does not decode), every topic counts as
+//! subscribed; a group whose members do not use the consumer protocol
+//! (Kafka Connect's, say) keeps all its offsets (NON_EMPTY_GROUP); a group
+//! with neither members nor offsets is GROUP_ID_NOT_FOUND — Kafka's
+//! `validateOffsetDelete` and `isSubscribedToTopic`.
 
 use bytes::Buf;
 use kafka_protocol::error::ResponseError;
@@ -41,24 +46,26 @@ pub async fn handle(
         Some(Ok(answer)) => return answer,
         Some(Err(code)) => return OffsetDeleteResponse::default().with_error_code(code),
     }
-    let described = ctx.groups.describe(&group).await;
+    let members = ctx.groups.subscriptions(&group).await;
     let has_offsets = match ctx.storage.groups_with_offsets().await {
         Ok(groups) => groups.contains(&group),
         Err(e) => return OffsetDeleteResponse::default().with_error_code(error_code(&e)),
     };
-    let has_members = described.as_ref().is_some_and(|g| !g.members.is_empty());
-    if !has_members && !has_offsets {
+    if members.is_none() && !has_offsets {
         return OffsetDeleteResponse::default().with_error_code(ResponseError::GroupIdNotFound.code());
     }
-    let subscribed: Vec<String> = described
-        .filter(|g| g.protocol_type.as_str() == CONSUMER_PROTOCOL)
-        .map(|g| {
-            g.members
-                .iter()
-                .flat_map(|m| subscription(&m.member_metadata))
-                .collect()
-        })
-        .unwrap_or_default();
+    let subscribed = match members {
+        None => Subscribed::Topics(Vec::new()),
+        Some((protocol_type, _)) if protocol_type.as_str() != CONSUMER_PROTOCOL => {
+            return OffsetDeleteResponse::default().with_error_code(ResponseError::NonEmptyGroup.code());
+        }
+        Some((_, None)) => Subscribed::All,
+        Some((_, Some(metadata))) => metadata
+            .iter()
+            .map(subscription)
+            .collect::<Option<Vec<Vec<String>>>>()
+            .map_or(Subscribed::All, |topics| Subscribed::Topics(topics.concat())),
+    };
 
     let mut deletable: Vec<TopicPartition> = Vec::new();
     let mut topics = Vec::with_capacity(request.topics.len());
@@ -73,7 +80,7 @@ pub async fn handle(
         );
         let code = if !readable {
             ResponseError::TopicAuthorizationFailed.code()
-        } else if subscribed.contains(&name) {
+        } else if subscribed.covers(&name) {
             ResponseError::GroupSubscribedToTopic.code()
         } else {
             deletable.extend(topic.partitions.iter().map(|p| (name.clone(), p.partition_index)));
@@ -110,15 +117,31 @@ pub async fn handle(
         )
 }
 
+/// The topics a group's members are subscribed to.
+enum Subscribed {
+    Topics(Vec<String>),
+    /// Not known: every topic counts.
+    All,
+}
+
+impl Subscribed {
+    fn covers(&self, topic: &String) -> bool {
+        match self {
+            Subscribed::Topics(topics) => topics.contains(topic),
+            Subscribed::All => true,
+        }
+    }
+}
+
 /// The topics of a consumer member's subscription metadata (a version,
-/// then ConsumerProtocolSubscription); none if it does not decode.
-fn subscription(metadata: &bytes::Bytes) -> Vec<String> {
+/// then ConsumerProtocolSubscription); `None` if it does not decode.
+fn subscription(metadata: &bytes::Bytes) -> Option<Vec<String>> {
     let mut buf = metadata.clone();
     if buf.remaining() < 2 {
-        return Vec::new();
+        return None;
     }
     let version = buf.get_i16().clamp(0, 3);
     ConsumerProtocolSubscription::decode(&mut buf, version)
+        .ok()
         .map(|s| s.topics.into_iter().map(|t| t.to_string()).collect())
-        .unwrap_or_default()
 }

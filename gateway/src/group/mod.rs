@@ -309,6 +309,16 @@ impl Coordinator {
         groups.get(group_id.as_bytes()).map(|slot| slot.group.describe())
     }
 
+    /// The group's members' protocol type and metadata, for OffsetDelete
+    /// (see [`Group::subscriptions`]); `None` for a group without members.
+    pub async fn subscriptions(&self, group_id: &str) -> Option<(StrBytes, Option<Vec<Bytes>>)> {
+        let _ = self.load(group_id).await;
+        let groups = self.inner.lock();
+        groups
+            .get(group_id.as_bytes())
+            .and_then(|slot| slot.group.subscriptions())
+    }
+
     /// Forgets an Empty group (DeleteGroups); its offsets are the caller's.
     pub async fn delete(&self, group_id: &str) -> Result<(), NotDeleted> {
         self.load(group_id)

@@ -1026,6 +1026,22 @@ impl Group {
             .with_members(members)
     }
 
+    /// What OffsetDelete must leave alone, whatever the group's state (a
+    /// rebalance included, where [`Group::describe`] shows no metadata):
+    /// `None` without members; else the protocol type and the members'
+    /// metadata under the generation's protocol (`None` before the first
+    /// generation chose one: every topic counts as subscribed).
+    pub fn subscriptions(&self) -> Option<(StrBytes, Option<Vec<Bytes>>)> {
+        if self.members.is_empty() {
+            return None;
+        }
+        let metadata = self
+            .protocol_name
+            .as_ref()
+            .map(|protocol| self.members.values().map(|m| m.metadata(protocol)).collect());
+        Some((self.protocol_type(), metadata))
+    }
+
     /// Kafka's `validateOffsetCommit` for a commit outside a transaction.
     pub fn validate_offset_commit(
         &self,
