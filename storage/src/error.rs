@@ -57,8 +57,6 @@ pub enum SequenceError {
     OutOfOrder,
     /// The producer's epoch is older than the partition has seen.
     StaleEpoch,
-    /// The partition knows no such producer, and the sequence is not 0.
-    UnknownProducer,
     /// A transactional batch of a producer whose transaction does not
     /// include the partition (AddPartitionsToTxn), at the batch's epoch.
     NotInTransaction,

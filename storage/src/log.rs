@@ -1595,7 +1595,6 @@ impl redis::FromRedisValue for AppendReply {
             b"moved" => AppendReply::Moved { next_offset: int(1)? },
             b"out_of_order" => AppendReply::Refused(SequenceError::OutOfOrder),
             b"stale_epoch" => AppendReply::Refused(SequenceError::StaleEpoch),
-            b"unknown_producer" => AppendReply::Refused(SequenceError::UnknownProducer),
             b"not_in_transaction" => AppendReply::Refused(SequenceError::NotInTransaction),
             b"skipped" => AppendReply::Skipped,
             _ => return Err(bad(&v)),

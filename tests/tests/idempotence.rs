@@ -15,7 +15,6 @@ use rdkafka::producer::FutureRecord;
 const INVALID_REQUEST: i16 = 42;
 const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 const INVALID_PRODUCER_EPOCH: i16 = 47;
-const UNKNOWN_PRODUCER_ID: i16 = 59;
 
 fn init_producer_id(conn: &mut KafkaConn, id: i64, epoch: i16) -> (i16, i64, i16) {
     let request = InitProducerIdRequest::default()
@@ -80,18 +79,30 @@ fn retries_are_deduplicated_and_gaps_and_stale_epochs_refused() {
     // An id and an epoch come together or not at all.
     assert_eq!(init_producer_id(&mut conn, id, -1).0, INVALID_REQUEST);
     assert_eq!(init_producer_id(&mut conn, -1, 3).0, INVALID_REQUEST);
-    // A producer this partition never saw must start at sequence 0.
-    let stranger = raw::produce(
-        &mut conn,
-        &topic,
-        0,
-        batch::encode_idempotent(&record(5), other, 0, 7),
-    );
-    assert_eq!(stranger.0, UNKNOWN_PRODUCER_ID);
     assert_eq!(
         redis.next_offset(&topic, 0),
         4,
         "refused batches left nothing behind"
+    );
+    // A producer this partition never saw may start at any sequence, as in
+    // Kafka; its sequence goes on from there.
+    let stranger = |n: i64, seq: i32| batch::encode_idempotent(&record(n), other, 0, seq);
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, stranger(5, 7)),
+        (code::NONE, 4)
+    );
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, stranger(5, 7)),
+        (code::NONE, 4),
+        "a retry"
+    );
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, stranger(6, 9)).0,
+        OUT_OF_ORDER_SEQUENCE_NUMBER
+    );
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, stranger(6, 8)),
+        (code::NONE, 5)
     );
 }
 
@@ -190,9 +201,12 @@ fn idle_producer_state_expires_like_kafkas() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // As with Kafka: the next sequence is unknown, a restart at 0 is accepted.
-    assert_eq!(produce(&mut conn, 2, 2), UNKNOWN_PRODUCER_ID);
-    assert_eq!(produce(&mut conn, 2, 0), code::NONE);
+    // As with Kafka: a producer the partition no longer knows goes on at
+    // its next sequence (a client told UNKNOWN_PRODUCER_ID would only send
+    // the same batch again until its delivery timeout).
+    assert_eq!(produce(&mut conn, 2, 2), code::NONE);
+    assert_eq!(produce(&mut conn, 3, 3), code::NONE);
+    assert_eq!(produce(&mut conn, 4, 5), OUT_OF_ORDER_SEQUENCE_NUMBER);
 }
 
 /// Layout 3 (issue #14): idempotent producers' state is stored compact

@@ -493,7 +493,6 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::NotEnoughReplicasAfterAppend { .. } => ResponseError::NotEnoughReplicasAfterAppend,
         StorageError::Sequence(SequenceError::OutOfOrder) => ResponseError::OutOfOrderSequenceNumber,
         StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,
-        StorageError::Sequence(SequenceError::UnknownProducer) => ResponseError::UnknownProducerId,
         StorageError::Sequence(SequenceError::NotInTransaction) => ResponseError::InvalidTxnState,
         StorageError::Data(_) => ResponseError::UnknownServerError,
         // Only the Redis tier alone says this; ketch-tiering reads the archive.

@@ -77,9 +77,9 @@
 --   {'no_partition'}  the partition does not exist;
 --   {'moved', next_offset}  (reserve only) the expected offset was wrong:
 --       retry with it;
---   {'out_of_order'}, {'stale_epoch'}, {'unknown_producer'}  the producer's
---       sequence or epoch is refused (unknown_producer: a producer this
---       partition does not know, with a sequence other than 0);
+--   {'out_of_order'}, {'stale_epoch'}  the producer's sequence or epoch
+--       is refused (a producer the partition does not know, or no longer
+--       does, may start at any sequence, as in Kafka);
 --   {'not_in_transaction'}  a transactional batch of a producer whose
 --       transaction does not include this partition (at this epoch), or a
 --       non-transactional one of a producer whose transaction has data here;
@@ -198,9 +198,12 @@ elseif tonumber(producer_id) >= 0 then
     if #b > 0 and first_seq ~= (b[#b - 1] + 1) % 2147483648 then
       return {'out_of_order'}
     end
-  elseif first_seq ~= 0 then
-    -- A new producer, or a new epoch, starts at sequence 0.
-    return {state and 'out_of_order' or 'unknown_producer'}
+  elseif state and first_seq ~= 0 then
+    -- A new epoch starts at sequence 0. A producer the partition does not
+    -- know (new, or forgotten after producers.expiration) may start
+    -- anywhere: Kafka accepts any sequence without state (KIP-360), and a
+    -- client told UNKNOWN_PRODUCER_ID would only resend the same batch.
+    return {'out_of_order'}
   end
   if not state or epoch > state.e then
     -- A new epoch starts its sequences; what the partition knows of the
