@@ -261,6 +261,24 @@ pub fn fetch_request(topic: &str, partition: i32, offset: i64, max_wait_ms: i32)
         ])
 }
 
+/// A Fetch v12 request for partitions `(partition, offset)` of one topic,
+/// in that order, within `max_bytes` (each partition too).
+pub fn fetch_partitions_request(topic: &str, partitions: &[(i32, i64)], max_bytes: i32) -> FetchRequest {
+    let mut request = fetch_request(topic, partitions[0].0, partitions[0].1, 0).with_max_bytes(max_bytes);
+    let template = request.topics[0].partitions[0].clone();
+    request.topics[0].partitions = partitions
+        .iter()
+        .map(|&(partition, offset)| {
+            template
+                .clone()
+                .with_partition(partition)
+                .with_fetch_offset(offset)
+                .with_partition_max_bytes(max_bytes)
+        })
+        .collect();
+    request
+}
+
 /// (error code, high watermark, records) of the single partition in a Fetch
 /// response.
 pub fn fetch_result(response: &FetchResponse) -> (i16, i64, Option<Bytes>) {

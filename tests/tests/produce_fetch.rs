@@ -144,3 +144,30 @@ fn fetch_returns_whole_batches_within_the_byte_limits() {
     let (count, _) = fetched_records(&mut conn, &raw::fetch_request(&topic, 0, 45, 100));
     assert_eq!(count, 10);
 }
+
+/// A partition the response has no room left for is still told its fetch
+/// offset is out of range, as Kafka checks the offset before it reads.
+#[test]
+fn out_of_range_is_told_when_the_response_is_full() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("full-response");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    let big = batch::encode(&[Record::value(1, &[b'x'; 100 * 1024])]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, big), (code::NONE, 0));
+    let small = batch::encode(&[Record::value(1, b"one")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 1, small), (code::NONE, 0));
+    // Partition 0's batch fills the 64 KiB (KIP-74 sends it whole);
+    // partition 1 is asked for from offset 5, past its end.
+    let fetch = raw::fetch_partitions_request(&topic, &[(0, 0), (1, 5)], 64 * 1024);
+    let response: kafka_protocol::messages::FetchResponse = conn.request(12, &fetch);
+    let partitions = &response.responses[0].partitions;
+    assert_eq!(partitions[0].error_code, code::NONE);
+    assert_eq!(
+        raw::count_records(&partitions[0].records.clone().unwrap_or_default()),
+        1
+    );
+    assert_eq!(partitions[1].error_code, code::OFFSET_OUT_OF_RANGE);
+    assert_eq!(partitions[1].high_watermark, 1);
+}

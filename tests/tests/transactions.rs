@@ -324,6 +324,44 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
 /// read saw every transaction there decided, and never while one is open:
 /// then it reports that transaction's first offset as the LSO.
 #[test]
+fn an_open_transactions_data_takes_no_room_from_the_other_partitions_of_a_read_committed_fetch() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    // The fetches go to another gateway: it holds none of the appends in
+    // its tails, so it reads them from Redis.
+    let reader = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-room");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    // Partition 0: a transaction left open, its batch larger than the
+    // fetch's 64 KiB (so a read of it would take all of them, KIP-74).
+    let id = unique_topic("txn-room-id");
+    let started = init(&mut conn, &id, 60_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let open = transactional(&[Record::value(1, &[b'x'; 100 * 1024])], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    // Partition 1: a committed record.
+    let plain = batch::encode(&[Record::value(1, b"decided")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 1, plain), (code::NONE, 0));
+
+    // A read_committed fetch of both, partition 0 first, in 64 KiB: the
+    // undecided data cannot be sent, so partition 1's record is.
+    let mut reading = KafkaConn::connect(reader.kafka_addr());
+    for _ in 0..3 {
+        let fetch =
+            raw::fetch_partitions_request(&topic, &[(0, 0), (1, 0)], 64 * 1024).with_isolation_level(1);
+        let response: kafka_protocol::messages::FetchResponse = reading.request(12, &fetch);
+        let partitions = &response.responses[0].partitions;
+        assert_eq!(partitions[0].last_stable_offset, 0);
+        assert!(partitions[0].records.as_ref().is_none_or(|r| r.is_empty()));
+        let records = partitions[1].records.clone().unwrap_or_default();
+        assert_eq!(raw::count_records(&records), 1, "partition 1's record");
+    }
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
+}
+
+#[test]
 fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_decided() {
     let redis = TestRedis::start();
     let ketch = Ketch::start(&redis.url(), &[]);

@@ -420,12 +420,13 @@ async fn read_all(
             let limit = budget.min(target.max_bytes.max(1));
             // What this gateway appended last and still holds (a tailing
             // consumer's partition): no read of Redis.
-            if let Some(read) = ctx
+            if let Some(mut read) = ctx
                 .storage
                 .wake()
                 .read_tail(wake, target.offset, limit, read_committed)
             {
                 ctx.requests.fetch_read(true);
+                keep_sendable(&mut read, read_committed);
                 let bytes = read_bytes(&read);
                 budget = budget.saturating_sub(bytes);
                 left = left.saturating_sub(bytes);
@@ -449,8 +450,9 @@ async fn read_all(
             }
         }
         let (places, round): (Vec<_>, Vec<_>) = round.into_iter().map(|(t, p, read)| ((t, p), read)).unzip();
-        for ((t, p), result) in places.into_iter().zip(futures::future::join_all(round).await) {
-            if let Ok(read) = &result {
+        for ((t, p), mut result) in places.into_iter().zip(futures::future::join_all(round).await) {
+            if let Ok(read) = &mut result {
+                keep_sendable(read, read_committed);
                 budget = budget.saturating_sub(read_bytes(read));
             }
             reads[t][p] = Some(result);
@@ -467,6 +469,17 @@ fn expected_bytes(ctx: &Context, topic: &Topic, target: &Target, wake: &str) -> 
     let next = ctx.storage.wake().known_next(wake)?;
     let records = next.checked_sub(target.offset).filter(|&r| r > 0)?;
     ctx.storage.bytes_estimate(topic, target.partition, records)
+}
+
+/// Drops what a read_committed fetch may not send (batches from the last
+/// stable offset on: an undecided transaction's, and all after it), so
+/// they take none of the response's bytes: Kafka's read stops there, and
+/// the partitions after this one get the budget.
+fn keep_sendable(read: &mut ReadPartition, read_committed: bool) {
+    if let (true, Some(offsets)) = (read_committed, read.offsets) {
+        let sendable = below(&read.batches, offsets.last_stable_offset).len();
+        read.batches.truncate(sendable);
+    }
 }
 
 fn read_bytes(read: &ReadPartition) -> usize {
@@ -506,6 +519,14 @@ async fn read_partition(
     ctx.requests.fetch_read(false);
     if budget == 0 {
         let offsets = ctx.storage.offsets(topic, target.partition).await?;
+        // Out of range is told whatever the response's room, as Kafka
+        // checks the offset before it reads.
+        if target.offset < offsets.log_start_offset || target.offset > offsets.high_watermark {
+            return Err(StorageError::OffsetOutOfRange {
+                log_start: offsets.log_start_offset,
+                high_watermark: offsets.high_watermark,
+            });
+        }
         return Ok(ReadPartition {
             offsets: Some(offsets),
             batches: Vec::new(),
