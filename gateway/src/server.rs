@@ -553,17 +553,25 @@ impl Admitted {
         }
         // Boxed: the task holds a pointer, so tokio's copies of it as it
         // starts and finishes it stay small (see `a_request_task_stays_small`).
-        let chunks = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute)).await;
+        let reply = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute)).await;
         drop(held);
         // The request has taken effect: those that wait for it may go on
         // while its answer is written (by this task, see `responses.rs`).
         drop(done);
-        place
-            .fill(chunks.map(|chunks| Response {
-                chunks,
-                _budget: reserved,
-            }))
-            .await;
+        match reply {
+            Reply::Send(chunks) => {
+                place
+                    .fill(Some(Response {
+                        chunks,
+                        _budget: reserved,
+                    }))
+                    .await;
+            }
+            Reply::Nothing => place.fill(None).await,
+            // An unfilled place ends the connection after the answers
+            // before it (see `responses.rs`).
+            Reply::Close => drop(place),
+        }
     }
 }
 
@@ -702,8 +710,21 @@ fn millis(ms: i32) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-/// Runs a decoded request and encodes its response; `None` when there is
-/// none to send (acks=0 produce) or it cannot be encoded (logged). Counts
+/// What a request's task does once the request is handled.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Write this response.
+    Send(Vec<Bytes>),
+    /// Write nothing: an acks=0 produce, or a response that cannot be
+    /// encoded (logged).
+    Nothing,
+    /// Close the connection after the responses before this request: an
+    /// acks=0 produce a partition of which failed, as Kafka closes it (the
+    /// producer then reads the metadata again).
+    Close,
+}
+
+/// Runs a decoded request and encodes its response ([`Reply`]). Counts
 /// it, its errors and its time since it was received (`ketch_request_*`).
 /// Produce and fetch bytes count against the client's quotas: over one,
 /// the response carries the throttle time (a fetch's no data) and
@@ -717,11 +738,15 @@ async fn respond(
     turns: api::produce::Turns,
     asked: Asked,
     mute: &Mute,
-) -> Option<Vec<Bytes>> {
+) -> Reply {
     let version = header.request_api_version;
     let correlation_id = header.correlation_id;
-    let api_key = ApiKey::try_from(header.request_api_key).ok()?;
+    let Ok(api_key) = ApiKey::try_from(header.request_api_key) else {
+        return Reply::Nothing;
+    };
+    let silent = matches!(&body, RequestKind::Produce(produce) if produce.acks == 0);
     let principal = client.principal.clone();
+    let peer = client.peer;
     let client_id = header.client_id.as_deref().unwrap_or("");
     let mut throttle = Duration::ZERO;
     // The request_percentage quota's throttle, from the thread time the
@@ -774,6 +799,21 @@ async fn respond(
             )
             .await;
             match response {
+                // acks=0 produce: no response, exempt (as in Kafka); a
+                // failure closes the connection.
+                Some(ResponseKind::Produce(produce)) if silent => {
+                    let failed = (produce.responses.iter())
+                        .flat_map(|topic| &topic.partition_responses)
+                        .find(|partition| partition.error_code != 0);
+                    if let Some(partition) = failed {
+                        tracing::info!(client_id, %peer, error_code = partition.error_code,
+                            "an acks=0 produce failed: closing the connection");
+                        ctx.requests.errors(api_key, &ResponseKind::Produce(produce));
+                        ctx.requests.answered(api_key, asked.received.elapsed());
+                        return Reply::Close;
+                    }
+                    Ok(None)
+                }
                 Some(mut response) => {
                     request_throttle = ctx.quotas.record_request_time(&principal, client_id, busy);
                     match &mut response {
@@ -789,7 +829,6 @@ async fn respond(
                     encode_response(api_key, version, correlation_id, &response)
                         .map(|bytes| Some(vec![bytes]))
                 }
-                // acks=0 produce: no response, exempt (as in Kafka).
                 None => Ok(None),
             }
         }
@@ -822,10 +861,11 @@ async fn respond(
         "request"
     );
     match encoded {
-        Ok(chunks) => chunks,
+        Ok(Some(chunks)) => Reply::Send(chunks),
+        Ok(None) => Reply::Nothing,
         Err(e) => {
             tracing::error!(?api_key, version, error = %e, "cannot encode response");
-            None
+            Reply::Nothing
         }
     }
 }
@@ -848,7 +888,7 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
         received: std::time::Instant::now(),
         throttle: Duration::ZERO,
     };
-    Ok(respond(
+    let reply = respond(
         ctx,
         api::Client::direct(peer),
         header,
@@ -857,8 +897,12 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
         asked,
         &Mute::default(),
     )
-    .await
-    .map(|chunks| Bytes::from(chunks.concat())))
+    .await;
+    match reply {
+        Reply::Send(chunks) => Ok(Some(Bytes::from(chunks.concat()))),
+        Reply::Nothing => Ok(None),
+        Reply::Close => Err(ConnectionError::Invalid("an acks=0 produce failed".to_owned())),
+    }
 }
 
 /// What a request does, for ordering it after the earlier requests of its

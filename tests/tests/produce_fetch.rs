@@ -44,6 +44,29 @@ fn acks_zero_is_not_answered_and_acks_all_is() {
     assert_eq!(raw::produce_result(&response), (code::NONE, 1));
 }
 
+/// An acks=0 producer learns of a failure as from Kafka: the connection
+/// closes (after the answers to the requests before it), and it reads the
+/// metadata again.
+#[test]
+fn a_failed_acks_zero_produce_closes_the_connection() {
+    let (_redis, ketch, mut conn, topic) = start();
+    let versions = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    // Before it on the connection: an ApiVersions, answered.
+    conn.send(3, &versions);
+    let no_such_partition = raw::produce_request(&topic, 7, batch::encode(&[Record::value(1, b"lost")]));
+    conn.send(raw::PRODUCE_VERSION, &no_such_partition.with_acks(0));
+    assert!(conn.read_frame().is_ok(), "the ApiVersions answer");
+    conn.assert_closed();
+
+    // A failure-free acks=0 produce leaves it open (the test above).
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let fine = raw::produce_request(&topic, 0, batch::encode(&[Record::value(1, b"kept")]));
+    conn.send(raw::PRODUCE_VERSION, &fine.with_acks(0));
+    assert_eq!(conn.request(3, &versions).error_code, code::NONE);
+}
+
 #[test]
 fn pipelined_produce_requests_are_appended_in_request_order() {
     // Kafka appends the requests of one connection in the order they were

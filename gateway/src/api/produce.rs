@@ -4,7 +4,8 @@
 //! A batch is checked before anything reaches Redis (bounds, magic 2,
 //! CRC-32C, record count; see `ketch_storage::batch`), so a rejected batch
 //! leaves no trace. Partitions are appended concurrently. acks=0 gets no
-//! response; acks=1 is answered once the append script ran; acks=all also
+//! response, and a failure closes the connection (as Kafka does, so the
+//! producer notices and reads the metadata again); acks=1 is answered once the append script ran; acks=all also
 //! waits for `storage.acks_all_replicas` Redis replicas (`WAIT`) and, with
 //! `storage.acks_all_fsync`, the AOF (`WAITAOF`).
 //!
@@ -182,11 +183,9 @@ pub async fn handle(
             turns_of_topic,
         )
     });
-    let responses = super::each(topics).await;
-    if acks == 0 {
-        return None;
-    }
-    Some(ProduceResponse::default().with_responses(responses))
+    // acks=0 gets no response: the server sends none, and closes the
+    // connection when a partition failed (`server::respond`).
+    Some(ProduceResponse::default().with_responses(super::each(topics).await))
 }
 
 /// Whether a partition's first batch says it is transactional.
