@@ -232,12 +232,14 @@ fn batch_length_of_i32_max_is_corrupt_message() {
 }
 
 #[test]
-fn record_count_of_two_to_the_31_is_corrupt_message() {
+fn record_count_of_two_to_the_31_is_invalid_record() {
     let s = setup();
     let mut bad = valid_batch();
     bad[batch::COUNT_AT..batch::COUNT_AT + 4].copy_from_slice(&0x8000_0000u32.to_be_bytes());
     batch::fix_crc(&mut bad); // only the count is wrong
-    assert_eq!(s.produce_error(bad), code::CORRUPT_MESSAGE);
+    // Intact bytes that break a rule: INVALID_RECORD, which clients do not
+    // retry (CORRUPT_MESSAGE they would, until their delivery timeout).
+    assert_eq!(s.produce_error(bad), code::INVALID_RECORD);
     s.assert_unharmed();
 }
 
@@ -267,11 +269,11 @@ fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused_with_nothin
     let records: Vec<Record> = (0..3).map(|i| Record::value(1_000 + i, b"payload")).collect();
     for codec in batch::CODECS {
         let lying = batch::encode_compressed(&records, codec, 5);
-        assert_eq!(s.produce_error(lying), code::CORRUPT_MESSAGE, "{codec:?}");
+        assert_eq!(s.produce_error(lying), code::INVALID_RECORD, "{codec:?}");
         let short = batch::encode_compressed(&records, codec, 2);
         assert_eq!(
             s.produce_error(short),
-            code::CORRUPT_MESSAGE,
+            code::INVALID_RECORD,
             "{codec:?}: a record too many"
         );
     }

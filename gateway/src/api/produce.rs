@@ -516,13 +516,28 @@ async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
         .unwrap_or_else(|e| Err(BatchError::Decompress(format!("validation task failed: {e}"))))
 }
 
+/// Kafka's codes: bytes that are not what the producer meant (a CRC or
+/// length that does not hold, data that does not decompress) are
+/// CORRUPT_MESSAGE, which clients retry; a well-formed batch whose
+/// content breaks a rule (its count, offset deltas, record framing, magic)
+/// is INVALID_RECORD, which they do not: sending it again cannot help
+/// (Kafka's `InvalidRecordException`).
 fn batch_error_code(e: &BatchError) -> i16 {
     match e {
-        BatchError::MultipleBatches
+        BatchError::TooShort(_)
+        | BatchError::LengthMismatch { .. }
+        | BatchError::Crc { .. }
+        | BatchError::Codec(_)
+        | BatchError::Decompress(_) => ResponseError::CorruptMessage.code(),
+        BatchError::Magic(_)
+        | BatchError::RecordCount(_)
+        | BatchError::OffsetDelta { .. }
+        | BatchError::CountTooLarge { .. }
+        | BatchError::Records(_)
+        | BatchError::MultipleBatches
         | BatchError::Control
         | BatchError::Transactional
         | BatchError::Sequence { .. } => ResponseError::InvalidRecord.code(),
-        BatchError::Magic(_) => ResponseError::UnsupportedForMessageFormat.code(),
         _ => ResponseError::CorruptMessage.code(),
     }
 }
