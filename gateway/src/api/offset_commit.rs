@@ -40,6 +40,7 @@ pub async fn handle(
                 &request.member_id,
                 request.group_instance_id.as_ref(),
                 request.generation_id_or_member_epoch,
+                Some(header.request_api_version),
             )
             .await
             .err(),

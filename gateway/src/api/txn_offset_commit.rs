@@ -113,6 +113,7 @@ async fn check(
                 &request.member_id,
                 request.group_instance_id.as_ref(),
                 request.generation_id,
+                None,
             )
             .await?;
     }

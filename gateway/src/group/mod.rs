@@ -337,13 +337,17 @@ impl Coordinator {
 
     /// Whether an OffsetCommit (outside a transaction) from this member and
     /// generation may commit: Kafka's `validateOffsetCommit`. A group not in
-    /// memory accepts only commits without a generation.
+    /// memory accepts only commits without a generation; one with a
+    /// generation gets GROUP_ID_NOT_FOUND from OffsetCommit v9 on (as in
+    /// Kafka), ILLEGAL_GENERATION before (`version`: the request's, or
+    /// `None` for a transactional commit, which keeps the older answer).
     pub async fn validate_offset_commit(
         &self,
         group_id: &str,
         member_id: &StrBytes,
         instance_id: Option<&StrBytes>,
         generation: i32,
+        version: Option<i16>,
     ) -> Result<(), i16> {
         self.load(group_id).await.map_err(|e| e.code())?;
         let groups = self.inner.lock();
@@ -352,6 +356,7 @@ impl Coordinator {
                 .group
                 .validate_offset_commit(member_id, instance_id, generation),
             None if generation < 0 => Ok(()),
+            None if version.is_some_and(|v| v >= 9) => Err(ResponseError::GroupIdNotFound),
             None => Err(ResponseError::IllegalGeneration),
         };
         outcome.map_err(|e| e.code())

@@ -549,23 +549,35 @@ async fn offset_commits_are_checked_against_the_generation() {
     let h = Harness::new();
     let (leader, _, generation) = h.stable_pair().await;
     assert_eq!(
-        now(h.groups.validate_offset_commit("g", &leader, None, generation)),
+        now(h
+            .groups
+            .validate_offset_commit("g", &leader, None, generation, Some(9))),
         Ok(())
     );
     let stale = now(h
         .groups
-        .validate_offset_commit("g", &leader, None, generation - 1));
+        .validate_offset_commit("g", &leader, None, generation - 1, Some(9)));
     assert_eq!(stale, Err(code(ResponseError::IllegalGeneration)));
     let outsider = now(h
         .groups
-        .validate_offset_commit("g", &StrBytes::default(), None, -1));
+        .validate_offset_commit("g", &StrBytes::default(), None, -1, Some(9)));
     assert_eq!(outsider, Err(code(ResponseError::UnknownMemberId)));
     assert_eq!(
         now(h
             .groups
-            .validate_offset_commit("other", &StrBytes::default(), None, -1)),
+            .validate_offset_commit("other", &StrBytes::default(), None, -1, Some(9))),
         Ok(())
     );
+    // A generation for a group that does not exist: GROUP_ID_NOT_FOUND
+    // from v9 on, ILLEGAL_GENERATION before and for transactional commits.
+    let unknown = |version| {
+        now(h
+            .groups
+            .validate_offset_commit("other", &leader, None, 3, version))
+    };
+    assert_eq!(unknown(Some(9)), Err(code(ResponseError::GroupIdNotFound)));
+    assert_eq!(unknown(Some(8)), Err(code(ResponseError::IllegalGeneration)));
+    assert_eq!(unknown(None), Err(code(ResponseError::IllegalGeneration)));
 }
 
 #[tokio::test(start_paused = true)]
@@ -687,13 +699,13 @@ async fn a_new_coordinator_takes_a_stable_group_over_at_its_generation_and_refus
     assert_eq!(
         now(second
             .groups
-            .validate_offset_commit("g", &leader, None, generation - 1)),
+            .validate_offset_commit("g", &leader, None, generation - 1, Some(9))),
         Err(code(ResponseError::IllegalGeneration))
     );
     assert_eq!(
         now(second
             .groups
-            .validate_offset_commit("g", &leader, None, generation)),
+            .validate_offset_commit("g", &leader, None, generation, Some(9))),
         Ok(())
     );
 }
