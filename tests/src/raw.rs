@@ -339,9 +339,9 @@ pub fn split_batches(mut records: Bytes) -> Vec<Bytes> {
     batches
 }
 
-/// ListOffsets (v7) for one partition: (error code, offset, timestamp).
+/// ListOffsets (v8) for one partition: (error code, offset, timestamp).
 pub fn list_offsets(conn: &mut KafkaConn, topic: &str, partition: i32, timestamp: i64) -> (i16, i64, i64) {
-    list_offsets_result(&conn.request(7, &list_offsets_request(topic, partition, timestamp)))
+    list_offsets_result(&conn.request(8, &list_offsets_request(topic, partition, timestamp)))
 }
 
 /// (error code, offset, timestamp) of a one-partition ListOffsets response.

@@ -134,4 +134,20 @@ fn list_offsets_special_timestamps() {
         "by timestamp"
     );
     assert_eq!(list(&mut conn, B + 9999).1, -1, "after the log");
+
+    // A negative timestamp a version does not know: UNSUPPORTED_VERSION,
+    // as from Kafka (-3 from v7, -4 from v8, others never here).
+    let at = |conn: &mut KafkaConn, version: i16, timestamp: i64| {
+        let request = raw::list_offsets_request(&topic, 0, timestamp);
+        raw::list_offsets_result(&conn.request(version, &request)).0
+    };
+    const UNSUPPORTED_VERSION: i16 = 35;
+    assert_eq!(at(&mut conn, 6, -3), UNSUPPORTED_VERSION);
+    assert_eq!(at(&mut conn, 7, -3), code::NONE);
+    assert_eq!(at(&mut conn, 7, -4), UNSUPPORTED_VERSION);
+    assert_eq!(at(&mut conn, 8, -4), code::NONE);
+    for unknown in [-5, -6, -100] {
+        assert_eq!(at(&mut conn, 8, unknown), UNSUPPORTED_VERSION, "{unknown}");
+    }
+    assert_eq!(at(&mut conn, 1, -2), code::NONE);
 }

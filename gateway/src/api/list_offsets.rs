@@ -31,13 +31,13 @@ pub async fn handle(
     header: &RequestHeader,
     req: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
-    let leader_epoch = leader_epoch(header.request_api_version);
+    let version = header.request_api_version;
     // read_committed: the latest offset is the last stable offset.
     let committed = req.isolation_level == 1;
     let topics = req
         .topics
         .into_iter()
-        .map(|topic| list_topic(ctx, client, topic, leader_epoch, committed));
+        .map(|topic| list_topic(ctx, client, topic, version, committed));
     let topics = super::each(topics).await;
     ListOffsetsResponse::default().with_topics(topics)
 }
@@ -46,7 +46,7 @@ async fn list_topic(
     ctx: &Context,
     client: &Client,
     request: ListOffsetsTopic,
-    leader_epoch: i32,
+    version: i16,
     committed: bool,
 ) -> ListOffsetsTopicResponse {
     let topic = if authorized(
@@ -63,7 +63,7 @@ async fn list_topic(
     let partitions = request
         .partitions
         .into_iter()
-        .map(|p| list_partition(ctx, topic.clone(), p, leader_epoch, committed));
+        .map(|p| list_partition(ctx, topic.clone(), p, version, committed));
     let partitions = super::each(partitions).await;
     ListOffsetsTopicResponse::default()
         .with_name(request.name)
@@ -74,11 +74,28 @@ async fn list_partition(
     ctx: &Context,
     topic: Result<Arc<Topic>, i16>,
     request: ListOffsetsPartition,
-    leader_epoch: i32,
+    version: i16,
     committed: bool,
 ) -> ListOffsetsPartitionResponse {
-    let found = lookup(ctx, topic, request.partition_index, request.timestamp, committed).await;
-    partition_response(request.partition_index, found, leader_epoch)
+    let found = if supported(request.timestamp, version) {
+        lookup(ctx, topic, request.partition_index, request.timestamp, committed).await
+    } else {
+        Err(ResponseError::UnsupportedVersion.code())
+    };
+    partition_response(request.partition_index, found, leader_epoch(version))
+}
+
+/// Whether this version takes the timestamp: a negative one names an
+/// offset (-1 latest, -2 earliest, -3 max timestamp from v7, -4 earliest
+/// local from v8) or is refused with UNSUPPORTED_VERSION, as Kafka's
+/// `isListOffsetsTimestampUnsupported` refuses it.
+fn supported(timestamp: i64, version: i16) -> bool {
+    match timestamp {
+        LATEST_TIMESTAMP | EARLIEST_TIMESTAMP => true,
+        MAX_TIMESTAMP => version >= 7,
+        EARLIEST_LOCAL_TIMESTAMP => version >= 8,
+        t => t >= 0,
+    }
 }
 
 /// The leader epoch to report: versions before 4 have no such field, and
@@ -136,7 +153,7 @@ async fn lookup(
             .map(|o| Some((o.local_start_offset, -1))),
         MAX_TIMESTAMP => ctx.storage.max_timestamp(&topic, partition).await,
         t if t >= 0 => ctx.storage.offset_for_timestamp(&topic, partition, t).await,
-        _ => return Err(ResponseError::InvalidRequest.code()),
+        _ => return Err(ResponseError::UnsupportedVersion.code()),
     };
     let found = found.map_err(|e| error_code(&e))?;
     // As in Kafka, a read_committed lookup by timestamp finds nothing at or
