@@ -194,3 +194,33 @@ fn out_of_range_is_told_when_the_response_is_full() {
     assert_eq!(partitions[1].error_code, code::OFFSET_OUT_OF_RANGE);
     assert_eq!(partitions[1].high_watermark, 1);
 }
+
+/// A topic the fetch names wrongly ends no long poll: the other
+/// partitions' wait goes on, as Kafka leaves such partitions out of the
+/// read (a consumer still assigned a deleted topic does not spin).
+#[test]
+fn an_unknown_topic_in_a_fetch_does_not_cut_its_wait_short() {
+    let (_redis, _ketch, mut conn, topic) = start();
+    let mut fetch = raw::fetch_request(&topic, 0, 0, 1_500);
+    let mut unknown = fetch.topics[0].clone();
+    unknown.topic = raw::topic_name("no-such-topic");
+    fetch.topics.push(unknown);
+    let asked = std::time::Instant::now();
+    let response: kafka_protocol::messages::FetchResponse = conn.request(raw::FETCH_VERSION, &fetch);
+    let waited = asked.elapsed();
+    assert_eq!(response.responses[0].partitions[0].error_code, code::NONE);
+    assert_eq!(
+        response.responses[1].partitions[0].error_code,
+        code::UNKNOWN_TOPIC_OR_PARTITION
+    );
+    assert!(
+        waited >= std::time::Duration::from_millis(1_400),
+        "answered after {waited:?}"
+    );
+    // Alone, it is answered at once: there is nothing to wait for.
+    let mut alone = fetch.clone();
+    alone.topics.remove(0);
+    let asked = std::time::Instant::now();
+    let _: kafka_protocol::messages::FetchResponse = conn.request(raw::FETCH_VERSION, &alone);
+    assert!(asked.elapsed() < std::time::Duration::from_millis(1_000));
+}

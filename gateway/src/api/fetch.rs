@@ -556,7 +556,7 @@ async fn read_partition(
 
 /// Builds the response within the byte limits; returns it with its
 /// partitions' batches (see [`FetchAnswer`]), the bytes it carries and
-/// whether any partition failed.
+/// whether reading any partition failed.
 #[allow(clippy::type_complexity)]
 fn assemble(
     requested: &[FetchTopic],
@@ -586,10 +586,10 @@ fn assemble(
                 .with_log_start_offset(-1)
                 .with_preferred_read_replica(BrokerId(-1));
             let data = match (&target.topic, read) {
-                (Err(code), _) => {
-                    any_error = true;
-                    data.with_error_code(*code)
-                }
+                // A topic the request names wrongly (unknown, unauthorized)
+                // ends no wait for the others, as Kafka leaves such
+                // partitions out of the read; an error reading one does.
+                (Err(code), _) => data.with_error_code(*code),
                 (Ok(_), Some(Ok(read))) => {
                     let offsets = read.offsets.expect("a successful read has offsets");
                     // read_committed stops at the last stable offset: no
