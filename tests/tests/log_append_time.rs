@@ -59,3 +59,42 @@ fn consumers_see_the_append_time() {
         -1
     );
 }
+
+/// A retried idempotent batch is answered with the time it was stored at,
+/// the time its consumers see, as Kafka answers a duplicate.
+#[test]
+fn a_retried_batch_is_answered_with_its_stored_append_time() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("log-append-time-retry");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("message.timestamp.type", "LogAppendTime")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let init = kafka_protocol::messages::InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_producer_id(kafka_protocol::messages::ProducerId(-1))
+        .with_producer_epoch(-1);
+    let producer_id = conn.request(4, &init).producer_id.0;
+    let batch = batch::encode_idempotent(&[Record::value(1_000, b"once")], producer_id, 0, 0);
+    let append_time = |conn: &mut KafkaConn| {
+        let response = conn.request(
+            raw::PRODUCE_VERSION,
+            &raw::produce_request(&topic, 0, batch.clone()),
+        );
+        let partition = &response.responses[0].partition_responses[0];
+        assert_eq!((partition.error_code, partition.base_offset), (code::NONE, 0));
+        partition.log_append_time_ms
+    };
+    let first = append_time(&mut conn);
+    // The clock moves on before the retry (an event to wait for: the next
+    // millisecond).
+    while SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64 <= first + 5 {
+        std::thread::yield_now();
+    }
+    assert_eq!(append_time(&mut conn), first, "the retry's answer");
+    assert_eq!(redis.next_offset(&topic, 0), 1, "stored once");
+}

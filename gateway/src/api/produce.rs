@@ -380,7 +380,31 @@ async fn produce_partition(
             batch.len() as u64,
         );
     }
+    // A retry of a stored batch is answered with the time it was stored
+    // at, as Kafka answers a duplicate (its batch is read back: rare).
+    let append_time = match log_append_time && outcome.duplicate {
+        true => stored_append_time(ctx, &topic, partition, outcome.base_offset)
+            .await
+            .unwrap_or(append_time),
+        false => append_time,
+    };
     Ok((outcome.base_offset, outcome.log_start_offset, append_time))
+}
+
+/// The append time a LogAppendTime batch stored at `base_offset` carries
+/// (its max timestamp), when it can still be read.
+async fn stored_append_time(ctx: &Context, topic: &Topic, partition: i32, base_offset: i64) -> Option<i64> {
+    let request = ketch_storage::ReadRequest {
+        offset: base_offset,
+        max_bytes: 1,
+        max_batch_bytes: super::max_message_bytes(ctx, topic),
+        read_cap: 1,
+    };
+    let read = ctx.storage.read(topic, partition, &request).await.ok()?;
+    let stored = read.batches.first()?;
+    let stored_base = i64::from_be_bytes(stored.get(..8)?.try_into().ok()?);
+    let header = ketch_storage::batch::header(stored).ok()?;
+    (stored_base == base_offset).then_some(header.max_timestamp)
 }
 
 /// Kafka's answer to records without a key on a compacted topic
