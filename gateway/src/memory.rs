@@ -39,6 +39,9 @@ struct State {
     groups: BTreeMap<String, BTreeMap<TopicPartition, CommittedOffset>>,
     /// Group snapshots: (generation, bytes).
     group_states: HashMap<String, (i32, bytes::Bytes)>,
+    /// Groups whose offsets would expire (Redis's TTL, set when a group
+    /// is emptied, removed when it is active), the last of each.
+    expiring: HashMap<String, bool>,
     /// SCRAM credentials by (mechanism, user).
     credentials: BTreeMap<(String, String), String>,
     acls: std::collections::BTreeSet<String>,
@@ -84,6 +87,12 @@ fn partition_id(topic: &Topic, partition: i32) -> Result<String> {
 }
 
 impl MemoryStorage {
+    /// Whether the group's offsets would expire now (`None`: never told).
+    #[cfg(test)]
+    pub(crate) fn expiring(&self, group: &str) -> Option<bool> {
+        self.state().expiring.get(group).copied()
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()
@@ -447,11 +456,13 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
-    async fn group_emptied(&self, _group: &str, _retention: Duration) -> Result<()> {
+    async fn group_emptied(&self, group: &str, _retention: Duration) -> Result<()> {
+        self.state().expiring.insert(group.to_owned(), true);
         Ok(())
     }
 
-    async fn group_active(&self, _group: &str) -> Result<()> {
+    async fn group_active(&self, group: &str) -> Result<()> {
+        self.state().expiring.insert(group.to_owned(), false);
         Ok(())
     }
 

@@ -111,7 +111,9 @@ pub async fn handle(
 
 /// Stores the offsets. A group without members (consumers that assign
 /// their own partitions) keeps them `groups.offsets_retention` from this
-/// commit, as Kafka keeps a standalone group's offsets.
+/// commit, as Kafka keeps a standalone group's offsets: the coordinator
+/// orders that with the group's own changes (one gaining members must keep
+/// its offsets).
 async fn commit(
     ctx: &Context,
     group: &str,
@@ -121,6 +123,9 @@ async fn commit(
         return Ok(());
     }
     ctx.storage.commit_offsets(group, offsets).await?;
+    if ctx.groups.retain_committed(group).await {
+        return Ok(());
+    }
     let has_members = ctx
         .groups
         .describe(group)

@@ -223,6 +223,35 @@ impl Coordinator {
         response
     }
 
+    /// After an OffsetCommit: a group without members keeps its offsets
+    /// `groups.offsets_retention` from now, as Kafka keeps a standalone
+    /// group's. The expiry is queued with the group's other changes, so a
+    /// group that gains members meanwhile keeps them (its Active change
+    /// comes after it), and is waited for (at most [`STORE_WAIT`]). `false`
+    /// without a queue (a coordinator without storage: the caller sets it).
+    pub async fn retain_committed(&self, group_id: &str) -> bool {
+        let Some(writes) = &self.inner.writes else {
+            return false;
+        };
+        let wanted = {
+            let groups = self.inner.lock();
+            let has_members = groups
+                .get(group_id.as_bytes())
+                .is_some_and(|slot| slot.group.state() != State::Empty);
+            if has_members {
+                return true;
+            }
+            let group = StrBytes::from_string(group_id.to_owned());
+            writes.send(&group, Change::Emptied, self.inner.owns.epoch())
+        };
+        let mut done = writes.done.subscribe();
+        let written = tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted)).await;
+        if written.is_err() {
+            tracing::warn!(group = %group_id, "the retention of the group's offsets is not written yet");
+        }
+        true
+    }
+
     /// Waits (at most [`STORE_WAIT`]) until the group's latest snapshot is
     /// written to Redis.
     async fn stored(&self, group_id: &StrBytes) {

@@ -737,3 +737,22 @@ async fn a_coordinator_that_lost_a_group_neither_loads_it_nor_overwrites_what_th
     assert_ne!(old.heartbeat(&leader, generation), 0);
     assert!(now(old.groups.describe("g")).is_none(), "not loaded back");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_to_an_empty_group_expires_its_offsets_in_order_with_its_changes() {
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let h = Harness::with_storage(storage, owning(&yes));
+    // A standalone commit: the group has no members, its offsets expire.
+    assert!(h.groups.retain_committed("g").await);
+    assert_eq!(memory.expiring("g"), Some(true));
+    // Members join: the expiry, queued first, is undone after it.
+    let (leader, _, _) = h.stable_pair().await;
+    h.groups.stored(&s("g")).await;
+    assert_eq!(memory.expiring("g"), Some(false));
+    // A commit while it has members leaves its offsets kept.
+    assert!(h.groups.retain_committed("g").await);
+    assert_eq!(memory.expiring("g"), Some(false));
+    assert!(!leader.is_empty());
+}
