@@ -1076,28 +1076,31 @@ impl Store {
         let (Some(max_ts), Some(batch_offset)) = (max_ts, batch_offset) else {
             return Ok(None);
         };
-        if batch_offset < offsets.local_start_offset {
-            // The record with the largest timestamp was deleted: find the
-            // largest of what is left, then its first record.
-            let mut largest: Option<i64> = None;
-            let (_, largest) = self
-                .scan_for(topic, partition, offsets.local_start_offset, offsets, move |ts| {
-                    largest = Some(largest.map_or(ts, |l| l.max(ts)));
-                    (false, largest)
+        if batch_offset >= offsets.local_start_offset {
+            let (found, _) = self
+                .scan_for(topic, partition, batch_offset, offsets, move |ts| {
+                    (ts == max_ts, ())
                 })
                 .await?;
-            let Some(largest) = largest.flatten() else {
-                return Ok(None);
-            };
-            return self
-                .scan_for(topic, partition, offsets.local_start_offset, offsets, move |ts| {
-                    (ts == largest, ())
-                })
-                .await
-                .map(|(found, _)| found);
+            if found.is_some() {
+                return Ok(found);
+            }
         }
-        self.scan_for(topic, partition, batch_offset, offsets, move |ts| {
-            (ts == max_ts, ())
+        // The record with the largest timestamp was deleted, or compacted
+        // away: find the largest of what is left, then its first record
+        // (as Kafka's cleaner recomputes a segment's).
+        let mut largest: Option<i64> = None;
+        let (_, largest) = self
+            .scan_for(topic, partition, offsets.local_start_offset, offsets, move |ts| {
+                largest = Some(largest.map_or(ts, |l| l.max(ts)));
+                (false, largest)
+            })
+            .await?;
+        let Some(largest) = largest.flatten() else {
+            return Ok(None);
+        };
+        self.scan_for(topic, partition, offsets.local_start_offset, offsets, move |ts| {
+            (ts == largest, ())
         })
         .await
         .map(|(found, _)| found)

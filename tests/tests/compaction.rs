@@ -581,3 +581,41 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
             .all(|r| r.value.as_deref() == Some(&b"committed-2"[..]))
     );
 }
+
+/// ListOffsets -3 (KIP-734) after compaction removed the record with the
+/// largest timestamp: the largest timestamp still in the log answers, as
+/// Kafka's cleaner recomputes a segment's max timestamp from what it kept.
+#[test]
+fn the_max_timestamp_is_what_compaction_kept() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-max-ts");
+    create_compacted(&ketch, &topic, &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let base = now_ms();
+    let at = |key: &str, timestamp: i64| Record {
+        timestamp,
+        ..keyed(key, Some("v"))
+    };
+    // Offset 0 holds the largest timestamp; offset 1 replaces its key.
+    for record in [
+        at("k1", base + 5_000),
+        at("k1", base + 4_000),
+        at("k2", base + 1_000),
+    ] {
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&[record])).0,
+            code::NONE
+        );
+    }
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -3),
+        (code::NONE, 0, base + 5_000)
+    );
+    wait_compacted(&redis, &ketch, &topic, 3);
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -3),
+        (code::NONE, 1, base + 4_000),
+        "the largest timestamp left"
+    );
+}

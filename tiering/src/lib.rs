@@ -1218,9 +1218,19 @@ impl Tiers {
         if local.is_some_and(|(_, ts)| ts > largest) {
             return Ok(local);
         }
-        for segment in archived.iter().filter(|s| s.max_ts == largest) {
+        // The segments by their largest timestamp, down: the first whose
+        // record with it is still there answers, unless Redis holds a
+        // later one. (A segment's may be gone: below the log start, or
+        // an aborted transaction's data, which is not archived.)
+        let mut candidates: Vec<_> = archived.iter().collect();
+        candidates.sort_by_key(|s| std::cmp::Reverse(s.max_ts));
+        for segment in candidates {
+            if local.is_some_and(|(_, ts)| ts > segment.max_ts) {
+                return Ok(local);
+            }
             let from = segment.base.max(offsets.log_start_offset);
-            if let Some(found) = self.reader.find(segment, from, |ts| ts == largest).await? {
+            let wanted = segment.max_ts;
+            if let Some(found) = self.reader.find(segment, from, move |ts| ts == wanted).await? {
                 return Ok(Some(found));
             }
         }
