@@ -23,6 +23,10 @@
 # context switches per record (voluntary and involuntary, all its threads,
 # since it started).
 #
+# AFTER_UNIX=1 has the after side reach Redis through its Unix socket
+# (redis.url = unix:///…), the before side over loopback TCP: pass the same
+# ketch binary twice to measure the transport alone.
+#
 # BENCH_BEFORE and BENCH_AFTER (optional) give each side its own
 # ketch-bench binary, to compare two builds of the client against one
 # server (pass the same ketch binary twice).
@@ -50,7 +54,9 @@ trap cleanup EXIT
 
 start_redis() {
     redis_port=$(free_port)
-    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+    rm -f "$work/redis.sock"
+    redis-server --port "$redis_port" --bind 127.0.0.1 --unixsocket "$work/redis.sock" --unixsocketperm 700 \
+        --save "" --appendonly no >"$work/redis.log" 2>&1 &
     redis_pid=$!
     until grep -q "Ready to accept connections" "$work/redis.log"; do
         kill -0 "$redis_pid"
@@ -66,8 +72,10 @@ stop() { # pid variable name
 
 start_ketch() {
     kafka_port=$(free_port)
+    local url="redis://127.0.0.1:$redis_port"
+    [ -n "${AFTER_UNIX:-}" ] && [ "${side:-}" = after ] && url="unix://$work/redis.sock"
     "$1" serve --listen "127.0.0.1:$kafka_port" --http-listen "127.0.0.1:$(free_port)" \
-        --redis-url "redis://127.0.0.1:$redis_port" >"$work/ketch.log" 2>&1 &
+        --redis-url "$url" >"$work/ketch.log" 2>&1 &
     ketch_pid=$!
     until grep -qs "ketch serving" "$work/ketch.log"; do
         kill -0 "$ketch_pid" || { cat "$work/ketch.log" >&2; exit 1; }

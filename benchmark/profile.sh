@@ -16,6 +16,8 @@
 # PERF=1 also samples both processes (perf record, 5 kHz; ketch with DWARF
 # call graphs) during the phase into OUT (default: a new directory under
 # /tmp), named ketch.perf and redis.perf, for `perf report -i`.
+# REDIS_UNIX=1 has ketch reach Redis through its Unix socket
+# (redis.url = unix:///…) instead of loopback TCP.
 # REDIS_PERF_ARGS adds arguments to Redis's perf record (e.g. `-g`: the
 # kernel's call chains show which copy a page fault came from), REDIS_ARGS
 # to its redis-server command line, and the environment reaches
@@ -43,12 +45,15 @@ cleanup() {
 trap cleanup EXIT
 
 redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no ${REDIS_ARGS:-} >"$work/redis.log" 2>&1 &
+redis-server --port "$redis_port" --bind 127.0.0.1 --unixsocket "$work/redis.sock" --unixsocketperm 700 \
+    --save "" --appendonly no ${REDIS_ARGS:-} >"$work/redis.log" 2>&1 &
 redis_pid=$!
 until grep -qs "Ready to accept connections" "$work/redis.log"; do kill -0 "$redis_pid"; sleep 0.05; done
 kafka_port=$(free_port)
+redis_url="redis://127.0.0.1:$redis_port"
+[ -n "${REDIS_UNIX:-}" ] && redis_url="unix://$work/redis.sock"
 "$bin" serve --listen "127.0.0.1:$kafka_port" --http-listen "127.0.0.1:$(free_port)" \
-    --redis-url "redis://127.0.0.1:$redis_port" >"$work/ketch.log" 2>&1 &
+    --redis-url "$redis_url" >"$work/ketch.log" 2>&1 &
 ketch_pid=$!
 until grep -qs "ketch serving" "$work/ketch.log"; do kill -0 "$ketch_pid" || { cat "$work/ketch.log" >&2; exit 1; }; sleep 0.05; done
 
