@@ -221,8 +221,15 @@ impl Storage for MemoryStorage {
         Ok(topic)
     }
 
-    async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
+    async fn delete_topic(&self, name: &str, id: Option<uuid::Uuid>) -> Result<Arc<Topic>> {
         let mut state = self.state();
+        if state
+            .topics
+            .get(name)
+            .is_none_or(|t| id.is_some_and(|id| t.id != id))
+        {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
         let topic = state
             .topics
             .remove(name)

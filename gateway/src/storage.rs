@@ -40,7 +40,9 @@ pub trait Storage: Send + Sync {
         partitions: i32,
         configs: BTreeMap<String, String>,
     ) -> Result<Arc<Topic>>;
-    async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>>;
+    /// Deletes the topic named `name`, only while it has the id `id` when
+    /// given.
+    async fn delete_topic(&self, name: &str, id: Option<uuid::Uuid>) -> Result<Arc<Topic>>;
     async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>>;
     /// Replaces a topic's config overrides (validated by the caller).
     async fn set_topic_configs(&self, topic: &Topic, configs: BTreeMap<String, String>)
@@ -292,8 +294,8 @@ impl Storage for Tiered {
         self.store.create_topic(name, partitions, configs).await
     }
 
-    async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
-        self.store.delete_topic(name).await
+    async fn delete_topic(&self, name: &str, id: Option<uuid::Uuid>) -> Result<Arc<Topic>> {
+        self.store.delete_topic(name, id).await
     }
 
     async fn set_topic_configs(

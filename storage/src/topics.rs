@@ -157,6 +157,10 @@ pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Deletes of a topic whose record changed between its read and its
+/// removal (a config change through another gateway) before one gives up.
+const MAX_DELETE_ATTEMPTS: usize = 3;
+
 #[derive(Default)]
 pub(crate) struct TopicCache {
     by_name: RwLock<HashMap<String, (Arc<Topic>, Instant)>>,
@@ -173,14 +177,16 @@ impl TopicCache {
     }
 
     fn put(&self, topic: Arc<Topic>) {
-        self.by_id
-            .write()
-            .expect("topic cache lock")
-            .insert(topic.id, topic.clone());
-        self.by_name
-            .write()
-            .expect("topic cache lock")
-            .insert(topic.name.clone(), (topic, Instant::now()));
+        let mut by_id = self.by_id.write().expect("topic cache lock");
+        let old = (self.by_name.write().expect("topic cache lock"))
+            .insert(topic.name.clone(), (topic.clone(), Instant::now()));
+        // A name re-created under a new id: the old id names nothing now.
+        if let Some((old, _)) = old
+            && old.id != topic.id
+        {
+            by_id.remove(&old.id);
+        }
+        by_id.insert(topic.id, topic);
     }
 
     fn forget(&self, name: &str) {
@@ -246,7 +252,10 @@ impl Store {
             .get(&id)
             .cloned();
         if let Some(topic) = cached
-            && self.topics.get(&topic.name, CACHE_TTL).is_some()
+            && self
+                .topics
+                .get(&topic.name, CACHE_TTL)
+                .is_some_and(|current| current.id == id)
         {
             return Ok(Some(topic));
         }
@@ -292,18 +301,35 @@ impl Store {
     /// Deletes a topic: the record first (clients stop seeing it), then
     /// every partition's keys. Its Iceberg table, if any, is kept: the
     /// archive outlives the topic (docs/tiered-storage.md).
-    pub async fn delete_topic(&self, name: &str) -> Result<Arc<Topic>> {
-        let topic = self
-            .topic_fresh(name)
-            .await?
-            .ok_or(StorageError::UnknownTopicOrPartition)?;
-        let removed: i64 = self.conn().hdel(self.keys.topics(), name).await?;
-        self.topics.forget(name);
-        if removed == 0 {
-            return Err(StorageError::UnknownTopicOrPartition);
+    /// Deletes the topic named `name` — only while it has the id `id`,
+    /// when given (a DeleteTopics by id must not delete a topic re-created
+    /// under the same name since): the record is removed only if it is
+    /// still the one read, then its partitions.
+    pub async fn delete_topic(&self, name: &str, id: Option<Uuid>) -> Result<Arc<Topic>> {
+        for _ in 0..MAX_DELETE_ATTEMPTS {
+            let topic = self
+                .topic_fresh(name)
+                .await?
+                .filter(|topic| id.is_none_or(|id| topic.id == id))
+                .ok_or(StorageError::UnknownTopicOrPartition)?;
+            let removed: i32 = self
+                .scripts
+                .replace_topic
+                .key(self.keys.topics())
+                .arg(name)
+                .arg(topic.encode())
+                .arg("")
+                .invoke_async(&mut self.conn())
+                .await?;
+            self.topics.forget(name);
+            if removed == 1 {
+                self.drop_partitions(&topic, 0).await?;
+                return Ok(topic);
+            }
         }
-        self.drop_partitions(&topic, 0).await?;
-        Ok(topic)
+        Err(StorageError::Conflict(format!(
+            "topic {name} kept changing under {MAX_DELETE_ATTEMPTS} deletes"
+        )))
     }
 
     /// Grows a topic to `total` partitions.

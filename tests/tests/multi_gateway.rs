@@ -256,3 +256,64 @@ fn appends_are_announced_only_when_another_gateway_listens() {
     assert_eq!(fetched(&mut consumer_a), (code::NONE, 1));
     assert!(redis.command_calls("spublish") - announced >= 1);
 }
+
+/// The topic id Metadata v12 gives for `topic` through `conn`, if any.
+fn topic_id(conn: &mut KafkaConn, topic: &str) -> Option<uuid::Uuid> {
+    let request = kafka_protocol::messages::MetadataRequest::default()
+        .with_topics(Some(vec![
+            kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(raw::topic_name(topic))),
+        ]))
+        .with_allow_auto_topic_creation(false);
+    let response: kafka_protocol::messages::MetadataResponse = conn.request(12, &request);
+    let found = &response.topics[0];
+    (found.error_code == code::NONE).then_some(found.topic_id)
+}
+
+/// DeleteTopics v6 by topic id: its error code.
+fn delete_by_id(conn: &mut KafkaConn, id: uuid::Uuid) -> i16 {
+    let request = kafka_protocol::messages::DeleteTopicsRequest::default()
+        .with_topics(vec![
+            kafka_protocol::messages::delete_topics_request::DeleteTopicState::default().with_topic_id(id),
+        ])
+        .with_timeout_ms(10_000);
+    let response: kafka_protocol::messages::DeleteTopicsResponse = conn.request(6, &request);
+    response.responses[0].error_code
+}
+
+/// A DeleteTopics by the id of a topic deleted and created again under the
+/// same name through another gateway deletes nothing: the id is unknown,
+/// and the new topic keeps its records.
+#[test]
+fn deleting_by_a_stale_topic_id_leaves_the_new_topic_of_that_name() {
+    let (redis, a, b, topic) = two_gateways("recreated");
+    let (mut via_a, mut via_b) = (
+        KafkaConn::connect(a.kafka_addr()),
+        KafkaConn::connect(b.kafka_addr()),
+    );
+    let old = topic_id(&mut via_a, &topic).expect("the topic, through a");
+    let delete_by_name = kafka_protocol::messages::DeleteTopicsRequest::default()
+        .with_topics(vec![
+            kafka_protocol::messages::delete_topics_request::DeleteTopicState::default()
+                .with_name(Some(raw::topic_name(&topic))),
+        ])
+        .with_timeout_ms(10_000);
+    let deleted: kafka_protocol::messages::DeleteTopicsResponse = via_b.request(6, &delete_by_name);
+    assert_eq!(deleted.responses[0].error_code, code::NONE);
+    assert_eq!(raw::create_topic(&mut via_b, &topic, 1), code::NONE);
+    let kept = batch::encode(&[batch::Record::value(1, b"kept")]);
+    assert_eq!(raw::produce(&mut via_b, &topic, 0, kept), (code::NONE, 0));
+    // Gateway a learns of the new topic (its cache lives half a second).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let new = loop {
+        match topic_id(&mut via_a, &topic) {
+            Some(id) if id != old => break id,
+            _ => assert!(std::time::Instant::now() < deadline, "a never saw the new topic"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    const UNKNOWN_TOPIC_ID: i16 = 100;
+    assert_eq!(delete_by_id(&mut via_a, old), UNKNOWN_TOPIC_ID);
+    assert_eq!(topic_id(&mut via_a, &topic), Some(new));
+    assert_eq!(redis.next_offset(&topic, 0), 1, "the new topic's record");
+}

@@ -93,7 +93,11 @@ async fn delete(
     {
         count_mutation(quota, topic.partitions())?;
     }
-    match ctx.storage.delete_topic(&name).await {
+    match ctx
+        .storage
+        .delete_topic(&name, by_id.then_some(state.topic_id))
+        .await
+    {
         Ok(topic) => {
             tracing::info!(topic = name, "deleted topic");
             Ok((TopicName(str_bytes(name)), topic.id))
