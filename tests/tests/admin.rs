@@ -280,6 +280,39 @@ fn delete_records_moves_the_log_start_offset() {
     );
 }
 
+/// As from Kafka: DeleteRecords on a topic whose cleanup.policy does not
+/// delete (compact, or none) is POLICY_VIOLATION, and nothing goes.
+#[test]
+fn delete_records_refuses_a_topic_that_keeps_its_records() {
+    let (redis, ketch) = start();
+    let rt = runtime();
+    const POLICY_VIOLATION: i16 = 44;
+    for policy in ["compact", ""] {
+        let topic = unique_topic("kept-records");
+        ketch.create_topic_with(&rt, &topic, 1, &[("cleanup.policy", policy)]);
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        let record = Record {
+            key: Some(b"k".to_vec()),
+            ..Record::value(1, b"r")
+        };
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&[record])),
+            (code::NONE, 0)
+        );
+        assert_eq!(
+            raw::delete_records(&mut conn, &topic, 0, 1).0,
+            POLICY_VIOLATION,
+            "{policy:?}"
+        );
+        assert_eq!(
+            raw::list_offsets(&mut conn, &topic, 0, -2).1,
+            0,
+            "{policy:?}: nothing deleted"
+        );
+        assert_eq!(redis.stream_len(&topic, 0), 1);
+    }
+}
+
 #[test]
 fn deleting_a_topic_removes_every_key_of_its_partitions() {
     let redis = TestRedis::start();

@@ -75,6 +75,12 @@ async fn truncate(
 ) -> Result<i64, i16> {
     let partition = request.partition_index;
     let topic = ensure_partition(ctx, topic?, partition).await?;
+    // As Kafka: records go only from a topic whose cleanup.policy deletes
+    // (a compacted topic keeps every key's latest record).
+    let defaults = ctx.topic_defaults.get();
+    if !ketch_config::topic::Configs::new(&topic.configs, &defaults).cleans_up_by("delete") {
+        return Err(kafka_protocol::error::ResponseError::PolicyViolation.code());
+    }
     ctx.storage
         .delete_records(&topic, partition, request.offset)
         .await
