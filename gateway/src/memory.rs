@@ -42,9 +42,6 @@ struct State {
     /// Groups whose offsets would expire (Redis's TTL, set when a group
     /// is emptied, removed when it is active), the last of each.
     expiring: HashMap<String, bool>,
-    /// How many of the next retention changes fail (as Redis unreachable
-    /// would): tests of retries.
-    failing_retention_writes: usize,
     /// SCRAM credentials by (mechanism, user).
     credentials: BTreeMap<(String, String), String>,
     acls: std::collections::BTreeSet<String>,
@@ -94,24 +91,6 @@ impl MemoryStorage {
     #[cfg(test)]
     pub(crate) fn expiring(&self, group: &str) -> Option<bool> {
         self.state().expiring.get(group).copied()
-    }
-
-    /// Makes the next `count` retention changes fail.
-    #[cfg(test)]
-    pub(crate) fn fail_retention_writes(&self, count: usize) {
-        self.state().failing_retention_writes = count;
-    }
-
-    fn retention_change(&self, group: &str, expiring: bool) -> Result<()> {
-        let mut state = self.state();
-        if state.failing_retention_writes > 0 {
-            state.failing_retention_writes -= 1;
-            return Err(StorageError::Unavailable(
-                "retention write failed (test)".to_owned(),
-            ));
-        }
-        state.expiring.insert(group.to_owned(), expiring);
-        Ok(())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -485,11 +464,13 @@ impl Storage for MemoryStorage {
     }
 
     async fn group_emptied(&self, group: &str, _retention: Duration) -> Result<()> {
-        self.retention_change(group, true)
+        self.state().expiring.insert(group.to_owned(), true);
+        Ok(())
     }
 
     async fn group_active(&self, group: &str) -> Result<()> {
-        self.retention_change(group, false)
+        self.state().expiring.insert(group.to_owned(), false);
+        Ok(())
     }
 
     async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool> {

@@ -644,31 +644,6 @@ impl Drop for Applied<'_> {
     }
 }
 
-/// How many times a change of a group is written before it is given up
-/// (the pauses between double from 100 ms to 5 s: about 20 s in all).
-const WRITE_ATTEMPTS: u32 = 10;
-
-/// Writes one change of a group to Redis.
-async fn apply(
-    storage: &dyn Storage,
-    group_id: &StrBytes,
-    change: &Change,
-    retention: std::time::Duration,
-) -> ketch_storage::Result<()> {
-    match change {
-        Change::Emptied => storage.group_emptied(group_id, retention).await,
-        Change::Active => storage.group_active(group_id).await,
-        Change::Store(generation, bytes) => {
-            let generation = *generation;
-            if !storage.store_group(group_id, generation, bytes.clone()).await? {
-                tracing::warn!(group = %group_id, generation,
-                    "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten");
-            }
-            Ok(())
-        }
-    }
-}
-
 /// What Redis must learn about a group.
 enum Change {
     /// Its snapshot (generation, encoded [`Snapshot`]).
@@ -724,29 +699,29 @@ impl Writes {
         tokio::spawn(async move {
             while let Some((group_id, change, epoch)) = changes.recv().await {
                 let _applied = Applied(&done);
-                // A change Redis refused is tried again, the queue waiting
-                // (later changes must not overtake it): a failover or a
-                // short outage must not leave an active group's offsets
-                // expiring, nor an empty group's kept.
-                let mut pause = std::time::Duration::from_millis(100);
-                for attempt in 1..=WRITE_ATTEMPTS {
-                    if epoch != owns.epoch() || !owns.owns(&group_id) {
-                        // Handed over (and forgotten here) before this was
-                        // written: the group's new coordinator keeps Redis now.
-                        tracing::debug!(group = %group_id, "not writing a change of a group handed over");
-                        break;
-                    }
-                    match apply(&*storage, &group_id, &change, retention).await {
-                        Ok(()) => break,
-                        Err(e) if attempt < WRITE_ATTEMPTS => {
-                            tracing::debug!(group = %group_id, error = %e, attempt, "cannot update the group in Redis; trying again");
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(std::time::Duration::from_secs(5));
-                        }
-                        Err(e) => {
-                            tracing::warn!(group = %group_id, error = %e, "cannot update the group in Redis");
+                if epoch != owns.epoch() || !owns.owns(&group_id) {
+                    // Handed over (and forgotten here) before this was
+                    // written: the group's new coordinator keeps Redis now.
+                    tracing::debug!(group = %group_id, "not writing a change of a group handed over");
+                    continue;
+                }
+                let applied = match change {
+                    Change::Emptied => storage.group_emptied(&group_id, retention).await,
+                    Change::Active => storage.group_active(&group_id).await,
+                    Change::Store(generation, bytes) => {
+                        match storage.store_group(&group_id, generation, bytes).await {
+                            Ok(true) => Ok(()),
+                            Ok(false) => {
+                                tracing::warn!(group = %group_id, generation,
+                                    "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten");
+                                Ok(())
+                            }
+                            Err(e) => Err(e),
                         }
                     }
+                };
+                if let Err(e) = applied {
+                    tracing::warn!(group = %group_id, error = %e, "cannot update the group in Redis");
                 }
             }
         });

@@ -756,20 +756,3 @@ async fn a_commit_to_an_empty_group_expires_its_offsets_in_order_with_its_change
     assert_eq!(memory.expiring("g"), Some(false));
     assert!(!leader.is_empty());
 }
-
-#[tokio::test(start_paused = true)]
-async fn a_retention_change_redis_refused_is_written_again() {
-    let memory = Arc::new(crate::memory::MemoryStorage::default());
-    let storage: Arc<dyn Storage> = memory.clone();
-    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let h = Harness::with_storage(storage, owning(&yes));
-    // Redis refuses the first three writes (a failover, say).
-    memory.fail_retention_writes(3);
-    assert!(h.groups.retain_committed("g").await);
-    assert_eq!(memory.expiring("g"), Some(true), "written on the fourth try");
-    // Members join; the change that keeps their offsets is retried too.
-    memory.fail_retention_writes(2);
-    h.stable_pair().await;
-    h.groups.stored(&s("g")).await;
-    assert_eq!(memory.expiring("g"), Some(false));
-}
