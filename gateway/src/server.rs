@@ -568,9 +568,7 @@ impl Admitted {
                     .await;
             }
             Reply::Nothing => place.fill(None).await,
-            // An unfilled place ends the connection after the answers
-            // before it (see `responses.rs`).
-            Reply::Close => drop(place),
+            Reply::Close => place.close(),
         }
     }
 }
@@ -1013,6 +1011,10 @@ impl Order {
     }
 }
 
+/// How long closing a connection's write side may wait for a client that
+/// reads nothing.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Writes the connection's responses in request order as they become ready,
 /// those the requests' own tasks did not write (see `responses.rs`), until
 /// the reader is done and everything admitted is written (or the client's
@@ -1029,13 +1031,17 @@ async fn write_responses(responses: Arc<Responses>) {
                 tracing::error!("request handler panicked; closing connection");
                 break;
             }
-            Drained::End | Drained::Failed => break,
+            Drained::Closed | Drained::End | Drained::Failed => break,
         }
     }
     responses.stop();
-    // Closes the connection's write side (the client sees it end), even
-    // while requests' tasks still hold the responses.
-    drop(responses.out.lock().await.take());
+    // Closes the connection's write side (the client sees it end, over TLS
+    // too: its close_notify, then the socket's), even while requests'
+    // tasks still hold the responses.
+    let out = responses.out.lock().await.take();
+    if let Some(mut out) = out {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, out.shutdown()).await;
+    }
 }
 
 /// Writes a response's chunks: one write of the whole list (`writev`), so a

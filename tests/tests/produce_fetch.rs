@@ -60,6 +60,17 @@ fn a_failed_acks_zero_produce_closes_the_connection() {
     assert!(conn.read_frame().is_ok(), "the ApiVersions answer");
     conn.assert_closed();
 
+    // A batch refused (a CRC that does not hold) closes it too.
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut corrupt = batch::encode(&[Record::value(1, b"bad")]);
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 0x40;
+    conn.send(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&topic, 0, corrupt).with_acks(0),
+    );
+    conn.assert_closed();
+
     // A failure-free acks=0 produce leaves it open (the test above).
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let fine = raw::produce_request(&topic, 0, batch::encode(&[Record::value(1, b"kept")]));

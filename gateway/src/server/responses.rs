@@ -46,6 +46,8 @@ pub(super) enum Drained {
     End,
     /// The front request's task ended without an answer.
     Abandoned,
+    /// The front request closes the connection (a failed acks=0 produce).
+    Closed,
     /// The connection could not be written to.
     Failed,
 }
@@ -86,6 +88,8 @@ enum State {
     Filled(Option<Response>),
     /// The request's task ended without an answer (it panicked).
     Abandoned,
+    /// The request closes the connection after the answers before it.
+    Close,
 }
 
 /// What the writer finds at the front.
@@ -99,6 +103,8 @@ pub(super) enum Front {
     End,
     /// The front request's task ended without an answer.
     Abandoned,
+    /// The front request closes the connection.
+    Close,
 }
 
 /// A request's place in the response order; filled once, by its task.
@@ -184,6 +190,7 @@ impl Responses {
         match entry.state {
             State::Waiting => Front::Waiting,
             State::Abandoned => Front::Abandoned,
+            State::Close => Front::Close,
             State::Filled(_) => {
                 // Its room is given back as the writer takes it.
                 let Some(Entry {
@@ -237,6 +244,10 @@ impl Responses {
                     let _ = out.flush().await;
                     return Drained::Abandoned;
                 }
+                Front::Close => {
+                    let _ = out.flush().await;
+                    return Drained::Closed;
+                }
             }
         }
     }
@@ -276,6 +287,15 @@ impl Responses {
 }
 
 impl Place {
+    /// Closes the connection after the answers to the requests before this
+    /// one (those after it get none).
+    pub(super) fn close(mut self) {
+        self.filled = true;
+        if self.responses.settle(self.number, State::Close) {
+            self.responses.wake.notify_one();
+        }
+    }
+
     /// Fills the place with the request's response (`None`: no response).
     /// The front place's response is written here, with those after it that
     /// are ready, unless the writer task is writing (then it is woken).
@@ -299,7 +319,7 @@ impl Place {
                 responses.stop();
                 responses.wake.notify_one();
             }
-            Drained::End | Drained::Abandoned => {
+            Drained::End | Drained::Abandoned | Drained::Closed => {
                 drop(out);
                 responses.wake.notify_one();
             }
