@@ -471,6 +471,18 @@ fn expected_bytes(ctx: &Context, topic: &Topic, target: &Target, wake: &str) -> 
     ctx.storage.bytes_estimate(topic, target.partition, records)
 }
 
+/// Whether a topic's error says the request named it wrongly (Kafka's
+/// "erroneous" partitions, answered without a read).
+fn named_wrongly(code: i16) -> bool {
+    [
+        ResponseError::UnknownTopicOrPartition.code(),
+        ResponseError::UnknownTopicId.code(),
+        ResponseError::TopicAuthorizationFailed.code(),
+        ResponseError::InvalidTopicException.code(),
+    ]
+    .contains(&code)
+}
+
 /// Drops what a read_committed fetch may not send (batches from the last
 /// stable offset on: an undecided transaction's, and all after it), so
 /// they take none of the response's bytes: Kafka's read stops there, and
@@ -588,8 +600,12 @@ fn assemble(
             let data = match (&target.topic, read) {
                 // A topic the request names wrongly (unknown, unauthorized)
                 // ends no wait for the others, as Kafka leaves such
-                // partitions out of the read; an error reading one does.
-                (Err(code), _) => data.with_error_code(*code),
+                // partitions out of the read; any other error (Redis
+                // failing) does, as an error reading one does.
+                (Err(code), _) => {
+                    any_error |= !named_wrongly(*code);
+                    data.with_error_code(*code)
+                }
                 (Ok(_), Some(Ok(read))) => {
                     let offsets = read.offsets.expect("a successful read has offsets");
                     // read_committed stops at the last stable offset: no
