@@ -301,3 +301,44 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
     );
     assert_eq!(delete_offsets(&mut conn, &connect, &[&other]).0, NON_EMPTY_GROUP);
 }
+
+/// OffsetCommit v9 with a generation, for a group without members: one
+/// that has offsets exists for Kafka (Empty), so its member is unknown
+/// (UNKNOWN_MEMBER_ID, which a consumer handles by rejoining); one without
+/// offsets is GROUP_ID_NOT_FOUND. Before v9 both are ILLEGAL_GENERATION.
+#[test]
+fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("offsets-v9");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (standalone, unknown) = (unique_topic("standalone"), unique_topic("nobody"));
+    assert_eq!(commit(&mut conn, &standalone, &topic, &[(0, 5, "")], -1), vec![0]);
+    let at = |conn: &mut KafkaConn, version: i16, group: &str| {
+        let request = OffsetCommitRequest::default()
+            .with_group_id(StrBytes::from_string(group.to_owned()).into())
+            .with_member_id(StrBytes::from_static_str("member-1"))
+            .with_generation_id_or_member_epoch(3)
+            .with_topics(vec![
+                OffsetCommitRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(9),
+                    ]),
+            ]);
+        let response = conn.request(version, &request);
+        response.topics[0].partitions[0].error_code
+    };
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    assert_eq!(at(&mut conn, 9, &standalone), UNKNOWN_MEMBER_ID);
+    assert_eq!(at(&mut conn, 9, &unknown), GROUP_ID_NOT_FOUND);
+    assert_eq!(at(&mut conn, 8, &unknown), ILLEGAL_GENERATION);
+    assert_eq!(
+        fetch(&mut conn, &standalone, &topic, &[0])[0].1,
+        5,
+        "nothing committed"
+    );
+}

@@ -47,6 +47,20 @@ pub async fn handle(
         Some(Ok(answer)) => return answer,
         Some(Err(code)) => Some(code),
     };
+    // A group not in memory that has offsets (consumers that assign their
+    // own partitions commit to it) exists for Kafka, as an Empty group: a
+    // member it does not know is UNKNOWN_MEMBER_ID there, not
+    // GROUP_ID_NOT_FOUND.
+    let refused = match refused {
+        Some(code) if code == ResponseError::GroupIdNotFound.code() => {
+            match ctx.storage.groups_with_offsets().await {
+                Ok(groups) if groups.contains(&group) => Some(ResponseError::UnknownMemberId.code()),
+                Ok(_) => Some(code),
+                Err(e) => Some(error_code(&e)),
+            }
+        }
+        other => other,
+    };
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
     let mut positions: Vec<Vec<(usize, usize)>> = Vec::new();
