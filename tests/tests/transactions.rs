@@ -319,10 +319,9 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
     assert_eq!(transactions_metric(&ketch, "coordinator_abort"), 1.0);
 }
 
-/// A read_committed fetch at the end of a partition (librdkafka's default
-/// isolation, a tailing consumer) is answered without reading Redis once a
-/// read saw every transaction there decided, and never while one is open:
-/// then it reports that transaction's first offset as the LSO.
+/// An open transaction's data, which a read_committed fetch cannot send,
+/// takes none of its bytes: the partitions after it in the request are
+/// read and sent, as from Kafka.
 #[test]
 fn an_open_transactions_data_takes_no_room_from_the_other_partitions_of_a_read_committed_fetch() {
     let redis = TestRedis::start();
@@ -361,6 +360,10 @@ fn an_open_transactions_data_takes_no_room_from_the_other_partitions_of_a_read_c
     assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
 }
 
+/// A read_committed fetch at the end of a partition (librdkafka's default
+/// isolation, a tailing consumer) is answered without reading Redis once a
+/// read saw every transaction there decided, and never while one is open:
+/// then it reports that transaction's first offset as the LSO.
 #[test]
 fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_decided() {
     let redis = TestRedis::start();
