@@ -45,8 +45,8 @@ impl Store {
     /// Sets (`Some`) and removes (`None`) cluster-wide configs at once, if
     /// their version is still `version` (what the change was computed
     /// from), and announces them: the new version, or `None` when another
-    /// change came first (nothing changed). Names must not be empty, nor
-    /// values (the gateway validates them first).
+    /// change came first (nothing changed). Names must not be empty; a
+    /// value may be (`log.cleanup.policy` set to an empty list).
     pub async fn change_cluster_configs(
         &self,
         version: u64,
@@ -61,8 +61,8 @@ impl Store {
             .arg(self.cluster_config_channel())
             .arg(version);
         for (name, value) in changes {
-            debug_assert!(!name.is_empty() && value.as_deref() != Some(""));
-            script.arg(name).arg(value.as_deref().unwrap_or(""));
+            debug_assert!(!name.is_empty());
+            script.arg(name).arg(crate::quotas::hash_change(value.as_deref()));
         }
         let version: i64 = script.invoke_async(&mut self.conn()).await?;
         Ok(u64::try_from(version).ok())

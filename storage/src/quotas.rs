@@ -81,9 +81,15 @@ impl Store {
             debug_assert!(!change.key.contains('\n') && change.value.as_deref() != Some(""));
             script
                 .arg(format!("{}\n{}", change.entity, change.key))
-                .arg(change.value.as_deref().unwrap_or(""));
+                .arg(hash_change(change.value.as_deref()));
         }
         let version: i64 = script.invoke_async(&mut self.conn()).await?;
         Ok(u64::try_from(version).unwrap_or_default())
     }
+}
+
+/// A field's change for `change_versioned_hash.lua`: `=value` sets it (an
+/// empty value too), `-` removes it.
+pub(crate) fn hash_change(value: Option<&str>) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| format!("={value}"))
 }

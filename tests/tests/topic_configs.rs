@@ -906,3 +906,55 @@ fn list_config_resources_lists_topics_and_the_brokers_clients_see() {
         "no client-metrics subscriptions"
     );
 }
+
+/// An empty cluster-wide `log.cleanup.policy` (clean nothing up) is set,
+/// not taken for "back to the default" (`delete`): topics without an
+/// override keep their records, and say so.
+#[test]
+fn an_empty_cluster_wide_cleanup_policy_is_kept_as_empty() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("no-cleanup");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let set = incremental(
+        &mut conn,
+        vec![resource(
+            RESOURCE_BROKER,
+            "",
+            vec![op("log.cleanup.policy", SET, Some(""))],
+        )],
+        false,
+    );
+    assert_eq!(set, vec![(code::NONE, String::new())]);
+    let defaults = cluster_defaults(&mut conn);
+    assert!(
+        defaults
+            .iter()
+            .any(|(name, value, _)| name == "log.cleanup.policy" && value.is_empty()),
+        "{defaults:?}"
+    );
+    assert_eq!(
+        value_of(&describe(&mut conn, RESOURCE_TOPIC, &topic), "cleanup.policy").0,
+        ""
+    );
+    // Nothing is deleted from such a topic (DeleteRecords: POLICY_VIOLATION).
+    let record = batch::encode(&[Record::value(1, b"kept")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, record), (code::NONE, 0));
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 1).0, 44);
+    // Removed again, the default is back.
+    let unset = incremental(
+        &mut conn,
+        vec![resource(
+            RESOURCE_BROKER,
+            "",
+            vec![op("log.cleanup.policy", DELETE, None)],
+        )],
+        false,
+    );
+    assert_eq!(unset[0].0, code::NONE);
+    assert_eq!(
+        value_of(&describe(&mut conn, RESOURCE_TOPIC, &topic), "cleanup.policy").0,
+        "delete"
+    );
+}

@@ -7,7 +7,8 @@
 -- ARGV[1] the change channel (sharded pub/sub, same hash tag)
 -- ARGV[2] the version the change was computed from; "" to change whatever
 --         the version is
--- ARGV[3..] pairs: field, value ("" removes the field)
+-- ARGV[3..] pairs: field, '=' followed by its value (which may be empty:
+--         an empty list, say) to set it, or '-' to remove it
 --
 -- Reply: the new version, or -1 (nothing changed) when the version is not
 -- ARGV[2].
@@ -15,10 +16,13 @@ if ARGV[2] ~= '' and tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARG
   return -1
 end
 for i = 3, #ARGV, 2 do
-  if ARGV[i + 1] == '' then
+  local change = ARGV[i + 1]
+  if change == '-' then
     redis.call('HDEL', KEYS[1], ARGV[i])
+  elseif string.sub(change, 1, 1) == '=' then
+    redis.call('HSET', KEYS[1], ARGV[i], string.sub(change, 2))
   else
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    return redis.error_reply('ERR a change is =value or -, not ' .. change)
   end
 end
 local version = redis.call('INCR', KEYS[2])
