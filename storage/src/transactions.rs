@@ -325,14 +325,21 @@ impl Store {
             named.0.to_string(),
             named.1.to_string(),
         ];
-        let reply = parse_reply(self.txn_script(id, "init", expiration_ms, &args).await?)?;
+        let (reply, confirmed) = self
+            .txn_script_unconfirmed(id, "init", expiration_ms, &args)
+            .await?;
+        let reply = parse_reply(reply)?;
         match reply {
             TxnReply::Producer { .. } => self.txn_list(id).await?,
             // The open transaction is aborted (its producer fenced): due
-            // at once, should this gateway not finish it.
+            // at once, should this gateway not finish it — even when the
+            // decision is written but not confirmed, or the client's
+            // retries would wait (CONCURRENT_TRANSACTIONS) for the old
+            // transaction's deadline.
             TxnReply::Finish(_) => self.txn_schedule(id, crate::now_ms()).await?,
             _ => {}
         }
+        confirmed?;
         Ok(reply)
     }
 

@@ -140,3 +140,69 @@ fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other(
         "{CLIENTS} concurrent acks=all waits took {elapsed:?}"
     );
 }
+
+/// A transactional id's InitProducerId that fences an open transaction
+/// (its producer died) while a frozen replica confirms nothing fails
+/// retriably — and the abort it decided is finished once the replica is
+/// back, so the retry succeeds at once instead of getting
+/// CONCURRENT_TRANSACTIONS until the old transaction's deadline.
+#[test]
+fn a_fence_written_but_not_confirmed_is_finished_promptly() {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+    use kafka_protocol::messages::{AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, TransactionalId};
+    use kafka_protocol::protocol::StrBytes;
+    let (_primary, replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=500ms"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("fence-unconfirmed");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("fence-id");
+    let init = |conn: &mut KafkaConn| {
+        let request = InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))))
+            .with_transaction_timeout_ms(300_000)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+        conn.request(4, &request)
+    };
+    // A transaction opens, and its producer goes silent for good.
+    let started = init(&mut conn);
+    assert_eq!(started.error_code, code::NONE);
+    let added: AddPartitionsToTxnResponse = conn.request(
+        3,
+        &AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+            .with_v3_and_below_producer_id(started.producer_id)
+            .with_v3_and_below_producer_epoch(started.producer_epoch)
+            .with_v3_and_below_topics(vec![
+                AddPartitionsToTxnTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![0]),
+            ]),
+    );
+    assert_eq!(
+        added.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code,
+        0
+    );
+    // A new instance fences it while the replica confirms nothing.
+    {
+        let _frozen = Frozen::freeze(replica.pid());
+        let fenced = init(&mut conn);
+        assert_ne!(fenced.error_code, code::NONE, "unconfirmed");
+    }
+    // Replica back: the abort is finished within seconds, not at the old
+    // transaction's deadline five minutes on.
+    let asked = Instant::now();
+    loop {
+        let retry = init(&mut conn);
+        if retry.error_code == code::NONE {
+            assert!(retry.producer_epoch > started.producer_epoch);
+            break;
+        }
+        assert_eq!(
+            retry.error_code, 51,
+            "CONCURRENT_TRANSACTIONS while it is finished"
+        );
+        assert!(asked.elapsed() < Duration::from_secs(20), "still not finished");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
