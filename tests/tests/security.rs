@@ -468,3 +468,86 @@ fn the_internal_listener_refuses_a_forged_envelope() {
     assert!(closed(&mut socket), "a wrong proof was accepted");
     ketch.await_log("did not prove the internal secret", Duration::from_secs(5));
 }
+
+/// DescribeTransactions shows only the topics the client may describe, as
+/// Kafka leaves the others out of a transaction's partitions.
+#[test]
+fn describe_transactions_hides_the_topics_a_client_may_not_describe() {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+    use kafka_protocol::messages::{
+        AddPartitionsToTxnRequest, DescribeTransactionsRequest, InitProducerIdRequest, ProducerId,
+        TransactionalId,
+    };
+    const DESCRIBE: i8 = 8;
+    const TRANSACTIONAL_ID: i8 = 5;
+    let redis = TestRedis::start();
+    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
+        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
+        assert!(ok, "{out}");
+    }
+    let ketch = Ketch::start(&redis.url(), SECURE);
+    let mut admin = plain_conn(&ketch, "admin", "admin-pw").expect("admin authenticates");
+    let (visible, secret, id) = (
+        unique_topic("visible"),
+        unique_topic("secret"),
+        unique_topic("txn"),
+    );
+    for topic in [&visible, &secret] {
+        assert_eq!(ketch_tests::raw::create_topic(&mut admin, topic, 1), 0);
+    }
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(TRANSACTIONAL_ID, &id, "User:alice", DESCRIBE),
+            acl(TOPIC, &visible, "User:alice", DESCRIBE),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let started = admin.request(
+        4,
+        &InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(s(&id))))
+            .with_transaction_timeout_ms(60_000)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1),
+    );
+    assert_eq!(started.error_code, 0);
+    let added = admin.request(
+        3,
+        &AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(s(&id)))
+            .with_v3_and_below_producer_id(started.producer_id)
+            .with_v3_and_below_producer_epoch(started.producer_epoch)
+            .with_v3_and_below_topics(
+                [&visible, &secret]
+                    .iter()
+                    .map(|t| {
+                        AddPartitionsToTxnTopic::default()
+                            .with_name(ketch_tests::raw::topic_name(t))
+                            .with_partitions(vec![0])
+                    })
+                    .collect(),
+            ),
+    );
+    assert!(
+        added
+            .results_by_topic_v3_and_below
+            .iter()
+            .all(|t| t.results_by_partition[0].partition_error_code == 0),
+        "{added:?}"
+    );
+    let topics = |conn: &mut KafkaConn| -> Vec<String> {
+        let described = conn.request(
+            0,
+            &DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(s(&id))]),
+        );
+        let state = &described.transaction_states[0];
+        assert_eq!(state.error_code, 0);
+        state.topics.iter().map(|t| t.topic.to_string()).collect()
+    };
+    let mut both = vec![visible.clone(), secret.clone()];
+    both.sort();
+    assert_eq!(topics(&mut admin), both);
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    assert_eq!(topics(&mut alice), vec![visible.clone()]);
+}

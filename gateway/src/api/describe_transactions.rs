@@ -1,6 +1,7 @@
 //! DescribeTransactions (v0, KIP-664): the coordinator's state of each
 //! transactional id asked for — state, timeout, start of the open
-//! transaction, producer id and epoch, and its partitions.
+//! transaction, producer id and epoch, and its partitions (of the topics
+//! the client may describe).
 
 use std::collections::BTreeMap;
 
@@ -53,6 +54,8 @@ pub async fn handle(
         for (topic, partition) in txn.partitions {
             topics.entry(topic).or_default().push(partition);
         }
+        // As Kafka: the topics the client may not describe are left out.
+        topics.retain(|topic, _| authorized(ctx, client, Operation::Describe, ResourceType::Topic, topic));
         states.push(
             state
                 .with_transaction_state(str_bytes(txn.state))
