@@ -551,3 +551,72 @@ fn describe_transactions_hides_the_topics_a_client_may_not_describe() {
     let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
     assert_eq!(topics(&mut alice), vec![visible.clone()]);
 }
+
+/// Metadata answers as Kafka does where ACLs decide: a missing topic the
+/// client asked to have created but may not create is
+/// TOPIC_AUTHORIZATION_FAILED (a producer fails at once instead of waiting
+/// for it), and so is a topic id the client may not describe; a name that
+/// cannot be a topic's is INVALID_TOPIC_EXCEPTION.
+#[test]
+fn metadata_tells_a_client_what_it_may_not_do() {
+    use kafka_protocol::messages::MetadataResponse;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    const DESCRIBE: i8 = 8;
+    const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    const INVALID_TOPIC_EXCEPTION: i16 = 17;
+    let redis = TestRedis::start();
+    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
+        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
+        assert!(ok, "{out}");
+    }
+    let ketch = Ketch::start(&redis.url(), SECURE);
+    let mut admin = plain_conn(&ketch, "admin", "admin-pw").expect("admin authenticates");
+    let (missing, hidden) = (unique_topic("missing"), unique_topic("hidden"));
+    assert_eq!(ketch_tests::raw::create_topic(&mut admin, &hidden, 1), 0);
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![acl(TOPIC, &missing, "User:alice", DESCRIBE)]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let metadata =
+        |conn: &mut KafkaConn, topic: MetadataRequestTopic, create: bool| -> (i16, Option<String>) {
+            let request = MetadataRequest::default()
+                .with_topics(Some(vec![topic]))
+                .with_allow_auto_topic_creation(create);
+            let response: MetadataResponse = conn.request(12, &request);
+            let topic = &response.topics[0];
+            (topic.error_code, topic.name.as_ref().map(|n| n.to_string()))
+        };
+    let named =
+        |name: &str| MetadataRequestTopic::default().with_name(Some(ketch_tests::raw::topic_name(name)));
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    assert_eq!(
+        metadata(&mut alice, named(&missing), true).0,
+        TOPIC_AUTHORIZATION_FAILED
+    );
+    assert_eq!(
+        metadata(&mut alice, named(&missing), false).0,
+        3,
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    );
+    let hidden_id = {
+        let response: MetadataResponse = admin.request(
+            12,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![named(&hidden)]))
+                .with_allow_auto_topic_creation(false),
+        );
+        response.topics[0].topic_id
+    };
+    let by_id = MetadataRequestTopic::default().with_topic_id(hidden_id);
+    let (error, name) = metadata(&mut alice, by_id, false);
+    assert_eq!(error, TOPIC_AUTHORIZATION_FAILED);
+    assert!(
+        name.as_deref().is_none_or(str::is_empty),
+        "the name is not told: {name:?}"
+    );
+    assert_eq!(
+        metadata(&mut admin, named("no such/topic"), false).0,
+        INVALID_TOPIC_EXCEPTION
+    );
+}

@@ -58,13 +58,29 @@ pub async fn handle(
                 }
                 Some(name) => {
                     // Auto-creation takes CREATE on the cluster or the topic.
-                    let may_create = auto_create
+                    let creates = auto_create && ctx.settings.topics.auto_create;
+                    let may_create = creates
                         && (cluster_authorized(ctx, client, Operation::Create)
                             || authorized(ctx, client, Operation::Create, ResourceType::Topic, name));
-                    resolve_topic(ctx, name, may_create).await
+                    let unknown = ResponseError::UnknownTopicOrPartition.code();
+                    match resolve_topic(ctx, name, may_create).await {
+                        // As Kafka: a topic the client asked to have created
+                        // but may not create is TOPIC_AUTHORIZATION_FAILED
+                        // (a producer fails at once instead of waiting for
+                        // it); an invalid name is INVALID_TOPIC_EXCEPTION.
+                        Err(code) if code == unknown && creates && !may_create => {
+                            Err(ResponseError::TopicAuthorizationFailed.code())
+                        }
+                        Err(code) if code == unknown && ketch_storage::validate_topic_name(name).is_err() => {
+                            Err(ResponseError::InvalidTopicException.code())
+                        }
+                        other => other,
+                    }
                 }
                 None => match resolve_topic_id(ctx, t.topic_id).await {
-                    // Unknown to a client that may not see it, as Kafka answers.
+                    // Topic ids are not secret: one the client may not
+                    // describe is TOPIC_AUTHORIZATION_FAILED, as Kafka answers
+                    // (its name is not told).
                     Ok(topic)
                         if !authorized(
                             ctx,
@@ -74,7 +90,7 @@ pub async fn handle(
                             &topic.name,
                         ) =>
                     {
-                        Err(ResponseError::UnknownTopicId.code())
+                        Err(ResponseError::TopicAuthorizationFailed.code())
                     }
                     other => other,
                 },
