@@ -16,6 +16,10 @@ pub enum StorageError {
     /// The topic already exists.
     #[error("topic already exists")]
     TopicExists,
+    /// The name equals the existing topic's once '.' and '_' are taken for
+    /// the same character (Kafka refuses it: their metric names clash).
+    #[error("collides with existing topic: {0}")]
+    TopicCollides(String),
     /// The offset is outside the partition's log.
     #[error("offset out of range (log start {log_start}, high watermark {high_watermark})")]
     OffsetOutOfRange { log_start: i64, high_watermark: i64 },

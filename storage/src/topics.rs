@@ -285,13 +285,20 @@ impl Store {
             return Err(StorageError::TopicExists);
         }
         self.init_partitions(&topic, 0).await?;
-        let created: bool = self
-            .conn()
-            .hset_nx(self.keys.topics(), name, topic.encode())
+        let created: Vec<String> = self
+            .scripts
+            .create_topic
+            .key(self.keys.topics())
+            .arg(name)
+            .arg(topic.encode())
+            .invoke_async(&mut self.conn())
             .await?;
-        if !created {
+        if created.first().map(String::as_str) != Some("created") {
             self.drop_partitions(&topic, 0).await?;
-            return Err(StorageError::TopicExists);
+            return Err(match created.get(1) {
+                Some(existing) => StorageError::TopicCollides(existing.clone()),
+                None => StorageError::TopicExists,
+            });
         }
         let topic = Arc::new(topic);
         self.topics.put(topic.clone());

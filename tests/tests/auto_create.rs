@@ -82,3 +82,35 @@ fn fetch_past_the_end_is_offset_out_of_range() {
     assert_eq!((error, high_watermark), (code::NONE, 5));
     assert_eq!(records.as_deref().map_or(0, raw::count_records), 0);
 }
+
+/// As Kafka: a name equal to an existing topic's once '.' and '_' are
+/// taken for the same character is refused (INVALID_TOPIC_EXCEPTION), by
+/// CreateTopics and by auto-creation, and nothing is created.
+#[test]
+fn a_name_colliding_with_a_topic_through_dot_and_underscore_is_refused() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let base = unique_topic("collide");
+    let (underscore, dot) = (format!("{base}_x"), format!("{base}.x"));
+    assert_eq!(raw::create_topic(&mut conn, &underscore, 1), code::NONE);
+    let response = conn.request(5, &raw::create_topic_request(&dot, 1));
+    let created = &response.topics[0];
+    assert_eq!(created.error_code, 17, "INVALID_TOPIC_EXCEPTION");
+    let message = created.error_message.as_deref().unwrap_or_default().to_owned();
+    assert!(message.contains(&underscore), "{message}");
+    // Auto-creation (Metadata) refuses it too.
+    let metadata = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(raw::topic_name(&dot))),
+        ]))
+        .with_allow_auto_topic_creation(true);
+    let response: kafka_protocol::messages::MetadataResponse = conn.request(9, &metadata);
+    assert_eq!(response.topics[0].error_code, 17);
+    let exists: bool = redis::cmd("HEXISTS")
+        .arg("ketch:topics")
+        .arg(&dot)
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(!exists, "nothing created");
+}

@@ -171,6 +171,10 @@ async fn create(
             })
         }
         Err(StorageError::TopicExists) => Err(already_exists(name)),
+        Err(StorageError::TopicCollides(existing)) => Err(Failure::new(
+            ResponseError::InvalidTopicException,
+            format!("Topic '{name}' collides with existing topic: {existing}"),
+        )),
         Err(e) => Err(Failure::storage(&e)),
     }
 }

@@ -487,6 +487,7 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::Unavailable(_) => ResponseError::KafkaStorageError,
         StorageError::UnknownTopicOrPartition => ResponseError::UnknownTopicOrPartition,
         StorageError::TopicExists => ResponseError::TopicAlreadyExists,
+        StorageError::TopicCollides(_) => ResponseError::InvalidTopicException,
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Corrupt(_) => ResponseError::CorruptMessage,
         StorageError::Conflict(_) => ResponseError::ReassignmentInProgress,
