@@ -182,8 +182,8 @@ pub trait Storage: Send + Sync {
         let _ = id;
         Err(no_transactions())
     }
-    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {
-        let _ = (now_ms, limit);
+    async fn txn_due(&self, now_ms: i64, offset: usize, limit: usize) -> Result<Vec<(String, f64)>> {
+        let _ = (now_ms, offset, limit);
         Ok(Vec::new())
     }
     async fn txn_ids(&self) -> Result<Vec<(String, Option<i64>)>> {
@@ -528,8 +528,8 @@ impl Storage for Tiered {
     async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
         self.store.txn_describe(id).await
     }
-    async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {
-        self.store.txn_due(now_ms, limit).await
+    async fn txn_due(&self, now_ms: i64, offset: usize, limit: usize) -> Result<Vec<(String, f64)>> {
+        self.store.txn_due(now_ms, offset, limit).await
     }
     async fn txn_ids(&self) -> Result<Vec<(String, Option<i64>)>> {
         self.store.txn_ids().await

@@ -102,8 +102,11 @@ impl Finishing {
 /// coordinator finishes it in place of the gateway that decided it.
 pub const FINISH_GRACE: Duration = Duration::from_secs(2);
 
-/// Transactional ids looked at per sweep round.
+/// Transactional ids read at a time by a sweep.
 const SWEEP_BATCH: usize = 100;
+/// Pages of [`SWEEP_BATCH`] one sweep reads at most (those beyond wait for
+/// the next).
+const SWEEP_PAGES: usize = 100;
 
 /// `transactions.id_expiration` in ms, the TTL of an id's state.
 pub fn id_ttl_ms(ctx: &Context) -> i64 {
@@ -182,17 +185,32 @@ pub async fn sweep(ctx: Arc<Context>) {
     }
 }
 
+/// Looks at every due id this gateway coordinates, a page at a time: the
+/// ids it looked at leave the due ones (their scores move on), those it
+/// skips (another gateway's) or cannot finish stay, and the next page
+/// starts after them — so neither ids that keep failing nor other
+/// gateways' ids, however many, keep this one's from being looked at.
 async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
-    let due = ctx.storage.txn_due(ketch_storage::now_ms(), SWEEP_BATCH).await?;
-    for (id, seen) in due {
-        if ctx.membership.transaction_coordinator(&id).id != ctx.membership.my_id() {
-            continue;
+    let now = ketch_storage::now_ms();
+    let mut stayed = 0;
+    for _ in 0..SWEEP_PAGES {
+        let due = ctx.storage.txn_due(now, stayed, SWEEP_BATCH).await?;
+        let page = due.len();
+        for (id, seen) in due {
+            if ctx.membership.transaction_coordinator(&id).id != ctx.membership.my_id() {
+                stayed += 1;
+                continue;
+            }
+            // One id that cannot be finished yet (a shard whose replicas
+            // do not confirm its markers) must not hold up the others: it
+            // stays due and is tried again next round.
+            if let Err(e) = look_at(ctx, &id, seen).await {
+                stayed += 1;
+                tracing::warn!(transactional_id = %id, error = %e, "cannot finish a transaction yet; will retry");
+            }
         }
-        // One id that cannot be finished yet (a shard whose replicas do
-        // not confirm its markers) must not hold up the others: it stays
-        // due and is tried again next round.
-        if let Err(e) = look_at(ctx, &id, seen).await {
-            tracing::warn!(transactional_id = %id, error = %e, "cannot finish a transaction yet; will retry");
+        if page < SWEEP_BATCH {
+            break;
         }
     }
     Ok(())

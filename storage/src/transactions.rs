@@ -502,14 +502,14 @@ impl Store {
 
     /// Transactional ids due for a look at `now_ms` with their scores, at
     /// most `limit`.
-    pub async fn txn_due(&self, now_ms: i64, limit: usize) -> Result<Vec<(String, f64)>> {
+    pub async fn txn_due(&self, now_ms: i64, offset: usize, limit: usize) -> Result<Vec<(String, f64)>> {
         let ids: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
             .arg(self.txn_index_key())
             .arg("-inf")
             .arg(now_ms)
             .arg("WITHSCORES")
             .arg("LIMIT")
-            .arg(0)
+            .arg(offset)
             .arg(limit)
             .query_async(&mut self.conn())
             .await?;
