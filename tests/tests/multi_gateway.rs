@@ -317,3 +317,46 @@ fn deleting_by_a_stale_topic_id_leaves_the_new_topic_of_that_name() {
     assert_eq!(topic_id(&mut via_a, &topic), Some(new));
     assert_eq!(redis.next_offset(&topic, 0), 1, "the new topic's record");
 }
+
+/// CreatePartitions through one gateway while configs of the same topic
+/// change through another: every growth succeeds (the record changing
+/// between its read and its write is read again, as Kafka's controller
+/// takes the changes one at a time), none fails with a reassignment error.
+#[test]
+fn partitions_grow_while_configs_change_through_another_gateway() {
+    let (_redis, a, b, topic) = two_gateways("grow-while-altered");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            let mut conn = KafkaConn::connect(b.kafka_addr());
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let code =
+                    raw::set_topic_config(&mut conn, &topic, "retention.ms", &(3_600_000 + n).to_string());
+                assert_eq!(code, code::NONE);
+                // A busy operator, not a flood: a change every 20 ms.
+                thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let mut conn = KafkaConn::connect(a.kafka_addr());
+        for count in 2..=15 {
+            let request = kafka_protocol::messages::CreatePartitionsRequest::default()
+                .with_topics(vec![
+                    kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic::default()
+                        .with_name(raw::topic_name(&topic))
+                        .with_count(count)
+                        .with_assignments(None),
+                ])
+                .with_timeout_ms(10_000);
+            let response: kafka_protocol::messages::CreatePartitionsResponse = conn.request(3, &request);
+            let result = &response.results[0];
+            let outcome = (result.error_code, result.error_message.clone());
+            if result.error_code != code::NONE {
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            assert_eq!(outcome.0, code::NONE, "growing to {count}: {outcome:?}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+}

@@ -10,6 +10,7 @@ use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse, RequestHeader};
 use ketch_config::TopicsSettings;
+use ketch_storage::StorageError;
 
 use super::create_topics::{Failure, assignable_brokers, check_single_replica, count_mutation, unique_by};
 use super::{Client, authorized, str_bytes};
@@ -62,34 +63,54 @@ async fn grow(
     quota: &MutationQuota<'_>,
 ) -> Result<(), Failure> {
     let name = request.name.as_str();
-    // Read fresh, not cached: storage replaces the record only if it is unchanged.
-    let topic = match ctx.storage.topic_fresh(name).await {
-        Ok(Some(topic)) => topic,
-        Ok(None) => {
-            return Err(Failure::new(
-                ResponseError::UnknownTopicOrPartition,
-                format!("The topic '{name}' does not exist."),
-            ));
+    let mut counted = false;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        // Read fresh, not cached: storage replaces the record only if it is
+        // unchanged.
+        let topic = match ctx.storage.topic_fresh(name).await {
+            Ok(Some(topic)) => topic,
+            Ok(None) => {
+                return Err(Failure::new(
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("The topic '{name}' does not exist."),
+                ));
+            }
+            Err(e) => return Err(Failure::storage(&e)),
+        };
+        check(
+            &ctx.settings.topics,
+            &assignable_brokers(ctx, &client.listener),
+            topic.partitions(),
+            request,
+        )?;
+        if validate_only {
+            return Ok(());
         }
-        Err(e) => return Err(Failure::storage(&e)),
-    };
-    check(
-        &ctx.settings.topics,
-        &assignable_brokers(ctx, &client.listener),
-        topic.partitions(),
-        request,
-    )?;
-    if validate_only {
-        return Ok(());
+        if !counted {
+            count_mutation(quota, request.count - topic.partitions())?;
+            counted = true;
+        }
+        match ctx.storage.add_partitions(&topic, request.count).await {
+            Ok(_) => break,
+            // The record changed meanwhile (a config change, or another
+            // CreatePartitions, through another gateway): read it again and
+            // check again, as Kafka's controller takes them one at a time
+            // (the second of two to the same count is INVALID_PARTITIONS).
+            Err(StorageError::Conflict(_)) if attempt < MAX_ATTEMPTS => {
+                tokio::time::sleep(std::time::Duration::from_millis(5 * attempt as u64)).await;
+            }
+            Err(e) => return Err(Failure::storage(&e)),
+        }
     }
-    count_mutation(quota, request.count - topic.partitions())?;
-    ctx.storage
-        .add_partitions(&topic, request.count)
-        .await
-        .map_err(|e| Failure::storage(&e))?;
     tracing::info!(topic = name, partitions = request.count, "added partitions");
     Ok(())
 }
+
+/// Reads and changes of a topic that keeps changing under a CreatePartitions
+/// before it gives up.
+const MAX_ATTEMPTS: usize = 10;
 
 /// Whether a topic with `current` partitions may grow as `request` asks;
 /// a manual assignment may name `brokers`.
