@@ -177,9 +177,11 @@ impl TopicCache {
     }
 
     fn put(&self, topic: Arc<Topic>) {
-        let mut by_id = self.by_id.write().expect("topic cache lock");
+        // One lock at a time ([`TopicCache::forget`] holds `by_name` while
+        // it takes `by_id`).
         let old = (self.by_name.write().expect("topic cache lock"))
             .insert(topic.name.clone(), (topic.clone(), Instant::now()));
+        let mut by_id = self.by_id.write().expect("topic cache lock");
         // A name re-created under a new id: the old id names nothing now.
         if let Some((old, _)) = old
             && old.id != topic.id
@@ -269,9 +271,10 @@ impl Store {
     }
 
     /// Creates a topic. The partitions' metadata is written first and the
-    /// topic record last (with HSETNX), so a crash in between leaves only
-    /// unreachable keys, and of two gateways creating one topic exactly one
-    /// wins; the loser gets [`StorageError::TopicExists`].
+    /// topic record last (`create_topic.lua`: only if the name is free and
+    /// collides with no other through `.` and `_`), so a crash in between
+    /// leaves only unreachable keys, and of two gateways creating one topic
+    /// exactly one wins; the loser gets [`StorageError::TopicExists`].
     pub async fn create_topic(
         &self,
         name: &str,
@@ -314,24 +317,30 @@ impl Store {
     /// still the one read, then its partitions.
     pub async fn delete_topic(&self, name: &str, id: Option<Uuid>) -> Result<Arc<Topic>> {
         for _ in 0..MAX_DELETE_ATTEMPTS {
-            let topic = self
-                .topic_fresh(name)
-                .await?
-                .filter(|topic| id.is_none_or(|id| topic.id == id))
-                .ok_or(StorageError::UnknownTopicOrPartition)?;
+            // The record as stored (compared byte for byte below: a newer
+            // release's record may hold fields this one does not encode).
+            let stored: Option<String> = self.conn().hget(self.keys.topics(), name).await?;
+            let Some(stored) = stored else {
+                self.topics.forget(name);
+                return Err(StorageError::UnknownTopicOrPartition);
+            };
+            let topic = Topic::decode(name, &stored)?.with_keys(&self.keys);
+            if id.is_some_and(|id| topic.id != id) {
+                return Err(StorageError::UnknownTopicOrPartition);
+            }
             let removed: i32 = self
                 .scripts
                 .replace_topic
                 .key(self.keys.topics())
                 .arg(name)
-                .arg(topic.encode())
+                .arg(&stored)
                 .arg("")
                 .invoke_async(&mut self.conn())
                 .await?;
             self.topics.forget(name);
             if removed == 1 {
                 self.drop_partitions(&topic, 0).await?;
-                return Ok(topic);
+                return Ok(Arc::new(topic));
             }
         }
         Err(StorageError::Conflict(format!(
