@@ -193,11 +193,16 @@ pub async fn sweep(ctx: Arc<Context>) {
 async fn sweep_once(ctx: &Context) -> Result<(), StorageError> {
     let now = ketch_storage::now_ms();
     let mut stayed = 0;
+    // Ids looked at in this sweep: one still due after its look (a clock
+    // ahead of Redis's) counts as staying when it comes round again.
+    let mut looked = std::collections::HashSet::new();
     for _ in 0..SWEEP_PAGES {
         let due = ctx.storage.txn_due(now, stayed, SWEEP_BATCH).await?;
         let page = due.len();
         for (id, seen) in due {
-            if ctx.membership.transaction_coordinator(&id).id != ctx.membership.my_id() {
+            if ctx.membership.transaction_coordinator(&id).id != ctx.membership.my_id()
+                || !looked.insert(id.clone())
+            {
                 stayed += 1;
                 continue;
             }
