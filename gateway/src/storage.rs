@@ -91,6 +91,10 @@ pub trait Storage: Send + Sync {
     async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()>;
     async fn delete_group_offsets(&self, group: &str) -> Result<bool>;
     async fn groups_with_offsets(&self) -> Result<Vec<String>>;
+    /// Whether `group` has committed offsets.
+    async fn group_has_offsets(&self, group: &str) -> Result<bool> {
+        Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
+    }
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
     async fn group_active(&self, group: &str) -> Result<()>;
     /// Stores a group's snapshot unless a newer generation is stored (false).
@@ -389,6 +393,10 @@ impl Storage for Tiered {
 
     async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
         self.store.delete_group_offsets(group).await
+    }
+
+    async fn group_has_offsets(&self, group: &str) -> Result<bool> {
+        self.store.group_has_offsets(group).await
     }
 
     async fn groups_with_offsets(&self) -> Result<Vec<String>> {

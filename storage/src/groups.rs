@@ -212,6 +212,12 @@ impl Store {
     }
 
     /// Groups that have committed offsets still stored.
+    /// Whether `group` has committed offsets (a group without members
+    /// whose consumers assign their own partitions).
+    pub async fn group_has_offsets(&self, group: &str) -> Result<bool> {
+        Ok(self.conn().exists(self.group_offsets_key(group)).await?)
+    }
+
     pub async fn groups_with_offsets(&self) -> Result<Vec<String>> {
         let groups: Vec<String> = self.conn().smembers(self.groups_key()).await?;
         if groups.is_empty() {

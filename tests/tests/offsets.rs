@@ -22,6 +22,7 @@ use ketch_tests::{Ketch, TestRedis, unique_topic};
 
 const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 const ILLEGAL_GENERATION: i16 = 22;
+const UNKNOWN_MEMBER_ID: i16 = 25;
 const GROUP_ID_NOT_FOUND: i16 = 69;
 const NON_EMPTY_GROUP: i16 = 68;
 const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
@@ -136,10 +137,11 @@ fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
         .query(&mut redis.connection())
         .unwrap();
     assert!((3_500_000..=3_600_000).contains(&ttl), "offsets TTL {ttl} ms");
-    // A generation for a group that has none is stale.
+    // A generation for a group that has none: its member is unknown (the
+    // group exists, Empty, for Kafka).
     assert_eq!(
         commit(&mut conn, &group, &topic, &[(0, 11, "")], 3),
-        vec![ILLEGAL_GENERATION]
+        vec![UNKNOWN_MEMBER_ID]
     );
     assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, 10);
 
@@ -302,10 +304,11 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
     assert_eq!(delete_offsets(&mut conn, &connect, &[&other]).0, NON_EMPTY_GROUP);
 }
 
-/// OffsetCommit v9 with a generation, for a group without members: one
-/// that has offsets exists for Kafka (Empty), so its member is unknown
-/// (UNKNOWN_MEMBER_ID, which a consumer handles by rejoining); one without
-/// offsets is GROUP_ID_NOT_FOUND. Before v9 both are ILLEGAL_GENERATION.
+/// OffsetCommit with a generation, for a group without members: one that
+/// has offsets exists for Kafka (Empty), so its member is unknown
+/// (UNKNOWN_MEMBER_ID, which a consumer handles by rejoining), at every
+/// version; one without offsets is GROUP_ID_NOT_FOUND from v9,
+/// ILLEGAL_GENERATION before.
 #[test]
 fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() {
     let redis = TestRedis::start();
@@ -332,8 +335,8 @@ fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() 
         let response = conn.request(version, &request);
         response.topics[0].partitions[0].error_code
     };
-    const UNKNOWN_MEMBER_ID: i16 = 25;
     assert_eq!(at(&mut conn, 9, &standalone), UNKNOWN_MEMBER_ID);
+    assert_eq!(at(&mut conn, 8, &standalone), UNKNOWN_MEMBER_ID);
     assert_eq!(at(&mut conn, 9, &unknown), GROUP_ID_NOT_FOUND);
     assert_eq!(at(&mut conn, 8, &unknown), ILLEGAL_GENERATION);
     assert_eq!(

@@ -51,11 +51,15 @@ pub async fn handle(
     // own partitions commit to it) exists for Kafka, as an Empty group: a
     // member it does not know is UNKNOWN_MEMBER_ID there, not
     // GROUP_ID_NOT_FOUND.
+    let not_in_memory = [
+        ResponseError::GroupIdNotFound.code(),
+        ResponseError::IllegalGeneration.code(),
+    ];
     let refused = match refused {
-        Some(code) if code == ResponseError::GroupIdNotFound.code() => {
-            match ctx.storage.groups_with_offsets().await {
-                Ok(groups) if groups.contains(&group) => Some(ResponseError::UnknownMemberId.code()),
-                Ok(_) => Some(code),
+        Some(code) if not_in_memory.contains(&code) && !ctx.groups.in_memory(&group) => {
+            match ctx.storage.group_has_offsets(&group).await {
+                Ok(true) => Some(ResponseError::UnknownMemberId.code()),
+                Ok(false) => Some(code),
                 Err(e) => Some(error_code(&e)),
             }
         }

@@ -338,6 +338,12 @@ impl Coordinator {
         groups.get(group_id.as_bytes()).map(|slot| slot.group.describe())
     }
 
+    /// Whether this coordinator holds the group in memory (it has members,
+    /// or had them lately).
+    pub fn in_memory(&self, group_id: &str) -> bool {
+        self.inner.lock().contains_key(group_id.as_bytes())
+    }
+
     /// The group's members' protocol type and metadata, for OffsetDelete
     /// (see [`Group::subscriptions`]); `None` for a group without members.
     pub async fn subscriptions(&self, group_id: &str) -> Option<(StrBytes, Option<Vec<Bytes>>)> {
@@ -386,6 +392,9 @@ impl Coordinator {
                 .validate_offset_commit(member_id, instance_id, generation),
             None if generation < 0 => Ok(()),
             None if version.is_some_and(|v| v >= 9) => Err(ResponseError::GroupIdNotFound),
+            // Before v9 (and for transactional commits): ILLEGAL_GENERATION;
+            // OffsetCommit answers UNKNOWN_MEMBER_ID instead when the group
+            // has offsets (Kafka keeps it, Empty).
             None => Err(ResponseError::IllegalGeneration),
         };
         outcome.map_err(|e| e.code())
