@@ -94,11 +94,17 @@ fn a_name_colliding_with_a_topic_through_dot_and_underscore_is_refused() {
     let base = unique_topic("collide");
     let (underscore, dot) = (format!("{base}_x"), format!("{base}.x"));
     assert_eq!(raw::create_topic(&mut conn, &underscore, 1), code::NONE);
-    let response = conn.request(5, &raw::create_topic_request(&dot, 1));
-    let created = &response.topics[0];
-    assert_eq!(created.error_code, 17, "INVALID_TOPIC_EXCEPTION");
-    let message = created.error_message.as_deref().unwrap_or_default().to_owned();
-    assert!(message.contains(&underscore), "{message}");
+    for validate_only in [true, false] {
+        let request = raw::create_topic_request(&dot, 1).with_validate_only(validate_only);
+        let response = conn.request(5, &request);
+        let created = &response.topics[0];
+        assert_eq!(
+            created.error_code, 17,
+            "INVALID_TOPIC_EXCEPTION (validate_only {validate_only})"
+        );
+        let message = created.error_message.as_deref().unwrap_or_default().to_owned();
+        assert!(message.contains(&underscore), "{message}");
+    }
     // Auto-creation (Metadata) refuses it too.
     let metadata = MetadataRequest::default()
         .with_topics(Some(vec![

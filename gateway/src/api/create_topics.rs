@@ -154,6 +154,19 @@ async fn create(
     )?;
     let configs = overrides(&topic.configs, &ctx.topic_defaults.get())?;
     if validate_only {
+        // The collision the creation would find (storage checks it
+        // atomically then), reported whether or not it is only validated,
+        // as Kafka does.
+        if name.contains(['.', '_']) {
+            let wanted = name.replace('.', "_");
+            let topics = ctx.storage.all_topics().await.map_err(|e| Failure::storage(&e))?;
+            if let Some(existing) = topics.iter().find(|t| t.name.replace('.', "_") == wanted) {
+                return Err(Failure::new(
+                    ResponseError::InvalidTopicException,
+                    format!("Topic '{name}' collides with existing topic: {}", existing.name),
+                ));
+            }
+        }
         return Ok(Created {
             id: Uuid::nil(),
             partitions,
