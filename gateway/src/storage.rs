@@ -197,6 +197,11 @@ pub trait Storage: Send + Sync {
         let _ = id;
         Ok(())
     }
+    /// Idle transactional ids, `limit` of them from `offset`.
+    async fn txn_idle_ids(&self, offset: usize, limit: usize) -> Result<Vec<String>> {
+        let _ = (offset, limit);
+        Ok(Vec::new())
+    }
     async fn txn_join(
         &self,
         topic: &Topic,
@@ -544,6 +549,9 @@ impl Storage for Tiered {
     }
     async fn txn_forget(&self, id: &str) -> Result<()> {
         self.store.txn_forget(id).await
+    }
+    async fn txn_idle_ids(&self, offset: usize, limit: usize) -> Result<Vec<String>> {
+        self.store.txn_idle_ids(offset, limit).await
     }
     async fn txn_join(
         &self,

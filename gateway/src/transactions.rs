@@ -171,6 +171,11 @@ pub async fn sweep(ctx: Arc<Context>) {
     let every = ctx.settings.transactions.abort_check_interval.get();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Idle ids whose state expired are dropped from the index a tenth of
+    // `transactions.id_expiration` after, at most an hour.
+    let clean_every =
+        (ctx.settings.transactions.id_expiration.get() / 10).clamp(every, Duration::from_secs(3600));
+    let mut cleaned = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -182,7 +187,37 @@ pub async fn sweep(ctx: Arc<Context>) {
         if let Err(e) = sweep_once(&ctx).await {
             tracing::debug!(error = %e, "transaction sweep failed");
         }
+        if cleaned.elapsed() >= clean_every {
+            cleaned = tokio::time::Instant::now();
+            if let Err(e) = forget_expired(&ctx).await {
+                tracing::debug!(error = %e, "cannot drop expired transactional ids");
+            }
+        }
     }
+}
+
+/// Drops from the index the idle ids this gateway coordinates whose state
+/// expired (`transactions.id_expiration`), a page at a time: an id that
+/// never opens a transaction again is never due again, so the sweep alone
+/// would keep it listed for ever (and ListTransactions would read it).
+async fn forget_expired(ctx: &Context) -> Result<(), StorageError> {
+    let mut kept = 0;
+    for _ in 0..SWEEP_PAGES {
+        let ids = ctx.storage.txn_idle_ids(kept, SWEEP_BATCH).await?;
+        let page = ids.len();
+        for id in ids {
+            let mine = ctx.membership.transaction_coordinator(&id).id == ctx.membership.my_id();
+            if mine && ctx.storage.txn_describe(&id).await?.is_none() {
+                ctx.storage.txn_forget(&id).await?;
+            } else {
+                kept += 1;
+            }
+        }
+        if page < SWEEP_BATCH {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Looks at every due id this gateway coordinates, a page at a time: the

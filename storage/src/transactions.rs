@@ -525,6 +525,21 @@ impl Store {
             .collect())
     }
 
+    /// Idle transactional ids (nothing open or deciding), `limit` of them
+    /// from `offset`.
+    pub async fn txn_idle_ids(&self, offset: usize, limit: usize) -> Result<Vec<String>> {
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(self.txn_index_key())
+            .arg(IDLE_SCORE)
+            .arg("+inf")
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(ids)
+    }
+
     /// Forgets a transactional id whose state expired, unless its score
     /// moved from idle meanwhile (a new producer of the id opened a
     /// transaction and scheduled its deadline).

@@ -1152,3 +1152,36 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         .expect("HEXISTS");
     assert!(!still, "the leftover was removed");
 }
+
+/// A transactional id unused for `transactions.id_expiration` is forgotten
+/// whole: its state expires, and the sweeper drops it from the index too
+/// (which ListTransactions reads), though it is never due again.
+#[test]
+fn an_expired_transactional_id_leaves_the_index() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "transactions.id_expiration=1s",
+            "--set",
+            "transactions.abort_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let id = unique_topic("expiring-id");
+    assert_eq!(init(&mut conn, &id, 60_000).error_code, code::NONE);
+    let listed = |redis: &TestRedis| -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg("ketch:transactions")
+            .arg(&id)
+            .query(&mut redis.connection())
+            .unwrap()
+    };
+    assert!(listed(&redis).is_some(), "listed once it has a producer");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while listed(&redis).is_some() {
+        assert!(Instant::now() < deadline, "still listed 30 s on");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
