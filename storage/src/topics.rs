@@ -308,13 +308,12 @@ impl Store {
         Ok(topic)
     }
 
-    /// Deletes a topic: the record first (clients stop seeing it), then
-    /// every partition's keys. Its Iceberg table, if any, is kept: the
-    /// archive outlives the topic (docs/tiered-storage.md).
     /// Deletes the topic named `name` — only while it has the id `id`,
     /// when given (a DeleteTopics by id must not delete a topic re-created
-    /// under the same name since): the record is removed only if it is
-    /// still the one read, then its partitions.
+    /// under the same name since): the record first (clients stop seeing
+    /// it), only if it is still the one read, then every partition's keys.
+    /// Its Iceberg table, if any, is kept: the archive outlives the topic
+    /// (docs/tiered-storage.md).
     pub async fn delete_topic(&self, name: &str, id: Option<Uuid>) -> Result<Arc<Topic>> {
         for _ in 0..MAX_DELETE_ATTEMPTS {
             // The record as stored (compared byte for byte below: a newer

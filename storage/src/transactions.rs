@@ -503,17 +503,28 @@ impl Store {
     /// Transactional ids due for a look at `now_ms` with their scores, at
     /// most `limit`.
     pub async fn txn_due(&self, now_ms: i64, offset: usize, limit: usize) -> Result<Vec<(String, f64)>> {
-        let ids: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+        self.index_range("-inf", now_ms, offset, limit).await
+    }
+
+    /// `limit` ids of `ketch:transactions` with scores in `min..=max`, from
+    /// `offset`, with their scores.
+    async fn index_range(
+        &self,
+        min: impl redis::ToRedisArgs,
+        max: impl redis::ToRedisArgs,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<(String, f64)>> {
+        Ok(redis::cmd("ZRANGEBYSCORE")
             .arg(self.txn_index_key())
-            .arg("-inf")
-            .arg(now_ms)
+            .arg(min)
+            .arg(max)
             .arg("WITHSCORES")
             .arg("LIMIT")
             .arg(offset)
             .arg(limit)
             .query_async(&mut self.conn())
-            .await?;
-        Ok(ids)
+            .await?)
     }
 
     /// Every transactional id listed, with the time it is due (`None`: idle).
@@ -528,16 +539,8 @@ impl Store {
     /// Idle transactional ids (nothing open or deciding), `limit` of them
     /// from `offset`.
     pub async fn txn_idle_ids(&self, offset: usize, limit: usize) -> Result<Vec<String>> {
-        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(self.txn_index_key())
-            .arg(IDLE_SCORE)
-            .arg("+inf")
-            .arg("LIMIT")
-            .arg(offset)
-            .arg(limit)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(ids)
+        let ids = self.index_range(IDLE_SCORE, "+inf", offset, limit).await?;
+        Ok(ids.into_iter().map(|(id, _)| id).collect())
     }
 
     /// Forgets a transactional id whose state expired, unless its score

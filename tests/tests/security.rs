@@ -469,6 +469,21 @@ fn the_internal_listener_refuses_a_forged_envelope() {
     ketch.await_log("did not prove the internal secret", Duration::from_secs(5));
 }
 
+const DESCRIBE: i8 = 8;
+
+/// A gateway with ACLs on, users admin (a super user) and alice, and
+/// admin's authenticated connection.
+fn admin_and_alice() -> (TestRedis, Ketch, KafkaConn) {
+    let redis = TestRedis::start();
+    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
+        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
+        assert!(ok, "{out}");
+    }
+    let ketch = Ketch::start(&redis.url(), SECURE);
+    let admin = plain_conn(&ketch, "admin", "admin-pw").expect("admin authenticates");
+    (redis, ketch, admin)
+}
+
 /// DescribeTransactions shows only the topics the client may describe, as
 /// Kafka leaves the others out of a transaction's partitions.
 #[test]
@@ -478,15 +493,8 @@ fn describe_transactions_hides_the_topics_a_client_may_not_describe() {
         AddPartitionsToTxnRequest, DescribeTransactionsRequest, InitProducerIdRequest, ProducerId,
         TransactionalId,
     };
-    const DESCRIBE: i8 = 8;
     const TRANSACTIONAL_ID: i8 = 5;
-    let redis = TestRedis::start();
-    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
-        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
-        assert!(ok, "{out}");
-    }
-    let ketch = Ketch::start(&redis.url(), SECURE);
-    let mut admin = plain_conn(&ketch, "admin", "admin-pw").expect("admin authenticates");
+    let (_redis, ketch, mut admin) = admin_and_alice();
     let (visible, secret, id) = (
         unique_topic("visible"),
         unique_topic("secret"),
@@ -561,16 +569,9 @@ fn describe_transactions_hides_the_topics_a_client_may_not_describe() {
 fn metadata_tells_a_client_what_it_may_not_do() {
     use kafka_protocol::messages::MetadataResponse;
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-    const DESCRIBE: i8 = 8;
     const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     const INVALID_TOPIC_EXCEPTION: i16 = 17;
-    let redis = TestRedis::start();
-    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
-        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
-        assert!(ok, "{out}");
-    }
-    let ketch = Ketch::start(&redis.url(), SECURE);
-    let mut admin = plain_conn(&ketch, "admin", "admin-pw").expect("admin authenticates");
+    let (_redis, ketch, mut admin) = admin_and_alice();
     let (missing, hidden) = (unique_topic("missing"), unique_topic("hidden"));
     assert_eq!(ketch_tests::raw::create_topic(&mut admin, &hidden, 1), 0);
     let created = admin.request(

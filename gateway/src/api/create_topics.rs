@@ -161,10 +161,7 @@ async fn create(
             let wanted = name.replace('.', "_");
             let topics = ctx.storage.all_topics().await.map_err(|e| Failure::storage(&e))?;
             if let Some(existing) = topics.iter().find(|t| t.name.replace('.', "_") == wanted) {
-                return Err(Failure::new(
-                    ResponseError::InvalidTopicException,
-                    format!("Topic '{name}' collides with existing topic: {}", existing.name),
-                ));
+                return Err(collides(name, &existing.name));
             }
         }
         return Ok(Created {
@@ -184,12 +181,18 @@ async fn create(
             })
         }
         Err(StorageError::TopicExists) => Err(already_exists(name)),
-        Err(StorageError::TopicCollides(existing)) => Err(Failure::new(
-            ResponseError::InvalidTopicException,
-            format!("Topic '{name}' collides with existing topic: {existing}"),
-        )),
+        Err(StorageError::TopicCollides(existing)) => Err(collides(name, &existing)),
         Err(e) => Err(Failure::storage(&e)),
     }
+}
+
+/// Kafka's refusal of a name equal to `existing` once `.` and `_` are taken
+/// for the same character.
+fn collides(name: &str, existing: &str) -> Failure {
+    Failure::new(
+        ResponseError::InvalidTopicException,
+        format!("Topic '{name}' collides with existing topic: {existing}"),
+    )
 }
 
 fn already_exists(name: &str) -> Failure {
