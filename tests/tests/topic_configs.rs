@@ -354,6 +354,23 @@ fn bad_alterations_fail_whole_and_change_nothing() {
     );
     let described = describe(&mut conn, RESOURCE_TOPIC, &other);
     assert_eq!(value_of(&described, "retention.ms").1, 5, "nothing was stored");
+    // Deleting a name that is no config changes nothing and is no error
+    // (Kafka validates the configs left); set beside it, a change holds.
+    let answers = incremental(
+        &mut conn,
+        vec![resource(
+            RESOURCE_TOPIC,
+            &other,
+            vec![
+                op("retention.msx", DELETE, None),
+                op("retention.ms", SET, Some("70000")),
+            ],
+        )],
+        false,
+    );
+    assert_eq!(answers, [(code::NONE, String::new())]);
+    let described = describe(&mut conn, RESOURCE_TOPIC, &other);
+    assert_eq!(value_of(&described, "retention.ms"), ("70000".to_owned(), 1));
 
     // Remote storage may be turned on for a running topic, and off again
     // only with its archive deleted (tiering.rs turns it off).
@@ -543,6 +560,27 @@ fn describe_configs_reports_broker_synonyms_and_what_is_inert() {
         value_of(&broker, "default.replication.factor"),
         ("1".to_owned(), 4)
     );
+
+    // Keys named pick configs; an empty key list, like none, asks for all.
+    let mut keyed = |keys: &[&str]| -> Vec<String> {
+        let response: DescribeConfigsResponse = conn.request(
+            4,
+            &DescribeConfigsRequest::default().with_resources(vec![
+                DescribeConfigsResource::default()
+                    .with_resource_type(RESOURCE_TOPIC)
+                    .with_resource_name(s(&topic))
+                    .with_configuration_keys(Some(keys.iter().map(|k| s(k)).collect())),
+            ]),
+        );
+        assert_eq!(response.results[0].error_code, code::NONE);
+        response.results[0]
+            .configs
+            .iter()
+            .map(|c| c.name.to_string())
+            .collect()
+    };
+    assert_eq!(keyed(&["retention.ms"]), ["retention.ms"]);
+    assert_eq!(keyed(&[]).len(), described.results[0].configs.len());
 }
 
 /// The gateway's clock as the tests see it (same machine).

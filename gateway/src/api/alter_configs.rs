@@ -103,6 +103,12 @@ impl Alteration {
         };
         if let Alteration::Edit(changes) = self {
             for (name, change) in changes {
+                // Deleting a name that is not a config deletes nothing
+                // (Kafka validates the configs left, not the names deleted).
+                if *change == Change::Delete && known(name).is_none() {
+                    next.remove(name);
+                    continue;
+                }
                 let def = known(name).ok_or_else(|| unknown(name))?;
                 let items = |next: &BTreeMap<String, String>| -> Vec<String> {
                     let value = next.get(name).cloned().unwrap_or_else(|| fallback(def));
@@ -692,10 +698,15 @@ mod tests {
         .apply(&current, &Defaults::default())
         .unwrap_err();
         assert!(message.contains("retention.ms"), "{message}");
-        let (_, message) = edit(&[("no.such", Change::Delete)])
+        let (_, message) = edit(&[("no.such", Change::Set("1".into()))])
             .apply(&current, &Defaults::default())
             .unwrap_err();
         assert_eq!(message, "Unknown topic config name: no.such");
+        // Deleting a name that is no config is no change (as in Kafka).
+        let unchanged = edit(&[("no.such", Change::Delete)])
+            .apply(&current, &Defaults::default())
+            .unwrap();
+        assert_eq!(unchanged, current);
         // Remote storage is turned off only with its archive deleted.
         let remote = map(&[("remote.storage.enable", "true")]);
         let (_, message) = edit(&[("remote.storage.enable", Change::Delete)])

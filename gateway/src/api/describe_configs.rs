@@ -326,7 +326,9 @@ async fn describe(
     }
     match configs_of(ctx, &resource).await {
         Ok(mut configs) => {
-            if let Some(keys) = &resource.configuration_keys {
+            // No key list, or an empty one, asks for every config (Kafka's
+            // ConfigHelper treats both alike).
+            if let Some(keys) = resource.configuration_keys.as_ref().filter(|k| !k.is_empty()) {
                 configs.retain(|c| keys.iter().any(|k| k.as_str() == c.name));
             }
             result.with_configs(configs.into_iter().map(|c| to_result(c, options)).collect())
