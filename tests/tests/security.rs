@@ -621,3 +621,45 @@ fn metadata_tells_a_client_what_it_may_not_do() {
         INVALID_TOPIC_EXCEPTION
     );
 }
+
+/// CreateTopics shows a created topic's configs only to a client that may
+/// describe them; otherwise it says so in the topic's config error, as
+/// Kafka does (the topic is created either way).
+#[test]
+fn created_topics_configs_are_shown_only_to_who_may_describe_them() {
+    use kafka_protocol::messages::CreateTopicsResponse;
+    const DESCRIBE_CONFIGS: i8 = 10;
+    const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    let (_redis, ketch, mut admin) = admin_and_alice();
+    let (blind, seeing) = (unique_topic("blind"), unique_topic("seeing"));
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(TOPIC, &blind, "User:alice", CREATE),
+            acl(TOPIC, &seeing, "User:alice", CREATE),
+            acl(TOPIC, &seeing, "User:alice", DESCRIBE_CONFIGS),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let create = |conn: &mut KafkaConn, topic: &str| {
+        let response: CreateTopicsResponse =
+            conn.request(7, &ketch_tests::raw::create_topic_request(topic, 2));
+        response.topics[0].clone()
+    };
+    let result = create(&mut alice, &blind);
+    assert_eq!(result.error_code, 0, "{result:?}");
+    assert_eq!(result.topic_config_error_code, TOPIC_AUTHORIZATION_FAILED);
+    assert!(result.configs.unwrap_or_default().is_empty());
+    assert_eq!(result.num_partitions, -1);
+    let result = create(&mut alice, &seeing);
+    assert_eq!((result.error_code, result.topic_config_error_code), (0, 0));
+    assert_eq!(result.num_partitions, 2);
+    assert!(
+        result
+            .configs
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c.name.as_str() == "retention.ms")),
+        "{result:?}"
+    );
+}

@@ -121,7 +121,18 @@ pub async fn handle(
             Some(topic) => create(ctx, client, topic, validate_only, quota).await,
             None => Err(Failure::duplicate("name")),
         };
-        topic_result(&ctx.topic_defaults.get(), version, name, outcome)
+        // The created topic's configs only for a client that may read them.
+        let topic = name.to_string();
+        let describable = move || {
+            authorized(
+                ctx,
+                client,
+                Operation::DescribeConfigs,
+                ResourceType::Topic,
+                &topic,
+            )
+        };
+        topic_result(&ctx.topic_defaults.get(), version, name, outcome, describable)
     }))
     .await;
     CreateTopicsResponse::default()
@@ -351,6 +362,7 @@ fn topic_result(
     version: i16,
     name: TopicName,
     outcome: Result<Created, Failure>,
+    describable: impl FnOnce() -> bool,
 ) -> CreatableTopicResult {
     let result = CreatableTopicResult::default().with_name(name);
     let created = match outcome {
@@ -364,6 +376,11 @@ fn topic_result(
     let result = result.with_topic_id(created.id).with_error_message(None);
     if version < 5 {
         return result;
+    }
+    if !describable() {
+        // As Kafka: created, but its configs, partition count and
+        // replication factor withheld.
+        return result.with_topic_config_error_code(ResponseError::TopicAuthorizationFailed.code());
     }
     let configs = topic_configs(defaults, &created.configs)
         .into_iter()
@@ -508,12 +525,15 @@ mod tests {
                 configs: BTreeMap::new(),
             };
             let results = vec![
-                topic_result(&defaults, version, TopicName(str_bytes("a")), Ok(created)),
+                topic_result(&defaults, version, TopicName(str_bytes("a")), Ok(created), || {
+                    true
+                }),
                 topic_result(
                     &defaults,
                     version,
                     TopicName(str_bytes("b")),
                     Err(Failure::duplicate("name")),
+                    || true,
                 ),
             ];
             let response = CreateTopicsResponse::default().with_topics(results);
@@ -525,6 +545,29 @@ mod tests {
     }
 
     #[test]
+    fn a_client_that_may_not_describe_configs_is_not_shown_them() {
+        let created = Created {
+            id: Uuid::new_v4(),
+            partitions: 3,
+            configs: BTreeMap::new(),
+        };
+        let result = topic_result(
+            &Defaults::default(),
+            5,
+            TopicName(str_bytes("a")),
+            Ok(created),
+            || false,
+        );
+        assert_eq!(result.error_code, 0, "the topic was created");
+        assert_eq!(
+            result.topic_config_error_code,
+            ResponseError::TopicAuthorizationFailed.code()
+        );
+        assert_eq!((result.num_partitions, result.replication_factor), (-1, -1));
+        assert!(result.configs.unwrap_or_default().is_empty());
+    }
+
+    #[test]
     fn v5_results_describe_the_created_topic() {
         let overrides = BTreeMap::from([("retention.ms".to_owned(), "1000".to_owned())]);
         let created = Created {
@@ -532,7 +575,13 @@ mod tests {
             partitions: 3,
             configs: overrides,
         };
-        let result = topic_result(&Defaults::default(), 5, TopicName(str_bytes("a")), Ok(created));
+        let result = topic_result(
+            &Defaults::default(),
+            5,
+            TopicName(str_bytes("a")),
+            Ok(created),
+            || true,
+        );
         assert_eq!(
             (
                 result.error_code,
