@@ -706,6 +706,55 @@ fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
     );
 }
 
+/// A transactional producer's new epoch starts its sequences at 0 in a
+/// partition that knows the producer (Kafka: "Invalid sequence number for
+/// new epoch"), while a producer the partition knows only by its
+/// registration may start anywhere, as a producer without state may
+/// (KIP-360). Sequences go on across transactions of one epoch.
+#[test]
+fn a_new_epoch_starts_its_sequences_at_zero_where_the_producer_is_known() {
+    const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-new-epoch");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-new-epoch-id");
+    let first = init(&mut conn, &id, 30_000);
+    let (pid, epoch) = (first.producer_id.0, first.producer_epoch);
+
+    // Known only by its registration: it may start at sequence 7.
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let data = transactional(&[Record::value(1, b"a")], pid, epoch, 7);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
+    eventually("the record and its marker", 2, || redis.next_offset(&topic, 0));
+    // The next transaction of the same epoch goes on from sequence 8.
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let gap = transactional(&[Record::value(2, b"gap")], pid, epoch, 0);
+    assert_eq!(
+        produce_in(&mut conn, Some(&id), &topic, gap).0,
+        OUT_OF_ORDER_SEQUENCE_NUMBER
+    );
+    let data = transactional(&[Record::value(2, b"b")], pid, epoch, 8);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 2));
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
+    eventually("the second record and marker", 4, || redis.next_offset(&topic, 0));
+
+    // A bumped epoch (KIP-360, after an abortable error) starts at 0 here.
+    let (error, _, bumped) = init_named(&mut conn, &id, pid, epoch);
+    assert_eq!((error, bumped), (code::NONE, epoch + 1));
+    assert_eq!(add_partition(&mut conn, &id, pid, bumped, &topic, 0), code::NONE);
+    let late = transactional(&[Record::value(3, b"late")], pid, bumped, 9);
+    assert_eq!(
+        produce_in(&mut conn, Some(&id), &topic, late).0,
+        OUT_OF_ORDER_SEQUENCE_NUMBER
+    );
+    assert_eq!(redis.next_offset(&topic, 0), 4, "nothing stored");
+    let data = transactional(&[Record::value(3, b"c")], pid, bumped, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 4));
+}
+
 /// `ketch_transactions_total{outcome}` of a gateway (0 when absent).
 fn transactions_metric(ketch: &Ketch, outcome: &str) -> f64 {
     let (status, body) = ketch.http_get("/metrics");

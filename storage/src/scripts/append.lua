@@ -147,7 +147,10 @@ if ARGV[1] == 'marker' then
     return {'skipped'}
   end
   if epoch > state.e then
+    -- A marker of a new epoch (an abort that fenced the producer) starts
+    -- the epoch: the last one's batches are no duplicates of its own.
     state.e = epoch
+    state.b = {}
   end
   state.t = clock()
   if ends then
@@ -195,14 +198,17 @@ elseif tonumber(producer_id) >= 0 then
         return {'duplicate', b[i + 2], tonumber(meta[2])}
       end
     end
-    if #b > 0 and first_seq ~= (b[#b - 1] + 1) % 2147483648 then
+    -- No batch of this epoch yet (its marker started it): sequence 0.
+    local last_stored = #b > 0 and b[#b - 1] or -1
+    if first_seq ~= (last_stored + 1) % 2147483648 then
       return {'out_of_order'}
     end
-  elseif state and first_seq ~= 0 then
+  elseif state and state.e >= 0 and first_seq ~= 0 then
     -- A new epoch starts at sequence 0. A producer the partition does not
-    -- know (new, or forgotten after producers.expiration) may start
-    -- anywhere: Kafka accepts any sequence without state (KIP-360), and a
-    -- client told UNKNOWN_PRODUCER_ID would only resend the same batch.
+    -- know (new, forgotten after producers.expiration, or only registered
+    -- by its transaction: epoch -1, txn_join.lua) may start anywhere:
+    -- Kafka accepts any sequence without state (KIP-360), and a client
+    -- told UNKNOWN_PRODUCER_ID would only resend the same batch.
     return {'out_of_order'}
   end
   if not state or epoch > state.e then

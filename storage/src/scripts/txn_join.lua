@@ -37,9 +37,14 @@ if state and state.x then
     return 'pending'
   end
 end
-if not state or epoch > state.e then
-  -- A new epoch starts its sequences at 0 (as in append.lua).
-  state = {e = epoch, b = {}, l = state and state.l}
+if not state then
+  -- Known here only by this registration: no epoch yet (Kafka's
+  -- NO_PRODUCER_EPOCH), so its first batch may start at any sequence, as a
+  -- producer the partition does not know may (append.lua). The
+  -- transaction's epoch is x.e. A known producer keeps its epoch and
+  -- batches until its first batch of the new epoch, which must start at
+  -- sequence 0 (append.lua).
+  state = {e = -1, b = {}}
 end
 local now = redis.call('TIME')
 state.t = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
