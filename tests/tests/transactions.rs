@@ -319,6 +319,46 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
     assert_eq!(transactions_metric(&ketch, "coordinator_abort"), 1.0);
 }
 
+/// The sweeper reads the due ids a page (100) at a time and pages past
+/// those it cannot finish: 150 ids that fail every look (their state is
+/// not a hash), all due before it, do not keep a timed-out transaction
+/// from being aborted.
+#[test]
+fn ids_that_cannot_be_finished_do_not_starve_a_timed_out_transaction() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "transactions.abort_check_interval=100ms"],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-starved");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let mut redis_conn = redis.connection();
+    for i in 0..150 {
+        let broken = unique_topic(&format!("txn-broken-{i}"));
+        let _: () = redis::cmd("SET")
+            .arg(format!("ketch:txn:{{{broken}}}"))
+            .arg("not a hash")
+            .query(&mut redis_conn)
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg("ketch:transactions")
+            .arg(0)
+            .arg(&broken)
+            .query(&mut redis_conn)
+            .unwrap();
+    }
+    let id = unique_topic("txn-starved-id");
+    let started = init(&mut conn, &id, 1_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let open = transactional(&[Record::value(1_000, b"open")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    eventually("the timed-out transaction aborted", (2, 2), || {
+        watermarks(&mut conn, &topic)
+    });
+}
+
 /// An open transaction's data, which a read_committed fetch cannot send,
 /// takes none of its bytes: the partitions after it in the request are
 /// read and sent, as from Kafka.
