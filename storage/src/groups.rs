@@ -190,6 +190,46 @@ impl Store {
         Ok(deleted > 0)
     }
 
+    /// Removes a deleted topic's offsets, committed and staged by open
+    /// transactions, from every group that has committed offsets (Kafka's
+    /// coordinator writes their tombstones when a topic is deleted): a
+    /// topic created again under the name starts each group at its reset
+    /// policy, not at the old topic's offsets.
+    pub(crate) async fn drop_topic_offsets(&self, topic: &str, partitions: i32) -> Result<()> {
+        let groups: Vec<String> = self.conn().smembers(self.groups_key()).await?;
+        if groups.is_empty() || partitions <= 0 {
+            return Ok(());
+        }
+        let fields: Vec<String> = (0..partitions).map(|p| field(topic, p)).collect();
+        let mut pipe = redis::pipe();
+        for group in &groups {
+            pipe.hdel(self.group_offsets_key(group), &fields).ignore();
+            pipe.hkeys(self.group_txn_offsets_key(group));
+        }
+        let staged: Vec<Vec<String>> = pipe.query_async(&mut self.conn()).await?;
+        // A staged field is `<topic>:<partition>:<producer id>`.
+        let prefix = format!("{topic}:");
+        let mut pipe = redis::pipe();
+        let mut any = false;
+        for (group, fields) in groups.iter().zip(staged) {
+            let ours: Vec<&String> = fields
+                .iter()
+                .filter(|f| {
+                    f.strip_prefix(&prefix)
+                        .is_some_and(|rest| rest.split(':').count() == 2)
+                })
+                .collect();
+            if !ours.is_empty() {
+                pipe.hdel(self.group_txn_offsets_key(group), ours).ignore();
+                any = true;
+            }
+        }
+        if any {
+            let () = pipe.query_async(&mut self.conn()).await?;
+        }
+        Ok(())
+    }
+
     /// The group has no members left: its offsets expire after `retention`.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
         let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX).max(1);

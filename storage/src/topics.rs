@@ -311,7 +311,8 @@ impl Store {
     /// Deletes the topic named `name` — only while it has the id `id`,
     /// when given (a DeleteTopics by id must not delete a topic re-created
     /// under the same name since): the record first (clients stop seeing
-    /// it), only if it is still the one read, then every partition's keys.
+    /// it), only if it is still the one read, then every partition's keys,
+    /// then the groups' offsets of its partitions.
     /// Its Iceberg table, if any, is kept: the archive outlives the topic
     /// (docs/tiered-storage.md).
     pub async fn delete_topic(&self, name: &str, id: Option<Uuid>) -> Result<Arc<Topic>> {
@@ -339,6 +340,7 @@ impl Store {
             self.topics.forget(name);
             if removed == 1 {
                 self.drop_partitions(&topic, 0).await?;
+                self.drop_topic_offsets(name, topic.partitions()).await?;
                 return Ok(Arc::new(topic));
             }
         }

@@ -345,3 +345,110 @@ fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() 
         "nothing committed"
     );
 }
+
+/// Deleting a topic removes its offsets from every group, committed and
+/// staged by a transaction, as Kafka's coordinator writes their tombstones:
+/// a topic created again under the name starts each group at its reset
+/// policy, not at the old topic's offsets. Other topics' offsets stay.
+#[test]
+fn deleting_a_topic_drops_its_offsets_from_every_group() {
+    use kafka_protocol::messages::DeleteTopicsRequest;
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let (topic, other) = (unique_topic("deleted"), unique_topic("kept"));
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    assert_eq!(raw::create_topic(&mut conn, &other, 1), code::NONE);
+    let (first, second) = (unique_topic("group-a"), unique_topic("group-b"));
+    assert_eq!(
+        commit(&mut conn, &first, &topic, &[(0, 5, ""), (1, 7, "")], -1),
+        [0, 0]
+    );
+    assert_eq!(commit(&mut conn, &first, &other, &[(0, 3, "")], -1), [0]);
+    assert_eq!(commit(&mut conn, &second, &topic, &[(0, 9, "")], -1), [0]);
+    // Offsets staged by an open transaction (`<topic>:<partition>:<pid>`).
+    let staged = format!("ketch:group:{{{first}}}:txn-offsets");
+    for field in [format!("{topic}:1:42"), format!("{other}:0:42")] {
+        let _: () = redis::cmd("HSET")
+            .arg(&staged)
+            .arg(field)
+            .arg("1:3:txn{\"offset\":1}")
+            .query(&mut redis.connection())
+            .unwrap();
+    }
+
+    let delete = DeleteTopicsRequest::default()
+        .with_topics(vec![
+            DeleteTopicState::default().with_name(Some(raw::topic_name(&topic))),
+        ])
+        .with_timeout_ms(10_000);
+    let deleted: kafka_protocol::messages::DeleteTopicsResponse = conn.request(6, &delete);
+    assert_eq!(deleted.responses[0].error_code, code::NONE);
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    let offsets = |conn: &mut KafkaConn, group: &str, topic: &str, partitions: &[i32]| -> Vec<i64> {
+        fetch(conn, group, topic, partitions)
+            .into_iter()
+            .map(|(_, o, _)| o)
+            .collect()
+    };
+    assert_eq!(offsets(&mut conn, &first, &topic, &[0, 1]), [-1, -1]);
+    assert_eq!(offsets(&mut conn, &second, &topic, &[0]), [-1]);
+    assert_eq!(
+        offsets(&mut conn, &first, &other, &[0]),
+        [3],
+        "another topic's offset stays"
+    );
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg(&staged)
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(left, [format!("{other}:0:42")]);
+}
+
+/// DeleteGroups answers a group named twice once, as Kafka (which takes
+/// each name once); DescribeGroups reports authorised operations only with
+/// a group described, not with an error.
+#[test]
+fn delete_groups_answers_each_name_once_and_errors_carry_no_operations() {
+    use kafka_protocol::messages::{DeleteGroupsRequest, DescribeGroupsRequest};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("delete-groups");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (group, unknown) = (unique_topic("group"), unique_topic("unknown"));
+    assert_eq!(commit(&mut conn, &group, &topic, &[(0, 5, "")], -1), [0]);
+
+    let described = conn.request(
+        6,
+        &DescribeGroupsRequest::default()
+            .with_groups(vec![
+                GroupId(StrBytes::from_string(group.clone())),
+                GroupId(StrBytes::from_string(unknown.clone())),
+            ])
+            .with_include_authorized_operations(true),
+    );
+    let answers: Vec<(i16, bool)> = described
+        .groups
+        .iter()
+        .map(|g| (g.error_code, g.authorized_operations != i32::MIN))
+        .collect();
+    assert_eq!(answers, [(code::NONE, true), (GROUP_ID_NOT_FOUND, false)]);
+
+    let name = |g: &str| GroupId(StrBytes::from_string(g.to_owned()));
+    let deleted = conn.request(
+        2,
+        &DeleteGroupsRequest::default().with_groups_names(vec![name(&group), name(&group), name(&unknown)]),
+    );
+    let results: Vec<(String, i16)> = deleted
+        .results
+        .iter()
+        .map(|r| (r.group_id.to_string(), r.error_code))
+        .collect();
+    assert_eq!(
+        results,
+        [(group.clone(), code::NONE), (unknown, GROUP_ID_NOT_FOUND)]
+    );
+    assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, -1);
+}

@@ -17,8 +17,12 @@ pub async fn handle(
     req: DeleteGroupsRequest,
 ) -> DeleteGroupsResponse {
     let mut results = Vec::with_capacity(req.groups_names.len());
-    // One at a time: a name given twice is deleted once, then not found.
+    // One at a time, each name once (as Kafka answers a name given twice).
+    let mut seen = std::collections::HashSet::new();
     for group_id in req.groups_names {
+        if !seen.insert(group_id.clone()) {
+            continue;
+        }
         let may_delete = super::authorized(
             ctx,
             client,

@@ -60,6 +60,12 @@ pub async fn handle(
                 DescribedGroup::default().with_error_code(ResponseError::CoordinatorNotAvailable.code())
             }
         };
+        // Reported with a group described, not with an error (as Kafka).
+        let operations = if described.error_code == 0 {
+            operations
+        } else {
+            OPERATIONS_NOT_REQUESTED
+        };
         described
             .with_group_id(group_id)
             .with_authorized_operations(operations)

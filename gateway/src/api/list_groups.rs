@@ -105,9 +105,10 @@ fn only_offsets(in_memory: &[Listing], with_offsets: Vec<String>) -> Vec<Listing
         .collect()
 }
 
-/// Kafka matches state names without regard to case; no filter is all.
+/// Kafka matches state names trimmed and without regard to case; no
+/// filter is all.
 fn in_states(state: State, filter: &[StrBytes]) -> bool {
-    filter.is_empty() || filter.iter().any(|s| s.eq_ignore_ascii_case(state.name()))
+    filter.is_empty() || filter.iter().any(|s| s.trim().eq_ignore_ascii_case(state.name()))
 }
 
 fn listed(group: Listing) -> ListedGroup {
@@ -126,6 +127,7 @@ mod tests {
     fn state_filter_ignores_case() {
         let filter = [StrBytes::from_static_str("stable")];
         assert!(in_states(State::Stable, &filter));
+        assert!(in_states(State::Stable, &[StrBytes::from_static_str(" Stable ")]));
         assert!(!in_states(State::Empty, &filter));
         assert!(in_states(State::Empty, &[]));
     }
