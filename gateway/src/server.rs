@@ -718,7 +718,8 @@ pub(crate) enum Reply {
     Nothing,
     /// Close the connection after the responses before this request: an
     /// acks=0 produce a partition of which failed, as Kafka closes it (the
-    /// producer then reads the metadata again).
+    /// producer then reads the metadata again), or a request that cannot be
+    /// answered (the client asks again).
     Close,
 }
 
@@ -827,6 +828,14 @@ async fn respond(
                     encode_response(api_key, version, correlation_id, &response)
                         .map(|bytes| Some(vec![bytes]))
                 }
+                // A request but a produce without acks that gets no
+                // answer closes the connection (Metadata that cannot list
+                // the topics): its client would wait for one until its
+                // request timeout, then ask again.
+                None if !silent => {
+                    ctx.requests.answered(api_key, asked.received.elapsed());
+                    return Reply::Close;
+                }
                 None => Ok(None),
             }
         }
@@ -899,7 +908,9 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
     match reply {
         Reply::Send(chunks) => Ok(Some(Bytes::from(chunks.concat()))),
         Reply::Nothing => Ok(None),
-        Reply::Close => Err(ConnectionError::Invalid("an acks=0 produce failed".to_owned())),
+        Reply::Close => Err(ConnectionError::Invalid(
+            "an acks=0 produce failed, or the request could not be answered".to_owned(),
+        )),
     }
 }
 

@@ -231,12 +231,19 @@ impl Store {
         }
     }
 
-    /// Every topic, read from Redis now, sorted by name.
+    /// Every topic, read from Redis now, sorted by name. A record this
+    /// release cannot read is left out (and logged), not the listing failed.
     pub async fn all_topics(&self) -> Result<Vec<Arc<Topic>>> {
         let all: Vec<(String, String)> = self.conn().hgetall(self.keys.topics()).await?;
         let mut topics = Vec::with_capacity(all.len());
         for (name, json) in all {
-            let topic = Arc::new(Topic::decode(&name, &json)?.with_keys(&self.keys));
+            let topic = match Topic::decode(&name, &json) {
+                Ok(topic) => Arc::new(topic.with_keys(&self.keys)),
+                Err(e) => {
+                    tracing::warn!(topic = %name, error = %e, "leaving out a topic record this gateway cannot read");
+                    continue;
+                }
+            };
             self.topics.put(topic.clone());
             topics.push(topic);
         }

@@ -57,6 +57,12 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         "COORDINATOR_NOT_AVAILABLE while Redis is down"
     );
 
+    // A listing of every topic has no list to answer with: the connection
+    // closes (an empty list would tell clients every topic is gone).
+    let mut listing = KafkaConn::connect(ketch.kafka_addr());
+    listing.send(12, &MetadataRequest::default().with_topics(None));
+    listing.assert_closed();
+
     eprintln!("while Redis is down: Metadata error {metadata_error}, Produce error {produce_error}");
 
     redis.start_again();
@@ -90,6 +96,27 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
     // The connection opened while Redis was down works now.
     let (error, offset) = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(1, b"first")]));
     assert_eq!((error, offset), (code::NONE, 0));
+    // A topic record this release cannot read is left out of a listing,
+    // which lists the others.
+    let _: () = redis::cmd("HSET")
+        .arg("ketch:topics")
+        .arg("unreadable")
+        .arg("{not a topic")
+        .query(&mut redis.connection())
+        .unwrap();
+    let all: kafka_protocol::messages::MetadataResponse =
+        conn.request(12, &MetadataRequest::default().with_topics(None));
+    let names: Vec<String> = all
+        .topics
+        .iter()
+        .filter_map(|t| t.name.as_ref().map(|n| n.to_string()))
+        .collect();
+    assert_eq!(names, std::slice::from_ref(&topic));
+    let _: () = redis::cmd("HDEL")
+        .arg("ketch:topics")
+        .arg("unreadable")
+        .query(&mut redis.connection())
+        .unwrap();
 
     // And so does a real client.
     let rt = runtime();

@@ -41,7 +41,7 @@ pub async fn handle(
     client: &Client,
     _header: &RequestHeader,
     req: DescribeTopicPartitionsRequest,
-) -> DescribeTopicPartitionsResponse {
+) -> Option<DescribeTopicPartitionsResponse> {
     let fetch_all = req.topics.is_empty();
     let cursor = req
         .cursor
@@ -63,7 +63,7 @@ pub async fn handle(
         };
         if let Some(message) = problem {
             tracing::debug!(message, "invalid DescribeTopicPartitions request");
-            return invalid_request(&req);
+            return Some(invalid_request(&req));
         }
     }
     let limit = req.response_partition_limit.clamp(1, MAX_PARTITIONS_PER_RESPONSE);
@@ -83,9 +83,11 @@ pub async fn handle(
                 all.sort_by(|a, b| a.name.cmp(&b.name));
                 all.into_iter().map(|t| (t.name.clone(), Ok(t))).collect()
             }
+            // No list to answer with: an empty one would say every topic
+            // is gone. The connection closes instead (as for Metadata).
             Err(e) => {
-                error_code(&e);
-                Vec::new()
+                tracing::warn!(error = %e, "cannot list the topics for DescribeTopicPartitions: closing the connection");
+                return None;
             }
         }
     } else {
@@ -122,9 +124,11 @@ pub async fn handle(
         }
     }
     topics.extend(refused);
-    DescribeTopicPartitionsResponse::default()
-        .with_topics(topics)
-        .with_next_cursor(next_cursor)
+    Some(
+        DescribeTopicPartitionsResponse::default()
+            .with_topics(topics)
+            .with_next_cursor(next_cursor),
+    )
 }
 
 /// One page of `lookups` (in name order): whole topics while they fit in

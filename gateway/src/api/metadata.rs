@@ -15,8 +15,7 @@ use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, Requ
 use ketch_storage::Topic;
 
 use super::{
-    Client, authorized, authorized_operations, cluster_authorized, error_code, resolve_topic,
-    resolve_topic_id, str_bytes,
+    Client, authorized, authorized_operations, cluster_authorized, resolve_topic, resolve_topic_id, str_bytes,
 };
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
@@ -26,7 +25,7 @@ pub async fn handle(
     client: &Client,
     header: &RequestHeader,
     request: MetadataRequest,
-) -> MetadataResponse {
+) -> Option<MetadataResponse> {
     let version = header.request_api_version;
     let auto_create = version < 4 || request.allow_auto_topic_creation;
     let topic_operations = request.include_topic_authorized_operations;
@@ -44,15 +43,24 @@ pub async fn handle(
                 .filter(|t| authorized(ctx, client, Operation::Describe, ResourceType::Topic, &t.name))
                 .map(|t| describe(ctx, client, broker_ids, t, topic_operations))
                 .collect(),
+            // No list to answer with: an empty one would tell clients
+            // every topic is gone (a pattern subscription would drop them
+            // all). The connection closes instead, and the client asks
+            // again, here or at another gateway (Kafka's brokers answer from
+            // their own metadata and never fail this).
             Err(e) => {
-                error_code(&e);
-                Vec::new()
+                tracing::warn!(error = %e, "cannot list the topics for a Metadata request: closing the connection");
+                return None;
             }
         }
     } else {
         let requested = request.topics.unwrap_or_default();
         let lookups = requested.into_iter().map(|t| async move {
+            // Topic ids name topics from v12; v10 and v11 carry the field
+            // but Kafka refuses it set, or a topic without its name.
+            let by_id_too_early = version < 12 && (t.name.is_none() || !t.topic_id.is_nil());
             let result = match &t.name {
+                _ if by_id_too_early => Err(ResponseError::InvalidRequest.code()),
                 Some(name) if !authorized(ctx, client, Operation::Describe, ResourceType::Topic, name) => {
                     Err(ResponseError::TopicAuthorizationFailed.code())
                 }
@@ -108,7 +116,7 @@ pub async fn handle(
     };
     let nodes = ctx.membership.brokers(&client.listener);
     let controller = nodes.first().map_or(-1, |n| n.id);
-    MetadataResponse::default()
+    let response = MetadataResponse::default()
         .with_brokers(
             nodes
                 .into_iter()
@@ -127,7 +135,8 @@ pub async fn handle(
             authorized_operations(ctx, client, ResourceType::Cluster, crate::auth::acl::CLUSTER_NAME)
         } else {
             i32::MIN
-        })
+        });
+    Some(response)
 }
 
 /// Metadata clients retry LEADER_NOT_AVAILABLE; use it while Redis is away.

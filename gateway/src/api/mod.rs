@@ -234,7 +234,7 @@ async fn handle_other(
             answer.fetched.count(ctx);
             ResponseKind::Fetch(answer.into_response())
         }
-        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, &client, header, r).await),
+        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(ctx, &client, header, r).await?),
         RequestKind::ListOffsets(r) => {
             ResponseKind::ListOffsets(list_offsets::handle(ctx, &client, header, r).await)
         }
@@ -269,7 +269,7 @@ async fn handle_other(
             ResponseKind::DescribeCluster(describe_cluster::handle(ctx, &client, header, r))
         }
         RequestKind::DescribeTopicPartitions(r) => ResponseKind::DescribeTopicPartitions(
-            describe_topic_partitions::handle(ctx, &client, header, r).await,
+            describe_topic_partitions::handle(ctx, &client, header, r).await?,
         ),
         RequestKind::DescribeLogDirs(r) => {
             ResponseKind::DescribeLogDirs(describe_log_dirs::handle(ctx, &client, header, r).await)
