@@ -34,22 +34,38 @@ pub fn optional_string<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Opt
     Option::<Lenient>::deserialize(deserializer).map(|v| v.map(String::from))
 }
 
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum List {
+    One(String),
+    Many(Vec<Lenient>),
+}
+
+fn split(text: &str, separator: char) -> Vec<String> {
+    text.split(separator)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A list given as an array or as one comma-separated string (how an
 /// environment variable or `--set` writes it).
 pub fn string_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum List {
-        One(String),
-        Many(Vec<Lenient>),
-    }
     Ok(match List::deserialize(deserializer)? {
-        List::One(text) => text
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        List::One(text) => split(&text, ','),
+        List::Many(items) => items.into_iter().map(String::from).collect(),
+    })
+}
+
+/// A list of principals given as an array or as one string: separated by
+/// `;` as Kafka's `super.users` is (a certificate's name holds commas:
+/// `User:CN=admin,OU=ops`), or by `,` when there is no `;` and no name
+/// holds a `=`.
+pub fn principal_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    Ok(match List::deserialize(deserializer)? {
+        List::One(text) if text.contains(';') || text.contains('=') => split(&text, ';'),
+        List::One(text) => split(&text, ','),
         List::Many(items) => items.into_iter().map(String::from).collect(),
     })
 }

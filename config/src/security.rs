@@ -133,7 +133,7 @@ pub struct AclSettings {
     /// Check every request against the ACLs.
     pub enabled: bool,
     /// Principals allowed everything (`User:admin`, or `admin` for short).
-    #[serde(deserialize_with = "lenient::string_list")]
+    #[serde(deserialize_with = "lenient::principal_list")]
     pub super_users: Vec<String>,
     /// Allow access to a resource no ACL names (Kafka's
     /// `allow.everyone.if.no.acl.found`).
@@ -586,5 +586,17 @@ mod tests {
         assert_eq!(s.sasl.mechanisms, ["SCRAM-SHA-512", "PLAIN"]);
         assert!(s.acl.is_super_user("User:admin") && s.acl.is_super_user("User:ops"));
         assert!(!s.acl.is_super_user("User:alice"));
+        // Kafka's separator, and a certificate's name whole.
+        let s = Loader::new()
+            .set("acl", "super_users", "User:CN=admin,OU=ops,O=Ex; User:bob")
+            .load()
+            .unwrap();
+        assert_eq!(s.acl.super_users, ["User:CN=admin,OU=ops,O=Ex", "User:bob"]);
+        let s = Loader::new()
+            .set("acl", "super_users", "User:CN=admin,OU=ops,O=Ex")
+            .load()
+            .unwrap();
+        assert!(s.acl.is_super_user("User:CN=admin,OU=ops,O=Ex"));
+        assert!(!s.acl.is_super_user("User:O=Ex"));
     }
 }

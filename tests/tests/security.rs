@@ -620,6 +620,16 @@ fn metadata_tells_a_client_what_it_may_not_do() {
         metadata(&mut admin, named("no such/topic"), false).0,
         INVALID_TOPIC_EXCEPTION
     );
+    // Before v12 a topic is named, not given by id: INVALID_REQUEST.
+    let early: MetadataResponse = admin.request(
+        11,
+        &MetadataRequest::default()
+            .with_topics(Some(vec![
+                MetadataRequestTopic::default().with_topic_id(hidden_id),
+            ]))
+            .with_allow_auto_topic_creation(false),
+    );
+    assert_eq!(early.topics[0].error_code, 42, "INVALID_REQUEST");
 }
 
 /// CreateTopics shows a created topic's configs only to a client that may
@@ -661,5 +671,82 @@ fn created_topics_configs_are_shown_only_to_who_may_describe_them() {
             .as_ref()
             .is_some_and(|c| c.iter().any(|c| c.name.as_str() == "retention.ms")),
         "{result:?}"
+    );
+}
+
+/// DeleteTopics takes DELETE on the cluster as DELETE on every topic, and
+/// tells a client that may describe a missing topic that it is missing;
+/// Metadata reports the cluster's authorised operations only to a client
+/// with DESCRIBE on the cluster (as DescribeCluster does, and Kafka).
+#[test]
+fn delete_topics_takes_the_clusters_delete_and_metadata_hides_cluster_operations() {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    use kafka_protocol::messages::{DeleteTopicsRequest, DeleteTopicsResponse, MetadataResponse};
+    const CLUSTER: i8 = 4;
+    const DELETE: i8 = 6;
+    const IDEMPOTENT_WRITE: i8 = 12;
+    let (_redis, ketch, mut admin) = admin_and_alice();
+    let (topic, missing, hidden) = (
+        unique_topic("doomed"),
+        unique_topic("missing"),
+        unique_topic("hidden"),
+    );
+    assert_eq!(ketch_tests::raw::create_topic(&mut admin, &topic, 1), 0);
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(TOPIC, &missing, "User:alice", DESCRIBE),
+            acl(CLUSTER, "kafka-cluster", "User:alice", IDEMPOTENT_WRITE),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let delete = |conn: &mut KafkaConn, name: &str| -> i16 {
+        let response: DeleteTopicsResponse = conn.request(
+            6,
+            &DeleteTopicsRequest::default()
+                .with_topics(vec![
+                    DeleteTopicState::default().with_name(Some(ketch_tests::raw::topic_name(name))),
+                ])
+                .with_timeout_ms(10_000),
+        );
+        response.responses[0].error_code
+    };
+    assert_eq!(delete(&mut alice, &missing), 3, "UNKNOWN_TOPIC_OR_PARTITION");
+    assert_eq!(delete(&mut alice, &hidden), 29, "TOPIC_AUTHORIZATION_FAILED");
+    assert_eq!(delete(&mut alice, &topic), 29, "TOPIC_AUTHORIZATION_FAILED");
+    let operations = |conn: &mut KafkaConn| -> i32 {
+        let response: MetadataResponse = conn.request(
+            10,
+            &MetadataRequest::default()
+                .with_topics(Some(vec![]))
+                .with_include_cluster_authorized_operations(true),
+        );
+        response.cluster_authorized_operations
+    };
+    assert_eq!(operations(&mut alice), 0, "no DESCRIBE on the cluster");
+
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(CLUSTER, "kafka-cluster", "User:alice", DELETE),
+            acl(CLUSTER, "kafka-cluster", "User:alice", DESCRIBE),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while operations(&mut alice) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the new ACLs never reached the gateway"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // DELETE is no cluster operation Kafka reports (its supported ones).
+    assert_eq!(operations(&mut alice), 1 << DESCRIBE | 1 << IDEMPOTENT_WRITE);
+    assert_eq!(
+        delete(&mut alice, &topic),
+        0,
+        "DELETE on the cluster deletes any topic"
     );
 }

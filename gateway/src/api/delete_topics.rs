@@ -12,7 +12,7 @@ use ketch_storage::StorageError;
 use uuid::Uuid;
 
 use super::create_topics::{Failure, count_mutation, unique_by};
-use super::{Client, authorized, resolve_topic_id, str_bytes};
+use super::{Client, authorized, cluster_authorized, resolve_topic_id, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
 use crate::quotas::MutationQuota;
@@ -38,9 +38,11 @@ pub async fn handle(
     let quota = &ctx
         .quotas
         .mutations(&client.principal, client_id, header.request_api_version >= 5);
+    // DELETE on the cluster allows every topic; otherwise DELETE on each.
+    let on_cluster = cluster_authorized(ctx, client, Operation::Delete);
     let responses = super::each(states.into_iter().map(|((name, id), state)| async move {
         let outcome = match state {
-            Some(state) => delete(ctx, client, state, quota).await,
+            Some(state) => delete(ctx, client, state, quota, on_cluster).await,
             None if name.is_some() => Err(Failure::duplicate("name")),
             None => Err(Failure::duplicate("id")),
         };
@@ -58,6 +60,7 @@ async fn delete(
     client: &Client,
     state: DeleteTopicState,
     quota: &MutationQuota<'_>,
+    on_cluster: bool,
 ) -> Result<(TopicName, Uuid), Failure> {
     let by_id = state.topic_id != Uuid::nil();
     let name = match (state.name, by_id) {
@@ -80,7 +83,18 @@ async fn delete(
             ));
         }
     };
-    if !authorized(ctx, client, Operation::Delete, ResourceType::Topic, &name) {
+    if !on_cluster && !authorized(ctx, client, Operation::Delete, ResourceType::Topic, &name) {
+        // A client that may describe the topic is told it does not exist,
+        // as Kafka tells it.
+        if !by_id
+            && authorized(ctx, client, Operation::Describe, ResourceType::Topic, &name)
+            && matches!(ctx.storage.topic_fresh(&name).await, Ok(None))
+        {
+            return Err(Failure {
+                code: ResponseError::UnknownTopicOrPartition.code(),
+                message: None,
+            });
+        }
         return Err(Failure::new(
             ResponseError::TopicAuthorizationFailed,
             "Authorization failed.",

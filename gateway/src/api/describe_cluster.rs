@@ -43,21 +43,24 @@ pub fn handle(
                 .with_port(i32::from(n.port))
         })
         .collect();
-    // Anyone may describe the cluster; its authorised operations are
-    // reported to a principal with DESCRIBE on it (0 to others), as in
-    // Kafka. Without an authorizer every operation is allowed.
-    let operations = if req.include_cluster_authorized_operations {
-        if cluster_authorized(ctx, client, Operation::Describe) {
-            super::authorized_operations(ctx, client, ResourceType::Cluster, CLUSTER_NAME)
-        } else {
-            0
-        }
-    } else {
-        OPERATIONS_NOT_REQUESTED
-    };
+    let operations = cluster_operations(ctx, client, req.include_cluster_authorized_operations);
     response
         .with_cluster_id(str_bytes(ctx.settings.broker.cluster_id.clone()))
         .with_controller_id(BrokerId(controller))
         .with_brokers(brokers)
         .with_cluster_authorized_operations(operations)
+}
+
+/// The cluster's authorised operations as DescribeCluster and Metadata
+/// report them when asked: to a principal with DESCRIBE on the cluster (0
+/// to others), as in Kafka. Without an authorizer every operation is
+/// allowed.
+pub fn cluster_operations(ctx: &Context, client: &Client, requested: bool) -> i32 {
+    if !requested {
+        OPERATIONS_NOT_REQUESTED
+    } else if cluster_authorized(ctx, client, Operation::Describe) {
+        super::authorized_operations(ctx, client, ResourceType::Cluster, CLUSTER_NAME)
+    } else {
+        0
+    }
 }

@@ -131,11 +131,11 @@ pub async fn handle(
         .with_cluster_id(Some(str_bytes(ctx.settings.broker.cluster_id.clone())))
         .with_controller_id(BrokerId(controller))
         .with_topics(topics)
-        .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {
-            authorized_operations(ctx, client, ResourceType::Cluster, crate::auth::acl::CLUSTER_NAME)
-        } else {
-            i32::MIN
-        });
+        .with_cluster_authorized_operations(super::describe_cluster::cluster_operations(
+            ctx,
+            client,
+            request.include_cluster_authorized_operations,
+        ));
     Some(response)
 }
 

@@ -25,10 +25,15 @@ pub async fn handle(
     request: TxnOffsetCommitRequest,
 ) -> TxnOffsetCommitResponse {
     let group = request.group_id.0.to_string();
-    let refused = match super::elsewhere(ctx, client, header, (Operation::Read, &group), &request).await {
-        None => check(ctx, client, header, &request, &group).await.err(),
-        Some(Ok(answer)) => return answer,
-        Some(Err(code)) => Some(code),
+    // The transactional id's ACL first, then the group's (Kafka's order).
+    let refused = if !may_write(ctx, client, &request) {
+        Some(ResponseError::TransactionalIdAuthorizationFailed.code())
+    } else {
+        match super::elsewhere(ctx, client, header, (Operation::Read, &group), &request).await {
+            None => check(ctx, client, header, &request, &group).await.err(),
+            Some(Ok(answer)) => return answer,
+            Some(Err(code)) => Some(code),
+        }
     };
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
@@ -87,6 +92,17 @@ pub async fn handle(
     )
 }
 
+/// WRITE on the request's transactional id.
+fn may_write(ctx: &Context, client: &Client, request: &TxnOffsetCommitRequest) -> bool {
+    authorized(
+        ctx,
+        client,
+        Operation::Write,
+        ResourceType::TransactionalId,
+        &request.transactional_id,
+    )
+}
+
 /// The checks before anything is staged: the transactional id's ACL, the
 /// member and generation (v3), and that the transaction takes offsets for
 /// this group.
@@ -97,13 +113,7 @@ async fn check(
     request: &TxnOffsetCommitRequest,
     group: &str,
 ) -> Result<(), i16> {
-    if !authorized(
-        ctx,
-        client,
-        Operation::Write,
-        ResourceType::TransactionalId,
-        &request.transactional_id,
-    ) {
+    if !may_write(ctx, client, request) {
         return Err(ResponseError::TransactionalIdAuthorizationFailed.code());
     }
     if header.request_api_version >= 3 && (request.generation_id >= 0 || !request.member_id.is_empty()) {

@@ -13,6 +13,7 @@
 //! them in memory ([`Authorizer`]) and reloads them when any gateway
 //! announces a change, so checking a request costs no Redis round trip.
 
+use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -69,7 +70,7 @@ impl ResourceType {
                 DescribeConfigs,
                 AlterConfigs,
             ],
-            ResourceType::Group => &[Read, Delete, Describe],
+            ResourceType::Group => &[Read, Delete, Describe, DescribeConfigs, AlterConfigs],
             ResourceType::Cluster => &[
                 Create,
                 Alter,
@@ -81,10 +82,6 @@ impl ResourceType {
             ],
             ResourceType::TransactionalId => &[Write, Describe],
         }
-    }
-
-    fn supports(self, op: Operation) -> bool {
-        op == Operation::All || self.operations().contains(&op)
     }
 }
 
@@ -249,14 +246,12 @@ pub enum InvalidAcl {
     Permission(i8),
     #[error("the resource name must not be empty")]
     EmptyName,
-    #[error("the cluster resource is named `{CLUSTER_NAME}` (LITERAL)")]
+    #[error("the only valid name for the CLUSTER resource is {CLUSTER_NAME}")]
     ClusterName,
     #[error("principal `{0}` is not of the form Type:name")]
     Principal(String),
     #[error("the host must not be empty (`*` is any host)")]
     EmptyHost,
-    #[error("operation {0:?} does not apply to resource type {1:?}")]
-    Unsupported(Operation, ResourceType),
 }
 
 /// Whether `principal` is `Type:name` with both parts present.
@@ -267,7 +262,10 @@ pub fn valid_principal(principal: &str) -> bool {
 }
 
 impl AclBinding {
-    /// A binding from a CreateAcls entry's fields, validated as Kafka does.
+    /// A binding from a CreateAcls entry's fields, validated as Kafka does
+    /// (which takes any operation on any resource type: an ACL no request
+    /// checks is stored and listed, never used), and stricter on the
+    /// principal, which must name its type.
     pub fn from_codes(
         resource_type: i8,
         name: &str,
@@ -285,8 +283,7 @@ impl AclBinding {
         if name.is_empty() {
             return Err(InvalidAcl::EmptyName);
         }
-        if resource_type == ResourceType::Cluster && (name != CLUSTER_NAME || pattern != PatternType::Literal)
-        {
+        if resource_type == ResourceType::Cluster && name != CLUSTER_NAME {
             return Err(InvalidAcl::ClusterName);
         }
         if !valid_principal(principal) {
@@ -294,9 +291,6 @@ impl AclBinding {
         }
         if host.is_empty() {
             return Err(InvalidAcl::EmptyHost);
-        }
-        if !resource_type.supports(operation) {
-            return Err(InvalidAcl::Unsupported(operation, resource_type));
         }
         Ok(Self {
             resource_type,
@@ -347,9 +341,23 @@ impl AclBinding {
     }
 
     fn applies_to(&self, principal: &str, host: &str) -> bool {
-        (self.principal == principal || self.principal == "User:*")
-            && (self.host == host || self.host == WILDCARD)
+        (self.principal == principal || self.principal == "User:*") && host_matches(&self.host, host)
     }
+}
+
+/// Whether an ACL's host covers a client's address: `*`, the same text,
+/// or the same address however written. Kafka compares the ACL's text with
+/// Java's form of the address, which gives an IPv4 client of a dual-stack
+/// listener as plain IPv4 and IPv6 uncompressed; comparing addresses
+/// matches both Java's forms and the usual ones.
+fn host_matches(acl_host: &str, client: &str) -> bool {
+    use std::net::IpAddr;
+    acl_host == WILDCARD
+        || acl_host == client
+        || match (acl_host.parse::<IpAddr>(), client.parse::<IpAddr>()) {
+            (Ok(acl), Ok(client)) => acl.to_canonical() == client.to_canonical(),
+            _ => false,
+        }
 }
 
 /// A DescribeAcls or DeleteAcls filter.
@@ -561,10 +569,13 @@ impl Authorizer {
     }
 
     /// Whether `principal` may perform `op` on some resource of
-    /// `resource_type` (Kafka's `authorizeByResourceType`, as InitProducerId
-    /// checks idempotent producers: WRITE on any topic). An ALLOW on some
-    /// pattern that no DENY of the same principal covers whole (a literal
-    /// `*` or an empty prefix) is enough.
+    /// `resource_type`, as InitProducerId checks idempotent producers (WRITE
+    /// on any topic): Kafka's `authorizeByResourceType`. A resource no ACL
+    /// names (checked as Kafka does, by the name `hardcode`) allows it
+    /// under `acl.allow_everyone_if_no_acl_found`; otherwise an ALLOW of
+    /// the operation (or ALL) on the literal `*`, or on a name or prefix no
+    /// DENY covers: a DENY of the same literal name, of a prefix of it, or
+    /// of the literal `*`, which denies everything.
     pub fn authorize_any(
         &self,
         principal: &str,
@@ -572,30 +583,41 @@ impl Authorizer {
         op: Operation,
         resource_type: ResourceType,
     ) -> bool {
+        if self.authorize(principal, host, op, resource_type, "hardcode") {
+            return true;
+        }
         let snapshot = match self.bindings_for(principal) {
             Ok(snapshot) => snapshot,
             Err(decided) => return decided,
         };
-        let of_type = || {
-            snapshot
-                .bindings
-                .iter()
-                .filter(|b| b.resource_type == resource_type)
-        };
-        let denied_everywhere = of_type().any(|b| {
-            b.permission == Permission::Deny
+        let mut denied: HashSet<(PatternType, &str)> = HashSet::new();
+        let mut allowed: Vec<(PatternType, &str)> = Vec::new();
+        let mut allowed_everywhere = false;
+        for b in snapshot.bindings.iter().filter(|b| {
+            b.resource_type == resource_type
                 && b.applies_to(principal, host)
-                && b.operation.denies(op)
-                && (b.pattern == PatternType::Literal && b.name == WILDCARD
-                    || b.pattern == PatternType::Prefixed && b.name.is_empty())
-        });
-        if denied_everywhere {
-            return false;
+                && (b.operation == op || b.operation == Operation::All)
+        }) {
+            let wildcard = b.pattern == PatternType::Literal && b.name == WILDCARD;
+            match b.permission {
+                Permission::Deny if wildcard => return false,
+                Permission::Deny => {
+                    denied.insert((b.pattern, &b.name));
+                }
+                Permission::Allow if wildcard => allowed_everywhere = true,
+                Permission::Allow => allowed.push((b.pattern, &b.name)),
+            }
         }
-        let allowed_somewhere = of_type().any(|b| {
-            b.permission == Permission::Allow && b.applies_to(principal, host) && b.operation.allows(op)
-        });
-        allowed_somewhere || self.allow_if_no_acl && of_type().next().is_none()
+        allowed_everywhere
+            || allowed.iter().any(|&(pattern, name)| {
+                let literal_denied =
+                    pattern == PatternType::Literal && denied.contains(&(PatternType::Literal, name));
+                let prefix_denied = name
+                    .char_indices()
+                    .map(|(i, c)| &name[..i + c.len_utf8()])
+                    .any(|prefix| denied.contains(&(PatternType::Prefixed, prefix)));
+                !literal_denied && !prefix_denied
+            })
     }
 }
 
@@ -619,6 +641,27 @@ mod tests {
             host: WILDCARD.to_owned(),
             operation: op,
             permission,
+        }
+    }
+
+    fn acl_from(
+        resource_type: ResourceType,
+        name: &str,
+        principal: &str,
+        host: &str,
+        op: Operation,
+        permission: Permission,
+    ) -> AclBinding {
+        AclBinding {
+            host: host.to_owned(),
+            ..acl(
+                resource_type,
+                name,
+                PatternType::Literal,
+                principal,
+                op,
+                permission,
+            )
         }
     }
 
@@ -711,6 +754,52 @@ mod tests {
             ],
         );
         assert!(!a.authorize_any("User:alice", "h", Write, Topic));
+        // A prefix denied covers the allowed prefix it starts; a literal
+        // denied only the same literal.
+        let a = authorizer(
+            false,
+            &[
+                acl(Topic, "t-", Prefixed, "User:alice", Write, Allow),
+                acl(Topic, "t", Prefixed, "User:alice", Write, Deny),
+            ],
+        );
+        assert!(!a.authorize_any("User:alice", "h", Write, Topic));
+        let a = authorizer(
+            false,
+            &[
+                acl(Topic, "t-1", Literal, "User:alice", Write, Allow),
+                acl(Topic, "t-1", Literal, "User:alice", All, Deny),
+                acl(Topic, "t-2", Literal, "User:alice", All, Allow),
+                acl(Topic, "t-", Literal, "User:alice", Write, Deny),
+            ],
+        );
+        assert!(a.authorize_any("User:alice", "h", Write, Topic), "t-2");
+        // With allow-everyone, a principal may write where no ACL names
+        // the topic, whatever other topics' and the cluster's ACLs say.
+        let a = authorizer(
+            true,
+            &[
+                acl(Topic, "secret", Literal, "User:bob", Read, Allow),
+                acl(Cluster, CLUSTER_NAME, Literal, "User:bob", Describe, Allow),
+            ],
+        );
+        assert!(a.authorize_any("User:alice", "h", Write, Topic));
+    }
+
+    #[test]
+    fn hosts_match_by_address_however_written() {
+        let a = authorizer(
+            false,
+            &[
+                acl_from(Topic, "t", "User:alice", "10.0.0.5", Read, Deny),
+                acl_from(Topic, "t", "User:alice", "2001:db8:0:0:0:0:0:5", Read, Allow),
+                acl_from(Topic, "t", "User:alice", "*", Describe, Allow),
+            ],
+        );
+        assert!(!a.authorize("User:alice", "::ffff:10.0.0.5", Read, Topic, "t"));
+        assert!(a.authorize("User:alice", "::ffff:10.0.0.5", Describe, Topic, "t"));
+        assert!(a.authorize("User:alice", "2001:db8::5", Read, Topic, "t"));
+        assert!(!a.authorize("User:alice", "2001:db8::6", Read, Topic, "t"));
     }
 
     #[test]
@@ -718,7 +807,7 @@ mod tests {
         // What a Kafka broker without an authorizer reports as authorised
         // operations (bit n: operation code n).
         let bits = |t: ResourceType| t.operations().iter().fold(0, |b, op| b | 1 << op.code());
-        assert_eq!(bits(Group), 0b1_0100_1000);
+        assert_eq!(bits(Group), 0b1101_0100_1000);
         assert_eq!(bits(Cluster), 0b1_1111_1010_0000);
         assert_eq!(bits(Topic), 0b1101_1111_1000);
     }
@@ -727,8 +816,10 @@ mod tests {
     fn invalid_bindings_are_refused_with_a_reason() {
         let e = AclBinding::from_codes(4, "other", 3, "User:a", "*", 7, 3).unwrap_err();
         assert_eq!(e, InvalidAcl::ClusterName);
-        let e = AclBinding::from_codes(3, "g", 3, "User:a", "*", 4, 3).unwrap_err();
-        assert_eq!(e, InvalidAcl::Unsupported(Write, Group));
+        // Kafka takes any operation on any resource type, and a prefixed
+        // cluster ACL.
+        assert!(AclBinding::from_codes(3, "g", 3, "User:a", "*", 4, 3).is_ok());
+        assert!(AclBinding::from_codes(4, CLUSTER_NAME, 4, "User:a", "*", 7, 3).is_ok());
         let e = AclBinding::from_codes(2, "t", 3, "alice", "*", 3, 3).unwrap_err();
         assert!(matches!(e, InvalidAcl::Principal(_)));
         let e = AclBinding::from_codes(2, "t", 1, "User:a", "*", 3, 3).unwrap_err();
