@@ -572,7 +572,10 @@ impl ClientQuotas {
             return Duration::ZERO;
         }
         rate.record(self.config, -1.0, now);
+        // At most one quota window, as Kafka bounds it (a quota just
+        // lowered would otherwise hold new connections for minutes).
         Duration::from_millis(((observed - bound) / bound * span as f64).round() as u64)
+            .min(Duration::from_millis(self.config.window_ms))
     }
 
     /// The controller mutation quota of one CreateTopics, CreatePartitions
@@ -960,6 +963,10 @@ mod tests {
         assert!(!q.connection_at(named, 0).is_zero());
         // Two seconds on, the samples have expired.
         assert_eq!(q.connection_at(local, 2_100), Duration::ZERO);
+        // Far over a rate, the hold is one window at most.
+        // (1 - 0.01) / 0.01 × 1 s = 99 s, held one window (1 s).
+        let slow = quotas(2, &[(ip(None), CONNECTION_CREATION_RATE, 0.01)]);
+        assert_eq!(slow.connection_at(local, 0), Duration::from_secs(1));
     }
 
     #[test]

@@ -35,6 +35,11 @@ fn api_versions_advertises_the_implemented_apis_within_codec_range() {
     let request = ApiVersionsRequest::default()
         .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
         .with_client_software_version(StrBytes::from_static_str("0"));
+    // A software name Kafka refuses (KIP-511's pattern) is INVALID_REQUEST.
+    let badly_named = request
+        .clone()
+        .with_client_software_name(StrBytes::from_static_str("my client"));
+    assert_eq!(conn.request(3, &badly_named).error_code, code::INVALID_REQUEST);
     let response = conn.request(3, &request);
     assert_eq!(response.error_code, code::NONE);
     for advertised in &response.api_keys {

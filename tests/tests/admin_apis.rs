@@ -837,6 +837,17 @@ fn behind_a_load_balancer_the_one_advertised_broker_leads_everything() {
     let mut conn = KafkaConn::connect(a.kafka_addr());
     let cluster = conn.request(0, &DescribeClusterRequest::default());
     assert_eq!(cluster.brokers.len(), 1, "{cluster:?}");
+    // A controller endpoint asked of a broker is a mismatch (as Kafka
+    // answers an admin client given a broker as bootstrap.controllers);
+    // an unknown type is unsupported.
+    for (endpoint_type, error) in [(2, 114), (7, 115)] {
+        let asked = DescribeClusterRequest::default().with_endpoint_type(endpoint_type);
+        assert_eq!(
+            conn.request(1, &asked).error_code,
+            error,
+            "endpoint type {endpoint_type}"
+        );
+    }
     let shared = *cluster.brokers[0].broker_id;
 
     // Assignments may name the one broker clients see, not a gateway's own id.

@@ -329,6 +329,16 @@ fn producer_state_turns_compact_once_no_older_gateway_is_live() {
         (id, 0, 7)
     );
     assert!(producers[0].last_timestamp > 0);
+    // A name no topic can have is INVALID_TOPIC_EXCEPTION (17), as Kafka says.
+    let response: DescribeProducersResponse = conn.request(
+        0,
+        &DescribeProducersRequest::default().with_topics(vec![
+            TopicRequest::default()
+                .with_name(raw::topic_name("no such/topic"))
+                .with_partition_indexes(vec![0]),
+        ]),
+    );
+    assert_eq!(response.topics[0].partitions[0].error_code, 17);
 
     // A gateway of the older release that joins now cannot read compact
     // state: the gateway says so.

@@ -142,7 +142,9 @@ fn connections_beyond_the_limit_are_closed_and_idle_ones_time_out() {
             "broker.connections_max_idle=1s",
         ],
     );
-    let request = ApiVersionsRequest::default();
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
     let mut first = KafkaConn::connect(ketch.kafka_addr());
     let mut second = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(first.request(3, &request).error_code, code::NONE);

@@ -14,8 +14,29 @@ use kafka_protocol::messages::{
 use super::SUPPORTED_APIS;
 use crate::Context;
 
-pub fn handle(_ctx: &Context, _header: &RequestHeader, _request: ApiVersionsRequest) -> ApiVersionsResponse {
+pub fn handle(_ctx: &Context, header: &RequestHeader, request: ApiVersionsRequest) -> ApiVersionsResponse {
+    // From v3 the client names its software (KIP-511); Kafka refuses a name
+    // or version that is not letters, digits, `-` and `.` between a letter
+    // or digit at each end.
+    if header.request_api_version >= 3
+        && !(software_name_valid(&request.client_software_name)
+            && software_name_valid(&request.client_software_version))
+    {
+        return ApiVersionsResponse::default().with_error_code(ResponseError::InvalidRequest.code());
+    }
     response(0)
+}
+
+/// Kafka's `[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?`.
+fn software_name_valid(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let end = |b: &u8| b.is_ascii_alphanumeric();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            end(first) && end(last) && bytes.iter().all(|b| end(b) || *b == b'-' || *b == b'.')
+        }
+        _ => false,
+    }
 }
 
 fn response(error_code: i16) -> ApiVersionsResponse {
@@ -39,4 +60,25 @@ pub fn unsupported_version_response(correlation_id: i32) -> Bytes {
     let body = ResponseKind::ApiVersions(response(ResponseError::UnsupportedVersion.code()));
     crate::server::encode_response(ApiKey::ApiVersions, 0, correlation_id, &body)
         .expect("ApiVersions v0 always encodes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn software_names_are_checked_as_kafka_checks_them() {
+        for good in [
+            "librdkafka",
+            "apache-kafka-java",
+            "2.14.0",
+            "a",
+            "confluent-kafka-python",
+        ] {
+            assert!(software_name_valid(good), "{good}");
+        }
+        for bad in ["", "my client", "-x", "x.", "2.0+git", "é"] {
+            assert!(!software_name_valid(bad), "{bad}");
+        }
+    }
 }

@@ -63,6 +63,16 @@ impl Filter {
                     );
                 }
                 (MATCH_EXACT, name) => {
+                    // An address in the one spelling quotas are kept in
+                    // (`::ffff:10.0.0.1` is 10.0.0.1), so the name it was
+                    // set by finds it.
+                    let name = match name {
+                        Some(ip) if kind == IP => Some(
+                            ip.parse::<std::net::IpAddr>()
+                                .map_or(ip, |a| a.to_canonical().to_string()),
+                        ),
+                        other => other,
+                    };
                     filter.exact.insert(kind, name);
                 }
                 (MATCH_DEFAULT, None) => {

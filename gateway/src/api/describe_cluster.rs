@@ -12,6 +12,8 @@ use crate::auth::acl::{CLUSTER_NAME, Operation, ResourceType};
 
 /// Kafka's `EndpointType.BROKER`; ketch serves no controller endpoint.
 const BROKER_ENDPOINT: i8 = 1;
+/// Kafka's `EndpointType.CONTROLLER`.
+const CONTROLLER_ENDPOINT: i8 = 2;
 
 /// Kafka's "authorized operations were not requested" marker.
 const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
@@ -19,17 +21,33 @@ const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
 pub fn handle(
     ctx: &Context,
     client: &Client,
-    _header: &RequestHeader,
+    header: &RequestHeader,
     req: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
     let response = DescribeClusterResponse::default().with_endpoint_type(req.endpoint_type);
     if req.endpoint_type != BROKER_ENDPOINT {
-        let message = format!(
-            "ketch serves only broker endpoints (type 1), not type {}",
-            req.endpoint_type
-        );
+        // As Kafka answers: a controller endpoint asked of a broker is a
+        // mismatch, any other type unsupported (both INVALID_REQUEST at v0).
+        let (error, message) = if req.endpoint_type == CONTROLLER_ENDPOINT {
+            (
+                ResponseError::MismatchedEndpointType,
+                "The request was sent to an endpoint of type BROKER, but we wanted an endpoint of type \
+                 CONTROLLER (ketch serves only broker endpoints)"
+                    .to_owned(),
+            )
+        } else {
+            (
+                ResponseError::UnsupportedEndpointType,
+                format!("Unsupported endpoint type {}", req.endpoint_type),
+            )
+        };
+        let error = if header.request_api_version == 0 {
+            ResponseError::InvalidRequest
+        } else {
+            error
+        };
         return response
-            .with_error_code(ResponseError::UnsupportedEndpointType.code())
+            .with_error_code(error.code())
             .with_error_message(Some(str_bytes(message)));
     }
     let nodes = ctx.membership.brokers(&client.listener);

@@ -23,7 +23,10 @@ pub async fn handle(
 ) -> DescribeProducersResponse {
     let mut topics = Vec::with_capacity(request.topics.len());
     for topic in request.topics {
-        let found = if authorized(ctx, client, Operation::Read, ResourceType::Topic, &topic.name) {
+        // An invalid name first, then the ACL (Kafka's order).
+        let found = if ketch_storage::validate_topic_name(&topic.name).is_err() {
+            Err(ResponseError::InvalidTopicException.code())
+        } else if authorized(ctx, client, Operation::Read, ResourceType::Topic, &topic.name) {
             resolve_topic(ctx, &topic.name, false).await
         } else {
             Err(ResponseError::TopicAuthorizationFailed.code())
