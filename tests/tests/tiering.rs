@@ -780,7 +780,8 @@ fn rest_catalog_archives_and_serves_the_archive() {
 /// `tiering.compression=lz4`: the archive is written in Parquet's LZ4_RAW,
 /// which the gateway's own remote reads decode (a consumer reads every
 /// record across the tier boundary) and pyiceberg reads too; the table
-/// records the codec and every column chunk of every data file is in it.
+/// records the codec (Iceberg's `lz4_raw`) and every column chunk of every
+/// data file is in it.
 #[test]
 fn an_archive_written_in_lz4_is_served_and_read_by_pyiceberg() {
     const RECORDS: usize = 30_000;
@@ -799,7 +800,7 @@ fn an_archive_written_in_lz4_is_served_and_read_by_pyiceberg() {
         None,
         &topic,
         &[(0, local_start)],
-        Some(("lz4", &["LZ4", "LZ4_RAW"])),
+        Some(("lz4_raw", &["LZ4", "LZ4_RAW"])),
     );
 }
 

@@ -4,7 +4,11 @@
 //! Exactly once, whatever a crash interrupts:
 //! - a segment's data file has a fixed name (`<topic id>-<partition>-<base
 //!   offset>.parquet`), so writing it again after a crash before the commit
-//!   replaces the orphan instead of adding a second file;
+//!   replaces the orphan instead of adding a second file; before writing
+//!   over an existing file, the worker reads the table afresh (its copy may
+//!   predate another gateway's commit of the segment), and a file is never
+//!   deleted once written: a worker that lost its lease (stalled, then
+//!   taken over) may find its successor's committed file at that name;
 //! - every commit's snapshot summary carries the topic id, partition, base
 //!   and last offset and the file's path, so a crash between the commit and
 //!   marking the segment archived in Redis is repaired from the table, not
@@ -146,21 +150,14 @@ impl Fed {
         })
     }
 
-    /// Gives the segment up uncommitted: once its writer is done, a file it
-    /// finished is deleted (it would be an orphan; the segment is archived
-    /// again later under the same name).
-    pub async fn abandon(self, table: &Table) {
+    /// Gives the segment up uncommitted, once its writer is done. A file it
+    /// finished stays (deleting it could delete the file a worker that took
+    /// the lease over committed under the same name): the segment's next
+    /// attempt overwrites it, or finds that commit.
+    pub async fn abandon(self) {
         let Fed::Closing(mut closing) = self else { return };
-        let Some(writing) = closing.writing.take() else {
-            return;
-        };
-        let Ok(files) = writer_result(writing).await else {
-            return;
-        };
-        for file in files {
-            if let Err(e) = table.file_io().delete(file.file_path()).await {
-                tracing::warn!(path = %file.file_path(), error = %e, "cannot delete an uncommitted data file");
-            }
+        if let Some(writing) = closing.writing.take() {
+            let _ = writer_result(writing).await;
         }
     }
 }
@@ -529,7 +526,7 @@ impl Archiver {
         let mut properties = HashMap::from([
             (
                 "write.parquet.compression-codec".to_owned(),
-                self.settings.compression.clone(),
+                iceberg_codec(&self.settings.compression).to_owned(),
             ),
             ("ketch.topic".to_owned(), topic.name.clone()),
         ]);
@@ -699,7 +696,10 @@ impl Archiver {
         let name = format!("{}-{:05}-{:020}.parquet", topic.id, partition, segment.base);
         let locations = DefaultLocationGenerator::new(table.metadata())?;
         let path = locations.generate_location(Some(&key), &name);
-        if let Some(done) = already_archived(table, topic, partition, segment, &path).await? {
+        if let Some(done) = self
+            .already_archived(table, topic, partition, segment, &path)
+            .await?
+        {
             return Ok(Fed::Found(done));
         }
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
@@ -847,11 +847,9 @@ impl Archiver {
             ),
         ]);
         if !fence.holds().await? {
-            // Not committed: the file would be an orphan (in a table that
-            // may be purged meanwhile).
-            if let Err(e) = table.file_io().delete(&archived.path).await {
-                tracing::warn!(path = %archived.path, error = %e, "cannot delete an uncommitted data file");
-            }
+            // Not committed. The file stays: a worker that took the lease
+            // over may have committed the segment under this name (the next
+            // attempt finds that commit, or overwrites an orphan).
             return Err(Error::Fenced);
         }
         let transaction = Transaction::new(table);
@@ -926,25 +924,52 @@ impl Archiver {
     }
 }
 
-/// The segment's commit, if the table has it. The snapshot summaries tell
-/// at no cost while the commit's snapshot is kept (`tiering.snapshots_kept`,
-/// `tiering.snapshot_retention`). A commit whose snapshot was expired is
-/// still found: its data file exists at `path` (the segment's fixed name),
-/// and the current snapshot's manifests list it. A file that exists but is
-/// not listed is an orphan of a crash before the commit, to be overwritten.
-async fn already_archived(
-    table: &Table,
-    topic: &Topic,
-    partition: i32,
-    segment: &Segment,
-    path: &str,
-) -> Result<Option<Archived>> {
-    if let Some(done) = committed(table, topic, partition, segment) {
-        return Ok(Some(done));
+/// Iceberg's name (`write.parquet.compression-codec`) of the codec
+/// `tiering.compression` names: ketch's `lz4` is Parquet's LZ4_RAW, which
+/// Iceberg calls `lz4_raw` (its `lz4` is the Hadoop-framed codec readers
+/// disagree on).
+fn iceberg_codec(compression: &str) -> &str {
+    match compression {
+        "lz4" => "lz4_raw",
+        other => other,
     }
-    if !table.file_io().exists(path).await? {
-        return Ok(None);
+}
+
+impl Archiver {
+    /// The segment's commit, if the table has it. The snapshot summaries
+    /// tell at no cost while the commit's snapshot is kept
+    /// (`tiering.snapshots_kept`, `tiering.snapshot_retention`). When the
+    /// segment's data file exists at `path` (its fixed name) the table is
+    /// read afresh (`table`, a worker's copy, may predate another gateway's
+    /// commit of it) and its summaries and current manifests looked at: a
+    /// commit whose snapshot was expired is found there. A file that exists
+    /// but is not listed is an orphan of a crash before the commit, to be
+    /// overwritten.
+    async fn already_archived(
+        &self,
+        table: &Table,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        path: &str,
+    ) -> Result<Option<Archived>> {
+        if let Some(done) = committed(table, topic, partition, segment) {
+            return Ok(Some(done));
+        }
+        if !table.file_io().exists(path).await? {
+            return Ok(None);
+        }
+        let fresh = self.catalog().await?.load_table(table.identifier()).await?;
+        if let Some(done) = committed(&fresh, topic, partition, segment) {
+            return Ok(Some(done));
+        }
+        listed(&fresh, segment, path).await
     }
+}
+
+/// The segment's data file at `path`, if the table's current manifests list
+/// it live.
+async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<Archived>> {
     for manifest in maintenance::manifests(table).await? {
         let manifest = manifest.load_manifest(table.file_io()).await?;
         if let Some(entry) = manifest
@@ -1158,11 +1183,12 @@ mod tests {
     }
 
     /// A fence lost while the segment was written (its archiving
-    /// registration expired: the table may have been purged): nothing is
-    /// committed and the data file is deleted; a later attempt under a
-    /// fence that holds archives the segment.
+    /// registration expired: the table may have been purged, or another
+    /// worker took the partition over): nothing is committed and the data
+    /// file stays (it may be the file the other worker committed); a later
+    /// attempt under a fence that holds writes over it and commits.
     #[tokio::test]
-    async fn a_segment_whose_fence_is_lost_is_not_committed_and_leaves_no_file() {
+    async fn a_segment_whose_fence_is_lost_is_not_committed_and_archived_by_the_next_attempt() {
         let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
         let mut table = lake.table().await;
         let segment = crate::testing::segment(0, 300);
@@ -1186,7 +1212,7 @@ mod tests {
             .expect_err("fenced");
         assert!(matches!(error, Error::Fenced), "{error}");
         assert!(!error.is_bad_data());
-        assert!(lake.files(".parquet").is_empty(), "{:?}", lake.files(".parquet"));
+        assert_eq!(lake.files(".parquet").len(), 1, "its file stays");
         let reloaded = lake.table().await;
         assert!(
             reloaded.metadata().current_snapshot().is_none(),
@@ -1209,6 +1235,61 @@ mod tests {
         assert_eq!(archived.records, 300);
         assert_eq!(lake.files(".parquet").len(), 1);
         let rows = crate::testing::rows(&lake.table().await).await;
+        assert_eq!(rows, (0..300).map(|offset| (0, offset)).collect());
+    }
+
+    /// A stalled worker whose lease was taken over, by a worker that
+    /// archived the segment meanwhile, finds that commit though its copy of
+    /// the table predates it (the segment's file exists: the table is read
+    /// afresh) and neither writes over nor deletes the committed file.
+    /// (Before, a worker fenced out deleted the file at the segment's name:
+    /// its successor's committed one.)
+    #[tokio::test]
+    async fn a_stalled_worker_finds_its_successors_commit_and_leaves_its_file() {
+        let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
+        // The stalled worker's copy of the table, from before the commit.
+        let mut stale = lake.table().await;
+        let mut table = lake.table().await;
+        let segment = crate::testing::segment(0, 300);
+        let chunks = || Chunked {
+            per: 150,
+            last: 299,
+            fail_at: None,
+        };
+        let committed = lake
+            .archiver
+            .archive_from(
+                &mut table,
+                &lake.topic,
+                0,
+                &segment,
+                chunks(),
+                &Filter::default(),
+                &Unfenced,
+            )
+            .await
+            .expect("archived by the successor");
+        let found = lake
+            .archiver
+            .archive_from(
+                &mut stale,
+                &lake.topic,
+                0,
+                &segment,
+                chunks(),
+                &Filter::default(),
+                &Lost,
+            )
+            .await
+            .expect("found committed");
+        assert_eq!(
+            (found.written, &found.path, found.file_bytes),
+            (false, &committed.path, committed.file_bytes)
+        );
+        assert_eq!(lake.files(".parquet").len(), 1);
+        let table = lake.table().await;
+        assert_eq!(table.metadata().snapshots().count(), 1, "committed once");
+        let rows = crate::testing::rows(&table).await;
         assert_eq!(rows, (0..300).map(|offset| (0, offset)).collect());
     }
 
@@ -1241,9 +1322,10 @@ mod tests {
 
     /// The worker reads and encodes a partition's next segment while the
     /// one before closes its file and commits: commits stay in the
-    /// partition's order, and a segment given up then leaves no file.
+    /// partition's order; a segment given up then leaves its file
+    /// uncommitted, which its next attempt writes over and commits.
     #[tokio::test]
-    async fn a_segment_fed_while_the_one_before_closes_commits_after_it_and_one_given_up_leaves_no_file() {
+    async fn a_segment_fed_while_the_one_before_closes_commits_after_it_and_one_given_up_is_archived_again() {
         let lake = crate::testing::Lake::new(|_| {});
         let mut table = lake.table().await;
         let first = lake.start(&table, 0, 0, 10).await;
@@ -1262,18 +1344,16 @@ mod tests {
 
         let given_up = lake.start(&table, 0, 20, 10).await;
         assert!(matches!(given_up, Fed::Closing(_)));
-        given_up.abandon(&table).await;
-        let files = lake.files(".parquet");
-        assert_eq!(files.len(), 2, "{files:?}");
-        assert!(
-            files.iter().all(|f| !f
-                .to_string_lossy()
-                .ends_with("-00000-00000000000000000020.parquet")),
-            "{files:?}"
-        );
-        let table = lake.table().await;
+        given_up.abandon().await;
+        assert_eq!(lake.files(".parquet").len(), 3, "the given-up file stays");
+        let mut table = lake.table().await;
         assert_eq!(table.metadata().snapshots().count(), 2);
         assert_eq!(crate::testing::rows(&table).await, all);
+        let again = lake.start(&table, 0, 20, 10).await;
+        lake.finish(&mut table, 0, 20, 10, again).await;
+        assert_eq!(lake.files(".parquet").len(), 3, "written over, not beside");
+        let all: std::collections::BTreeSet<_> = (0..30).map(|offset| (0, offset)).collect();
+        assert_eq!(crate::testing::rows(&lake.table().await).await, all);
     }
 
     #[tokio::test]
@@ -1335,7 +1415,7 @@ mod tests {
                 properties
                     .get("write.parquet.compression-codec")
                     .map(String::as_str),
-                Some(codec)
+                Some(iceberg_codec(codec))
             );
             let recorded_level = properties.get("write.parquet.compression-level").cloned();
             assert_eq!(

@@ -643,13 +643,13 @@ impl Worker {
                 Step::Archived => archived_count += 1,
                 Step::Stop => {
                     if let Ok(fed) = fed {
-                        fed.abandon(&snapshot).await;
+                        fed.abandon().await;
                     }
                     return Ok(archived_count);
                 }
                 Step::Failed(e) => {
                     if let Ok(fed) = fed {
-                        fed.abandon(&snapshot).await;
+                        fed.abandon().await;
                     }
                     return Err(e);
                 }
