@@ -149,6 +149,7 @@ pub enum Outcome {
 }
 
 /// Why one step of an exchange failed.
+#[derive(Debug)]
 struct Failure(String);
 
 /// The result of one step: a challenge to send, or success.
@@ -347,10 +348,16 @@ impl Session {
                 self.principal
             )));
         }
-        let lifetime = self.sasl.reauth.map(|reauth| match expires {
-            Some(at) => reauth.min(at.duration_since(SystemTime::now()).unwrap_or_default()),
-            None => reauth,
-        });
+        // Kafka's session lifetime: the credential's (an OAUTHBEARER
+        // token's expiry) and `connections_max_reauth`, whichever is set
+        // and sooner; none when neither is. A token's expiry holds without
+        // `connections_max_reauth` too: a connection whose token expired
+        // must re-authenticate or is closed.
+        let until_expiry = expires.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
+        let lifetime = match (until_expiry, self.sasl.reauth) {
+            (Some(token), Some(reauth)) => Some(token.min(reauth)),
+            (token, reauth) => token.or(reauth),
+        };
         self.expires = lifetime.map(|d| Instant::now() + d);
         if !self.authenticated {
             tracing::debug!(principal, mechanism = mechanism.name(), "authenticated");
@@ -610,6 +617,45 @@ mod tests {
         assert!(session.authenticated());
         assert_eq!(&*session.principal(), "User:alice");
         assert!(!session.expired());
+    }
+
+    /// A token's expiry bounds the session whether or not
+    /// `connections_max_reauth` is set (Kafka's
+    /// `calcCompletionTimesAndReturnSessionLifetimeMs`).
+    #[test]
+    fn a_tokens_expiry_bounds_the_session_without_a_reauth_setting() {
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        session.mechanism = Some(Mechanism::OAuthBearer);
+        let lifetime = session
+            .complete(
+                "svc".to_owned(),
+                Some(SystemTime::now() + Duration::from_secs(60)),
+            )
+            .unwrap()
+            .expect("a lifetime");
+        assert!((59..=60).contains(&lifetime.as_secs()), "{lifetime:?}");
+        assert!(!session.expired());
+        // Already expired: a lifetime of 0, and the next request closes.
+        let lifetime = session
+            .complete("svc".to_owned(), Some(SystemTime::now()))
+            .unwrap();
+        assert_eq!(lifetime, Some(Duration::ZERO));
+        assert!(session.expired());
+        // No expiry and no setting: no lifetime.
+        let mut plain = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        plain.mechanism = Some(Mechanism::Plain);
+        assert_eq!(plain.complete("alice".to_owned(), None).unwrap(), None);
+        assert!(!plain.expired());
+        // Both: the sooner.
+        let mut both = Session::new(sasl("10s"), false, Arc::from("User:ANONYMOUS"));
+        both.mechanism = Some(Mechanism::OAuthBearer);
+        let lifetime = both
+            .complete(
+                "svc".to_owned(),
+                Some(SystemTime::now() + Duration::from_secs(60)),
+            )
+            .unwrap();
+        assert_eq!(lifetime, Some(Duration::from_secs(10)));
     }
 
     #[tokio::test]
