@@ -536,6 +536,21 @@ def test_scram_users_and_acls_over_sasl_ssl(gateways, redis_url, pki):
         (ScramMechanism.SCRAM_SHA_512, 4096)
     ]
     assert "alice" in ketch_users(redis_url, "list")
+    # One alteration per user and request (Kafka's controller): a user
+    # named twice is DUPLICATE_RESOURCE and gets neither change.
+    twice = [
+        UserScramCredentialUpsertion(
+            "bob", ScramCredentialInfo(mechanism, 4096), b"bob-password"
+        )
+        for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)
+    ]
+    futures = admin.alter_user_scram_credentials(twice)
+    assert list(futures) == ["bob"], futures
+    with pytest.raises(KafkaException) as refused:
+        futures["bob"].result(15)
+    assert refused.value.args[0].code() == KafkaError.DUPLICATE_RESOURCE, refused.value
+    with pytest.raises(KafkaException):
+        admin.describe_user_scram_credentials(["bob"])["bob"].result(15)
 
     create_topics(admin, ["orders", "other"])
     create_acls(

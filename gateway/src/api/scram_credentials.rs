@@ -6,6 +6,9 @@
 use std::collections::HashSet;
 
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::alter_user_scram_credentials_request::{
+    ScramCredentialDeletion, ScramCredentialUpsertion,
+};
 use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
 use kafka_protocol::messages::describe_user_scram_credentials_response::{
     CredentialInfo, DescribeUserScramCredentialsResult,
@@ -114,26 +117,37 @@ pub async fn alter(
     request: AlterUserScramCredentialsRequest,
 ) -> AlterUserScramCredentialsResponse {
     let allowed = cluster_authorized(ctx, client, Operation::Alter);
-    // (user, mechanism) named more than once is refused for every entry.
-    let mut seen = HashSet::new();
-    let mut duplicated = HashSet::new();
-    let keys = request
+    // One alteration per user and request, as Kafka's controller takes
+    // them: a user named twice (for two mechanisms, or deleted and set)
+    // gets DUPLICATE_RESOURCE and nothing of it is changed, so no request
+    // half-applies a user's change. One result per user.
+    let alterations = request
         .deletions
         .iter()
-        .map(|d| (d.name.to_string(), d.mechanism))
+        .map(|d| (d.name.as_str(), Alteration::Delete(d)))
         .chain(
             request
                 .upsertions
                 .iter()
-                .map(|u| (u.name.to_string(), u.mechanism)),
+                .map(|u| (u.name.as_str(), Alteration::Upsert(u))),
         );
-    for key in keys {
-        if !seen.insert(key.clone()) {
-            duplicated.insert(key);
+    let mut users: Vec<(&str, Option<Alteration<'_>>)> = Vec::new();
+    for (user, alteration) in alterations {
+        match users.iter_mut().find(|(named, _)| *named == user) {
+            Some((_, first)) => *first = None,
+            None => users.push((user, Some(alteration))),
         }
     }
-    let mut results = Vec::new();
-    let mut answer = |user: &str, outcome: Result<(), Refusal>| {
+    let mut results = Vec::with_capacity(users.len());
+    for (user, alteration) in users {
+        let outcome = match alteration {
+            None => check_user(allowed, user).and(Err((
+                ResponseError::DuplicateResource,
+                format!("A user credential cannot be altered twice in the same request: {user}"),
+            ))),
+            Some(Alteration::Delete(d)) => delete(ctx, client, allowed, d).await,
+            Some(Alteration::Upsert(u)) => upsert(ctx, client, allowed, u).await,
+        };
         let result = AlterUserScramCredentialsResult::default().with_user(str_bytes(user));
         results.push(match outcome {
             Ok(()) => result,
@@ -141,89 +155,98 @@ pub async fn alter(
                 .with_error_code(error.code())
                 .with_error_message(Some(str_bytes(message))),
         });
-    };
-    for d in &request.deletions {
-        let outcome = check(allowed, &duplicated, &d.name, d.mechanism);
-        let outcome = match outcome {
-            Ok(alg) => match ctx
-                .storage
-                .delete_scram_credential(alg.mechanism(), &d.name)
-                .await
-            {
-                Ok(true) => {
-                    tracing::info!(principal = %client.principal, user = %d.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential deleted");
-                    Ok(())
-                }
-                Ok(false) => Err((
-                    ResponseError::ResourceNotFound,
-                    format!(
-                        "Attempt to delete a user credential that does not exist: {} {}",
-                        d.name.as_str(),
-                        alg.mechanism()
-                    ),
-                )),
-                Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
-            },
-            Err(refusal) => Err(refusal),
-        };
-        answer(&d.name, outcome);
-    }
-    for u in &request.upsertions {
-        let outcome = check(allowed, &duplicated, &u.name, u.mechanism).and_then(|alg| {
-            let iterations = u32::try_from(u.iterations).unwrap_or(0);
-            if !(Credential::MIN_ITERATIONS..=Credential::MAX_ITERATIONS).contains(&iterations) {
-                return Err((
-                    ResponseError::UnacceptableCredential,
-                    format!(
-                        "Iterations must be between {} and {}, not {}",
-                        Credential::MIN_ITERATIONS,
-                        Credential::MAX_ITERATIONS,
-                        u.iterations
-                    ),
-                ));
-            }
-            if u.salt.is_empty() || u.salted_password.is_empty() {
-                return Err((
-                    ResponseError::UnacceptableCredential,
-                    "The salt and the salted password must not be empty".to_owned(),
-                ));
-            }
-            Ok(Credential::from_salted_password(
-                alg,
-                &u.salted_password,
-                &u.salt,
-                iterations,
-            ))
-        });
-        let outcome = match outcome {
-            Ok(credential) => {
-                let alg = Algorithm::from_kafka_type(u.mechanism).expect("checked");
-                let json = serde_json::to_string(&credential).expect("a credential serializes");
-                match ctx
-                    .storage
-                    .set_scram_credential(alg.mechanism(), &u.name, &json)
-                    .await
-                {
-                    Ok(()) => {
-                        tracing::info!(principal = %client.principal, user = %u.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential set");
-                        Ok(())
-                    }
-                    Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
-                }
-            }
-            Err(refusal) => Err(refusal),
-        };
-        answer(&u.name, outcome);
     }
     AlterUserScramCredentialsResponse::default().with_results(results)
 }
 
-fn check(
+/// One user's alteration in a request.
+enum Alteration<'a> {
+    Delete(&'a ScramCredentialDeletion),
+    Upsert(&'a ScramCredentialUpsertion),
+}
+
+async fn delete(
+    ctx: &Context,
+    client: &Client,
     allowed: bool,
-    duplicated: &HashSet<(String, i8)>,
-    user: &str,
-    mechanism: i8,
-) -> Result<Algorithm, Refusal> {
+    d: &ScramCredentialDeletion,
+) -> Result<(), Refusal> {
+    let alg = check(allowed, &d.name, d.mechanism)?;
+    match ctx
+        .storage
+        .delete_scram_credential(alg.mechanism(), &d.name)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(principal = %client.principal, user = %d.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential deleted");
+            Ok(())
+        }
+        Ok(false) => Err((
+            ResponseError::ResourceNotFound,
+            format!(
+                "Attempt to delete a user credential that does not exist: {} {}",
+                d.name.as_str(),
+                alg.mechanism()
+            ),
+        )),
+        Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
+    }
+}
+
+async fn upsert(
+    ctx: &Context,
+    client: &Client,
+    allowed: bool,
+    u: &ScramCredentialUpsertion,
+) -> Result<(), Refusal> {
+    let alg = check(allowed, &u.name, u.mechanism)?;
+    let iterations = u32::try_from(u.iterations).unwrap_or(0);
+    if !(Credential::MIN_ITERATIONS..=Credential::MAX_ITERATIONS).contains(&iterations) {
+        return Err((
+            ResponseError::UnacceptableCredential,
+            format!(
+                "Iterations must be between {} and {}, not {}",
+                Credential::MIN_ITERATIONS,
+                Credential::MAX_ITERATIONS,
+                u.iterations
+            ),
+        ));
+    }
+    if u.salt.is_empty() || u.salted_password.is_empty() {
+        return Err((
+            ResponseError::UnacceptableCredential,
+            "The salt and the salted password must not be empty".to_owned(),
+        ));
+    }
+    let credential = Credential::from_salted_password(alg, &u.salted_password, &u.salt, iterations);
+    let json = serde_json::to_string(&credential).expect("a credential serializes");
+    match ctx
+        .storage
+        .set_scram_credential(alg.mechanism(), &u.name, &json)
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(principal = %client.principal, user = %u.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential set");
+            Ok(())
+        }
+        Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
+    }
+}
+
+/// The checks every alteration passes first: ALTER on the cluster, a user
+/// name, a known mechanism.
+fn check(allowed: bool, user: &str, mechanism: i8) -> Result<Algorithm, Refusal> {
+    check_user(allowed, user)?;
+    Algorithm::from_kafka_type(mechanism).ok_or_else(|| {
+        (
+            ResponseError::UnsupportedSaslMechanism,
+            format!("Unknown SCRAM mechanism {mechanism}"),
+        )
+    })
+}
+
+/// ALTER on the cluster, and a user name.
+fn check_user(allowed: bool, user: &str) -> Result<(), Refusal> {
     if !allowed {
         return Err((
             ResponseError::ClusterAuthorizationFailed,
@@ -236,16 +259,5 @@ fn check(
             "Username must not be empty".to_owned(),
         ));
     }
-    if duplicated.contains(&(user.to_owned(), mechanism)) {
-        return Err((
-            ResponseError::DuplicateResource,
-            format!("A user credential cannot be altered twice in the same request: {user}"),
-        ));
-    }
-    Algorithm::from_kafka_type(mechanism).ok_or_else(|| {
-        (
-            ResponseError::UnsupportedSaslMechanism,
-            format!("Unknown SCRAM mechanism {mechanism}"),
-        )
-    })
+    Ok(())
 }
