@@ -174,14 +174,17 @@ async fn accept(
         .await
         .map_err(|_| ConnectionError::Auth("the TLS handshake took too long".to_owned()))?
         .map_err(|e| ConnectionError::Auth(format!("TLS handshake failed: {e}")))?;
-    let principal = match stream
+    // On SSL the client certificate names the principal; on SASL_SSL, SASL
+    // does (the certificate only has to be valid), and the mapping rules
+    // are not applied, as in Kafka's principal builder.
+    let certificate = stream
         .get_ref()
         .1
         .peer_certificates()
-        .and_then(|certs| certs.first())
-    {
-        Some(cert) => tls.principal(cert).map_err(ConnectionError::Auth)?,
-        None => api::ANONYMOUS.to_owned(),
+        .and_then(|certs| certs.first());
+    let principal = match certificate {
+        Some(cert) if !listener.protocol.sasl() => tls.principal(cert).map_err(ConnectionError::Auth)?,
+        _ => api::ANONYMOUS.to_owned(),
     };
     let session = Session::new(ctx.security.sasl.clone(), true, Arc::from(principal));
     let (read, write) = tokio::io::split(stream);

@@ -927,6 +927,28 @@ def test_tls_refuses_plaintext_and_mutual_tls_names_the_principal(gateways, pki)
     assert visible_topics(bob) == {"ops-topic"}
 
 
+def test_on_sasl_ssl_the_certificate_need_not_match_a_mapping_rule(gateways, redis_url, pki):
+    # Rules without DEFAULT: bob's certificate (OU=ops) matches none. On
+    # SASL_SSL SASL names the principal and the rules are not applied, as in
+    # Kafka's principal builder; the certificate only has to be valid.
+    ketch_users(redis_url, "set", "alice", "--mechanism", "SCRAM-SHA-512", password=ALICE_PASSWORD)
+    gateway = gateways(
+        protocol="SASL_SSL",
+        settings=(
+            *tls_settings(pki),
+            f"tls.client_ca_file={pki.ca_cert}",
+            "tls.principal_mapping_rules=RULE:^CN=([^,]+),OU=eng,.*$/$1/L",
+            "sasl.mechanisms=SCRAM-SHA-512",
+        ),
+    )
+    config = sasl_config(gateway.bootstrap, "alice", ALICE_PASSWORD, pki=pki)
+    config["ssl.certificate.location"] = str(pki.bob[0])
+    config["ssl.key.location"] = str(pki.bob[1])
+    assert first_error(config) is None
+    # A certificate from another authority still fails the handshake.
+    assert refused_by_tls(gateway.bootstrap, tls_client(pki, pki.rogue_alice))
+
+
 # --- 6. KIP-368 re-authentication ---------------------------------------------------
 
 
