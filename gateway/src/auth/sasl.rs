@@ -405,7 +405,7 @@ impl Session {
         let first = scram::parse_client_first(token)
             .map_err(|e| Failure(format!("invalid SCRAM client-first message: {e}")))?;
         let user = first.username.clone();
-        let credential = stored_credential(storage, alg, &user).await?;
+        let credential = stored_credential(storage, alg, &user, Mechanism::Scram(alg)).await?;
         let Some(credential) = credential else {
             tracing::info!(
                 user,
@@ -441,12 +441,18 @@ impl Session {
             Err(e) => format!("invalid OAUTHBEARER token: {e}"),
         };
         // RFC 7628 §3.2.2: an error challenge, then the failure once the
-        // client acknowledges it.
+        // client acknowledges it. The reason is logged, not told: it would
+        // tell an unauthenticated client the expected issuer, audience or
+        // key ids (Kafka's failure message is the challenge's JSON).
         tracing::info!(reason = message, "OAUTHBEARER token refused");
-        self.exchange = Some(Exchange::OAuthRefused(message));
-        Ok(Step::Challenge(br#"{"status":"invalid_token"}"#.to_vec()))
+        self.exchange = Some(Exchange::OAuthRefused(INVALID_TOKEN.to_owned()));
+        Ok(Step::Challenge(INVALID_TOKEN.as_bytes().to_vec()))
     }
 }
+
+/// RFC 7628's error challenge for a refused token, and Kafka's failure
+/// message after the client acknowledges it.
+const INVALID_TOKEN: &str = r#"{"status":"invalid_token"}"#;
 
 fn invalid_credentials(mechanism: Mechanism) -> Failure {
     Failure(format!(
@@ -455,20 +461,34 @@ fn invalid_credentials(mechanism: Mechanism) -> Failure {
     ))
 }
 
+/// `user`'s stored `alg` credential. A credential that cannot be read
+/// (Redis away, a record this release cannot decode) is logged and fails
+/// the exchange with `mechanism`'s generic message: the client is told no
+/// more than Kafka tells it.
 async fn stored_credential(
     storage: &dyn Storage,
     alg: Algorithm,
     user: &str,
+    mechanism: Mechanism,
 ) -> Result<Option<Credential>, Failure> {
+    let unreadable = |why: String| {
+        tracing::warn!(
+            user,
+            mechanism = alg.mechanism(),
+            error = why,
+            "cannot read a SCRAM credential"
+        );
+        invalid_credentials(mechanism)
+    };
     let stored = storage
         .scram_credential(alg.mechanism(), user)
         .await
-        .map_err(|e| Failure(format!("cannot read credentials: {e}")))?;
+        .map_err(|e| unreadable(e.to_string()))?;
     match stored {
         None => Ok(None),
         Some(json) => serde_json::from_str(&json)
             .map(Some)
-            .map_err(|e| Failure(format!("the stored credential of {user} is unreadable: {e}"))),
+            .map_err(|e| unreadable(format!("unreadable: {e}"))),
     }
 }
 
@@ -506,7 +526,7 @@ async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
 /// be read.
 async fn check_password(storage: &dyn Storage, user: &str, password: &[u8]) -> Result<bool, Failure> {
     for alg in [Algorithm::Sha512, Algorithm::Sha256] {
-        if let Some(credential) = stored_credential(storage, alg, user).await? {
+        if let Some(credential) = stored_credential(storage, alg, user, Mechanism::Plain).await? {
             return Ok(credential.verify_password(alg, password));
         }
     }
