@@ -76,6 +76,8 @@ pub enum JwtError {
     WrongIssuer { expected: String, found: String },
     #[error("token audience does not include {0:?}")]
     WrongAudience(String),
+    #[error("token names an audience and sasl.oauth_audience is not set")]
+    UnexpectedAudience,
     #[error("token subject claim '{0}' is missing or not a non-empty string")]
     MissingSubject(String),
 }
@@ -360,15 +362,19 @@ impl Validator {
         {
             return Err(JwtError::NotYetValid(crate::time::utc(not_before)));
         }
-        if let Some(issued_at) = numeric_date(claims, "iat")?
-            && skewed_now < issued_at
-        {
+        // Required, as Kafka's validator requires it.
+        let issued_at = numeric_date(claims, "iat")?.ok_or(JwtError::InvalidClaim {
+            claim: "iat",
+            reason: "missing",
+        })?;
+        if skewed_now < issued_at {
             return Err(JwtError::IssuedInFuture(crate::time::utc(issued_at)));
         }
         self.check_issuer(claims)?;
         self.check_audience(claims)?;
+        // Trimmed, as Kafka takes it: `" alice"` is alice, a blank one none.
         let subject = match claims.get(&self.subject_claim) {
-            Some(Value::String(subject)) if !subject.is_empty() => subject.clone(),
+            Some(Value::String(subject)) if !subject.trim().is_empty() => subject.trim().to_owned(),
             _ => return Err(JwtError::MissingSubject(self.subject_claim.clone())),
         };
         Ok(Validated {
@@ -392,9 +398,15 @@ impl Validator {
     }
 
     /// `aud` is a string or an array of strings (RFC 7519 §4.1.3).
+    /// With no audience configured, a token that names one is refused, as
+    /// Kafka's validator (jose4j's default) refuses it: a token minted for
+    /// another service of the same identity provider does not authenticate.
     fn check_audience(&self, claims: &Map<String, Value>) -> Result<(), JwtError> {
         let Some(expected) = &self.audience else {
-            return Ok(());
+            return match claims.get("aud") {
+                None | Some(Value::Null) => Ok(()),
+                Some(_) => Err(JwtError::UnexpectedAudience),
+            };
         };
         let found = match claims.get("aud") {
             Some(Value::String(aud)) => aud == expected,
@@ -943,6 +955,16 @@ mod tests {
             validator.validate(&key.token(None, &no_exp), now()),
             Err(JwtError::InvalidClaim { .. })
         ));
+        // iat is required, as Kafka's validator requires it.
+        let mut no_iat = claims();
+        no_iat.as_object_mut().unwrap().remove("iat");
+        assert_eq!(
+            validator.validate(&key.token(None, &no_iat), now()),
+            Err(JwtError::InvalidClaim {
+                claim: "iat",
+                reason: "missing"
+            })
+        );
     }
 
     #[test]
@@ -970,6 +992,25 @@ mod tests {
             with("sub", json!(42)),
             Err(JwtError::MissingSubject("sub".into()))
         );
+        // Trimmed, as Kafka takes it.
+        assert_eq!(
+            with("sub", json!("   ")),
+            Err(JwtError::MissingSubject("sub".into()))
+        );
+        assert_eq!(with("sub", json!(" alice ")).unwrap().subject, "alice");
+        // No audience configured: a token that names one is refused.
+        let anywhere = Validator::new(&ValidatorConfig {
+            audience: None,
+            ..config(Some(&_file.0), None)
+        })
+        .unwrap();
+        assert_eq!(
+            anywhere.validate(&key.token(Some("k1"), &claims()), now()),
+            Err(JwtError::UnexpectedAudience)
+        );
+        let mut unnamed = claims();
+        unnamed.as_object_mut().unwrap().remove("aud");
+        assert!(anywhere.validate(&key.token(Some("k1"), &unnamed), now()).is_ok());
         assert_eq!(with("scope", json!(["a", "b"])).unwrap().scope, vec!["a", "b"]);
         assert!(matches!(
             with("scope", json!(7)),
