@@ -505,9 +505,22 @@ async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
     };
     let user = std::str::from_utf8(user)
         .map_err(|_| Failure("invalid PLAIN message: the user is not UTF-8".to_owned()))?;
-    if user.is_empty() || (!authzid.is_empty() && authzid != user.as_bytes()) {
+    // Kafka's PlainSaslServer's messages; an empty password is refused
+    // before any key derivation.
+    if user.is_empty() {
         return Err(Failure(
-            "invalid PLAIN message: empty user, or an authorization id that is not the user".to_owned(),
+            "Authentication failed: username not specified".to_owned(),
+        ));
+    }
+    if password.is_empty() {
+        return Err(Failure(
+            "Authentication failed: password not specified".to_owned(),
+        ));
+    }
+    if !authzid.is_empty() && authzid != user.as_bytes() {
+        return Err(Failure(
+            "Authentication failed: Client requested an authorization id that is different from username"
+                .to_owned(),
         ));
     }
     if check_password(storage, user, password).await? {
@@ -518,7 +531,9 @@ async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
         });
     }
     tracing::info!(user, "PLAIN authentication failed");
-    Err(invalid_credentials(Mechanism::Plain))
+    Err(Failure(
+        "Authentication failed: Invalid username or password".to_owned(),
+    ))
 }
 
 /// Whether `password` is `user`'s, by the user's SCRAM credential
