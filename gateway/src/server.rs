@@ -391,7 +391,10 @@ where
                         listener.protocol.name()
                     )))),
             ))),
-            RequestKind::ApiVersions(_) => None,
+            // Before authentication; once a session expired, not even it
+            // (Kafka closes the connection at any request but a
+            // re-authenticating SaslHandshake).
+            RequestKind::ApiVersions(_) if !session.expired() => None,
             _ if sasl_required && !session.authenticated() => Some(Outcome::Close(
                 None,
                 format!(
@@ -401,7 +404,9 @@ where
             )),
             _ if session.expired() => Some(Outcome::Close(
                 None,
-                "the SASL session expired without re-authentication (sasl.connections_max_reauth)".to_owned(),
+                "the SASL session expired without re-authentication (its token's expiry, or \
+                 sasl.connections_max_reauth)"
+                    .to_owned(),
             )),
             _ => None,
         };

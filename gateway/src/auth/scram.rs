@@ -48,8 +48,6 @@ pub enum ScramError {
     AuthzidMismatch,
     #[error("delegation tokens are not supported")]
     DelegationTokensNotSupported,
-    #[error("unsupported SCRAM extension '{0}'")]
-    UnsupportedExtension(String),
     #[error("mandatory SCRAM extensions (m=) are not supported")]
     MandatoryExtension,
     #[error("channel binding data in the final message does not match the gs2 header")]
@@ -308,16 +306,13 @@ fn check_gs2_flag(flag: &str) -> Result<(), ScramError> {
     }
 }
 
-/// Kafka accepts only its `tokenauth` extension, and we do not support
-/// delegation tokens, so only `tokenauth` with a false value gets through.
+/// Kafka knows one extension, `tokenauth`, and ignores the others; we do
+/// not support delegation tokens, so `tokenauth` set true is refused.
 fn check_client_first_extensions<'a>(extensions: impl Iterator<Item = &'a str>) -> Result<(), ScramError> {
     for extension in extensions {
         let (key, value) = parse_extension(extension, "client-first")?;
-        if key != "tokenauth" {
-            return Err(ScramError::UnsupportedExtension(key.to_owned()));
-        }
         // Kafka reads the flag with Boolean.parseBoolean.
-        if value.eq_ignore_ascii_case("true") {
+        if key == "tokenauth" && value.eq_ignore_ascii_case("true") {
             return Err(ScramError::DelegationTokensNotSupported);
         }
     }
@@ -782,10 +777,8 @@ mod tests {
             refused("n,,n=u,r=abc,tokenauth=true"),
             ScramError::DelegationTokensNotSupported
         );
-        assert_eq!(
-            refused("n,,n=u,r=abc,foo=bar"),
-            ScramError::UnsupportedExtension("foo".into())
-        );
+        // Other extensions are ignored, as Kafka ignores them.
+        assert!(parse_client_first(b"n,,n=u,r=abc,foo=bar").is_ok());
         assert_eq!(refused("n,,m=x,n=u,r=abc"), ScramError::MandatoryExtension);
         assert!(parse_client_first(b"n,,n=u,r=abc,tokenauth=false").is_ok());
         let too_long = format!("n,,n=u,r={}", "a".repeat(MAX_MESSAGE_LEN));
