@@ -167,9 +167,13 @@ pub struct HttpSettings {
     /// checked against the SCRAM users, or a bearer JWT checked as
     /// OAUTHBEARER tokens are. Needs `http.tls`.
     pub auth: bool,
-    /// Paths served without authentication when `auth` is on.
+    /// Paths read (GET, HEAD) without authentication when `auth` is on.
     #[serde(deserialize_with = "lenient::string_list")]
     pub open_paths: Vec<String>,
+    /// HTTP connections open at once at most; more wait to be accepted.
+    pub max_connections: usize,
+    /// A connection that sends nothing for this long is closed.
+    pub idle_timeout: Duration,
     /// Allow the admin API's writes (POST, PATCH, DELETE under `/api/v1`)
     /// without `auth`. With `auth` on they are allowed to authenticated
     /// principals (and ACLs decide, when on).
@@ -451,6 +455,8 @@ impl Default for HttpSettings {
             tls: false,
             auth: false,
             open_paths: vec!["/health".to_owned(), "/ready".to_owned(), "/metrics".to_owned()],
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(60),
             admin_writes: false,
         }
     }
@@ -749,6 +755,12 @@ impl Settings {
         }
         if self.broker.max_connections == 0 {
             return bad("broker.max_connections", "must be at least 1");
+        }
+        if self.http.max_connections == 0 {
+            return bad("http.max_connections", "must be at least 1");
+        }
+        if self.http.idle_timeout.get().is_zero() {
+            return bad("http.idle_timeout", "must be more than 0");
         }
         if self.broker.connections_max_idle.get().is_zero() {
             return bad("broker.connections_max_idle", "must be above zero");

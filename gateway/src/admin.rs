@@ -607,7 +607,7 @@ async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answ
     let listed = list_all_groups(&ctx, &client).await?;
     let mut groups = Vec::with_capacity(listed.len());
     for (id, (state, protocol_type)) in listed {
-        let lag = crate::metrics::group_lag(&ctx, &id)
+        let lag = visible_lag(&ctx, &client, &id)
             .await
             .map(|p| p.iter().filter_map(|p| p.lag).sum::<i64>())
             .ok();
@@ -618,6 +618,18 @@ async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answ
 
 async fn group(State(ctx): State<Arc<Context>>, Path(id): Path<String>, Caller(client): Caller) -> Answer {
     describe_group(&ctx, &client, &id).await.map(Json)
+}
+
+/// The group's committed offsets and lag of the topics the caller may
+/// describe (as OffsetFetch leaves the others out).
+async fn visible_lag(
+    ctx: &Context,
+    client: &Client,
+    group: &str,
+) -> ketch_storage::Result<Vec<crate::metrics::PartitionLag>> {
+    let mut lag = crate::metrics::group_lag(ctx, group).await?;
+    lag.retain(|p| api::authorized(ctx, client, Operation::Describe, ResourceType::Topic, &p.topic));
+    Ok(lag)
 }
 
 async fn describe_group(ctx: &Context, client: &Client, id: &str) -> Result<Value, Failure> {
@@ -636,7 +648,7 @@ async fn describe_group(ctx: &Context, client: &Client, id: &str) -> Result<Valu
     if g.error_code != 0 {
         return Err(Failure::kafka(g.error_code, g.error_message.as_deref()));
     }
-    let offsets = crate::metrics::group_lag(ctx, id)
+    let offsets = visible_lag(ctx, client, id)
         .await
         .map_err(|e| Failure::storage(&e))?;
     if g.group_state.as_str() == "Dead" && offsets.is_empty() {

@@ -45,7 +45,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
             let (tx, rx) = mpsc::channel(64);
             let local = listener.local_addr();
             let acceptor = tokio::spawn(accept_tls(listener, tls, tx, shutdown.clone()));
-            let listener = TlsListener { rx, local };
+            let listener = Bounded::new(TlsListener { rx, local }, &ctx.settings.http);
             let served = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
                 .with_graceful_shutdown(stop)
                 .await;
@@ -53,9 +53,12 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
             served
         }
         None => {
-            axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-                .with_graceful_shutdown(stop)
-                .await
+            axum::serve(
+                Bounded::new(listener, &ctx.settings.http),
+                app.into_make_service_with_connect_info::<Peer>(),
+            )
+            .with_graceful_shutdown(stop)
+            .await
         }
     };
     if let Err(e) = served {
@@ -67,15 +70,148 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TcpListener>) -> Self {
+impl<L> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Bounded<L>>> for Peer
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Bounded<L>>) -> Self {
         Peer(*stream.remote_addr())
     }
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        Peer(*stream.remote_addr())
+/// A listener whose connections are at most `http.max_connections` (more
+/// wait to be accepted, in the kernel's backlog, so slow or idle clients
+/// cannot take the file descriptors the Kafka listeners need) and close
+/// after `http.idle_timeout` without a byte from the client (a client that
+/// sent half a request and stalls: hyper's own header timeout is off under
+/// axum; or an idle keep-alive).
+struct Bounded<L> {
+    inner: L,
+    permits: Arc<tokio::sync::Semaphore>,
+    idle: Duration,
+}
+
+impl<L> Bounded<L> {
+    fn new(inner: L, settings: &ketch_config::HttpSettings) -> Self {
+        Self {
+            inner,
+            permits: Arc::new(tokio::sync::Semaphore::new(settings.max_connections)),
+            idle: settings.idle_timeout.get(),
+        }
+    }
+}
+
+impl<L: axum::serve::Listener> axum::serve::Listener for Bounded<L> {
+    type Io = Guarded<L::Io>;
+    type Addr = L::Addr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let permit = match self.permits.clone().acquire_owned().await {
+            Ok(permit) => permit,
+            // Never closed.
+            Err(_) => std::future::pending().await,
+        };
+        let (io, addr) = self.inner.accept().await;
+        (Guarded::new(io, permit, self.idle), addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection holding its place among `http.max_connections`, failing
+/// its reads once it moved no byte for `http.idle_timeout`.
+struct Guarded<S> {
+    inner: S,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    timeout: Duration,
+    idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S> Guarded<S> {
+    fn new(inner: S, permit: tokio::sync::OwnedSemaphorePermit, timeout: Duration) -> Self {
+        Self {
+            inner,
+            _permit: permit,
+            timeout,
+            idle: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    /// The connection moved: its idle time starts again.
+    fn moved(&mut self) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        self.idle.as_mut().reset(deadline);
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Guarded<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future as _;
+        use std::task::Poll;
+        let this = &mut *self;
+        match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(read) => {
+                this.moved();
+                Poll::Ready(read)
+            }
+            Poll::Pending => match this.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the HTTP client sent nothing for too long",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Guarded<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 
@@ -143,7 +279,13 @@ async fn accept_tls(
 /// `http.auth`: Basic or Bearer credentials on every path but the open ones.
 async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, next: Next) -> Response {
     let http = &ctx.settings.http;
-    if !http.auth || http.open_paths.iter().any(|p| p == request.uri().path()) {
+    // Open paths are open to reading: a write on one (an operator who
+    // opened `/api/v1/topics` for listing) still needs credentials.
+    let reading = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if !http.auth || reading && http.open_paths.iter().any(|p| p == request.uri().path()) {
         return next.run(request).await;
     }
     let credentials = request
@@ -164,7 +306,11 @@ async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, nex
                         .basic(ctx.storage.as_ref(), user, password)
                         .await
                 }
-                None => Err("malformed Basic credentials".to_owned()),
+                None => Err(ctx
+                    .security
+                    .sasl
+                    .fail("malformed Basic credentials".to_owned())
+                    .await),
             }
         }
         Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
@@ -180,7 +326,14 @@ async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, nex
                 reason = message,
                 "HTTP request not authenticated"
             );
-            let mut response = (StatusCode::UNAUTHORIZED, format!("{message}\n")).into_response();
+            // Why is logged, not told (a token's expected issuer, a
+            // storage error), as a refused SASL authentication.
+            let told = if credentials.is_none() {
+                "authentication required\n"
+            } else {
+                "authentication failed\n"
+            };
+            let mut response = (StatusCode::UNAUTHORIZED, told).into_response();
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Basic realm=\"ketch\", Bearer realm=\"ketch\""),

@@ -599,3 +599,113 @@ fn every_gateway_lists_and_describes_the_groups_of_all() {
     let (status, error) = api(&b, "GET", "/api/v1/groups/no-such-group", None);
     assert_eq!(status, 404, "{error}");
 }
+
+/// A group's offsets over HTTP leave out the topics the caller may not
+/// describe, as OffsetFetch leaves them out (they showed every committed
+/// topic's name, offset and high watermark).
+#[test]
+fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "acl.enabled=true",
+            "--set",
+            "acl.allow_everyone_if_no_acl_found=true",
+            "--set",
+            "http.admin_writes=true",
+        ],
+    );
+    let (open, secret) = (unique_topic("open"), unique_topic("secret"));
+    // Until the gateway has read the (empty) ACLs, it refuses everyone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for topic in [&open, &secret] {
+        let body = json!({"name": topic, "partitions": 1}).to_string();
+        loop {
+            let (status, created) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+            if status == 201 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{created}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let group = unique_topic("watched");
+    commit(&ketch, &group, &open, &[(0, 0)]);
+    commit(&ketch, &group, &secret, &[(0, 0)]);
+    // An ACL names the secret topic, for alice only: the caller
+    // (User:ANONYMOUS) may no longer describe it.
+    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
+    let created = conn.request(
+        3,
+        &kafka_protocol::messages::CreateAclsRequest::default().with_creations(vec![
+            kafka_protocol::messages::create_acls_request::AclCreation::default()
+                .with_resource_type(2)
+                .with_resource_name(kafka_protocol::protocol::StrBytes::from_string(secret.clone()))
+                .with_resource_pattern_type(3)
+                .with_principal(kafka_protocol::protocol::StrBytes::from_static_str("User:alice"))
+                .with_host(kafka_protocol::protocol::StrBytes::from_static_str("*"))
+                .with_operation(8)
+                .with_permission_type(3),
+        ]),
+    );
+    assert_eq!(created.results[0].error_code, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, described) = api(&ketch, "GET", &format!("/api/v1/groups/{group}"), None);
+        assert_eq!(status, 200, "{described}");
+        let topics: Vec<&str> = described["offsets"]
+            .as_array()
+            .expect("offsets")
+            .iter()
+            .filter_map(|o| o["topic"].as_str())
+            .collect();
+        if topics == [open.as_str()] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the secret topic is still shown: {topics:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The HTTP listener closes a connection that stalls half-way through a
+/// request after `http.idle_timeout`, and holds at most
+/// `http.max_connections`: a request beyond them is served once a stalled
+/// one is closed, never before.
+#[test]
+fn stalled_http_connections_are_closed_and_bounded() {
+    use std::io::{Read, Write};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "http.idle_timeout=1s", "--set", "http.max_connections=1"],
+    );
+    let address = format!("127.0.0.1:{}", ketch.http_port());
+    let mut stalled = std::net::TcpStream::connect(&address).expect("connect");
+    stalled
+        .write_all(b"GET /health HTTP/1.1\r\nHost: ketch\r\n")
+        .expect("half a request");
+    let sent = std::time::Instant::now();
+    // The second connection waits in the backlog behind the stalled one.
+    let mut waiting = std::net::TcpStream::connect(&address).expect("connect");
+    waiting
+        .write_all(b"GET /health HTTP/1.1\r\nHost: ketch\r\nConnection: close\r\n\r\n")
+        .expect("a whole request");
+    waiting.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = String::new();
+    waiting.read_to_string(&mut answer).expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(900),
+        "served beside the stalled connection after {:?}",
+        sent.elapsed()
+    );
+    stalled.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rest = Vec::new();
+    let _ = stalled.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the stalled request was answered: {rest:?}");
+}

@@ -545,8 +545,15 @@ async fn check_password(storage: &dyn Storage, user: &str, password: &[u8]) -> R
             return Ok(credential.verify_password(alg, password));
         }
     }
+    // No such user: derive a key all the same, so that the answer takes
+    // as long as for a wrong password (no user names told by timing).
+    let _ = Credential::generate(Algorithm::Sha512, password, UNKNOWN_USER_ITERATIONS);
     Ok(false)
 }
+
+/// The key derivation's iterations for a user that does not exist: ketch's
+/// default for new credentials (`sasl.scram_iterations`).
+const UNKNOWN_USER_ITERATIONS: u32 = 8192;
 
 impl Sasl {
     /// HTTP Basic: the principal when `password` is `user`'s, with the
@@ -558,17 +565,19 @@ impl Sasl {
                 Ok(format!("User:{user}"))
             }
             Ok(false) => Err(self.fail(format!("invalid credentials for {user}")).await),
-            Err(Failure(message)) => Err(message),
+            Err(Failure(message)) => Err(self.fail(message).await),
         }
     }
 
     /// A bearer token, checked as OAUTHBEARER tokens are: the principal.
     pub async fn bearer(&self, token: &str) -> Result<String, String> {
         let Some(validator) = &self.jwt else {
-            return Err(
-                "bearer tokens are not configured (sasl.oauth_jwks_file, sasl.oauth_public_key_file)"
-                    .to_owned(),
-            );
+            return Err(self
+                .fail(
+                    "bearer tokens are not configured (sasl.oauth_jwks_file, sasl.oauth_public_key_file)"
+                        .to_owned(),
+                )
+                .await);
         };
         match validator.validate(token, SystemTime::now()) {
             Ok(validated) => {
@@ -579,7 +588,9 @@ impl Sasl {
         }
     }
 
-    async fn fail(&self, message: String) -> String {
+    /// Counts a failed authentication and waits
+    /// `sasl.failed_authentication_delay`; `message`, for the log.
+    pub(crate) async fn fail(&self, message: String) -> String {
         self.failures.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(self.failure_delay).await;
         message
