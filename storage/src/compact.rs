@@ -132,7 +132,8 @@ impl Store {
             // A segment DeleteRecords cut into counts from the log start.
             .filter(|s| s.last >= clean_end)
             .take_while(|s| {
-                s.last < start.stable_end && (policy.min_lag_ms == 0 || now - s.max_ts >= policy.min_lag_ms)
+                s.last < start.stable_end
+                    && (policy.min_lag_ms == 0 || now - aged_from(s) >= policy.min_lag_ms)
             })
             .collect();
         // Tombstones kept past their time are removed by a pass even when
@@ -144,8 +145,9 @@ impl Store {
         let ratio = dirty_bytes as f64 / (start.clean_bytes + dirty_bytes).max(1) as f64;
         let overdue = dirty
             .first()
-            .is_some_and(|first| now - first.max_ts > policy.max_lag_ms);
-        let due = !dirty.is_empty() && (ratio >= policy.min_dirty_ratio || overdue);
+            .is_some_and(|first| now - aged_from(first) > policy.max_lag_ms);
+        // Above the ratio, as Kafka's cleaner (1.0: only when overdue).
+        let due = !dirty.is_empty() && (ratio > policy.min_dirty_ratio || overdue);
         if !due && !tombstones_due {
             return Ok(None);
         }
@@ -688,6 +690,18 @@ impl<'a> Writer<'a> {
         self.bytes = 0;
         let added: i64 = call.invoke_async(&mut self.store.conn()).await?;
         Ok(added == 1)
+    }
+}
+
+/// When a segment's age counts from (`min.compaction.lag.ms`,
+/// `max.compaction.lag.ms`): its largest timestamp, or for one whose
+/// records carry none (-1) when it was sealed (as `scripts/seal.lua` ages
+/// it for retention; Kafka counts from the file's last write).
+fn aged_from(segment: &Segment) -> i64 {
+    if segment.max_ts >= 0 {
+        segment.max_ts
+    } else {
+        segment.sealed_ms
     }
 }
 

@@ -1225,6 +1225,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_last_stable_offset_is_never_below_the_log_start() {
+        // (high watermark, log start, local start, txn_first, aborted last,
+        // aborted span, clean end)
+        let offsets = |txn_first: Option<i64>, log_start: i64| {
+            offsets_of(&[Some(100), Some(log_start), None, txn_first, None, None, None])
+                .unwrap()
+                .last_stable_offset
+        };
+        assert_eq!(offsets(None, 0), 100);
+        assert_eq!(offsets(Some(40), 0), 40, "an open transaction holds it");
+        // DeleteRecords past the open transaction's first offset.
+        assert_eq!(offsets(Some(40), 60), 60);
+    }
+
+    #[test]
     fn the_first_read_of_a_partition_assumes_the_largest_batches() {
         // Nothing seen yet: as if every batch were max.message.bytes, within
         // the bytes wanted and the fetch's budget.
@@ -1714,7 +1729,13 @@ fn offsets_of(fields: &[Option<i64>]) -> Option<PartitionOffsets> {
             log_start_offset,
             local_start_offset: local_start.unwrap_or(log_start_offset),
             high_watermark,
-            last_stable_offset: txn_first.unwrap_or(high_watermark).min(high_watermark),
+            // Never below the log start: DeleteRecords or retention may
+            // have removed an open transaction's first batch (Kafka's
+            // maybeIncrementFirstUnstableOffset clamps it likewise).
+            last_stable_offset: txn_first
+                .unwrap_or(high_watermark)
+                .min(high_watermark)
+                .max(log_start_offset),
             last_abort: aborted_last.unwrap_or(-1),
             aborted_span: aborted_span.unwrap_or(0),
             clean_end: clean_end.unwrap_or(0),

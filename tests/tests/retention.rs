@@ -125,6 +125,46 @@ fn retention_ms_deletes_segments_whose_records_are_old() {
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 5);
 }
 
+/// A segment whose records carry no timestamp (-1) ages from when it was
+/// sealed (Kafka: from its file's last write), not from the epoch: it is
+/// kept for retention.ms (it was deleted as soon as it was sealed).
+#[test]
+fn records_without_a_timestamp_are_kept_for_the_retention() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &WORKER);
+    let topic = unique_topic("retention-untimed");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("segment.ms", "200"), ("retention.ms", "60000")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for _ in 0..3 {
+        let batch = batch::encode(&[Record::value(-1, b"untimed")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    // Sealed: the open segment starts after the three records.
+    let meta_key = format!("ketch:{{{}}}:meta", redis.topic_tags(&topic)[0]);
+    let mut r = redis.connection();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open_base: Option<i64> = redis::cmd("HGET")
+            .arg(&meta_key)
+            .arg("seg_base")
+            .query(&mut r)
+            .unwrap();
+        if open_base == Some(3) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the segment was never sealed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(600)); // several of the worker's ticks
+    assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 0, "log start");
+    assert_eq!(redis.stream_len(&topic, 0), 3);
+}
+
 /// The worker id holding each partition's lease (`ketch:{TAG}:lease`).
 fn lease_holders(redis: &TestRedis, topic: &str) -> Vec<Option<String>> {
     let mut r = redis.connection();

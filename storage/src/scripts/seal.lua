@@ -80,8 +80,17 @@ for i, s in ipairs(members) do
 end
 local first_kept = #segments + 1
 local new_start = log_start
+-- When a segment's age counts from: its largest timestamp, or for one whose
+-- records carry none (-1) when it was sealed, as Kafka's counts from its
+-- file's last write (not from the epoch: it went at once).
+local function aged_from(segment)
+  if segment.max_ts >= 0 then
+    return segment.max_ts
+  end
+  return segment.sealed_ms or now
+end
 for i, segment in ipairs(segments) do
-  local expired = retention_ms >= 0 and segment.max_ts < now - retention_ms
+  local expired = retention_ms >= 0 and aged_from(segment) < now - retention_ms
   local oversize = retention_bytes >= 0 and total - segment.bytes >= retention_bytes
   -- Segments below the log start (DeleteRecords) go as well.
   local below = segment.last < log_start
@@ -142,7 +151,7 @@ if remote then
   for i = first_kept, #segments do
     local segment = segments[i]
     if segment.last >= new_local then
-      local expired = local_ms >= 0 and segment.max_ts < now - local_ms
+      local expired = local_ms >= 0 and aged_from(segment) < now - local_ms
       local oversize = local_bytes >= 0 and local_total - segment.bytes >= local_bytes
       local away = segment.path or segment.quarantine or segment.skipped
       if not away or not (expired or oversize) then
