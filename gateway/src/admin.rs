@@ -487,8 +487,20 @@ async fn create_topic(
     tracing::info!(principal = %client.principal, topic = new.name, "admin API: topic created");
     Ok((
         StatusCode::CREATED,
-        Json(describe_topic(&ctx, &client, &new.name).await?),
+        Json(described_after_change(&ctx, &client, &new.name).await?),
     ))
+}
+
+/// A topic just changed, as [`describe_topic`] describes it; only its name
+/// for a caller that may change it but not describe it (CREATE or
+/// ALTER_CONFIGS without DESCRIBE): the change is made, and a 403 would say
+/// it was refused.
+async fn described_after_change(ctx: &Context, client: &Client, name: &str) -> Result<Value, Failure> {
+    if api::authorized(ctx, client, Operation::Describe, ResourceType::Topic, name) {
+        describe_topic(ctx, client, name).await
+    } else {
+        Ok(json!({ "name": name }))
+    }
 }
 
 async fn delete_topic(
@@ -558,7 +570,7 @@ async fn alter_topic(
     api::alter_configs::alter_topic(&ctx, &client, "admin API", &name, &alteration, false)
         .await
         .map_err(|(code, message)| Failure::kafka(code, Some(message.as_str())))?;
-    describe_topic(&ctx, &client, &name).await.map(Json)
+    described_after_change(&ctx, &client, &name).await.map(Json)
 }
 
 /// Every gateway's ListGroups, merged (each lists the groups it coordinates).

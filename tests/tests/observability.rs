@@ -670,6 +670,54 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // A caller that may create a topic but not describe it is told it was
+    // created (201 and its name), not refused after the fact.
+    let blind = unique_topic("blind");
+    let created = conn.request(
+        3,
+        &kafka_protocol::messages::CreateAclsRequest::default().with_creations(vec![
+            kafka_protocol::messages::create_acls_request::AclCreation::default()
+                .with_resource_type(2)
+                .with_resource_name(kafka_protocol::protocol::StrBytes::from_string(blind.clone()))
+                .with_resource_pattern_type(3)
+                .with_principal(kafka_protocol::protocol::StrBytes::from_static_str(
+                    "User:ANONYMOUS",
+                ))
+                .with_host(kafka_protocol::protocol::StrBytes::from_static_str("*"))
+                .with_operation(5)
+                .with_permission_type(3),
+        ]),
+    );
+    assert_eq!(created.results[0].error_code, 0);
+    // Once the gateway holds the new ACL (DescribeAcls answers from it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let described = conn.request(
+            3,
+            &kafka_protocol::messages::DescribeAclsRequest::default()
+                .with_resource_type_filter(2)
+                .with_resource_name_filter(Some(kafka_protocol::protocol::StrBytes::from_string(
+                    blind.clone(),
+                )))
+                .with_pattern_type_filter(3)
+                .with_principal_filter(None)
+                .with_host_filter(None)
+                .with_operation(1)
+                .with_permission_type(1),
+        );
+        if !described.resources.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ACL never reached the gateway: {described:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let body = json!({"name": blind, "partitions": 1}).to_string();
+    let (status, answer) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+    assert_eq!((status, answer), (201, json!({"name": blind})));
 }
 
 /// The HTTP listener closes a connection that stalls half-way through a
