@@ -143,9 +143,17 @@ impl Store {
             .is_some_and(|sealed| sealed < now - policy.delete_retention_ms);
         let dirty_bytes: i64 = dirty.iter().map(|s| s.bytes).sum();
         let ratio = dirty_bytes as f64 / (start.clean_bytes + dirty_bytes).max(1) as f64;
-        let overdue = dirty
-            .first()
-            .is_some_and(|first| now - aged_from(first) > policy.max_lag_ms);
+        // max.compaction.lag.ms counts from the oldest first batch of the
+        // dirty segments (Kafka's maxCompactionDelay; timestamps <= 0 do
+        // not count); segments sealed by an older release know only their
+        // newest record.
+        let first_batch = dirty.iter().filter_map(|s| s.first_ts).filter(|t| *t > 0).min();
+        let overdue = match first_batch {
+            Some(first) => now - first > policy.max_lag_ms,
+            None => dirty
+                .first()
+                .is_some_and(|first| now - aged_from(first) > policy.max_lag_ms),
+        };
         // Above the ratio, as Kafka's cleaner (1.0: only when overdue).
         let due = !dirty.is_empty() && (ratio > policy.min_dirty_ratio || overdue);
         if !due && !tombstones_due {

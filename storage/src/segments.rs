@@ -30,6 +30,11 @@ pub struct Segment {
     pub bytes: i64,
     pub max_ts: i64,
     pub sealed_ms: i64,
+    /// The largest timestamp of its first batch (`max.compaction.lag.ms`
+    /// counts from the oldest of the dirty segments'); `None` for a
+    /// segment opened by a gateway of an older release.
+    #[serde(default)]
+    pub first_ts: Option<i64>,
     /// The archive's data file, once archived.
     #[serde(default)]
     pub path: Option<String>,

@@ -619,3 +619,39 @@ fn the_max_timestamp_is_what_compaction_kept() {
         "the largest timestamp left"
     );
 }
+
+/// `max.compaction.lag.ms` counts from the oldest first batch of the dirty
+/// segments, as Kafka's cleaner counts it, not from their newest record: a
+/// segment whose first record is past the lag is compacted though its newest
+/// is not (and the dirty ratio alone, at 1.0, starts no pass).
+#[test]
+fn the_compaction_lag_counts_from_the_first_batch() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-first-batch");
+    create_compacted(
+        &ketch,
+        &topic,
+        &[
+            ("min.cleanable.dirty.ratio", "1"),
+            ("max.compaction.lag.ms", "60000"),
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let old = Record {
+        timestamp: now_ms() - 3_600_000,
+        ..keyed("k1", Some("old"))
+    };
+    for record in [old, keyed("k1", Some("new")), keyed("k2", Some("v"))] {
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&[record])).0,
+            code::NONE
+        );
+    }
+    wait_compacted(&redis, &ketch, &topic, 3);
+    let values: Vec<Option<Bytes>> = read_all(&ketch, &topic).into_iter().map(|s| s.value).collect();
+    assert_eq!(
+        values,
+        [Some(Bytes::from_static(b"new")), Some(Bytes::from_static(b"v"))]
+    );
+}

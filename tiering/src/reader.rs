@@ -547,6 +547,7 @@ mod tests {
             bytes: 0,
             max_ts: 0,
             sealed_ms: 0,
+            first_ts: None,
             path: Some("file.parquet".to_owned()),
             file_bytes: None,
             quarantine: None,

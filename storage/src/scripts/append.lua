@@ -260,10 +260,13 @@ if ts > max_ts then
   end
 end
 -- The open segment (see scripts/seal.lua): its exact bytes, when its first
--- batch arrived (Redis time) and its largest timestamp.
+-- batch arrived (Redis time), that batch's largest timestamp
+-- (max.compaction.lag.ms counts from it, as Kafka's cleaner) and the
+-- segment's largest timestamp.
 local seg_start = meta[7]
 if not seg_start then
   seg_start = string.format('%d', clock())
+  redis.call('HSET', KEYS[1], 'seg_first_ts', ARGV[4])
 end
 local seg_max_ts = math.max(tonumber(meta[8] or '-1'), ts)
 -- Size classes, which bound how many entries a gateway's read may ask for

@@ -1,9 +1,9 @@
 -- Seals a partition's open segment when it is full or old enough, and
 -- applies retention to the sealed ones.
 --
--- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts)
+-- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts, seg_first_ts)
 -- KEYS[2] ketch:{TAG}:segments  sorted set: score = base offset, member = JSON
---                               {base, last, bytes, max_ts, sealed_ms[, path, file_bytes]
+--                               {base, last, bytes, max_ts, sealed_ms[, first_ts][, path, file_bytes]
 --                               [, quarantine][, skipped]}; `path` is set once the segment is
 --                               archived, `quarantine` while the archive cannot write it (its
 --                               batches are then in KEYS[5] too), `skipped` once an operator
@@ -29,7 +29,7 @@
 -- Reply: {segments sealed, segments deleted, log start offset, producers
 -- expired, local start offset}, or {-1} when the partition does not exist.
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'seg_base', 'seg_bytes',
-  'seg_start_ms', 'seg_max_ts', 'local_start')
+  'seg_start_ms', 'seg_max_ts', 'local_start', 'seg_first_ts')
 if not meta[1] then
   return {-1}
 end
@@ -52,11 +52,13 @@ local open_max_ts = tonumber(meta[6] or '-1')
 local open_expired = tonumber(ARGV[3]) >= 0 and open_max_ts >= 0 and open_max_ts < now - tonumber(ARGV[3])
 if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] or now) >= tonumber(ARGV[2])
     or open_expired) then
+  -- first_ts: the first batch's largest timestamp (absent when a gateway
+  -- of an older release opened the segment).
   local segment = cjson.encode({base = seg_base, last = next_offset - 1, bytes = seg_bytes,
-    max_ts = tonumber(meta[6] or '-1'), sealed_ms = now})
+    max_ts = tonumber(meta[6] or '-1'), sealed_ms = now, first_ts = meta[8] and tonumber(meta[8])})
   redis.call('ZADD', KEYS[2], seg_base, segment)
   redis.call('HSET', KEYS[1], 'seg_base', string.format('%d', next_offset), 'seg_bytes', '0')
-  redis.call('HDEL', KEYS[1], 'seg_start_ms', 'seg_max_ts')
+  redis.call('HDEL', KEYS[1], 'seg_start_ms', 'seg_max_ts', 'seg_first_ts')
   sealed = 1
   seg_bytes = 0
 end
