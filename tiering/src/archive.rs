@@ -1182,6 +1182,23 @@ mod tests {
         }
     }
 
+    /// Archives segment 0..300 of partition 0 in chunks of 150 under `fence`.
+    async fn archive_300(
+        lake: &crate::testing::Lake,
+        table: &mut Table,
+        fence: &impl Fence,
+    ) -> Result<Archived> {
+        let segment = crate::testing::segment(0, 300);
+        let chunks = Chunked {
+            per: 150,
+            last: 299,
+            fail_at: None,
+        };
+        lake.archiver
+            .archive_from(table, &lake.topic, 0, &segment, chunks, &Filter::default(), fence)
+            .await
+    }
+
     /// A fence lost while the segment was written (its archiving
     /// registration expired: the table may have been purged, or another
     /// worker took the partition over): nothing is committed and the data
@@ -1191,25 +1208,7 @@ mod tests {
     async fn a_segment_whose_fence_is_lost_is_not_committed_and_archived_by_the_next_attempt() {
         let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
         let mut table = lake.table().await;
-        let segment = crate::testing::segment(0, 300);
-        let chunks = || Chunked {
-            per: 150,
-            last: 299,
-            fail_at: None,
-        };
-        let error = lake
-            .archiver
-            .archive_from(
-                &mut table,
-                &lake.topic,
-                0,
-                &segment,
-                chunks(),
-                &Filter::default(),
-                &Lost,
-            )
-            .await
-            .expect_err("fenced");
+        let error = archive_300(&lake, &mut table, &Lost).await.expect_err("fenced");
         assert!(matches!(error, Error::Fenced), "{error}");
         assert!(!error.is_bad_data());
         assert_eq!(lake.files(".parquet").len(), 1, "its file stays");
@@ -1219,19 +1218,7 @@ mod tests {
             "nothing committed"
         );
 
-        let archived = lake
-            .archiver
-            .archive_from(
-                &mut table,
-                &lake.topic,
-                0,
-                &segment,
-                chunks(),
-                &Filter::default(),
-                &Unfenced,
-            )
-            .await
-            .expect("archived");
+        let archived = archive_300(&lake, &mut table, &Unfenced).await.expect("archived");
         assert_eq!(archived.records, 300);
         assert_eq!(lake.files(".parquet").len(), 1);
         let rows = crate::testing::rows(&lake.table().await).await;
@@ -1250,36 +1237,10 @@ mod tests {
         // The stalled worker's copy of the table, from before the commit.
         let mut stale = lake.table().await;
         let mut table = lake.table().await;
-        let segment = crate::testing::segment(0, 300);
-        let chunks = || Chunked {
-            per: 150,
-            last: 299,
-            fail_at: None,
-        };
-        let committed = lake
-            .archiver
-            .archive_from(
-                &mut table,
-                &lake.topic,
-                0,
-                &segment,
-                chunks(),
-                &Filter::default(),
-                &Unfenced,
-            )
+        let committed = archive_300(&lake, &mut table, &Unfenced)
             .await
             .expect("archived by the successor");
-        let found = lake
-            .archiver
-            .archive_from(
-                &mut stale,
-                &lake.topic,
-                0,
-                &segment,
-                chunks(),
-                &Filter::default(),
-                &Lost,
-            )
+        let found = archive_300(&lake, &mut stale, &Lost)
             .await
             .expect("found committed");
         assert_eq!(
