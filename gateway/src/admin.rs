@@ -91,7 +91,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(status: StatusCode, error: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, error: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             status,
             error: error.into(),
@@ -118,6 +118,8 @@ impl Failure {
                 | ResponseError::ClusterAuthorizationFailed,
             ) => StatusCode::FORBIDDEN,
             Some(ResponseError::TopicAlreadyExists | ResponseError::NonEmptyGroup) => StatusCode::CONFLICT,
+            // Over the controller mutation quota: try again later.
+            Some(ResponseError::ThrottlingQuotaExceeded) => StatusCode::TOO_MANY_REQUESTS,
             Some(
                 ResponseError::InvalidTopicException
                 | ResponseError::InvalidPartitions
@@ -949,6 +951,10 @@ mod tests {
         assert_eq!(
             status(ResponseError::KafkaStorageError),
             StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            status(ResponseError::ThrottlingQuotaExceeded),
+            StatusCode::TOO_MANY_REQUESTS
         );
     }
 }

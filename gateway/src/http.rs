@@ -328,12 +328,14 @@ async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, nex
             );
             // Why is logged, not told (a token's expected issuer, a
             // storage error), as a refused SASL authentication.
+            // JSON, as every admin API error (`{"error", "message"}`).
             let told = if credentials.is_none() {
-                "authentication required\n"
+                "authentication required"
             } else {
-                "authentication failed\n"
+                "authentication failed"
             };
-            let mut response = (StatusCode::UNAUTHORIZED, told).into_response();
+            let mut response =
+                crate::admin::Failure::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", told).into_response();
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Basic realm=\"ketch\", Bearer realm=\"ketch\""),
@@ -352,11 +354,12 @@ async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, nex
         ResourceType::Cluster,
         CLUSTER_NAME,
     ) {
-        return (
+        return crate::admin::Failure::new(
             StatusCode::FORBIDDEN,
-            format!("{principal} may not DESCRIBE the cluster\n"),
+            "CLUSTER_AUTHORIZATION_FAILED",
+            format!("{principal} may not DESCRIBE the cluster"),
         )
-            .into_response();
+        .into_response();
     }
     request
         .extensions_mut()

@@ -5,6 +5,7 @@ paths served without credentials, DESCRIBE on the cluster for the rest),
 and Debian's kcat authenticating with SCRAM and PLAIN over TLS."""
 
 import base64
+import json
 import ssl
 import subprocess
 import urllib.error
@@ -61,7 +62,8 @@ def test_https_with_basic_authentication_and_open_paths(redis_url, certs):
         base = f"https://{gateway.http}"
         assert get(f"{base}/health", context) == (200, "ok\n")
         status, body = get(f"{base}/metrics", context)
-        assert status == 401, body
+        assert status == 401 and json.loads(body) == {
+            "error": "UNAUTHENTICATED", "message": "authentication required"}, body
         assert get(f"{base}/metrics", context, "admin", "wrong")[0] == 401
         status, body = get(f"{base}/metrics", context, "admin", "admin-pw")
         assert status == 200 and "ketch_authentication_failures_total" in body, body
