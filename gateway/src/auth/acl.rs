@@ -371,7 +371,14 @@ pub struct AclFilter {
     pub host: Option<String>,
     pub operation: Option<Operation>,
     pub permission: Option<Permission>,
+    /// A resource type Kafka knows and ketch keeps no ACLs of
+    /// (DELEGATION_TOKEN, USER): the filter is valid and matches nothing.
+    pub matches_nothing: bool,
 }
+
+/// Kafka's DELEGATION_TOKEN and USER resource types: valid in a filter,
+/// never in a binding ketch keeps (no delegation tokens).
+const UNKEPT_RESOURCE_TYPES: [i8; 2] = [6, 7];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatternFilter {
@@ -392,7 +399,9 @@ impl AclFilter {
         operation: i8,
         permission: i8,
     ) -> Result<Self, InvalidAcl> {
+        let matches_nothing = UNKEPT_RESOURCE_TYPES.contains(&resource_type);
         let resource_type = match resource_type {
+            _ if matches_nothing => None,
             ResourceType::ANY => None,
             code => Some(ResourceType::from_code(code).ok_or(InvalidAcl::ResourceType(code))?),
         };
@@ -419,10 +428,14 @@ impl AclFilter {
             host: host.map(str::to_owned),
             operation,
             permission,
+            matches_nothing,
         })
     }
 
     pub fn matches(&self, b: &AclBinding) -> bool {
+        if self.matches_nothing {
+            return false;
+        }
         let name_matches = match (&self.name, self.pattern) {
             (None, _) => true,
             (Some(name), PatternFilter::Match) => match b.pattern {
@@ -845,5 +858,11 @@ mod tests {
         assert_eq!(a.matching(&f).len(), 2);
         let f = AclFilter::from_codes(1, None, 1, None, None, 1, 2).unwrap();
         assert_eq!(a.matching(&f), vec![bindings[2].clone()]);
+        // DELEGATION_TOKEN and USER filters are valid and match nothing here.
+        for resource_type in [6, 7] {
+            let f = AclFilter::from_codes(resource_type, None, 1, None, None, 1, 1).unwrap();
+            assert!(a.matching(&f).is_empty());
+        }
+        assert!(AclFilter::from_codes(8, None, 1, None, None, 1, 1).is_err());
     }
 }
