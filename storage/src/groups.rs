@@ -207,17 +207,12 @@ impl Store {
             pipe.hkeys(self.group_txn_offsets_key(group));
         }
         let staged: Vec<Vec<String>> = pipe.query_async(&mut self.conn()).await?;
-        // A staged field is `<topic>:<partition>:<producer id>`.
-        let prefix = format!("{topic}:");
         let mut pipe = redis::pipe();
         let mut any = false;
         for (group, fields) in groups.iter().zip(staged) {
             let ours: Vec<&String> = fields
                 .iter()
-                .filter(|f| {
-                    f.strip_prefix(&prefix)
-                        .is_some_and(|rest| rest.split(':').count() == 2)
-                })
+                .filter(|f| crate::transactions::staged_field(f).is_some_and(|(t, _, _)| t == topic))
                 .collect();
             if !ours.is_empty() {
                 pipe.hdel(self.group_txn_offsets_key(group), ours).ignore();

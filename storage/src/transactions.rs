@@ -834,12 +834,19 @@ struct StagedEntry<'a> {
     transactional_id: &'a str,
 }
 
+/// A staged offset's field, `<topic>:<partition>:<producer id>`, taken
+/// apart (topic names hold no ':').
+pub(crate) fn staged_field(field: &str) -> Option<(&str, &str, &str)> {
+    let (rest, producer_id) = field.rsplit_once(':')?;
+    let (topic, partition) = rest.rsplit_once(':')?;
+    Some((topic, partition, producer_id))
+}
+
 impl<'a> StagedEntry<'a> {
-    /// Field `<topic>:<partition>:<producer id>`, value `<number>:<id
-    /// length>:<transactional id><offset JSON>`.
+    /// Field [`staged_field`], value `<number>:<id length>:<transactional
+    /// id><offset JSON>`.
     fn parse(field: &'a str, value: &'a str) -> Option<Self> {
-        let (rest, producer_id) = field.rsplit_once(':')?;
-        let (topic, partition) = rest.rsplit_once(':')?;
+        let (topic, partition, producer_id) = staged_field(field)?;
         let (number, rest) = value.split_once(':')?;
         let (length, rest) = rest.split_once(':')?;
         let length: usize = length.parse().ok()?;

@@ -30,7 +30,7 @@ pub async fn handle(
         Some(ResponseError::TransactionalIdAuthorizationFailed.code())
     } else {
         match super::elsewhere(ctx, client, header, (Operation::Read, &group), &request).await {
-            None => check(ctx, client, header, &request, &group).await.err(),
+            None => check(ctx, header, &request, &group).await.err(),
             Some(Ok(answer)) => return answer,
             Some(Err(code)) => Some(code),
         }
@@ -103,19 +103,15 @@ fn may_write(ctx: &Context, client: &Client, request: &TxnOffsetCommitRequest) -
     )
 }
 
-/// The checks before anything is staged: the transactional id's ACL, the
-/// member and generation (v3), and that the transaction takes offsets for
-/// this group.
+/// The checks before anything is staged, once the ACLs passed: the member
+/// and generation (v3), and that the transaction takes offsets for this
+/// group.
 async fn check(
     ctx: &Context,
-    client: &Client,
     header: &RequestHeader,
     request: &TxnOffsetCommitRequest,
     group: &str,
 ) -> Result<(), i16> {
-    if !may_write(ctx, client, request) {
-        return Err(ResponseError::TransactionalIdAuthorizationFailed.code());
-    }
     if header.request_api_version >= 3 && (request.generation_id >= 0 || !request.member_id.is_empty()) {
         ctx.groups
             .validate_offset_commit(

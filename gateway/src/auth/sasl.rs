@@ -30,6 +30,9 @@ pub struct Sasl {
     plain_without_tls: bool,
     reauth: Option<Duration>,
     failure_delay: Duration,
+    /// `sasl.scram_iterations`: the key derivation an unknown user's
+    /// password goes through, as a known user's does.
+    scram_iterations: u32,
     jwt: Option<jwt::Validator>,
     pub successes: AtomicU64,
     pub failures: AtomicU64,
@@ -61,6 +64,7 @@ impl Sasl {
             plain_without_tls: sasl.plain_without_tls,
             reauth: (!reauth.is_zero()).then_some(reauth),
             failure_delay: sasl.failed_authentication_delay.get(),
+            scram_iterations: sasl.scram_iterations,
             jwt,
             successes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -376,7 +380,7 @@ impl Session {
                 self.mechanism.get_or_insert(mechanism);
                 match mechanism {
                     Mechanism::Scram(alg) => self.scram_first(storage, alg, token).await,
-                    Mechanism::Plain => plain(storage, token).await,
+                    Mechanism::Plain => plain(storage, token, self.sasl.scram_iterations).await,
                     Mechanism::OAuthBearer => self.oauthbearer(token),
                 }
             }
@@ -494,7 +498,8 @@ async fn stored_credential(
 
 /// PLAIN (RFC 4616): `authzid NUL authcid NUL password`, checked against
 /// the user's SCRAM credential.
-async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
+/// `unknown_user_iterations` as for [`check_password`].
+async fn plain(storage: &dyn Storage, token: &[u8], unknown_user_iterations: u32) -> Result<Step, Failure> {
     let mut parts = token.split(|b| *b == 0);
     let (Some(authzid), Some(user), Some(password), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -523,7 +528,7 @@ async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
                 .to_owned(),
         ));
     }
-    if check_password(storage, user, password).await? {
+    if check_password(storage, user, password, unknown_user_iterations).await? {
         return Ok(Step::Done {
             response: Vec::new(),
             principal: user.to_owned(),
@@ -538,28 +543,30 @@ async fn plain(storage: &dyn Storage, token: &[u8]) -> Result<Step, Failure> {
 
 /// Whether `password` is `user`'s, by the user's SCRAM credential
 /// (SCRAM-SHA-512's, else SCRAM-SHA-256's). `Err` when the store cannot
-/// be read.
-async fn check_password(storage: &dyn Storage, user: &str, password: &[u8]) -> Result<bool, Failure> {
+/// be read. A user that does not exist costs a key derivation of
+/// `unknown_user_iterations` (`sasl.scram_iterations`), so that timing tells
+/// no user names.
+async fn check_password(
+    storage: &dyn Storage,
+    user: &str,
+    password: &[u8],
+    unknown_user_iterations: u32,
+) -> Result<bool, Failure> {
     for alg in [Algorithm::Sha512, Algorithm::Sha256] {
         if let Some(credential) = stored_credential(storage, alg, user, Mechanism::Plain).await? {
             return Ok(credential.verify_password(alg, password));
         }
     }
-    // No such user: derive a key all the same, so that the answer takes
-    // as long as for a wrong password (no user names told by timing).
-    let _ = Credential::generate(Algorithm::Sha512, password, UNKNOWN_USER_ITERATIONS);
+    // No such user: derive a key all the same.
+    let _ = Credential::generate(Algorithm::Sha512, password, unknown_user_iterations);
     Ok(false)
 }
-
-/// The key derivation's iterations for a user that does not exist: ketch's
-/// default for new credentials (`sasl.scram_iterations`).
-const UNKNOWN_USER_ITERATIONS: u32 = 8192;
 
 impl Sasl {
     /// HTTP Basic: the principal when `password` is `user`'s, with the
     /// failure delay and counters of a failed SASL authentication.
     pub async fn basic(&self, storage: &dyn Storage, user: &str, password: &str) -> Result<String, String> {
-        match check_password(storage, user, password.as_bytes()).await {
+        match check_password(storage, user, password.as_bytes(), self.scram_iterations).await {
             Ok(true) => {
                 self.successes.fetch_add(1, Ordering::Relaxed);
                 Ok(format!("User:{user}"))
