@@ -6,9 +6,11 @@ import socket
 import struct
 import time
 
-# 2023-11-14T22:13:20Z; explicit, far from "now", so a broker that stamped its
-# own time instead of keeping the producer's would be caught.
-BASE_TIMESTAMP_MS = 1_700_000_000_000
+# An hour before the tests started, in whole seconds: explicit and away from
+# "now", so a broker that stamped its own time instead of keeping the
+# producer's would be caught, yet recent, so no topic's retention.ms (7 days by
+# default) deletes the records while a test reads them.
+BASE_TIMESTAMP_MS = (int(time.time()) - 3600) * 1000
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from helpers import by_partition, make_records
+from helpers import BASE_TIMESTAMP_MS, by_partition, make_records
 
 PARTITIONS = 3
 COUNT = 2_000
@@ -88,7 +88,7 @@ def test_round_trip_is_byte_identical_with_dense_offsets(ketch, topic_name):
 
 def test_offsets_for_times_and_end_offsets(ketch, topic_name):
     producer = KafkaProducer(bootstrap_servers=ketch.bootstrap, acks=1)
-    base = 1_700_000_000_000
+    base = BASE_TIMESTAMP_MS
     for i in range(10):
         producer.send(topic_name, value=b"v%d" % i, partition=0, timestamp_ms=base + i * 1000)
     producer.flush(30)

@@ -16,6 +16,24 @@ pub const ATTRIBUTES_AT: usize = 21;
 /// Byte offset of the recordsCount field.
 pub const COUNT_AT: usize = 57;
 
+/// A recent timestamp for a hand-built record: `at(n)` is `n` ms after an
+/// hour before this test process first asked (an hour back, so a broker
+/// that stamped its own time is told apart). Records stamped near 1970 are
+/// past every topic's `retention.ms`, and the storage worker deletes them
+/// (their segment, open or sealed) within a tick, as Kafka would: a test
+/// that is not about old records stamps them with this.
+pub fn at(n: i64) -> i64 {
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the clock is after 1970");
+        // Whole seconds, so `at(1_000)` reads as one second in.
+        (since.as_secs() as i64 - 3600) * 1000
+    });
+    base + n
+}
+
 /// One record to put in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {

@@ -556,7 +556,7 @@ pub fn assert_fetch_wakes_across(a: &Ketch, b: &Ketch, partitions: i32) {
         crate::raw::code::NONE
     );
     for partition in 0..partitions {
-        let first = crate::batch::encode(&[crate::batch::Record::value(1, b"first")]);
+        let first = crate::batch::encode(&[crate::batch::Record::value(crate::batch::at(1), b"first")]);
         assert_eq!(
             crate::raw::produce(&mut conn_a, &topic, partition, first),
             (crate::raw::code::NONE, 0)
@@ -575,7 +575,7 @@ pub fn assert_fetch_wakes_across(a: &Ketch, b: &Ketch, partitions: i32) {
             // Only makes it likely the fetch is parked first; it passes
             // either way when wake-ups work.
             std::thread::sleep(Duration::from_millis(300));
-            let second = crate::batch::encode(&[crate::batch::Record::value(2, b"second")]);
+            let second = crate::batch::encode(&[crate::batch::Record::value(crate::batch::at(2), b"second")]);
             assert_eq!(
                 crate::raw::produce(&mut conn_a, &topic, partition, second),
                 (crate::raw::code::NONE, 1)

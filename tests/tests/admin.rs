@@ -153,7 +153,7 @@ fn delete_topics_removes_the_topic() {
     assert!(!redis.topic_exists(&topic));
 
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let batch = batch::encode(&[Record::value(1, b"x")]);
+    let batch = batch::encode(&[Record::value(batch::at(1), b"x")]);
     assert_eq!(
         raw::produce(&mut conn, &topic, 0, batch).0,
         code::UNKNOWN_TOPIC_OR_PARTITION
@@ -186,7 +186,7 @@ fn create_partitions_grows_a_topic_and_refuses_to_shrink_it() {
     assert_eq!(partition_count(&ketch, &topic), 4);
 
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let batch = batch::encode(&[Record::value(1, b"new partition")]);
+    let batch = batch::encode(&[Record::value(batch::at(1), b"new partition")]);
     assert_eq!(raw::produce(&mut conn, &topic, 3, batch), (code::NONE, 0));
     // At once, on the gateway that grew it (its cached topic record).
     let fetched = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 3, 0, 0));
@@ -252,7 +252,7 @@ fn delete_records_moves_the_log_start_offset() {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     for n in 0..3 {
-        let records: Vec<Record> = (0..10).map(|i| Record::value(i, b"r")).collect();
+        let records: Vec<Record> = (0..10).map(|i| Record::value(batch::at(i), b"r")).collect();
         assert_eq!(
             raw::produce(&mut conn, &topic, 0, batch::encode(&records)),
             (code::NONE, n * 10)
@@ -298,7 +298,7 @@ fn delete_records_refuses_a_topic_that_keeps_its_records() {
         let mut conn = KafkaConn::connect(ketch.kafka_addr());
         let record = Record {
             key: Some(b"k".to_vec()),
-            ..Record::value(1, b"r")
+            ..Record::value(batch::at(1), b"r")
         };
         assert_eq!(
             raw::produce(&mut conn, &topic, 0, batch::encode(&[record])),
@@ -335,11 +335,8 @@ fn deleting_a_topic_removes_every_key_of_its_partitions() {
     ketch.create_topic_with(&rt, &topic, 2, &[("segment.bytes", "100")]);
     let tags = redis.topic_tags(&topic);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    // Recent timestamps: retention.ms would delete a sealed segment of records from 1970.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    // Recent timestamps: retention.ms would delete a segment of records from 1970.
+    let now = batch::at(0);
     for partition in 0..2 {
         let batch = batch::encode_idempotent(
             &[Record::value(now, &[b'v'; 200])],

@@ -259,14 +259,11 @@ fn reassignment_codes(
         .collect()
 }
 
-/// Produces `batches` batches of ten 1 KiB records, stamped now (records
-/// from 1970 would be past retention.ms as soon as a segment is sealed).
+/// Produces `batches` batches of ten 1 KiB records, stamped recently
+/// (records from 1970 would be past retention.ms).
 fn produce_kib(conn: &mut KafkaConn, topic: &str, partition: i32, batches: usize) {
     let value = vec![b'v'; 1024];
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    let now = batch::at(0);
     for _ in 0..batches {
         let records: Vec<Record> = (0..10).map(|_| Record::value(now, &value)).collect();
         assert_eq!(

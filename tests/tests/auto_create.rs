@@ -18,7 +18,7 @@ fn produce_to_an_unknown_topic_is_unknown_topic_or_partition() {
     let (redis, ketch) = start();
     let topic = unique_topic("unknown");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let batch = batch::encode(&[Record::value(1, b"lost")]);
+    let batch = batch::encode(&[Record::value(batch::at(1), b"lost")]);
     assert_eq!(
         raw::produce(&mut conn, &topic, 0, batch).0,
         code::UNKNOWN_TOPIC_OR_PARTITION
@@ -54,7 +54,7 @@ fn produce_to_a_partition_the_topic_lacks_is_unknown_topic_or_partition() {
     let topic = unique_topic("two-partitions");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
-    let batch = batch::encode(&[Record::value(1, b"x")]);
+    let batch = batch::encode(&[Record::value(batch::at(1), b"x")]);
     assert_eq!(
         raw::produce(&mut conn, &topic, 2, batch).0,
         code::UNKNOWN_TOPIC_OR_PARTITION
@@ -67,7 +67,7 @@ fn fetch_past_the_end_is_offset_out_of_range() {
     let topic = unique_topic("short");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let records: Vec<Record> = (0..5).map(|i| Record::value(i, b"r")).collect();
+    let records: Vec<Record> = (0..5).map(|i| Record::value(batch::at(i), b"r")).collect();
     assert_eq!(
         raw::produce(&mut conn, &topic, 0, batch::encode(&records)),
         (code::NONE, 0)

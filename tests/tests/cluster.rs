@@ -193,7 +193,7 @@ fn admin_operations_touch_partitions_on_every_master() {
     assert_eq!(raw::create_topic(&mut conn, &topic, 3), code::NONE);
     for partition in 0..3 {
         for n in 0..20 {
-            let record = batch::encode(&[Record::value(1_000 + n, b"x")]);
+            let record = batch::encode(&[Record::value(batch::at(1_000 + n), b"x")]);
             assert_eq!(
                 raw::produce(&mut conn, &topic, partition, record),
                 (code::NONE, n)
@@ -205,7 +205,7 @@ fn admin_operations_touch_partitions_on_every_master() {
         );
         assert_eq!(raw::list_offsets(&mut conn, &topic, partition, -2).1, 5);
         assert_eq!(raw::list_offsets(&mut conn, &topic, partition, -1).1, 20);
-        let (error, offset, _) = raw::list_offsets(&mut conn, &topic, partition, 1_010);
+        let (error, offset, _) = raw::list_offsets(&mut conn, &topic, partition, batch::at(1_010));
         assert_eq!((error, offset), (code::NONE, 10));
     }
 
@@ -221,7 +221,7 @@ fn admin_operations_touch_partitions_on_every_master() {
     }
     let counts = per_master(&placement(&cluster, &topic));
     assert!(counts.values().all(|n| *n == 3), "{counts:?}");
-    let record = batch::encode(&[Record::value(1, b"new")]);
+    let record = batch::encode(&[Record::value(batch::at(1), b"new")]);
     assert_eq!(raw::produce(&mut conn, &topic, 8, record), (code::NONE, 0));
 
     // Deleting the topic removes every partition's keys, on every master.
@@ -263,7 +263,7 @@ fn acks_all_waits_on_the_master_that_took_the_write() {
     assert_eq!(per_master(&masters).len(), 3, "one partition per master");
     let produce = |conn: &mut KafkaConn, partition: i32, value: &[u8]| {
         let request =
-            raw::produce_request(&topic, partition, batch::encode(&[Record::value(1, value)])).with_acks(-1);
+            raw::produce_request(&topic, partition, batch::encode(&[Record::value(batch::at(1), value)])).with_acks(-1);
         raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &request))
     };
     for partition in 0..3 {
@@ -572,7 +572,7 @@ fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
     assert_eq!(raw::create_topic(&mut conn_a, &topic, 3), code::NONE);
     for partition in 0..3 {
         let request =
-            raw::produce_request(&topic, partition, batch::encode(&[Record::value(1, b"x")])).with_acks(-1);
+            raw::produce_request(&topic, partition, batch::encode(&[Record::value(batch::at(1), b"x")])).with_acks(-1);
         assert_eq!(
             raw::produce_result(&conn_a.request(raw::PRODUCE_VERSION, &request)),
             (code::NONE, 0),
@@ -602,7 +602,7 @@ fn a_wake_up_subscription_follows_its_slot_to_another_master() {
     let mut conn_a = KafkaConn::connect(a.kafka_addr());
     let mut conn_b = KafkaConn::connect(b.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn_a, &topic, 1), code::NONE);
-    let first = batch::encode(&[Record::value(1, b"first")]);
+    let first = batch::encode(&[Record::value(batch::at(1), b"first")]);
     assert_eq!(raw::produce(&mut conn_a, &topic, 0, first), (code::NONE, 0));
     // Gateway b long-polls the partition at its end: its channel is
     // subscribed on the partition's master; a short wait keeps it so.
@@ -687,7 +687,7 @@ fn parked_fetch_answers(
         // Only makes it likely the fetch is parked first.
         std::thread::sleep(Duration::from_millis(300));
         meanwhile();
-        let record = batch::encode(&[Record::value(offset, b"parked")]);
+        let record = batch::encode(&[Record::value(batch::at(offset), b"parked")]);
         assert_eq!(raw::produce(producer, topic, 0, record), (code::NONE, offset));
         fetch.join().expect("fetch thread")
     });
@@ -721,7 +721,7 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     // it must find the others from the slot map.
     let a = gateway_seeded(&cluster.node_mut(victim).url(), "1", &[]);
     let mut conn_a = KafkaConn::connect(a.kafka_addr());
-    let first = batch::encode(&[Record::value(0, b"first")]);
+    let first = batch::encode(&[Record::value(batch::at(0), b"first")]);
     assert_eq!(raw::produce(&mut conn_a, &topic, 0, first), (code::NONE, 0));
     // b long-polls the partition's end: subscribed on its master, b knows
     // its next offset is 1.
@@ -747,7 +747,7 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     // Through a, retrying as a client would until its data path finds the
     // new master: its commands to the frozen one time out, and a timeout
     // makes it read the slot map again (`SlotMapWatch`).
-    let second = batch::encode(&[Record::value(1, b"second")]);
+    let second = batch::encode(&[Record::value(batch::at(1), b"second")]);
     let failed_over = Instant::now();
     let deadline = failed_over + Duration::from_secs(90);
     loop {

@@ -30,7 +30,7 @@ fn round_trip(codec: &str) {
             .partition(0)
             .key(&keys[i])
             .payload(&values[i])
-            .timestamp(1_000 + i as i64);
+            .timestamp(ketch_tests::batch::at(1_000 + i as i64));
         producer.send_result(record).map_err(|(e, _)| e).expect("enqueue")
     });
     // Which record each offset holds (ordering is produce_fetch.rs's concern).
@@ -66,7 +66,7 @@ fn round_trip(codec: &str) {
             Some(values[i].as_slice()),
             "{codec}: value at {next}"
         );
-        assert_eq!(message.timestamp().to_millis(), Some(1_000 + i as i64));
+        assert_eq!(message.timestamp().to_millis(), Some(ketch_tests::batch::at(1_000 + i as i64)));
         next += 1;
     }
 }
@@ -111,7 +111,7 @@ fn a_topics_compression_type_recompresses_batches_in_another_codec() {
     let rt = runtime();
     let records: Vec<Record> = (0..40)
         .map(|i| Record {
-            timestamp: 1_700_000_000_000 + i,
+            timestamp: batch::at(i),
             key: Some(format!("k{i}").into_bytes()),
             value: (i % 7 != 0).then(|| value(i as usize)),
             headers: vec![("h".to_owned(), Some(b"x".to_vec()))],

@@ -31,7 +31,7 @@ fn init_producer_id(conn: &mut KafkaConn, id: i64, epoch: i16) -> (i16, i64, i16
 }
 
 fn record(n: i64) -> Vec<Record> {
-    vec![Record::value(1_000 + n, format!("r{n}").as_bytes())]
+    vec![Record::value(batch::at(1_000 + n), format!("r{n}").as_bytes())]
 }
 
 #[test]

@@ -185,7 +185,7 @@ fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
     for i in 0..BATCHES {
         let value = vec![b'a' + (i % 26) as u8; BATCH - 100];
         assert_eq!(
-            raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(i, &value)])).0,
+            raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(batch::at(i), &value)])).0,
             code::NONE
         );
     }
@@ -251,10 +251,10 @@ fn fetches_read_from_redis_about_what_they_return() {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("read-sizing");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let small = batch::encode(&[Record::value(1, b"small")]);
+    let small = batch::encode(&[Record::value(batch::at(1), b"small")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, small), (code::NONE, 0));
     for n in 1..=BATCHES {
-        let large = batch::encode(&[Record::value(1, &vec![b'x'; LARGE])]);
+        let large = batch::encode(&[Record::value(batch::at(1), &vec![b'x'; LARGE])]);
         assert_eq!(raw::produce(&mut conn, &topic, 0, large), (code::NONE, n as i64));
     }
 
@@ -301,7 +301,7 @@ fn a_producer_switching_to_large_batches_cannot_make_a_fetch_read_past_its_limit
     let topic = unique_topic("read-switch");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     for n in 0..SMALL {
-        let small = batch::encode(&[Record::value(1, b"small")]);
+        let small = batch::encode(&[Record::value(batch::at(1), b"small")]);
         assert_eq!(raw::produce(&mut conn, &topic, 0, small), (code::NONE, n as i64));
     }
     // Read every small batch, so the gateway has learnt their sizes.
@@ -313,7 +313,7 @@ fn a_producer_switching_to_large_batches_cannot_make_a_fetch_read_past_its_limit
         offset += raw::count_records(&records.expect("records"));
     }
     for n in 0..BATCHES {
-        let large = batch::encode(&[Record::value(1, &vec![b'x'; LARGE])]);
+        let large = batch::encode(&[Record::value(batch::at(1), &vec![b'x'; LARGE])]);
         let expected = (SMALL + n) as i64;
         assert_eq!(raw::produce(&mut conn, &topic, 0, large), (code::NONE, expected));
     }
@@ -372,7 +372,7 @@ fn pipelined_requests_beyond_the_request_budget_are_read_once_earlier_ones_finis
     let started = Instant::now();
     for partition in 0..3 {
         let request =
-            raw::produce_request(&topic, partition, batch::encode(&[Record::value(0, &value)])).with_acks(-1);
+            raw::produce_request(&topic, partition, batch::encode(&[Record::value(batch::at(0), &value)])).with_acks(-1);
         conn.send(raw::PRODUCE_VERSION, &request);
     }
     let mut answered = Vec::new();
@@ -421,7 +421,7 @@ fn behind_a_reply_delay(
 /// at `offset`.
 fn produce_to_each_partition(conn: &mut KafkaConn, topic: &str, offset: i64) {
     for p in 0..16 {
-        let batch = batch::encode(&[Record::value(1, &[b'x'; 100])]);
+        let batch = batch::encode(&[Record::value(batch::at(1), &[b'x'; 100])]);
         assert_eq!(raw::produce(conn, topic, p, batch), (code::NONE, offset));
     }
 }
@@ -519,7 +519,7 @@ fn partitions_fill_the_fetch_budget_in_request_order() {
     assert_eq!(raw::create_topic(&mut conn, &topic, 16), code::NONE);
     let mut batch_size = 0;
     for p in 0..16 {
-        let batch = batch::encode(&[Record::value(1, &vec![b'x'; SIZE])]);
+        let batch = batch::encode(&[Record::value(batch::at(1), &vec![b'x'; SIZE])]);
         batch_size = batch.len();
         assert_eq!(raw::produce(&mut conn, &topic, p, batch), (code::NONE, 0));
     }

@@ -11,24 +11,21 @@ use ketch_tests::{Ketch, TestRedis, unique_topic};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
-const B: i64 = 1_600_000_000_000;
-/// Record timestamps by offset; not monotonic, with a repeated value.
-const TIMESTAMPS: [i64; 7] = [
-    B + 1000,
-    B + 2000,
-    B + 1500,
-    B + 3000,
-    B + 3000,
-    B + 2500,
-    B + 4000,
-];
+/// The time the records' timestamps count from: recent, so that no
+/// retention deletes them.
+fn b() -> i64 {
+    batch::at(0)
+}
+/// Record timestamps by offset, after `b()`; not monotonic, with a repeated
+/// value.
+const TIMESTAMPS: [i64; 7] = [1000, 2000, 1500, 3000, 3000, 2500, 4000];
 /// How each partition groups the records into batches.
 const LAYOUTS: [&[usize]; 3] = [&[1, 1, 1, 1, 1, 1, 1], &[7], &[3, 3, 1]];
 
 fn kafka_answer(t: i64) -> Offset {
     TIMESTAMPS
         .iter()
-        .position(|&ts| ts >= t)
+        .position(|&ts| b() + ts >= t)
         .map_or(Offset::End, |o| Offset::Offset(o as i64))
 }
 
@@ -47,7 +44,7 @@ fn offsets_for_times_finds_the_first_record_at_or_after_t() {
         let mut offset = 0;
         for &size in *layout {
             let records: Vec<Record> = (offset..offset + size)
-                .map(|o| Record::value(TIMESTAMPS[o], format!("record {o}").as_bytes()))
+                .map(|o| Record::value(b() + TIMESTAMPS[o], format!("record {o}").as_bytes()))
                 .collect();
             let (error, base) = raw::produce(&mut conn, &topic, partition as i32, batch::encode(&records));
             assert_eq!(
@@ -61,17 +58,17 @@ fn offsets_for_times_finds_the_first_record_at_or_after_t() {
 
     let consumer = ketch.consumer();
     let queries = [
-        B - 1_000_000, // before the log
-        B + 1000,      // equal to the first record's
-        B + 1200,      // between two timestamps
-        B + 1500,      // equal to a record that follows a later one
-        B + 2000,
-        B + 2200,
-        B + 2500,
-        B + 3000, // equal to two records
-        B + 3500,
-        B + 4000, // equal to the last
-        B + 4001, // after the log
+        b() - 1_000_000, // before the log
+        b() + 1000,      // equal to the first record's
+        b() + 1200,      // between two timestamps
+        b() + 1500,      // equal to a record that follows a later one
+        b() + 2000,
+        b() + 2200,
+        b() + 2500,
+        b() + 3000, // equal to two records
+        b() + 3500,
+        b() + 4000, // equal to the last
+        b() + 4001, // after the log
     ];
     for t in queries {
         let mut request = TopicPartitionList::new();
@@ -92,7 +89,7 @@ fn offsets_for_times_finds_the_first_record_at_or_after_t() {
                 got.offset(),
                 kafka_answer(t),
                 "T = B+{} on partition {partition} (batches {:?})",
-                t - B,
+                t - b(),
                 LAYOUTS[partition as usize]
             );
         }
@@ -113,7 +110,7 @@ fn list_offsets_special_timestamps() {
     let topic = unique_topic("special");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let records: Vec<Record> = TIMESTAMPS.iter().map(|&ts| Record::value(ts, b"v")).collect();
+    let records: Vec<Record> = TIMESTAMPS.iter().map(|&ts| Record::value(b() + ts, b"v")).collect();
     assert_eq!(
         raw::produce(&mut conn, &topic, 0, batch::encode(&records[..4])).0,
         code::NONE
@@ -127,13 +124,13 @@ fn list_offsets_special_timestamps() {
     assert_eq!(list(&mut conn, -2).0, code::NONE);
     assert_eq!(list(&mut conn, -2).1, 0, "earliest");
     assert_eq!(list(&mut conn, -1).1, TIMESTAMPS.len() as i64, "latest");
-    assert_eq!(list(&mut conn, -3), (code::NONE, 6, B + 4000), "max timestamp");
+    assert_eq!(list(&mut conn, -3), (code::NONE, 6, b() + 4000), "max timestamp");
     assert_eq!(
-        list(&mut conn, B + 2200),
-        (code::NONE, 3, B + 3000),
+        list(&mut conn, b() + 2200),
+        (code::NONE, 3, b() + 3000),
         "by timestamp"
     );
-    assert_eq!(list(&mut conn, B + 9999).1, -1, "after the log");
+    assert_eq!(list(&mut conn, b() + 9999).1, -1, "after the log");
 
     // A negative timestamp a version does not know: UNSUPPORTED_VERSION,
     // as from Kafka (-3 from v7, -4 from v8, others never here).

@@ -27,7 +27,7 @@ fn consumers_see_the_append_time() {
     let request = raw::produce_request(
         &topic,
         0,
-        batch::encode(&[Record::value(1_000, b"a"), Record::value(2_000, b"b")]),
+        batch::encode(&[Record::value(batch::at(1_000), b"a"), Record::value(batch::at(2_000), b"b")]),
     );
     let response = conn.request(raw::PRODUCE_VERSION, &request);
     let partition = &response.responses[0].partition_responses[0];
@@ -52,7 +52,7 @@ fn consumers_see_the_append_time() {
     assert_eq!(raw::create_topic(&mut conn, &plain, 1), code::NONE);
     let response = conn.request(
         raw::PRODUCE_VERSION,
-        &raw::produce_request(&plain, 0, batch::encode(&[Record::value(1_000, b"a")])),
+        &raw::produce_request(&plain, 0, batch::encode(&[Record::value(batch::at(1_000), b"a")])),
     );
     assert_eq!(
         response.responses[0].partition_responses[0].log_append_time_ms,
@@ -79,7 +79,7 @@ fn a_retried_batch_is_answered_with_its_stored_append_time() {
         .with_producer_id(kafka_protocol::messages::ProducerId(-1))
         .with_producer_epoch(-1);
     let producer_id = conn.request(4, &init).producer_id.0;
-    let batch = batch::encode_idempotent(&[Record::value(1_000, b"once")], producer_id, 0, 0);
+    let batch = batch::encode_idempotent(&[Record::value(batch::at(1_000), b"once")], producer_id, 0, 0);
     let append_time = |conn: &mut KafkaConn| {
         let response = conn.request(
             raw::PRODUCE_VERSION,

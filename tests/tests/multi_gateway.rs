@@ -55,7 +55,7 @@ fn concurrent_appends_through_two_gateways_get_dense_unique_offsets() {
                 (0..BATCHES_PER_WRITER)
                     .map(|n| {
                         let records: Vec<Record> = (0..RECORDS_PER_BATCH)
-                            .map(|r| Record::value(n as i64, &value(writer, n, r)))
+                            .map(|r| Record::value(batch::at(n as i64), &value(writer, n, r)))
                             .collect();
                         let (error, base_offset) =
                             raw::produce(&mut conn, &topic, 0, batch::encode(&records));
@@ -155,7 +155,7 @@ fn fetch_waiting_on_one_gateway_wakes_for_a_produce_through_another() {
             &mut producer,
             &topic,
             0,
-            batch::encode(&[Record::value(trial as i64, b"ping")]),
+            batch::encode(&[Record::value(batch::at(trial as i64), b"ping")]),
         );
         let ack_at = Instant::now();
         assert_eq!((error, offset), (code::NONE, trial as i64));
@@ -217,7 +217,7 @@ fn appends_are_announced_only_when_another_gateway_listens() {
 
     // One record through A, expected at `offset`.
     let append = |producer: &mut KafkaConn, offset: i64| {
-        let batch = batch::encode(&[Record::value(offset, b"announce")]);
+        let batch = batch::encode(&[Record::value(batch::at(offset), b"announce")]);
         assert_eq!(raw::produce(producer, &topic, 0, batch), (code::NONE, offset));
     };
 
@@ -301,7 +301,7 @@ fn deleting_by_a_stale_topic_id_leaves_the_new_topic_of_that_name() {
     let deleted: kafka_protocol::messages::DeleteTopicsResponse = via_b.request(6, &delete_by_name);
     assert_eq!(deleted.responses[0].error_code, code::NONE);
     assert_eq!(raw::create_topic(&mut via_b, &topic, 1), code::NONE);
-    let kept = batch::encode(&[batch::Record::value(1, b"kept")]);
+    let kept = batch::encode(&[batch::Record::value(batch::at(1), b"kept")]);
     assert_eq!(raw::produce(&mut via_b, &topic, 0, kept), (code::NONE, 0));
     // Gateway a learns of the new topic (its cache lives half a second).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

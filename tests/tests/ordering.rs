@@ -26,7 +26,7 @@ fn list_offsets_after_delete_records_sees_the_new_log_start() {
     let topic = unique_topic("order-delete");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     for round in 0..ROUNDS {
-        let records: Vec<Record> = (0..3).map(|i| Record::value(i, b"r")).collect();
+        let records: Vec<Record> = (0..3).map(|i| Record::value(batch::at(i), b"r")).collect();
         assert_eq!(
             raw::produce(&mut conn, &topic, 0, batch::encode(&records)).0,
             code::NONE
@@ -53,7 +53,7 @@ fn produce_after_create_topics_finds_the_topic() {
     for round in 0..ROUNDS {
         let topic = unique_topic("order-create");
         conn.send(5, &raw::create_topic_request(&topic, 1));
-        let records = batch::encode(&[Record::value(round, b"first")]);
+        let records = batch::encode(&[Record::value(batch::at(round), b"first")]);
         conn.send(raw::PRODUCE_VERSION, &raw::produce_request(&topic, 0, records));
         let created = conn.receive_next::<CreateTopicsRequest>(5).1;
         assert_eq!(created.topics[0].error_code, code::NONE);

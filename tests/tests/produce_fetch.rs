@@ -24,7 +24,7 @@ fn start_with(args: &[&str]) -> (TestRedis, Ketch, KafkaConn, String) {
 #[test]
 fn acks_zero_is_not_answered_and_acks_all_is() {
     let (_redis, _ketch, mut conn, topic) = start();
-    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(1, b"fire and forget")]));
+    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(1), b"fire and forget")]));
     conn.send(raw::PRODUCE_VERSION, &request.with_acks(0));
     // The next response on the connection must answer the next request:
     // `receive` checks the correlation id.
@@ -39,7 +39,7 @@ fn acks_zero_is_not_answered_and_acks_all_is() {
     assert_eq!(error, code::NONE);
     assert_eq!(records.as_deref().map_or(0, raw::count_records), 1);
 
-    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(2, b"durable")]));
+    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(2), b"durable")]));
     let response = conn.request(raw::PRODUCE_VERSION, &request.with_acks(-1));
     assert_eq!(raw::produce_result(&response), (code::NONE, 1));
 }
@@ -55,14 +55,14 @@ fn a_failed_acks_zero_produce_closes_the_connection() {
         .with_client_software_version(StrBytes::from_static_str("0"));
     // Before it on the connection: an ApiVersions, answered.
     conn.send(3, &versions);
-    let no_such_partition = raw::produce_request(&topic, 7, batch::encode(&[Record::value(1, b"lost")]));
+    let no_such_partition = raw::produce_request(&topic, 7, batch::encode(&[Record::value(batch::at(1), b"lost")]));
     conn.send(raw::PRODUCE_VERSION, &no_such_partition.with_acks(0));
     assert!(conn.read_frame().is_ok(), "the ApiVersions answer");
     conn.assert_closed();
 
     // A batch refused (a CRC that does not hold) closes it too.
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let mut corrupt = batch::encode(&[Record::value(1, b"bad")]);
+    let mut corrupt = batch::encode(&[Record::value(batch::at(1), b"bad")]);
     let last = corrupt.len() - 1;
     corrupt[last] ^= 0x40;
     conn.send(
@@ -73,7 +73,7 @@ fn a_failed_acks_zero_produce_closes_the_connection() {
 
     // A failure-free acks=0 produce leaves it open (the test above).
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let fine = raw::produce_request(&topic, 0, batch::encode(&[Record::value(1, b"kept")]));
+    let fine = raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(1), b"kept")]));
     conn.send(raw::PRODUCE_VERSION, &fine.with_acks(0));
     assert_eq!(conn.request(3, &versions).error_code, code::NONE);
 }
@@ -100,7 +100,7 @@ fn appended_and_answered_in_request_order(args: &[&str]) {
     let mut frames = Vec::new();
     for n in 0..IN_FLIGHT {
         let records: Vec<Record> = (0..5)
-            .map(|i| Record::value(i, format!("{n}").as_bytes()))
+            .map(|i| Record::value(batch::at(i), format!("{n}").as_bytes()))
             .collect();
         frames.extend(conn.frame(
             raw::PRODUCE_VERSION,
@@ -139,7 +139,7 @@ fn appended_and_answered_in_request_order(args: &[&str]) {
 fn five_batches(conn: &mut KafkaConn, topic: &str) -> usize {
     let mut size = 0;
     for n in 0..5 {
-        let records: Vec<Record> = (0..10).map(|i| Record::value(i, &[b'x'; 1000])).collect();
+        let records: Vec<Record> = (0..10).map(|i| Record::value(batch::at(i), &[b'x'; 1000])).collect();
         let batch = batch::encode(&records);
         size = batch.len();
         assert_eq!(raw::produce(conn, topic, 0, batch), (code::NONE, n * 10));
@@ -188,9 +188,9 @@ fn out_of_range_is_told_when_the_response_is_full() {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("full-response");
     assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
-    let big = batch::encode(&[Record::value(1, &[b'x'; 100 * 1024])]);
+    let big = batch::encode(&[Record::value(batch::at(1), &[b'x'; 100 * 1024])]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, big), (code::NONE, 0));
-    let small = batch::encode(&[Record::value(1, b"one")]);
+    let small = batch::encode(&[Record::value(batch::at(1), b"one")]);
     assert_eq!(raw::produce(&mut conn, &topic, 1, small), (code::NONE, 0));
     // Partition 0's batch fills the 64 KiB (KIP-74 sends it whole);
     // partition 1 is asked for from offset 5, past its end.

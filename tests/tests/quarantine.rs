@@ -27,7 +27,7 @@ fn value(offset: i64) -> Vec<u8> {
 
 fn records(first: i64, count: i64) -> Vec<Record> {
     (first..first + count)
-        .map(|o| Record::value(1_000 + o, &value(o)))
+        .map(|o| Record::value(batch::at(1_000 + o), &value(o)))
         .collect()
 }
 

@@ -379,7 +379,7 @@ fn quotas_are_altered_and_described_as_kafka_does() {
 /// Produces a batch of `bytes` with the given request version; (error,
 /// throttle_time_ms, time to the response).
 fn produce_timed(conn: &mut KafkaConn, version: i16, topic: &str, bytes: usize) -> (i16, i32, Duration) {
-    let batch = batch::encode(&[Record::value(0, &vec![b'q'; bytes])]);
+    let batch = batch::encode(&[Record::value(batch::at(0), &vec![b'q'; bytes])]);
     let request: ProduceRequest = raw::produce_request(topic, 0, batch);
     let sent = Instant::now();
     let response: ProduceResponse = conn.request(version, &request);
@@ -509,7 +509,7 @@ fn a_consumer_over_its_quota_gets_empty_throttled_fetches_and_still_reads_everyt
     assert_eq!(raw::create_topic(&mut admin, &topic, 1), code::NONE);
     // 40 batches of 5 kB.
     for i in 0..40u8 {
-        let batch = batch::encode(&[Record::value(0, &[i; 5000])]);
+        let batch = batch::encode(&[Record::value(batch::at(0), &[i; 5000])]);
         assert_eq!(raw::produce(&mut admin, &topic, 0, batch).0, code::NONE);
     }
     // 30 kB/s for every user's clients (the default user: here ANONYMOUS).

@@ -54,7 +54,7 @@ fn acks_all_waits_for_a_replica_over_the_unix_socket() {
     let topic = unique_topic("unix-acks-all");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     for n in 0..3 {
-        let batch = batch::encode(&[Record::value(1, format!("r{n}").as_bytes())]);
+        let batch = batch::encode(&[Record::value(batch::at(1), format!("r{n}").as_bytes())]);
         let request = raw::produce_request(&topic, 0, batch).with_acks(-1);
         let answer = raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &request));
         assert_eq!(answer, (code::NONE, n));
@@ -92,7 +92,7 @@ fn a_gateway_started_before_redis_reaches_its_socket_once_it_is_there() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let record = batch::encode(&[Record::value(1, b"late")]);
+    let record = batch::encode(&[Record::value(batch::at(1), b"late")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, record), (code::NONE, 0));
     assert_eq!(redis.stream_len(&topic, 0), 1);
 }

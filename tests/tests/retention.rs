@@ -125,6 +125,37 @@ fn retention_ms_deletes_segments_whose_records_are_old() {
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 5);
 }
 
+/// The open segment goes once its records are past retention.ms, as Kafka
+/// rolls and deletes an active segment: an idle partition's last records
+/// do not wait for segment.ms (a day here) to be sealed.
+#[test]
+fn retention_ms_deletes_the_open_segment_too() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &WORKER);
+    let topic = unique_topic("retention-open");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("segment.ms", "86400000"), ("retention.ms", "60000")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let hour_ago = now_ms() - 3_600_000;
+    for i in 0..3 {
+        let batch = batch::encode(&[Record::value(hour_ago + i, b"old")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    wait_for_log_start(&mut conn, &topic, "the open segment's retention", |start| {
+        start == 3
+    });
+    assert_eq!(redis.stream_len(&topic, 0), 0);
+    // A new record is kept (its segment is young).
+    let batch = batch::encode(&[Record::value(now_ms(), b"new")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, batch), (code::NONE, 3));
+    std::thread::sleep(Duration::from_millis(600)); // several ticks
+    assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 3);
+}
+
 /// A segment whose records carry no timestamp (-1) ages from when it was
 /// sealed (Kafka: from its file's last write), not from the epoch: it is
 /// kept for retention.ms (it was deleted as soon as it was sealed).

@@ -15,7 +15,11 @@ use rdkafka::{Offset, TopicPartitionList};
 
 const RECORDS: usize = 100_000;
 const PARTITIONS: i32 = 8;
-const BASE_TIMESTAMP: i64 = 1_700_000_000_000;
+/// Where the records' timestamps start: recent, so that no retention
+/// deletes them.
+fn base_timestamp() -> i64 {
+    ketch_tests::batch::at(0)
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Expected {
@@ -50,7 +54,7 @@ fn record(i: usize, rng: &mut StdRng) -> Expected {
     Expected {
         partition: (i % PARTITIONS as usize) as i32,
         // Not monotonic within a partition: clients may send any timestamp.
-        timestamp: BASE_TIMESTAMP + (i as i64 * 7919) % 100_003,
+        timestamp: base_timestamp() + (i as i64 * 7919) % 100_003,
         key,
         value,
         headers,

@@ -15,7 +15,7 @@ const RECORDS: i64 = 3;
 /// The batch `n` of a run: three records, their values naming it.
 fn nth_batch(n: usize) -> Vec<u8> {
     let records: Vec<Record> = (0..RECORDS)
-        .map(|i| Record::value(1_700_000_000_000 + i, format!("batch {n} record {i}").as_bytes()))
+        .map(|i| Record::value(batch::at(i), format!("batch {n} record {i}").as_bytes()))
         .collect();
     batch::encode(&records)
 }

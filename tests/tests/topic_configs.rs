@@ -977,7 +977,7 @@ fn an_empty_cluster_wide_cleanup_policy_is_kept_as_empty() {
         ""
     );
     // Nothing is deleted from such a topic (DeleteRecords: POLICY_VIOLATION).
-    let record = batch::encode(&[Record::value(1, b"kept")]);
+    let record = batch::encode(&[Record::value(batch::at(1), b"kept")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, record), (code::NONE, 0));
     assert_eq!(raw::delete_records(&mut conn, &topic, 0, 1).0, 44);
     // Removed again, the default is back.

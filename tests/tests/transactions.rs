@@ -256,14 +256,14 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
     assert_eq!(started.error_code, code::NONE);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let open = transactional(&[Record::value(1_000, b"open")], pid, epoch, 0);
+    let open = transactional(&[Record::value(batch::at(1_000), b"open")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
     assert_eq!(
         raw::produce(
             &mut conn,
             &topic,
             0,
-            batch::encode(&[Record::value(1_001, b"plain")])
+            batch::encode(&[Record::value(batch::at(1_001), b"plain")])
         ),
         (code::NONE, 1)
     );
@@ -279,7 +279,10 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
         let response: ListOffsetsResponse = conn.request(7, &request);
         raw::list_offsets_result(&response).1
     };
-    assert_eq!((by_timestamp(1_001, 0), by_timestamp(1_001, 1)), (1, -1));
+    assert_eq!(
+        (by_timestamp(batch::at(1_001), 0), by_timestamp(batch::at(1_001), 1)),
+        (1, -1)
+    );
     assert_eq!((by_timestamp(0, 0), by_timestamp(0, 1)), (0, -1));
     assert_eq!((by_timestamp(-3, 0), by_timestamp(-3, 1)), (1, -1));
 
@@ -306,7 +309,7 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
     assert_eq!(aborted.len(), 1);
     assert_eq!((aborted[0].producer_id.0, aborted[0].first_offset), (pid, 0));
     // The producer was fenced by the abort: its epoch is refused.
-    let late = transactional(&[Record::value(1_002, b"late")], pid, epoch, 1);
+    let late = transactional(&[Record::value(batch::at(1_002), b"late")], pid, epoch, 1);
     assert_eq!(
         produce_in(&mut conn, Some(&id), &topic, late).0,
         INVALID_PRODUCER_EPOCH
@@ -352,7 +355,7 @@ fn ids_that_cannot_be_finished_do_not_starve_a_timed_out_transaction() {
     let started = init(&mut conn, &id, 1_000);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let open = transactional(&[Record::value(1_000, b"open")], pid, epoch, 0);
+    let open = transactional(&[Record::value(batch::at(1_000), b"open")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
     eventually("the timed-out transaction aborted", (2, 2), || {
         watermarks(&mut conn, &topic)
@@ -378,10 +381,10 @@ fn an_open_transactions_data_takes_no_room_from_the_other_partitions_of_a_read_c
     let started = init(&mut conn, &id, 60_000);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let open = transactional(&[Record::value(1, &[b'x'; 100 * 1024])], pid, epoch, 0);
+    let open = transactional(&[Record::value(batch::at(1), &[b'x'; 100 * 1024])], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
     // Partition 1: a committed record.
-    let plain = batch::encode(&[Record::value(1, b"decided")]);
+    let plain = batch::encode(&[Record::value(batch::at(1), b"decided")]);
     assert_eq!(raw::produce(&mut conn, &topic, 1, plain), (code::NONE, 0));
 
     // A read_committed fetch of both, partition 0 first, in 64 KiB: the
@@ -411,7 +414,7 @@ fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("txn-at-end");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let plain = batch::encode(&[Record::value(1_000, b"plain")]);
+    let plain = batch::encode(&[Record::value(batch::at(1_000), b"plain")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, plain), (code::NONE, 0));
     // (HW, LSO) of an empty read_committed fetch at `offset` (waiting 50 ms).
     let at_end = |conn: &mut KafkaConn, offset: i64| {
@@ -442,7 +445,7 @@ fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_
     assert_eq!(started.error_code, code::NONE);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let open = transactional(&[Record::value(1_001, b"open")], pid, epoch, 0);
+    let open = transactional(&[Record::value(batch::at(1_001), b"open")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 1));
     for _ in 0..5 {
         assert_eq!(at_end(&mut conn, 2), (2, 1), "the open transaction holds the LSO");
@@ -472,7 +475,7 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
     assert_eq!(started.error_code, code::NONE);
 
     // A transactional batch for a partition its transaction did not add.
-    let stray = transactional(&[Record::value(1, b"stray")], pid, epoch, 0);
+    let stray = transactional(&[Record::value(batch::at(1), b"stray")], pid, epoch, 0);
     assert_eq!(
         produce_in(&mut conn, Some(&id), &topic, stray.clone()).0,
         INVALID_TXN_STATE
@@ -485,7 +488,7 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
         TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     );
     // A control batch (a marker) from a client.
-    let mut marker = transactional(&[Record::value(1, b"x")], pid, epoch, 0);
+    let mut marker = transactional(&[Record::value(batch::at(1), b"x")], pid, epoch, 0);
     marker[22] |= 0x20;
     batch::fix_crc(&mut marker);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, marker).0, INVALID_RECORD);
@@ -536,7 +539,7 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
     let started = init(&mut conn, &id, 60_000);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let data = transactional(&[Record::value(1_000, b"decided")], pid, epoch, 0);
+    let data = transactional(&[Record::value(batch::at(1_000), b"decided")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
 
     let describe_producers = |conn: &mut KafkaConn| {
@@ -684,10 +687,10 @@ fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
     let (pid, epoch) = (first.producer_id.0, first.producer_epoch);
 
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let data = transactional(&[Record::value(1, b"in")], pid, epoch, 0);
+    let data = transactional(&[Record::value(batch::at(1), b"in")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
     for (batch_epoch, sequence) in [(epoch, 1), (epoch + 1, 0)] {
-        let plain = batch::encode_idempotent(&[Record::value(2, b"out")], pid, batch_epoch, sequence);
+        let plain = batch::encode_idempotent(&[Record::value(batch::at(2), b"out")], pid, batch_epoch, sequence);
         assert_eq!(
             produce_in(&mut conn, None, &topic, plain).0,
             INVALID_TXN_STATE,
@@ -737,7 +740,7 @@ fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
         code::NONE
     );
     assert_eq!(late_join(&redis, &topic, pid, epoch + 2, 1), "ended");
-    let data = transactional(&[Record::value(3, b"second")], pid, epoch + 2, 0);
+    let data = transactional(&[Record::value(batch::at(3), b"second")], pid, epoch + 2, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 2));
     assert_eq!(
         watermarks(&mut conn, &topic),
@@ -765,18 +768,18 @@ fn a_new_epoch_starts_its_sequences_at_zero_where_the_producer_is_known() {
 
     // Known only by its registration: it may start at sequence 7.
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let data = transactional(&[Record::value(1, b"a")], pid, epoch, 7);
+    let data = transactional(&[Record::value(batch::at(1), b"a")], pid, epoch, 7);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
     assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
     eventually("the record and its marker", 2, || redis.next_offset(&topic, 0));
     // The next transaction of the same epoch goes on from sequence 8.
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let gap = transactional(&[Record::value(2, b"gap")], pid, epoch, 0);
+    let gap = transactional(&[Record::value(batch::at(2), b"gap")], pid, epoch, 0);
     assert_eq!(
         produce_in(&mut conn, Some(&id), &topic, gap).0,
         OUT_OF_ORDER_SEQUENCE_NUMBER
     );
-    let data = transactional(&[Record::value(2, b"b")], pid, epoch, 8);
+    let data = transactional(&[Record::value(batch::at(2), b"b")], pid, epoch, 8);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 2));
     assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
     eventually("the second record and marker", 4, || redis.next_offset(&topic, 0));
@@ -785,13 +788,13 @@ fn a_new_epoch_starts_its_sequences_at_zero_where_the_producer_is_known() {
     let (error, _, bumped) = init_named(&mut conn, &id, pid, epoch);
     assert_eq!((error, bumped), (code::NONE, epoch + 1));
     assert_eq!(add_partition(&mut conn, &id, pid, bumped, &topic, 0), code::NONE);
-    let late = transactional(&[Record::value(3, b"late")], pid, bumped, 9);
+    let late = transactional(&[Record::value(batch::at(3), b"late")], pid, bumped, 9);
     assert_eq!(
         produce_in(&mut conn, Some(&id), &topic, late).0,
         OUT_OF_ORDER_SEQUENCE_NUMBER
     );
     assert_eq!(redis.next_offset(&topic, 0), 4, "nothing stored");
-    let data = transactional(&[Record::value(3, b"c")], pid, bumped, 0);
+    let data = transactional(&[Record::value(batch::at(3), b"c")], pid, bumped, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 4));
 }
 
@@ -953,7 +956,7 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
             .unwrap()
     };
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let first = transactional(&[Record::value(1_000, b"one")], pid, epoch, 0);
+    let first = transactional(&[Record::value(batch::at(1_000), b"one")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, first), (code::NONE, 0));
     let replica_state = || -> Option<String> {
         redis::cmd("HGET")
@@ -979,7 +982,7 @@ fn markers_wait_for_the_replicas_acks_all_waits_for() {
     // The replica stops answering: the next commit is decided but not
     // confirmed: EndTxn answers COORDINATOR_NOT_AVAILABLE (retriable), and
     // the decision, written, stands unfinished.
-    let second = transactional(&[Record::value(1_001, b"two")], pid, epoch, 1);
+    let second = transactional(&[Record::value(batch::at(1_001), b"two")], pid, epoch, 1);
     let frozen = Frozen::freeze(replica.pid());
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, second).0, code::NONE);
     assert_eq!(

@@ -107,7 +107,7 @@ fn produce_through(ketch: &Ketch, topic: &str, range: std::ops::Range<usize>) {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     for i in range {
         let partition = (i % PARTITIONS as usize) as i32;
-        let record = Record::value(1_700_000_000_000, format!("r{i}").as_bytes());
+        let record = Record::value(batch::at(0), format!("r{i}").as_bytes());
         let offset = (i / PARTITIONS as usize) as i64;
         assert_eq!(
             raw::produce(&mut conn, topic, partition, batch::encode(&[record])),
@@ -286,7 +286,7 @@ fn idempotent_batches_alternate_between_releases(upgraded: &Ketch, previous: &Ke
     assert_eq!(raw::create_topic(&mut conns[0], &topic, 1), code::NONE);
     let producer_id = 424_242;
     let batch = |seq: i32| {
-        let record = Record::value(1_700_000_000_000, format!("s{seq}").as_bytes());
+        let record = Record::value(batch::at(0), format!("s{seq}").as_bytes());
         batch::encode_idempotent(&[record], producer_id, 0, seq)
     };
     for seq in 0..6 {

@@ -44,7 +44,14 @@ local remote = ARGV[5] == '0'
 local no_archive = ARGV[9] == '1'
 
 local sealed = 0
-if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] or now) >= tonumber(ARGV[2])) then
+-- An open segment whose newest record is past retention.ms is sealed too,
+-- so that retention deletes it below (Kafka rolls and deletes an active
+-- segment past retention: an idle partition's last records do not wait for
+-- segment.ms). Records without a timestamp (-1) never expire while open.
+local open_max_ts = tonumber(meta[6] or '-1')
+local open_expired = tonumber(ARGV[3]) >= 0 and open_max_ts >= 0 and open_max_ts < now - tonumber(ARGV[3])
+if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] or now) >= tonumber(ARGV[2])
+    or open_expired) then
   -- first_ts: the first batch's largest timestamp (absent when a gateway
   -- of an older release opened the segment).
   local segment = cjson.encode({base = seg_base, last = next_offset - 1, bytes = seg_bytes,
