@@ -41,6 +41,11 @@ const MAX_MOVED_RETRIES: u64 = 8;
 /// gateway kept appending to the same partition in between; a small batch
 /// is stored at the next offset the script finds, in one attempt).
 const MAX_APPEND_ATTEMPTS: usize = 16;
+/// Reserve attempts a large batch makes before it goes through the script
+/// whole, like a small one: the script then stores it at the next offset
+/// it finds, so a partition other gateways keep appending to cannot refuse
+/// it (hashing its bytes in Lua costs more than one more round trip).
+const STAGED_ATTEMPTS: usize = 3;
 
 /// Batches the reads of a partition must have seen before their sizes,
 /// rather than `max.message.bytes`, bound how many entries a read asks for.
@@ -520,11 +525,12 @@ impl Store {
         let slot = self.appenders.slot(&keys.meta);
         let mut next = slot.lock().await;
         let appending = self.wake.appending(&keys.wake);
-        for _ in 0..MAX_APPEND_ATTEMPTS {
+        for tried in 0..MAX_APPEND_ATTEMPTS {
             let expected = next.unwrap_or(-1);
+            let inline = batch.len() <= INLINE_BATCH_BYTES || tried >= STAGED_ATTEMPTS;
             let attempt = match &via {
                 Via::Conn(conn) => self
-                    .try_append(conn.clone(), keys, expected, batch, header)
+                    .try_append(conn.clone(), keys, expected, batch, header, inline)
                     .await
                     .map_err(|e| {
                         if is_noscript(&e) {
@@ -534,7 +540,7 @@ impl Store {
                         }
                     }),
                 Via::Wire(wire) => self
-                    .try_append_wire(wire, keys, expected, batch, header)
+                    .try_append_wire(wire, keys, expected, batch, header, inline)
                     .await
                     .map_err(|e| match e {
                         StorageError::Unavailable(m) if m.starts_with("NOSCRIPT") => AppendFailure::NoScript,
@@ -614,10 +620,11 @@ impl Store {
         )))
     }
 
-    /// One attempt. A batch up to [`INLINE_BATCH_BYTES`] goes through the
-    /// script in one call; a larger one is staged around a plain XADD in
-    /// MULTI/EXEC, so Redis does not hash its bytes in Lua. Both run on
-    /// `conn`, so a `WAIT` there covers the write.
+    /// One attempt. With `inline` (a batch up to [`INLINE_BATCH_BYTES`], or
+    /// a larger one that lost [`STAGED_ATTEMPTS`] races) the batch goes
+    /// through the script in one call; otherwise it is staged around a
+    /// plain XADD in MULTI/EXEC, so Redis does not hash its bytes in Lua.
+    /// Both run on `conn`, so a `WAIT` there covers the write.
     async fn try_append(
         &self,
         mut conn: Conn,
@@ -625,6 +632,7 @@ impl Store {
         expected: i64,
         batch: &Bytes,
         header: &BatchHeader,
+        inline: bool,
     ) -> redis::RedisResult<AppendReply> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
@@ -649,7 +657,7 @@ impl Store {
             cmd
         };
         let presence = self.wake.presence(&keys.wake).unwrap_or_default();
-        if batch.len() <= INLINE_BATCH_BYTES {
+        if inline {
             return reserve("inline")
                 .arg(&batch[..])
                 .arg(&presence)
@@ -690,6 +698,7 @@ impl Store {
         expected: i64,
         batch: &Bytes,
         header: &BatchHeader,
+        inline: bool,
     ) -> Result<AppendReply> {
         let sha = self.scripts.append.get_hash();
         let count = header.record_count;
@@ -722,7 +731,7 @@ impl Store {
         };
         let presence = self.wake.presence(&keys.wake).unwrap_or_default();
         let mut packed = Packed::default();
-        if batch.len() <= INLINE_BATCH_BYTES {
+        if inline {
             reserve(&mut packed, "inline");
             packed.bytes(batch).arg(&presence);
             let mut replies = wire.request(packed).await?.into_iter();

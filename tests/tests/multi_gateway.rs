@@ -20,8 +20,15 @@ const WRITERS_PER_GATEWAY: usize = 2;
 const BATCHES_PER_WRITER: usize = 150;
 const RECORDS_PER_BATCH: usize = 10;
 
+/// A record's value. Writers 0 and 1 (one on each gateway) write batches
+/// of about 5 KiB, which take the staged path (a reserve that another
+/// gateway's append can move, then a retry); the others small, inline ones.
 fn value(writer: usize, batch: usize, record: usize) -> Vec<u8> {
-    format!("w{writer}-b{batch}-r{record}").into_bytes()
+    let mut value = format!("w{writer}-b{batch}-r{record}").into_bytes();
+    if writer < 2 {
+        value.resize(500, b'.');
+    }
+    value
 }
 
 /// A Redis, gateways A (node 1) and B (node 2) on it, and a topic of one

@@ -490,7 +490,13 @@ pub fn error_code(e: &StorageError) -> i16 {
         StorageError::TopicCollides(_) => ResponseError::InvalidTopicException,
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Corrupt(_) => ResponseError::CorruptMessage,
-        StorageError::Conflict(_) => ResponseError::ReassignmentInProgress,
+        // A change that kept losing to others' (an append to a partition
+        // other gateways kept appending to, a topic record changed
+        // meanwhile): nothing was written. NOT_ENOUGH_REPLICAS is what Kafka
+        // answers for a transient "nothing stored", and every client
+        // retries it (REASSIGNMENT_IN_PROGRESS, answered before, is not
+        // retriable).
+        StorageError::Conflict(_) => ResponseError::NotEnoughReplicas,
         StorageError::NotEnoughReplicasAfterAppend { .. } => ResponseError::NotEnoughReplicasAfterAppend,
         StorageError::Sequence(SequenceError::OutOfOrder) => ResponseError::OutOfOrderSequenceNumber,
         StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,
@@ -706,7 +712,26 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::{Context, Poll, Wake, Waker};
 
-    use super::{PER_REQUEST_CONCURRENCY, each};
+    use super::{PER_REQUEST_CONCURRENCY, each, error_code};
+
+    /// A storage failure the client should retry gets a code every Kafka
+    /// client retries: an append that kept losing races to other gateways
+    /// (Conflict) was REASSIGNMENT_IN_PROGRESS, which Java and librdkafka
+    /// treat as permanent, and the batch was lost.
+    #[test]
+    fn retriable_storage_errors_get_retriable_codes() {
+        use ketch_storage::StorageError;
+        use kafka_protocol::ResponseError;
+        for e in [
+            StorageError::Conflict("kept moving".to_owned()),
+            StorageError::NotEnoughReplicasAfterAppend { acked: 0, wanted: 1 },
+        ] {
+            assert!(e.is_retriable(), "{e}");
+            let code = error_code(&e);
+            let kafka = ResponseError::try_from_code(code).expect("a Kafka error");
+            assert!(kafka.is_retriable(), "{e} answered {kafka:?}");
+        }
+    }
 
     #[derive(Default)]
     struct Count(AtomicUsize);
