@@ -578,9 +578,7 @@ impl Store {
                         crate::batch::patch_header(&mut copy, base_offset, 0);
                         copy.freeze()
                     });
-                    self.wake.stored(
-                        &keys.wake,
-                        appending.since(),
+                    appending.stored(
                         base_offset,
                         next_offset,
                         log_start_offset,

@@ -232,16 +232,43 @@ impl Waiter {
 }
 
 /// An append under way ([`WakeHub::appending`]); dropping it ends it.
+///
+/// An append dropped without [`Appending::stored`] (its reply lost to a
+/// timeout or a broken connection, the request dropped at its deadline, or
+/// the batch found stored already) may have left a batch in Redis this
+/// gateway was never told of, and the script announces an append only to
+/// other gateways: what the hub knew of the partition is forgotten and its
+/// waiters read again, or a tailing fetch here would be told "nothing new"
+/// until the next append.
 pub struct Appending<'a> {
     hub: &'a WakeHub,
+    name: &'a str,
     /// `None`: nothing deferred (the channel was not subscribed).
     channel: Option<&'a str>,
     keeps_tail: bool,
     /// The subscription's generation when the append began, if subscribed.
     since: Option<u64>,
+    /// [`Appending::stored`] told the hub what the append stored.
+    told: bool,
 }
 
 impl Appending<'_> {
+    /// The append stored its batch: [`WakeHub::stored`] under the
+    /// subscription the append began with, and the end of the append.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stored(
+        mut self,
+        base: i64,
+        next_offset: i64,
+        log_start: i64,
+        transactional: bool,
+        tail: Option<Bytes>,
+    ) {
+        self.hub
+            .stored(self.name, self.since, base, next_offset, log_start, transactional, tail);
+        self.told = true;
+    }
+
     /// The channel's subscription generation when the append began (if
     /// it was subscribed): pass it to [`WakeHub::stored`].
     pub fn since(&self) -> Option<u64> {
@@ -258,15 +285,20 @@ impl Appending<'_> {
 
 impl Drop for Appending<'_> {
     fn drop(&mut self) {
-        let Some(channel) = self.channel else {
-            return;
-        };
         let mut state = self.hub.inner.state.lock().expect("wake state lock");
-        let Some(entry) = state.channels.get_mut(channel) else {
+        let untold = !self.told && state.channels.get(self.name).is_some_and(|c| c.subscribed);
+        if untold {
+            state.forget(self.name);
+        }
+        let Some(entry) = state.channels.get_mut(self.name) else {
             return;
         };
-        entry.appending = entry.appending.saturating_sub(1);
-        if entry.appending == 0 && std::mem::take(&mut entry.deferred) {
+        if self.channel.is_some() {
+            entry.appending = entry.appending.saturating_sub(1);
+        }
+        let deferred = self.channel.is_some() && entry.appending == 0 && std::mem::take(&mut entry.deferred);
+        if untold || deferred {
+            let channel = self.name;
             for waiter in entry.waiters.values() {
                 waiter.wake(Some(channel));
             }
@@ -512,17 +544,21 @@ impl WakeHub {
         let Some(entry) = state.channels.get_mut(channel).filter(|c| c.subscribed) else {
             return Appending {
                 hub: self,
+                name: channel,
                 channel: None,
                 keeps_tail: false,
                 since: None,
+                told: false,
             };
         };
         entry.appending += 1;
         Appending {
             hub: self,
+            name: channel,
             channel: Some(channel),
             keeps_tail,
             since: Some(entry.generation),
+            told: false,
         }
     }
 
@@ -2024,8 +2060,7 @@ mod tests {
         assert_eq!(hub.known_empty_at("c", 0, false), Some(0));
         // Another read started before the append ran, answered after its reply.
         let late = hub.generation("c").unwrap();
-        hub.stored("c", appending.since(), 0, 2, 0, false, Some(batch(10)));
-        drop(appending);
+        appending.stored(0, 2, 0, false, Some(batch(10)));
         hub.observe("c", late, 0, 0, 0);
         // Its own offsets would hide an append through another gateway at
         // 2; what the read saw would hide this one (never announced here).
@@ -2039,8 +2074,7 @@ mod tests {
         // Begun under the subscription: kept.
         read(2);
         let appending = hub.appending("c");
-        hub.stored("c", appending.since(), 2, 4, 0, false, Some(batch(10)));
-        drop(appending);
+        appending.stored(2, 4, 0, false, Some(batch(10)));
         assert_eq!(hub.known_empty_at("c", 4, false), Some(0));
         assert_eq!(tail_of(&hub, 2, false), Some((1, 0, 4, 4)));
         // Begun, then the subscription lapsed and came back before its reply.
@@ -2048,8 +2082,7 @@ mod tests {
         hub.subscription_lost("c");
         hub.confirmed("c");
         read(4);
-        hub.stored("c", appending.since(), 4, 6, 0, false, Some(batch(10)));
-        drop(appending);
+        appending.stored(4, 6, 0, false, Some(batch(10)));
         assert_eq!(hub.known_empty_at("c", 4, false), None);
         assert_eq!(hub.known_empty_at("c", 6, false), None);
         assert_eq!(tail_of(&hub, 4, false), None);
@@ -2203,16 +2236,37 @@ mod tests {
         let appending = hub.appending("c");
         hub.appended("c", Some(3), None);
         assert_eq!(watch.take_fired(), Fired::Nothing);
-        hub.stored("c", hub.generation("c"), 0, 3, 0, false, Some(batch(10)));
-        assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
-        drop(appending);
-        assert_eq!(watch.take_fired(), Fired::Nothing, "woken once");
+        appending.stored(0, 3, 0, false, Some(batch(10)));
+        assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]), "woken once");
         // An append that failed: woken as it ends.
         let appending = hub.appending("c");
         hub.appended("c", Some(6), None);
         assert_eq!(watch.take_fired(), Fired::Nothing);
         drop(appending);
         assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
-        assert_eq!(hub.known_next("c"), Some(6), "known at once all the same");
+    }
+
+    /// An append whose reply never came (a timeout, a broken connection,
+    /// the request dropped at its deadline) or that found its batch stored
+    /// already may have left a batch no one announced here (the script
+    /// announces an append only to other gateways): what was known of the
+    /// partition, its tail included, is forgotten and its watches read
+    /// again. A fetch here was told "nothing new" until the next append.
+    #[tokio::test]
+    async fn an_append_that_was_not_told_forgets_what_was_known() {
+        let (hub, _commands) = WakeHub::detached(None);
+        hub.set_tail_budget(1 << 20);
+        let watch = hub.watch(vec!["c".into()]);
+        hub.confirmed("c");
+        hub.appending("c").stored(0, 2, 0, false, Some(batch(10)));
+        assert_eq!(hub.known_empty_at("c", 2, false), Some(0));
+        assert_eq!(tail_of(&hub, 0, false), Some((1, 0, 2, 2)));
+        let _ = watch.take_fired();
+        // Sent; Redis stored it at 2 and the reply was lost.
+        drop(hub.appending("c"));
+        assert_eq!(hub.known_empty_at("c", 2, false), None, "a read finds offset 2");
+        assert_eq!(tail_of(&hub, 0, false), None);
+        assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
+        assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
     }
 }

@@ -181,31 +181,62 @@ fn redis_killed_with_fsync_always_keeps_every_acknowledged_record() {
     assert_exactly_once_in_order(&ketch, &topic, 40_000);
 }
 
+/// A produce answered REQUEST_TIMED_OUT at its deadline while Redis is
+/// paused; Redis stores the batch once it runs again. A fetch tailing the
+/// partition through the same gateway reads it: the gateway forgets what it
+/// knew of the partition when an append's reply never came (it was told
+/// "nothing new" until the next append, since the append script announces
+/// an append only to other gateways).
 #[test]
 fn a_produce_never_waits_past_its_timeout() {
+    use ketch_tests::batch;
+    use ketch_tests::raw::{self, FETCH_VERSION, code};
     let redis = RedisServer::start();
     let ketch = gateway(&redis, 1);
-    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
+    let mut conn = raw::KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("faults-timeout");
-    assert_eq!(ketch_tests::raw::create_topic(&mut conn, &topic, 1), 0);
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), 0);
+    let first = batch::encode(&[batch::Record::value(batch::at(0), b"first")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, first), (code::NONE, 0));
+    // Tailing at 1: the gateway subscribes to the partition and knows it
+    // ends there.
+    for _ in 0..2 {
+        let tail = conn.request(FETCH_VERSION, &raw::fetch_request(&topic, 0, 1, 200));
+        assert_eq!(raw::fetch_result(&tail).1, 1);
+    }
     let pid = redis.pid().to_string();
     Command::new("kill")
         .args(["-STOP", &pid])
         .status()
         .expect("SIGSTOP");
-    let batch = ketch_tests::batch::encode(&[ketch_tests::batch::Record::value(1, b"x")]);
-    let request = ketch_tests::raw::produce_request(&topic, 0, batch).with_timeout_ms(300);
+    let late = batch::encode(&[batch::Record::value(batch::at(1), b"late")]);
+    let request = raw::produce_request(&topic, 0, late).with_timeout_ms(300);
     let started = Instant::now();
-    let response = conn.request(ketch_tests::raw::PRODUCE_VERSION, &request);
+    let response = conn.request(raw::PRODUCE_VERSION, &request);
     let waited = started.elapsed();
     Command::new("kill")
         .args(["-CONT", &pid])
         .status()
         .expect("SIGCONT");
     const REQUEST_TIMED_OUT: i16 = 7;
-    assert_eq!(ketch_tests::raw::produce_result(&response).0, REQUEST_TIMED_OUT);
+    assert_eq!(raw::produce_result(&response).0, REQUEST_TIMED_OUT);
     assert!(
         waited < Duration::from_millis(1500),
         "answered after {waited:?}, timeout 300 ms"
     );
+    // Redis stored it at 1 once it ran again: a fetch here reads it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tail = conn.request(FETCH_VERSION, &raw::fetch_request(&topic, 0, 1, 500));
+        let (error, high_watermark, records) = raw::fetch_result(&tail);
+        assert_eq!(error, code::NONE);
+        if records.is_some_and(|r| !r.is_empty()) {
+            assert_eq!(high_watermark, 2);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the batch stored after the timeout is never read here (high watermark {high_watermark})"
+        );
+    }
 }
