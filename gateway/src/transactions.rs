@@ -282,12 +282,15 @@ async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError>
     Ok(())
 }
 
-/// The Kafka error for a storage failure in a transaction coordinator
-/// API. As Kafka's coordinator answers when its log write fails, a
-/// write that is not confirmed by the replicas acks=all waits for, or a
+/// The Kafka error for a storage failure in a coordinator API (the
+/// transaction APIs, and the group APIs' offsets). As Kafka's coordinators
+/// answer when their log write fails (`CoordinatorOperationExceptionHelper`),
+/// a write that is not confirmed by the replicas acks=all waits for, or a
 /// Redis that cannot be reached, is COORDINATOR_NOT_AVAILABLE: the client
 /// looks the coordinator up again and retries (a decision written but
-/// unconfirmed stands, and the retry finds it).
+/// unconfirmed stands, and the retry finds it). KAFKA_STORAGE_ERROR, which
+/// other APIs answer, is fatal to the Java consumer's commits and fetches
+/// of offsets.
 pub fn coordinator_error(e: &StorageError) -> i16 {
     match e {
         StorageError::NotEnoughReplicasAfterAppend { .. } | StorageError::Unavailable(_) => {

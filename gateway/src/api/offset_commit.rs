@@ -14,7 +14,8 @@ use kafka_protocol::messages::offset_commit_response::{
 use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader};
 use ketch_storage::{CommittedOffset, TopicPartition};
 
-use super::{Client, error_code, resolve_topic};
+use super::{Client, resolve_topic};
+use crate::transactions::coordinator_error;
 use crate::Context;
 
 pub async fn handle(
@@ -60,7 +61,7 @@ pub async fn handle(
             match ctx.storage.group_has_offsets(&group).await {
                 Ok(true) => Some(ResponseError::UnknownMemberId.code()),
                 Ok(false) => Some(code),
-                Err(e) => Some(error_code(&e)),
+                Err(e) => Some(coordinator_error(&e)),
             }
         }
         other => other,
@@ -97,7 +98,7 @@ pub async fn handle(
         positions.push(topic_positions);
     }
     if let Err(e) = commit(ctx, &group, &accepted).await {
-        let code = error_code(&e);
+        let code = coordinator_error(&e);
         for (t, p) in positions.into_iter().flatten() {
             codes[t][p] = code;
         }
@@ -178,7 +179,17 @@ pub(super) async fn topic_partitions(
     ) {
         return Err(ResponseError::TopicAuthorizationFailed.code());
     }
-    resolve_topic(ctx, topic, false).await.map(|t| t.partitions())
+    resolve_topic(ctx, topic, false)
+        .await
+        .map(|t| t.partitions())
+        .map_err(|code| {
+            // Redis unreachable: as for the offsets' own write.
+            if code == ResponseError::KafkaStorageError.code() {
+                ResponseError::CoordinatorNotAvailable.code()
+            } else {
+                code
+            }
+        })
 }
 
 /// Why one partition's offset is not committed (`None`: it is).

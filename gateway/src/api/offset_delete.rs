@@ -19,8 +19,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::Decodable;
 use ketch_storage::TopicPartition;
 
-use super::{Client, error_code};
+use super::Client;
 use crate::Context;
+use crate::transactions::coordinator_error;
 
 /// The protocol type of groups whose members' metadata is a consumer
 /// subscription.
@@ -49,7 +50,7 @@ pub async fn handle(
     let members = ctx.groups.subscriptions(&group).await;
     let has_offsets = match ctx.storage.groups_with_offsets().await {
         Ok(groups) => groups.contains(&group),
-        Err(e) => return OffsetDeleteResponse::default().with_error_code(error_code(&e)),
+        Err(e) => return OffsetDeleteResponse::default().with_error_code(coordinator_error(&e)),
     };
     if members.is_none() && !has_offsets {
         return OffsetDeleteResponse::default().with_error_code(ResponseError::GroupIdNotFound.code());
@@ -92,7 +93,7 @@ pub async fn handle(
         .storage
         .delete_offsets(&group, &deletable)
         .await
-        .map_err(|e| error_code(&e));
+        .map_err(|e| coordinator_error(&e));
     OffsetDeleteResponse::default()
         .with_error_code(deleted.err().unwrap_or(0))
         .with_topics(

@@ -12,8 +12,9 @@ use kafka_protocol::messages::offset_fetch_response::{
 use kafka_protocol::messages::{GroupId, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, TopicName};
 use ketch_storage::{CommittedOffset, TopicPartition};
 
-use super::{Client, Route, authorized, error_code, route, str_bytes};
+use super::{Client, Route, authorized, route, str_bytes};
 use crate::Context;
+use crate::transactions::coordinator_error;
 use crate::auth::acl::{Operation, ResourceType};
 
 pub async fn handle(
@@ -89,7 +90,7 @@ async fn fetch(
     let unstable = if require_stable {
         match ctx.storage.unstable_partitions(group).await {
             Ok(unstable) => unstable,
-            Err(e) => return (error_code(&e), Vec::new()),
+            Err(e) => return (coordinator_error(&e), Vec::new()),
         }
     } else {
         std::collections::HashSet::new()
@@ -105,7 +106,7 @@ async fn fetch(
                     unstable,
                 ),
             ),
-            Err(e) => (error_code(&e), Vec::new()),
+            Err(e) => (coordinator_error(&e), Vec::new()),
         };
     };
     let mut topics_seen = std::collections::HashSet::new();
@@ -144,7 +145,7 @@ async fn fetch(
     .await;
     match reads.into_iter().collect() {
         Ok(topics) => (0, topics),
-        Err(e) => (error_code(&e), Vec::new()),
+        Err(e) => (coordinator_error(&e), Vec::new()),
     }
 }
 

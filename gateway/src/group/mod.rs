@@ -370,7 +370,7 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Whether an OffsetCommit (outside a transaction) from this member and
+    /// Whether an OffsetCommit or TxnOffsetCommit from this member and
     /// generation may commit: Kafka's `validateOffsetCommit`. A group not in
     /// memory accepts only commits without a generation; one with a
     /// generation gets GROUP_ID_NOT_FOUND from OffsetCommit v9 on (as in
@@ -389,7 +389,7 @@ impl Coordinator {
         let outcome = match groups.get(group_id.as_bytes()) {
             Some(slot) => slot
                 .group
-                .validate_offset_commit(member_id, instance_id, generation),
+                .validate_offset_commit(member_id, instance_id, generation, version.is_none()),
             None if generation < 0 => Ok(()),
             None if version.is_some_and(|v| v >= 9) => Err(ResponseError::GroupIdNotFound),
             // Before v9 (and for transactional commits): ILLEGAL_GENERATION;

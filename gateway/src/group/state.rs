@@ -1042,12 +1042,16 @@ impl Group {
         Some((self.protocol_type(), metadata))
     }
 
-    /// Kafka's `validateOffsetCommit` for a commit outside a transaction.
+    /// Kafka's `validateOffsetCommit`. A `transactional` commit (TxnOffsetCommit
+    /// v3+) is not refused while the group completes a rebalance: the group's
+    /// state is not enforced for those, and the Java producer takes
+    /// REBALANCE_IN_PROGRESS there as fatal.
     pub fn validate_offset_commit(
         &self,
         member_id: &StrBytes,
         instance_id: Option<&StrBytes>,
         generation: i32,
+        transactional: bool,
     ) -> Result<(), ResponseError> {
         if generation < 0 && self.state == State::Empty {
             // The admin client, or a consumer that assigns itself.
@@ -1058,10 +1062,10 @@ impl Group {
             if generation != self.generation {
                 return Err(ResponseError::IllegalGeneration);
             }
-        } else if self.state != State::Empty {
+        } else if !transactional && self.state != State::Empty {
             return Err(ResponseError::UnknownMemberId);
         }
-        if self.state == State::CompletingRebalance {
+        if !transactional && self.state == State::CompletingRebalance {
             return Err(ResponseError::RebalanceInProgress);
         }
         Ok(())

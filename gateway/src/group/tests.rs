@@ -544,6 +544,28 @@ async fn only_an_empty_group_is_deleted() {
     assert_eq!(now(h.groups.delete("g")), Err(NotDeleted::Unknown));
 }
 
+/// While the group completes a rebalance (joined, not yet synced), a
+/// consumer's commit is REBALANCE_IN_PROGRESS but a transactional one of the
+/// new generation is taken, as in Kafka: the Java producer takes
+/// REBALANCE_IN_PROGRESS from TxnOffsetCommit as fatal.
+#[tokio::test(start_paused = true)]
+async fn a_transactional_commit_is_taken_while_the_rebalance_completes() {
+    let h = Harness::new();
+    let (a, b) = (h.member_id().await, h.member_id().await);
+    let joins = [&a, &b].map(|id| h.spawn_join(join_request(id, RANGE), 9));
+    let [first, second] = joins;
+    let (first, _) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(h.describe_state(), "CompletingRebalance");
+    let generation = first.generation_id;
+    let commit = |version| {
+        now(h
+            .groups
+            .validate_offset_commit("g", &first.member_id, None, generation, version))
+    };
+    assert_eq!(commit(Some(9)), Err(code(ResponseError::RebalanceInProgress)));
+    assert_eq!(commit(None), Ok(()));
+}
+
 #[tokio::test(start_paused = true)]
 async fn offset_commits_are_checked_against_the_generation() {
     let h = Harness::new();
