@@ -715,6 +715,22 @@ impl TestRedis {
         }
     }
 
+    /// `CONFIG SET name value` on every server (each node of a cluster).
+    pub fn config_set(&self, name: &str, value: &str) {
+        let servers: Vec<&RedisServer> = match self {
+            TestRedis::Single(server) => vec![server],
+            TestRedis::Cluster(cluster) => cluster.nodes.iter().collect(),
+        };
+        for server in servers {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query(&mut server.connection())
+                .expect("CONFIG SET");
+        }
+    }
+
     /// Sharded pub/sub channels matching `pattern` and how many clients
     /// hold each, over every server (each node of a cluster).
     pub fn shard_channels(&self, pattern: &str) -> BTreeMap<String, u64> {

@@ -309,6 +309,37 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
 /// (UNKNOWN_MEMBER_ID, which a consumer handles by rejoining), at every
 /// version; one without offsets is GROUP_ID_NOT_FOUND from v9,
 /// ILLEGAL_GENERATION before.
+/// Redis refusing writes (out of memory here) makes a commit
+/// COORDINATOR_NOT_AVAILABLE, which consumers retry after looking the
+/// coordinator up again, as Kafka's coordinator answers a failed write:
+/// KAFKA_STORAGE_ERROR, answered before, is fatal to the Java consumer's
+/// commit. Nothing is half-written, and commits work once Redis takes
+/// writes again.
+#[test]
+fn a_commit_redis_refuses_is_coordinator_not_available() {
+    const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("offsets-refused");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    let offsets = |first: i64| [(0, first, ""), (1, first + 1, "")];
+    assert_eq!(commit(&mut conn, "refused", &topic, &offsets(5), -1), [0, 0]);
+    redis.config_set("maxmemory", "1");
+    let refused = commit(&mut conn, "refused", &topic, &offsets(7), -1);
+    redis.config_set("maxmemory", "0");
+    assert_eq!(refused, [COORDINATOR_NOT_AVAILABLE; 2]);
+    let stored = |conn: &mut KafkaConn| {
+        fetch(conn, "refused", &topic, &[0, 1])
+            .into_iter()
+            .map(|(_, offset, _)| offset)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(stored(&mut conn), [5, 6], "the refused commit changed nothing");
+    assert_eq!(commit(&mut conn, "refused", &topic, &offsets(7), -1), [0, 0]);
+    assert_eq!(stored(&mut conn), [7, 8]);
+}
+
 #[test]
 fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() {
     let redis = TestRedis::start();
