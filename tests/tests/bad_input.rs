@@ -286,8 +286,9 @@ fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused_with_nothin
 }
 
 /// A partition named twice in one Produce (in two entries of its topic) is
-/// produced and answered once, with the first entry's batch, as Kafka keys a
-/// request's partitions by topic and partition.
+/// produced and answered once, with the last entry's batch, as Kafka keys a
+/// request's partitions by topic and partition (a later entry replacing an
+/// earlier one).
 #[test]
 fn a_partition_named_twice_in_one_produce_is_stored_once() {
     let s = setup();
@@ -309,7 +310,49 @@ fn a_partition_named_twice_in_one_produce_is_stored_once() {
         .request(raw::FETCH_VERSION, &raw::fetch_request(&s.topic, 0, 0, 0));
     let records = raw::fetch_result(&fetched).2.expect("records");
     assert!(
-        records.windows(5).any(|w| w == b"first"),
-        "the first entry's batch"
+        records.windows(6).any(|w| w == b"second"),
+        "the last entry's batch"
     );
+}
+
+/// A batch whose base offset is not 0 is INVALID_RECORD, as from Kafka
+/// (the broker assigns offsets; the field is outside the CRC, so this is
+/// not corruption), and nothing is stored.
+#[test]
+fn a_batch_with_a_base_offset_is_invalid_record() {
+    let s = setup();
+    let mut bad = valid_batch();
+    bad[0..8].copy_from_slice(&42i64.to_be_bytes());
+    assert_eq!(s.produce_error(bad), code::INVALID_RECORD);
+    s.assert_unharmed();
+}
+
+/// acks other than -1, 0 and 1 are INVALID_REQUIRED_ACKS for what would be
+/// appended; a partition of a topic that does not exist keeps its own
+/// error (Kafka checks acks when it appends), and nothing is stored or
+/// created.
+#[test]
+fn invalid_acks_fail_what_would_be_appended() {
+    const INVALID_REQUIRED_ACKS: i16 = 21;
+    let s = setup();
+    for acks in [2, -2] {
+        let request = raw::produce_request(&s.topic, 0, valid_batch()).with_acks(acks);
+        let response = s.conn().request(raw::PRODUCE_VERSION, &request);
+        assert_eq!(raw::produce_result(&response).0, INVALID_REQUIRED_ACKS, "acks {acks}");
+        let missing = unique_topic("no-such-topic");
+        let request = raw::produce_request(&missing, 0, valid_batch()).with_acks(acks);
+        let response = s.conn().request(raw::PRODUCE_VERSION, &request);
+        assert_eq!(
+            raw::produce_result(&response).0,
+            code::UNKNOWN_TOPIC_OR_PARTITION,
+            "acks {acks}"
+        );
+        let created: bool = redis::cmd("HEXISTS")
+            .arg("ketch:topics")
+            .arg(&missing)
+            .query(&mut s.redis.connection())
+            .expect("HEXISTS");
+        assert!(!created, "not created");
+    }
+    s.assert_unharmed();
 }

@@ -26,7 +26,7 @@ use kafka_protocol::messages::produce_request::TopicProduceData;
 use kafka_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader, TopicName};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
 use ketch_config::topic::Configs;
 use ketch_storage::Topic;
 use ketch_storage::batch::{
@@ -34,7 +34,6 @@ use ketch_storage::batch::{
     validate_produce_batch,
 };
 use tokio::sync::oneshot;
-use uuid::Uuid;
 
 use super::{
     Client, authorized, cluster_authorized, ensure_partition, error_code, resolve_topic, resolve_topic_id,
@@ -157,22 +156,38 @@ pub async fn handle(
         .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
     let by_id = header.request_api_version >= 13;
     // Kafka keys a request's partitions by topic and partition: a partition
-    // named twice is produced (and answered) once, its first entry here.
+    // named twice is produced (and answered) once, with its last entry (a
+    // later entry replaces an earlier one in `handleProduceRequest`'s map).
     // The name is hashed once per topic entry, not per partition.
-    let mut seen: HashMap<(TopicName, Uuid), std::collections::HashSet<i32>> = HashMap::new();
-    let topics = request.topic_data.into_iter().map(|mut data| {
+    let mut entries: HashMap<PartitionKey, usize> = HashMap::new();
+    for data in &request.topic_data {
+        let topic_key = topic_key(data);
+        for partition in &data.partition_data {
+            *entries.entry(partition_key(topic_key, partition.index)).or_default() += 1;
+        }
+    }
+    let topics = request.topic_data.into_iter().filter_map(|mut data| {
+        let named = !data.partition_data.is_empty();
         let mut kept = Vec::with_capacity(data.partition_data.len());
         let mut turns_of_topic = Vec::with_capacity(data.partition_data.len());
         let topic_key = topic_key(&data);
-        let seen = seen.entry((data.name.clone(), data.topic_id)).or_default();
         for partition in std::mem::take(&mut data.partition_data) {
-            if seen.insert(partition.index) {
-                turns_of_topic.push(turns.0.remove(&partition_key(topic_key, partition.index)));
+            let key = partition_key(topic_key, partition.index);
+            let later = entries.get_mut(&key).map_or(0, |left| {
+                *left -= 1;
+                *left
+            });
+            if later == 0 {
+                turns_of_topic.push(turns.0.remove(&key));
                 kept.push(partition);
             }
         }
+        if named && kept.is_empty() {
+            // Every partition it named is answered in a later entry.
+            return None;
+        }
         data.partition_data = kept;
-        produce_topic(
+        Some(produce_topic(
             ctx,
             client,
             acks,
@@ -181,7 +196,7 @@ pub async fn handle(
             by_id,
             data,
             turns_of_topic,
-        )
+        ))
     });
     // acks=0 gets no response: the server sends none, and closes the
     // connection when a partition failed (`server::respond`).
@@ -210,9 +225,8 @@ async fn produce_topic(
     data: TopicProduceData,
     turns: Vec<Option<Turn>>,
 ) -> TopicProduceResponse {
-    let topic = if !matches!(acks, -1..=1) {
-        Err(ResponseError::InvalidRequiredAcks.code())
-    } else if let Err(code) = transactional {
+    let valid_acks = matches!(acks, -1..=1);
+    let topic = if let Err(code) = transactional {
         Err(code)
     } else if by_id {
         match resolve_topic_id(ctx, data.topic_id).await {
@@ -224,9 +238,17 @@ async fn produce_topic(
     } else if !authorized(ctx, client, Operation::Write, ResourceType::Topic, &data.name) {
         Err(ResponseError::TopicAuthorizationFailed.code())
     } else {
-        let may_create = cluster_authorized(ctx, client, Operation::Create)
-            || authorized(ctx, client, Operation::Create, ResourceType::Topic, &data.name);
+        let may_create = valid_acks
+            && (cluster_authorized(ctx, client, Operation::Create)
+                || authorized(ctx, client, Operation::Create, ResourceType::Topic, &data.name));
         resolve_topic(ctx, &data.name, may_create).await
+    };
+    // Invalid acks fail what would be appended: as in Kafka, a partition
+    // the client may not write, or of a topic that does not exist, keeps
+    // its own error.
+    let topic = match topic {
+        Ok(_) if !valid_acks => Err(ResponseError::InvalidRequiredAcks.code()),
+        other => other,
     };
     let partitions = data.partition_data.into_iter().zip(turns).map(|(p, mut turn)| {
         let topic = topic.clone();
@@ -561,7 +583,8 @@ fn batch_error_code(e: &BatchError) -> i16 {
         | BatchError::MultipleBatches
         | BatchError::Control
         | BatchError::Transactional
-        | BatchError::Sequence { .. } => ResponseError::InvalidRecord.code(),
+        | BatchError::Sequence { .. }
+        | BatchError::BaseOffset(_) => ResponseError::InvalidRecord.code(),
         _ => ResponseError::CorruptMessage.code(),
     }
 }

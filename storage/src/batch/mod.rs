@@ -61,6 +61,8 @@ pub enum BatchError {
     Transactional,
     #[error("invalid sequence number {base_sequence} in a batch of producer {producer_id}")]
     Sequence { producer_id: i64, base_sequence: i32 },
+    #[error("the baseOffset of the record batch should be 0, but it is {0}")]
+    BaseOffset(i64),
 }
 
 /// Compression codec, from the low three bits of the attributes.
@@ -202,6 +204,13 @@ pub struct ValidBatch {
 /// carry offset deltas 0, 1, 2, … (Kafka's `LogValidator`).
 pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
     let header = validate_header(bytes)?;
+    // A client's batch starts at offset 0 (the broker assigns offsets);
+    // Kafka refuses any other (`UnifiedLog.analyzeAndValidateRecords`).
+    // The field is outside the CRC, so this is no corruption.
+    let base_offset = (&bytes[0..8]).get_i64();
+    if base_offset != 0 {
+        return Err(BatchError::BaseOffset(base_offset));
+    }
     // Uncompressed records are walked over the slice first; only a batch
     // that walk refuses goes through the general reader, for its error.
     let plain = header.compression()? == Compression::None;
@@ -907,7 +916,11 @@ pub(crate) mod tests {
         builder.push(4_000, None, None, std::iter::empty());
         builder.push(7_000, Some(b""), Some(&[0u8; 300]), std::iter::empty());
         let batch = builder.finish();
-        let header = validate_produce_batch(&batch).expect("a valid batch").header;
+        // A client's batch starts at offset 0 (the field is outside the CRC).
+        assert!(matches!(validate_produce_batch(&batch), Err(BatchError::BaseOffset(1000))));
+        let mut as_sent = batch.to_vec();
+        as_sent[0..8].fill(0);
+        let header = validate_produce_batch(&Bytes::from(as_sent)).expect("a valid batch").header;
         assert_eq!((header.record_count, header.last_offset_delta), (3, 2));
         assert_eq!((header.base_timestamp, header.max_timestamp), (5_000, 7_000));
         assert_eq!(i64::from_be_bytes(batch[0..8].try_into().unwrap()), 1000);
