@@ -177,7 +177,38 @@ fn fetch_returns_whole_batches_within_the_byte_limits() {
     // From the middle of a batch: that batch is returned from its start.
     let (count, _) = fetched_records(&mut conn, &raw::fetch_request(&topic, 0, 45, 100));
     assert_eq!(count, 10);
+
+    // Limits of 0 still return the first batch, at once (KIP-74; a fetch
+    // waited its max_wait for nothing): min_bytes counts up to max_bytes.
+    for (max_bytes, partition_max_bytes) in [(0, 1 << 20), (1 << 20, 0), (0, 0)] {
+        let mut request = raw::fetch_request(&topic, 0, 0, 10_000);
+        request.max_bytes = max_bytes;
+        request.min_bytes = if max_bytes == 0 { 1 << 20 } else { 1 };
+        request.topics[0].partitions[0].partition_max_bytes = partition_max_bytes;
+        let asked = std::time::Instant::now();
+        assert_eq!(
+            fetched_records(&mut conn, &request),
+            (10, batch_size),
+            "max_bytes {max_bytes}, partition_max_bytes {partition_max_bytes}"
+        );
+        if max_bytes == 0 {
+            assert!(asked.elapsed() < std::time::Duration::from_secs(5), "waited {:?}", asked.elapsed());
+        }
+    }
+
+    // No fetch sessions: a full fetch naming a session (epoch 0 or -1) is
+    // served, as Kafka closes the session it names; an incremental one
+    // finds none.
+    for (epoch, error) in [(-1, code::NONE), (0, code::NONE), (1, FETCH_SESSION_ID_NOT_FOUND)] {
+        let request = raw::fetch_request(&topic, 0, 0, 0)
+            .with_session_id(123)
+            .with_session_epoch(epoch);
+        let response = conn.request(raw::FETCH_VERSION, &request);
+        assert_eq!(response.error_code, error, "session epoch {epoch}");
+    }
 }
+
+const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
 
 /// A partition the response has no room left for is still told its fetch
 /// offset is out of range, as Kafka checks the offset before it reads.

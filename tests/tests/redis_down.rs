@@ -45,6 +45,16 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         asked.elapsed()
     );
 
+    // A fetch: KAFKA_STORAGE_ERROR from v6 on, NOT_LEADER_OR_FOLLOWER
+    // before, as Kafka answers (older clients take 56 as fatal).
+    for (version, want) in [(5, 6), (12, 56)] {
+        let response = conn.request(version, &raw::fetch_request(&topic, 0, 0, 0));
+        assert_eq!(
+            response.responses[0].partitions[0].error_code, want,
+            "Fetch v{version} while Redis is down"
+        );
+    }
+
     // The gateway has no node id yet (it claims one in Redis): it names no
     // coordinator, with the error clients retry.
     let coordinator = conn.request(

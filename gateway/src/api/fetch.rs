@@ -220,17 +220,24 @@ pub async fn handle(
     request: FetchRequest,
 ) -> FetchAnswer {
     let version = header.request_api_version;
-    if version >= 7 && request.session_id != 0 {
+    // No fetch sessions (decision (e)): ketch answers session id 0, so only
+    // an incremental fetch (epoch above 0) can name one, and none is found.
+    // A full fetch (epoch 0 or -1) naming one is served, as Kafka closes the
+    // session it names and serves it.
+    if version >= 7 && request.session_id != 0 && request.session_epoch > 0 {
         return FetchAnswer {
             response: FetchResponse::default().with_error_code(ResponseError::FetchSessionIdNotFound.code()),
             ..FetchAnswer::default()
         };
     }
     let read_committed = request.isolation_level == 1;
+    // At least one byte: the first batch is returned whatever the limit
+    // (KIP-74), so a limit of 0 gets one batch, not a wait for nothing.
     let max_bytes = usize::try_from(request.max_bytes)
         .unwrap_or(0)
-        .min(ctx.settings.fetch.max_response_bytes);
-    let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0);
+        .clamp(1, ctx.settings.fetch.max_response_bytes.max(1));
+    // Kafka waits for no more than the response may hold.
+    let min_bytes = usize::try_from(request.min_bytes).unwrap_or(0).min(max_bytes);
     let max_wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0))
         .min(ctx.settings.fetch.max_wait.get());
     let deadline = Instant::now() + max_wait;
@@ -261,6 +268,16 @@ pub async fn handle(
             }
             if read_committed {
                 add_aborted_transactions(ctx, &topics, &reads, &mut responses, &mut records).await;
+            }
+            if version <= 5 {
+                // Before v6 clients may not know KAFKA_STORAGE_ERROR and take
+                // it as fatal; Kafka answers NOT_LEADER_OR_FOLLOWER, which
+                // makes them refresh metadata and retry.
+                for partition in responses.iter_mut().flat_map(|t| t.partitions.iter_mut()) {
+                    if partition.error_code == ResponseError::KafkaStorageError.code() {
+                        partition.error_code = ResponseError::NotLeaderOrFollower.code();
+                    }
+                }
             }
             let fetched = fetched(&topics, &records);
             return FetchAnswer {
