@@ -209,6 +209,10 @@ pub(super) fn refusal(
     }
 }
 
+/// Kafka counts the metadata's length in Java characters (UTF-16 code
+/// units), whatever the setting's name says: non-ASCII metadata within
+/// the limit there is within it here.
 fn too_long(ctx: &Context, metadata: Option<&str>) -> bool {
-    metadata.is_some_and(|m| m.len() > ctx.settings.groups.max_metadata_bytes)
+    let limit = ctx.settings.groups.max_metadata_bytes;
+    metadata.is_some_and(|m| m.len() > limit && m.encode_utf16().count() > limit)
 }

@@ -14,6 +14,12 @@ pub async fn handle(
     header: &RequestHeader,
     req: SyncGroupRequest,
 ) -> SyncGroupResponse {
+    // From v5 the protocol type and name are mandatory (Kafka answers their
+    // absence before any other check).
+    if header.request_api_version >= 5 && (req.protocol_type.is_none() || req.protocol_name.is_none()) {
+        return SyncGroupResponse::default()
+            .with_error_code(kafka_protocol::error::ResponseError::InconsistentGroupProtocol.code());
+    }
     match super::elsewhere(
         ctx,
         client,
