@@ -69,15 +69,15 @@ impl Store {
 
     /// Stores a group's snapshot unless Redis holds one of a newer
     /// generation (written by a coordinator that ran the group later);
-    /// false when refused.
+    /// false when refused. With acks=all waiting for replicas (or fsync) a
+    /// stored snapshot is as durable as an acks=all batch before this
+    /// returns, as Kafka writes its group metadata with acks=all.
     pub async fn store_group(&self, group: &str, generation: i32, snapshot: &[u8]) -> Result<bool> {
+        let key = self.group_state_key(group);
+        let mut invocation = self.scripts.store_group.key(&key);
+        invocation.arg(generation).arg(snapshot);
         let stored: i64 = self
-            .scripts
-            .store_group
-            .key(self.group_state_key(group))
-            .arg(generation)
-            .arg(snapshot)
-            .invoke_async(&mut self.conn())
+            .invoke_durably(&key, &invocation, |reply| matches!(reply, redis::Value::Int(1)))
             .await?;
         Ok(stored == 1)
     }
@@ -98,7 +98,12 @@ impl Store {
         Ok(())
     }
 
-    /// Stores committed offsets (all in one HSET: atomic per group).
+    /// Stores committed offsets (all in one HSET: atomic per group). With
+    /// acks=all waiting for replicas (or fsync) they are as durable as an
+    /// acks=all batch before this returns, as Kafka appends offset commits
+    /// to its offsets topic with acks=all: a failover does not take back a
+    /// commit the consumer was told of (it would consume again from an
+    /// older offset).
     pub async fn commit_offsets(
         &self,
         group: &str,
@@ -114,14 +119,13 @@ impl Store {
                 (field(topic, *partition), json)
             })
             .collect();
-        redis::pipe()
-            .hset_multiple(self.group_offsets_key(group), &items)
-            .ignore()
-            .sadd(self.groups_key(), group)
-            .ignore()
-            .query_async::<()>(&mut self.conn())
-            .await?;
-        Ok(())
+        // The group is listed first (its key is in another slot), so a
+        // listing never misses a group with offsets.
+        self.note_group(group).await?;
+        let key = self.group_offsets_key(group);
+        let mut pipe = redis::pipe();
+        pipe.hset_multiple(&key, &items).ignore();
+        self.query_durably(&key, &pipe).await
     }
 
     /// The committed offsets of `partitions` of one topic, in their order.

@@ -257,7 +257,7 @@ impl Store {
     /// otherwise be answered as committed and then aborted.
     /// A refusal, which changed nothing, is answered without waiting
     /// (`wrote` tells them apart).
-    async fn invoke_durably<T: redis::FromRedisValue>(
+    pub(crate) async fn invoke_durably<T: redis::FromRedisValue>(
         &self,
         key: &str,
         invocation: &redis::ScriptInvocation<'_>,
@@ -296,6 +296,37 @@ impl Store {
                         self.refresh_slot_map().await;
                     }
                     return Ok((reply, confirmed));
+                }
+                Err(e) => {
+                    drop(durable);
+                    let e = StorageError::from(e);
+                    if !self.retry_after(&e, &mut attempt).await? {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `pipe` (commands on `key`'s slot only) as durably as an
+    /// acks=all batch when acks=all waits for replicas (or fsync): on a
+    /// connection of the durable pool, then WAITed there, following a moved
+    /// slot as appends do. Otherwise on the shared connection.
+    pub(crate) async fn query_durably(&self, key: &str, pipe: &redis::Pipeline) -> Result<()> {
+        if !self.durability.waits() {
+            return Ok(pipe.query_async(&mut self.conn()).await?);
+        }
+        let mut attempt = 0;
+        loop {
+            let durable = self.durable.get(key).await?;
+            let mut conn = durable.conn();
+            match pipe.query_async::<()>(&mut conn).await {
+                Ok(()) => {
+                    let confirmed = self.wait_durable(conn).await;
+                    if let Err(StorageError::Unavailable(_)) = &confirmed {
+                        self.refresh_slot_map().await;
+                    }
+                    return confirmed;
                 }
                 Err(e) => {
                     drop(durable);

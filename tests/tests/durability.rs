@@ -107,6 +107,45 @@ fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_
     assert_eq!(primary.next_offset(&topic, 0), 3);
 }
 
+/// With acks=all waiting for a replica, an offset commit waits for it too
+/// (Kafka appends commits to its offsets topic with acks=all): a frozen
+/// replica makes the commit COORDINATOR_NOT_AVAILABLE, which consumers
+/// retry, rather than acknowledged and then lost to a failover.
+#[test]
+fn offset_commits_wait_for_the_replica_too() {
+    const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    let (_primary, replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=300ms"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("durable-commits");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let commit = |conn: &mut KafkaConn, offset: i64| {
+        let request = raw::offset_commit_request("durable", "", -1, &topic, 0, offset);
+        let response = conn.request(8, &request);
+        response.topics[0].partitions[0].error_code
+    };
+    assert_eq!(commit(&mut conn, 5), code::NONE);
+    // Acknowledged: on the replica.
+    let key = "ketch:group:{durable}:offsets";
+    let on_replica: bool = redis::cmd("HEXISTS")
+        .arg(key)
+        .arg(format!("{topic}:0"))
+        .query(&mut replica.connection())
+        .unwrap();
+    assert!(on_replica, "the acknowledged commit is on the replica");
+
+    let frozen = Frozen::freeze(replica.pid());
+    let started = Instant::now();
+    assert_eq!(commit(&mut conn, 6), COORDINATOR_NOT_AVAILABLE);
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "answered after {:?}, before the acks_all timeout",
+        started.elapsed()
+    );
+    drop(frozen);
+    replica.wait_for_replication("master_link_status:up");
+    assert_eq!(commit(&mut conn, 7), code::NONE);
+}
+
 #[test]
 fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other() {
     const CLIENTS: usize = 4;
