@@ -42,6 +42,9 @@ struct State {
     /// Groups whose offsets would expire (Redis's TTL, set when a group
     /// is emptied, removed when it is active), the last of each.
     expiring: HashMap<String, bool>,
+    /// Group snapshots are refused, as by a Redis that cannot write.
+    #[cfg(test)]
+    refuse_group_stores: bool,
     /// SCRAM credentials by (mechanism, user).
     credentials: BTreeMap<(String, String), String>,
     acls: std::collections::BTreeSet<String>,
@@ -87,6 +90,13 @@ fn partition_id(topic: &Topic, partition: i32) -> Result<String> {
 }
 
 impl MemoryStorage {
+    /// Refuses group snapshots from now on (`true`), as a Redis that cannot
+    /// write does, or takes them again.
+    #[cfg(test)]
+    pub(crate) fn refuse_group_stores(&self, refuse: bool) {
+        self.state().refuse_group_stores = refuse;
+    }
+
     /// Whether the group's offsets would expire now (`None`: never told).
     #[cfg(test)]
     pub(crate) fn expiring(&self, group: &str) -> Option<bool> {
@@ -475,6 +485,10 @@ impl Storage for MemoryStorage {
 
     async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool> {
         let mut state = self.state();
+        #[cfg(test)]
+        if state.refuse_group_stores {
+            return Err(StorageError::Unavailable("refused (a test's storage)".to_owned()));
+        }
         if state
             .group_states
             .get(group)

@@ -126,6 +126,7 @@ impl Coordinator {
             queue: Mutex::new(None),
             sent: AtomicU64::new(0),
             done: Arc::new(watch::channel(0).0),
+            failed: Arc::default(),
         };
         Self::build(settings, Some(writes), owns)
     }
@@ -161,7 +162,19 @@ impl Coordinator {
             return join_error(req.member_id, error);
         }
         let member_id = req.member_id.clone();
+        let group_id = req.group_id.0.clone();
+        // A static member that joins without a member id and is answered at
+        // once took over its old member id in a Stable group (KIP-345): as
+        // Kafka answers it once the group's metadata is written, it waits
+        // for the snapshot. Unwritten (the group was handed over meanwhile,
+        // or Redis refused it), the next coordinator would restore the old
+        // member id and fence this one (FENCED_INSTANCE_ID is fatal to the
+        // Java consumer): it is told to find the coordinator and join again.
+        let replaces = member_id.is_empty() && req.group_instance_id.is_some();
         let reply = self.join_now(req, &joiner);
+        if replaces && matches!(&reply, Reply::Now(answer) if answer.error_code == 0) && !self.stored(&group_id).await {
+            return join_error(member_id, ResponseError::CoordinatorNotAvailable);
+        }
         let unanswered = join_error(member_id, ResponseError::CoordinatorNotAvailable);
         settle(reply, shutdown, unanswered).await
     }
@@ -214,11 +227,12 @@ impl Coordinator {
                 .unwrap_or_else(|| Reply::Now(sync_error(ResponseError::UnknownMemberId))),
         };
         let response = settle(reply, shutdown, sync_error(ResponseError::RebalanceInProgress)).await;
-        if response.error_code == 0 {
+        if response.error_code == 0 && !self.stored(&group_id).await {
             // As Kafka answers SyncGroup once the group's metadata is
             // written: a coordinator that dies now leaves the generation
-            // its members were just told.
-            self.stored(&group_id).await;
+            // its members were just told. Unwritten, it is answered anyway
+            // (docs/architecture.md §5).
+            tracing::warn!(group = %group_id, "answering SyncGroup without the group's snapshot written");
         }
         response
     }
@@ -253,19 +267,23 @@ impl Coordinator {
     }
 
     /// Waits (at most [`STORE_WAIT`]) until the group's latest snapshot is
-    /// written to Redis.
-    async fn stored(&self, group_id: &StrBytes) {
+    /// written to Redis; whether it was (not when the write failed, was
+    /// skipped because the group was handed over, or is still under way).
+    async fn stored(&self, group_id: &StrBytes) -> bool {
         let Some(writes) = &self.inner.writes else {
-            return;
+            return true;
         };
         let Some(wanted) = self.inner.lock().get(group_id).map(|slot| slot.snapshot_write) else {
-            return;
+            return true;
         };
         let mut done = writes.done.subscribe();
         let written = tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted)).await;
         if written.is_err() {
-            tracing::warn!(group = %group_id, "the group's snapshot is not written yet; answering SyncGroup anyway");
+            tracing::warn!(group = %group_id, "the group's snapshot is not written yet");
+            return false;
         }
+        let failed = writes.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        failed.get(group_id).is_none_or(|&number| number < wanted)
     }
 
     /// Heartbeat: the error code (0 for none).
@@ -672,11 +690,14 @@ struct Writes {
     storage: Arc<dyn Storage>,
     retention: std::time::Duration,
     /// Started with the first change, inside the runtime.
-    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change, u64)>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change, u64, u64)>>>,
     /// Changes sent so far (the last one's number).
     sent: AtomicU64,
     /// The number of the last change applied (or given up on).
     done: Arc<watch::Sender<u64>>,
+    /// The number of each group's last snapshot that was not written
+    /// (refused by Redis, or skipped: handed over), until one is.
+    failed: Arc<Mutex<HashMap<StrBytes, u64>>>,
 }
 
 impl Writes {
@@ -695,42 +716,54 @@ impl Writes {
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let sender = queue.get_or_insert_with(|| self.start());
         let number = self.sent.fetch_add(1, AtomicOrdering::Relaxed) + 1;
-        let _ = sender.send((group_id.clone(), change, epoch));
+        let _ = sender.send((group_id.clone(), change, epoch, number));
         number
     }
 
-    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change, u64)> {
-        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change, u64)>();
+    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change, u64, u64)> {
+        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change, u64, u64)>();
         let storage = self.storage.clone();
         let retention = self.retention;
         let done = self.done.clone();
+        let failed = self.failed.clone();
         let owns = self.owns.clone();
         tokio::spawn(async move {
-            while let Some((group_id, change, epoch)) = changes.recv().await {
+            while let Some((group_id, change, epoch, number)) = changes.recv().await {
                 let _applied = Applied(&done);
-                if epoch != owns.epoch() || !owns.owns(&group_id) {
+                let snapshot = matches!(change, Change::Store(..));
+                let written = if epoch != owns.epoch() || !owns.owns(&group_id) {
                     // Handed over (and forgotten here) before this was
                     // written: the group's new coordinator keeps Redis now.
                     tracing::debug!(group = %group_id, "not writing a change of a group handed over");
-                    continue;
-                }
-                let applied = match change {
-                    Change::Emptied => storage.group_emptied(&group_id, retention).await,
-                    Change::Active => storage.group_active(&group_id).await,
-                    Change::Store(generation, bytes) => {
-                        match storage.store_group(&group_id, generation, bytes).await {
-                            Ok(true) => Ok(()),
-                            Ok(false) => {
-                                tracing::warn!(group = %group_id, generation,
-                                    "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten");
-                                Ok(())
+                    false
+                } else {
+                    let applied = match change {
+                        Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
+                        Change::Active => storage.group_active(&group_id).await.map(|()| true),
+                        Change::Store(generation, bytes) => {
+                            match storage.store_group(&group_id, generation, bytes).await {
+                                Ok(true) => Ok(true),
+                                Ok(false) => {
+                                    tracing::warn!(group = %group_id, generation,
+                                        "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten");
+                                    Ok(false)
+                                }
+                                Err(e) => Err(e),
                             }
-                            Err(e) => Err(e),
                         }
-                    }
+                    };
+                    applied.unwrap_or_else(|e| {
+                        tracing::warn!(group = %group_id, error = %e, "cannot update the group in Redis");
+                        false
+                    })
                 };
-                if let Err(e) = applied {
-                    tracing::warn!(group = %group_id, error = %e, "cannot update the group in Redis");
+                if snapshot {
+                    let mut failed = failed.lock().unwrap_or_else(PoisonError::into_inner);
+                    if written {
+                        failed.remove(&group_id);
+                    } else {
+                        failed.insert(group_id, number);
+                    }
                 }
             }
         });

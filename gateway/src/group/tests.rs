@@ -699,6 +699,54 @@ fn owning(owns: &Arc<std::sync::atomic::AtomicBool>) -> Owns {
     Arc::new(Owning(owns.clone()))
 }
 
+/// A restarted static member that takes its old member id over in a Stable
+/// group is answered once the snapshot is written, as Kafka answers it once
+/// the group's metadata is. Unwritten, it is COORDINATOR_NOT_AVAILABLE: told
+/// success, the next coordinator would restore the old member id from Redis
+/// and fence the new one (FENCED_INSTANCE_ID, fatal to the Java consumer).
+/// Joining again once the snapshot can be written, it is taken over there.
+#[tokio::test(start_paused = true)]
+async fn a_static_member_taking_over_is_answered_once_the_group_is_written() {
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let first = Harness::with_storage(storage.clone(), owning(&yes));
+    let joins = ["one", "two"].map(|instance| first.spawn_join(static_join("", instance), 9));
+    let [one, two] = joins;
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    let generation = one.generation_id;
+    let (leader, follower) = if one.member_id == one.leader {
+        (&one, &two)
+    } else {
+        (&two, &one)
+    };
+    let follower_sync = first.spawn_sync(sync_request(&follower.member_id, generation, &[]));
+    let assignments = [(&one.member_id, "1"), (&two.member_id, "2")];
+    first
+        .sync(sync_request(&leader.member_id, generation, &assignments))
+        .await;
+    follower_sync.await.unwrap();
+
+    // Instance "two" restarts while Redis refuses the group's snapshot.
+    memory.refuse_group_stores(true);
+    let refused = first.join(static_join("", "two")).await;
+    assert_eq!(refused.error_code, code(ResponseError::CoordinatorNotAvailable));
+    memory.refuse_group_stores(false);
+    let restarted = first.join(static_join("", "two")).await;
+    assert_eq!(restarted.error_code, 0);
+    assert_eq!(restarted.generation_id, generation, "no rebalance");
+
+    // Another gateway takes the group over from Redis: the new incarnation
+    // is the member it knows.
+    let second = Harness::with_storage(storage.clone(), owning(&yes));
+    let heartbeat = HeartbeatRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_member_id(restarted.member_id.clone())
+        .with_group_instance_id(Some(s("two")))
+        .with_generation_id(generation);
+    assert_eq!(now(second.groups.heartbeat(&heartbeat)), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_new_coordinator_takes_a_stable_group_over_at_its_generation_and_refuses_older_commits() {
     let storage: Arc<dyn Storage> = Arc::new(crate::memory::MemoryStorage::default());
