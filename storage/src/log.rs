@@ -578,13 +578,7 @@ impl Store {
                         crate::batch::patch_header(&mut copy, base_offset, 0);
                         copy.freeze()
                     });
-                    appending.stored(
-                        base_offset,
-                        next_offset,
-                        log_start_offset,
-                        transactional,
-                        tail,
-                    );
+                    appending.stored(base_offset, next_offset, log_start_offset, transactional, tail);
                     return Ok(AppendOutcome {
                         base_offset,
                         log_start_offset,

@@ -264,8 +264,15 @@ impl Appending<'_> {
         transactional: bool,
         tail: Option<Bytes>,
     ) {
-        self.hub
-            .stored(self.name, self.since, base, next_offset, log_start, transactional, tail);
+        self.hub.stored(
+            self.name,
+            self.since,
+            base,
+            next_offset,
+            log_start,
+            transactional,
+            tail,
+        );
         self.told = true;
     }
 
@@ -2237,7 +2244,11 @@ mod tests {
         hub.appended("c", Some(3), None);
         assert_eq!(watch.take_fired(), Fired::Nothing);
         appending.stored(0, 3, 0, false, Some(batch(10)));
-        assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]), "woken once");
+        assert_eq!(
+            watch.take_fired(),
+            Fired::Channels(vec!["c".into()]),
+            "woken once"
+        );
         // An append that failed: woken as it ends.
         let appending = hub.appending("c");
         hub.appended("c", Some(6), None);

@@ -266,7 +266,9 @@ fn array_length_of_i32_max_closes_the_connection_and_the_server_survives() {
 #[test]
 fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused_with_nothing_stored() {
     let s = setup();
-    let records: Vec<Record> = (0..3).map(|i| Record::value(batch::at(1_000 + i), b"payload")).collect();
+    let records: Vec<Record> = (0..3)
+        .map(|i| Record::value(batch::at(1_000 + i), b"payload"))
+        .collect();
     for codec in batch::CODECS {
         let lying = batch::encode_compressed(&records, codec, 5);
         assert_eq!(s.produce_error(lying), code::INVALID_RECORD, "{codec:?}");
@@ -292,9 +294,16 @@ fn a_compressed_batch_claiming_more_records_than_it_holds_is_refused_with_nothin
 #[test]
 fn a_partition_named_twice_in_one_produce_is_stored_once() {
     let s = setup();
-    let mut request = raw::produce_request(&s.topic, 0, batch::encode(&[Record::value(batch::at(1), b"first")]));
+    let mut request = raw::produce_request(
+        &s.topic,
+        0,
+        batch::encode(&[Record::value(batch::at(1), b"first")]),
+    );
     let mut second = request.topic_data[0].clone();
-    second.partition_data[0].records = Some(Bytes::from(batch::encode(&[Record::value(batch::at(2), b"second")])));
+    second.partition_data[0].records = Some(Bytes::from(batch::encode(&[Record::value(
+        batch::at(2),
+        b"second",
+    )])));
     request.topic_data.push(second);
     let response = s.conn().request(raw::PRODUCE_VERSION, &request);
     let answered: usize = response
@@ -338,7 +347,11 @@ fn invalid_acks_fail_what_would_be_appended() {
     for acks in [2, -2] {
         let request = raw::produce_request(&s.topic, 0, valid_batch()).with_acks(acks);
         let response = s.conn().request(raw::PRODUCE_VERSION, &request);
-        assert_eq!(raw::produce_result(&response).0, INVALID_REQUIRED_ACKS, "acks {acks}");
+        assert_eq!(
+            raw::produce_result(&response).0,
+            INVALID_REQUIRED_ACKS,
+            "acks {acks}"
+        );
         let missing = unique_topic("no-such-topic");
         let request = raw::produce_request(&missing, 0, valid_batch()).with_acks(acks);
         let response = s.conn().request(raw::PRODUCE_VERSION, &request);

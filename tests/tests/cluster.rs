@@ -262,8 +262,12 @@ fn acks_all_waits_on_the_master_that_took_the_write() {
     let masters = placement(&cluster, &topic);
     assert_eq!(per_master(&masters).len(), 3, "one partition per master");
     let produce = |conn: &mut KafkaConn, partition: i32, value: &[u8]| {
-        let request =
-            raw::produce_request(&topic, partition, batch::encode(&[Record::value(batch::at(1), value)])).with_acks(-1);
+        let request = raw::produce_request(
+            &topic,
+            partition,
+            batch::encode(&[Record::value(batch::at(1), value)]),
+        )
+        .with_acks(-1);
         raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &request))
     };
     for partition in 0..3 {
@@ -571,8 +575,12 @@ fn a_password_protected_cluster_is_reached_with_the_urls_credentials() {
     let mut conn_b = KafkaConn::connect(b.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn_a, &topic, 3), code::NONE);
     for partition in 0..3 {
-        let request =
-            raw::produce_request(&topic, partition, batch::encode(&[Record::value(batch::at(1), b"x")])).with_acks(-1);
+        let request = raw::produce_request(
+            &topic,
+            partition,
+            batch::encode(&[Record::value(batch::at(1), b"x")]),
+        )
+        .with_acks(-1);
         assert_eq!(
             raw::produce_result(&conn_a.request(raw::PRODUCE_VERSION, &request)),
             (code::NONE, 0),

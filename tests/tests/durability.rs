@@ -37,8 +37,14 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     let topic = unique_topic("acks-all");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let producer_id = new_producer_id(&mut conn);
-    let batch =
-        |n: i32| batch::encode_idempotent(&[Record::value(batch::at(1), format!("r{n}").as_bytes())], producer_id, 0, n);
+    let batch = |n: i32| {
+        batch::encode_idempotent(
+            &[Record::value(batch::at(1), format!("r{n}").as_bytes())],
+            producer_id,
+            0,
+            n,
+        )
+    };
 
     assert_eq!(produce_acks_all(&mut conn, &topic, batch(0)), (code::NONE, 0));
     // What was acknowledged is on the replica.
@@ -53,7 +59,12 @@ fn acks_all_waits_for_the_replica_and_fails_retriably_without_it() {
     let (error, _) = produce_acks_all(&mut conn, &topic, batch(1));
     assert_eq!(error, NOT_ENOUGH_REPLICAS_AFTER_APPEND);
     // acks=1 does not wait.
-    let plain = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(batch::at(2), b"plain")]));
+    let plain = raw::produce(
+        &mut conn,
+        &topic,
+        0,
+        batch::encode(&[Record::value(batch::at(2), b"plain")]),
+    );
     assert_eq!(plain.0, code::NONE);
 
     replica.start_again();
@@ -78,7 +89,8 @@ fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_
     let topic = unique_topic("frozen");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let producer_id = new_producer_id(&mut conn);
-    let small = |n: i32| batch::encode_idempotent(&[Record::value(batch::at(1), &[b'x'; 100])], producer_id, 0, n);
+    let small =
+        |n: i32| batch::encode_idempotent(&[Record::value(batch::at(1), &[b'x'; 100])], producer_id, 0, n);
     assert_eq!(produce_acks_all(&mut conn, &topic, small(0)), (code::NONE, 0));
 
     let frozen = Frozen::freeze(replica.pid());
@@ -164,8 +176,12 @@ fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other(
         // Larger than the inline limit: the append and its WAIT both run on a
         // connection reserved for acks=all.
         let value = vec![b'v'; 8 * 1024];
-        let request =
-            raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(i as i64), &value)])).with_acks(-1);
+        let request = raw::produce_request(
+            &topic,
+            0,
+            batch::encode(&[Record::value(batch::at(i as i64), &value)]),
+        )
+        .with_acks(-1);
         conn.send(raw::PRODUCE_VERSION, &request);
     }
     for conn in &mut conns {

@@ -185,7 +185,13 @@ fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
     for i in 0..BATCHES {
         let value = vec![b'a' + (i % 26) as u8; BATCH - 100];
         assert_eq!(
-            raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(batch::at(i), &value)])).0,
+            raw::produce(
+                &mut conn,
+                &topic,
+                0,
+                batch::encode(&[Record::value(batch::at(i), &value)])
+            )
+            .0,
             code::NONE
         );
     }
@@ -371,8 +377,12 @@ fn pipelined_requests_beyond_the_request_budget_are_read_once_earlier_ones_finis
     let value = vec![b'v'; 900 * 1024];
     let started = Instant::now();
     for partition in 0..3 {
-        let request =
-            raw::produce_request(&topic, partition, batch::encode(&[Record::value(batch::at(0), &value)])).with_acks(-1);
+        let request = raw::produce_request(
+            &topic,
+            partition,
+            batch::encode(&[Record::value(batch::at(0), &value)]),
+        )
+        .with_acks(-1);
         conn.send(raw::PRODUCE_VERSION, &request);
     }
     let mut answered = Vec::new();

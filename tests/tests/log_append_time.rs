@@ -27,7 +27,10 @@ fn consumers_see_the_append_time() {
     let request = raw::produce_request(
         &topic,
         0,
-        batch::encode(&[Record::value(batch::at(1_000), b"a"), Record::value(batch::at(2_000), b"b")]),
+        batch::encode(&[
+            Record::value(batch::at(1_000), b"a"),
+            Record::value(batch::at(2_000), b"b"),
+        ]),
     );
     let response = conn.request(raw::PRODUCE_VERSION, &request);
     let partition = &response.responses[0].partition_responses[0];

@@ -24,7 +24,11 @@ fn start_with(args: &[&str]) -> (TestRedis, Ketch, KafkaConn, String) {
 #[test]
 fn acks_zero_is_not_answered_and_acks_all_is() {
     let (_redis, _ketch, mut conn, topic) = start();
-    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(1), b"fire and forget")]));
+    let request = raw::produce_request(
+        &topic,
+        0,
+        batch::encode(&[Record::value(batch::at(1), b"fire and forget")]),
+    );
     conn.send(raw::PRODUCE_VERSION, &request.with_acks(0));
     // The next response on the connection must answer the next request:
     // `receive` checks the correlation id.
@@ -39,7 +43,11 @@ fn acks_zero_is_not_answered_and_acks_all_is() {
     assert_eq!(error, code::NONE);
     assert_eq!(records.as_deref().map_or(0, raw::count_records), 1);
 
-    let request = raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(2), b"durable")]));
+    let request = raw::produce_request(
+        &topic,
+        0,
+        batch::encode(&[Record::value(batch::at(2), b"durable")]),
+    );
     let response = conn.request(raw::PRODUCE_VERSION, &request.with_acks(-1));
     assert_eq!(raw::produce_result(&response), (code::NONE, 1));
 }
@@ -55,7 +63,8 @@ fn a_failed_acks_zero_produce_closes_the_connection() {
         .with_client_software_version(StrBytes::from_static_str("0"));
     // Before it on the connection: an ApiVersions, answered.
     conn.send(3, &versions);
-    let no_such_partition = raw::produce_request(&topic, 7, batch::encode(&[Record::value(batch::at(1), b"lost")]));
+    let no_such_partition =
+        raw::produce_request(&topic, 7, batch::encode(&[Record::value(batch::at(1), b"lost")]));
     conn.send(raw::PRODUCE_VERSION, &no_such_partition.with_acks(0));
     assert!(conn.read_frame().is_ok(), "the ApiVersions answer");
     conn.assert_closed();
@@ -139,7 +148,9 @@ fn appended_and_answered_in_request_order(args: &[&str]) {
 fn five_batches(conn: &mut KafkaConn, topic: &str) -> usize {
     let mut size = 0;
     for n in 0..5 {
-        let records: Vec<Record> = (0..10).map(|i| Record::value(batch::at(i), &[b'x'; 1000])).collect();
+        let records: Vec<Record> = (0..10)
+            .map(|i| Record::value(batch::at(i), &[b'x'; 1000]))
+            .collect();
         let batch = batch::encode(&records);
         size = batch.len();
         assert_eq!(raw::produce(conn, topic, 0, batch), (code::NONE, n * 10));
@@ -192,7 +203,11 @@ fn fetch_returns_whole_batches_within_the_byte_limits() {
             "max_bytes {max_bytes}, partition_max_bytes {partition_max_bytes}"
         );
         if max_bytes == 0 {
-            assert!(asked.elapsed() < std::time::Duration::from_secs(5), "waited {:?}", asked.elapsed());
+            assert!(
+                asked.elapsed() < std::time::Duration::from_secs(5),
+                "waited {:?}",
+                asked.elapsed()
+            );
         }
     }
 

@@ -38,7 +38,12 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         asked.elapsed()
     );
     let asked = Instant::now();
-    let (produce_error, _) = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(batch::at(1), b"early")]));
+    let (produce_error, _) = raw::produce(
+        &mut conn,
+        &topic,
+        0,
+        batch::encode(&[Record::value(batch::at(1), b"early")]),
+    );
     assert!(
         code::RETRIABLE.contains(&produce_error),
         "Produce while Redis is down: error {produce_error} is not retriable (after {:?})",
@@ -104,7 +109,12 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
     );
 
     // The connection opened while Redis was down works now.
-    let (error, offset) = raw::produce(&mut conn, &topic, 0, batch::encode(&[Record::value(batch::at(1), b"first")]));
+    let (error, offset) = raw::produce(
+        &mut conn,
+        &topic,
+        0,
+        batch::encode(&[Record::value(batch::at(1), b"first")]),
+    );
     assert_eq!((error, offset), (code::NONE, 0));
     // A topic record this release cannot read is left out of a listing,
     // which lists the others.

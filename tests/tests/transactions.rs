@@ -280,7 +280,10 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
         raw::list_offsets_result(&response).1
     };
     assert_eq!(
-        (by_timestamp(batch::at(1_001), 0), by_timestamp(batch::at(1_001), 1)),
+        (
+            by_timestamp(batch::at(1_001), 0),
+            by_timestamp(batch::at(1_001), 1)
+        ),
         (1, -1)
     );
     assert_eq!((by_timestamp(0, 0), by_timestamp(0, 1)), (0, -1));
@@ -690,7 +693,8 @@ fn a_producer_cannot_leave_its_transaction_nor_unfence_itself() {
     let data = transactional(&[Record::value(batch::at(1), b"in")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
     for (batch_epoch, sequence) in [(epoch, 1), (epoch + 1, 0)] {
-        let plain = batch::encode_idempotent(&[Record::value(batch::at(2), b"out")], pid, batch_epoch, sequence);
+        let plain =
+            batch::encode_idempotent(&[Record::value(batch::at(2), b"out")], pid, batch_epoch, sequence);
         assert_eq!(
             produce_in(&mut conn, None, &topic, plain).0,
             INVALID_TXN_STATE,

@@ -720,8 +720,8 @@ mod tests {
     /// treat as permanent, and the batch was lost.
     #[test]
     fn retriable_storage_errors_get_retriable_codes() {
-        use ketch_storage::StorageError;
         use kafka_protocol::ResponseError;
+        use ketch_storage::StorageError;
         for e in [
             StorageError::Conflict("kept moving".to_owned()),
             StorageError::NotEnoughReplicasAfterAppend { acked: 0, wanted: 1 },

@@ -14,8 +14,8 @@ use ketch_storage::{CommittedOffset, TopicPartition};
 
 use super::{Client, Route, authorized, route, str_bytes};
 use crate::Context;
-use crate::transactions::coordinator_error;
 use crate::auth::acl::{Operation, ResourceType};
+use crate::transactions::coordinator_error;
 
 pub async fn handle(
     ctx: &Context,

@@ -172,7 +172,10 @@ impl Coordinator {
         // Java consumer): it is told to find the coordinator and join again.
         let replaces = member_id.is_empty() && req.group_instance_id.is_some();
         let reply = self.join_now(req, &joiner);
-        if replaces && matches!(&reply, Reply::Now(answer) if answer.error_code == 0) && !self.stored(&group_id).await {
+        if replaces
+            && matches!(&reply, Reply::Now(answer) if answer.error_code == 0)
+            && !self.stored(&group_id).await
+        {
             return join_error(member_id, ResponseError::CoordinatorNotAvailable);
         }
         let unanswered = join_error(member_id, ResponseError::CoordinatorNotAvailable);
@@ -681,6 +684,10 @@ enum Change {
     Active,
 }
 
+/// A change of a group queued for [`Writes`]: the group, the change, the
+/// epoch of the copy that made it, and its number.
+type Queued = (StrBytes, Change, u64, u64);
+
 /// Writes what Redis keeps of a group, in the order it happened: its
 /// snapshot, and the retention of its committed offsets (kept while it has
 /// members, expiring once it is Empty: Kafka's `offsets.retention.minutes`).
@@ -690,7 +697,7 @@ struct Writes {
     storage: Arc<dyn Storage>,
     retention: std::time::Duration,
     /// Started with the first change, inside the runtime.
-    queue: Mutex<Option<mpsc::UnboundedSender<(StrBytes, Change, u64, u64)>>>,
+    queue: Mutex<Option<mpsc::UnboundedSender<Queued>>>,
     /// Changes sent so far (the last one's number).
     sent: AtomicU64,
     /// The number of the last change applied (or given up on).
@@ -720,8 +727,8 @@ impl Writes {
         number
     }
 
-    fn start(&self) -> mpsc::UnboundedSender<(StrBytes, Change, u64, u64)> {
-        let (sender, mut changes) = mpsc::unbounded_channel::<(StrBytes, Change, u64, u64)>();
+    fn start(&self) -> mpsc::UnboundedSender<Queued> {
+        let (sender, mut changes) = mpsc::unbounded_channel::<Queued>();
         let storage = self.storage.clone();
         let retention = self.retention;
         let done = self.done.clone();

@@ -917,10 +917,15 @@ pub(crate) mod tests {
         builder.push(7_000, Some(b""), Some(&[0u8; 300]), std::iter::empty());
         let batch = builder.finish();
         // A client's batch starts at offset 0 (the field is outside the CRC).
-        assert!(matches!(validate_produce_batch(&batch), Err(BatchError::BaseOffset(1000))));
+        assert!(matches!(
+            validate_produce_batch(&batch),
+            Err(BatchError::BaseOffset(1000))
+        ));
         let mut as_sent = batch.to_vec();
         as_sent[0..8].fill(0);
-        let header = validate_produce_batch(&Bytes::from(as_sent)).expect("a valid batch").header;
+        let header = validate_produce_batch(&Bytes::from(as_sent))
+            .expect("a valid batch")
+            .header;
         assert_eq!((header.record_count, header.last_offset_delta), (3, 2));
         assert_eq!((header.base_timestamp, header.max_timestamp), (5_000, 7_000));
         assert_eq!(i64::from_be_bytes(batch[0..8].try_into().unwrap()), 1000);
