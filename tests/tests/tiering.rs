@@ -915,6 +915,41 @@ fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {
 
 /// `remote.log.copy.disable=true`: the archive is read but no longer
 /// written, and retention deletes segments without waiting for it.
+/// DeleteRecords into a segment not yet archived: the segment is archived
+/// from the batch holding the new log start (what came before is gone
+/// from Redis, and Kafka never copies deleted records to remote storage),
+/// and one wholly below the log start is not archived but let go. Archiving
+/// failed on such a segment at every tick, and nothing after it was ever
+/// archived or trimmed.
+#[test]
+fn delete_records_into_an_unarchived_segment_leaves_archiving_going() {
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("deleted-unarchived");
+    // The open segments stay open until the records are deleted.
+    create_remote_topic(&ketch, &rt, &topic, 2, &[("segment.ms", "86400000")]);
+    let producer = ketch.producer_with(&[("linger.ms", "5")]);
+    produce(&producer, &rt, &topic, 2, 0..4_000);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    // Partition 0 from the middle of its segment; partition 1 all of it.
+    assert_eq!(
+        raw::delete_records(&mut conn, &topic, 0, 1_500),
+        (code::NONE, 1_500)
+    );
+    assert_eq!(raw::delete_records(&mut conn, &topic, 1, -1), (code::NONE, 2_000));
+    set_topic_config(&ketch, &topic, "segment.ms", "200");
+    produce(&producer, &rt, &topic, 2, 4_000..6_000);
+    set_topic_config(&ketch, &topic, "local.retention.bytes", "0");
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 2), [3_000, 3_000]);
+    assert_eq!(metric(&ketch, "ketch_archive_failures_total"), 0.0);
+    // Everything from the log starts is read back, from the archive.
+    consume_and_check_from(&ketch.consumer(), &topic, &[1_500, 2_000], &[3_000, 3_000]);
+}
+
 #[test]
 fn a_read_only_archive_is_served_and_no_longer_written() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -205,6 +205,17 @@ impl Holes {
         }
     }
 
+    /// The segment's offsets before its first batch still stored (`batches`
+    /// the first read), when DeleteRecords removed them: no rows.
+    fn before(&mut self, segment: &Segment, batches: &[Bytes]) {
+        if let Some(first) = batches.first().filter(|b| b.len() >= 8) {
+            let base = i64::from_be_bytes(first[0..8].try_into().expect("8 bytes"));
+            if base > segment.base {
+                self.add(segment.base, base - 1);
+            }
+        }
+    }
+
     /// Leaves `batch` out if `filter` says so; true when it did.
     fn skipped(&mut self, filter: &Filter, batch: &Bytes) -> Result<bool> {
         let header = ketch_storage::batch::header(batch)?;
@@ -288,6 +299,13 @@ pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>
 pub trait Chunks: Send {
     /// Batches from offset `next` on, and the offset after them.
     fn chunk(&mut self, next: i64) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send;
+
+    /// Where the segment's batches start: its base, or the batch holding
+    /// the log start when DeleteRecords moved that into the segment (what
+    /// came before is gone from Redis, and the archive leaves it out).
+    fn first_offset(&self, segment: &Segment) -> i64 {
+        segment.base
+    }
 }
 
 /// Asked once a segment's data file is written, right before its commit:
@@ -312,6 +330,8 @@ struct Redis<'a> {
     partition: i32,
     segment: &'a Segment,
     tier: Tier,
+    /// The partition's log start when the segment was read.
+    log_start: i64,
     /// Entries the next read asks for.
     entries: usize,
     /// The largest batch of the last read (unknown before the first).
@@ -319,6 +339,10 @@ struct Redis<'a> {
 }
 
 impl Chunks for Redis<'_> {
+    fn first_offset(&self, segment: &Segment) -> i64 {
+        segment.base.max(self.log_start)
+    }
+
     async fn chunk(&mut self, next: i64) -> ketch_storage::Result<(Vec<Bytes>, i64)> {
         let (batches, after) = self
             .store
@@ -619,12 +643,17 @@ impl Archiver {
         segment: &Segment,
         tier: Tier,
     ) -> Result<Fed> {
+        // Batches below the log start (DeleteRecords) are trimmed from
+        // Redis: a segment the log start has moved into is archived from
+        // there, as Kafka never copies deleted records to remote storage.
+        let log_start = store.offsets(topic, partition).await?.log_start_offset;
         let chunks = |segment| Redis {
             store,
             topic,
             partition,
             segment,
             tier,
+            log_start,
             entries: FIRST_CHUNK_ENTRIES,
             largest: None,
         };
@@ -643,9 +672,13 @@ impl Archiver {
             // says which offsets it left out: read them off the segment.
             let mut holes = Holes::default();
             let mut chunks = chunks(segment);
-            let mut next = segment.base;
+            let mut next = chunks.first_offset(segment);
+            let mut first = true;
             while next <= segment.last {
                 let (batches, after) = chunks.chunk(next).await?;
+                if std::mem::take(&mut first) {
+                    holes.before(segment, &batches);
+                }
                 for batch in &batches {
                     holes.skipped(&filter, batch)?;
                 }
@@ -725,8 +758,9 @@ impl Archiver {
         // return, not a short count of records.
         let fed = async {
             let mut rows = Rows::new(arrow_schema, partition)?;
-            let mut next = segment.base;
+            let mut next = chunks.first_offset(segment);
             let mut chunk = chunks.chunk(next).await?;
+            holes.before(segment, &chunk.0);
             loop {
                 let (batches, after) = chunk;
                 // The next chunk is read while this one is decoded.

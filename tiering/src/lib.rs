@@ -512,7 +512,13 @@ impl Worker {
         let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
         self.metrics
             .set_quarantined(&topic.name, partition, quarantined as u64);
-        let pending: Vec<Segment> = segments.into_iter().filter(Segment::wants_archiving).collect();
+        let mut pending: Vec<Segment> = segments.into_iter().filter(Segment::wants_archiving).collect();
+        if !pending.is_empty() {
+            // A segment wholly below the log start (DeleteRecords) is not
+            // archived: its batches are gone, and retention lets it go.
+            let log_start = self.store.offsets(topic, partition).await?.log_start_offset;
+            pending.retain(|s| s.last >= log_start);
+        }
         let lag = |segments: &[Segment]| {
             segments
                 .first()

@@ -75,8 +75,8 @@ end
 -- segments go, oldest first (Kafka's rule: while the rest still holds
 -- retention.bytes). With remote storage a segment must be archived (or
 -- skipped by an operator) first, so the archive misses nothing; its Iceberg
--- rows stay. A quarantined segment waits for the operator, unless
--- DeleteRecords already moved the log start past it.
+-- rows stay. A quarantined segment waits for the operator. A segment
+-- DeleteRecords moved the log start past goes without either.
 local deleted = 0
 local retention_ms = tonumber(ARGV[3])
 local retention_bytes = tonumber(ARGV[4])
@@ -103,7 +103,9 @@ for i, segment in ipairs(segments) do
   local oversize = retention_bytes >= 0 and total - segment.bytes >= retention_bytes
   -- Segments below the log start (DeleteRecords) go as well.
   local below = segment.last < log_start
-  local settled = segment.path or segment.skipped or (segment.quarantine and below)
+  -- Wholly below the log start (DeleteRecords), a segment need not be
+  -- archived first: Kafka never copies deleted records to remote storage.
+  local settled = segment.path or segment.skipped or below
   if not (expired or oversize or below) or (remote and not settled) then
     first_kept = i
     break
