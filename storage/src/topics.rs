@@ -160,6 +160,8 @@ pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
 /// Deletes of a topic whose record changed between its read and its
 /// removal (a config change through another gateway) before one gives up.
 const MAX_DELETE_ATTEMPTS: usize = 3;
+/// How long a partition growth's lock outlives a gateway that died holding it.
+const GROWTH_LOCK_MS: u64 = 30_000;
 
 #[derive(Default)]
 pub(crate) struct TopicCache {
@@ -357,13 +359,68 @@ impl Store {
     }
 
     /// Grows a topic to `total` partitions.
+    ///
+    /// One growth of a topic at a time, across gateways (a lock in Redis,
+    /// as Kafka's controller takes CreatePartitions one at a time): the new
+    /// partitions' keys are named from the topic id and partition number,
+    /// and placed alike by every gateway, so two growths at once would
+    /// share them, and the one that lost the record's compare-and-set
+    /// would remove (or reset) the partitions the other just added. A
+    /// growth that finds the lock held is a conflict: the caller reads the
+    /// topic again and finds it grown.
     pub async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
+        let lock = format!("{}:lock:partitions:{}", self.keys.namespace(), topic.id);
+        let token = uuid::Uuid::new_v4().to_string();
+        let taken: bool = redis::cmd("SET")
+            .arg(&lock)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(GROWTH_LOCK_MS)
+            .query_async::<Option<String>>(&mut self.conn())
+            .await?
+            .is_some();
+        if !taken {
+            return Err(StorageError::Conflict(format!(
+                "another gateway is adding partitions to topic {}",
+                topic.name
+            )));
+        }
+        let grown = self.add_partitions_locked(topic, total).await;
+        let released: redis::RedisResult<i64> = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        )
+        .key(&lock)
+        .arg(&token)
+        .invoke_async(&mut self.conn())
+        .await;
+        if let Err(e) = released {
+            // It expires after GROWTH_LOCK_MS.
+            tracing::debug!(topic = %topic.name, error = %e, "cannot release the partition growth lock");
+        }
+        grown
+    }
+
+    async fn add_partitions_locked(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
+        // A growth that held the lock before may have changed the record
+        // since the caller read it: its new partitions' keys are the ones
+        // this growth would make (and reset, then remove).
+        let stored: Option<String> = self.conn().hget(self.keys.topics(), &topic.name).await?;
+        if stored.as_deref() != Some(topic.encode().as_str()) {
+            self.topics.forget(&topic.name);
+            return Err(StorageError::Conflict(format!(
+                "topic {} changed meanwhile",
+                topic.name
+            )));
+        }
         let added = self.place(&topic.id, &topic.tags, total).await?;
         let grown = topic.grown_with(added, &self.keys);
         self.init_partitions(&grown, topic.partitions()).await?;
         match self.replace_topic(topic, grown.clone()).await? {
             Some(grown) => Ok(grown),
             None => {
+                // A config change came first: growths take the lock, so
+                // the partitions made here are this growth's alone.
                 self.drop_partitions(&grown, topic.partitions()).await?;
                 Err(StorageError::Conflict(format!(
                     "topic {} changed meanwhile",

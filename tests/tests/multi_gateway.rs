@@ -367,3 +367,55 @@ fn partitions_grow_while_configs_change_through_another_gateway() {
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
     });
 }
+
+/// Two CreatePartitions of one topic at once, through two gateways: one
+/// grows it, the other is INVALID_PARTITIONS (as Kafka's controller takes
+/// them one at a time), and the partition added is whole: its keys were
+/// named alike by both, and the loser removed (or reset) the winner's.
+#[test]
+fn concurrent_growths_of_a_topic_leave_the_winners_partitions() {
+    const INVALID_PARTITIONS: i16 = 37;
+    let (_redis, a, b, _) = two_gateways("grow-twice");
+    let grow = |addr, topic: &str| {
+        let request = kafka_protocol::messages::CreatePartitionsRequest::default()
+            .with_topics(vec![
+                kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic::default()
+                    .with_name(raw::topic_name(topic))
+                    .with_count(2)
+                    .with_assignments(None),
+            ])
+            .with_timeout_ms(10_000);
+        let response: kafka_protocol::messages::CreatePartitionsResponse =
+            KafkaConn::connect(addr).request(3, &request);
+        response.results[0].error_code
+    };
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    for round in 0..20 {
+        let topic = unique_topic(&format!("grow-twice-{round}"));
+        assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+        let barrier = std::sync::Barrier::new(2);
+        let mut codes: Vec<i16> = thread::scope(|s| {
+            let growths: Vec<_> = [a.kafka_addr(), b.kafka_addr()]
+                .into_iter()
+                .map(|addr| {
+                    let (barrier, topic) = (&barrier, &topic);
+                    s.spawn(move || {
+                        barrier.wait();
+                        grow(addr, topic)
+                    })
+                })
+                .collect();
+            growths.into_iter().map(|g| g.join().expect("growth")).collect()
+        });
+        codes.sort_unstable();
+        assert_eq!(codes, [code::NONE, INVALID_PARTITIONS], "round {round}");
+        for offset in 0..2 {
+            let record = batch::encode(&[Record::value(batch::at(offset), b"new partition")]);
+            assert_eq!(
+                raw::produce(&mut conn, &topic, 1, record),
+                (code::NONE, offset),
+                "round {round}: the new partition takes records"
+            );
+        }
+    }
+}
