@@ -110,7 +110,10 @@ fn list_offsets_special_timestamps() {
     let topic = unique_topic("special");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let records: Vec<Record> = TIMESTAMPS.iter().map(|&ts| Record::value(b() + ts, b"v")).collect();
+    let records: Vec<Record> = TIMESTAMPS
+        .iter()
+        .map(|&ts| Record::value(b() + ts, b"v"))
+        .collect();
     assert_eq!(
         raw::produce(&mut conn, &topic, 0, batch::encode(&records[..4])).0,
         code::NONE
@@ -147,4 +150,17 @@ fn list_offsets_special_timestamps() {
         assert_eq!(at(&mut conn, 8, unknown), UNSUPPORTED_VERSION, "{unknown}");
     }
     assert_eq!(at(&mut conn, 1, -2), code::NONE);
+
+    // A partition named twice: INVALID_REQUEST for each, as from Kafka.
+    let mut twice = raw::list_offsets_request(&topic, 0, -1);
+    let again = twice.topics[0].partitions[0].clone();
+    twice.topics[0].partitions.push(again);
+    let response = conn.request(8, &twice);
+    let answers: Vec<(i16, i64)> = response.topics[0]
+        .partitions
+        .iter()
+        .map(|p| (p.error_code, p.offset))
+        .collect();
+    const INVALID_REQUEST: i16 = 42;
+    assert_eq!(answers, [(INVALID_REQUEST, -1), (INVALID_REQUEST, -1)]);
 }

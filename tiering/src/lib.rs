@@ -1004,6 +1004,10 @@ impl CommitCount {
     }
 }
 
+/// Times a lookup by timestamp over both tiers is made while local
+/// retention keeps trimming under it ([`Tiers::offset_for_timestamp`]).
+const LOOKUP_ATTEMPTS: usize = 3;
+
 /// Reads from both tiers: Redis from the local start offset on, the
 /// archive below it.
 pub struct Tiers {
@@ -1190,14 +1194,48 @@ impl Tiers {
     }
 
     /// [`Store::offset_for_timestamp`] over both tiers.
+    ///
+    /// The archive is searched below the local start the lookup began
+    /// with, Redis from the local start when it is asked: when local
+    /// retention trims a segment in between (archive reads can take a
+    /// while), that segment is in neither search, and the lookup is made
+    /// again (Kafka searches every remote segment, local or not).
     pub async fn offset_for_timestamp(
         &self,
         topic: &Topic,
         partition: i32,
         timestamp: i64,
     ) -> ketch_storage::Result<Option<(i64, i64)>> {
-        let offsets = self.store.offsets(topic, partition).await?;
-        for segment in self.archived(topic, partition, &offsets).await? {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let offsets = self.store.offsets(topic, partition).await?;
+            if let Some(found) = self
+                .archived_offset_for_timestamp(topic, partition, &offsets, timestamp)
+                .await?
+            {
+                return Ok(Some(found));
+            }
+            let found = self
+                .store
+                .offset_for_timestamp(topic, partition, timestamp)
+                .await?;
+            if attempts >= LOOKUP_ATTEMPTS || !self.trimmed_since(topic, partition, &offsets).await? {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// The first record at or after `timestamp` in the archived segments
+    /// below the local start of `offsets`.
+    async fn archived_offset_for_timestamp(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        offsets: &PartitionOffsets,
+        timestamp: i64,
+    ) -> ketch_storage::Result<Option<(i64, i64)>> {
+        for segment in self.archived(topic, partition, offsets).await? {
             if segment.max_ts < timestamp {
                 continue;
             }
@@ -1206,18 +1244,48 @@ impl Tiers {
                 return Ok(Some(found));
             }
         }
-        self.store.offset_for_timestamp(topic, partition, timestamp).await
+        Ok(None)
     }
 
-    /// [`Store::max_timestamp`] over both tiers.
+    /// Whether local retention moved the local start past what `offsets`
+    /// said.
+    async fn trimmed_since(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        offsets: &PartitionOffsets,
+    ) -> ketch_storage::Result<bool> {
+        let now = self.store.offsets(topic, partition).await?;
+        Ok(now.local_start_offset > offsets.local_start_offset)
+    }
+
+    /// [`Store::max_timestamp`] over both tiers; made again, as
+    /// [`Tiers::offset_for_timestamp`] is, when local retention trimmed
+    /// meanwhile.
     pub async fn max_timestamp(
         &self,
         topic: &Topic,
         partition: i32,
     ) -> ketch_storage::Result<Option<(i64, i64)>> {
-        let offsets = self.store.offsets(topic, partition).await?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let offsets = self.store.offsets(topic, partition).await?;
+            let found = self.max_timestamp_from(topic, partition, &offsets).await?;
+            if attempts >= LOOKUP_ATTEMPTS || !self.trimmed_since(topic, partition, &offsets).await? {
+                return Ok(found);
+            }
+        }
+    }
+
+    async fn max_timestamp_from(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        offsets: &PartitionOffsets,
+    ) -> ketch_storage::Result<Option<(i64, i64)>> {
         let local = self.store.max_timestamp(topic, partition).await?;
-        let archived = self.archived(topic, partition, &offsets).await?;
+        let archived = self.archived(topic, partition, offsets).await?;
         let Some(largest) = archived.iter().map(|s| s.max_ts).max() else {
             return Ok(local);
         };

@@ -34,10 +34,23 @@ pub async fn handle(
     let version = header.request_api_version;
     // read_committed: the latest offset is the last stable offset.
     let committed = req.isolation_level == 1;
+    // A partition named twice is INVALID_REQUEST, each time (Kafka's
+    // `duplicatePartitions`).
+    let mut seen = std::collections::HashSet::new();
+    let duplicated: std::collections::HashSet<(String, i32)> = req
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(move |p| (t.name.0.to_string(), p.partition_index))
+        })
+        .filter(|key| !seen.insert(key.clone()))
+        .collect();
     let topics = req
         .topics
         .into_iter()
-        .map(|topic| list_topic(ctx, client, topic, version, committed));
+        .map(|topic| list_topic(ctx, client, topic, version, committed, &duplicated));
     let topics = super::each(topics).await;
     ListOffsetsResponse::default().with_topics(topics)
 }
@@ -48,6 +61,7 @@ async fn list_topic(
     request: ListOffsetsTopic,
     version: i16,
     committed: bool,
+    duplicated: &std::collections::HashSet<(String, i32)>,
 ) -> ListOffsetsTopicResponse {
     let topic = if authorized(
         ctx,
@@ -60,10 +74,16 @@ async fn list_topic(
     } else {
         Err(ResponseError::TopicAuthorizationFailed.code())
     };
-    let partitions = request
-        .partitions
-        .into_iter()
-        .map(|p| list_partition(ctx, topic.clone(), p, version, committed));
+    let name = request.name.0.to_string();
+    let partitions = request.partitions.into_iter().map(|p| {
+        let topic = match &topic {
+            Ok(_) if duplicated.contains(&(name.clone(), p.partition_index)) => {
+                Err(ResponseError::InvalidRequest.code())
+            }
+            other => other.clone(),
+        };
+        list_partition(ctx, topic, p, version, committed)
+    });
     let partitions = super::each(partitions).await;
     ListOffsetsTopicResponse::default()
         .with_name(request.name)
