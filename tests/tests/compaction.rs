@@ -284,7 +284,7 @@ fn records_without_a_key_are_refused_on_a_compacted_topic_with_record_errors() {
     let redis = TestRedis::start();
     let ketch = gateway(&redis);
     let topic = unique_topic("keyless");
-    create_compacted(&ketch, &topic, &[]);
+    create_compacted(&ketch, &topic, &[("message.timestamp.after.max.ms", "3600000")]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let records = vec![
         keyed("a", Some("1")),
@@ -315,6 +315,35 @@ fn records_without_a_key_are_refused_on_a_compacted_topic_with_record_errors() {
             .is_some_and(|m| m.contains("2 record errors")),
         "{partition:?}"
     );
+    assert_eq!(redis.next_offset(&topic, 0), 0, "nothing of the batch is stored");
+
+    // Keys missing and timestamps out of bounds: each record names its key
+    // error if it has one, else its timestamp's, and the batch is
+    // INVALID_TIMESTAMP (Kafka's LogValidator).
+    let ahead = now_ms() + 2 * 3_600_000;
+    let mixed = vec![
+        Record::value(now_ms(), b"no key"),
+        Record {
+            timestamp: ahead,
+            ..keyed("c", Some("3"))
+        },
+        Record::value(ahead, b"no key, two hours ahead"),
+    ];
+    let response: ProduceResponse = conn.request(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&topic, 0, batch::encode(&mixed)),
+    );
+    let partition = &response.responses[0].partition_responses[0];
+    assert_eq!(partition.error_code, code::INVALID_TIMESTAMP);
+    let errors: Vec<(i32, bool)> = partition
+        .record_errors
+        .iter()
+        .map(|e| {
+            let message = e.batch_index_error_message.as_deref().unwrap_or_default();
+            (e.batch_index, message.starts_with("Compacted topic"))
+        })
+        .collect();
+    assert_eq!(errors, [(0, true), (1, false), (2, true)]);
     assert_eq!(redis.next_offset(&topic, 0), 0, "nothing of the batch is stored");
     // The same batch is accepted once the topic no longer compacts.
     assert_eq!(alter(&ketch, &topic, "cleanup.policy", "delete"), 0);

@@ -66,7 +66,10 @@ fn round_trip(codec: &str) {
             Some(values[i].as_slice()),
             "{codec}: value at {next}"
         );
-        assert_eq!(message.timestamp().to_millis(), Some(ketch_tests::batch::at(1_000 + i as i64)));
+        assert_eq!(
+            message.timestamp().to_millis(),
+            Some(ketch_tests::batch::at(1_000 + i as i64))
+        );
         next += 1;
     }
 }
@@ -190,4 +193,41 @@ fn a_topics_compression_type_recompresses_batches_in_another_codec() {
             }
         }
     }
+}
+
+/// zstd came with Produce v7 and Fetch v10 (KIP-110): an older produce of a
+/// zstd batch is UNSUPPORTED_COMPRESSION_TYPE with nothing stored, and an
+/// older fetch of a partition holding one gets that error without records,
+/// as from Kafka; newer versions store and read it.
+#[test]
+fn zstd_needs_produce_v7_and_fetch_v10() {
+    use ketch_tests::batch::{self, Codec, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+    const UNSUPPORTED_COMPRESSION_TYPE: i16 = 76;
+
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("zstd-versions");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let records = [Record::value(batch::at(0), b"squeezed")];
+    let zstd = batch::encode_compressed(&records, Codec::Zstd, 1);
+    let produce = |conn: &mut KafkaConn, version: i16| {
+        let response = conn.request(version, &raw::produce_request(&topic, 0, zstd.clone()));
+        raw::produce_result(&response)
+    };
+    assert_eq!(produce(&mut conn, 6).0, UNSUPPORTED_COMPRESSION_TYPE);
+    assert_eq!(produce(&mut conn, 7), (code::NONE, 0), "nothing stored before");
+    let fetch = |conn: &mut KafkaConn, version: i16| {
+        let response = conn.request(version, &raw::fetch_request(&topic, 0, 0, 0));
+        let partition = &response.responses[0].partitions[0];
+        (
+            partition.error_code,
+            partition.records.as_ref().map_or(0, |r| r.len()),
+        )
+    };
+    assert_eq!(fetch(&mut conn, 9), (UNSUPPORTED_COMPRESSION_TYPE, 0));
+    let (error, bytes) = fetch(&mut conn, 10);
+    assert_eq!(error, code::NONE);
+    assert!(bytes > 0, "read at v10");
 }

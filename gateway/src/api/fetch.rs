@@ -279,6 +279,9 @@ pub async fn handle(
                     }
                 }
             }
+            if version < 10 {
+                refuse_zstd(&mut responses, &mut records);
+            }
             let fetched = fetched(&topics, &records);
             return FetchAnswer {
                 response: FetchResponse::default().with_responses(responses),
@@ -581,6 +584,39 @@ async fn read_partition(
         );
     }
     read
+}
+
+/// zstd came with Fetch v10 (KIP-110): a partition whose answer holds a
+/// zstd batch is UNSUPPORTED_COMPRESSION_TYPE, without records, as Kafka
+/// answers an older fetch.
+fn refuse_zstd(responses: &mut [FetchableTopicResponse], records: &mut [Vec<Option<Vec<Bytes>>>]) {
+    for (topic, records) in responses.iter_mut().zip(records.iter_mut()) {
+        for (partition, batches) in topic.partitions.iter_mut().zip(records.iter_mut()) {
+            let zstd = batches.as_ref().is_some_and(|b| b.iter().any(|b| holds_zstd(b)))
+                || partition.records.as_ref().is_some_and(|r| holds_zstd(r));
+            if zstd {
+                partition.error_code = ResponseError::UnsupportedCompressionType.code();
+                partition.records = Some(Bytes::new());
+                *batches = None;
+            }
+        }
+    }
+}
+
+/// Whether a batch in `bytes` (whole batches, back to back) is zstd-compressed.
+fn holds_zstd(mut bytes: &[u8]) -> bool {
+    const ATTRIBUTES: usize = 21;
+    while bytes.len() >= ATTRIBUTES + 2 {
+        if i16::from_be_bytes([bytes[ATTRIBUTES], bytes[ATTRIBUTES + 1]]) & 0x7 == 4 {
+            return true;
+        }
+        let length = i32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        let Some(next) = usize::try_from(length).ok().and_then(|l| l.checked_add(12)) else {
+            break;
+        };
+        bytes = bytes.get(next..).unwrap_or_default();
+    }
+    false
 }
 
 /// Builds the response within the byte limits; returns it with its

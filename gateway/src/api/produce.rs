@@ -154,7 +154,7 @@ pub async fn handle(
         .ok()
         .filter(|&ms| ms > 0)
         .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
-    let by_id = header.request_api_version >= 13;
+    let version = header.request_api_version;
     // Kafka keys a request's partitions by topic and partition: a partition
     // named twice is produced (and answered) once, with its last entry (a
     // later entry replaces an earlier one in `handleProduceRequest`'s map).
@@ -163,7 +163,9 @@ pub async fn handle(
     for data in &request.topic_data {
         let topic_key = topic_key(data);
         for partition in &data.partition_data {
-            *entries.entry(partition_key(topic_key, partition.index)).or_default() += 1;
+            *entries
+                .entry(partition_key(topic_key, partition.index))
+                .or_default() += 1;
         }
     }
     let topics = request.topic_data.into_iter().filter_map(|mut data| {
@@ -193,7 +195,7 @@ pub async fn handle(
             acks,
             transactional,
             deadline,
-            by_id,
+            version,
             data,
             turns_of_topic,
         ))
@@ -221,10 +223,11 @@ async fn produce_topic(
     acks: i16,
     transactional: Result<bool, i16>,
     deadline: Option<tokio::time::Instant>,
-    by_id: bool,
+    version: i16,
     data: TopicProduceData,
     turns: Vec<Option<Turn>>,
 ) -> TopicProduceResponse {
+    let by_id = version >= 13;
     let valid_acks = matches!(acks, -1..=1);
     let topic = if let Err(code) = transactional {
         Err(code)
@@ -268,7 +271,15 @@ async fn produce_topic(
             // A request never waits past its timeout (0: no limit); a batch
             // that times out may still be stored, as with Kafka, and an
             // idempotent producer's retry is then deduplicated.
-            let produced = produce_partition(ctx, topic, p.index, p.records, acks, transactional == Ok(true));
+            let produced = produce_partition(
+                ctx,
+                topic,
+                p.index,
+                p.records,
+                acks,
+                transactional == Ok(true),
+                version,
+            );
             let produced = match deadline {
                 None => produced.await,
                 Some(deadline) => tokio::time::timeout_at(deadline, produced)
@@ -323,6 +334,7 @@ async fn produce_partition(
     records: Option<Bytes>,
     acks: i16,
     transactional_request: bool,
+    version: i16,
 ) -> Result<(i64, i64, i64), PartitionError> {
     let topic = ensure_partition(ctx, topic, partition)
         .await
@@ -350,6 +362,13 @@ async fn produce_partition(
         (batch_error_code(&e), Some(e.to_string()))
     })?;
     let mut header = valid.header;
+    if version < 7 && matches!(header.compression(), Ok(ketch_storage::batch::Compression::Zstd)) {
+        // zstd came with Produce v7 (KIP-110); Kafka refuses it before.
+        return Err(PartitionError::from((
+            ResponseError::UnsupportedCompressionType.code(),
+            Some("zstd-compressed batches need Produce v7 or later".to_owned()),
+        )));
+    }
     if header.is_transactional() && !transactional_request {
         // Kafka: transactional records need the request's transactional id.
         return Err(PartitionError::from((
@@ -365,12 +384,19 @@ async fn produce_partition(
             Some("Producer should not set timestamp type to LogAppendTime".to_owned()),
         )));
     }
+    let timestamps = if log_append_time {
+        Ok(())
+    } else {
+        check_timestamps(configs, &batch, &valid.timestamps)
+    };
     if valid.timestamps.null_key && configs.cleans_up_by("compact") {
-        return Err(null_keys(&topic, partition, &batch));
+        let keys = null_keys(&topic, partition, &batch);
+        return Err(match timestamps {
+            Ok(()) => keys,
+            Err(timestamps) => keys_and_timestamps(keys, timestamps),
+        });
     }
-    if !log_append_time {
-        check_timestamps(configs, &batch, &valid.timestamps)?;
-    }
+    timestamps?;
     let batch = to_topic_codec(configs, batch, &mut header).await?;
     if batch.len() > max_bytes {
         return Err(PartitionError::from((
@@ -465,6 +491,26 @@ fn null_keys(topic: &Topic, partition: i32, batch: &Bytes) -> PartitionError {
                     .with_batch_index_error_message(Some(str_bytes(message.clone())))
             })
             .collect(),
+    }
+}
+
+/// A batch with records without a key (for a compacted topic) and records
+/// out of the timestamp bounds: as Kafka's LogValidator answers, each record
+/// names its key error if it has one, else its timestamp error, and the
+/// batch is INVALID_TIMESTAMP since one record's error is.
+fn keys_and_timestamps(keys: PartitionError, timestamps: PartitionError) -> PartitionError {
+    let keyless: std::collections::HashSet<i32> = keys.record_errors.iter().map(|e| e.batch_index).collect();
+    let mut record_errors = keys.record_errors;
+    record_errors.extend(
+        timestamps
+            .record_errors
+            .into_iter()
+            .filter(|e| !keyless.contains(&e.batch_index)),
+    );
+    record_errors.sort_by_key(|e| e.batch_index);
+    PartitionError {
+        record_errors,
+        ..timestamps
     }
 }
 
