@@ -18,10 +18,81 @@ use super::{BatchError, BatchHeader, Compression, MAX_DECOMPRESSED_BYTES};
 
 /// The buffer a decompressed body is read through.
 const STREAM_BUFFER: usize = 32 * 1024;
-/// zstd frames may not ask for a window above 8 MiB (window log 23). Kafka
-/// clients compress batches of at most a few MiB, whose windows are smaller;
-/// a larger window would only let one batch claim more memory.
+/// zstd frames asking for a window up to 8 MiB (window log 23) are decoded
+/// freely: every level up to 19 asks for no more.
 const ZSTD_WINDOW_LOG_MAX: u32 = 23;
+/// Frames asking for more, up to zstd's own default limit of 128 MiB
+/// (window log 27), are decoded too: a Java producer at
+/// `compression.zstd.level` 20–22 (KIP-390) streams frames of unknown size
+/// whose windows are 32–128 MiB, and Kafka accepts them. The decoder takes
+/// a buffer of the window's size, so at most [`LARGE_WINDOW_DECODES`] run
+/// at once; a batch that finds them all busy is refused as corrupt, which
+/// the producer retries.
+const ZSTD_WINDOW_LOG_LIMIT: u32 = 27;
+/// How many large-window zstd decodes may run at once.
+const LARGE_WINDOW_DECODES: usize = 2;
+static LARGE_WINDOWS_IN_USE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of the [`LARGE_WINDOW_DECODES`], held while its decoder lives.
+struct LargeWindow;
+
+impl LargeWindow {
+    fn take() -> Option<Self> {
+        use std::sync::atomic::Ordering::AcqRel;
+        LARGE_WINDOWS_IN_USE
+            .fetch_update(AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
+                (n < LARGE_WINDOW_DECODES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| LargeWindow)
+    }
+}
+
+impl Drop for LargeWindow {
+    fn drop(&mut self) {
+        LARGE_WINDOWS_IN_USE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A reader that holds a [`LargeWindow`] as long as it lives.
+struct Holding<R> {
+    inner: R,
+    _window: LargeWindow,
+}
+
+impl<R: Read> Read for Holding<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+/// The window log a zstd frame's header asks for (`None`: not a frame
+/// header this can read; the decoder then says what is wrong). Spec: RFC
+/// 8878, 3.1.1.1 (Frame_Header_Descriptor, Window_Descriptor).
+fn zstd_window_log(frame: &[u8]) -> Option<u32> {
+    if frame.get(..4)? != [0x28, 0xb5, 0x2f, 0xfd] {
+        return None;
+    }
+    let descriptor = *frame.get(4)?;
+    let window_size: u64 = if descriptor & 0x20 != 0 {
+        // Single segment: the window is the content, whose size follows
+        // the dictionary id.
+        let id_bytes = [0, 1, 2, 4][usize::from(descriptor & 0x3)];
+        let size_bytes = [1, 2, 4, 8][usize::from(descriptor >> 6)];
+        let at = 5 + id_bytes;
+        let field = frame.get(at..at + size_bytes)?;
+        let mut size = [0u8; 8];
+        size[..size_bytes].copy_from_slice(field);
+        let size = u64::from_le_bytes(size);
+        if size_bytes == 2 { size + 256 } else { size }
+    } else {
+        let window = *frame.get(5)?;
+        let log = 10 + u32::from(window >> 3);
+        let base = 1u64 << log;
+        base + (base / 8) * u64::from(window & 0x7)
+    };
+    Some(64 - window_size.max(1).saturating_sub(1).leading_zeros())
+}
 /// The smallest possible record: length, attributes, timestamp delta, offset
 /// delta, key length, value length and header count, one byte each.
 pub(crate) const MIN_RECORD_LEN: usize = 7;
@@ -87,9 +158,25 @@ impl Input {
             // The frame decoder buffers a whole block itself.
             Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(body.reader())),
             Compression::Zstd => {
+                let large = zstd_window_log(&body).is_some_and(|log| log > ZSTD_WINDOW_LOG_MAX);
                 let mut decoder = zstd::stream::read::Decoder::with_buffer(body.reader()).map_err(err)?;
-                decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(err)?;
-                buffered(Box::new(decoder))
+                if large {
+                    let window = LargeWindow::take().ok_or_else(|| {
+                        BatchError::Decompress(format!(
+                            "a zstd window over {} MiB: {LARGE_WINDOW_DECODES} such batches are being \
+                             decoded already; retry",
+                            1 << (ZSTD_WINDOW_LOG_MAX - 20)
+                        ))
+                    })?;
+                    decoder.window_log_max(ZSTD_WINDOW_LOG_LIMIT).map_err(err)?;
+                    buffered(Box::new(Holding {
+                        inner: decoder,
+                        _window: window,
+                    }))
+                } else {
+                    decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(err)?;
+                    buffered(Box::new(decoder))
+                }
             }
             Compression::Snappy => buffered(Box::new(SnappyReader::new(body).map_err(err)?)),
         };
@@ -656,6 +743,45 @@ mod tests {
         }
         out.push(v as u8);
         out
+    }
+
+    /// A zstd frame as a Java producer streams it (no pledged size) at
+    /// `level`.
+    fn streamed_zstd(body: &[u8], level: i32) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), level).unwrap();
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// Frames at levels 20–22 ask for windows of 32–128 MiB (Java
+    /// producers at `compression.zstd.level` 20+, KIP-390): decoded, as
+    /// Kafka decodes them, a bounded number at a time.
+    #[test]
+    fn large_window_zstd_frames_decode_a_few_at_a_time() {
+        let body: Vec<u8> = (0..50_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        for (level, log) in [(3, 21), (19, 23), (20, 25), (22, 27)] {
+            let frame = streamed_zstd(&body, level);
+            assert_eq!(zstd_window_log(&frame), Some(log), "level {level}");
+            let out = decompressed(Compression::Zstd, Bytes::from(frame)).expect("decoded");
+            assert_eq!(&out[..], &body[..], "level {level}");
+        }
+        // A frame of known size asks for no more than it holds.
+        let sized = zstd::bulk::compress(&body, 22).unwrap();
+        assert!(zstd_window_log(&sized).is_some_and(|log| log <= ZSTD_WINDOW_LOG_MAX));
+        // All large-window decodes busy: refused (corrupt, retried), and
+        // taken again once one ends.
+        let frame = Bytes::from(streamed_zstd(&body, 20));
+        let held: Vec<LargeWindow> = (0..LARGE_WINDOW_DECODES)
+            .map_while(|_| LargeWindow::take())
+            .collect();
+        assert_eq!(held.len(), LARGE_WINDOW_DECODES);
+        assert!(matches!(
+            decompressed(Compression::Zstd, frame.clone()),
+            Err(BatchError::Decompress(_))
+        ));
+        drop(held);
+        assert!(decompressed(Compression::Zstd, frame).is_ok());
     }
 
     /// What the streaming decoder makes of `bytes` from `pos`.
