@@ -424,6 +424,39 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     Ok(())
 }
 
+/// Loads the groups with committed offsets that this gateway coordinates
+/// now and does not hold, as Kafka's new coordinator loads every group of
+/// its offsets partition: a group whose members went away with its old
+/// coordinator then has its members' sessions run out here, empties, and
+/// its offsets start their retention (nothing else would load it: offsets
+/// are read from Redis without the group, and no member will ask).
+async fn adopt_groups(ctx: Arc<Context>) {
+    let groups = match ctx.storage.groups_with_offsets().await {
+        Ok(groups) => groups,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the groups to take over");
+            return;
+        }
+    };
+    let mut adopted = 0;
+    for group in groups {
+        if !ctx.membership.coordinates(&group) || ctx.groups.in_memory(&group) {
+            continue;
+        }
+        match ctx.groups.adopt(&group).await {
+            Ok(true) => adopted += 1,
+            Ok(false) => {}
+            Err(error) => tracing::debug!(%group, ?error, "group not taken over"),
+        }
+    }
+    if adopted > 0 {
+        tracing::info!(
+            groups = adopted,
+            "took over the groups this gateway coordinates now"
+        );
+    }
+}
+
 /// When the live gateways change, forgets the groups another gateway
 /// coordinates now: their members reach the new coordinator, which loads
 /// what it needs from Redis (Kafka's coordinator unloads a group when it
@@ -441,6 +474,7 @@ async fn hand_over_groups(ctx: Arc<Context>) {
         if handed > 0 {
             tracing::info!(groups = handed, "handed groups over to their new coordinators");
         }
+        tokio::spawn(adopt_groups(ctx.clone()));
         let peers: Vec<String> = membership
             .nodes()
             .iter()

@@ -188,3 +188,95 @@ fn groups_spread_over_coordinators_and_every_gateway_answers_for_every_group() {
     }
     assert_eq!(coordinators, all, "30 groups spread over all three coordinators");
 }
+
+/// A group whose members and coordinator go away together is taken over by
+/// the next coordinator without a request for it, as Kafka's loads every
+/// group of its offsets partition: its members' sessions run out there, it
+/// empties, and its offsets expire after `groups.offsets_retention` (they
+/// were kept for ever: nothing loaded the group, and offsets are read from
+/// Redis without it).
+#[test]
+fn an_abandoned_groups_offsets_expire_under_its_next_coordinator() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::{GroupId, JoinGroupRequest, SyncGroupRequest};
+
+    let redis = TestRedis::start();
+    let settings = [
+        "--set",
+        "groups.min_session_timeout=1s",
+        "--set",
+        "groups.initial_rebalance_delay=0s",
+        "--set",
+        "groups.offsets_retention=2s",
+    ];
+    let mut a = Ketch::start_node(&redis.url(), 1, "600ms", &settings);
+    let b = Ketch::start_node(&redis.url(), 2, "600ms", &settings);
+    let topic = unique_topic("abandoned");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 1),
+        0
+    );
+    for g in [&a, &b] {
+        wait_for_metadata(g, &topic, "two gateways", |brokers, _| {
+            *brokers == BTreeSet::from([1, 2])
+        });
+    }
+    // A group gateway 1 coordinates.
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    let group = (0..)
+        .map(|n| format!("{topic}-group-{n}"))
+        .find(|group| {
+            let find = FindCoordinatorRequest::default().with_key(StrBytes::from_string(group.clone()));
+            conn.request(3, &find).node_id.0 == 1
+        })
+        .expect("a group of gateway 1");
+    let join = JoinGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+        .with_session_timeout_ms(1_000)
+        .with_rebalance_timeout_ms(1_000)
+        .with_protocol_type(StrBytes::from_static_str("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(bytes::Bytes::from_static(b"m")),
+        ]);
+    let joined = conn.request(3, &join);
+    assert_eq!(joined.error_code, 0);
+    let sync = SyncGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+        .with_member_id(joined.member_id.clone())
+        .with_generation_id(joined.generation_id);
+    assert_eq!(conn.request(3, &sync).error_code, 0);
+    let commit = raw::offset_commit_request(&group, &joined.member_id, joined.generation_id, &topic, 0, 5);
+    assert_eq!(conn.request(8, &commit).topics[0].partitions[0].error_code, 0);
+
+    // The coordinator dies, and with it the member (it never leaves).
+    a.kill9();
+    wait_for_metadata(&b, &topic, "gateway 1 gone", |brokers, _| {
+        *brokers == BTreeSet::from([2])
+    });
+    let committed = |conn: &mut KafkaConn| {
+        let fetch = OffsetFetchRequest::default()
+            .with_group_id(StrBytes::from_string(group.clone()).into())
+            .with_topics(None);
+        let response = conn.request(7, &fetch);
+        assert_eq!(response.error_code, 0);
+        response
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .map(|p| p.committed_offset)
+            .next()
+            .unwrap_or(-1)
+    };
+    let mut conn = KafkaConn::connect(b.kafka_addr());
+    // Session (1 s) and retention (2 s) after the takeover, with room.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while committed(&mut conn) != -1 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned group's offsets are kept for ever"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -119,7 +119,12 @@ fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
         &mut conn,
         &group,
         &topic,
-        &[(0, 10, "a"), (1, 20, &accented), (7, 5, ""), (2, 1, &"x".repeat(17))],
+        &[
+            (0, 10, "a"),
+            (1, 20, &accented),
+            (7, 5, ""),
+            (2, 1, &"x".repeat(17)),
+        ],
         -1,
     );
     assert_eq!(
@@ -355,27 +360,41 @@ fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() 
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let (standalone, unknown) = (unique_topic("standalone"), unique_topic("nobody"));
     assert_eq!(commit(&mut conn, &standalone, &topic, &[(0, 5, "")], -1), vec![0]);
-    let at = |conn: &mut KafkaConn, version: i16, group: &str| {
+    let to = |conn: &mut KafkaConn, version: i16, group: &str, topic: &str, partition: i32| {
         let request = OffsetCommitRequest::default()
             .with_group_id(StrBytes::from_string(group.to_owned()).into())
             .with_member_id(StrBytes::from_static_str("member-1"))
             .with_generation_id_or_member_epoch(3)
             .with_topics(vec![
                 OffsetCommitRequestTopic::default()
-                    .with_name(raw::topic_name(&topic))
+                    .with_name(raw::topic_name(topic))
                     .with_partitions(vec![
                         OffsetCommitRequestPartition::default()
-                            .with_partition_index(0)
+                            .with_partition_index(partition)
                             .with_committed_offset(9),
                     ]),
             ]);
         let response = conn.request(version, &request);
         response.topics[0].partitions[0].error_code
     };
+    let at = |conn: &mut KafkaConn, version: i16, group: &str| to(conn, version, group, &topic, 0);
     assert_eq!(at(&mut conn, 9, &standalone), UNKNOWN_MEMBER_ID);
     assert_eq!(at(&mut conn, 8, &standalone), UNKNOWN_MEMBER_ID);
     assert_eq!(at(&mut conn, 9, &unknown), GROUP_ID_NOT_FOUND);
     assert_eq!(at(&mut conn, 8, &unknown), ILLEGAL_GENERATION);
+    // A topic or partition that does not exist is told so first, as Kafka
+    // checks them before the request reaches the coordinator (the Java
+    // consumer retries UNKNOWN_TOPIC_OR_PARTITION; UNKNOWN_MEMBER_ID makes
+    // it rejoin).
+    let missing = unique_topic("no-such-topic");
+    assert_eq!(
+        to(&mut conn, 9, &standalone, &missing, 0),
+        code::UNKNOWN_TOPIC_OR_PARTITION
+    );
+    assert_eq!(
+        to(&mut conn, 9, &unknown, &topic, 5),
+        code::UNKNOWN_TOPIC_OR_PARTITION
+    );
     assert_eq!(
         fetch(&mut conn, &standalone, &topic, &[0])[0].1,
         5,

@@ -1,10 +1,12 @@
 //! OffsetCommit (v2–v9): store a group's consumed positions in Redis.
 //!
-//! The coordinator checks the member and generation first (Kafka's
+//! As in Kafka, a partition the client may not read is
+//! TOPIC_AUTHORIZATION_FAILED and one that does not exist
+//! UNKNOWN_TOPIC_OR_PARTITION, whatever the group says; the rest go to the
+//! coordinator, which checks the member and generation (Kafka's
 //! `validateOffsetCommit`: a commit without a generation is accepted only
 //! for an empty or unknown group), then every partition's offset is written
-//! in one HSET. A partition of an unknown topic is UNKNOWN_TOPIC_OR_PARTITION
-//! and metadata longer than `groups.max_metadata_bytes` is
+//! in one HSET. Metadata longer than `groups.max_metadata_bytes` is
 //! OFFSET_METADATA_TOO_LARGE; the rest of the request is still committed.
 
 use kafka_protocol::error::ResponseError;
@@ -15,8 +17,8 @@ use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, Reques
 use ketch_storage::{CommittedOffset, TopicPartition};
 
 use super::{Client, resolve_topic};
-use crate::transactions::coordinator_error;
 use crate::Context;
+use crate::transactions::coordinator_error;
 
 pub async fn handle(
     ctx: &Context,
@@ -78,6 +80,7 @@ pub async fn handle(
                 ctx,
                 known,
                 partition.partition_index,
+                refused,
                 partition.committed_metadata.as_deref(),
             );
             let code = refused.unwrap_or_else(|| {
@@ -159,15 +162,22 @@ async fn commit(
 }
 
 /// A topic's partition count for an offset commit, or the code all its
-/// partitions get: the request's refusal, no READ on the topic (which
-/// committing for it takes), or an unknown topic.
+/// partitions get: the request's own authorization failing (the group's,
+/// or the transactional id's), no READ on the topic (which committing for
+/// it takes), or an unknown topic. Kafka checks these before the request
+/// reaches the group's coordinator, so they come before the group's own
+/// refusal (an unknown member, a stale generation: [`refusal`]).
 pub(super) async fn topic_partitions(
     ctx: &Context,
     client: &Client,
     refused: Option<i16>,
     topic: &str,
 ) -> Result<i32, i16> {
-    if let Some(code) = refused {
+    let whole_request = [
+        ResponseError::GroupAuthorizationFailed.code(),
+        ResponseError::TransactionalIdAuthorizationFailed.code(),
+    ];
+    if let Some(code) = refused.filter(|code| whole_request.contains(code)) {
         return Err(code);
     }
     if !super::authorized(
@@ -192,11 +202,14 @@ pub(super) async fn topic_partitions(
         })
 }
 
-/// Why one partition's offset is not committed (`None`: it is).
+/// Why one partition's offset is not committed (`None`: it is): its topic's
+/// refusal, a partition the topic does not have, then the group's refusal
+/// (`refused`, from the coordinator), then metadata over the limit.
 pub(super) fn refusal(
     ctx: &Context,
     known: Result<i32, i16>,
     partition: i32,
+    refused: Option<i16>,
     metadata: Option<&str>,
 ) -> Option<i16> {
     match known {
@@ -204,6 +217,7 @@ pub(super) fn refusal(
         Ok(count) if partition < 0 || partition >= count => {
             Some(ResponseError::UnknownTopicOrPartition.code())
         }
+        Ok(_) if refused.is_some() => refused,
         Ok(_) if too_long(ctx, metadata) => Some(ResponseError::OffsetMetadataTooLarge.code()),
         Ok(_) => None,
     }

@@ -42,8 +42,13 @@ pub async fn handle(
         let known = super::offset_commit::topic_partitions(ctx, client, refused, &topic.name).await;
         let mut topic_codes = Vec::with_capacity(topic.partitions.len());
         for p in &topic.partitions {
-            let refused =
-                super::offset_commit::refusal(ctx, known, p.partition_index, p.committed_metadata.as_deref());
+            let refused = super::offset_commit::refusal(
+                ctx,
+                known,
+                p.partition_index,
+                refused,
+                p.committed_metadata.as_deref(),
+            );
             let code = refused.unwrap_or_else(|| {
                 positions.push((codes.len(), topic_codes.len()));
                 accepted.push((

@@ -406,11 +406,17 @@ impl Coordinator {
         version: Option<i16>,
     ) -> Result<(), i16> {
         self.load(group_id).await.map_err(|e| e.code())?;
-        let groups = self.inner.lock();
-        let outcome = match groups.get(group_id.as_bytes()) {
-            Some(slot) => slot
-                .group
-                .validate_offset_commit(member_id, instance_id, generation, version.is_none()),
+        let transactional = version.is_none();
+        let key = StrBytes::from_string(group_id.to_owned());
+        let checked = self.inner.update(&key, false, |group, now| {
+            let outcome = group.validate_offset_commit(member_id, instance_id, generation, transactional);
+            if outcome.is_ok() && !transactional {
+                group.committed_by(member_id, now);
+            }
+            outcome
+        });
+        let outcome = match checked {
+            Some(outcome) => outcome,
             None if generation < 0 => Ok(()),
             None if version.is_some_and(|v| v >= 9) => Err(ResponseError::GroupIdNotFound),
             // Before v9 (and for transactional commits): ILLEGAL_GENERATION;
@@ -419,6 +425,13 @@ impl Coordinator {
             None => Err(ResponseError::IllegalGeneration),
         };
         outcome.map_err(|e| e.code())
+    }
+
+    /// Brings a group this gateway coordinates in from its snapshot, as a
+    /// request for it would: whether it is in memory now.
+    pub async fn adopt(&self, group_id: &str) -> Result<bool, ResponseError> {
+        self.load(group_id).await?;
+        Ok(self.in_memory(group_id))
     }
 
     /// Brings a group this gateway does not have in memory in from its

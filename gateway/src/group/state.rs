@@ -866,6 +866,17 @@ impl Group {
         }
     }
 
+    /// An offset commit of `member_id` keeps its session as a heartbeat
+    /// does, while the group is Stable or PreparingRebalance (Kafka's classic
+    /// protocol: a consumer busy committing is alive).
+    pub fn committed_by(&mut self, member_id: &StrBytes, now: Instant) {
+        if matches!(self.state, State::Stable | State::PreparingRebalance)
+            && let Some(member) = self.members.get_mut(member_id)
+        {
+            member.heartbeat_deadline = now + member.session_timeout;
+        }
+    }
+
     /// LeaveGroup for each member (KIP-345 batches them, naming members by
     /// member id or by `group.instance.id` alone); one rebalance for all.
     pub fn leave(&mut self, leaving: Vec<MemberIdentity>, now: Instant) -> Vec<MemberResponse> {

@@ -544,6 +544,31 @@ async fn only_an_empty_group_is_deleted() {
     assert_eq!(now(h.groups.delete("g")), Err(NotDeleted::Unknown));
 }
 
+/// A member that only commits (no heartbeats) keeps its session while the
+/// group is Stable, as in Kafka's classic protocol; one that does neither
+/// is expired.
+#[tokio::test(start_paused = true)]
+async fn offset_commits_keep_a_members_session() {
+    let h = Harness::new();
+    let (leader, follower, generation) = h.stable_pair().await;
+    let half = Duration::from_millis(SESSION_TIMEOUT_MS as u64 / 2);
+    for _ in 0..6 {
+        tokio::time::sleep(half).await;
+        assert_eq!(
+            now(h
+                .groups
+                .validate_offset_commit("g", &leader, None, generation, Some(9))),
+            Ok(())
+        );
+        assert_eq!(h.heartbeat(&follower, generation), 0);
+    }
+    assert_eq!(h.heartbeat(&leader, generation), 0, "three sessions on, alive");
+    assert_eq!(h.describe_state(), "Stable");
+    // The follower stops too: expired after its session.
+    tokio::time::sleep(half * 3).await;
+    assert_ne!(h.heartbeat(&follower, generation), 0);
+}
+
 /// While the group completes a rebalance (joined, not yet synced), a
 /// consumer's commit is REBALANCE_IN_PROGRESS but a transactional one of the
 /// new generation is taken, as in Kafka: the Java producer takes
