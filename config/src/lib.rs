@@ -178,6 +178,12 @@ pub struct HttpSettings {
     /// without `auth`. With `auth` on they are allowed to authenticated
     /// principals (and ACLs decide, when on).
     pub admin_writes: bool,
+    /// Host names a request from this machine may name in its `Host`
+    /// header besides `localhost` and IP addresses (`*`: any): a web page
+    /// that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot reach
+    /// the admin API and console of a gateway on the browser's machine.
+    #[serde(deserialize_with = "lenient::string_list")]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Topic creation defaults.
@@ -458,6 +464,7 @@ impl Default for HttpSettings {
             max_connections: 256,
             idle_timeout: Duration::from_secs(60),
             admin_writes: false,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -33,6 +33,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
         .route("/metrics", get(metrics))
         .merge(crate::admin::routes(ctx.clone()))
         .layer(middleware::from_fn_with_state(ctx.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(ctx.clone(), browser_guard))
         .with_state(ctx.clone());
     let stop = {
         let mut shutdown = shutdown.clone();
@@ -274,6 +275,124 @@ async fn accept_tls(
             }
         });
     }
+}
+
+/// What protects the console and the admin API from web pages a browser on
+/// an operator's machine opens, before anything else runs:
+/// - a request from this machine must name `localhost`, an IP address or
+///   one of `http.allowed_hosts` in its `Host` header: a page that rebinds
+///   its own name to 127.0.0.1 (DNS rebinding) names itself, and is refused
+///   (the default listener, 127.0.0.1:9644, is otherwise open to it);
+/// - a write whose `Origin` is not the host it is sent to is refused (a
+///   cross-site form post; cross-site JSON and DELETE need a CORS
+///   preflight, which is never answered);
+/// - every answer says not to be framed or sniffed, and sends no referrer.
+async fn browser_guard(State(ctx): State<Arc<Context>>, request: Request, next: Next) -> Response {
+    let local = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<Peer>>()
+        .is_some_and(|info| info.0.0.ip().is_loopback());
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if local
+        && let Some(host) = host.as_deref()
+        && !allowed_host(host, &ctx.settings.http.allowed_hosts)
+    {
+        tracing::info!(
+            host,
+            path = request.uri().path(),
+            "HTTP request for a host this gateway does not answer to"
+        );
+        return crate::admin::Failure::new(
+            StatusCode::FORBIDDEN,
+            "HOST_NOT_ALLOWED",
+            format!(
+                "a request from this machine for host {host:?}: name localhost or an IP address, \
+                 or add the name to http.allowed_hosts"
+            ),
+        )
+        .into_response();
+    }
+    let reading = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    );
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if !reading
+        && let Some(origin) = origin.as_deref()
+        && !same_origin(origin, host.as_deref())
+    {
+        tracing::info!(
+            origin,
+            path = request.uri().path(),
+            "cross-origin HTTP write refused"
+        );
+        return crate::admin::Failure::new(
+            StatusCode::FORBIDDEN,
+            "CROSS_ORIGIN",
+            "a write from a page of another origin",
+        )
+        .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("content-security-policy", "frame-ancestors 'none'"),
+        ("referrer-policy", "no-referrer"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Whether `host` (a `Host` header, port and all) is `localhost` (or a name
+/// under it), an IP address, or one of `allowed` (`*`: any).
+fn allowed_host(host: &str, allowed: &[String]) -> bool {
+    let name = host_name(host);
+    name.eq_ignore_ascii_case("localhost")
+        || name.to_ascii_lowercase().ends_with(".localhost")
+        || name
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok()
+        || allowed.iter().any(|a| a == "*" || a.eq_ignore_ascii_case(name))
+}
+
+/// A `Host` header without its port.
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        // [v6]:port
+        return host
+            .split_once(']')
+            .map_or(host, |(name, _)| &host[..name.len() + 1]);
+    }
+    host.rsplit_once(':').map_or(host, |(name, _)| name)
+}
+
+/// Whether an `Origin` (scheme://host[:port]) is the `Host` a request is
+/// sent to.
+fn same_origin(origin: &str, host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return false;
+    };
+    let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+    let default_port = |a: &str| {
+        a.strip_suffix(":80")
+            .or_else(|| a.strip_suffix(":443"))
+            .unwrap_or(a)
+            .to_ascii_lowercase()
+    };
+    default_port(authority) == default_port(host)
 }
 
 /// `http.auth`: Basic or Bearer credentials on every path but the open ones.

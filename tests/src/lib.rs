@@ -1596,14 +1596,28 @@ impl Ketch {
     /// `method` `path` on the HTTP listener with a JSON `body`: (status,
     /// body).
     pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let (status, _, body) = self.http_with(method, path, &[("Host", "127.0.0.1")], body);
+        (status, body)
+    }
+
+    /// [`Ketch::http`] with the request's `headers` (no `Host` but one
+    /// given): (status, the response's header lines, body).
+    pub fn http_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, String, String) {
         let mut stream = TcpStream::connect(("127.0.0.1", self.http_port)).expect("connect to http listener");
         stream
             .set_read_timeout(Some(Duration::from_secs(30)))
             .expect("read timeout");
         let body = body.unwrap_or("");
+        let headers: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
         write!(
             stream,
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+            "{method} {path} HTTP/1.0\r\n{headers}Connection: close\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
@@ -1616,8 +1630,8 @@ impl Ketch {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-        (status, body)
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        (status, head.to_owned(), body.to_owned())
     }
 
     /// The HTTP listener's port.

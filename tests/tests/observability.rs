@@ -363,6 +363,66 @@ fn lag_is_the_high_watermark_minus_the_committed_offset_in_metrics_and_the_api()
     member.unsubscribe();
 }
 
+/// A browser on this machine: a page that rebinds its own name to
+/// 127.0.0.1 (DNS rebinding) names itself in `Host` and is refused, as is
+/// a write a page of another origin sends; `localhost`, IP addresses and
+/// `http.allowed_hosts` are served; every answer forbids framing and
+/// sniffing.
+#[test]
+fn pages_of_other_sites_cannot_use_the_admin_api() {
+    let redis = TestRedis::start();
+    let mut args = WRITES.to_vec();
+    args.extend(["--set", "http.allowed_hosts=ketch.internal"]);
+    let ketch = Ketch::start(&redis.url(), &args);
+    let port = ketch.http_port();
+    let get = |host: &str| ketch.http_with("GET", "/api/v1/topics", &[("Host", host)], None);
+    let (status, _, body) = get(&format!("rebound.example:{port}"));
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"],
+        "HOST_NOT_ALLOWED"
+    );
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        format!("ketch.internal:{port}"),
+        "KETCH.INTERNAL".to_owned(),
+    ] {
+        let (status, headers, body) = get(&host);
+        assert_eq!(status, 200, "{host}: {body}");
+        let headers = headers.to_ascii_lowercase();
+        for header in [
+            "x-frame-options: deny",
+            "x-content-type-options: nosniff",
+            "content-security-policy: frame-ancestors 'none'",
+        ] {
+            assert!(headers.contains(header), "{host}: {header} missing in {headers}");
+        }
+    }
+    // A write from a page of another origin; the same from the console's own.
+    let topic = unique_topic("origin");
+    let body = json!({"name": topic, "partitions": 1}).to_string();
+    let host = format!("127.0.0.1:{port}");
+    let post = |origin: &str| {
+        let headers = [("Host", host.as_str()), ("Origin", origin)];
+        ketch.http_with("POST", "/api/v1/topics", &headers, Some(&body))
+    };
+    let (status, _, answer) = post("http://evil.example");
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&answer).unwrap()["error"],
+        "CROSS_ORIGIN"
+    );
+    assert_eq!(
+        api(&ketch, "GET", &format!("/api/v1/topics/{topic}"), None).0,
+        404,
+        "not created"
+    );
+    let (status, _, answer) = post(&format!("http://{host}"));
+    assert_eq!(status, 201, "{answer}");
+}
+
 #[test]
 fn the_admin_api_manages_topics_as_kafkas_apis_see_them_and_refuses_bad_input() {
     let redis = TestRedis::start();
@@ -735,13 +795,13 @@ fn stalled_http_connections_are_closed_and_bounded() {
     let address = format!("127.0.0.1:{}", ketch.http_port());
     let mut stalled = std::net::TcpStream::connect(&address).expect("connect");
     stalled
-        .write_all(b"GET /health HTTP/1.1\r\nHost: ketch\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
         .expect("half a request");
     let sent = std::time::Instant::now();
     // The second connection waits in the backlog behind the stalled one.
     let mut waiting = std::net::TcpStream::connect(&address).expect("connect");
     waiting
-        .write_all(b"GET /health HTTP/1.1\r\nHost: ketch\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .expect("a whole request");
     waiting.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut answer = String::new();
