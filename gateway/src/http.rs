@@ -291,12 +291,8 @@ async fn browser_guard(State(ctx): State<Arc<Context>>, request: Request, next: 
     let local = request
         .extensions()
         .get::<axum::extract::ConnectInfo<Peer>>()
-        .is_some_and(|info| info.0.0.ip().is_loopback());
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+        .is_some_and(|info| info.0.0.ip().to_canonical().is_loopback());
+    let host = header_text(&request, header::HOST);
     if local
         && let Some(host) = host.as_deref()
         && !allowed_host(host, &ctx.settings.http.allowed_hosts)
@@ -320,14 +316,10 @@ async fn browser_guard(State(ctx): State<Arc<Context>>, request: Request, next: 
         *request.method(),
         axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
     );
-    let origin = request
-        .headers()
-        .get(header::ORIGIN)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let origin = header_text(&request, header::ORIGIN);
     if !reading
         && let Some(origin) = origin.as_deref()
-        && !same_origin(origin, host.as_deref())
+        && !same_origin(origin, host.as_deref(), &ctx.settings.http.allowed_hosts)
     {
         tracing::info!(
             origin,
@@ -352,6 +344,12 @@ async fn browser_guard(State(ctx): State<Arc<Context>>, request: Request, next: 
         headers.insert(name, HeaderValue::from_static(value));
     }
     response
+}
+
+/// A request header's value, when it is text.
+fn header_text(request: &Request, name: header::HeaderName) -> Option<String> {
+    let value = request.headers().get(name)?;
+    value.to_str().ok().map(str::to_owned)
 }
 
 /// Whether `host` (a `Host` header, port and all) is `localhost` (or a name
@@ -380,12 +378,19 @@ fn host_name(host: &str) -> &str {
 }
 
 /// Whether an `Origin` (scheme://host[:port]) is the `Host` a request is
-/// sent to.
-fn same_origin(origin: &str, host: Option<&str>) -> bool {
+/// sent to, or one of `allowed` (a reverse proxy may send the gateway's
+/// own address as `Host`, the browser the public name as `Origin`).
+fn same_origin(origin: &str, host: Option<&str>, allowed: &[String]) -> bool {
+    let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+    if allowed
+        .iter()
+        .any(|a| a != "*" && a.eq_ignore_ascii_case(host_name(authority)))
+    {
+        return true;
+    }
     let Some(host) = host else {
         return false;
     };
-    let authority = origin.split_once("://").map_or(origin, |(_, rest)| rest);
     let default_port = |a: &str| {
         a.strip_suffix(":80")
             .or_else(|| a.strip_suffix(":443"))

@@ -595,17 +595,23 @@ impl Store {
                         duplicate: true,
                     });
                 }
-                AppendReply::Refused(reason) => return Err(StorageError::Sequence(reason)),
+                AppendReply::Refused(reason) => {
+                    appending.nothing_stored();
+                    return Err(StorageError::Sequence(reason));
+                }
                 AppendReply::NoPartition => {
                     *next = None;
+                    appending.nothing_stored();
                     return Err(StorageError::UnknownTopicOrPartition);
                 }
                 AppendReply::Moved { next_offset } => *next = Some(next_offset),
                 AppendReply::Skipped => {
+                    appending.nothing_stored();
                     return Err(StorageError::Data("the append script skipped a batch".to_owned()));
                 }
             }
         }
+        appending.nothing_stored();
         Err(StorageError::Conflict(format!(
             "partition {partition} of {} kept moving under {MAX_APPEND_ATTEMPTS} append attempts",
             topic.name

@@ -162,6 +162,9 @@ pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
 const MAX_DELETE_ATTEMPTS: usize = 3;
 /// How long a partition growth's lock outlives a gateway that died holding it.
 const GROWTH_LOCK_MS: u64 = 30_000;
+/// How long a growth waits for another's lock before it gives up (a
+/// retriable error).
+const GROWTH_LOCK_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub(crate) struct TopicCache {
@@ -366,25 +369,35 @@ impl Store {
     /// and placed alike by every gateway, so two growths at once would
     /// share them, and the one that lost the record's compare-and-set
     /// would remove (or reset) the partitions the other just added. A
-    /// growth that finds the lock held is a conflict: the caller reads the
-    /// topic again and finds it grown.
+    /// growth that finds the lock held waits for it, then finds the record
+    /// changed (a conflict): the caller reads the topic again and finds it
+    /// grown.
     pub async fn add_partitions(&self, topic: &Topic, total: i32) -> Result<Arc<Topic>> {
         let lock = format!("{}:lock:partitions:{}", self.keys.namespace(), topic.id);
         let token = uuid::Uuid::new_v4().to_string();
-        let taken: bool = redis::cmd("SET")
-            .arg(&lock)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(GROWTH_LOCK_MS)
-            .query_async::<Option<String>>(&mut self.conn())
-            .await?
-            .is_some();
-        if !taken {
-            return Err(StorageError::Conflict(format!(
-                "another gateway is adding partitions to topic {}",
-                topic.name
-            )));
+        let waiting = tokio::time::Instant::now();
+        loop {
+            let taken = redis::cmd("SET")
+                .arg(&lock)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(GROWTH_LOCK_MS)
+                .query_async::<Option<String>>(&mut self.conn())
+                .await?
+                .is_some();
+            if taken {
+                break;
+            }
+            // Another growth holds it (placing many partitions can take a
+            // while): wait for it, then read the topic it changed.
+            if waiting.elapsed() >= GROWTH_LOCK_WAIT {
+                return Err(StorageError::Conflict(format!(
+                    "another gateway is adding partitions to topic {}",
+                    topic.name
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let grown = self.add_partitions_locked(topic, total).await;
         let released: redis::RedisResult<i64> = redis::Script::new(
@@ -499,14 +512,11 @@ impl Store {
     }
 
     async fn init_partitions(&self, topic: &Topic, from: i32) -> Result<()> {
+        let fields = [("next_offset", 0), ("log_start", 0), ("local_start", 0)];
         let mut pipe = redis::pipe();
         for p in from..topic.partitions() {
             let keys = self.partition_keys(topic, p);
-            pipe.hset_multiple(
-                &keys.meta,
-                &[("next_offset", 0), ("log_start", 0), ("local_start", 0)],
-            )
-            .ignore();
+            pipe.hset_multiple(&keys.meta, &fields).ignore();
         }
         pipe.query_async::<()>(&mut self.conn()).await?;
         Ok(())

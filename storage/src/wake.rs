@@ -127,9 +127,22 @@ struct Channel {
     /// through another gateway meanwhile woke no one, so the waiters read
     /// the partition again once it is.
     lapsed: bool,
+    /// An append of this gateway's ended without its outcome (see
+    /// [`Appending`]): until then, what is known is not trusted, since the
+    /// append may still land in Redis, unannounced, after a read.
+    doubted_until: Option<Instant>,
 }
 
 impl Channel {
+    /// What it knows of its partition, unless an append's outcome is in
+    /// doubt.
+    fn trusted(&self) -> Option<Known> {
+        if self.doubted_until.is_some_and(|until| Instant::now() < until) {
+            return None;
+        }
+        self.known
+    }
+
     /// Forgets what it knew of its partition, its offsets and tail; returns
     /// the bytes the tail held.
     fn forget(&mut self) -> usize {
@@ -231,6 +244,11 @@ impl Waiter {
     }
 }
 
+/// How long what reads see of a partition is not trusted after an append
+/// of this gateway's ended without its outcome: longer than such an append
+/// can wait in Redis but for a Redis that is stopped.
+const UNTOLD_DOUBT: Duration = Duration::from_secs(30);
+
 /// An append under way ([`WakeHub::appending`]); dropping it ends it.
 ///
 /// An append dropped without [`Appending::stored`] (its reply lost to a
@@ -253,6 +271,12 @@ pub struct Appending<'a> {
 }
 
 impl Appending<'_> {
+    /// The append is known to have stored nothing (refused by the script):
+    /// what was known stands.
+    pub fn nothing_stored(mut self) {
+        self.told = true;
+    }
+
     /// The append stored its batch: [`WakeHub::stored`] under the
     /// subscription the append began with, and the end of the append.
     #[allow(clippy::too_many_arguments)]
@@ -292,10 +316,20 @@ impl Appending<'_> {
 
 impl Drop for Appending<'_> {
     fn drop(&mut self) {
+        if self.told && self.channel.is_none() {
+            // Nothing deferred, nothing to forget: the usual append to a
+            // partition no fetch tails here takes no lock.
+            return;
+        }
         let mut state = self.hub.inner.state.lock().expect("wake state lock");
         let untold = !self.told && state.channels.get(self.name).is_some_and(|c| c.subscribed);
         if untold {
-            state.forget(self.name);
+            // The append may still land after a read that these waiters
+            // make now (a connection replaced, or acks=all's own): what
+            // reads see is not trusted for a while either.
+            if let Some(c) = state.forget(self.name) {
+                c.doubted_until = Some(Instant::now() + UNTOLD_DOUBT);
+            }
         }
         let Some(entry) = state.channels.get_mut(self.name) else {
             return;
@@ -662,7 +696,7 @@ impl WakeHub {
     ) -> Option<ReadPartition> {
         let state = self.inner.state.lock().expect("wake state lock");
         let entry = state.channels.get(channel).filter(|c| c.subscribed)?;
-        let known = entry.known?;
+        let known = entry.trusted()?;
         let log_start = known.log_start.filter(|&start| offset >= start)?;
         let stable = known.stable_at.filter(|&at| at <= known.next_offset);
         let end = if decided { stable? } else { i64::MAX };
@@ -720,7 +754,7 @@ impl WakeHub {
                 .channels
                 .get(channel)
                 .filter(|c| c.subscribed)?
-                .known?
+                .trusted()?
                 .next_offset,
         )
     }
@@ -731,7 +765,7 @@ impl WakeHub {
     /// offset is `offset` too).
     pub fn known_empty_at(&self, channel: &str, offset: i64, decided: bool) -> Option<i64> {
         let state = self.inner.state.lock().expect("wake state lock");
-        let known = state.channels.get(channel).filter(|c| c.subscribed)?.known?;
+        let known = state.channels.get(channel).filter(|c| c.subscribed)?.trusted()?;
         (known.next_offset == offset && (!decided || known.stable_at == Some(offset)))
             .then_some(known.log_start)
             .flatten()
@@ -2119,6 +2153,15 @@ mod tests {
         assert_eq!(hub.known_empty_at("c", 9, false), Some(0));
     }
 
+    /// Whether an append to `channel` now would bring its batch to the
+    /// tail (the append then refused: nothing stored, nothing forgotten).
+    fn keeps_tail(hub: &WakeHub, channel: &str) -> bool {
+        let appending = hub.appending(channel);
+        let keeps = appending.keeps_tail();
+        appending.nothing_stored();
+        keeps
+    }
+
     /// A tail serves what this gateway stored while subscribed, from the
     /// log start on, and is forgotten with the subscription.
     #[tokio::test]
@@ -2126,11 +2169,11 @@ mod tests {
         let (hub, _commands) = WakeHub::detached(None);
         hub.set_tail_budget(1 << 20);
         let _watch = hub.watch(vec!["c".into()]);
-        assert!(!hub.appending("c").keeps_tail(), "not subscribed yet");
+        assert!(!keeps_tail(&hub, "c"), "not subscribed yet");
         hub.stored("c", hub.generation("c"), 0, 2, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 0, false), None);
         hub.confirmed("c");
-        assert!(hub.appending("c").keeps_tail());
+        assert!(keeps_tail(&hub, "c"));
         hub.stored("c", hub.generation("c"), 2, 4, 0, false, Some(batch(10)));
         hub.stored("c", hub.generation("c"), 4, 5, 0, false, Some(batch(10)));
         assert_eq!(tail_of(&hub, 3, false), Some((2, 0, 5, 5)));
@@ -2153,7 +2196,7 @@ mod tests {
         assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
         // No budget, no tail.
         hub.set_tail_budget(0);
-        assert!(!hub.appending("c").keeps_tail());
+        assert!(!keeps_tail(&hub, "c"));
     }
 
     /// The tails' budget goes to the newest batches, whichever partitions
@@ -2272,6 +2315,9 @@ mod tests {
         hub.appending("c").stored(0, 2, 0, false, Some(batch(10)));
         assert_eq!(hub.known_empty_at("c", 2, false), Some(0));
         assert_eq!(tail_of(&hub, 0, false), Some((1, 0, 2, 2)));
+        // Refused by the script: nothing stored, what was known stands.
+        hub.appending("c").nothing_stored();
+        assert_eq!(hub.known_empty_at("c", 2, false), Some(0));
         let _ = watch.take_fired();
         // Sent; Redis stored it at 2 and the reply was lost.
         drop(hub.appending("c"));
@@ -2279,5 +2325,9 @@ mod tests {
         assert_eq!(tail_of(&hub, 0, false), None);
         assert_eq!(hub.inner.state.lock().unwrap().tail_bytes, 0);
         assert_eq!(watch.take_fired(), Fired::Channels(vec!["c".into()]));
+        // A read made now may come before the append lands (it may still
+        // wait in Redis): what it sees is not trusted for a while.
+        hub.observe("c", hub.generation("c").unwrap(), 2, 0, 2);
+        assert_eq!(hub.known_empty_at("c", 2, false), None, "in doubt");
     }
 }

@@ -315,11 +315,6 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
     assert_eq!(delete_offsets(&mut conn, &connect, &[&other]).0, NON_EMPTY_GROUP);
 }
 
-/// OffsetCommit with a generation, for a group without members: one that
-/// has offsets exists for Kafka (Empty), so its member is unknown
-/// (UNKNOWN_MEMBER_ID, which a consumer handles by rejoining), at every
-/// version; one without offsets is GROUP_ID_NOT_FOUND from v9,
-/// ILLEGAL_GENERATION before.
 /// Redis refusing writes (out of memory here) makes a commit
 /// COORDINATOR_NOT_AVAILABLE, which consumers retry after looking the
 /// coordinator up again, as Kafka's coordinator answers a failed write:
@@ -351,6 +346,11 @@ fn a_commit_redis_refuses_is_coordinator_not_available() {
     assert_eq!(stored(&mut conn), [7, 8]);
 }
 
+/// OffsetCommit with a generation, for a group without members: one that
+/// has offsets exists for Kafka (Empty), so its member is unknown
+/// (UNKNOWN_MEMBER_ID, which a consumer handles by rejoining), at every
+/// version; one without offsets is GROUP_ID_NOT_FOUND from v9,
+/// ILLEGAL_GENERATION before.
 #[test]
 fn a_generation_committed_to_a_group_without_members_is_told_what_kafka_tells() {
     let redis = TestRedis::start();

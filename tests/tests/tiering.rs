@@ -913,8 +913,6 @@ fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {
     assert_eq!(error, 0, "{name}={value}");
 }
 
-/// `remote.log.copy.disable=true`: the archive is read but no longer
-/// written, and retention deletes segments without waiting for it.
 /// DeleteRecords into a segment not yet archived: the segment is archived
 /// from the batch holding the new log start (what came before is gone
 /// from Redis, and Kafka never copies deleted records to remote storage),
@@ -950,6 +948,8 @@ fn delete_records_into_an_unarchived_segment_leaves_archiving_going() {
     consume_and_check_from(&ketch.consumer(), &topic, &[1_500, 2_000], &[3_000, 3_000]);
 }
 
+/// `remote.log.copy.disable=true`: the archive is read but no longer
+/// written, and retention deletes segments without waiting for it.
 #[test]
 fn a_read_only_archive_is_served_and_no_longer_written() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -76,11 +76,14 @@ async fn list_topic(
     };
     let name = request.name.0.to_string();
     let partitions = request.partitions.into_iter().map(|p| {
-        let topic = match &topic {
-            Ok(_) if duplicated.contains(&(name.clone(), p.partition_index)) => {
-                Err(ResponseError::InvalidRequest.code())
-            }
-            other => other.clone(),
+        // Duplicates of a partition the client may describe, whether or
+        // not it exists (Kafka checks them before it looks).
+        let authorized =
+            !matches!(&topic, Err(code) if *code == ResponseError::TopicAuthorizationFailed.code());
+        let topic = if authorized && duplicated.contains(&(name.clone(), p.partition_index)) {
+            Err(ResponseError::InvalidRequest.code())
+        } else {
+            topic.clone()
         };
         list_partition(ctx, topic, p, version, committed)
     });

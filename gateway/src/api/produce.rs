@@ -246,13 +246,6 @@ async fn produce_topic(
                 || authorized(ctx, client, Operation::Create, ResourceType::Topic, &data.name));
         resolve_topic(ctx, &data.name, may_create).await
     };
-    // Invalid acks fail what would be appended: as in Kafka, a partition
-    // the client may not write, or of a topic that does not exist, keeps
-    // its own error.
-    let topic = match topic {
-        Ok(_) if !valid_acks => Err(ResponseError::InvalidRequiredAcks.code()),
-        other => other,
-    };
     let partitions = data.partition_data.into_iter().zip(turns).map(|(p, mut turn)| {
         let topic = topic.clone();
         async move {
@@ -268,6 +261,16 @@ async fn produce_topic(
                 Ok(topic) => topic,
                 Err(code) => return response.with_error_code(code),
             };
+            if !valid_acks {
+                // Invalid acks fail what would be appended: as in Kafka, a
+                // partition the client may not write, or that does not
+                // exist, keeps its own error.
+                let code = match ensure_partition(ctx, topic, p.index).await {
+                    Ok(_) => ResponseError::InvalidRequiredAcks.code(),
+                    Err(code) => code,
+                };
+                return response.with_error_code(code);
+            }
             // A request never waits past its timeout (0: no limit); a batch
             // that times out may still be stored, as with Kafka, and an
             // idempotent producer's retry is then deduplicated.
@@ -500,17 +503,22 @@ fn null_keys(topic: &Topic, partition: i32, batch: &Bytes) -> PartitionError {
 /// batch is INVALID_TIMESTAMP since one record's error is.
 fn keys_and_timestamps(keys: PartitionError, timestamps: PartitionError) -> PartitionError {
     let keyless: std::collections::HashSet<i32> = keys.record_errors.iter().map(|e| e.batch_index).collect();
+    let late: Vec<_> = timestamps
+        .record_errors
+        .into_iter()
+        .filter(|e| !keyless.contains(&e.batch_index))
+        .collect();
+    if late.is_empty() {
+        // Every record out of bounds has no key either: key errors only.
+        return keys;
+    }
     let mut record_errors = keys.record_errors;
-    record_errors.extend(
-        timestamps
-            .record_errors
-            .into_iter()
-            .filter(|e| !keyless.contains(&e.batch_index)),
-    );
+    record_errors.extend(late);
     record_errors.sort_by_key(|e| e.batch_index);
     PartitionError {
         record_errors,
-        ..timestamps
+        code: timestamps.code,
+        message: timestamps.message,
     }
 }
 

@@ -277,7 +277,9 @@ impl Coordinator {
             return true;
         };
         let Some(wanted) = self.inner.lock().get(group_id).map(|slot| slot.snapshot_write) else {
-            return true;
+            // Handed over (forgotten here) meanwhile: its snapshot is not
+            // written from here.
+            return false;
         };
         let mut done = writes.done.subscribe();
         let written = tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted)).await;
@@ -505,6 +507,11 @@ impl Coordinator {
             }
             kept
         });
+        if let Some(writes) = &self.inner.writes {
+            // A group forgotten here is not asked about here again.
+            let mut failed = writes.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            failed.retain(|id, _| groups.contains_key(id));
+        }
         before - groups.len()
     }
 }

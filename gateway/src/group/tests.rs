@@ -104,6 +104,26 @@ impl Harness {
     }
 
     /// Two dynamic members through join and sync: (leader, follower, generation).
+    /// Static members of instances "one" and "two", joined and synced
+    /// (assignments "1" and "2"): their join answers and the generation.
+    async fn stable_static_pair(&self) -> (JoinGroupResponse, JoinGroupResponse, i32) {
+        let joins = ["one", "two"].map(|instance| self.spawn_join(static_join("", instance), 9));
+        let [one, two] = joins;
+        let (one, two) = (one.await.unwrap(), two.await.unwrap());
+        let generation = one.generation_id;
+        let (leader, follower) = if one.member_id == one.leader {
+            (&one, &two)
+        } else {
+            (&two, &one)
+        };
+        let follower_sync = self.spawn_sync(sync_request(&follower.member_id, generation, &[]));
+        let assignments = [(&one.member_id, "1"), (&two.member_id, "2")];
+        self.sync(sync_request(&leader.member_id, generation, &assignments))
+            .await;
+        follower_sync.await.unwrap();
+        (one, two, generation)
+    }
+
     async fn stable_pair(&self) -> (StrBytes, StrBytes, i32) {
         let (a, b) = (self.member_id().await, self.member_id().await);
         let joins = [a, b].map(|id| self.spawn_join(join_request(&id, RANGE), 9));
@@ -298,20 +318,7 @@ async fn a_silent_member_is_removed_after_its_session_timeout() {
 #[tokio::test(start_paused = true)]
 async fn a_restarted_static_member_gets_its_assignment_without_a_rebalance() {
     let h = Harness::new();
-    let joins = ["one", "two"].map(|instance| h.spawn_join(static_join("", instance), 9));
-    let [one, two] = joins;
-    let (one, two) = (one.await.unwrap(), two.await.unwrap());
-    let generation = one.generation_id;
-    let (leader, follower) = if one.member_id == one.leader {
-        (&one, &two)
-    } else {
-        (&two, &one)
-    };
-    let follower_sync = h.spawn_sync(sync_request(&follower.member_id, generation, &[]));
-    let assignments = [(&one.member_id, "1"), (&two.member_id, "2")];
-    h.sync(sync_request(&leader.member_id, generation, &assignments))
-        .await;
-    follower_sync.await.unwrap();
+    let (one, two, generation) = h.stable_static_pair().await;
 
     // Instance "two" restarts: it forgot its member id.
     let restarted = h.join(static_join("", "two")).await;
@@ -736,21 +743,7 @@ async fn a_static_member_taking_over_is_answered_once_the_group_is_written() {
     let storage: Arc<dyn Storage> = memory.clone();
     let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let first = Harness::with_storage(storage.clone(), owning(&yes));
-    let joins = ["one", "two"].map(|instance| first.spawn_join(static_join("", instance), 9));
-    let [one, two] = joins;
-    let (one, two) = (one.await.unwrap(), two.await.unwrap());
-    let generation = one.generation_id;
-    let (leader, follower) = if one.member_id == one.leader {
-        (&one, &two)
-    } else {
-        (&two, &one)
-    };
-    let follower_sync = first.spawn_sync(sync_request(&follower.member_id, generation, &[]));
-    let assignments = [(&one.member_id, "1"), (&two.member_id, "2")];
-    first
-        .sync(sync_request(&leader.member_id, generation, &assignments))
-        .await;
-    follower_sync.await.unwrap();
+    let (_, _, generation) = first.stable_static_pair().await;
 
     // Instance "two" restarts while Redis refuses the group's snapshot.
     memory.refuse_group_stores(true);

@@ -211,6 +211,19 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
     if base_offset != 0 {
         return Err(BatchError::BaseOffset(base_offset));
     }
+    // A zstd frame with a window over 8 MiB takes a buffer of it to decode:
+    // a few such batches at a time (records.rs, ZSTD_WINDOW_LOG_LIMIT).
+    let _window = match header.compression()? {
+        Compression::Zstd if records::large_zstd_window(&bytes[HEADER_LEN..]) => {
+            Some(records::LargeWindow::take().ok_or_else(|| {
+                BatchError::Decompress(format!(
+                    "a zstd window over 8 MiB: {} such batches are being validated already; retry",
+                    records::LARGE_WINDOW_DECODES
+                ))
+            })?)
+        }
+        _ => None,
+    };
     // Uncompressed records are walked over the slice first; only a batch
     // that walk refuses goes through the general reader, for its error.
     let plain = header.compression()? == Compression::None;
@@ -896,6 +909,34 @@ pub(crate) mod tests {
         let b = Bytes::from(b);
         assert!(validate_produce_batch(&b).is_err());
         assert!(Records::of_batch(&b).is_err());
+    }
+
+    #[test]
+    fn produce_validation_decodes_a_few_large_zstd_windows_at_a_time() {
+        use std::io::Write;
+        let records: Vec<TestRecord> = (0..50)
+            .map(|i| (1_000 + i, Some(&b"k"[..]), Some(&b"value"[..])))
+            .collect();
+        // As a Java producer at compression.zstd.level 20 streams it: a
+        // 32 MiB window.
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 20).unwrap();
+        encoder.write_all(&records_body(&records)).unwrap();
+        let body = encoder.finish().unwrap();
+        let batch = Bytes::from(wrap(&body, 4, 50, 1_000, 1_049));
+        assert!(validate_produce_batch(&batch).is_ok());
+        // Every slot busy: refused as corrupt (the producer retries), while
+        // a stored batch's records are still read.
+        let held: Vec<_> = (0..records::LARGE_WINDOW_DECODES)
+            .map_while(|_| records::LargeWindow::take())
+            .collect();
+        assert_eq!(held.len(), records::LARGE_WINDOW_DECODES);
+        assert!(matches!(
+            validate_produce_batch(&batch),
+            Err(BatchError::Decompress(_))
+        ));
+        assert_eq!(all_records(&batch).unwrap().len(), 50);
+        drop(held);
+        assert!(validate_produce_batch(&batch).is_ok());
     }
 
     #[test]

@@ -25,19 +25,22 @@ const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 /// (window log 27), are decoded too: a Java producer at
 /// `compression.zstd.level` 20–22 (KIP-390) streams frames of unknown size
 /// whose windows are 32–128 MiB, and Kafka accepts them. The decoder takes
-/// a buffer of the window's size, so at most [`LARGE_WINDOW_DECODES`] run
-/// at once; a batch that finds them all busy is refused as corrupt, which
-/// the producer retries.
+/// a buffer of the window's size, so produce validation decodes at most
+/// [`LARGE_WINDOW_DECODES`] such batches at once ([`LargeWindow`]); a batch
+/// that finds them all busy is refused as corrupt, which the producer
+/// retries. Batches already stored (archiving, compaction, timestamp
+/// searches: a few tasks at a time) are never refused for it.
 const ZSTD_WINDOW_LOG_LIMIT: u32 = 27;
-/// How many large-window zstd decodes may run at once.
-const LARGE_WINDOW_DECODES: usize = 2;
+/// How many large-window zstd batches produce validation decodes at once.
+pub(crate) const LARGE_WINDOW_DECODES: usize = 2;
 static LARGE_WINDOWS_IN_USE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// One of the [`LARGE_WINDOW_DECODES`], held while its decoder lives.
-struct LargeWindow;
+/// One of the [`LARGE_WINDOW_DECODES`], held while a produced batch is
+/// validated.
+pub(crate) struct LargeWindow;
 
 impl LargeWindow {
-    fn take() -> Option<Self> {
+    pub(crate) fn take() -> Option<Self> {
         use std::sync::atomic::Ordering::AcqRel;
         LARGE_WINDOWS_IN_USE
             .fetch_update(AcqRel, std::sync::atomic::Ordering::Acquire, |n| {
@@ -54,22 +57,16 @@ impl Drop for LargeWindow {
     }
 }
 
-/// A reader that holds a [`LargeWindow`] as long as it lives.
-struct Holding<R> {
-    inner: R,
-    _window: LargeWindow,
-}
-
-impl<R: Read> Read for Holding<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.read(buf)
-    }
+/// Whether a zstd body's frame asks for a window over
+/// [`ZSTD_WINDOW_LOG_MAX`].
+pub(crate) fn large_zstd_window(body: &[u8]) -> bool {
+    zstd_window_log(body).is_some_and(|log| log > ZSTD_WINDOW_LOG_MAX)
 }
 
 /// The window log a zstd frame's header asks for (`None`: not a frame
 /// header this can read; the decoder then says what is wrong). Spec: RFC
 /// 8878, 3.1.1.1 (Frame_Header_Descriptor, Window_Descriptor).
-fn zstd_window_log(frame: &[u8]) -> Option<u32> {
+pub(crate) fn zstd_window_log(frame: &[u8]) -> Option<u32> {
     if frame.get(..4)? != [0x28, 0xb5, 0x2f, 0xfd] {
         return None;
     }
@@ -158,25 +155,14 @@ impl Input {
             // The frame decoder buffers a whole block itself.
             Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(body.reader())),
             Compression::Zstd => {
-                let large = zstd_window_log(&body).is_some_and(|log| log > ZSTD_WINDOW_LOG_MAX);
-                let mut decoder = zstd::stream::read::Decoder::with_buffer(body.reader()).map_err(err)?;
-                if large {
-                    let window = LargeWindow::take().ok_or_else(|| {
-                        BatchError::Decompress(format!(
-                            "a zstd window over {} MiB: {LARGE_WINDOW_DECODES} such batches are being \
-                             decoded already; retry",
-                            1 << (ZSTD_WINDOW_LOG_MAX - 20)
-                        ))
-                    })?;
-                    decoder.window_log_max(ZSTD_WINDOW_LOG_LIMIT).map_err(err)?;
-                    buffered(Box::new(Holding {
-                        inner: decoder,
-                        _window: window,
-                    }))
+                let limit = if large_zstd_window(&body) {
+                    ZSTD_WINDOW_LOG_LIMIT
                 } else {
-                    decoder.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(err)?;
-                    buffered(Box::new(decoder))
-                }
+                    ZSTD_WINDOW_LOG_MAX
+                };
+                let mut decoder = zstd::stream::read::Decoder::with_buffer(body.reader()).map_err(err)?;
+                decoder.window_log_max(limit).map_err(err)?;
+                buffered(Box::new(decoder))
             }
             Compression::Snappy => buffered(Box::new(SnappyReader::new(body).map_err(err)?)),
         };
@@ -769,19 +755,6 @@ mod tests {
         // A frame of known size asks for no more than it holds.
         let sized = zstd::bulk::compress(&body, 22).unwrap();
         assert!(zstd_window_log(&sized).is_some_and(|log| log <= ZSTD_WINDOW_LOG_MAX));
-        // All large-window decodes busy: refused (corrupt, retried), and
-        // taken again once one ends.
-        let frame = Bytes::from(streamed_zstd(&body, 20));
-        let held: Vec<LargeWindow> = (0..LARGE_WINDOW_DECODES)
-            .map_while(|_| LargeWindow::take())
-            .collect();
-        assert_eq!(held.len(), LARGE_WINDOW_DECODES);
-        assert!(matches!(
-            decompressed(Compression::Zstd, frame.clone()),
-            Err(BatchError::Decompress(_))
-        ));
-        drop(held);
-        assert!(decompressed(Compression::Zstd, frame).is_ok());
     }
 
     /// What the streaming decoder makes of `bytes` from `pos`.
