@@ -282,6 +282,15 @@ async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError>
     Ok(())
 }
 
+/// Whether offsets of group `group` may be committed in a transaction. An
+/// empty id (Kafka: INVALID_GROUP_ID), or one that starts with `}`: its
+/// keys' hash tag (`{<group>}`) would be empty, their slots in a Redis
+/// Cluster would differ, and the script that applies a transaction's
+/// offsets, which takes both, would fail at every finish of it.
+pub fn transactional_group(group: &str) -> bool {
+    !group.is_empty() && !group.starts_with('}')
+}
+
 /// The Kafka error for a storage failure in a coordinator API (the
 /// transaction APIs, and the group APIs' offsets). As Kafka's coordinators
 /// answer when their log write fails (`CoordinatorOperationExceptionHelper`),

@@ -64,7 +64,15 @@ impl Store {
             debug_assert!(!name.is_empty());
             script.arg(name).arg(crate::quotas::hash_change(value.as_deref()));
         }
-        let version: i64 = script.invoke_async(&mut self.conn()).await?;
+        // Waited for by acks=all's replicas, not failed without them.
+        let key = self.cluster_config_key("cluster");
+        let version: i64 = self
+            .invoke_configured(
+                &key,
+                &script,
+                |reply| matches!(reply, redis::Value::Int(n) if *n >= 0),
+            )
+            .await?;
         Ok(u64::try_from(version).ok())
     }
 }

@@ -69,15 +69,19 @@ impl Store {
 
     /// Stores a group's snapshot unless Redis holds one of a newer
     /// generation (written by a coordinator that ran the group later);
-    /// false when refused. With acks=all waiting for replicas (or fsync) a
-    /// stored snapshot is as durable as an acks=all batch before this
-    /// returns, as Kafka writes its group metadata with acks=all.
+    /// false when refused. Not waited for by replicas, even with acks=all
+    /// waiting for them: one task writes every group's snapshots in turn,
+    /// and replicas that do not answer would hold each up for
+    /// `storage.acks_all_timeout`. A snapshot a failover loses costs its
+    /// members a rebalance (docs/durability.md).
     pub async fn store_group(&self, group: &str, generation: i32, snapshot: &[u8]) -> Result<bool> {
-        let key = self.group_state_key(group);
-        let mut invocation = self.scripts.store_group.key(&key);
-        invocation.arg(generation).arg(snapshot);
         let stored: i64 = self
-            .invoke_durably(&key, &invocation, |reply| matches!(reply, redis::Value::Int(1)))
+            .scripts
+            .store_group
+            .key(self.group_state_key(group))
+            .arg(generation)
+            .arg(snapshot)
+            .invoke_async(&mut self.conn())
             .await?;
         Ok(stored == 1)
     }
@@ -125,7 +129,8 @@ impl Store {
         let key = self.group_offsets_key(group);
         let mut pipe = redis::pipe();
         pipe.hset_multiple(&key, &items).ignore();
-        self.query_durably(&key, &pipe).await
+        let () = self.query_durably(&key, &pipe).await?;
+        Ok(())
     }
 
     /// The committed offsets of `partitions` of one topic, in their order.

@@ -4,16 +4,22 @@
 //! DescribeProducers reports of it is decoded here, from either of its
 //! encodings (`scripts/producer_state.lua`).
 
-use redis::AsyncCommands;
-
 use crate::{Result, Store};
 
 impl Store {
-    /// A producer id no other producer of this Redis has had.
+    /// A producer id no other producer of this Redis has had. With acks=all
+    /// waiting for replicas (or fsync), the counter's step is as durable as
+    /// an acks=all batch before the id is handed out: in a cluster the
+    /// counter's master is not the partitions', so no append's `WAIT`
+    /// covers it, and a failover that took it back would give the id to a
+    /// second producer, whose batches could pass for the first's
+    /// duplicates.
     pub async fn new_producer_id(&self) -> Result<i64> {
         let key = format!("{}:producer-ids", self.keys.namespace());
+        let mut pipe = redis::pipe();
+        pipe.incr(&key, 1);
+        let (id,): (i64,) = self.query_durably(&key, &pipe).await?;
         // Ids start at 1000, clear of the small ids tests like to hard-code.
-        let id: i64 = self.conn().incr(key, 1).await?;
         Ok(id + 999)
     }
 }

@@ -83,7 +83,9 @@ impl Store {
                 .arg(format!("{}\n{}", change.entity, change.key))
                 .arg(hash_change(change.value.as_deref()));
         }
-        let version: i64 = script.invoke_async(&mut self.conn()).await?;
+        // Waited for by acks=all's replicas, not failed without them.
+        let key = self.quota_key("entities");
+        let version: i64 = self.invoke_configured(&key, &script, |_| true).await?;
         Ok(u64::try_from(version).unwrap_or_default())
     }
 }

@@ -45,24 +45,25 @@ impl Store {
     }
 
     /// Sets (creates or replaces) a user's credential for `mechanism`.
+    /// Like every change of security and quota settings, waited for by the
+    /// replicas acks=all waits for, but not failed without them
+    /// ([`Store::invoke_configured`]): a failover should not bring back a
+    /// credential or an ACL an operator removed.
     pub async fn set_scram_credential(&self, mechanism: &str, user: &str, credential: &str) -> Result<()> {
-        let _: i64 = self
-            .conn()
-            .hset(
-                self.security_key("users"),
-                format!("{mechanism}:{user}"),
-                credential,
-            )
-            .await?;
+        let key = self.security_key("users");
+        let mut pipe = redis::pipe();
+        pipe.hset(&key, format!("{mechanism}:{user}"), credential)
+            .ignore();
+        let () = self.query_configured(&key, &pipe).await?;
         Ok(())
     }
 
     /// Deletes a user's credential for `mechanism`; false if there was none.
     pub async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool> {
-        let removed: i64 = self
-            .conn()
-            .hdel(self.security_key("users"), format!("{mechanism}:{user}"))
-            .await?;
+        let key = self.security_key("users");
+        let mut pipe = redis::pipe();
+        pipe.hdel(&key, format!("{mechanism}:{user}"));
+        let (removed,): (i64,) = self.query_configured(&key, &pipe).await?;
         Ok(removed > 0)
     }
 
@@ -137,15 +138,19 @@ impl Store {
         if bindings.is_empty() {
             return Ok(0);
         }
-        let changed: i64 = self
-            .scripts
-            .change_acls
-            .key(self.security_key("acls"))
+        let acls = self.security_key("acls");
+        let mut script = self.scripts.change_acls.key(&acls);
+        script
             .key(self.security_key("version"))
             .arg(op)
             .arg(self.acl_channel())
-            .arg(bindings)
-            .invoke_async(&mut self.conn())
+            .arg(bindings);
+        let changed: i64 = self
+            .invoke_configured(
+                &acls,
+                &script,
+                |reply| matches!(reply, redis::Value::Int(n) if *n > 0),
+            )
             .await?;
         Ok(changed.max(0) as usize)
     }

@@ -272,7 +272,7 @@ impl Store {
     /// outcome. In cluster mode a master that lost the slot refuses the
     /// script unrun (MOVED): it goes to the new master, as appends do
     /// ([`Store::retry_after`]).
-    async fn invoke_unconfirmed(
+    pub(crate) async fn invoke_unconfirmed(
         &self,
         key: &str,
         invocation: &redis::ScriptInvocation<'_>,
@@ -312,21 +312,36 @@ impl Store {
     /// acks=all batch when acks=all waits for replicas (or fsync): on a
     /// connection of the durable pool, then WAITed there, following a moved
     /// slot as appends do. Otherwise on the shared connection.
-    pub(crate) async fn query_durably(&self, key: &str, pipe: &redis::Pipeline) -> Result<()> {
+    pub(crate) async fn query_durably<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        let (reply, confirmed) = self.query_unconfirmed(key, pipe).await?;
+        confirmed.map(|()| reply)
+    }
+
+    /// [`Store::query_durably`]'s reply, and apart from it the WAIT's
+    /// outcome.
+    pub(crate) async fn query_unconfirmed<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<(T, Result<()>)> {
         if !self.durability.waits() {
-            return Ok(pipe.query_async(&mut self.conn()).await?);
+            return Ok((pipe.query_async(&mut self.conn()).await?, Ok(())));
         }
         let mut attempt = 0;
         loop {
             let durable = self.durable.get(key).await?;
             let mut conn = durable.conn();
-            match pipe.query_async::<()>(&mut conn).await {
-                Ok(()) => {
+            match pipe.query_async::<T>(&mut conn).await {
+                Ok(reply) => {
                     let confirmed = self.wait_durable(conn).await;
                     if let Err(StorageError::Unavailable(_)) = &confirmed {
                         self.refresh_slot_map().await;
                     }
-                    return confirmed;
+                    return Ok((reply, confirmed));
                 }
                 Err(e) => {
                     drop(durable);
@@ -337,6 +352,38 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// A change of what clients and operators configure (a topic's record
+    /// and metadata, credentials, ACLs, quotas, cluster-wide configs),
+    /// made as [`Store::invoke_durably`] makes it but not failed when the
+    /// replicas do not confirm it: as Kafka's controller quorum is apart
+    /// from its data replicas, these stay available while replicas are
+    /// down (the change stands, unconfirmed, and is logged).
+    pub(crate) async fn invoke_configured<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        invocation: &redis::ScriptInvocation<'_>,
+        wrote: fn(&Value) -> bool,
+    ) -> Result<T> {
+        let (reply, confirmed) = self.invoke_unconfirmed(key, invocation, wrote).await?;
+        if let Err(e) = confirmed {
+            tracing::warn!(%key, error = %e, "a configuration change is not confirmed by Redis replicas");
+        }
+        redis::from_redis_value(reply).map_err(|e| StorageError::Data(format!("script reply: {e}")))
+    }
+
+    /// [`Store::invoke_configured`] for a pipeline.
+    pub(crate) async fn query_configured<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        let (reply, confirmed) = self.query_unconfirmed(key, pipe).await?;
+        if let Err(e) = confirmed {
+            tracing::warn!(%key, error = %e, "a configuration change is not confirmed by Redis replicas");
+        }
+        Ok(reply)
     }
 
     /// InitProducerId for a transactional id (see `scripts/txn.lua`):
@@ -503,15 +550,16 @@ impl Store {
         self.zadd_index(id, due_ms as f64, &["XX", "LT"]).await
     }
 
-    /// ZADD of `id` to `ketch:transactions` with `flags` (NX, XX, LT).
+    /// ZADD of `id` to `ketch:transactions` with `flags` (NX, XX, LT). As
+    /// durable as an acks=all batch when acks=all waits: the sweeper finds
+    /// what to abort or finish only through this index, and in a cluster
+    /// its master is not the transaction state's, so a failover could take
+    /// an open transaction's deadline back and leave it open for ever.
     async fn zadd_index(&self, id: &str, score: f64, flags: &[&str]) -> Result<()> {
-        let _: i64 = redis::cmd("ZADD")
-            .arg(self.txn_index_key())
-            .arg(flags)
-            .arg(score)
-            .arg(id)
-            .query_async(&mut self.conn())
-            .await?;
+        let key = self.txn_index_key();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD").arg(&key).arg(flags).arg(score).arg(id).ignore();
+        let () = self.query_durably(&key, &pipe).await?;
         Ok(())
     }
 

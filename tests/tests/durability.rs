@@ -122,9 +122,12 @@ fn acks_all_with_a_frozen_replica_fails_retriably_for_small_large_and_duplicate_
 /// With acks=all waiting for a replica, an offset commit waits for it too
 /// (Kafka appends commits to its offsets topic with acks=all): a frozen
 /// replica makes the commit COORDINATOR_NOT_AVAILABLE, which consumers
-/// retry, rather than acknowledged and then lost to a failover.
+/// retry, rather than acknowledged and then lost to a failover. So does a
+/// producer id (a second producer must never get it): in a Redis Cluster
+/// its counter's master is not the partitions', so no append's WAIT covers
+/// it.
 #[test]
-fn offset_commits_wait_for_the_replica_too() {
+fn offset_commits_and_producer_ids_wait_for_the_replica_too() {
     const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     let (_primary, replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=300ms"]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
@@ -153,9 +156,15 @@ fn offset_commits_wait_for_the_replica_too() {
         "answered after {:?}, before the acks_all timeout",
         started.elapsed()
     );
+    let init = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    assert_eq!(conn.request(4, &init).error_code, COORDINATOR_NOT_AVAILABLE);
     drop(frozen);
     replica.wait_for_replication("master_link_status:up");
     assert_eq!(commit(&mut conn, 7), code::NONE);
+    assert_eq!(conn.request(4, &init).error_code, code::NONE);
 }
 
 #[test]

@@ -1120,6 +1120,22 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         })
         .collect();
     let txn_id = |id: &str| TransactionalId(StrBytes::from_string(id.to_owned()));
+    // An empty group id is INVALID_GROUP_ID, as in Kafka; so is one that
+    // starts with '}' (its keys' hash tag would be empty, and a Redis
+    // Cluster would put them in different slots).
+    const INVALID_GROUP_ID: i16 = 24;
+    for bad in ["", "}braced"] {
+        let (id, pid, epoch) = &producers[0];
+        let added: AddOffsetsToTxnResponse = conn.request(
+            3,
+            &AddOffsetsToTxnRequest::default()
+                .with_transactional_id(txn_id(id))
+                .with_producer_id(ProducerId(*pid))
+                .with_producer_epoch(*epoch)
+                .with_group_id(GroupId(StrBytes::from_static_str(bad))),
+        );
+        assert_eq!(added.error_code, INVALID_GROUP_ID, "{bad:?}");
+    }
     // (error, offset) of partition 0, asked by name or (all) with every
     // partition the group has.
     let fetch = |conn: &mut KafkaConn, stable: bool, all: bool| {

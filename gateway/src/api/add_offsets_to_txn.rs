@@ -31,6 +31,9 @@ pub async fn handle(
     ) {
         return response.with_error_code(ResponseError::GroupAuthorizationFailed.code());
     }
+    if !crate::transactions::transactional_group(&request.group_id) {
+        return response.with_error_code(ResponseError::InvalidGroupId.code());
+    }
     let groups = serde_json::json!([request.group_id.0.as_str()]);
     let producer = (request.producer_id.0, request.producer_epoch);
     // The previous transaction, answered but still being finished by this

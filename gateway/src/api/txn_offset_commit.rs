@@ -117,6 +117,9 @@ async fn check(
     request: &TxnOffsetCommitRequest,
     group: &str,
 ) -> Result<(), i16> {
+    if !crate::transactions::transactional_group(group) {
+        return Err(ResponseError::InvalidGroupId.code());
+    }
     if header.request_api_version >= 3 && (request.generation_id >= 0 || !request.member_id.is_empty()) {
         ctx.groups
             .validate_offset_commit(
