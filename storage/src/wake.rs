@@ -322,7 +322,9 @@ impl Drop for Appending<'_> {
             return;
         }
         let mut state = self.hub.inner.state.lock().expect("wake state lock");
-        let untold = !self.told && state.channels.get(self.name).is_some_and(|c| c.subscribed);
+        // Subscribed or about to be (fetches watch it): a read under the
+        // subscription could come before the append lands as well.
+        let untold = !self.told && state.channels.contains_key(self.name);
         if untold {
             // The append may still land after a read that these waiters
             // make now (a connection replaced, or acks=all's own): what

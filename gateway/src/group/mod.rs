@@ -430,10 +430,21 @@ impl Coordinator {
     }
 
     /// Brings a group this gateway coordinates in from its snapshot, as a
-    /// request for it would: whether it is in memory now.
+    /// request for it would, if it has members to expire: whether it is in
+    /// memory now. An Empty one is left out (its offsets' retention runs in
+    /// Redis already; a request loads it when one comes), so a gateway
+    /// does not hold every idle group it coordinates.
     pub async fn adopt(&self, group_id: &str) -> Result<bool, ResponseError> {
         self.load(group_id).await?;
-        Ok(self.in_memory(group_id))
+        let mut groups = self.inner.lock();
+        let empty = groups
+            .get(group_id.as_bytes())
+            .is_some_and(|slot| slot.group.state() == State::Empty);
+        if empty && let Some(slot) = groups.remove(group_id.as_bytes()) {
+            slot.timers.notify_one();
+            return Ok(false);
+        }
+        Ok(groups.contains_key(group_id.as_bytes()))
     }
 
     /// Brings a group this gateway does not have in memory in from its
