@@ -322,7 +322,9 @@ impl Store {
     }
 
     /// [`Store::query_durably`]'s reply, and apart from it the WAIT's
-    /// outcome.
+    /// outcome. The loop of [`Store::invoke_unconfirmed`] for a pipeline
+    /// (one generic over an async closure makes the callers' futures lose
+    /// `Send`).
     pub(crate) async fn query_unconfirmed<T: redis::FromRedisValue>(
         &self,
         key: &str,
@@ -354,8 +356,8 @@ impl Store {
         }
     }
 
-    /// A change of what clients and operators configure (a topic's record
-    /// and metadata, credentials, ACLs, quotas, cluster-wide configs),
+    /// A change of what operators configure (credentials, ACLs, quotas,
+    /// cluster-wide configs),
     /// made as [`Store::invoke_durably`] makes it but not failed when the
     /// replicas do not confirm it: as Kafka's controller quorum is apart
     /// from its data replicas, these stay available while replicas are
