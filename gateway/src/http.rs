@@ -412,11 +412,7 @@ async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, nex
     if !http.auth || reading && http.open_paths.iter().any(|p| p == request.uri().path()) {
         return next.run(request).await;
     }
-    let credentials = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let credentials = header_text(&request, header::AUTHORIZATION);
     let principal = match credentials.as_deref().and_then(|c| c.split_once(' ')) {
         Some((scheme, basic)) if scheme.eq_ignore_ascii_case("basic") => {
             let decoded = base64::engine::general_purpose::STANDARD

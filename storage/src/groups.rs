@@ -123,12 +123,17 @@ impl Store {
                 (field(topic, *partition), json)
             })
             .collect();
-        // The group is listed first (its key is in another slot), so a
-        // listing never misses a group with offsets.
-        self.note_group(group).await?;
         let key = self.group_offsets_key(group);
         let mut pipe = redis::pipe();
         pipe.hset_multiple(&key, &items).ignore();
+        if !self.durability.waits() {
+            // One round trip (split per slot in a cluster).
+            pipe.sadd(self.groups_key(), group).ignore();
+            return Ok(pipe.query_async(&mut self.conn()).await?);
+        }
+        // The durable write is of the offsets' key alone (its master's
+        // WAIT): the group is listed before, on its own.
+        self.note_group(group).await?;
         let () = self.query_durably(&key, &pipe).await?;
         Ok(())
     }

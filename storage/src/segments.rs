@@ -273,7 +273,7 @@ impl Store {
     }
 
     /// Runs `scripts/lease.lua` on `lease`: `op` is take, renew or release.
-    async fn lease_op(&self, lease: &str, worker: &str, ttl: Duration, op: &str) -> Result<bool> {
+    pub(crate) async fn lease_op(&self, lease: &str, worker: &str, ttl: Duration, op: &str) -> Result<bool> {
         let held: i64 = self
             .scripts
             .lease

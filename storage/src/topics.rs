@@ -161,7 +161,7 @@ pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
 /// removal (a config change through another gateway) before one gives up.
 const MAX_DELETE_ATTEMPTS: usize = 3;
 /// How long a partition growth's lock outlives a gateway that died holding it.
-const GROWTH_LOCK_MS: u64 = 30_000;
+const GROWTH_LOCK: Duration = Duration::from_secs(30);
 /// How long a growth waits for another's lock before it gives up (a
 /// retriable error).
 const GROWTH_LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -376,19 +376,9 @@ impl Store {
         let lock = format!("{}:lock:partitions:{}", self.keys.namespace(), topic.id);
         let token = uuid::Uuid::new_v4().to_string();
         let waiting = tokio::time::Instant::now();
-        loop {
-            let taken = redis::cmd("SET")
-                .arg(&lock)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(GROWTH_LOCK_MS)
-                .query_async::<Option<String>>(&mut self.conn())
-                .await?
-                .is_some();
-            if taken {
-                break;
-            }
+        // The lease script of the storage workers' leases, held by a token
+        // of this growth's own.
+        while !self.lease_op(&lock, &token, GROWTH_LOCK, "take").await? {
             // Another growth holds it (placing many partitions can take a
             // while): wait for it, then read the topic it changed.
             if waiting.elapsed() >= GROWTH_LOCK_WAIT {
@@ -400,15 +390,8 @@ impl Store {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let grown = self.add_partitions_locked(topic, total).await;
-        let released: redis::RedisResult<i64> = redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-        )
-        .key(&lock)
-        .arg(&token)
-        .invoke_async(&mut self.conn())
-        .await;
-        if let Err(e) = released {
-            // It expires after GROWTH_LOCK_MS.
+        if let Err(e) = self.lease_op(&lock, &token, Duration::ZERO, "release").await {
+            // It expires after GROWTH_LOCK.
             tracing::debug!(topic = %topic.name, error = %e, "cannot release the partition growth lock");
         }
         grown

@@ -93,8 +93,8 @@ pub struct Turns(HashMap<PartitionKey, Turn>);
 
 impl Sequencer {
     /// Takes the turns of `request`; call in the order requests arrive.
-    /// A partition named twice in one request gets one turn (its second
-    /// entry is dropped by [`handle`]).
+    /// A partition named twice in one request gets one turn (its earlier
+    /// entries are dropped by [`handle`]).
     pub fn turns(&mut self, request: &ProduceRequest) -> Turns {
         // Appends that finished need not be remembered.
         self.previous.retain(|_, previous| {
@@ -159,13 +159,19 @@ pub async fn handle(
     // named twice is produced (and answered) once, with its last entry (a
     // later entry replaces an earlier one in `handleProduceRequest`'s map).
     // The name is hashed once per topic entry, not per partition.
+    // Entries are counted only when the turns (one per partition) say a
+    // partition is named twice: rare, and not worth a pass over every
+    // request.
     let mut entries: HashMap<PartitionKey, usize> = HashMap::new();
-    for data in &request.topic_data {
-        let topic_key = topic_key(data);
-        for partition in &data.partition_data {
-            *entries
-                .entry(partition_key(topic_key, partition.index))
-                .or_default() += 1;
+    let named: usize = request.topic_data.iter().map(|t| t.partition_data.len()).sum();
+    if named > turns.0.len() {
+        for data in &request.topic_data {
+            let topic_key = topic_key(data);
+            for partition in &data.partition_data {
+                *entries
+                    .entry(partition_key(topic_key, partition.index))
+                    .or_default() += 1;
+            }
         }
     }
     let topics = request.topic_data.into_iter().filter_map(|mut data| {

@@ -2,7 +2,8 @@
 -- partition's storage-worker lease (ketch:{TAG}:lease) or its archiving
 -- registration (ketch:{TAG}:archiving: held while the worker may write the
 -- partition to the topic's Iceberg table; a purge of the table waits until
--- no partition has one, docs/architecture.md §7).
+-- no partition has one, docs/architecture.md §7), or a topic's partition
+-- growth lock (ketch:lock:partitions:<topic id>, held by one growth's token).
 --
 -- KEYS[1] the lease   string: the holder's worker id, with a TTL
 -- ARGV[1] this worker's id
