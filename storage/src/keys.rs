@@ -24,6 +24,14 @@ impl Keys {
         format!("{}:topics", self.ns)
     }
 
+    /// Hash: topic id → a topic deletion begun and not yet known finished
+    /// ([`crate::topics::UnfinishedDelete`]). Its hash tag is the name of
+    /// [`Keys::topics`], so in a Redis Cluster both are in one slot and one
+    /// script moves a record from one to the other.
+    pub fn topics_deleting(&self) -> String {
+        format!("{{{}:topics}}:deleting", self.ns)
+    }
+
     pub fn partition(&self, tag: &str) -> PartitionKeys {
         let key = |name: &str| format!("{}:{{{tag}}}:{name}", self.ns);
         PartitionKeys {

@@ -133,6 +133,17 @@ impl Topic {
 
 /// Kafka's rules for topic names: 1–249 characters of `[a-zA-Z0-9._-]`, not
 /// `.` or `..`.
+/// A topic deletion begun (the record moved from `ketch:topics` to
+/// [`Keys::topics_deleting`]) and not yet known finished.
+#[derive(Debug, Serialize, Deserialize)]
+struct UnfinishedDelete {
+    name: String,
+    /// The topic's record as it was stored.
+    record: String,
+    /// When the deletion began (Unix ms).
+    since_ms: i64,
+}
+
 pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() {
         return Err("Topic name is empty".to_owned());
@@ -340,25 +351,82 @@ impl Store {
             if id.is_some_and(|id| topic.id != id) {
                 return Err(StorageError::UnknownTopicOrPartition);
             }
+            let entry = UnfinishedDelete {
+                name: name.to_owned(),
+                record: stored.clone(),
+                since_ms: crate::now_ms(),
+            };
             let removed: i32 = self
                 .scripts
                 .replace_topic
                 .key(self.keys.topics())
+                .key(self.keys.topics_deleting())
                 .arg(name)
                 .arg(&stored)
                 .arg("")
+                .arg(topic.id.to_string())
+                .arg(serde_json::to_string(&entry).expect("a deletion entry serializes"))
                 .invoke_async(&mut self.conn())
                 .await?;
             self.topics.forget(name);
             if removed == 1 {
-                self.drop_partitions(&topic, 0).await?;
-                self.drop_topic_offsets(name, topic.partitions()).await?;
+                self.finish_delete(&topic, true).await?;
                 return Ok(Arc::new(topic));
             }
         }
         Err(StorageError::Conflict(format!(
             "topic {name} kept changing under {MAX_DELETE_ATTEMPTS} deletes"
         )))
+    }
+
+    /// Removes a deleted topic's partitions' keys, then (with `offsets`)
+    /// the groups' offsets of its partitions, then its entry among the
+    /// unfinished deletions. Each step may be done again: a deletion cut
+    /// short (Redis failed, the gateway died) is finished by
+    /// [`Store::finish_deletes`].
+    async fn finish_delete(&self, topic: &Topic, offsets: bool) -> Result<()> {
+        self.drop_partitions(topic, 0).await?;
+        if offsets {
+            self.drop_topic_offsets(&topic.name, topic.partitions()).await?;
+        }
+        let _: i64 = self
+            .conn()
+            .hdel(self.keys.topics_deleting(), topic.id.to_string())
+            .await?;
+        Ok(())
+    }
+
+    /// Finishes the topic deletions begun at least `after` ago and not
+    /// known finished (the gateway deleting it failed between removing the
+    /// record and removing the rest), of the topics `mine` picks (the
+    /// storage worker takes those whose first partition it leads, so one
+    /// gateway does each). A topic re-created under the name meanwhile
+    /// keeps the groups' offsets: they may be its own by now. Returns how
+    /// many it finished.
+    pub async fn finish_deletes(&self, after: Duration, mine: impl Fn(&Topic) -> bool) -> Result<usize> {
+        let entries: HashMap<String, String> = self.conn().hgetall(self.keys.topics_deleting()).await?;
+        let mut finished = 0;
+        for (id, json) in entries {
+            let topic = serde_json::from_str::<UnfinishedDelete>(&json)
+                .map_err(|e| StorageError::Data(e.to_string()))
+                .and_then(|entry| Ok((entry.since_ms, Topic::decode(&entry.name, &entry.record)?)));
+            let (since_ms, topic) = match topic {
+                Ok((since_ms, topic)) => (since_ms, topic.with_keys(&self.keys)),
+                Err(e) => {
+                    tracing::warn!(id, error = %e, "an unfinished topic deletion cannot be read; left as it is");
+                    continue;
+                }
+            };
+            let age = u64::try_from(crate::now_ms().saturating_sub(since_ms)).unwrap_or(0);
+            if Duration::from_millis(age) < after || !mine(&topic) {
+                continue;
+            }
+            let recreated = self.topic_fresh(&topic.name).await?.is_some();
+            self.finish_delete(&topic, !recreated).await?;
+            tracing::info!(topic = %topic.name, %id, "finished a topic deletion cut short");
+            finished += 1;
+        }
+        Ok(finished)
     }
 
     /// Grows a topic to `total` partitions.

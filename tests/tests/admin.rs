@@ -373,3 +373,123 @@ fn deleting_a_topic_removes_every_key_of_its_partitions() {
         assert_eq!(keys_of(tag), Vec::<String>::new(), "keys left behind for {tag}");
     }
 }
+
+/// A DeleteTopics cut short after the topic's record was removed (Redis
+/// failed, the gateway died) is finished by the storage worker: the
+/// partitions' keys and the groups' offsets of the topic go, and so does
+/// the deletion's entry. The cut is made by hand here, as the first step
+/// of a deletion leaves it (`add_partitions.lua`'s removal).
+#[test]
+fn a_topic_deletion_cut_short_is_finished_by_the_storage_worker() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "topics.auto_create=false",
+            "--set",
+            "tiering.tick_interval=100ms",
+        ],
+    );
+    let rt = runtime();
+    let topic = unique_topic("cut-short");
+    let group = unique_topic("cut-short-group");
+    ketch.create_topic(&rt, &topic, 2);
+    let tags = redis.topic_tags(&topic);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for partition in 0..2 {
+        let batch = batch::encode(&[Record::value(batch::at(0), b"v")]);
+        assert_eq!(raw::produce(&mut conn, &topic, partition, batch).0, code::NONE);
+        let commit = raw::offset_commit_request(&group, "", -1, &topic, partition, 1);
+        let response = conn.request(8, &commit);
+        assert_eq!(response.topics[0].partitions[0].error_code, code::NONE);
+    }
+    let offsets_key = format!("ketch:group:{{{group}}}:offsets");
+    let offsets = |redis: &TestRedis| -> i64 {
+        redis::cmd("HLEN")
+            .arg(&offsets_key)
+            .query(&mut redis.connection())
+            .expect("HLEN")
+    };
+    assert_eq!(offsets(&redis), 2);
+
+    // What the first step of a deletion leaves, begun a minute ago.
+    let mut r = redis.connection();
+    let record: String = redis::cmd("HGET")
+        .arg("ketch:topics")
+        .arg(&topic)
+        .query(&mut r)
+        .unwrap();
+    let id = serde_json::from_str::<serde_json::Value>(&record).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let entry = serde_json::json!({
+        "name": topic,
+        "record": record,
+        "since_ms": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            - 60_000,
+    });
+    let () = redis::cmd("HDEL")
+        .arg("ketch:topics")
+        .arg(&topic)
+        .query(&mut r)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg("{ketch:topics}:deleting")
+        .arg(&id)
+        .arg(entry.to_string())
+        .query(&mut r)
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: i64 = redis::cmd("HLEN")
+            .arg("{ketch:topics}:deleting")
+            .query(&mut r)
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deletion was never finished"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (partition, tag) in tags.iter().enumerate() {
+        for name in ["log", "meta", "producers"] {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(format!("ketch:{{{tag}}}:{name}"))
+                .query(&mut r)
+                .unwrap();
+            assert!(!exists, "partition {partition}'s {name} key was left behind");
+        }
+    }
+    assert_eq!(
+        offsets(&redis),
+        0,
+        "the group's offsets of the deleted topic were kept"
+    );
+}
+
+/// A DeleteTopics that is not cut short leaves no unfinished entry.
+#[test]
+fn a_finished_topic_deletion_leaves_no_entry() {
+    let (redis, ketch) = start();
+    let rt = runtime();
+    let topic = unique_topic("finished");
+    ketch.create_topic(&rt, &topic, 3);
+    let results = rt
+        .block_on(ketch.admin().delete_topics(&[&topic], &admin_options()))
+        .expect("DeleteTopics");
+    assert_eq!(results, vec![Ok(topic.clone())]);
+    let left: i64 = redis::cmd("HLEN")
+        .arg("{ketch:topics}:deleting")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(left, 0);
+}

@@ -90,6 +90,10 @@ impl From<Error> for StorageError {
     }
 }
 
+/// How old a topic deletion not known finished must be before a storage
+/// worker finishes it: the gateway that began it has had time to.
+const UNFINISHED_DELETE_AFTER: Duration = Duration::from_secs(30);
+
 /// Which partitions this gateway leads.
 pub type Leads = Arc<dyn Fn(&Topic, i32) -> bool + Send + Sync>;
 
@@ -245,6 +249,15 @@ impl Worker {
                 return;
             }
         };
+        // Topic deletions cut short, by the gateway that leads the deleted
+        // topic's first partition.
+        if let Err(e) = self
+            .store
+            .finish_deletes(UNFINISHED_DELETE_AFTER, |topic| leads(topic, 0))
+            .await
+        {
+            tracing::warn!(error = %e, "storage worker: cannot finish topic deletions cut short");
+        }
         let previous = std::mem::take(&mut *self.leased.lock().expect("leased"));
         let mut leased = HashMap::new();
         for topic in &topics {

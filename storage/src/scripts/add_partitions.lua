@@ -4,9 +4,13 @@
 -- under a new id, is not deleted).
 --
 -- KEYS[1] ketch:topics
+-- KEYS[2] (a removal only) {ketch:topics}:deleting, where the removed
+--         record is kept until the partitions' keys and offsets are gone
 -- ARGV[1] topic name
 -- ARGV[2] the record the caller read
 -- ARGV[3] the new record, or '' to remove it
+-- ARGV[4] (a removal only) the topic id
+-- ARGV[5] (a removal only) the deletion's entry in KEYS[2]
 --
 -- Reply: 1 when replaced (removed), 0 when the record changed or vanished
 -- meanwhile.
@@ -15,6 +19,9 @@ if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
 end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])
+  if KEYS[2] then
+    redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+  end
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 end
