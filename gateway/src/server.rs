@@ -408,6 +408,14 @@ where
                  sasl.connections_max_reauth)"
                     .to_owned(),
             )),
+            // Kafka serves no request of a listener before its authorizer
+            // has loaded the ACLs; answering one would refuse it with an
+            // authorization error, fatal to clients (or list no topics).
+            // A closed connection is retried.
+            _ if !ctx.security.acls.ready_for(&session.principal()) => Some(Outcome::Close(
+                None,
+                "the ACLs are not loaded yet (Redis unreachable since this gateway started?)".to_owned(),
+            )),
             _ => None,
         };
         if let Some(outcome) = outcome {

@@ -169,3 +169,61 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
     assert_eq!(got[0], "first");
     assert_eq!(got[1..], values[..]);
 }
+
+/// With ACLs on, a gateway that has not read them yet (Redis down since it
+/// started) serves no request: it closes the connection, which clients
+/// retry, where an authorization error would be fatal to them (Kafka's
+/// listeners wait for the authorizer's first load). Once Redis is up, the
+/// same requests are served.
+#[test]
+fn a_gateway_that_has_not_read_the_acls_serves_nothing() {
+    let mut redis = RedisServer::reserve();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "acl.enabled=true",
+            "--set",
+            "acl.allow_everyone_if_no_acl_found=true",
+        ],
+    );
+    let topic = unique_topic("acl-unread");
+    let metadata = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(raw::topic_name(&topic))),
+        ]))
+        .with_allow_auto_topic_creation(true);
+    // ApiVersions is served (clients send it first, and it needs no ACL).
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let versions = conn.request(2, &kafka_protocol::messages::ApiVersionsRequest::default());
+    assert_eq!(versions.error_code, 0);
+    conn.send(9, &metadata);
+    conn.assert_closed();
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    conn.send(12, &MetadataRequest::default().with_topics(None));
+    conn.assert_closed();
+
+    redis.start_again();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        conn.send(9, &metadata);
+        // Answered, or closed.
+        if conn.read_frame().is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "requests still refused 30 s after Redis started"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let (error, offset) = raw::produce(
+        &mut conn,
+        &topic,
+        0,
+        batch::encode(&[Record::value(batch::at(1), b"after")]),
+    );
+    assert_eq!((error, offset), (code::NONE, 0));
+}

@@ -755,3 +755,34 @@ fn delete_topics_takes_the_clusters_delete_and_metadata_hides_cluster_operations
         "DELETE on the cluster deletes any topic"
     );
 }
+
+/// A DeleteTopics by name needs DESCRIBE on the topic as well as DELETE: a
+/// DENY of DESCRIBE keeps the topic, as Kafka's controller checks it first.
+#[test]
+fn delete_topics_by_name_is_refused_without_describe() {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    use kafka_protocol::messages::{DeleteTopicsRequest, DeleteTopicsResponse};
+    const DELETE: i8 = 6;
+    let (redis, ketch, mut admin) = admin_and_alice();
+    let topic = unique_topic("undescribed");
+    assert_eq!(ketch_tests::raw::create_topic(&mut admin, &topic, 1), 0);
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(TOPIC, &topic, "User:alice", DELETE),
+            acl(TOPIC, &topic, "User:alice", DESCRIBE).with_permission_type(2),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let response: DeleteTopicsResponse = alice.request(
+        6,
+        &DeleteTopicsRequest::default()
+            .with_topics(vec![
+                DeleteTopicState::default().with_name(Some(ketch_tests::raw::topic_name(&topic))),
+            ])
+            .with_timeout_ms(10_000),
+    );
+    assert_eq!(response.responses[0].error_code, 29, "TOPIC_AUTHORIZATION_FAILED");
+    assert!(redis.topic_exists(&topic), "the topic was deleted");
+}

@@ -221,9 +221,8 @@ pub async fn delete(ctx: &Context, client: &Client, request: DeleteAclsRequest) 
 /// Reads the ACLs from Redis into this gateway's authorizer (logged on
 /// failure: the gateway keeps what it had, and the watcher tries again).
 pub async fn reload(ctx: &Context) {
-    match ctx.storage.acls().await {
-        Ok((version, bindings)) => ctx.security.acls.replace(version, &bindings),
-        Err(e) => tracing::warn!(error = %e, "cannot read the ACLs"),
+    if let Err(e) = ctx.security.acls.load(ctx.storage.acls()).await {
+        tracing::warn!(error = %e, "cannot read the ACLs");
     }
 }
 
@@ -238,9 +237,8 @@ pub async fn keep_current(ctx: std::sync::Arc<Context>) {
         held: |ctx| ctx.security.acls.version(),
         load: |ctx| {
             Box::pin(async move {
-                let (version, bindings) = ctx.storage.acls().await?;
-                ctx.security.acls.replace(version, &bindings);
-                Ok(format!("{} bindings, version {version}", bindings.len()))
+                let (version, bindings) = ctx.security.acls.load(ctx.storage.acls()).await?;
+                Ok(format!("{bindings} bindings, version {version}"))
             })
         },
         tick: |_| {},

@@ -83,6 +83,15 @@ async fn delete(
             ));
         }
     };
+    // By name, a topic the client may not describe is refused whatever
+    // else it may do (Kafka's controller checks DESCRIBE first; DELETE
+    // implies it, but a DENY of DESCRIBE wins).
+    if !on_cluster && !by_id && !authorized(ctx, client, Operation::Describe, ResourceType::Topic, &name) {
+        return Err(Failure::new(
+            ResponseError::TopicAuthorizationFailed,
+            "Authorization failed.",
+        ));
+    }
     if !on_cluster && !authorized(ctx, client, Operation::Delete, ResourceType::Topic, &name) {
         // A client that may describe the topic is told it does not exist,
         // as Kafka tells it.

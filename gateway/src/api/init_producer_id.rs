@@ -27,10 +27,7 @@ pub async fn handle(
     let response = InitProducerIdResponse::default()
         .with_producer_id(ProducerId(-1))
         .with_producer_epoch(-1);
-    // KIP-360: a producer id and epoch come together or not at all.
-    if (request.producer_id.0 < 0) != (request.producer_epoch < 0) {
-        return response.with_error_code(ResponseError::InvalidRequest.code());
-    }
+    // Authorization first, then the request's checks, as Kafka orders them.
     if let Some(id) = request.transactional_id.as_deref() {
         return transactional(ctx, client, header, id, &request, response).await;
     }
@@ -48,6 +45,9 @@ pub async fn handle(
     {
         return response.with_error_code(ResponseError::ClusterAuthorizationFailed.code());
     }
+    if !producer_named_whole(&request) {
+        return response.with_error_code(ResponseError::InvalidRequest.code());
+    }
     // As in Kafka, an idempotent producer always gets a new id, also when
     // it names its old one (KIP-360, after an error): an id is never
     // handed to a client that merely names it, so no client can take over
@@ -56,6 +56,11 @@ pub async fn handle(
         Ok(id) => response.with_producer_id(ProducerId(id)).with_producer_epoch(0),
         Err(e) => response.with_error_code(coordinator_error(&e)),
     }
+}
+
+/// KIP-360: a producer id and epoch come together or not at all.
+fn producer_named_whole(request: &InitProducerIdRequest) -> bool {
+    (request.producer_id.0 < 0) == (request.producer_epoch < 0)
 }
 
 /// Attempts at InitProducerId's script: a fresh producer id, then the
@@ -70,11 +75,11 @@ async fn transactional(
     request: &InitProducerIdRequest,
     response: InitProducerIdResponse,
 ) -> InitProducerIdResponse {
-    if id.is_empty() {
-        return response.with_error_code(ResponseError::InvalidRequest.code());
-    }
     if !super::authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) {
         return response.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
+    }
+    if id.is_empty() || !producer_named_whole(request) {
+        return response.with_error_code(ResponseError::InvalidRequest.code());
     }
     let max = ctx.settings.transactions.max_timeout.get().as_millis();
     let timeout = request.transaction_timeout_ms;

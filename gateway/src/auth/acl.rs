@@ -474,9 +474,13 @@ pub struct Authorizer {
     super_users: Arc<Vec<String>>,
     allow_if_no_acl: bool,
     snapshot: Arc<RwLock<Arc<Snapshot>>>,
-    /// True once the ACLs have been read from Redis: until then every
-    /// request of a principal other than a super user is refused.
+    /// True once the ACLs have been read from Redis: until then no request
+    /// of a principal other than a super user is served.
     loaded: Arc<std::sync::atomic::AtomicBool>,
+    /// Held while the ACLs are read and installed, so that of two loads
+    /// the one that read last installs last (the snapshot never goes back
+    /// to an older set).
+    loading: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Authorizer {
@@ -493,7 +497,28 @@ impl Authorizer {
             allow_if_no_acl: settings.allow_everyone_if_no_acl_found,
             snapshot: Arc::default(),
             loaded: Arc::default(),
+            loading: Arc::default(),
         }
+    }
+
+    /// Whether requests of `principal` may be served: ACLs off, a super
+    /// user, or the ACLs loaded.
+    pub fn ready_for(&self, principal: &str) -> bool {
+        !self.enabled
+            || self.loaded.load(std::sync::atomic::Ordering::Acquire)
+            || self.is_super_user(principal)
+    }
+
+    /// Reads the ACLs with `read` and installs them, one load at a time;
+    /// returns the version and the number of bindings read.
+    pub async fn load<F, E>(&self, read: F) -> Result<(u64, usize), E>
+    where
+        F: std::future::Future<Output = Result<(u64, Vec<String>), E>>,
+    {
+        let _one = self.loading.lock().await;
+        let (version, bindings) = read.await?;
+        self.replace(version, &bindings);
+        Ok((version, bindings.len()))
     }
 
     /// Whether requests are checked at all.
