@@ -786,3 +786,145 @@ fn delete_topics_by_name_is_refused_without_describe() {
     assert_eq!(response.responses[0].error_code, 29, "TOPIC_AUTHORIZATION_FAILED");
     assert!(redis.topic_exists(&topic), "the topic was deleted");
 }
+
+const ILLEGAL_SASL_STATE: i16 = 34;
+
+/// SaslHandshake on an authenticated connection, as a re-authenticating
+/// client sends it: the error code and the offered mechanisms.
+fn rehandshake(conn: &mut KafkaConn, version: i16) -> (i16, Vec<String>) {
+    let handshake = conn.request(
+        version,
+        &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
+    );
+    (
+        handshake.error_code,
+        handshake.mechanisms.iter().map(|m| m.to_string()).collect(),
+    )
+}
+
+/// Whether the connection still answers a Metadata request.
+fn still_served(conn: &mut KafkaConn) -> bool {
+    !conn.request(12, &MetadataRequest::default()).brokers.is_empty()
+}
+
+/// After authentication SASL requests are answered as Kafka answers them,
+/// and the connection goes on: without a session lifetime
+/// (`sasl.connections_max_reauth` unset) there is no re-authentication
+/// (KIP-368), so a SaslHandshake is ILLEGAL_SASL_STATE, without mechanisms;
+/// a SaslAuthenticate is ILLEGAL_SASL_STATE with Kafka's message.
+#[test]
+fn sasl_requests_after_authentication_are_refused_and_the_connection_kept() {
+    use kafka_protocol::messages::ApiVersionsRequest;
+    let redis = TestRedis::start();
+    let (ok, out) = users(&redis.url(), &["set", "alice"], "alice-pw\n");
+    assert!(ok, "{out}");
+    let ketch = Ketch::start(&redis.url(), SECURE);
+    let mut conn = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    for version in [1, 0] {
+        assert_eq!(
+            rehandshake(&mut conn, version),
+            (ILLEGAL_SASL_STATE, vec![]),
+            "SaslHandshake v{version}"
+        );
+        assert!(still_served(&mut conn), "SaslHandshake v{version}");
+    }
+    for version in [0, 1, 2] {
+        let answer = conn.request(
+            version,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\0alice\0alice-pw")),
+        );
+        assert_eq!(answer.error_code, ILLEGAL_SASL_STATE, "{answer:?}");
+        assert_eq!(
+            answer.error_message.map(|m| m.to_string()).as_deref(),
+            Some("SaslAuthenticate request received after successful authentication")
+        );
+        assert_eq!(
+            conn.request(0, &ApiVersionsRequest::default()).error_code,
+            0,
+            "SaslAuthenticate v{version}"
+        );
+        assert!(still_served(&mut conn), "SaslAuthenticate v{version}");
+    }
+}
+
+/// With a session lifetime, a client re-authenticates on its connection
+/// (the first time right after authenticating), but a re-authentication
+/// that begins less than a second after the last one began is refused as
+/// Kafka refuses it: ILLEGAL_SASL_STATE, and the connection goes on.
+#[test]
+fn a_re_authentication_within_a_second_of_the_last_is_refused_and_the_connection_kept() {
+    let redis = TestRedis::start();
+    let (ok, out) = users(&redis.url(), &["set", "alice"], "alice-pw\n");
+    assert!(ok, "{out}");
+    let mut args = SECURE.to_vec();
+    args.extend_from_slice(&["--set", "sasl.connections_max_reauth=1h"]);
+    let ketch = Ketch::start(&redis.url(), &args);
+    let mut conn = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let reauthenticate = |conn: &mut KafkaConn| {
+        let (code, mechanisms) = rehandshake(conn, 1);
+        assert_eq!(code, 0, "{mechanisms:?}");
+        assert!(mechanisms.iter().any(|m| m == "PLAIN"), "{mechanisms:?}");
+        let answer = conn.request(
+            2,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\0alice\0alice-pw")),
+        );
+        assert_eq!(answer.error_code, 0, "{answer:?}");
+        assert!(
+            (3_500_000..=3_600_000).contains(&answer.session_lifetime_ms),
+            "{answer:?}"
+        );
+    };
+    reauthenticate(&mut conn);
+    let began = Instant::now();
+    assert!(still_served(&mut conn));
+    assert_eq!(rehandshake(&mut conn, 1), (ILLEGAL_SASL_STATE, vec![]));
+    assert!(
+        still_served(&mut conn),
+        "a refused re-authentication closed the connection"
+    );
+    std::thread::sleep(Duration::from_millis(1100).saturating_sub(began.elapsed()));
+    reauthenticate(&mut conn);
+    assert!(still_served(&mut conn));
+}
+
+/// Malformed SASL messages fail as with Kafka: SCRAM's with its generic
+/// message, which tells nothing of what was wrong with the message (that
+/// is logged), PLAIN's with PlainSaslServer's.
+#[test]
+fn malformed_sasl_messages_are_told_kafkas_generic_failure() {
+    let redis = TestRedis::start();
+    let (ok, out) = users(&redis.url(), &["set", "alice"], "alice-pw\n");
+    assert!(ok, "{out}");
+    let ketch = Ketch::start(&redis.url(), SECURE);
+    let fail = |mechanism: &str, token: &'static [u8]| -> String {
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        let handshake = conn.request(1, &SaslHandshakeRequest::default().with_mechanism(s(mechanism)));
+        assert_eq!(handshake.error_code, 0);
+        let answer = conn.request(
+            2,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(token)),
+        );
+        assert_eq!(answer.error_code, SASL_AUTHENTICATION_FAILED, "{answer:?}");
+        conn.assert_closed();
+        answer.error_message.map(|m| m.to_string()).unwrap_or_default()
+    };
+    for token in [
+        &b"\xff\xfe garbage"[..],
+        b"n,,r=no-user-name",
+        b"p=tls-unique,,n=alice,r=abc",
+        b"n,,n=al=ice,r=abc",
+    ] {
+        assert_eq!(
+            fail("SCRAM-SHA-512", token),
+            "Authentication failed during authentication due to invalid credentials with SASL mechanism \
+             SCRAM-SHA-512",
+            "{token:?}"
+        );
+    }
+    assert_eq!(
+        fail("PLAIN", b"alice"),
+        "Invalid SASL/PLAIN response: expected 3 tokens, got 1"
+    );
+    // Why is logged.
+    ketch.await_log("invalid SCRAM client-first message", Duration::from_secs(5));
+}

@@ -8,9 +8,15 @@
 //! closes the connection, as Kafka does. A failed authentication is
 //! answered with SASL_AUTHENTICATION_FAILED after
 //! `sasl.failed_authentication_delay`, and the connection is closed.
+//!
+//! Once authenticated, a SaslHandshake starts a re-authentication only when
+//! the session has a lifetime and the last re-authentication began at least
+//! a second ago; otherwise it is answered ILLEGAL_SASL_STATE and the
+//! connection goes on, as is a SaslAuthenticate outside an exchange (Kafka's
+//! `KafkaChannel.maybeBeginServerReauthentication`, then `KafkaApis`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use kafka_protocol::error::ResponseError;
@@ -100,7 +106,13 @@ pub struct Session {
     raw_tokens: bool,
     /// When the session ends (KIP-368); the client must re-authenticate by then.
     expires: Option<Instant>,
+    /// When the last re-authentication began: the next may begin a second
+    /// later at the earliest (Kafka's `MIN_REAUTH_INTERVAL_ONE_SECOND_NANOS`).
+    last_reauth: Option<Instant>,
 }
+
+/// The least time between the starts of two re-authentications.
+const MIN_REAUTH_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mechanism {
@@ -154,7 +166,18 @@ pub enum Outcome {
 
 /// Why one step of an exchange failed.
 #[derive(Debug)]
-struct Failure(String);
+enum Failure {
+    /// Told to the client as it is: one of the messages Kafka's SASL
+    /// servers tell (their `SaslAuthenticationException`s).
+    Told(String),
+    /// Kafka's generic message for everything else (its `SaslException`s:
+    /// malformed messages, a wrong proof, an unknown user, a credential that
+    /// cannot be read), "Authentication failed during authentication due to
+    /// invalid credentials with SASL mechanism …" ("during
+    /// re-authentication" when re-authenticating). The reason is for the
+    /// log only: it may echo what the client sent.
+    Invalid(Mechanism, String),
+}
 
 /// The result of one step: a challenge to send, or success.
 enum Step {
@@ -178,6 +201,7 @@ impl Session {
             exchange: None,
             raw_tokens: false,
             expires: None,
+            last_reauth: None,
         }
     }
 
@@ -218,6 +242,38 @@ impl Session {
                 "a second SaslHandshake during an exchange".to_owned(),
             );
         }
+        if self.authenticated {
+            // Kafka's `KafkaChannel.maybeBeginServerReauthentication`: no
+            // re-authentication of a session without a lifetime, nor within
+            // a second of the last one's start. The handshake then reaches
+            // `KafkaApis`, which answers ILLEGAL_SASL_STATE (without
+            // mechanisms) and keeps the connection, unless its session
+            // expired.
+            let now = Instant::now();
+            let refused = if self.expires.is_none() {
+                Some("the session has no lifetime (sasl.connections_max_reauth is not set)")
+            } else if self
+                .last_reauth
+                .is_some_and(|at| now.saturating_duration_since(at) < MIN_REAUTH_INTERVAL)
+            {
+                Some("the last re-authentication began less than a second ago")
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                if self.expired() {
+                    return Outcome::Close(None, SESSION_EXPIRED.to_owned());
+                }
+                tracing::debug!(
+                    principal = &*self.principal,
+                    "SaslHandshake after authentication refused: {why}"
+                );
+                return Outcome::Answer(kafka_protocol::messages::ResponseKind::SaslHandshake(
+                    SaslHandshakeResponse::default().with_error_code(ResponseError::IllegalSaslState.code()),
+                ));
+            }
+            self.last_reauth = Some(now);
+        }
         let name = request.mechanism.as_str();
         let Some(mechanism) = Mechanism::parse(name).filter(|_| offered.iter().any(|m| m.as_str() == name))
         else {
@@ -257,6 +313,20 @@ impl Session {
         request: &SaslAuthenticateRequest,
     ) -> Outcome {
         let response = SaslAuthenticateResponse::default();
+        if self.authenticated && !self.raw_tokens && self.exchange.is_none() {
+            // Kafka's `KafkaApis.handleSaslAuthenticateRequest`: answered,
+            // and the connection goes on (unless its session expired).
+            if self.expired() {
+                return Outcome::Close(None, SESSION_EXPIRED.to_owned());
+            }
+            return Outcome::Answer(kafka_protocol::messages::ResponseKind::SaslAuthenticate(
+                response
+                    .with_error_code(ResponseError::IllegalSaslState.code())
+                    .with_error_message(Some(str_bytes(
+                        "SaslAuthenticate request received after successful authentication",
+                    ))),
+            ));
+        }
         if self.raw_tokens || self.exchange.is_none() {
             return Outcome::Close(
                 Some(kafka_protocol::messages::ResponseKind::SaslAuthenticate(
@@ -288,9 +358,9 @@ impl Session {
                     }
                     Outcome::Answer(kafka_protocol::messages::ResponseKind::SaslAuthenticate(answer))
                 }
-                Err(Failure(message)) => self.failed(message).await,
+                Err(failure) => self.failed(failure).await,
             },
-            Err(Failure(message)) => self.failed(message).await,
+            Err(failure) => self.failed(failure).await,
         }
     }
 
@@ -307,22 +377,25 @@ impl Session {
                     self.raw_tokens = false;
                     Outcome::Raw(response)
                 }
-                Err(Failure(message)) => {
+                Err(failure) => {
+                    let (_, logged) = self.explain(failure);
                     self.sasl.failures.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.sasl.failure_delay).await;
-                    Outcome::Close(None, message)
+                    Outcome::Close(None, logged)
                 }
             },
-            Err(Failure(message)) => {
+            Err(failure) => {
                 // A v0 exchange has no error frame: the connection closes.
+                let (_, logged) = self.explain(failure);
                 self.sasl.failures.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(self.sasl.failure_delay).await;
-                Outcome::Close(None, message)
+                Outcome::Close(None, logged)
             }
         }
     }
 
-    async fn failed(&mut self, message: String) -> Outcome {
+    async fn failed(&mut self, failure: Failure) -> Outcome {
+        let (told, logged) = self.explain(failure);
         self.sasl.failures.fetch_add(1, Ordering::Relaxed);
         self.exchange = None;
         tokio::time::sleep(self.sasl.failure_delay).await;
@@ -330,10 +403,32 @@ impl Session {
             Some(kafka_protocol::messages::ResponseKind::SaslAuthenticate(
                 SaslAuthenticateResponse::default()
                     .with_error_code(ResponseError::SaslAuthenticationFailed.code())
-                    .with_error_message(Some(str_bytes(message.clone()))),
+                    .with_error_message(Some(str_bytes(told))),
             )),
-            message,
+            logged,
         )
+    }
+
+    /// What the client is told of `failure`, and why the connection closes
+    /// (for the log). Kafka's generic message says "during
+    /// re-authentication" on a connection that had authenticated.
+    fn explain(&self, failure: Failure) -> (String, String) {
+        match failure {
+            Failure::Told(message) => (message.clone(), message),
+            Failure::Invalid(mechanism, reason) => {
+                let told = format!(
+                    "Authentication failed during {} due to invalid credentials with SASL mechanism {}",
+                    if self.authenticated {
+                        "re-authentication"
+                    } else {
+                        "authentication"
+                    },
+                    mechanism.name()
+                );
+                let logged = format!("{told} ({reason})");
+                (told, logged)
+            }
+        }
     }
 
     /// Records a successful exchange; the session lifetime to report.
@@ -344,10 +439,10 @@ impl Session {
     ) -> Result<Option<Duration>, Failure> {
         let mechanism = self
             .mechanism
-            .ok_or_else(|| Failure("no SASL exchange under way".to_owned()))?;
+            .ok_or_else(|| Failure::Told("no SASL exchange under way".to_owned()))?;
         let principal = format!("User:{principal}");
         if self.authenticated && *self.principal != *principal {
-            return Err(Failure(format!(
+            return Err(Failure::Told(format!(
                 "re-authentication as {principal} on a connection authenticated as {}",
                 self.principal
             )));
@@ -384,7 +479,7 @@ impl Session {
                     Mechanism::OAuthBearer => self.oauthbearer(token),
                 }
             }
-            Some(Exchange::OAuthRefused(message)) => Err(Failure(message)),
+            Some(Exchange::OAuthRefused(message)) => Err(Failure::Told(message)),
             Some(Exchange::ScramFinal { state, user, alg }) => match state.client_final(token) {
                 Ok(response) => Ok(Step::Done {
                     response,
@@ -393,10 +488,13 @@ impl Session {
                 }),
                 Err(e) => {
                     tracing::info!(user, error = %e, "SCRAM authentication failed");
-                    Err(invalid_credentials(Mechanism::Scram(alg)))
+                    Err(Failure::Invalid(
+                        Mechanism::Scram(alg),
+                        "SCRAM authentication failed".to_owned(),
+                    ))
                 }
             },
-            None => Err(Failure("no SASL exchange under way".to_owned())),
+            None => Err(Failure::Told("no SASL exchange under way".to_owned())),
         }
     }
 
@@ -406,8 +504,22 @@ impl Session {
         alg: Algorithm,
         token: &[u8],
     ) -> Result<Step, Failure> {
-        let first = scram::parse_client_first(token)
-            .map_err(|e| Failure(format!("invalid SCRAM client-first message: {e}")))?;
+        let first = scram::parse_client_first(token).map_err(|e| match e {
+            // Kafka's ScramSaslServer tells this one.
+            scram::ScramError::AuthzidMismatch => Failure::Told(
+                "Authentication failed: Client requested an authorization id that is different from username"
+                    .to_owned(),
+            ),
+            // The rest, Kafka's generic message: the detail may echo what
+            // the client sent.
+            e => {
+                tracing::debug!(mechanism = alg.mechanism(), error = %e, "invalid SCRAM client-first message");
+                Failure::Invalid(
+                    Mechanism::Scram(alg),
+                    "invalid SCRAM client-first message".to_owned(),
+                )
+            }
+        })?;
         let user = first.username.clone();
         let credential = stored_credential(storage, alg, &user, Mechanism::Scram(alg)).await?;
         let Some(credential) = credential else {
@@ -416,7 +528,10 @@ impl Session {
                 mechanism = alg.mechanism(),
                 "SCRAM authentication of an unknown user"
             );
-            return Err(invalid_credentials(Mechanism::Scram(alg)));
+            return Err(Failure::Invalid(
+                Mechanism::Scram(alg),
+                "SCRAM authentication of an unknown user".to_owned(),
+            ));
         };
         let (state, message) = first.server_first(alg, credential);
         self.exchange = Some(Exchange::ScramFinal {
@@ -429,10 +544,18 @@ impl Session {
 
     fn oauthbearer(&mut self, token: &[u8]) -> Result<Step, Failure> {
         let Some(validator) = &self.sasl.jwt else {
-            return Err(Failure("OAUTHBEARER is not configured".to_owned()));
+            return Err(Failure::Invalid(
+                Mechanism::OAuthBearer,
+                "OAUTHBEARER is not configured".to_owned(),
+            ));
         };
-        let initial =
-            oauthbearer::parse(token).map_err(|e| Failure(format!("invalid OAUTHBEARER message: {e}")))?;
+        // A malformed message fails with Kafka's generic message (its
+        // OAuthBearerSaslServer throws a SaslException): the detail may
+        // echo what the client sent.
+        let initial = oauthbearer::parse(token).map_err(|e| {
+            tracing::debug!(error = %e, "invalid OAUTHBEARER message");
+            Failure::Invalid(Mechanism::OAuthBearer, "invalid OAUTHBEARER message".to_owned())
+        })?;
         let message = match validator.validate(&initial.token, SystemTime::now()) {
             Ok(validated) if initial.authzid.as_ref().is_none_or(|a| *a == validated.subject) => {
                 return Ok(Step::Done {
@@ -458,12 +581,20 @@ impl Session {
 /// message after the client acknowledges it.
 const INVALID_TOKEN: &str = r#"{"status":"invalid_token"}"#;
 
-fn invalid_credentials(mechanism: Mechanism) -> Failure {
-    Failure(format!(
-        "Authentication failed during authentication due to invalid credentials with SASL mechanism {}",
-        mechanism.name()
-    ))
+impl Failure {
+    /// What an HTTP request's failure is logged with (the client is told
+    /// nothing of it).
+    fn reason(self) -> String {
+        match self {
+            Failure::Told(message) | Failure::Invalid(_, message) => message,
+        }
+    }
 }
+
+/// Why the connection closes when the session lifetime passed without a
+/// re-authentication.
+const SESSION_EXPIRED: &str =
+    "the SASL session expired without re-authentication (its token's expiry, or sasl.connections_max_reauth)";
 
 /// `user`'s stored `alg` credential. A credential that cannot be read
 /// (Redis away, a record this release cannot decode) is logged and fails
@@ -482,7 +613,10 @@ async fn stored_credential(
             error = why,
             "cannot read a SCRAM credential"
         );
-        invalid_credentials(mechanism)
+        Failure::Invalid(
+            mechanism,
+            format!("the {} credential cannot be read", alg.mechanism()),
+        )
     };
     let stored = storage
         .scram_credential(alg.mechanism(), user)
@@ -500,30 +634,33 @@ async fn stored_credential(
 /// the user's SCRAM credential.
 /// `unknown_user_iterations` as for [`check_password`].
 async fn plain(storage: &dyn Storage, token: &[u8], unknown_user_iterations: u32) -> Result<Step, Failure> {
-    let mut parts = token.split(|b| *b == 0);
-    let (Some(authzid), Some(user), Some(password), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(Failure(
-            "invalid PLAIN message: expected authzid, user and password".to_owned(),
-        ));
+    // As Kafka's PlainSaslServer: at most four NUL-separated tokens are
+    // counted, three are expected, and names are read as UTF-8 with
+    // invalid sequences replaced.
+    let tokens: Vec<&[u8]> = token.splitn(4, |b| *b == 0).collect();
+    let [authzid, user, password] = tokens[..] else {
+        tracing::debug!(tokens = tokens.len(), "invalid PLAIN message");
+        return Err(Failure::Told(format!(
+            "Invalid SASL/PLAIN response: expected 3 tokens, got {}",
+            tokens.len()
+        )));
     };
-    let user = std::str::from_utf8(user)
-        .map_err(|_| Failure("invalid PLAIN message: the user is not UTF-8".to_owned()))?;
+    let user = String::from_utf8_lossy(user);
+    let user = &*user;
     // Kafka's PlainSaslServer's messages; an empty password is refused
     // before any key derivation.
     if user.is_empty() {
-        return Err(Failure(
+        return Err(Failure::Told(
             "Authentication failed: username not specified".to_owned(),
         ));
     }
     if password.is_empty() {
-        return Err(Failure(
+        return Err(Failure::Told(
             "Authentication failed: password not specified".to_owned(),
         ));
     }
-    if !authzid.is_empty() && authzid != user.as_bytes() {
-        return Err(Failure(
+    if !authzid.is_empty() && String::from_utf8_lossy(authzid) != user {
+        return Err(Failure::Told(
             "Authentication failed: Client requested an authorization id that is different from username"
                 .to_owned(),
         ));
@@ -536,30 +673,59 @@ async fn plain(storage: &dyn Storage, token: &[u8], unknown_user_iterations: u32
         });
     }
     tracing::info!(user, "PLAIN authentication failed");
-    Err(Failure(
+    Err(Failure::Told(
         "Authentication failed: Invalid username or password".to_owned(),
     ))
 }
+
+/// At most this many password derivations (PBKDF2, up to 16384 rounds)
+/// run at once, on the blocking pool: a flood of PLAIN or HTTP Basic
+/// attempts waits here rather than taking the runtime's worker threads (and
+/// every other connection with them) or filling the blocking pool.
+static DERIVATIONS: LazyLock<tokio::sync::Semaphore> = LazyLock::new(|| {
+    tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+});
 
 /// Whether `password` is `user`'s, by the user's SCRAM credential
 /// (SCRAM-SHA-512's, else SCRAM-SHA-256's). `Err` when the store cannot
 /// be read. A user that does not exist costs a key derivation of
 /// `unknown_user_iterations` (`sasl.scram_iterations`), so that timing tells
-/// no user names.
+/// no user names. The derivation runs off the async runtime, at most
+/// [`DERIVATIONS`] at once.
 async fn check_password(
     storage: &dyn Storage,
     user: &str,
     password: &[u8],
     unknown_user_iterations: u32,
 ) -> Result<bool, Failure> {
+    let mut known = None;
     for alg in [Algorithm::Sha512, Algorithm::Sha256] {
         if let Some(credential) = stored_credential(storage, alg, user, Mechanism::Plain).await? {
-            return Ok(credential.verify_password(alg, password));
+            known = Some((alg, credential));
+            break;
         }
     }
-    // No such user: derive a key all the same.
-    let _ = Credential::generate(Algorithm::Sha512, password, unknown_user_iterations);
-    Ok(false)
+    // The semaphore is never closed.
+    let permit = DERIVATIONS.acquire().await.ok();
+    let password = password.to_vec();
+    // The permit moves into the task: should this future be dropped, the
+    // derivation still counts until it ends.
+    let derived = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        match known {
+            Some((alg, credential)) => credential.verify_password(alg, &password),
+            None => {
+                // No such user: derive a key all the same.
+                let _ = Credential::generate(Algorithm::Sha512, &password, unknown_user_iterations);
+                false
+            }
+        }
+    })
+    .await;
+    derived.map_err(|e| {
+        tracing::error!(user, error = %e, "the password derivation failed");
+        Failure::Invalid(Mechanism::Plain, "the password derivation failed".to_owned())
+    })
 }
 
 impl Sasl {
@@ -572,7 +738,7 @@ impl Sasl {
                 Ok(format!("User:{user}"))
             }
             Ok(false) => Err(self.fail(format!("invalid credentials for {user}")).await),
-            Err(Failure(message)) => Err(self.fail(message).await),
+            Err(failure) => Err(self.fail(failure.reason()).await),
         }
     }
 
@@ -640,6 +806,24 @@ mod tests {
 
     fn plain(user: &str, password: &str) -> SaslAuthenticateRequest {
         SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(format!("\0{user}\0{password}")))
+    }
+
+    /// As if the last re-authentication had begun two seconds ago.
+    fn backdate_reauth(session: &mut Session) {
+        session.last_reauth = session
+            .last_reauth
+            .map(|at| at.checked_sub(Duration::from_secs(2)).unwrap_or(at));
+    }
+
+    /// The error message of a SaslAuthenticate answer.
+    fn message(outcome: &Outcome) -> Option<String> {
+        match outcome {
+            Outcome::Answer(ResponseKind::SaslAuthenticate(r))
+            | Outcome::Close(Some(ResponseKind::SaslAuthenticate(r)), _) => {
+                r.error_message.as_ref().map(|m| m.to_string())
+            }
+            _ => None,
+        }
     }
 
     fn code(outcome: &Outcome) -> Option<i16> {
@@ -750,8 +934,9 @@ mod tests {
             code(&session.authenticate(&storage, 2, &plain("alice", "pw")).await),
             Some(0)
         );
-        // As bob, no.
-        session.handshake(1, &handshake("PLAIN"));
+        // As bob, no (a second after the last re-authentication began).
+        backdate_reauth(&mut session);
+        assert_eq!(code(&session.handshake(1, &handshake("PLAIN"))), Some(0));
         let outcome = session.authenticate(&storage, 2, &plain("bob", "pw2")).await;
         assert_eq!(
             code(&outcome),
@@ -807,5 +992,172 @@ mod tests {
             session.raw_token(&storage, b"garbage").await,
             Outcome::Close(None, _)
         ));
+    }
+
+    /// KIP-368 as Kafka gates it: without a session lifetime a SaslHandshake
+    /// after authentication is answered ILLEGAL_SASL_STATE (no mechanisms)
+    /// and the connection goes on, as is a SaslAuthenticate after
+    /// authentication; a v0 handshake too.
+    #[tokio::test]
+    async fn without_a_session_lifetime_sasl_requests_after_authentication_are_refused_and_kept() {
+        let storage = storage_with("alice", "pw").await;
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("PLAIN"));
+        let outcome = session.authenticate(&storage, 2, &plain("alice", "pw")).await;
+        assert_eq!(code(&outcome), Some(0));
+        for version in [1, 0] {
+            let outcome = session.handshake(version, &handshake("PLAIN"));
+            let Outcome::Answer(ResponseKind::SaslHandshake(answer)) = outcome else {
+                panic!("v{version}: not answered and kept")
+            };
+            assert_eq!(answer.error_code, ResponseError::IllegalSaslState.code());
+            assert!(answer.mechanisms.is_empty(), "{answer:?}");
+            assert!(session.authenticated() && !session.expects_raw_token());
+        }
+        let outcome = session.authenticate(&storage, 2, &plain("alice", "pw")).await;
+        assert!(matches!(outcome, Outcome::Answer(_)), "the connection is kept");
+        assert_eq!(code(&outcome), Some(ResponseError::IllegalSaslState.code()));
+        assert_eq!(
+            message(&outcome).as_deref(),
+            Some("SaslAuthenticate request received after successful authentication")
+        );
+        assert!(session.authenticated());
+        assert_eq!(&*session.principal(), "User:alice");
+    }
+
+    /// A re-authentication may begin a second after the last one began at
+    /// the earliest (the first right after authenticating); one that came
+    /// too soon is refused and the connection kept, unless its session
+    /// expired, which closes it.
+    #[tokio::test]
+    async fn re_authentications_are_a_second_apart_at_least() {
+        let storage = storage_with("alice", "pw").await;
+        let mut session = Session::new(sasl("1h"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("PLAIN"));
+        session.authenticate(&storage, 2, &plain("alice", "pw")).await;
+        assert_eq!(code(&session.handshake(1, &handshake("PLAIN"))), Some(0));
+        assert_eq!(
+            code(&session.authenticate(&storage, 2, &plain("alice", "pw")).await),
+            Some(0)
+        );
+        let outcome = session.handshake(1, &handshake("PLAIN"));
+        assert!(matches!(outcome, Outcome::Answer(_)));
+        assert_eq!(code(&outcome), Some(ResponseError::IllegalSaslState.code()));
+        assert!(session.authenticated());
+        backdate_reauth(&mut session);
+        assert_eq!(code(&session.handshake(1, &handshake("PLAIN"))), Some(0));
+        assert_eq!(
+            code(&session.authenticate(&storage, 2, &plain("alice", "pw")).await),
+            Some(0)
+        );
+        // Too soon, and the session has run out: closed, unanswered.
+        session.expires = Some(Instant::now());
+        assert!(matches!(
+            session.handshake(1, &handshake("PLAIN")),
+            Outcome::Close(None, _)
+        ));
+        let outcome = session.authenticate(&storage, 2, &plain("alice", "pw")).await;
+        assert!(matches!(outcome, Outcome::Close(None, _)));
+    }
+
+    /// Malformed SCRAM messages fail with Kafka's generic message, "during
+    /// re-authentication" when re-authenticating; PLAIN's with Kafka's
+    /// PlainSaslServer's.
+    #[tokio::test]
+    async fn malformed_messages_are_told_kafkas_generic_failure() {
+        let storage = storage_with("alice", "pw").await;
+        let garbage = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"\xff,n=x,r"));
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("SCRAM-SHA-512"));
+        let outcome = session.authenticate(&storage, 2, &garbage).await;
+        assert_eq!(
+            code(&outcome),
+            Some(ResponseError::SaslAuthenticationFailed.code())
+        );
+        assert_eq!(
+            message(&outcome).as_deref(),
+            Some(
+                "Authentication failed during authentication due to invalid credentials with SASL \
+                 mechanism SCRAM-SHA-512"
+            )
+        );
+        let Outcome::Close(_, why) = &outcome else {
+            panic!("not closed")
+        };
+        assert!(why.contains("invalid SCRAM client-first message"), "{why}");
+        // Re-authenticating.
+        let mut session = Session::new(sasl("1h"), false, Arc::from("User:ANONYMOUS"));
+        session.authenticated = true;
+        session.principal = Arc::from("User:alice");
+        session.mechanism = Some(Mechanism::Scram(Algorithm::Sha512));
+        session.expires = Some(Instant::now() + Duration::from_secs(3600));
+        assert_eq!(code(&session.handshake(1, &handshake("SCRAM-SHA-512"))), Some(0));
+        let outcome = session.authenticate(&storage, 2, &garbage).await;
+        assert_eq!(
+            message(&outcome).as_deref(),
+            Some(
+                "Authentication failed during re-authentication due to invalid credentials with SASL \
+                 mechanism SCRAM-SHA-512"
+            )
+        );
+        // An authorization id other than the user: Kafka's own message.
+        let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+        session.handshake(1, &handshake("SCRAM-SHA-512"));
+        let other =
+            SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from_static(b"n,a=bob,n=alice,r=abc"));
+        let outcome = session.authenticate(&storage, 2, &other).await;
+        assert_eq!(
+            message(&outcome).as_deref(),
+            Some(
+                "Authentication failed: Client requested an authorization id that is different from username"
+            )
+        );
+        // PLAIN.
+        for (token, tokens) in [
+            (&b"alice"[..], 1),
+            (b"\0alice", 2),
+            (b"\0alice\0pw\0", 4),
+            (b"a\0b\0c\0d\0e", 4),
+        ] {
+            let mut session = Session::new(sasl("0s"), false, Arc::from("User:ANONYMOUS"));
+            session.handshake(1, &handshake("PLAIN"));
+            let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::copy_from_slice(token));
+            let outcome = session.authenticate(&storage, 2, &request).await;
+            assert_eq!(
+                message(&outcome),
+                Some(format!(
+                    "Invalid SASL/PLAIN response: expected 3 tokens, got {tokens}"
+                )),
+                "{token:?}"
+            );
+        }
+    }
+
+    /// The key derivation runs off the runtime's threads: a current-thread
+    /// runtime goes on serving its other tasks meanwhile (an unknown user's
+    /// password costs a derivation too).
+    #[tokio::test(flavor = "current_thread")]
+    async fn password_derivations_leave_the_runtime_free() {
+        let storage = Arc::new(MemoryStorage::default());
+        let check = tokio::spawn({
+            let storage = storage.clone();
+            async move {
+                for _ in 0..3 {
+                    let known =
+                        check_password(storage.as_ref(), "nobody", b"pw", Credential::MAX_ITERATIONS).await;
+                    assert!(matches!(known, Ok(false)));
+                }
+            }
+        });
+        let mut turns = 0u64;
+        while !check.is_finished() {
+            tokio::task::yield_now().await;
+            turns += 1;
+        }
+        check.await.unwrap();
+        assert!(
+            turns > 100,
+            "only {turns} turns of the runtime during three derivations"
+        );
     }
 }
