@@ -430,8 +430,10 @@ fn parse_rule(rule: String) -> Result<Option<Rule>, X509Error> {
 }
 
 fn pattern_rule(rule: &str, pattern: &str, replacement: &str, case: Case) -> Result<Rule, X509Error> {
+    // A refusal from the regex crate quotes the rewritten pattern, the rule the original.
+    let pattern = java_regex(pattern).map_err(|reason| invalid_rule(rule, &reason))?;
     let compile = |source: &str| Regex::new(source).map_err(|e| invalid_rule(rule, &e.to_string()));
-    let compiled = compile(pattern)?;
+    let compiled = compile(&pattern)?;
     let whole = compile(&format!(r"\A(?:{pattern})\z"))?;
     let replacement =
         parse_replacement(&compiled, replacement).map_err(|reason| invalid_rule(rule, &reason))?;
@@ -441,6 +443,297 @@ fn pattern_rule(rule: &str, pattern: &str, replacement: &str, case: Case) -> Res
         replacement,
         case,
     })
+}
+
+/// Inline flags in force: those that change how a pattern is rewritten.
+#[derive(Debug, Clone, Copy, Default)]
+struct Flags {
+    dot_all: bool,
+    case_insensitive: bool,
+}
+
+/// Java's `.` without DOTALL, negated: the line terminators it does not match.
+const JAVA_DOT: &str = r"\n\r\x{85}\x{2028}\x{2029}";
+/// Java's `\s` and `\p{Space}`.
+const JAVA_SPACE: &str = r"\t\n\x0B\x0C\r ";
+
+/// Rewrites a Java regular expression, as Kafka compiles it (`Pattern.compile`
+/// without flags), into the regex crate's syntax with Java's meaning. The crate
+/// is Unicode-aware where Java is not: left as written, `\w` would match `K`
+/// (U+212A KELVIN SIGN) and map a certificate Kafka rejects to `kafka`. So
+/// the classes Java keeps to ASCII (`\w \d \s \b`, `\p{Alpha}`...) become
+/// explicit ASCII classes, `.` stops at Java's line terminators, `\Q...\E`
+/// becomes escaped text, syntax the two read differently (`\v`, `\<`, `~`
+/// and `[:` in classes) is rewritten, and inline flags the crate lacks or
+/// reads differently are refused. `(?i)` still folds case by Unicode (Java's
+/// default folds ASCII only), except for the rewritten classes outside brackets.
+fn java_regex(pattern: &str) -> Result<String, String> {
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut out = String::with_capacity(pattern.len() * 2);
+    // The flags in force, one entry per open group: in both Java and the crate
+    // an inline flag holds until the end of the group it is set in.
+    let mut scopes = vec![Flags::default()];
+    // Open `[` classes, and where in `out` the innermost one's first item goes
+    // while it has none: a `]` there is literal, and `[:` would open a POSIX
+    // class in the crate where Java has a nested class holding `:`.
+    let mut classes = 0usize;
+    let mut first_item: Option<usize> = None;
+    let mut i = 0;
+    while let Some(&c) = chars.get(i) {
+        i += 1;
+        let flags = scopes.last().copied().unwrap_or_default();
+        let in_class = classes > 0;
+        match c {
+            '\\' => i = escape(&chars, i, &mut out, in_class, flags)?,
+            '[' => {
+                classes += 1;
+                out.push('[');
+                if chars.get(i) == Some(&'^') {
+                    out.push('^');
+                    i += 1;
+                }
+                first_item = Some(out.len());
+                continue;
+            }
+            ']' if in_class => {
+                if first_item != Some(out.len()) {
+                    classes -= 1;
+                }
+                out.push(']');
+            }
+            // Java has no `~~` (symmetric difference) in classes.
+            '~' if in_class => out.push_str(r"\~"),
+            '.' if !in_class && !flags.dot_all => push_class(&mut out, JAVA_DOT, true, in_class, flags),
+            '(' if !in_class => i = group(&chars, i, &mut out, &mut scopes)?,
+            ')' if !in_class => {
+                if scopes.len() > 1 {
+                    scopes.pop();
+                }
+                out.push(')');
+            }
+            c => out.push(c),
+        }
+        if let Some(at) = first_item
+            && out.len() > at
+        {
+            if out[at..].starts_with(':') {
+                out.insert(at, '\\');
+            }
+            first_item = None;
+        }
+    }
+    Ok(out)
+}
+
+/// One escape sequence, `chars[i]` being the character after the backslash;
+/// returns the index just past it.
+fn escape(chars: &[char], i: usize, out: &mut String, in_class: bool, flags: Flags) -> Result<usize, String> {
+    let Some(&c) = chars.get(i) else {
+        out.push('\\'); // a trailing backslash, which the crate refuses as Java does
+        return Ok(i);
+    };
+    match c {
+        'Q' => {
+            // Java quotes up to `\E` or the end, inside classes too.
+            let quoted = &chars[i + 1..];
+            let end = quoted
+                .windows(2)
+                .position(|pair| pair == ['\\', 'E'])
+                .unwrap_or(quoted.len());
+            out.push_str(&regex::escape(&quoted[..end].iter().collect::<String>()));
+            return Ok((i + 1 + end + 2).min(chars.len()));
+        }
+        'p' | 'P' => return property(chars, i, out, in_class, flags),
+        'b' | 'B' if !in_class => out.push_str(if c == 'b' { r"(?-u:\b)" } else { r"(?-u:\B)" }),
+        _ => match perl_class(c.to_ascii_lowercase()) {
+            Some(body) => push_class(out, body, c.is_ascii_uppercase(), in_class, flags),
+            // The crate reads the other letter and digit escapes as Java does
+            // (`\t`, `\x41`, `\A`...) or refuses them (`\1`, `\Z`, `\G`...), but
+            // for `\U0001F600`, which Java refuses.
+            None if c.is_ascii_alphanumeric() => {
+                out.push('\\');
+                out.push(c);
+            }
+            // Any other escaped character is itself in Java; the crate refuses
+            // some (`\é`) and reads `\<` and `\>` as word boundaries.
+            None => out.push_str(&regex::escape(c.encode_utf8(&mut [0; 4]))),
+        },
+    }
+    Ok(i + 1)
+}
+
+/// Java's `\d \w \s \h \v` by lower-case letter, as class bodies: ASCII, or
+/// (`\h \v`) Java's own lists, where the crate's `\v` is only U+000B.
+fn perl_class(letter: char) -> Option<&'static str> {
+    Some(match letter {
+        'd' => "0-9",
+        'w' => "0-9A-Za-z_",
+        's' => JAVA_SPACE,
+        'h' => r" \t\x{A0}\x{1680}\x{180E}\x{2000}-\x{200A}\x{202F}\x{205F}\x{3000}",
+        'v' => r"\n\x0B\x0C\r\x{85}\x{2028}\x{2029}",
+        _ => return None,
+    })
+}
+
+/// `\p{name}` or `\pL` (and `\P`), `chars[i]` being the `p`; returns the index just past it.
+fn property(
+    chars: &[char],
+    i: usize,
+    out: &mut String,
+    in_class: bool,
+    flags: Flags,
+) -> Result<usize, String> {
+    let close = match chars.get(i + 1) {
+        Some('{') => chars[i + 1..].iter().position(|&c| c == '}').map(|at| i + 1 + at),
+        _ => None,
+    };
+    let Some(close) = close else {
+        // `\pL`: the crate reads a one-letter category as Java does, or refuses what follows.
+        out.push('\\');
+        out.extend(&chars[i..(i + 2).min(chars.len())]);
+        return Ok((i + 2).min(chars.len()));
+    };
+    let name: String = chars[i + 2..close].iter().collect();
+    match posix_class(&name, flags.case_insensitive)? {
+        Some(body) => push_class(out, body, chars[i] == 'P', in_class, flags),
+        // A Unicode category, script or property, which Java and the crate share.
+        None => {
+            out.push('\\');
+            out.extend(&chars[i..=close]);
+        }
+    }
+    Ok(close + 1)
+}
+
+/// Java's POSIX classes (`\p{Lower}`...), ASCII only, as class bodies; under
+/// CASE_INSENSITIVE Java's `Lower` and `Upper` are both cases. Java reads
+/// these names only exactly as spelled here, and the crate reads them, in any
+/// spelling its loose matching accepts, as Unicode properties: so another
+/// spelling (`\p{lower}`, `\p{IsAlpha}`) is refused rather than guessed at.
+fn posix_class(name: &str, case_insensitive: bool) -> Result<Option<&'static str>, String> {
+    Ok(Some(match name {
+        "Lower" | "Upper" if case_insensitive => "A-Za-z",
+        "Lower" => "a-z",
+        "Upper" => "A-Z",
+        "ASCII" => r"\x00-\x7F",
+        "Alpha" => "A-Za-z",
+        "Digit" => "0-9",
+        "Alnum" => "0-9A-Za-z",
+        "Punct" => r"\x21-\x2F\x3A-\x40\x5B-\x60\x7B-\x7E",
+        "Graph" => r"\x21-\x7E",
+        "Print" => r"\x20-\x7E",
+        "Blank" => r"\t ",
+        "Cntrl" => r"\x00-\x1F\x7F",
+        "XDigit" => "0-9A-Fa-f",
+        "Space" => JAVA_SPACE,
+        _ => {
+            const POSIX: [&str; 13] = [
+                "lower", "upper", "ascii", "alpha", "digit", "alnum", "punct", "graph", "print", "blank",
+                "cntrl", "xdigit", "space",
+            ];
+            let loose: String = name
+                .chars()
+                .filter(|c| c.is_ascii() && !matches!(c, ' ' | '_' | '-'))
+                .map(|c| c.to_ascii_lowercase())
+                .collect();
+            let bare = loose.strip_prefix("is").unwrap_or(&loose);
+            if POSIX.contains(&loose.as_str()) || POSIX.contains(&bare) {
+                return Err(format!(
+                    "\\p{{{name}}} is ambiguous: Java reads only the exact POSIX names \
+                     (\\p{{Lower}}, \\p{{Alpha}}...) as ASCII classes, the regex crate reads \
+                     this one as a Unicode property"
+                ));
+            }
+            return Ok(None);
+        }
+    }))
+}
+
+/// A class from its body; outside brackets under `(?i)`, in a group that turns
+/// the crate's Unicode case folding off (in brackets the whole class folds).
+fn push_class(out: &mut String, body: &str, negated: bool, in_class: bool, flags: Flags) {
+    let unfolded = flags.case_insensitive && !in_class;
+    if unfolded {
+        out.push_str("(?-i:");
+    }
+    out.push_str(if negated { "[^" } else { "[" });
+    out.push_str(body);
+    out.push(']');
+    if unfolded {
+        out.push(')');
+    }
+}
+
+/// A `(` outside classes, `chars[i]` being the character after it: a group,
+/// whose flags start as the enclosing ones, or Java's inline flags
+/// `(?on-off)` / `(?on-off:...)`. Returns the index just past what it read.
+fn group(chars: &[char], i: usize, out: &mut String, scopes: &mut Vec<Flags>) -> Result<usize, String> {
+    let mut flags = scopes.last().copied().unwrap_or_default();
+    if chars.get(i) != Some(&'?') || matches!(chars.get(i + 1), Some(':' | '<' | '=' | '!' | '>')) {
+        // Capturing, named or non-capturing; the crate refuses look-around and atomic groups.
+        out.push('(');
+        scopes.push(flags);
+        return Ok(i);
+    }
+    let (mut on, mut off) = (String::new(), String::new());
+    let mut negated = false;
+    let mut j = i + 1;
+    let end = loop {
+        match chars.get(j) {
+            Some(&end @ (')' | ':')) => break end,
+            Some('-') if !negated => negated = true,
+            Some(&flag @ ('i' | 'm' | 's')) => {
+                match flag {
+                    'i' => flags.case_insensitive = !negated,
+                    's' => flags.dot_all = !negated,
+                    _ => {}
+                }
+                let set = if negated { &mut off } else { &mut on };
+                if !set.contains(flag) {
+                    set.push(flag);
+                }
+            }
+            // Java's UNICODE_CASE: the crate always folds Unicode case (and its own `u` means Unicode mode).
+            Some('u') => {}
+            Some(&flag @ ('d' | 'x' | 'U' | 'c')) => {
+                if !negated {
+                    let name = match flag {
+                        'd' => "UNIX_LINES",
+                        'x' => "COMMENTS",
+                        'U' => "UNICODE_CHARACTER_CLASS",
+                        _ => "CANON_EQ",
+                    };
+                    return Err(format!("inline flag `{flag}` ({name}) is not supported"));
+                }
+                // Turning off what is never on.
+            }
+            Some(&other) => return Err(format!("unknown inline flag `{other}`")),
+            None => return Err("unterminated inline flags `(?`".to_owned()),
+        }
+        j += 1;
+    };
+    on.retain(|flag| !off.contains(flag));
+    let mut text = on;
+    if !off.is_empty() {
+        text.push('-');
+        text.push_str(&off);
+    }
+    if end == ':' {
+        out.push_str("(?");
+        out.push_str(&text);
+        out.push(':');
+        scopes.push(flags);
+    } else {
+        if !text.is_empty() {
+            out.push_str("(?");
+            out.push_str(&text);
+            out.push(')');
+        }
+        if let Some(top) = scopes.last_mut() {
+            *top = flags;
+        }
+    }
+    Ok(j + 1)
 }
 
 /// Java's `Matcher.appendReplacement` syntax after Kafka's
@@ -913,6 +1206,203 @@ mod tests {
                 matches!(PrincipalMapper::parse(rules), Err(X509Error::InvalidRule { .. })),
                 "{rules} should be refused"
             );
+        }
+    }
+
+    /// Whether `rules` maps `dn` to a principal.
+    fn maps(rules: &str, dn: &str) -> Option<String> {
+        PrincipalMapper::parse(rules).unwrap().try_map(dn)
+    }
+
+    #[test]
+    fn java_patterns_are_rewritten() {
+        for (java, rewritten) in [
+            (r"^CN=(\w+),OU=eng$", r"^CN=([0-9A-Za-z_]+),OU=eng$"),
+            (r"\d\D\s\S", r"[0-9][^0-9][\t\n\x0B\x0C\r ][^\t\n\x0B\x0C\r ]"),
+            (r"a.b", r"a[^\n\r\x{85}\x{2028}\x{2029}]b"),
+            (r"(?s).(?-s:.)", r"(?s).(?-s:[^\n\r\x{85}\x{2028}\x{2029}])"),
+            (r"\bx\B", r"(?-u:\b)x(?-u:\B)"),
+            (r"[\w.-]", r"[[0-9A-Za-z_].-]"),
+            (r"a\\w\\\w", r"a\\w\\[0-9A-Za-z_]"),
+            (r"\Q.*\E+", r"\.\*+"),
+            (r"[[:alpha:]]", r"[[\:alpha:]]"),
+            (r"(?iu)\w(?i-i)", r"(?i)(?-i:[0-9A-Za-z_])(?-i)"),
+            (r"\<\>[a~b]", r"<>[a\~b]"),
+            (
+                r"\p{Alpha}\P{Digit}\pL\p{IsLatin}",
+                r"[A-Za-z][^0-9]\pL\p{IsLatin}",
+            ),
+        ] {
+            assert_eq!(java_regex(java).as_deref(), Ok(rewritten), "{java}");
+        }
+    }
+
+    #[test]
+    fn unicode_lookalikes_do_not_match_ascii_classes() {
+        let rule = r"RULE:^CN=(\w+),OU=eng$/$1/L";
+        let kelvin = "CN=\u{212A}afka,OU=eng";
+        assert_eq!(maps(rule, kelvin), None);
+        assert_eq!(maps(rule, "CN=Kafka,OU=eng").as_deref(), Some("kafka"));
+        let with_default = PrincipalMapper::parse(&format!("{rule},DEFAULT")).unwrap();
+        assert_eq!(with_default.map(kelvin), kelvin);
+        assert_eq!(with_default.map("CN=Kafka,OU=eng"), "kafka");
+    }
+
+    #[test]
+    fn perl_classes_are_ascii() {
+        let digits = r"RULE:^CN=(\d+)$/$1/";
+        assert_eq!(maps(digits, "CN=42").as_deref(), Some("42"));
+        assert_eq!(maps(digits, "CN=\u{0664}2"), None); // ARABIC-INDIC DIGIT FOUR
+        assert_eq!(maps(digits, "CN=\u{FF14}2"), None); // FULLWIDTH DIGIT FOUR
+        assert!(maps(r"RULE:^CN=\D\W$/x/", "CN=\u{0664}\u{212A}").is_some());
+        let space = r"RULE:^CN=a\sb$/x/";
+        for dn in [
+            "CN=a b",
+            "CN=a\tb",
+            "CN=a\nb",
+            "CN=a\x0Bb",
+            "CN=a\x0Cb",
+            "CN=a\rb",
+        ] {
+            assert!(maps(space, dn).is_some(), "{dn:?}");
+        }
+        for dn in ["CN=a\u{A0}b", "CN=a\u{2003}b", "CN=a\u{85}b", "CN=a\u{2028}b"] {
+            assert_eq!(maps(space, dn), None, "{dn:?}");
+            assert!(maps(r"RULE:^CN=a\Sb$/x/", dn).is_some(), "{dn:?}");
+        }
+        // Java's \h and \v, where the regex crate's \v is U+000B alone.
+        assert!(maps(r"RULE:^CN=a\hb$/x/", "CN=a\u{A0}b").is_some());
+        assert_eq!(maps(r"RULE:^CN=a\hb$/x/", "CN=a\nb"), None);
+        assert!(maps(r"RULE:^CN=a\vb\vc$/x/", "CN=a\nb\u{2028}c").is_some());
+        assert_eq!(maps(r"RULE:^CN=a\Vb$/x/", "CN=a\rb"), None);
+    }
+
+    #[test]
+    fn dot_stops_at_java_line_terminators() {
+        let dot = "RULE:^CN=(.)$/$1/";
+        for terminator in ["\n", "\r", "\u{85}", "\u{2028}", "\u{2029}"] {
+            let dn = format!("CN={terminator}");
+            assert_eq!(maps(dot, &dn), None, "{dn:?}");
+            assert_eq!(maps("RULE:(?s)^CN=(.)$/$1/", &dn).as_deref(), Some(terminator));
+        }
+        for other in ["\t", "\u{0B}", "\u{0C}", "é", "\u{212A}"] {
+            assert_eq!(maps(dot, &format!("CN={other}")).as_deref(), Some(other));
+        }
+        // A flag holds to the end of its group, as in Java.
+        let scoped = "RULE:^CN=((?s).)(.)$/$1$2/";
+        assert_eq!(maps(scoped, "CN=\nx").as_deref(), Some("\nx"));
+        assert_eq!(maps(scoped, "CN=x\n"), None);
+        assert_eq!(maps("RULE:^CN=(?s:.)(.)$/$1$2/", "CN=x\n"), None);
+    }
+
+    #[test]
+    fn word_boundaries_are_ascii() {
+        // é is not an ASCII word character, so there is a boundary between c and é.
+        assert_eq!(
+            maps(r"RULE:^CN=(\w+)\b.*$/$1/", "CN=abcé").as_deref(),
+            Some("abc")
+        );
+        let not_boundary = r"RULE:^CN=(a)\B(.*)$/$1$2/";
+        assert_eq!(maps(not_boundary, "CN=aé"), None);
+        assert_eq!(maps(not_boundary, "CN=ab").as_deref(), Some("ab"));
+    }
+
+    #[test]
+    fn escaped_backslash_is_not_rewritten() {
+        let rule = r"RULE:^CN=a\\w$/lit/";
+        assert_eq!(maps(rule, r"CN=a\w").as_deref(), Some("lit"));
+        assert_eq!(maps(rule, "CN=ab"), None);
+        let then_class = r"RULE:^CN=a\\\w$/lit/";
+        assert_eq!(maps(then_class, r"CN=a\b").as_deref(), Some("lit"));
+        assert_eq!(maps(then_class, r"CN=a\w").as_deref(), Some("lit"));
+        assert_eq!(maps(then_class, "CN=a\\\u{212A}"), None);
+    }
+
+    #[test]
+    fn bracketed_classes_keep_java_meaning() {
+        let names = r"RULE:^CN=([\w.-]+)$/$1/";
+        assert_eq!(maps(names, "CN=svc-1.prod_x").as_deref(), Some("svc-1.prod_x"));
+        assert_eq!(maps(names, "CN=svc\u{212A}"), None);
+        assert_eq!(maps(names, "CN=a b"), None);
+        assert_eq!(maps(r"RULE:^CN=[^\d]$/x/", "CN=3"), None);
+        assert!(maps(r"RULE:^CN=[^\d]$/x/", "CN=\u{0663}").is_some());
+        assert_eq!(maps(r"RULE:^CN=[\s]$/x/", "CN=\u{A0}"), None);
+        // In Java [[:alpha:]] is a nested class of ':', 'a', 'l', 'p' and 'h'.
+        let posix = "RULE:^CN=[[:alpha:]]+$/x/";
+        assert!(maps(posix, "CN=:alpha:").is_some());
+        assert_eq!(maps(posix, "CN=b"), None);
+        // Java has no ~~ operator, and a ] first in a class is literal.
+        assert!(maps("RULE:^CN=[a~~b]$/x/", "CN=~").is_some());
+        assert!(maps("RULE:^CN=[]a]+$/x/", "CN=]a").is_some());
+        assert!(maps("RULE:^CN=[^]a]$/x/", "CN=b").is_some());
+        assert_eq!(maps("RULE:^CN=[^]a]$/x/", "CN=]"), None);
+    }
+
+    #[test]
+    fn posix_properties_are_ascii() {
+        assert!(maps(r"RULE:^CN=\p{Alpha}+$/x/", "CN=abc").is_some());
+        assert_eq!(maps(r"RULE:^CN=\p{Alpha}+$/x/", "CN=ébc"), None);
+        assert_eq!(maps(r"RULE:^CN=\p{Lower}$/x/", "CN=\u{3C3}"), None); // GREEK SMALL LETTER SIGMA
+        assert!(maps(r"RULE:^CN=\P{Digit}$/x/", "CN=\u{0663}").is_some());
+        assert!(maps(r"RULE:^CN=\p{Punct}+$/x/", "CN=~!@").is_some());
+        assert_eq!(maps(r"RULE:^CN=\p{Space}$/x/", "CN=\u{A0}"), None);
+        assert_eq!(maps(r"RULE:^CN=\p{Cntrl}$/x/", "CN=\u{85}"), None);
+        // Under (?i), Java's Lower is both ASCII cases, and no more.
+        assert!(maps(r"RULE:(?i)^CN=\p{Lower}$/x/", "CN=A").is_some());
+        assert_eq!(maps(r"RULE:(?i)^CN=\p{Lower}$/x/", "CN=\u{212A}"), None);
+        // Unicode categories and scripts mean the same in Java.
+        assert!(maps(r"RULE:^CN=\p{L}\pL\p{IsLatin}$/x/", "CN=éßa").is_some());
+        for rules in [
+            r"RULE:^\p{lower}$/x/",
+            r"RULE:^\p{IsAlpha}$/x/",
+            r"RULE:^\P{is_space}$/x/",
+        ] {
+            assert!(
+                matches!(PrincipalMapper::parse(rules), Err(X509Error::InvalidRule { .. })),
+                "{rules} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn quoted_text_is_literal() {
+        let quoted = r"RULE:^CN=\Q.*+(\E$/q/";
+        assert_eq!(maps(quoted, "CN=.*+(").as_deref(), Some("q"));
+        assert_eq!(maps(quoted, "CN=abc"), None);
+        assert!(maps(r"RULE:^CN=[\Q]\E]+$/q/", "CN=]]").is_some());
+        assert!(maps(r"RULE:^CN=\Q\w.$/q/", r"CN=\w.$").is_some());
+        assert!(maps(r"RULE:^CN=\<(\w+)\>$/$1/", "CN=<svc>").is_some());
+    }
+
+    #[test]
+    fn inline_flags() {
+        let insensitive = r"RULE:(?i)^CN=(\w+),OU=ENG$/$1/L";
+        assert_eq!(maps(insensitive, "CN=Kafka,OU=eng").as_deref(), Some("kafka"));
+        assert_eq!(maps(insensitive, "CN=\u{212A}afka,OU=eng"), None);
+        assert_eq!(
+            maps(r"RULE:(?iu)^cn=(\w+)$/$1/", "CN=Bob").as_deref(),
+            Some("Bob")
+        );
+        assert_eq!(
+            maps(r"RULE:(?ii-s)^cn=(\w)(?-i:x)$/$1/", "CN=bx").as_deref(),
+            Some("b")
+        );
+        assert_eq!(maps(r"RULE:(?i)^cn=(\w)(?-i:x)$/$1/", "CN=bX"), None);
+        for (rules, reason) in [
+            ("RULE:(?x)^a$/b/", "COMMENTS"),
+            ("RULE:(?U)^a$/b/", "UNICODE_CHARACTER_CLASS"),
+            ("RULE:(?d)^a$/b/", "UNIX_LINES"),
+            ("RULE:(?c)^a$/b/", "CANON_EQ"),
+            ("RULE:(?P<n>a)/b/", "unknown inline flag `P`"),
+            ("RULE:(?i/b/", "unterminated"),
+        ] {
+            match PrincipalMapper::parse(rules) {
+                Err(X509Error::InvalidRule { rule, reason: got }) => {
+                    assert_eq!(rule, rules);
+                    assert!(got.contains(reason), "{rules}: {got}");
+                }
+                other => panic!("{rules} should be refused, got {other:?}"),
+            }
         }
     }
 }
