@@ -11,6 +11,7 @@
 //! a group that became empty expire after `groups.offsets_retention` (a
 //! Redis TTL).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -132,10 +133,10 @@ impl Store {
             return Ok(pipe.query_async(&mut self.conn()).await?);
         }
         // The durable write is of the offsets' key alone (its master's
-        // WAIT): the group is listed before, on its own.
-        self.note_group(group).await?;
+        // WAIT): the group is listed after, on its own (listed once its
+        // offsets exist, the sweep in groups_with_offsets keeps it).
         let () = self.query_durably(&key, &pipe).await?;
-        Ok(())
+        self.note_group(group).await
     }
 
     /// The committed offsets of `partitions` of one topic, in their order.
@@ -181,13 +182,35 @@ impl Store {
         Ok(offsets)
     }
 
-    /// Deletes the committed offsets of `partitions` (OffsetDelete).
+    /// Deletes the committed offsets of `partitions` (OffsetDelete), and
+    /// those open transactions staged for them, which their commit would
+    /// otherwise bring back (Kafka's tombstone removes a partition's
+    /// pending transactional offsets too). A staged offset of a
+    /// TxnOffsetCommit that comes while this runs may stay: it came after.
     pub async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
         if partitions.is_empty() {
             return Ok(());
         }
         let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
-        let _: i64 = self.conn().hdel(self.group_offsets_key(group), fields).await?;
+        let txn_key = self.group_txn_offsets_key(group);
+        let (staged,): (Vec<String>,) = redis::pipe()
+            .hdel(self.group_offsets_key(group), &fields)
+            .ignore()
+            .hkeys(&txn_key)
+            .query_async(&mut self.conn())
+            .await?;
+        let wanted: HashSet<(&str, i32)> = partitions.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        let gone: Vec<&String> = staged
+            .iter()
+            .filter(|f| {
+                crate::transactions::staged_field(f)
+                    .and_then(|(t, p, _)| Some((t, p.parse::<i32>().ok()?)))
+                    .is_some_and(|tp| wanted.contains(&tp))
+            })
+            .collect();
+        if !gone.is_empty() {
+            let _: i64 = self.conn().hdel(&txn_key, gone).await?;
+        }
         Ok(())
     }
 
@@ -260,13 +283,14 @@ impl Store {
         Ok(())
     }
 
-    /// Groups that have committed offsets still stored.
     /// Whether `group` has committed offsets (a group without members
     /// whose consumers assign their own partitions).
     pub async fn group_has_offsets(&self, group: &str) -> Result<bool> {
         Ok(self.conn().exists(self.group_offsets_key(group)).await?)
     }
 
+    /// Groups that have committed offsets still stored; those listed
+    /// whose offsets expired are forgotten.
     pub async fn groups_with_offsets(&self) -> Result<Vec<String>> {
         let groups: Vec<String> = self.conn().smembers(self.groups_key()).await?;
         if groups.is_empty() {
@@ -279,9 +303,25 @@ impl Store {
         let exists: Vec<bool> = pipe.query_async(&mut self.conn()).await?;
         let (live, gone): (Vec<_>, Vec<_>) = groups.into_iter().zip(exists).partition(|(_, e)| *e);
         if !gone.is_empty() {
-            // Expired with their retention: forget them.
+            // Expired with their retention: forget them. A group's first
+            // commit writes its offsets, then lists it: one that did so
+            // since they were looked at is listed again.
             let gone: Vec<String> = gone.into_iter().map(|(g, _)| g).collect();
-            let _: i64 = self.conn().srem(self.groups_key(), gone).await?;
+            let _: i64 = self.conn().srem(self.groups_key(), &gone).await?;
+            let mut pipe = redis::pipe();
+            for group in &gone {
+                pipe.exists(self.group_offsets_key(group));
+            }
+            let back: Vec<bool> = pipe.query_async(&mut self.conn()).await?;
+            let back: Vec<&String> = gone
+                .iter()
+                .zip(back)
+                .filter(|(_, e)| *e)
+                .map(|(g, _)| g)
+                .collect();
+            if !back.is_empty() {
+                let _: i64 = self.conn().sadd(self.groups_key(), back).await?;
+            }
         }
         let mut live: Vec<String> = live.into_iter().map(|(g, _)| g).collect();
         live.sort();

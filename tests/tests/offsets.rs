@@ -166,6 +166,38 @@ fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
     assert_eq!(response.error_code, code::NONE);
     assert_eq!(fetch(&mut conn, &group, &topic, &[0, 1])[0].1, -1);
     assert_eq!(fetch(&mut conn, &group, &topic, &[0, 1])[1].1, 20);
+    // A missing partition, or topic, is UNKNOWN_TOPIC_OR_PARTITION, and
+    // the partition beside it is deleted.
+    let missing = delete.clone().with_topics(vec![
+        OffsetDeleteRequestTopic::default()
+            .with_name(raw::topic_name(&topic))
+            .with_partitions(vec![
+                OffsetDeleteRequestPartition::default().with_partition_index(1),
+                OffsetDeleteRequestPartition::default().with_partition_index(99),
+            ]),
+        OffsetDeleteRequestTopic::default()
+            .with_name(raw::topic_name(&unique_topic("no-such-topic")))
+            .with_partitions(vec![
+                OffsetDeleteRequestPartition::default().with_partition_index(0),
+            ]),
+    ]);
+    let response = conn.request(0, &missing);
+    assert_eq!(response.error_code, code::NONE);
+    let codes: Vec<Vec<i16>> = response
+        .topics
+        .iter()
+        .map(|t| t.partitions.iter().map(|p| p.error_code).collect())
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            vec![code::NONE, code::UNKNOWN_TOPIC_OR_PARTITION],
+            vec![code::UNKNOWN_TOPIC_OR_PARTITION]
+        ]
+    );
+    assert_eq!(fetch(&mut conn, &group, &topic, &[1])[0].1, -1);
+    // Committed again for what follows.
+    assert_eq!(commit(&mut conn, &group, &topic, &[(1, 20, "")], -1), vec![0]);
 
     let unknown = delete.with_group_id(StrBytes::from_static_str("no-such-group").into());
     assert_eq!(conn.request(0, &unknown).error_code, GROUP_ID_NOT_FOUND);

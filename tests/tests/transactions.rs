@@ -1263,6 +1263,43 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         .query(&mut redis_conn)
         .expect("HEXISTS");
     assert!(!still, "the leftover was removed");
+
+    // OffsetDelete removes the partition's offsets staged by an open
+    // transaction too: its commit does not bring the offset back, and
+    // require_stable readers are not held (Kafka's tombstone).
+    stage(&mut conn, a, 300);
+    let delete: kafka_protocol::messages::OffsetDeleteResponse = conn.request(
+        0,
+        &kafka_protocol::messages::OffsetDeleteRequest::default()
+            .with_group_id(group_id())
+            .with_topics(vec![
+                kafka_protocol::messages::offset_delete_request::OffsetDeleteRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        kafka_protocol::messages::offset_delete_request::OffsetDeleteRequestPartition::default()
+                            .with_partition_index(0),
+                    ]),
+            ]),
+    );
+    assert_eq!(delete.error_code, code::NONE);
+    assert_eq!(delete.topics[0].partitions[0].error_code, code::NONE);
+    assert_eq!(
+        fetch(&mut conn, true, false),
+        (code::NONE, -1),
+        "deleted, and stable"
+    );
+    let staged: bool = redis::cmd("HEXISTS")
+        .arg(&staged_key)
+        .arg(&field)
+        .query(&mut redis_conn)
+        .expect("HEXISTS");
+    assert!(!staged, "the staged offset was deleted");
+    end(&mut conn, a, true);
+    assert_eq!(
+        fetch(&mut conn, true, false),
+        (code::NONE, -1),
+        "the transaction's commit did not bring the offset back"
+    );
 }
 
 /// A transactional id unused for `transactions.id_expiration` is forgotten

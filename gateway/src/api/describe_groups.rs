@@ -75,8 +75,12 @@ pub async fn handle(
 }
 
 async fn describe(ctx: &Context, version: i16, group_id: &str) -> DescribedGroup {
-    if let Some(described) = ctx.groups.describe(group_id).await {
-        return described;
+    match ctx.groups.describe(group_id).await {
+        Ok(Some(described)) => return described,
+        Ok(None) => {}
+        // Not a view without its members: Kafka answers nothing while it
+        // loads a group.
+        Err(e) => return DescribedGroup::default().with_error_code(e.code()),
     }
     match ctx.storage.all_committed_offsets(group_id).await {
         Ok(offsets) if !offsets.is_empty() => state_only(State::Empty),

@@ -148,11 +148,11 @@ async fn commit(
     if ctx.groups.retain_committed(group).await {
         return Ok(());
     }
-    let has_members = ctx
-        .groups
-        .describe(group)
-        .await
-        .is_some_and(|g| !g.members.is_empty());
+    let has_members = match ctx.groups.describe(group).await {
+        Ok(group) => group.is_some_and(|g| !g.members.is_empty()),
+        // Not known now: its offsets are not left to expire.
+        Err(_) => true,
+    };
     if !has_members {
         ctx.storage
             .group_emptied(group, ctx.settings.groups.offsets_retention.get())

@@ -6,7 +6,8 @@
 //! subscribed; a group whose members do not use the consumer protocol
 //! (Kafka Connect's, say) keeps all its offsets (NON_EMPTY_GROUP); a group
 //! with neither members nor offsets is GROUP_ID_NOT_FOUND — Kafka's
-//! `validateOffsetDelete` and `isSubscribedToTopic`.
+//! `validateOffsetDelete` and `isSubscribedToTopic`. A missing topic or
+//! partition is UNKNOWN_TOPIC_OR_PARTITION, as from Kafka's KafkaApis.
 
 use bytes::Buf;
 use kafka_protocol::error::ResponseError;
@@ -47,7 +48,12 @@ pub async fn handle(
         Some(Ok(answer)) => return answer,
         Some(Err(code)) => return OffsetDeleteResponse::default().with_error_code(code),
     }
-    let members = ctx.groups.subscriptions(&group).await;
+    // A group whose snapshot cannot be read now is not taken for one
+    // without members (which would let every offset go).
+    let members = match ctx.groups.subscriptions(&group).await {
+        Ok(members) => members,
+        Err(e) => return OffsetDeleteResponse::default().with_error_code(e.code()),
+    };
     let has_offsets = match ctx.storage.groups_with_offsets().await {
         Ok(groups) => groups.contains(&group),
         Err(e) => return OffsetDeleteResponse::default().with_error_code(coordinator_error(&e)),
@@ -79,15 +85,30 @@ pub async fn handle(
             crate::auth::acl::ResourceType::Topic,
             &name,
         );
-        let code = if !readable {
-            ResponseError::TopicAuthorizationFailed.code()
-        } else if subscribed.covers(&name) {
-            ResponseError::GroupSubscribedToTopic.code()
+        // Kafka's order: authorization, then the partition's existence,
+        // then the group's subscription.
+        let found = if readable {
+            Some(super::resolve_topic(ctx, &name, false).await)
         } else {
-            deletable.extend(topic.partitions.iter().map(|p| (name.clone(), p.partition_index)));
-            0
+            None
         };
-        topics.push((topic, code));
+        let mut codes = Vec::with_capacity(topic.partitions.len());
+        for p in &topic.partitions {
+            let code = match &found {
+                None => ResponseError::TopicAuthorizationFailed.code(),
+                Some(Err(code)) => *code,
+                Some(Ok(t)) => match super::ensure_partition(ctx, t.clone(), p.partition_index).await {
+                    Err(code) => code,
+                    Ok(_) if subscribed.covers(&name) => ResponseError::GroupSubscribedToTopic.code(),
+                    Ok(_) => {
+                        deletable.push((name.clone(), p.partition_index));
+                        0
+                    }
+                },
+            };
+            codes.push(code);
+        }
+        topics.push((topic, codes));
     }
     let deleted = ctx
         .storage
@@ -99,14 +120,15 @@ pub async fn handle(
         .with_topics(
             topics
                 .into_iter()
-                .map(|(topic, code)| {
+                .map(|(topic, codes)| {
                     OffsetDeleteResponseTopic::default()
                         .with_name(topic.name)
                         .with_partitions(
                             topic
                                 .partitions
                                 .iter()
-                                .map(|p| {
+                                .zip(codes)
+                                .map(|(p, code)| {
                                     OffsetDeleteResponsePartition::default()
                                         .with_partition_index(p.partition_index)
                                         .with_error_code(code)

@@ -355,10 +355,12 @@ impl Coordinator {
 
     /// DescribeGroups for a group in memory (without its id and authorized
     /// operations, which the caller sets).
-    pub async fn describe(&self, group_id: &str) -> Option<DescribedGroup> {
-        let _ = self.load(group_id).await;
+    /// An error when the group's snapshot cannot be read, or the group
+    /// was handed over while it was (not a view without its members).
+    pub async fn describe(&self, group_id: &str) -> Result<Option<DescribedGroup>, ResponseError> {
+        self.load(group_id).await?;
         let groups = self.inner.lock();
-        groups.get(group_id.as_bytes()).map(|slot| slot.group.describe())
+        Ok(groups.get(group_id.as_bytes()).map(|slot| slot.group.describe()))
     }
 
     /// Whether this coordinator holds the group in memory (it has members,
@@ -368,13 +370,18 @@ impl Coordinator {
     }
 
     /// The group's members' protocol type and metadata, for OffsetDelete
-    /// (see [`Group::subscriptions`]); `None` for a group without members.
-    pub async fn subscriptions(&self, group_id: &str) -> Option<(StrBytes, Option<Vec<Bytes>>)> {
-        let _ = self.load(group_id).await;
+    /// (see [`Group::subscriptions`]); `None` for a group without members;
+    /// an error as [`Coordinator::describe`]'s.
+    #[allow(clippy::type_complexity)]
+    pub async fn subscriptions(
+        &self,
+        group_id: &str,
+    ) -> Result<Option<(StrBytes, Option<Vec<Bytes>>)>, ResponseError> {
+        self.load(group_id).await?;
         let groups = self.inner.lock();
-        groups
+        Ok(groups
             .get(group_id.as_bytes())
-            .and_then(|slot| slot.group.subscriptions())
+            .and_then(|slot| slot.group.subscriptions()))
     }
 
     /// Forgets an Empty group (DeleteGroups); its offsets are the caller's.
@@ -382,13 +389,32 @@ impl Coordinator {
         self.load(group_id)
             .await
             .map_err(|e| NotDeleted::Refused(e.code()))?;
-        let mut groups = self.inner.lock();
-        let slot = groups.get(group_id.as_bytes()).ok_or(NotDeleted::Unknown)?;
-        if slot.group.state() != State::Empty {
-            return Err(NotDeleted::NonEmpty);
+        {
+            let mut groups = self.inner.lock();
+            let slot = groups.get(group_id.as_bytes()).ok_or(NotDeleted::Unknown)?;
+            if slot.group.state() != State::Empty {
+                return Err(NotDeleted::NonEmpty);
+            }
+            if let Some(slot) = groups.remove(group_id.as_bytes()) {
+                slot.timers.notify_one();
+            }
         }
-        if let Some(slot) = groups.remove(group_id.as_bytes()) {
-            slot.timers.notify_one();
+        // Its changes queued before (the Empty snapshot, its offsets'
+        // retention) are written before the caller deletes it from Redis,
+        // or they would bring it back (Kafka's coordinator orders a
+        // group's tombstones after its records). Out of memory now, it
+        // queues no more.
+        let Some(writes) = &self.inner.writes else {
+            return Ok(());
+        };
+        let wanted = writes.sent.load(AtomicOrdering::Relaxed);
+        let mut done = writes.done.subscribe();
+        if tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted))
+            .await
+            .is_err()
+        {
+            // Loaded again from Redis by the client's retry.
+            return Err(NotDeleted::Refused(ResponseError::CoordinatorNotAvailable.code()));
         }
         Ok(())
     }
