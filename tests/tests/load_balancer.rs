@@ -672,10 +672,12 @@ fn each_listener_lists_the_gateways_by_its_own_addresses() {
     let gateways: Vec<Ketch> = ports
         .iter()
         .map(|(external, internal)| {
+            // INTERNAL first: what a gateway says of itself without a
+            // listener is not what EXTERNAL's clients are told.
             let listeners =
-                format!("broker.listeners=EXTERNAL://127.0.0.1:{external},INTERNAL://127.0.0.1:{internal}");
+                format!("broker.listeners=INTERNAL://127.0.0.1:{internal},EXTERNAL://127.0.0.1:{external}");
             let advertised = format!(
-                "broker.advertised_listeners=EXTERNAL://127.0.0.1:{shared_port},INTERNAL://127.0.0.1:{internal}"
+                "broker.advertised_listeners=INTERNAL://127.0.0.1:{internal},EXTERNAL://127.0.0.1:{shared_port}"
             );
             Ketch::start(
                 &redis.url(),
@@ -722,5 +724,42 @@ fn each_listener_lists_the_gateways_by_its_own_addresses() {
             through_internal.iter().all(|(id, _)| *id <= MAX_NODE_ID),
             "{through_internal:?}"
         );
+        // The broker's configs, by the node id each listener's clients
+        // were given (kafka-configs.sh --entity-type brokers).
+        for port in [*external, *internal] {
+            let id = if port == *external {
+                through_external[0].0
+            } else {
+                // This gateway's own entry among INTERNAL's.
+                through_internal
+                    .iter()
+                    .find(|(_, p)| *p == i32::from(*internal))
+                    .expect("this gateway among INTERNAL's brokers")
+                    .0
+            };
+            let mut conn = KafkaConn::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+            let response = conn.request(
+                4,
+                &kafka_protocol::messages::DescribeConfigsRequest::default().with_resources(vec![
+                    kafka_protocol::messages::describe_configs_request::DescribeConfigsResource::default()
+                        .with_resource_type(4)
+                        .with_resource_name(kafka_protocol::protocol::StrBytes::from_string(id.to_string()))
+                        .with_configuration_keys(Some(vec![
+                            kafka_protocol::protocol::StrBytes::from_static_str("broker.id"),
+                        ])),
+                ]),
+            );
+            let result = &response.results[0];
+            assert_eq!(
+                result.error_code, 0,
+                "port {port}, id {id}: {:?}",
+                result.error_message
+            );
+            assert_eq!(
+                result.configs[0].value.as_deref(),
+                Some(id.to_string().as_str()),
+                "port {port}"
+            );
+        }
     }
 }

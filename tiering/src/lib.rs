@@ -1371,6 +1371,15 @@ pub fn compaction_policy(topic: &Topic, defaults: &Defaults, max_keys: usize) ->
     if !configs.cleans_up_by("compact") {
         return None;
     }
+    if configs.get("remote.storage.enable") == "true" {
+        // Refused when configs change (Kafka refuses the pair), but a topic
+        // change and a cluster-wide default change through two gateways at
+        // once can still make it: compacting would trim records the
+        // archive has not read, so the archive wins.
+        tracing::warn!(topic = %topic.name,
+            "the topic has remote storage and a compacting cleanup.policy; it is not compacted");
+        return None;
+    }
     let number = |name: &str| configs.number(name);
     Some(CompactPolicy {
         min_dirty_ratio: configs.get("min.cleanable.dirty.ratio").parse().unwrap_or(0.5),
@@ -1417,6 +1426,17 @@ mod tests {
         let deleting = policy(&topic(&[("cleanup.policy", "delete")]), &defaults, expiration);
         assert_eq!(deleting.retention_ms, 5000);
         assert!(compaction_policy(&topic(&[]), &defaults, 10).is_some());
+    }
+
+    #[test]
+    fn a_topic_with_remote_storage_is_never_compacted() {
+        let keys = ketch_storage::Keys::new("ketch");
+        let configs = [("cleanup.policy", "compact"), ("remote.storage.enable", "true")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let topic = Topic::new("t", uuid::Uuid::nil(), Vec::new(), configs, &keys);
+        assert!(compaction_policy(&topic, &Defaults::default(), 10).is_none());
     }
 
     #[test]

@@ -440,7 +440,8 @@ async fn alter_one(
                     "Authorization failed.",
                 ));
             }
-            super::this_broker(ctx, name).map_err(|m| failure(ResponseError::InvalidRequest, m))?;
+            super::this_broker(ctx, &client.listener, name)
+                .map_err(|m| failure(ResponseError::InvalidRequest, m))?;
             let alteration = alteration?;
             let names: Vec<&str> = match &alteration {
                 Alteration::Replace(all) => all.keys().map(String::as_str).collect(),

@@ -120,13 +120,14 @@ pub fn topic_configs(defaults: &Defaults, overrides: &BTreeMap<String, String>) 
 /// the topic configs (`log.retention.ms`…), which tools read to show what
 /// a topic without overrides gets, and which can be set cluster-wide at run
 /// time.
-pub fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
+pub fn broker_configs(ctx: &Context, client_listener: &str) -> Vec<ReportedConfig> {
     let settings = &ctx.settings;
     let topics = &settings.topics;
     let defaults = ctx.topic_defaults.get();
     let me = ctx.membership.me();
     let listener = format!("PLAINTEXT://{}:{}", me.host, me.port);
-    let id = ctx.membership.my_broker_id("").to_string();
+    // The node id the client was given, on its listener.
+    let id = ctx.membership.my_broker_id(client_listener).to_string();
     let ms = |d: ketch_config::Duration| d.get().as_millis().to_string();
     let own = [
         ("broker.id", id.clone(), TYPE_INT, "This gateway's node id."),
@@ -256,7 +257,7 @@ pub fn broker_configs(ctx: &Context) -> Vec<ReportedConfig> {
 /// The default broker resource (an empty name): only the cluster-wide
 /// defaults set at run time, as Kafka describes it.
 fn cluster_default_configs(ctx: &Context) -> Vec<ReportedConfig> {
-    broker_configs(ctx)
+    broker_configs(ctx, "")
         .into_iter()
         .filter_map(|mut config| {
             config
@@ -324,7 +325,7 @@ async fn describe(
             .with_error_code(error.code())
             .with_error_message(Some(str_bytes("Authorization failed.")));
     }
-    match configs_of(ctx, &resource).await {
+    match configs_of(ctx, &client.listener, &resource).await {
         Ok(mut configs) => {
             // No key list, or an empty one, asks for every config (Kafka's
             // ConfigHelper treats both alike).
@@ -341,6 +342,7 @@ async fn describe(
 
 async fn configs_of(
     ctx: &Context,
+    listener: &str,
     resource: &DescribeConfigsResource,
 ) -> Result<Vec<ReportedConfig>, (i16, Option<String>)> {
     let name = resource.resource_name.as_str();
@@ -367,8 +369,8 @@ async fn configs_of(
                 .map_err(|e| (super::error_code(&e), None))?;
             Ok(cluster_default_configs(ctx))
         }
-        RESOURCE_BROKER => super::this_broker(ctx, name)
-            .map(|()| broker_configs(ctx))
+        RESOURCE_BROKER => super::this_broker(ctx, listener, name)
+            .map(|()| broker_configs(ctx, listener))
             .map_err(|m| (ResponseError::InvalidRequest.code(), Some(m))),
         other => Err((
             ResponseError::InvalidRequest.code(),

@@ -688,10 +688,10 @@ pub async fn elsewhere<R: crate::forward::Forwardable>(
 }
 
 /// Checks a config request's broker resource name: empty, or this
-/// gateway's node id (as clients see it, or its own); otherwise Kafka's
-/// INVALID_REQUEST message.
-pub(crate) fn this_broker(ctx: &Context, name: &str) -> Result<(), String> {
-    let me = ctx.membership.my_broker_id("").to_string();
+/// gateway's node id (as clients of `listener` see it, or its own);
+/// otherwise Kafka's INVALID_REQUEST message.
+pub(crate) fn this_broker(ctx: &Context, listener: &str, name: &str) -> Result<(), String> {
+    let me = ctx.membership.my_broker_id(listener).to_string();
     if name.is_empty() || name == me || name == ctx.membership.my_id().to_string() {
         return Ok(());
     }
