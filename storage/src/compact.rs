@@ -277,14 +277,26 @@ impl Store {
                         outcome.bytes_before += kept.bytes_before;
                     }
                     if kept.control && !with_data.remove(&kept.producer) && kept.last < tombstones.tail {
-                        if tombstones.expired(kept.base) {
+                        let of_marker: Vec<&Aborted> = aborted
+                            .iter()
+                            .filter(|(producer, _, marker)| {
+                                *producer == kept.producer && *marker == kept.base
+                            })
+                            .collect();
+                        // An abort marker stays through the first pass that
+                        // compacts it, the one that drops its transaction's
+                        // records, with its index entry: a read_committed
+                        // reader that read them before the pass still finds
+                        // the transaction aborted (Kafka's cleaner keeps it
+                        // while it sees the transaction's batches, then
+                        // until delete.retention.ms from that pass).
+                        if dirty && !of_marker.is_empty() {
+                            kept.tomb_sealed = Some(now);
+                        } else if tombstones.expired(kept.base) {
                             kept.batch = None;
                             forgotten.extend(
-                                aborted
+                                of_marker
                                     .iter()
-                                    .filter(|(producer, _, marker)| {
-                                        *producer == kept.producer && *marker == kept.base
-                                    })
                                     .map(|(producer, first, _)| format!("{producer}:{first}")),
                             );
                         } else {

@@ -520,7 +520,13 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
     let redis = TestRedis::start();
     let ketch = gateway(&redis);
     let topic = unique_topic("changelog");
-    create_compacted(&ketch, &topic, &[("delete.retention.ms", "0")]);
+    // Not compacted until every transaction is written, so that one pass
+    // drops every aborted transaction's records.
+    create_compacted(
+        &ketch,
+        &topic,
+        &[("delete.retention.ms", "3000"), ("cleanup.policy", "delete")],
+    );
     let rt = ketch_tests::runtime();
     let producer = ketch.producer_with(&[("transactional.id", &unique_topic("txn"))]);
     producer.init_transactions(Duration::from_secs(30)).expect("init");
@@ -554,11 +560,45 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
         }
     }
     let end = redis.next_offset(&topic, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !redis
+        .segments(&topic, 0)
+        .iter()
+        .any(|s| s["last"].as_i64() == Some(end - 1))
+    {
+        assert!(Instant::now() < deadline, "the last segment was never sealed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (records, markers) = read_log_at(ketch.kafka_addr(), &topic);
+    assert_eq!((records.len(), markers), (120, 6), "before compaction");
+    // Every marker is past delete.retention.ms when the topic is compacted.
+    std::thread::sleep(Duration::from_millis(3_500));
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        raw::set_topic_config(&mut conn, &topic, "cleanup.policy", "compact"),
+        code::NONE
+    );
     wait_compacted(&redis, &ketch, &topic, end);
-    // Of the six markers (three commits, three aborts) two stay: the last
-    // commit's (its records are the ones left) and the last abort's, the
-    // end of the log, which stays so that a reader there moves to the end
-    // (read_log_at asserts no fetch below the high watermark is empty).
+    // The pass that dropped the aborted transactions' records kept their
+    // markers and index entries (a read_committed reader that read those
+    // records before the pass still finds them aborted), for
+    // delete.retention.ms from the pass; the first two commits' markers,
+    // whose records no longer stay, went. Of the markers, then: the last
+    // commit's, the three aborts'.
+    let (records, markers) = read_log_at(ketch.kafka_addr(), &topic);
+    assert_eq!((records.len(), markers), (20, 4));
+    let tag = &redis.topic_tags(&topic)[0];
+    let indexed = || -> i64 {
+        redis::cmd("ZCARD")
+            .arg(format!("ketch:{{{tag}}}:aborted"))
+            .query(&mut redis.connection())
+            .expect("ZCARD")
+    };
+    assert_eq!(indexed(), 3);
+    // A later pass, delete.retention.ms on, drops them but the last
+    // abort's, the end of the log, which stays so that a reader there
+    // moves to the end (read_log_at asserts no fetch below the high
+    // watermark is empty).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (records, markers) = read_log_at(ketch.kafka_addr(), &topic);
@@ -572,12 +612,7 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
     // The aborted transactions index forgot those whose markers went (a
     // read_committed reader would otherwise wait for their markers and
     // skip the producer's later records): the last abort's is left.
-    let tag = &redis.topic_tags(&topic)[0];
-    let indexed: i64 = redis::cmd("ZCARD")
-        .arg(format!("ketch:{{{tag}}}:aborted"))
-        .query(&mut redis.connection())
-        .expect("ZCARD");
-    assert_eq!(indexed, 1);
+    assert_eq!(indexed(), 1);
     for isolation in ["read_committed", "read_uncommitted"] {
         let consumer = ketch.consumer_with(&[("isolation.level", isolation)]);
         let mut assignment = rdkafka::TopicPartitionList::new();
