@@ -412,6 +412,12 @@ async fn unwrap(ctx: &Context, forwarder: SocketAddr, envelope: EnvelopeRequest)
         .as_deref()
         .and_then(|p| std::str::from_utf8(p).ok())
         .unwrap_or(api::ANONYMOUS);
+    // As a client's own connection, no request before the ACLs are read
+    // (the forwarder answers its client COORDINATOR_NOT_AVAILABLE, which
+    // it retries, not an authorization error).
+    if !ctx.security.acls.ready_for(principal) {
+        return refuse(ResponseError::CoordinatorLoadInProgress);
+    }
     let client = Client {
         peer: SocketAddr::new(ip, 0),
         principal: Arc::from(principal),

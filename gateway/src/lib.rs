@@ -362,9 +362,18 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     );
     if let Err(e) = store.ping().await {
         tracing::warn!(error = %e, "redis is not reachable yet; serving retriable errors until it is");
-    } else if let Err(e) = cluster_configs::reload(&ctx).await {
-        // keep_current below retries; until then Kafka's defaults apply.
-        tracing::warn!(error = %e, "cannot read the cluster-wide topic defaults yet");
+    } else {
+        if let Err(e) = cluster_configs::reload(&ctx).await {
+            // keep_current below retries; until then Kafka's defaults apply.
+            tracing::warn!(error = %e, "cannot read the cluster-wide topic defaults yet");
+        }
+        // Kafka's listeners serve once the authorizer has loaded the ACLs;
+        // until then (Redis away) client connections are closed.
+        if ctx.security.acls.enabled()
+            && let Err(e) = ctx.security.acls.load(ctx.storage.acls()).await
+        {
+            tracing::warn!(error = %e, "cannot read the ACLs yet");
+        }
     }
     let http_task = tokio::spawn(http::serve(http, ctx.clone(), shutdown.clone()));
     let internal_task = tokio::spawn(forward::serve(internal, ctx.clone(), shutdown.clone()));

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 
 use crate::Context;
 use crate::api;
-use crate::auth::sasl::{Outcome, Session};
+use crate::auth::sasl::{Outcome, SESSION_EXPIRED, Session};
 use crate::quotas::Kind;
 
 mod responses;
@@ -402,12 +402,7 @@ where
                     ApiKey::try_from(header.request_api_key)
                 ),
             )),
-            _ if session.expired() => Some(Outcome::Close(
-                None,
-                "the SASL session expired without re-authentication (its token's expiry, or \
-                 sasl.connections_max_reauth)"
-                    .to_owned(),
-            )),
+            _ if session.expired() => Some(Outcome::Close(None, SESSION_EXPIRED.to_owned())),
             // Kafka serves no request of a listener before its authorizer
             // has loaded the ACLs; answering one would refuse it with an
             // authorization error, fatal to clients (or list no topics).

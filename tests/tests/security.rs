@@ -756,6 +756,31 @@ fn delete_topics_takes_the_clusters_delete_and_metadata_hides_cluster_operations
     );
 }
 
+/// InitProducerId is authorized before the request is checked, as in
+/// Kafka: a client without the ACLs is told so, whatever else is wrong.
+#[test]
+fn init_producer_id_is_authorized_before_it_is_checked() {
+    use kafka_protocol::messages::{
+        InitProducerIdRequest, InitProducerIdResponse, ProducerId, TransactionalId,
+    };
+    let (_redis, ketch, _admin) = admin_and_alice();
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    // A producer id without an epoch (INVALID_REQUEST once authorized).
+    let bad = InitProducerIdRequest::default()
+        .with_transactional_id(None)
+        .with_producer_id(ProducerId(5))
+        .with_producer_epoch(-1)
+        .with_transaction_timeout_ms(60_000);
+    let idempotent: InitProducerIdResponse = alice.request(4, &bad);
+    assert_eq!(idempotent.error_code, 31, "CLUSTER_AUTHORIZATION_FAILED");
+    let transactional: InitProducerIdResponse =
+        alice.request(4, &bad.with_transactional_id(Some(TransactionalId(s("")))));
+    assert_eq!(
+        transactional.error_code, 53,
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+    );
+}
+
 /// A DeleteTopics by name needs DESCRIBE on the topic as well as DELETE: a
 /// DENY of DESCRIBE keeps the topic, as Kafka's controller checks it first.
 #[test]

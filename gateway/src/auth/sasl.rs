@@ -593,7 +593,7 @@ impl Failure {
 
 /// Why the connection closes when the session lifetime passed without a
 /// re-authentication.
-const SESSION_EXPIRED: &str =
+pub(crate) const SESSION_EXPIRED: &str =
     "the SASL session expired without re-authentication (its token's expiry, or sasl.connections_max_reauth)";
 
 /// `user`'s stored `alg` credential. A credential that cannot be read
