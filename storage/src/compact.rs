@@ -213,8 +213,22 @@ impl Store {
             clean_end: dirty_end,
             ..CompactOutcome::default()
         };
+        // A tombstone or marker is kept delete.retention.ms from the pass
+        // that first compacts its segment (this one, for the dirty
+        // segments), so a reader that read what it deletes (or an aborted
+        // transaction's records) before that pass still reads it after.
+        let first_compacted = |s: &Segment| {
+            if s.last >= clean_end {
+                now
+            } else {
+                s.compacted_ms.unwrap_or(s.sealed_ms)
+            }
+        };
         let tombstones = Tombstones {
-            segments: segments.iter().map(|s| (s.base, s.last, s.sealed_ms)).collect(),
+            segments: segments
+                .iter()
+                .map(|s| (s.base, s.last, first_compacted(s)))
+                .collect(),
             until: now - policy.delete_retention_ms,
             tail: start.next - 1,
         };
@@ -277,26 +291,14 @@ impl Store {
                         outcome.bytes_before += kept.bytes_before;
                     }
                     if kept.control && !with_data.remove(&kept.producer) && kept.last < tombstones.tail {
-                        let of_marker: Vec<&Aborted> = aborted
-                            .iter()
-                            .filter(|(producer, _, marker)| {
-                                *producer == kept.producer && *marker == kept.base
-                            })
-                            .collect();
-                        // An abort marker stays through the first pass that
-                        // compacts it, the one that drops its transaction's
-                        // records, with its index entry: a read_committed
-                        // reader that read them before the pass still finds
-                        // the transaction aborted (Kafka's cleaner keeps it
-                        // while it sees the transaction's batches, then
-                        // until delete.retention.ms from that pass).
-                        if dirty && !of_marker.is_empty() {
-                            kept.tomb_sealed = Some(now);
-                        } else if tombstones.expired(kept.base) {
+                        if tombstones.expired(kept.base) {
                             kept.batch = None;
                             forgotten.extend(
-                                of_marker
+                                aborted
                                     .iter()
+                                    .filter(|(producer, _, marker)| {
+                                        *producer == kept.producer && *marker == kept.base
+                                    })
                                     .map(|(producer, first, _)| format!("{producer}:{first}")),
                             );
                         } else {
@@ -330,18 +332,31 @@ impl Store {
         // the trimming steps.
         let mut changes: Vec<String> = Vec::new();
         for (member, segment) in members.iter().zip(&segments) {
-            if segment.base >= dirty_end || segment.base < start.log_start {
+            if segment.base >= dirty_end || segment.last < start.log_start {
                 continue;
             }
             let Ok(mut json) = serde_json::from_str::<serde_json::Value>(member) else {
                 continue;
             };
+            if segment.base < start.log_start {
+                // Cut into by DeleteRecords: its sizes stay, but its
+                // tombstones are kept from this pass too.
+                if json.get("compacted_ms").is_none() {
+                    json["compacted_ms"] = serde_json::Value::from(now);
+                    changes.push(member.clone());
+                    changes.push(json.to_string());
+                }
+                continue;
+            }
             let log_bytes = json
                 .get("log_bytes")
                 .or_else(|| json.get("bytes"))
                 .cloned()
                 .unwrap_or(serde_json::Value::from(0));
             json["log_bytes"] = log_bytes;
+            if json.get("compacted_ms").is_none() {
+                json["compacted_ms"] = serde_json::Value::from(now);
+            }
             json["bytes"] = serde_json::Value::from(new_bytes.get(&segment.base).copied().unwrap_or(0));
             changes.push(member.clone());
             changes.push(json.to_string());
@@ -565,7 +580,8 @@ struct Tombstones {
 }
 
 impl Tombstones {
-    /// The segment holding `offset`: its base and when it was sealed.
+    /// The segment holding `offset`: its base and when it was first
+    /// compacted (its seal, for one an older release compacted).
     fn segment_of(&self, offset: i64) -> Option<(i64, i64)> {
         let i = self.segments.partition_point(|(_, last, _)| *last < offset);
         self.segments
@@ -574,8 +590,8 @@ impl Tombstones {
             .map(|(base, _, sealed)| (*base, *sealed))
     }
 
-    /// Whether a tombstone at `offset` has been kept `delete.retention.ms`
-    /// since its segment was sealed.
+    /// Whether a tombstone (or transaction marker) at `offset` has been
+    /// kept `delete.retention.ms` since its segment was first compacted.
     fn expired(&self, offset: i64) -> bool {
         self.segment_of(offset)
             .is_some_and(|(_, sealed)| sealed < self.until)

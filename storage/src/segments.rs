@@ -57,6 +57,12 @@ pub struct Segment {
     /// (`bytes` is then what the compacted stream holds of it).
     #[serde(default)]
     pub log_bytes: Option<i64>,
+    /// When a compaction pass first compacted it (Unix ms): its tombstones
+    /// and transaction markers are kept `delete.retention.ms` from then,
+    /// Kafka's delete horizon; `None` before that, and for a segment an
+    /// older release compacted (its seal time counts then).
+    #[serde(default)]
+    pub compacted_ms: Option<i64>,
 }
 
 /// Why and since when a segment is quarantined.

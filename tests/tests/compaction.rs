@@ -279,6 +279,57 @@ fn alter(ketch: &Ketch, topic: &str, name: &str, value: &str) -> i16 {
     raw::set_topic_config(&mut KafkaConn::connect(ketch.kafka_addr()), topic, name, value)
 }
 
+/// A tombstone is kept delete.retention.ms from the pass that first
+/// compacts it (the one that drops the value it deletes), however long ago
+/// its segment was sealed: a consumer that read the value before that pass
+/// still reads the tombstone after it (Kafka's delete horizon, KIP-534).
+#[test]
+fn a_tombstone_outlives_the_pass_that_drops_what_it_deletes() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("horizon");
+    // Not compacted until the tombstone's segment is older than
+    // delete.retention.ms.
+    create_compacted(
+        &ketch,
+        &topic,
+        &[("delete.retention.ms", "3000"), ("cleanup.policy", "delete")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    // (The log's last batch always stays: a record after the tombstone.)
+    let batches = [
+        vec![keyed("gone", Some("value")), keyed("kept", Some("value"))],
+        vec![keyed("gone", None)],
+        vec![keyed("later", Some("value"))],
+    ];
+    produce(&mut conn, &topic, &batches, None, &mut latest);
+    let end = redis.next_offset(&topic, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !redis
+        .segments(&topic, 0)
+        .iter()
+        .any(|s| s["last"].as_i64() == Some(end - 1))
+    {
+        assert!(Instant::now() < deadline, "the last segment was never sealed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(3_500));
+    assert_eq!(alter(&ketch, &topic, "cleanup.policy", "compact"), code::NONE);
+    wait_compacted(&redis, &ketch, &topic, end);
+    assert_eq!(
+        read_all(&ketch, &topic),
+        expected(&latest, true),
+        "the tombstone stays"
+    );
+    // A later pass, delete.retention.ms on, drops it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_all(&ketch, &topic) != expected(&latest, false) {
+        assert!(Instant::now() < deadline, "the tombstone stayed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn records_without_a_key_are_refused_on_a_compacted_topic_with_record_errors() {
     let redis = TestRedis::start();
@@ -579,14 +630,12 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
         code::NONE
     );
     wait_compacted(&redis, &ketch, &topic, end);
-    // The pass that dropped the aborted transactions' records kept their
-    // markers and index entries (a read_committed reader that read those
-    // records before the pass still finds them aborted), for
-    // delete.retention.ms from the pass; the first two commits' markers,
-    // whose records no longer stay, went. Of the markers, then: the last
-    // commit's, the three aborts'.
+    // The pass that dropped the aborted transactions' records kept every
+    // marker and the index entries (a read_committed reader that read
+    // those records before the pass still finds them aborted), for
+    // delete.retention.ms from the pass, as Kafka's delete horizon.
     let (records, markers) = read_log_at(ketch.kafka_addr(), &topic);
-    assert_eq!((records.len(), markers), (20, 4));
+    assert_eq!((records.len(), markers), (20, 6));
     let tag = &redis.topic_tags(&topic)[0];
     let indexed = || -> i64 {
         redis::cmd("ZCARD")

@@ -554,6 +554,7 @@ mod tests {
             skipped: None,
             holes: Vec::new(),
             log_bytes: None,
+            compacted_ms: None,
         }
     }
 
