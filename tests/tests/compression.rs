@@ -230,4 +230,18 @@ fn zstd_needs_produce_v7_and_fetch_v10() {
     let (error, bytes) = fetch(&mut conn, 10);
     assert_eq!(error, code::NONE);
     assert!(bytes > 0, "read at v10");
+
+    // A topic whose compression.type is zstd is refused to an older fetch
+    // by its config, as Kafka does, before it holds any batch.
+    let configured = unique_topic("zstd-configured");
+    assert_eq!(raw::create_topic(&mut conn, &configured, 1), code::NONE);
+    assert_eq!(
+        raw::set_topic_config(&mut conn, &configured, "compression.type", "zstd"),
+        code::NONE
+    );
+    let response = conn.request(9, &raw::fetch_request(&configured, 0, 0, 0));
+    assert_eq!(
+        response.responses[0].partitions[0].error_code,
+        UNSUPPORTED_COMPRESSION_TYPE
+    );
 }

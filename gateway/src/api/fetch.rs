@@ -280,7 +280,7 @@ pub async fn handle(
                 }
             }
             if version < 10 {
-                refuse_zstd(&mut responses, &mut records);
+                refuse_zstd(ctx, &topics, &mut responses, &mut records);
             }
             let fetched = fetched(&topics, &records);
             return FetchAnswer {
@@ -586,13 +586,29 @@ async fn read_partition(
     read
 }
 
-/// zstd came with Fetch v10 (KIP-110): a partition whose answer holds a
-/// zstd batch is UNSUPPORTED_COMPRESSION_TYPE, without records, as Kafka
-/// answers an older fetch.
-fn refuse_zstd(responses: &mut [FetchableTopicResponse], records: &mut [Vec<Option<Vec<Bytes>>>]) {
-    for (topic, records) in responses.iter_mut().zip(records.iter_mut()) {
+/// zstd came with Fetch v10 (KIP-110): a partition of a topic whose
+/// `compression.type` is zstd, or whose answer holds a zstd batch, is
+/// UNSUPPORTED_COMPRESSION_TYPE, without records, as Kafka answers an
+/// older fetch.
+fn refuse_zstd(
+    ctx: &Context,
+    topics: &[Vec<Target>],
+    responses: &mut [FetchableTopicResponse],
+    records: &mut [Vec<Option<Vec<Bytes>>>],
+) {
+    let defaults = ctx.topic_defaults.get();
+    for ((topic, records), targets) in responses.iter_mut().zip(records.iter_mut()).zip(topics) {
+        // Kafka refuses by the topic's compression.type; a producer's own
+        // zstd batches under `producer` are refused too.
+        let configured = targets
+            .first()
+            .and_then(|t| t.topic.as_ref().ok())
+            .is_some_and(|t| {
+                ketch_config::topic::Configs::new(&t.configs, &defaults).get("compression.type") == "zstd"
+            });
         for (partition, batches) in topic.partitions.iter_mut().zip(records.iter_mut()) {
-            let zstd = batches.as_ref().is_some_and(|b| b.iter().any(|b| holds_zstd(b)))
+            let zstd = configured
+                || batches.as_ref().is_some_and(|b| b.iter().any(|b| holds_zstd(b)))
                 || partition.records.as_ref().is_some_and(|r| holds_zstd(r));
             if zstd {
                 partition.error_code = ResponseError::UnsupportedCompressionType.code();
