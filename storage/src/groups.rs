@@ -11,7 +11,6 @@
 //! a group that became empty expire after `groups.offsets_retention` (a
 //! Redis TTL).
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -135,8 +134,11 @@ impl Store {
         // The durable write is of the offsets' key alone (its master's
         // WAIT): the group is listed after, on its own (listed once its
         // offsets exist, the sweep in groups_with_offsets keeps it).
-        let () = self.query_durably(&key, &pipe).await?;
-        self.note_group(group).await
+        let written = self.query_durably(&key, &pipe).await;
+        // Listed whether or not the replicas confirmed: the offsets may be
+        // there either way.
+        self.note_group(group).await?;
+        written
     }
 
     /// The committed offsets of `partitions` of one topic, in their order.
@@ -185,27 +187,34 @@ impl Store {
     /// Deletes the committed offsets of `partitions` (OffsetDelete), and
     /// those open transactions staged for them, which their commit would
     /// otherwise bring back (Kafka's tombstone removes a partition's
-    /// pending transactional offsets too). A staged offset of a
-    /// TxnOffsetCommit that comes while this runs may stay: it came after.
+    /// pending transactional offsets too), in one step
+    /// (`delete_offsets.lua`). A group id starting with `}` has its two
+    /// keys in different slots of a Redis Cluster: its staged offsets are
+    /// deleted in a second step.
     pub async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
         if partitions.is_empty() {
             return Ok(());
         }
         let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
         let txn_key = self.group_txn_offsets_key(group);
-        let (staged,): (Vec<String>,) = redis::pipe()
-            .hdel(self.group_offsets_key(group), &fields)
-            .ignore()
-            .hkeys(&txn_key)
-            .query_async(&mut self.conn())
-            .await?;
-        let wanted: HashSet<(&str, i32)> = partitions.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        if !group.starts_with('}') {
+            let _: i64 = self
+                .scripts
+                .delete_offsets
+                .key(self.group_offsets_key(group))
+                .key(&txn_key)
+                .arg(&fields)
+                .invoke_async(&mut self.conn())
+                .await?;
+            return Ok(());
+        }
+        let _: i64 = self.conn().hdel(self.group_offsets_key(group), &fields).await?;
+        let staged: Vec<String> = self.conn().hkeys(&txn_key).await?;
         let gone: Vec<&String> = staged
             .iter()
             .filter(|f| {
-                crate::transactions::staged_field(f)
-                    .and_then(|(t, p, _)| Some((t, p.parse::<i32>().ok()?)))
-                    .is_some_and(|tp| wanted.contains(&tp))
+                f.rsplit_once(':')
+                    .is_some_and(|(partition, _)| fields.iter().any(|w| w == partition))
             })
             .collect();
         if !gone.is_empty() {

@@ -169,6 +169,7 @@ struct Scripts {
     txn_index: redis::Script,
     compact_add: redis::Script,
     compact_swap: redis::Script,
+    delete_offsets: redis::Script,
 }
 
 impl Store {
@@ -273,6 +274,7 @@ impl Store {
                 txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
+                delete_offsets: redis::Script::new(include_str!("scripts/delete_offsets.lua")),
             }),
             server: Arc::from(server),
             compact_producers: Arc::new(AtomicBool::new(false)),

@@ -131,8 +131,6 @@ impl Topic {
     }
 }
 
-/// Kafka's rules for topic names: 1–249 characters of `[a-zA-Z0-9._-]`, not
-/// `.` or `..`.
 /// A topic deletion begun (the record moved from `ketch:topics` to
 /// [`Keys::topics_deleting`]) and not yet known finished.
 #[derive(Debug, Serialize, Deserialize)]
@@ -144,6 +142,8 @@ struct UnfinishedDelete {
     since_ms: i64,
 }
 
+/// Kafka's rules for topic names: 1–249 characters of `[a-zA-Z0-9._-]`, not
+/// `.` or `..`.
 pub fn validate_topic_name(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() {
         return Err("Topic name is empty".to_owned());

@@ -199,8 +199,12 @@ fn offsets_of_a_group_without_members_commit_fetch_and_delete() {
     // Committed again for what follows.
     assert_eq!(commit(&mut conn, &group, &topic, &[(1, 20, "")], -1), vec![0]);
 
-    let unknown = delete.with_group_id(StrBytes::from_static_str("no-such-group").into());
+    let unknown = delete
+        .clone()
+        .with_group_id(StrBytes::from_static_str("no-such-group").into());
     assert_eq!(conn.request(0, &unknown).error_code, GROUP_ID_NOT_FOUND);
+    let empty = delete.with_group_id(StrBytes::from_static_str("").into());
+    assert_eq!(conn.request(0, &empty).error_code, 24, "INVALID_GROUP_ID");
 
     // Offsets live in Redis: a restarted gateway still has them.
     drop(conn);

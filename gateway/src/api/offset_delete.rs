@@ -35,6 +35,22 @@ pub async fn handle(
     request: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
     let group = request.group_id.0.to_string();
+    if group.is_empty() {
+        // Kafka's coordinator refuses it, once the group's DELETE is
+        // authorized.
+        let code = if super::authorized(
+            ctx,
+            client,
+            crate::auth::acl::Operation::Delete,
+            crate::auth::acl::ResourceType::Group,
+            &group,
+        ) {
+            ResponseError::InvalidGroupId
+        } else {
+            ResponseError::GroupAuthorizationFailed
+        };
+        return OffsetDeleteResponse::default().with_error_code(code.code());
+    }
     match super::elsewhere(
         ctx,
         client,

@@ -127,6 +127,7 @@ impl Coordinator {
             sent: AtomicU64::new(0),
             done: Arc::new(watch::channel(0).0),
             failed: Arc::default(),
+            superseded: Arc::default(),
         };
         Self::build(settings, Some(writes), owns)
     }
@@ -603,7 +604,11 @@ impl Inner {
                 }
                 slot.snapshot_write = writes.send(
                     group_id,
-                    Change::Store(snapshot.generation, snapshot::encode(&snapshot)),
+                    Change::Store(
+                        snapshot.generation,
+                        snapshot::encode(&snapshot),
+                        slot.timers.clone(),
+                    ),
                     slot.epoch,
                 );
             }
@@ -627,11 +632,23 @@ impl Inner {
         }
     }
 
-    /// Drops this gateway's copy of a group if it is from an earlier epoch.
+    /// Drops this gateway's copy of a group if it is from an earlier epoch,
+    /// or Redis refused its snapshot for a newer one.
     fn drop_stale(&self, groups: &mut HashMap<StrBytes, Slot>, group_id: &[u8]) {
+        let superseded = self.writes.as_ref().and_then(|w| {
+            w.superseded
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(group_id)
+        });
+        let superseded = |slot: &Slot| {
+            superseded
+                .as_ref()
+                .is_some_and(|copy| Arc::ptr_eq(copy, &slot.timers))
+        };
         if groups
             .get(group_id)
-            .is_some_and(|slot| slot.epoch != self.owns.epoch())
+            .is_some_and(|slot| superseded(slot) || slot.epoch != self.owns.epoch())
             && let Some(slot) = groups.remove(group_id)
         {
             slot.timers.notify_one();
@@ -733,8 +750,9 @@ impl Drop for Applied<'_> {
 
 /// What Redis must learn about a group.
 enum Change {
-    /// Its snapshot (generation, encoded [`Snapshot`]).
-    Store(i32, Bytes),
+    /// Its snapshot (generation, encoded [`Snapshot`]), by the copy whose
+    /// timers' handle this is.
+    Store(i32, Bytes, Arc<Notify>),
     /// It became Empty: its offsets and snapshot expire after the retention.
     Emptied,
     /// It has members again: they stay.
@@ -762,6 +780,11 @@ struct Writes {
     /// The number of each group's last snapshot that was not written
     /// (refused by Redis, or skipped: handed over), until one is.
     failed: Arc<Mutex<HashMap<StrBytes, u64>>>,
+    /// Groups whose snapshot Redis refused because another coordinator
+    /// wrote a newer generation meanwhile, with the copy that made it (its
+    /// timers' handle): that copy is stale, and is dropped at its next use
+    /// (then loaded again from Redis); a copy loaded since is not.
+    superseded: Arc<Mutex<HashMap<StrBytes, Arc<Notify>>>>,
 }
 
 impl Writes {
@@ -790,6 +813,7 @@ impl Writes {
         let retention = self.retention;
         let done = self.done.clone();
         let failed = self.failed.clone();
+        let superseded = self.superseded.clone();
         let owns = self.owns.clone();
         tokio::spawn(async move {
             while let Some((group_id, change, epoch, number)) = changes.recv().await {
@@ -804,12 +828,16 @@ impl Writes {
                     let applied = match change {
                         Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
                         Change::Active => storage.group_active(&group_id).await.map(|()| true),
-                        Change::Store(generation, bytes) => {
+                        Change::Store(generation, bytes, copy) => {
                             match storage.store_group(&group_id, generation, bytes).await {
                                 Ok(true) => Ok(true),
                                 Ok(false) => {
                                     tracing::warn!(group = %group_id, generation,
-                                        "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten");
+                                        "Redis holds a newer generation of this group (another coordinator ran it meanwhile); not overwritten, and this copy is dropped");
+                                    superseded
+                                        .lock()
+                                        .unwrap_or_else(PoisonError::into_inner)
+                                        .insert(group_id.clone(), copy);
                                     Ok(false)
                                 }
                                 Err(e) => Err(e),

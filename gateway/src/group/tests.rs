@@ -790,6 +790,30 @@ async fn a_deleted_group_is_not_written_back_by_its_queued_snapshot() {
     assert!(h.groups.describe("g").await.unwrap().is_none());
 }
 
+/// A copy whose snapshot Redis refuses (another coordinator wrote a newer
+/// generation meanwhile) is dropped, and the group loaded again from Redis,
+/// not kept until its next rebalance.
+#[tokio::test(start_paused = true)]
+async fn a_copy_redis_holds_a_newer_generation_of_is_loaded_again() {
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let h = Harness::with_storage(storage.clone(), owning(&yes));
+    let (leader, follower, generation) = h.stable_pair().await;
+    // Another coordinator's newer generation (its snapshot as this one
+    // wrote it: Stable, two members).
+    let stored = storage.load_group("g").await.unwrap().expect("stored");
+    assert!(storage.store_group("g", generation + 5, stored).await.unwrap());
+    // Here both members leave: the Empty snapshot is refused.
+    let leaving = [leader, follower].map(|id| MemberIdentity::default().with_member_id(id));
+    now(h.groups.leave(&s("g"), leaving.to_vec())).unwrap();
+    assert_eq!(h.describe_state(), "Empty");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let described = h.groups.describe("g").await.unwrap().expect("loaded again");
+    assert_eq!(described.group_state.as_str(), "Stable");
+    assert_eq!(described.members.len(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_new_coordinator_takes_a_stable_group_over_at_its_generation_and_refuses_older_commits() {
     let storage: Arc<dyn Storage> = Arc::new(crate::memory::MemoryStorage::default());
