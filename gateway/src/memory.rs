@@ -600,6 +600,13 @@ impl Storage for MemoryStorage {
         Ok(self.state().quota_version)
     }
 
+    async fn take_mutation_tokens(&self, _: &str, _: f64, _: f64, _: i32, _: bool) -> Result<(bool, f64)> {
+        // One gateway: its own buckets serve.
+        Err(StorageError::Unavailable(
+            "no shared mutation tokens in memory".to_owned(),
+        ))
+    }
+
     async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64> {
         let mut state = self.state();
         for change in changes {

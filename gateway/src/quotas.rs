@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use ketch_storage::{QuotaChange, StoredQuota};
 
 use crate::Context;
+use crate::storage::Storage;
 
 /// Entity types.
 pub const USER: &str = "user";
@@ -136,6 +137,11 @@ impl Entity {
 
     fn keys(&self) -> &'static [(&'static str, ValueType)] {
         if self.ip.is_some() { IP_KEYS } else { CLIENT_KEYS }
+    }
+
+    /// Whether a quota of this entity can have the key.
+    pub fn holds(&self, key: &str) -> bool {
+        self.keys().iter().any(|(name, _)| *name == key)
     }
 
     /// The entity as stored in Redis: a JSON array of [type, name or null].
@@ -583,7 +589,17 @@ impl ClientQuotas {
     /// may answer THROTTLING_QUOTA_EXCEEDED (CreateTopics v6+,
     /// CreatePartitions v3+, DeleteTopics v5+), which refuse a topic once
     /// the client's tokens are spent; older ones only throttle.
-    pub fn mutations(&self, principal: &str, client_id: &str, strict: bool) -> MutationQuota<'_> {
+    ///
+    /// The tokens are kept in `shared` (Redis), one bucket for every
+    /// gateway, as Kafka's one active controller keeps them for the
+    /// cluster; without it, or while it does not answer, by this gateway.
+    pub fn mutations<'a>(
+        &'a self,
+        shared: Option<&'a dyn Storage>,
+        principal: &str,
+        client_id: &str,
+        strict: bool,
+    ) -> MutationQuota<'a> {
         let target = if self.enabled(Kind::Mutation) {
             self.table()
                 .lookup(CONTROLLER_MUTATION_RATE, user_of(principal), client_id)
@@ -592,6 +608,7 @@ impl ClientQuotas {
         };
         MutationQuota {
             quotas: self,
+            shared,
             target,
             strict,
             throttle: Mutex::new(None),
@@ -638,6 +655,7 @@ impl TokenBucket {
 /// [`ClientQuotas::mutations`]).
 pub struct MutationQuota<'a> {
     quotas: &'a ClientQuotas,
+    shared: Option<&'a dyn Storage>,
     target: Option<(f64, SensorTags)>,
     strict: bool,
     /// The throttle time the request earned, and when.
@@ -656,16 +674,34 @@ impl MutationQuota<'_> {
 
     /// Records `partitions` created or deleted. Strict: refused when the
     /// tokens were already below zero (a request may overdraw them once).
-    pub fn record(&self, partitions: i32) -> Result<(), QuotaExceeded> {
-        self.record_at(partitions, self.quotas.now_ms())
+    pub async fn record(&self, partitions: i32) -> Result<(), QuotaExceeded> {
+        let (Some(shared), Some((rate, tags))) = (self.shared, &self.target) else {
+            return self.record_at(partitions, self.quotas.now_ms());
+        };
+        let client = serde_json::json!([tags.user, tags.client_id]).to_string();
+        match shared
+            .take_mutation_tokens(&client, *rate, self.burst(*rate), partitions, self.strict)
+            .await
+        {
+            Ok((taken, tokens)) => self.settle(*rate, taken, tokens),
+            Err(e) => {
+                tracing::debug!(error = %e, "controller mutation tokens kept by this gateway: Redis did not answer");
+                self.record_at(partitions, self.quotas.now_ms())
+            }
+        }
     }
 
+    fn burst(&self, rate: f64) -> f64 {
+        let config = self.quotas.config;
+        rate * f64::from(config.samples) * config.window_ms as f64 / 1000.0
+    }
+
+    /// This gateway's own bucket.
     fn record_at(&self, partitions: i32, now: u64) -> Result<(), QuotaExceeded> {
         let Some((rate, tags)) = &self.target else {
             return Ok(());
         };
-        let config = self.quotas.config;
-        let burst = rate * f64::from(config.samples) * config.window_ms as f64 / 1000.0;
+        let burst = self.burst(*rate);
         let mut buckets = self.quotas.buckets.lock().expect("mutation buckets lock");
         let bucket = buckets.entry(tags.clone()).or_insert_with(|| TokenBucket {
             tokens: burst,
@@ -673,14 +709,25 @@ impl MutationQuota<'_> {
             last_used: Instant::now(),
         });
         bucket.refill(*rate, burst, now);
-        let owed = |tokens: f64| Duration::from_millis((-tokens / rate * 1000.0).round() as u64);
-        if self.strict && bucket.tokens < 0.0 {
-            *self.throttle.lock().expect("throttle lock") = Some((owed(bucket.tokens), Instant::now()));
+        let taken = !(self.strict && bucket.tokens < 0.0);
+        if taken {
+            bucket.tokens = (bucket.tokens - f64::from(partitions.max(0))).min(burst);
+        }
+        let tokens = bucket.tokens;
+        drop(buckets);
+        self.settle(*rate, taken, tokens)
+    }
+
+    /// The outcome of a take that left `tokens`: a refusal (strict) or an
+    /// overdraft (not strict) earns the time until they are back.
+    fn settle(&self, rate: f64, taken: bool, tokens: f64) -> Result<(), QuotaExceeded> {
+        let owed = Duration::from_millis((-tokens / rate * 1000.0).round() as u64);
+        if !taken {
+            *self.throttle.lock().expect("throttle lock") = Some((owed, Instant::now()));
             return Err(QuotaExceeded);
         }
-        bucket.tokens = (bucket.tokens - f64::from(partitions.max(0))).min(burst);
-        if !self.strict && bucket.tokens < 0.0 {
-            *self.throttle.lock().expect("throttle lock") = Some((owed(bucket.tokens), Instant::now()));
+        if !self.strict && tokens < 0.0 {
+            *self.throttle.lock().expect("throttle lock") = Some((owed, Instant::now()));
         }
         Ok(())
     }
@@ -976,7 +1023,7 @@ mod tests {
             2,
             &[(Entity::client(Some(None), None), CONTROLLER_MUTATION_RATE, 2.0)],
         );
-        let strict = q.mutations("User:alice", "admin", true);
+        let strict = q.mutations(None, "User:alice", "admin", true);
         assert_eq!(strict.record_at(3, 0), Ok(()));
         // One token left: this takes it below zero, but is accepted.
         assert_eq!(strict.record_at(5, 0), Ok(()));
@@ -985,19 +1032,23 @@ mod tests {
         assert_eq!(strict.record_at(1, 0), Err(QuotaExceeded));
         assert!((1_900..=2_000).contains(&strict.throttle_time_ms()));
         // Another user has tokens of its own; 2 s on, alice has them back.
-        assert_eq!(q.mutations("User:bob", "admin", true).record_at(4, 0), Ok(()));
         assert_eq!(
-            q.mutations("User:alice", "admin", true).record_at(1, 2_000),
+            q.mutations(None, "User:bob", "admin", true).record_at(4, 0),
+            Ok(())
+        );
+        assert_eq!(
+            q.mutations(None, "User:alice", "admin", true).record_at(1, 2_000),
             Ok(())
         );
         // Not strict: never refused, throttled by the overdraft.
-        let permissive = q.mutations("User:carol", "admin", false);
+        let permissive = q.mutations(None, "User:carol", "admin", false);
         assert_eq!(permissive.record_at(10, 0), Ok(()));
         assert!((2_900..=3_000).contains(&permissive.throttle_time_ms()));
         // No quota for that key: nothing recorded.
         let none = quotas(2, &[(Entity::client(Some(None), None), PRODUCER_BYTE_RATE, 2.0)]);
         assert_eq!(
-            none.mutations("User:alice", "admin", true).record_at(1_000, 0),
+            none.mutations(None, "User:alice", "admin", true)
+                .record_at(1_000, 0),
             Ok(())
         );
     }

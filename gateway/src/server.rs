@@ -614,20 +614,6 @@ struct Asked {
     throttle: Duration,
 }
 
-/// Whether a client of this response version waits out its throttle time
-/// itself (KIP-219); older ones get their response only once it has
-/// passed.
-fn client_throttles(api_key: ApiKey, version: i16) -> bool {
-    match api_key {
-        ApiKey::Produce => version >= 6,
-        ApiKey::Fetch => version >= 8,
-        ApiKey::CreateTopics => version >= 3,
-        ApiKey::DeleteTopics => version >= 2,
-        ApiKey::CreatePartitions => version >= 1,
-        _ => true,
-    }
-}
-
 /// Runs `work` and, with `measure`, adds up the time spent polling it: the
 /// time a gateway thread was busy with it (Kafka's request handler thread
 /// time), without the waits for Redis, other gateways or long polls in
@@ -863,10 +849,10 @@ async fn respond(
         crate::metrics::quota_throttled(kind, throttle);
         tracing::debug!(principal = %principal, client_id, quota = kind.name(),
             throttle_ms = throttle.as_millis() as u64, "client throttled");
+        // Answered at once whatever the version, the connection muted
+        // (Kafka since KIP-219): a response held back could time out at a
+        // client whose request was already done.
         mute.throttle(throttle);
-        if !client_throttles(api_key, version) {
-            tokio::time::sleep(throttle).await;
-        }
     }
     let elapsed = asked.received.elapsed();
     ctx.requests.answered(api_key, elapsed);

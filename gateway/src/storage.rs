@@ -119,6 +119,16 @@ pub trait Storage: Send + Sync {
     async fn client_quotas(&self) -> Result<(u64, Vec<StoredQuota>)>;
     async fn client_quota_version(&self) -> Result<u64>;
     async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64>;
+    /// Takes a client's controller mutation tokens from the bucket every
+    /// gateway shares: whether taken, and the tokens left.
+    async fn take_mutation_tokens(
+        &self,
+        client: &str,
+        rate: f64,
+        burst: f64,
+        take: i32,
+        strict: bool,
+    ) -> Result<(bool, f64)>;
     /// The wake-up channel quota changes are announced on.
     fn quota_channel(&self) -> String;
 
@@ -474,6 +484,19 @@ impl Storage for Tiered {
 
     async fn change_client_quotas(&self, changes: &[QuotaChange]) -> Result<u64> {
         self.store.change_client_quotas(changes).await
+    }
+
+    async fn take_mutation_tokens(
+        &self,
+        client: &str,
+        rate: f64,
+        burst: f64,
+        take: i32,
+        strict: bool,
+    ) -> Result<(bool, f64)> {
+        self.store
+            .take_mutation_tokens(client, rate, burst, take, strict)
+            .await
     }
 
     fn quota_channel(&self) -> String {

@@ -9,6 +9,9 @@
 //! - `ketch:{quotas}:version`: bumped at every change, and published on the
 //!   sharded channel `ketch:{quotas}:changed`, so every gateway reloads its
 //!   quota table at once.
+//! - `ketch:{quotas}:mutations:<client>`: a client's controller mutation
+//!   tokens (hash: tokens, at), shared by every gateway; it expires once
+//!   full again.
 
 use redis::AsyncCommands;
 
@@ -34,6 +37,34 @@ pub struct QuotaChange {
 impl Store {
     fn quota_key(&self, name: &str) -> String {
         format!("{}:{{quotas}}:{name}", self.keys.namespace())
+    }
+
+    /// Takes `take` of `client`'s controller mutation tokens, from one
+    /// bucket every gateway shares (`mutation_tokens.lua`, Redis's clock):
+    /// whether they were taken (strict: not when already below zero), and
+    /// the tokens left.
+    pub async fn take_mutation_tokens(
+        &self,
+        client: &str,
+        rate: f64,
+        burst: f64,
+        take: i32,
+        strict: bool,
+    ) -> Result<(bool, f64)> {
+        let (taken, tokens): (i64, String) = self
+            .scripts
+            .mutation_tokens
+            .key(self.quota_key(&format!("mutations:{client}")))
+            .arg(rate)
+            .arg(burst)
+            .arg(take.max(0))
+            .arg(if strict { "1" } else { "0" })
+            .invoke_async(&mut self.conn())
+            .await?;
+        let tokens = tokens
+            .parse()
+            .map_err(|e| crate::StorageError::Data(format!("mutation tokens {tokens:?}: {e}")))?;
+        Ok((taken == 1, tokens))
     }
 
     /// The sharded pub/sub channel quota changes are announced on.

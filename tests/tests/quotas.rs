@@ -177,6 +177,9 @@ fn quotas_are_altered_and_described_as_kafka_does() {
     );
     assert!(results.iter().all(|(c, _)| *c == code::NONE), "{results:?}");
     assert!(a.logs("client quotas changed"), "no audit line:\n{}", a.output());
+    // Removals are not validated, as by Kafka: one of a key no entity
+    // holds removes nothing and is answered NONE (the connection goes on).
+    alter_ok(&mut on_a, &alice, vec![remove("no\nsuch-key")]);
 
     // Refused as Kafka refuses them; a refused entry changes nothing, the
     // request's valid entries still apply.
@@ -446,27 +449,31 @@ fn a_producer_over_its_quota_is_throttled_by_every_gateway() {
     let mut slow_on_a = KafkaConn::connect_as(a.kafka_addr(), "slow");
     assert_eq!(produce_timed(&mut slow_on_a, 9, &topic, 10_000).1, 0);
 
-    // A Produce v5 client does not wait by itself: its response is held
-    // back for the throttle time instead.
+    // A Produce v5 client does not wait by itself; as from Kafka since
+    // KIP-219, its response is not held back (its records are stored, and
+    // a client that timed out would send them again), but its connection
+    // is not read until the throttle time has passed.
     let mut old = KafkaConn::connect_as(a.kafka_addr(), "slow");
-    let (throttle, took) = loop {
-        let (error, throttle, took) = produce_timed(&mut old, 5, &topic, 10_000);
+    let throttle = loop {
+        let (error, throttle, _) = produce_timed(&mut old, 5, &topic, 10_000);
         assert_eq!(error, code::NONE);
         if throttle >= 200 {
-            break (throttle, took);
+            break throttle;
         }
     };
+    let (error, _, took) = produce_timed(&mut old, 5, &topic, 100);
+    assert_eq!(error, code::NONE);
     assert!(
         took + Duration::from_millis(50) >= Duration::from_millis(throttle as u64),
-        "a v5 response came after {took:?} with a throttle of {throttle} ms"
+        "the next v5 request was answered after {took:?} within a throttle of {throttle} ms"
     );
 
     // Every record is there, in order.
     let offsets = raw::list_offsets(&mut admin, &topic, 0, -1);
     assert_eq!(offsets.0, code::NONE);
     assert!(
-        offsets.1 >= produced + 3,
-        "{offsets:?} after {produced} + 3 produced"
+        offsets.1 >= produced + 4,
+        "{offsets:?} after {produced} + 4 produced"
     );
     let metrics = b.http_get("/metrics").1;
     assert!(
@@ -631,6 +638,42 @@ fn create_timed(
     (result.error_code, message, response.throttle_time_ms, took)
 }
 
+/// The controller mutation tokens are one bucket for every gateway, as
+/// Kafka's one active controller keeps them: spent through one gateway,
+/// they are spent through another.
+#[test]
+fn controller_mutation_tokens_are_shared_by_every_gateway() {
+    let redis = TestRedis::start();
+    let a = Ketch::start(&redis.url(), &[&["--node-id", "1"], WINDOWS].concat());
+    let b = Ketch::start(&redis.url(), &[&["--node-id", "2"], WINDOWS].concat());
+    let mut on_a = KafkaConn::connect_as(a.kafka_addr(), "provisioner");
+    // 0.5 partitions a second: a burst of 1, back after 2 s a partition.
+    alter_ok(
+        &mut on_a,
+        &[("client-id", Some("provisioner"))],
+        vec![set("controller_mutation_rate", 0.5)],
+    );
+    let mut on_b = KafkaConn::connect_as(b.kafka_addr(), "provisioner");
+    let topic = unique_topic("shared-tokens");
+    // B has the quota once the change reaches it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    loop {
+        i += 1;
+        let (error, _, _, _) = create_timed(&mut on_b, 7, &format!("{topic}-b{i}"), 4);
+        if error == THROTTLING_QUOTA_EXCEEDED {
+            break;
+        }
+        assert_eq!(error, code::NONE);
+        assert!(Instant::now() < deadline, "gateway B never applied the quota");
+    }
+    // Spent through B (overdrawn by several seconds' worth): refused
+    // through A too, which this client never used.
+    let (error, message, throttle, _) = create_timed(&mut on_a, 7, &format!("{topic}-a"), 1);
+    assert_eq!(error, THROTTLING_QUOTA_EXCEEDED, "{message}");
+    assert!(throttle > 0, "throttle {throttle} ms");
+}
+
 #[test]
 fn topic_changes_over_the_controller_mutation_rate_are_refused_or_throttled() {
     let redis = TestRedis::start();
@@ -714,14 +757,19 @@ fn topic_changes_over_the_controller_mutation_rate_are_refused_or_throttled() {
         sent.elapsed()
     );
     // CreateTopics v2 (before KIP-219): the client does not wait by
-    // itself, so its response is held back for the throttle time.
+    // itself; as from Kafka, its response comes at once all the same, and
+    // its next request waits in the muted connection.
     let mut older = KafkaConn::connect_as(ketch.kafka_addr(), "provisioner");
-    let (error, _, throttle, took) = create_timed(&mut older, 2, &name(8), 1);
+    let (error, _, throttle, _) = create_timed(&mut older, 2, &name(8), 1);
     assert_eq!(error, code::NONE);
     assert!(throttle > 0);
+    let sent = Instant::now();
+    let _: kafka_protocol::messages::ApiVersionsResponse =
+        older.request(3, &kafka_protocol::messages::ApiVersionsRequest::default());
     assert!(
-        took + Duration::from_millis(50) >= Duration::from_millis(throttle as u64),
-        "a v2 response came after {took:?} with a throttle of {throttle} ms"
+        sent.elapsed() + Duration::from_millis(50) >= Duration::from_millis(throttle as u64),
+        "the request after a v2 response was answered after {:?} within a throttle of {throttle} ms",
+        sent.elapsed()
     );
 
     // Another client id is not limited.

@@ -60,19 +60,23 @@ pub async fn handle(
         let checked: Result<Vec<_>, String> = entry
             .ops
             .iter()
-            .map(|op| {
+            .filter_map(|op| {
                 let key = op.key.as_str();
                 if !keys.insert(key) {
-                    return Err(format!(
+                    return Some(Err(format!(
                         "Duplicate quota key {key} not updating quota for this entity {}",
                         entity.describe()
-                    ));
+                    )));
                 }
                 if op.remove {
-                    return Ok(quotas::change(&entity, key, None));
+                    // Not validated, as by Kafka; a key the entity cannot
+                    // hold is not held, so there is nothing to remove.
+                    return entity.holds(key).then(|| Ok(quotas::change(&entity, key, None)));
                 }
-                quotas::check_value(&entity, key, op.value)?;
-                Ok(quotas::change(&entity, key, Some(op.value)))
+                Some(
+                    quotas::check_value(&entity, key, op.value)
+                        .map(|()| quotas::change(&entity, key, Some(op.value))),
+                )
             })
             .collect();
         match checked {

@@ -26,9 +26,12 @@ pub async fn handle(
 ) -> CreatePartitionsResponse {
     let validate_only = req.validate_only;
     let client_id = header.client_id.as_deref().unwrap_or("");
-    let quota = &ctx
-        .quotas
-        .mutations(&client.principal, client_id, header.request_api_version >= 3);
+    let quota = &ctx.quotas.mutations(
+        Some(ctx.storage.as_ref()),
+        &client.principal,
+        client_id,
+        header.request_api_version >= 3,
+    );
     let topics = unique_by(req.topics, |t| t.name.clone());
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
@@ -89,7 +92,7 @@ async fn grow(
             return Ok(());
         }
         if !counted {
-            count_mutation(quota, request.count - topic.partitions())?;
+            count_mutation(quota, request.count - topic.partitions()).await?;
             counted = true;
         }
         match ctx.storage.add_partitions(&topic, request.count).await {

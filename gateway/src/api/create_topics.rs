@@ -62,8 +62,8 @@ impl Failure {
 
 /// Records a topic's partition changes against the request's controller
 /// mutation quota; refused (strict versions) once the quota is spent.
-pub(crate) fn count_mutation(quota: &MutationQuota<'_>, partitions: i32) -> Result<(), Failure> {
-    quota.record(partitions).map_err(|_| Failure::throttled())
+pub(crate) async fn count_mutation(quota: &MutationQuota<'_>, partitions: i32) -> Result<(), Failure> {
+    quota.record(partitions).await.map_err(|_| Failure::throttled())
 }
 
 /// The request's items in order, one per key: a key given more than once
@@ -106,7 +106,12 @@ pub async fn handle(
     // CREATE on the cluster allows every topic; otherwise CREATE on each.
     let on_cluster = cluster_authorized(ctx, client, Operation::Create);
     let client_id = header.client_id.as_deref().unwrap_or("");
-    let quota = &ctx.quotas.mutations(&client.principal, client_id, version >= 6);
+    let quota = &ctx.quotas.mutations(
+        Some(ctx.storage.as_ref()),
+        &client.principal,
+        client_id,
+        version >= 6,
+    );
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
             Some(topic)
@@ -181,7 +186,7 @@ async fn create(
             configs,
         });
     }
-    count_mutation(quota, partitions)?;
+    count_mutation(quota, partitions).await?;
     match ctx.storage.create_topic(name, partitions, configs).await {
         Ok(created) => {
             tracing::info!(topic = name, partitions, "created topic");

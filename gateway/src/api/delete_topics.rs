@@ -35,9 +35,12 @@ pub async fn handle(
     };
     let states = unique_by(states, |s| (s.name.clone(), s.topic_id));
     let client_id = header.client_id.as_deref().unwrap_or("");
-    let quota = &ctx
-        .quotas
-        .mutations(&client.principal, client_id, header.request_api_version >= 5);
+    let quota = &ctx.quotas.mutations(
+        Some(ctx.storage.as_ref()),
+        &client.principal,
+        client_id,
+        header.request_api_version >= 5,
+    );
     // DELETE on the cluster allows every topic; otherwise DELETE on each.
     let on_cluster = cluster_authorized(ctx, client, Operation::Delete);
     let responses = super::each(states.into_iter().map(|((name, id), state)| async move {
@@ -114,7 +117,7 @@ async fn delete(
     if quota.applies()
         && let Ok(Some(topic)) = ctx.storage.topic(&name).await
     {
-        count_mutation(quota, topic.partitions())?;
+        count_mutation(quota, topic.partitions()).await?;
     }
     match ctx
         .storage
