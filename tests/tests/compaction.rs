@@ -279,6 +279,25 @@ fn alter(ketch: &Ketch, topic: &str, name: &str, value: &str) -> i16 {
     raw::set_topic_config(&mut KafkaConn::connect(ketch.kafka_addr()), topic, name, value)
 }
 
+/// Turns compaction on for a topic made with `cleanup.policy=delete` and
+/// `delete.retention.ms=3000` once its segments up to `end` are sealed and
+/// past delete.retention.ms, and waits for the pass: one pass compacts all
+/// of it, by then old enough that its tombstones and markers could go.
+fn compact_all_at_once(redis: &TestRedis, ketch: &Ketch, topic: &str, end: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !redis
+        .segments(topic, 0)
+        .iter()
+        .any(|s| s["last"].as_i64() == Some(end - 1))
+    {
+        assert!(Instant::now() < deadline, "the last segment was never sealed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(3_500));
+    assert_eq!(alter(ketch, topic, "cleanup.policy", "compact"), code::NONE);
+    wait_compacted(redis, ketch, topic, end);
+}
+
 /// A tombstone is kept delete.retention.ms from the pass that first
 /// compacts it (the one that drops the value it deletes), however long ago
 /// its segment was sealed: a consumer that read the value before that pass
@@ -305,18 +324,7 @@ fn a_tombstone_outlives_the_pass_that_drops_what_it_deletes() {
     ];
     produce(&mut conn, &topic, &batches, None, &mut latest);
     let end = redis.next_offset(&topic, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !redis
-        .segments(&topic, 0)
-        .iter()
-        .any(|s| s["last"].as_i64() == Some(end - 1))
-    {
-        assert!(Instant::now() < deadline, "the last segment was never sealed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(3_500));
-    assert_eq!(alter(&ketch, &topic, "cleanup.policy", "compact"), code::NONE);
-    wait_compacted(&redis, &ketch, &topic, end);
+    compact_all_at_once(&redis, &ketch, &topic, end);
     assert_eq!(
         read_all(&ketch, &topic),
         expected(&latest, true),
@@ -611,25 +619,9 @@ fn compaction_drops_aborted_transactions_and_keeps_committed_values() {
         }
     }
     let end = redis.next_offset(&topic, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !redis
-        .segments(&topic, 0)
-        .iter()
-        .any(|s| s["last"].as_i64() == Some(end - 1))
-    {
-        assert!(Instant::now() < deadline, "the last segment was never sealed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let (records, markers) = read_log_at(ketch.kafka_addr(), &topic);
     assert_eq!((records.len(), markers), (120, 6), "before compaction");
-    // Every marker is past delete.retention.ms when the topic is compacted.
-    std::thread::sleep(Duration::from_millis(3_500));
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    assert_eq!(
-        raw::set_topic_config(&mut conn, &topic, "cleanup.policy", "compact"),
-        code::NONE
-    );
-    wait_compacted(&redis, &ketch, &topic, end);
+    compact_all_at_once(&redis, &ketch, &topic, end);
     // The pass that dropped the aborted transactions' records kept every
     // marker and the index entries (a read_committed reader that read
     // those records before the pass still finds them aborted), for
