@@ -608,7 +608,9 @@ fn check_throttled(name: &str, value: &str, items: &[&str]) -> Result<(), String
     }
 }
 
-/// Validates a whole set of overrides, returning them normalized.
+/// Validates a whole set of overrides, returning them normalized. A name
+/// given twice takes its last value, as Kafka's controller takes a
+/// CreateTopics' configs (each value is validated all the same).
 pub fn validate_topic_configs<'a>(
     pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
     defaults: &Defaults,
@@ -616,9 +618,7 @@ pub fn validate_topic_configs<'a>(
     let mut out = BTreeMap::new();
     for (name, value) in pairs {
         let value = validate_topic_config(name, value)?;
-        if out.insert(name.to_owned(), value).is_some() {
-            return Err(format!("Duplicate topic config: {name}"));
-        }
+        out.insert(name.to_owned(), value);
     }
     check_together(
         Configs::new(&BTreeMap::new(), defaults),
@@ -903,12 +903,13 @@ mod tests {
             "true"
         );
         assert!(validate_topic_config("message.timestamp.type", "createtime").is_err());
-        assert!(
+        assert_eq!(
             validate_topic_configs(
                 [("retention.ms", "1"), ("retention.ms", "2")],
                 &Defaults::default()
             )
-            .is_err()
+            .unwrap()["retention.ms"],
+            "2"
         );
     }
 

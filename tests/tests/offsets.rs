@@ -349,6 +349,20 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
         code::NONE
     );
     assert_eq!(delete_offsets(&mut conn, &connect, &[&other]).0, NON_EMPTY_GROUP);
+
+    // A group that exists without offsets (its one member left: Empty) is
+    // not GROUP_ID_NOT_FOUND, as in Kafka: there is just nothing to delete.
+    let lonely = unique_topic("lonely-group");
+    let joined = join(&mut conn, &lonely, "", "consumer", &[&other]);
+    assert_eq!(joined.error_code, code::NONE);
+    let leave = kafka_protocol::messages::LeaveGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(lonely.clone())))
+        .with_member_id(joined.member_id.clone());
+    assert_eq!(conn.request(1, &leave).error_code, code::NONE);
+    assert_eq!(
+        delete_offsets(&mut conn, &lonely, &[&other]),
+        (code::NONE, vec![code::NONE])
+    );
 }
 
 /// Redis refusing writes (out of memory here) makes a commit

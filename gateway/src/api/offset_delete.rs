@@ -5,7 +5,7 @@
 //! generation, or metadata that does not decode), every topic counts as
 //! subscribed; a group whose members do not use the consumer protocol
 //! (Kafka Connect's, say) keeps all its offsets (NON_EMPTY_GROUP); a group
-//! with neither members nor offsets is GROUP_ID_NOT_FOUND — Kafka's
+//! known neither by its offsets nor as a group is GROUP_ID_NOT_FOUND — Kafka's
 //! `validateOffsetDelete` and `isSubscribedToTopic`. A missing topic or
 //! partition is UNKNOWN_TOPIC_OR_PARTITION, as from Kafka's KafkaApis.
 
@@ -74,7 +74,10 @@ pub async fn handle(
         Ok(groups) => groups.contains(&group),
         Err(e) => return OffsetDeleteResponse::default().with_error_code(coordinator_error(&e)),
     };
-    if members.is_none() && !has_offsets {
+    // A group in memory exists, members or not (its snapshot was loaded
+    // above): Kafka answers such a group's OffsetDelete, with nothing to
+    // delete.
+    if members.is_none() && !has_offsets && !ctx.groups.in_memory(&group) {
         return OffsetDeleteResponse::default().with_error_code(ResponseError::GroupIdNotFound.code());
     }
     let subscribed = match members {
