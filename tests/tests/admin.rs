@@ -20,6 +20,21 @@ fn start() -> (TestRedis, Ketch) {
     (redis, ketch)
 }
 
+/// [`start`], with the storage worker ticking every 100 ms.
+fn start_with_a_busy_storage_worker() -> (TestRedis, Ketch) {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "topics.auto_create=false",
+            "--set",
+            "tiering.tick_interval=100ms",
+        ],
+    );
+    (redis, ketch)
+}
+
 fn partition_count(ketch: &Ketch, topic: &str) -> usize {
     let metadata = ketch
         .consumer()
@@ -320,16 +335,7 @@ fn delete_records_refuses_a_topic_that_keeps_its_records() {
 
 #[test]
 fn deleting_a_topic_removes_every_key_of_its_partitions() {
-    let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "topics.auto_create=false",
-            "--set",
-            "tiering.tick_interval=100ms",
-        ],
-    );
+    let (redis, ketch) = start_with_a_busy_storage_worker();
     let rt = runtime();
     let topic = unique_topic("delete-keys");
     ketch.create_topic_with(&rt, &topic, 2, &[("segment.bytes", "100")]);
@@ -381,16 +387,7 @@ fn deleting_a_topic_removes_every_key_of_its_partitions() {
 /// of a deletion leaves it (`add_partitions.lua`'s removal).
 #[test]
 fn a_topic_deletion_cut_short_is_finished_by_the_storage_worker() {
-    let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "topics.auto_create=false",
-            "--set",
-            "tiering.tick_interval=100ms",
-        ],
-    );
+    let (redis, ketch) = start_with_a_busy_storage_worker();
     let rt = runtime();
     let topic = unique_topic("cut-short");
     let group = unique_topic("cut-short-group");
