@@ -183,6 +183,21 @@ impl DurablePool {
         }
     }
 
+    /// The indexes of `keys` grouped by the node that holds each (one group
+    /// in single mode), for writes that must be WAITed on every master
+    /// they touch: one connection and one `WAIT` per master, not per key.
+    pub(crate) async fn by_node(&self, keys: &[String]) -> Result<Vec<Vec<usize>>> {
+        let mut groups: Vec<(Arc<NodePool>, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let node = self.node(key).await?;
+            match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((node, vec![i])),
+            }
+        }
+        Ok(groups.into_iter().map(|(_, group)| group).collect())
+    }
+
     /// The pool of the master that holds `key` (cluster mode).
     async fn node(&self, key: &str) -> Result<Arc<NodePool>> {
         let Masters {

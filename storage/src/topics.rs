@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::AsyncCommands;
+use redis::{AsyncCommands, Value};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -311,13 +311,13 @@ impl Store {
             return Err(StorageError::TopicExists);
         }
         self.init_partitions(&topic, 0).await?;
+        let mut invocation = self.scripts.create_topic.key(self.keys.topics());
+        invocation.arg(name).arg(topic.encode());
         let created: Vec<String> = self
-            .scripts
-            .create_topic
-            .key(self.keys.topics())
-            .arg(name)
-            .arg(topic.encode())
-            .invoke_async(&mut self.conn())
+            .invoke_configured(&self.keys.topics(), &invocation, |reply| {
+                matches!(reply, Value::Array(items)
+                    if matches!(items.first(), Some(Value::BulkString(tag)) if tag == b"created"))
+            })
             .await?;
         if created.first().map(String::as_str) != Some("created") {
             self.drop_partitions(&topic, 0).await?;
@@ -356,17 +356,16 @@ impl Store {
                 record: stored.clone(),
                 since_ms: crate::now_ms(),
             };
-            let removed: i32 = self
-                .scripts
-                .replace_topic
-                .key(self.keys.topics())
+            let mut invocation = self.scripts.replace_topic.key(self.keys.topics());
+            invocation
                 .key(self.keys.topics_deleting())
                 .arg(name)
                 .arg(&stored)
                 .arg("")
                 .arg(topic.id.to_string())
-                .arg(serde_json::to_string(&entry).expect("a deletion entry serializes"))
-                .invoke_async(&mut self.conn())
+                .arg(serde_json::to_string(&entry).expect("a deletion entry serializes"));
+            let removed: i32 = self
+                .invoke_configured(&self.keys.topics(), &invocation, replaced)
                 .await?;
             self.topics.forget(name);
             if removed == 1 {
@@ -527,14 +526,10 @@ impl Store {
     /// Replaces the record of `old` with `new` if it is still `old` (and
     /// caches it); `None` when it changed or vanished meanwhile.
     async fn replace_topic(&self, old: &Topic, new: Topic) -> Result<Option<Arc<Topic>>> {
+        let mut invocation = self.scripts.replace_topic.key(self.keys.topics());
+        invocation.arg(&old.name).arg(old.encode()).arg(new.encode());
         let replaced: i32 = self
-            .scripts
-            .replace_topic
-            .key(self.keys.topics())
-            .arg(&old.name)
-            .arg(old.encode())
-            .arg(new.encode())
-            .invoke_async(&mut self.conn())
+            .invoke_configured(&self.keys.topics(), &invocation, replaced)
             .await?;
         if replaced == 0 {
             self.topics.forget(&old.name);
@@ -564,12 +559,48 @@ impl Store {
 
     async fn init_partitions(&self, topic: &Topic, from: i32) -> Result<()> {
         let fields = [("next_offset", 0), ("log_start", 0), ("local_start", 0)];
-        let mut pipe = redis::pipe();
-        for p in from..topic.partitions() {
-            let keys = self.partition_keys(topic, p);
-            pipe.hset_multiple(&keys.meta, &fields).ignore();
+        let metas: Vec<String> = (from..topic.partitions())
+            .map(|p| self.partition_keys(topic, p).meta.clone())
+            .collect();
+        if !self.durability.waits() {
+            let mut pipe = redis::pipe();
+            for meta in &metas {
+                pipe.hset_multiple(meta, &fields).ignore();
+            }
+            pipe.query_async::<()>(&mut self.conn()).await?;
+            return Ok(());
         }
-        pipe.query_async::<()>(&mut self.conn()).await?;
+        // With acks=all waiting for replicas, the partitions' metadata is
+        // waited for as the topic record is (a failover that lost it would
+        // leave a partition refusing appends): written per master on a
+        // connection of its durable pool and WAITed there, the masters at
+        // once, so a master without replicas costs one acks=all timeout,
+        // not one per partition. The record's own master needs no WAIT of
+        // its own: the record is written there next, and its WAIT covers
+        // what came before it in the master's one replication stream (in
+        // single mode, all of it).
+        let keys: Vec<String> = metas.iter().cloned().chain([self.keys.topics()]).collect();
+        let groups = self.durable.by_node(&keys).await?;
+        let metas = &metas;
+        let writes = groups
+            .into_iter()
+            .filter(|group| group[0] < metas.len())
+            .map(|group| {
+                let with_record = group.contains(&metas.len());
+                let mut pipe = redis::pipe();
+                for &i in group.iter().filter(|&&i| i < metas.len()) {
+                    pipe.hset_multiple(&metas[i], &fields).ignore();
+                }
+                async move {
+                    if with_record {
+                        pipe.query_async::<()>(&mut self.conn()).await?;
+                        Ok(())
+                    } else {
+                        self.query_configured::<()>(&metas[group[0]], &pipe).await
+                    }
+                }
+            });
+        futures::future::try_join_all(writes).await?;
         Ok(())
     }
 
@@ -585,6 +616,12 @@ impl Store {
         pipe.query_async::<()>(&mut self.conn()).await?;
         Ok(())
     }
+}
+
+/// Whether `add_partitions.lua` (the record's compare-and-set) replaced
+/// or removed the record.
+fn replaced(reply: &Value) -> bool {
+    matches!(reply, Value::Int(1))
 }
 
 #[cfg(test)]

@@ -1301,6 +1301,22 @@ impl RedisCluster {
             .expect("the replica is one of ours")
     }
 
+    /// How many of the nodes are replicas.
+    pub fn replicas(&self) -> usize {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut self.running().connection())
+            .expect("CLUSTER NODES");
+        nodes
+            .lines()
+            .filter(|line| {
+                line.split(' ')
+                    .nth(2)
+                    .is_some_and(|flags| flags.contains("slave"))
+            })
+            .count()
+    }
+
     /// The port of the master serving `key`.
     pub fn master_of(&self, key: &str) -> u16 {
         let slot: i64 = redis::cmd("CLUSTER")

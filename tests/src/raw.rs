@@ -34,6 +34,7 @@ pub mod code {
     pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
     pub const INVALID_TIMESTAMP: i16 = 32;
     pub const UNSUPPORTED_VERSION: i16 = 35;
+    pub const TOPIC_ALREADY_EXISTS: i16 = 36;
     pub const INVALID_CONFIG: i16 = 40;
     pub const INVALID_REQUEST: i16 = 42;
     pub const INVALID_RECORD: i16 = 87;
@@ -308,6 +309,32 @@ pub fn create_topic_request(topic: &str, partitions: i32) -> CreateTopicsRequest
                 .with_num_partitions(partitions)
                 .with_replication_factor(1),
         ])
+}
+
+/// Grows a topic to `count` partitions through a raw CreatePartitions v3
+/// request and returns the topic's error code.
+pub fn create_partitions(conn: &mut KafkaConn, topic: &str, count: i32) -> i16 {
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+    let request = kafka_protocol::messages::CreatePartitionsRequest::default()
+        .with_topics(vec![
+            CreatePartitionsTopic::default()
+                .with_name(topic_name(topic))
+                .with_count(count)
+                .with_assignments(None),
+        ])
+        .with_timeout_ms(10_000);
+    let response: kafka_protocol::messages::CreatePartitionsResponse = conn.request(3, &request);
+    response.results[0].error_code
+}
+
+/// Deletes a topic by name through a raw DeleteTopics v4 request and
+/// returns the topic's error code.
+pub fn delete_topic(conn: &mut KafkaConn, topic: &str) -> i16 {
+    let request = kafka_protocol::messages::DeleteTopicsRequest::default()
+        .with_topic_names(vec![topic_name(topic)])
+        .with_timeout_ms(10_000);
+    let response: kafka_protocol::messages::DeleteTopicsResponse = conn.request(4, &request);
+    response.responses[0].error_code
 }
 
 /// Record count of an uncompressed or compressed v2 batch sequence (sums the

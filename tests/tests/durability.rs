@@ -205,6 +205,71 @@ fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other(
     );
 }
 
+/// With acks=all waiting for a replica, a topic's creation, growth,
+/// config change and deletion wait for it too, as offset commits do: a
+/// failover that lost the topic record would leave acks=all records under
+/// keys no topic names (or bring a deleted topic back without its
+/// partitions). They are not failed when the replica does not confirm
+/// them (the change stands, logged), as Kafka's controller quorum is
+/// apart from its data replicas.
+#[test]
+fn topic_changes_wait_for_the_replica_and_stand_without_it() {
+    let (_primary, replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=1s"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("durable-topic");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    let on_replica = |key: &str, field: &str| -> bool {
+        redis::cmd("HEXISTS")
+            .arg(key)
+            .arg(field)
+            .query(&mut replica.connection())
+            .unwrap()
+    };
+    assert!(
+        on_replica("ketch:topics", &topic),
+        "the created topic is on the replica"
+    );
+
+    let frozen = Frozen::freeze(replica.pid());
+    let waited = |what: &str, started: Instant| {
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "{what} answered after {:?}, before the acks_all timeout",
+            started.elapsed()
+        );
+    };
+    let started = Instant::now();
+    assert_eq!(raw::create_partitions(&mut conn, &topic, 3), code::NONE);
+    waited("CreatePartitions", started);
+    let started = Instant::now();
+    assert_eq!(
+        raw::set_topic_config(&mut conn, &topic, "retention.ms", "60000"),
+        code::NONE
+    );
+    waited("AlterConfigs", started);
+    let other = unique_topic("durable-topic-unconfirmed");
+    let started = Instant::now();
+    assert_eq!(raw::create_topic(&mut conn, &other, 1), code::NONE);
+    waited("CreateTopics", started);
+    let started = Instant::now();
+    assert_eq!(raw::delete_topic(&mut conn, &topic), code::NONE);
+    waited("DeleteTopics", started);
+    drop(frozen);
+
+    // Each change stood, confirmed or not.
+    replica.wait_for_replication("master_link_status:up");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        raw::create_topic(&mut conn, &other, 1),
+        code::TOPIC_ALREADY_EXISTS
+    );
+    assert_eq!(
+        raw::create_topic(&mut conn, &topic, 1),
+        code::NONE,
+        "the deleted name is free"
+    );
+}
+
 /// A transactional id's InitProducerId that fences an open transaction
 /// (its producer died) while a frozen replica confirms nothing fails
 /// retriably — and the abort it decided is finished once the replica is
