@@ -13,8 +13,8 @@ use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    CreateTopicsRequest, CreateTopicsResponse, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse,
-    RequestHeader, ResponseHeader, TopicName,
+    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, FetchRequest, FetchResponse,
+    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 
@@ -327,10 +327,40 @@ pub fn create_partitions(conn: &mut KafkaConn, topic: &str, count: i32) -> i16 {
     response.results[0].error_code
 }
 
+/// The topic id Metadata v12 gives for `topic` through `conn`, if any.
+pub fn topic_id(conn: &mut KafkaConn, topic: &str) -> Option<uuid::Uuid> {
+    let request = kafka_protocol::messages::MetadataRequest::default()
+        .with_topics(Some(vec![
+            kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(topic_name(topic))),
+        ]))
+        .with_allow_auto_topic_creation(false);
+    let response: kafka_protocol::messages::MetadataResponse = conn.request(12, &request);
+    let found = &response.topics[0];
+    (found.error_code == code::NONE).then_some(found.topic_id)
+}
+
+/// A DeleteTopics v6 request naming each topic by name or by id.
+pub fn delete_topics_request(topics: &[(Option<&str>, Option<uuid::Uuid>)]) -> DeleteTopicsRequest {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    DeleteTopicsRequest::default()
+        .with_topics(
+            topics
+                .iter()
+                .map(|(name, id)| {
+                    DeleteTopicState::default()
+                        .with_name(name.map(topic_name))
+                        .with_topic_id(id.unwrap_or_default())
+                })
+                .collect(),
+        )
+        .with_timeout_ms(10_000)
+}
+
 /// Deletes a topic by name through a raw DeleteTopics v4 request and
 /// returns the topic's error code.
 pub fn delete_topic(conn: &mut KafkaConn, topic: &str) -> i16 {
-    let request = kafka_protocol::messages::DeleteTopicsRequest::default()
+    let request = DeleteTopicsRequest::default()
         .with_topic_names(vec![topic_name(topic)])
         .with_timeout_ms(10_000);
     let response: kafka_protocol::messages::DeleteTopicsResponse = conn.request(4, &request);

@@ -490,3 +490,27 @@ fn a_finished_topic_deletion_leaves_no_entry() {
         .unwrap();
     assert_eq!(left, 0);
 }
+
+/// A DeleteTopics v6 that names one topic both by name and by id deletes
+/// nothing: both entries are INVALID_REQUEST, as from Kafka's controller
+/// (before, one entry deleted the topic and the other found it gone).
+#[test]
+fn a_topic_named_by_name_and_by_id_in_one_deletion_is_refused() {
+    let (redis, ketch) = start();
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("named-twice");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = raw::topic_id(&mut conn, &topic).expect("the topic's id");
+    let response: kafka_protocol::messages::DeleteTopicsResponse = conn.request(
+        6,
+        &raw::delete_topics_request(&[(Some(&topic), None), (None, Some(id))]),
+    );
+    let codes: Vec<i16> = response.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [code::INVALID_REQUEST; 2], "{response:?}");
+    assert!(redis.topic_exists(&topic), "the topic was deleted");
+    // Either alone deletes it.
+    let response: kafka_protocol::messages::DeleteTopicsResponse =
+        conn.request(6, &raw::delete_topics_request(&[(None, Some(id))]));
+    assert_eq!(response.responses[0].error_code, code::NONE);
+    assert!(!redis.topic_exists(&topic));
+}

@@ -264,19 +264,6 @@ fn appends_are_announced_only_when_another_gateway_listens() {
     assert!(redis.command_calls("spublish") - announced >= 1);
 }
 
-/// The topic id Metadata v12 gives for `topic` through `conn`, if any.
-fn topic_id(conn: &mut KafkaConn, topic: &str) -> Option<uuid::Uuid> {
-    let request = kafka_protocol::messages::MetadataRequest::default()
-        .with_topics(Some(vec![
-            kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
-                .with_name(Some(raw::topic_name(topic))),
-        ]))
-        .with_allow_auto_topic_creation(false);
-    let response: kafka_protocol::messages::MetadataResponse = conn.request(12, &request);
-    let found = &response.topics[0];
-    (found.error_code == code::NONE).then_some(found.topic_id)
-}
-
 /// DeleteTopics v6 by topic id: its error code.
 fn delete_by_id(conn: &mut KafkaConn, id: uuid::Uuid) -> i16 {
     let request = kafka_protocol::messages::DeleteTopicsRequest::default()
@@ -298,7 +285,7 @@ fn deleting_by_a_stale_topic_id_leaves_the_new_topic_of_that_name() {
         KafkaConn::connect(a.kafka_addr()),
         KafkaConn::connect(b.kafka_addr()),
     );
-    let old = topic_id(&mut via_a, &topic).expect("the topic, through a");
+    let old = raw::topic_id(&mut via_a, &topic).expect("the topic, through a");
     let delete_by_name = kafka_protocol::messages::DeleteTopicsRequest::default()
         .with_topics(vec![
             kafka_protocol::messages::delete_topics_request::DeleteTopicState::default()
@@ -313,7 +300,7 @@ fn deleting_by_a_stale_topic_id_leaves_the_new_topic_of_that_name() {
     // Gateway a learns of the new topic (its cache lives half a second).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let new = loop {
-        match topic_id(&mut via_a, &topic) {
+        match raw::topic_id(&mut via_a, &topic) {
             Some(id) if id != old => break id,
             _ => assert!(std::time::Instant::now() < deadline, "a never saw the new topic"),
         }
@@ -321,7 +308,7 @@ fn deleting_by_a_stale_topic_id_leaves_the_new_topic_of_that_name() {
     };
     const UNKNOWN_TOPIC_ID: i16 = 100;
     assert_eq!(delete_by_id(&mut via_a, old), UNKNOWN_TOPIC_ID);
-    assert_eq!(topic_id(&mut via_a, &topic), Some(new));
+    assert_eq!(raw::topic_id(&mut via_a, &topic), Some(new));
     assert_eq!(redis.next_offset(&topic, 0), 1, "the new topic's record");
 }
 

@@ -812,6 +812,41 @@ fn delete_topics_by_name_is_refused_without_describe() {
     assert!(redis.topic_exists(&topic), "the topic was deleted");
 }
 
+/// A DeleteTopics by id that the client may not delete names the topic in
+/// its TOPIC_AUTHORIZATION_FAILED only when the client may describe it, as
+/// Kafka's controller answers (the id alone tells nothing more).
+#[test]
+fn delete_topics_by_id_names_the_refused_topic_to_who_may_describe_it() {
+    use kafka_protocol::messages::DeleteTopicsResponse;
+    let (redis, ketch, mut admin) = admin_and_alice();
+    let (seen, hidden) = (unique_topic("seen"), unique_topic("hidden"));
+    for topic in [&seen, &hidden] {
+        assert_eq!(ketch_tests::raw::create_topic(&mut admin, topic, 1), 0);
+    }
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![acl(TOPIC, &seen, "User:alice", DESCRIBE)]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let ids = [&seen, &hidden].map(|topic| ketch_tests::raw::topic_id(&mut admin, topic).expect("an id"));
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let response: DeleteTopicsResponse = alice.request(
+        6,
+        &ketch_tests::raw::delete_topics_request(&[(None, Some(ids[0])), (None, Some(ids[1]))]),
+    );
+    let results: Vec<(i16, Option<String>)> = response
+        .responses
+        .iter()
+        .map(|r| (r.error_code, r.name.as_ref().map(|n| n.to_string())))
+        .collect();
+    assert_eq!(
+        results,
+        [(29, Some(seen.clone())), (29, None)],
+        "TOPIC_AUTHORIZATION_FAILED"
+    );
+    assert!(redis.topic_exists(&seen) && redis.topic_exists(&hidden));
+}
+
 const ILLEGAL_SASL_STATE: i16 = 34;
 
 /// SaslHandshake on an authenticated connection, as a re-authenticating

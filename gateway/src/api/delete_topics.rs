@@ -4,6 +4,8 @@
 //! client's controller mutation quota (KIP-599; v5+ may be refused with
 //! THROTTLING_QUOTA_EXCEEDED). Spec: KIP-4 (admin requests), KIP-516.
 
+use std::collections::HashSet;
+
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
@@ -43,13 +45,14 @@ pub async fn handle(
     );
     // DELETE on the cluster allows every topic; otherwise DELETE on each.
     let on_cluster = cluster_authorized(ctx, client, Operation::Delete);
+    let named_twice = &named_by_name_and_id(ctx, &states).await;
     let responses = super::each(states.into_iter().map(|((name, id), state)| async move {
-        let outcome = match state {
-            Some(state) => delete(ctx, client, state, quota, on_cluster).await,
-            None if name.is_some() => Err(Failure::duplicate("name")),
-            None => Err(Failure::duplicate("id")),
+        let (shown, outcome) = match state {
+            Some(state) => delete(ctx, client, state, quota, on_cluster, named_twice).await,
+            None if name.is_some() => (None, Err(Failure::duplicate("name"))),
+            None => (None, Err(Failure::duplicate("id"))),
         };
-        result(name, id, outcome)
+        result(name.or(shown), id, outcome)
     }))
     .await;
     DeleteTopicsResponse::default()
@@ -57,35 +60,103 @@ pub async fn handle(
         .with_throttle_time_ms(quota.throttle_time_ms())
 }
 
-/// Deletes one topic; returns its name and id.
+/// A request's entry as [`unique_by`] leaves it: what names the topic, and
+/// the entry unless another named the topic the same way.
+type Entry = ((Option<TopicName>, Uuid), Option<DeleteTopicState>);
+
+/// The names of the topics a request names both by name and by id
+/// (version 6): neither entry deletes it, as Kafka's controller refuses
+/// both once the client may delete the topic.
+async fn named_by_name_and_id(
+    ctx: &Context,
+    states: &[Entry],
+) -> HashSet<String> {
+    let names: HashSet<&str> = states
+        .iter()
+        .filter(|((_, id), state)| state.is_some() && id.is_nil())
+        .filter_map(|((name, _), _)| name.as_ref().map(|name| name.as_str()))
+        .collect();
+    let ids = states
+        .iter()
+        .filter(|((name, id), state)| state.is_some() && name.is_none() && !id.is_nil())
+        .map(|((_, id), _)| *id);
+    let mut twice = HashSet::new();
+    for id in ids {
+        if let Ok(topic) = resolve_topic_id(ctx, id).await
+            && names.contains(topic.name.as_str())
+        {
+            twice.insert(topic.name.clone());
+        }
+    }
+    twice
+}
+
+/// Deletes one topic; returns its name and id. Apart from the outcome, the
+/// name of a topic given by id that the client may describe, for an
+/// error's result (Kafka names it there).
 async fn delete(
     ctx: &Context,
     client: &Client,
     state: DeleteTopicState,
     quota: &MutationQuota<'_>,
     on_cluster: bool,
-) -> Result<(TopicName, Uuid), Failure> {
+    named_twice: &HashSet<String>,
+) -> (Option<TopicName>, Result<(TopicName, Uuid), Failure>) {
     let by_id = state.topic_id != Uuid::nil();
     let name = match (state.name, by_id) {
         (Some(name), false) => name.as_str().to_owned(),
-        (None, true) => resolve_topic_id(ctx, state.topic_id)
-            .await
-            .map_err(|code| Failure { code, message: None })?
-            .name
-            .clone(),
+        (None, true) => match resolve_topic_id(ctx, state.topic_id).await {
+            Ok(topic) => topic.name.clone(),
+            Err(code) => return (None, Err(Failure { code, message: None })),
+        },
         (Some(_), true) => {
-            return Err(Failure::new(
-                ResponseError::InvalidRequest,
-                "You may not specify both topic name and topic id.",
-            ));
+            return (
+                None,
+                Err(Failure::new(
+                    ResponseError::InvalidRequest,
+                    "You may not specify both topic name and topic id.",
+                )),
+            );
         }
         (None, false) => {
-            return Err(Failure::new(
-                ResponseError::InvalidRequest,
-                "Neither topic name nor id were specified.",
-            ));
+            return (
+                None,
+                Err(Failure::new(
+                    ResponseError::InvalidRequest,
+                    "Neither topic name nor id were specified.",
+                )),
+            );
         }
     };
+    let shown = (by_id
+        && (on_cluster || authorized(ctx, client, Operation::Describe, ResourceType::Topic, &name)))
+    .then(|| TopicName(str_bytes(name.clone())));
+    (
+        shown,
+        delete_named(
+            ctx,
+            client,
+            name,
+            by_id.then_some(state.topic_id),
+            quota,
+            on_cluster,
+            named_twice,
+        )
+        .await,
+    )
+}
+
+/// [`delete`] once the topic's name is known (`id`: it was given by id).
+async fn delete_named(
+    ctx: &Context,
+    client: &Client,
+    name: String,
+    id: Option<Uuid>,
+    quota: &MutationQuota<'_>,
+    on_cluster: bool,
+    named_twice: &HashSet<String>,
+) -> Result<(TopicName, Uuid), Failure> {
+    let by_id = id.is_some();
     // By name, a topic the client may not describe is refused whatever
     // else it may do (Kafka's controller checks DESCRIBE first; DELETE
     // implies it, but a DENY of DESCRIBE wins).
@@ -112,6 +183,14 @@ async fn delete(
             "Authorization failed.",
         ));
     }
+    // Only now, where the client may delete it, is it told that it named
+    // one topic twice (before, that would tell it the topic's id).
+    if named_twice.contains(&name) {
+        return Err(Failure::new(
+            ResponseError::InvalidRequest,
+            "The provided topic name maps to an ID that was already supplied.",
+        ));
+    }
     // Its partitions count against the client's mutation quota (a topic
     // that does not exist counts nothing; deleting it fails below).
     if quota.applies()
@@ -119,11 +198,7 @@ async fn delete(
     {
         count_mutation(quota, topic.partitions()).await?;
     }
-    match ctx
-        .storage
-        .delete_topic(&name, by_id.then_some(state.topic_id))
-        .await
-    {
+    match ctx.storage.delete_topic(&name, id).await {
         Ok(topic) => {
             tracing::info!(topic = name, "deleted topic");
             Ok((TopicName(str_bytes(name)), topic.id))
