@@ -671,16 +671,17 @@ fn keep(
         }
     }
     out.kept = kept.len() as u64;
-    let Some(last) = kept.last() else {
+    if kept.is_empty() {
         return Ok(out);
-    };
-    if all {
-        out.batch = Some((id(entry.last_offset), entry.batch.clone()));
-    } else {
-        let last = base + i64::from(last.offset_delta);
-        let rebuilt = batch::rebuild(&entry.batch, &kept).map_err(corrupt)?;
-        out.batch = Some((id(last), rebuilt));
     }
+    // A batch partly kept keeps its last offset, as Kafka's cleaner keeps it
+    // (`batch::rebuild`), and so its stream id.
+    let batch = if all {
+        entry.batch.clone()
+    } else {
+        batch::rebuild(&entry.batch, &kept).map_err(corrupt)?
+    };
+    out.batch = Some((id(entry.last_offset), batch));
     Ok(out)
 }
 
@@ -816,14 +817,14 @@ mod tests {
             let kept = keep(&entry, &latest, &[], &tombstones).expect("kept");
             let (id, batch) = kept.batch.expect("something kept");
             assert_eq!(
-                id, "13-4",
-                "codec {codec}: last kept offset 13, span from base 10"
+                id, "14-5",
+                "codec {codec}: the batch's last offset 14 (the last kept is 13), span from base 10"
             );
             assert_eq!((kept.read, kept.kept), (5, 2));
             let header = batch::header(&batch).unwrap();
             assert_eq!(header.attributes & 7, codec, "the batch's codec");
             assert_eq!(header.record_count, 2);
-            assert_eq!(header.last_offset_delta, 3);
+            assert_eq!(header.last_offset_delta, 4, "the original batch's");
             assert_eq!(header.base_timestamp, 1_000);
             assert_eq!(kept.tomb_sealed, Some(1_000), "the tombstone of c is kept");
             let records = records_of(&batch);

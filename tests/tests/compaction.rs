@@ -760,3 +760,41 @@ fn the_compaction_lag_counts_from_the_first_batch() {
         [Some(Bytes::from_static(b"new")), Some(Bytes::from_static(b"v"))]
     );
 }
+
+/// A batch whose last records compaction drops keeps its last offset (its
+/// last offset delta), as Kafka's log cleaner keeps it: a consumer moves
+/// past the whole batch, and its last sequence stays the producer's.
+#[test]
+fn a_batch_whose_last_records_go_keeps_its_last_offset() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-last-offset");
+    create_compacted(&ketch, &topic, &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    // Offsets 0–2 in one batch; 3 and 4 replace its last two records.
+    for records in [
+        vec![
+            keyed("a", Some("1")),
+            keyed("b", Some("1")),
+            keyed("c", Some("1")),
+        ],
+        vec![keyed("b", Some("2")), keyed("c", Some("2"))],
+    ] {
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&records)).0,
+            code::NONE
+        );
+    }
+    wait_compacted(&redis, &ketch, &topic, 5);
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 0));
+    let (error, _, records) = raw::fetch_result(&response);
+    assert_eq!(error, code::NONE);
+    let first = raw::split_batches(records.expect("records"))[0].clone();
+    let header = ketch_storage::batch::header(&first).expect("a batch");
+    assert_eq!(
+        (header.record_count, header.last_offset_delta),
+        (1, 2),
+        "one record kept of three, the batch's last offset 2"
+    );
+    assert_eq!(read_all(&ketch, &topic).len(), 3, "a@0, b@3, c@4");
+}

@@ -67,10 +67,7 @@ type Entry = ((Option<TopicName>, Uuid), Option<DeleteTopicState>);
 /// The names of the topics a request names both by name and by id
 /// (version 6): neither entry deletes it, as Kafka's controller refuses
 /// both once the client may delete the topic.
-async fn named_by_name_and_id(
-    ctx: &Context,
-    states: &[Entry],
-) -> HashSet<String> {
+async fn named_by_name_and_id(ctx: &Context, states: &[Entry]) -> HashSet<String> {
     let names: HashSet<&str> = states
         .iter()
         .filter(|((_, id), state)| state.is_some() && id.is_nil())

@@ -109,11 +109,14 @@ impl BatchBuilder {
 }
 
 /// A stored batch with only `records` of it kept (log compaction): the same
-/// base offset, base timestamp, attributes (codec, timestamp type,
-/// transactional), producer id, epoch and base sequence; each record keeps
-/// its offset delta and timestamp, so offsets and timestamps are unchanged
-/// and may have gaps. The body is compressed again with the batch's codec.
-/// `records` must be non-empty and in offset order.
+/// base offset, last offset delta, base timestamp, attributes (codec,
+/// timestamp type, transactional), producer id, epoch and base sequence;
+/// each record keeps its offset delta and timestamp, so offsets and
+/// timestamps are unchanged and may have gaps. As Kafka's log cleaner, the
+/// batch keeps its last offset (and so its last sequence) when its last
+/// records are dropped: a consumer moves past the whole batch. The body is
+/// compressed again with the batch's codec. `records` must be non-empty
+/// and in offset order.
 pub fn rebuild(original: &[u8], records: &[super::Record]) -> Result<Bytes, super::BatchError> {
     encode_like(original, records, None)
 }
@@ -220,9 +223,7 @@ fn encode_like(
     if header.is_log_append_time() {
         max_timestamp = header.max_timestamp;
     }
-    let last_delta = records
-        .last()
-        .map_or(header.last_offset_delta, |r| r.offset_delta);
+    let last_delta = header.last_offset_delta;
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
     out.extend_from_slice(&original[..HEADER_LEN]);
     out.extend_from_slice(&body);
