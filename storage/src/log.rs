@@ -821,9 +821,30 @@ impl Store {
                 };
                 return Ok((wire_entries(entries)?, meta.into_value()));
             }
-            OnWire::Moved | OnWire::Unplaced => pipe.query_async(&mut self.conn()).await?,
+            OnWire::Moved | OnWire::Unplaced => self.read_following(pipe).await?,
         };
         Ok((stream_entries(entries)?, meta))
+    }
+
+    /// A read of one partition's keys (`pipe`) through the cluster
+    /// connection, which follows a moved slot. A slot being migrated
+    /// answers ASK for the keys already moved, and redis-rs follows an ASK
+    /// only for a pipeline's first command: then each command goes alone,
+    /// to wherever its key is now, in the pipeline's order (the commands
+    /// only read, and a pipeline is not atomic anyway).
+    async fn read_following<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T> {
+        let error = match pipe.query_async::<T>(&mut self.conn()).await {
+            Ok(replies) => return Ok(replies),
+            Err(e) => StorageError::from(e),
+        };
+        if !matches!(&error, StorageError::Unavailable(m) if durable::is_ask(m)) {
+            return Err(error);
+        }
+        let mut replies = Vec::new();
+        for cmd in pipe.cmd_iter() {
+            replies.push(cmd.query_async::<Value>(&mut self.conn()).await?);
+        }
+        redis::from_redis_value(Value::Array(replies)).map_err(|e| StorageError::Data(e.to_string()))
     }
 
     /// The entries of one `XRANGE` of a partition's stream (`xrange`), on
@@ -843,7 +864,7 @@ impl Store {
                 None => Err(StorageError::Data("XRANGE got no reply".to_owned())),
             },
             OnWire::Moved | OnWire::Unplaced => {
-                let (entries,): (Value,) = pipe.query_async(&mut self.conn()).await?;
+                let (entries,): (Value,) = self.read_following(&pipe).await?;
                 stream_entries(entries)
             }
         }

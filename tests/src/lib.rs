@@ -1194,13 +1194,15 @@ impl RedisCluster {
     /// MIGRATE, SETSLOT NODE on the target, the source, then the rest), but
     /// in milliseconds rather than the seconds all of a master's take.
     pub fn move_slot_of(&self, key: &str, to: u16) {
-        let node = |port: u16| {
-            self.nodes
-                .iter()
-                .find(|n| n.port() == port && n.child.is_some())
-                .expect("a running node of the cluster")
-                .connection()
-        };
+        let mut migration = self.begin_slot_move(key, to);
+        migration.migrate_the_rest();
+        migration.finish();
+    }
+
+    /// Begins moving the slot of `key` to the master on `to`, as
+    /// `redis-cli --cluster reshard` does (`CLUSTER SETSLOT … IMPORTING` on
+    /// the target, `MIGRATING` on the source); no key is moved yet.
+    pub fn begin_slot_move(&self, key: &str, to: u16) -> SlotMove<'_> {
         let slot: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
@@ -1208,46 +1210,17 @@ impl RedisCluster {
             .expect("CLUSTER KEYSLOT");
         let from = self.master_of(key);
         assert_ne!(from, to, "{key} is already on {to}");
-        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
-        let (mut source, mut target) = (node(from), node(to));
-        let setslot = |conn: &mut redis::Connection, state: &str, id: &str| {
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg(state)
-                .arg(id)
-                .query::<()>(conn)
-                .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {slot} {state}: {e}"));
+        let migration = SlotMove {
+            cluster: self,
+            slot,
+            from,
+            to,
+            from_id: self.node_id(from),
+            to_id: self.node_id(to),
         };
-        setslot(&mut target, "IMPORTING", &from_id);
-        setslot(&mut source, "MIGRATING", &to_id);
-        loop {
-            let keys: Vec<String> = redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100)
-                .query(&mut source)
-                .expect("CLUSTER GETKEYSINSLOT");
-            if keys.is_empty() {
-                break;
-            }
-            let mut migrate = redis::cmd("MIGRATE");
-            migrate.arg("127.0.0.1").arg(to).arg("").arg(0).arg(5000);
-            if let Some(password) = self.nodes[0].password() {
-                migrate.arg("AUTH").arg(password);
-            }
-            migrate
-                .arg("KEYS")
-                .arg(&keys)
-                .query::<()>(&mut source)
-                .expect("MIGRATE");
-        }
-        setslot(&mut target, "NODE", &to_id);
-        setslot(&mut source, "NODE", &to_id);
-        let others: std::collections::BTreeSet<u16> = self.slot_ranges().into_iter().map(|r| r.2).collect();
-        for port in others.into_iter().filter(|p| ![from, to].contains(p)) {
-            setslot(&mut node(port), "NODE", &to_id);
-        }
+        migration.setslot(to, "IMPORTING", &migration.from_id);
+        migration.setslot(from, "MIGRATING", &migration.to_id);
+        migration
     }
 
     /// Moves every slot of the master on `from` to the master on `to` with
@@ -1329,6 +1302,78 @@ impl RedisCluster {
             .find(|(first, last, _)| (i64::from(*first)..=i64::from(*last)).contains(&slot))
             .map(|(_, _, port)| port)
             .expect("every slot is served")
+    }
+}
+
+/// A slot's move under way ([`RedisCluster::begin_slot_move`]).
+pub struct SlotMove<'a> {
+    cluster: &'a RedisCluster,
+    slot: i64,
+    from: u16,
+    to: u16,
+    from_id: String,
+    to_id: String,
+}
+
+impl SlotMove<'_> {
+    fn node(&self, port: u16) -> redis::Connection {
+        self.cluster
+            .nodes
+            .iter()
+            .find(|n| n.port() == port && n.child.is_some())
+            .expect("a running node of the cluster")
+            .connection()
+    }
+
+    fn setslot(&self, port: u16, state: &str, id: &str) {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(self.slot)
+            .arg(state)
+            .arg(id)
+            .query::<()>(&mut self.node(port))
+            .unwrap_or_else(|e| panic!("CLUSTER SETSLOT {} {state}: {e}", self.slot));
+    }
+
+    /// Moves `keys` (of the slot) to the target.
+    pub fn migrate(&mut self, keys: &[String]) {
+        let mut migrate = redis::cmd("MIGRATE");
+        migrate.arg("127.0.0.1").arg(self.to).arg("").arg(0).arg(5000);
+        if let Some(password) = self.cluster.nodes[0].password() {
+            migrate.arg("AUTH").arg(password);
+        }
+        migrate
+            .arg("KEYS")
+            .arg(keys)
+            .query::<()>(&mut self.node(self.from))
+            .expect("MIGRATE");
+    }
+
+    /// Moves the keys of the slot still on the source.
+    pub fn migrate_the_rest(&mut self) {
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(self.slot)
+                .arg(100)
+                .query(&mut self.node(self.from))
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            self.migrate(&keys);
+        }
+    }
+
+    /// Ends the move: the target owns the slot, as every master is told.
+    pub fn finish(self) {
+        self.setslot(self.to, "NODE", &self.to_id);
+        self.setslot(self.from, "NODE", &self.to_id);
+        let others: std::collections::BTreeSet<u16> =
+            self.cluster.slot_ranges().into_iter().map(|r| r.2).collect();
+        for port in others.into_iter().filter(|p| ![self.from, self.to].contains(p)) {
+            self.setslot(port, "NODE", &self.to_id);
+        }
     }
 }
 

@@ -843,3 +843,42 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     );
     drop(frozen);
 }
+
+/// A fetch of a partition whose slot is being migrated, its log moved to
+/// the new master and its metadata not yet, reads the records: each of the
+/// read's commands goes where its key is (ASK), rather than the fetch
+/// failing until the migration of the slot ends (`redis-cli --cluster
+/// reshard` moves a slot's keys a batch at a time, a large log taking a
+/// while).
+#[test]
+fn a_partition_whose_slot_is_half_migrated_is_read() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = gateway(&cluster, "1");
+    let topic = unique_topic("cluster-half-moved");
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    for n in 0..3 {
+        let record = batch::encode(&[Record::value(batch::at(n), b"moving")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, record), (code::NONE, n));
+    }
+    let tag = format!("{{{}}}", tags(&cluster, &topic)[0]);
+    let from = cluster.master_of(&tag);
+    let mut migration = cluster.begin_slot_move(&tag, another_master(&cluster, from));
+    migration.migrate(&[format!("ketch:{tag}:log")]);
+    // A fresh gateway: no tail of the partition kept from the appends.
+    let b = gateway(&cluster, "2");
+    let mut reader = KafkaConn::connect(b.kafka_addr());
+    let read = |reader: &mut KafkaConn| {
+        let response = reader.request(12, &raw::fetch_request(&topic, 0, 0, 100));
+        let (error, high_watermark, records) = raw::fetch_result(&response);
+        (
+            error,
+            high_watermark,
+            records.map_or(0, |r| raw::count_records(&r)),
+        )
+    };
+    assert_eq!(read(&mut reader), (code::NONE, 3, 3), "read mid-migration");
+    migration.migrate_the_rest();
+    migration.finish();
+    assert_eq!(read(&mut reader), (code::NONE, 3, 3), "read after the migration");
+}
