@@ -224,9 +224,13 @@ pub struct GroupsSettings {
     /// How long the first rebalance of an empty group waits for more
     /// members (Kafka's `group.initial.rebalance.delay.ms`).
     pub initial_rebalance_delay: Duration,
-    /// How long committed offsets outlive a group that became empty
-    /// (Kafka's `offsets.retention.minutes`).
+    /// How long committed offsets outlive a group that became empty, and
+    /// how long an offset no member consumes outlives its commit (Kafka's
+    /// `offsets.retention.minutes`).
     pub offsets_retention: Duration,
+    /// How often each gateway looks for such offsets among the groups it
+    /// coordinates (Kafka's `offsets.retention.check.interval.ms`).
+    pub offsets_retention_check_interval: Duration,
     /// Smallest session timeout a member may ask for (`group.min.session.timeout.ms`).
     pub min_session_timeout: Duration,
     /// Largest session timeout a member may ask for (`group.max.session.timeout.ms`).
@@ -496,6 +500,7 @@ impl Default for GroupsSettings {
         Self {
             initial_rebalance_delay: Duration::from_secs(3),
             offsets_retention: Duration::from_secs(7 * 24 * 3600),
+            offsets_retention_check_interval: Duration::from_secs(600),
             min_session_timeout: Duration::from_secs(6),
             max_session_timeout: Duration::from_secs(30 * 60),
             max_metadata_bytes: 4096,

@@ -16,6 +16,7 @@ pub mod http;
 pub mod membership;
 pub mod memory;
 pub mod metrics;
+pub mod offset_expiry;
 pub mod quotas;
 pub mod server;
 pub mod storage;
@@ -386,6 +387,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let handover_task = tokio::spawn(hand_over_groups(ctx.clone()));
     let metrics_task = tokio::spawn(metrics::upkeep(ctx.clone()));
     let transactions_task = tokio::spawn(transactions::sweep(ctx.clone()));
+    let offset_expiry_task = tokio::spawn(offset_expiry::run(ctx.clone()));
     let quotas_task = tokio::spawn(quotas::keep_current(ctx.clone()));
     let defaults_task = tokio::spawn(cluster_configs::keep_current(ctx.clone()));
     let acl_task = ctx
@@ -426,6 +428,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     handover_task.abort();
     metrics_task.abort();
     transactions_task.abort();
+    offset_expiry_task.abort();
     quotas_task.abort();
     defaults_task.abort();
     // Deregisters this gateway so the others take over its partitions and groups at once.

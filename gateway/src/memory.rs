@@ -457,6 +457,24 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    async fn expire_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+        cutoff_ms: i64,
+    ) -> Result<i64> {
+        let mut expired = 0;
+        if let Some(committed) = self.state().groups.get_mut(group) {
+            for tp in partitions {
+                if committed.get(tp).is_some_and(|o| o.commit_ms <= cutoff_ms) {
+                    committed.remove(tp);
+                    expired += 1;
+                }
+            }
+        }
+        Ok(expired)
+    }
+
     async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
         let mut state = self.state();
         state.group_states.remove(group);

@@ -89,6 +89,10 @@ pub trait Storage: Send + Sync {
     ) -> Result<Vec<Option<CommittedOffset>>>;
     async fn all_committed_offsets(&self, group: &str) -> Result<Vec<(TopicPartition, CommittedOffset)>>;
     async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()>;
+    /// Deletes the offsets of `partitions` committed at or before
+    /// `cutoff_ms` (offset expiry); how many went.
+    async fn expire_offsets(&self, group: &str, partitions: &[TopicPartition], cutoff_ms: i64)
+    -> Result<i64>;
     async fn delete_group_offsets(&self, group: &str) -> Result<bool>;
     async fn groups_with_offsets(&self) -> Result<Vec<String>>;
     /// Whether `group` has committed offsets.
@@ -404,6 +408,15 @@ impl Storage for Tiered {
 
     async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
         self.store.delete_offsets(group, partitions).await
+    }
+
+    async fn expire_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+        cutoff_ms: i64,
+    ) -> Result<i64> {
+        self.store.expire_offsets(group, partitions, cutoff_ms).await
     }
 
     async fn delete_group_offsets(&self, group: &str) -> Result<bool> {

@@ -223,6 +223,31 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes the group's committed offsets of `partitions` that were
+    /// committed at or before `cutoff_ms` (offset expiry). Each commit
+    /// time is read again in the script (`expire_offsets.lua`), so an
+    /// offset committed again since the caller read it stays. How many
+    /// were deleted.
+    pub async fn expire_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+        cutoff_ms: i64,
+    ) -> Result<i64> {
+        if partitions.is_empty() {
+            return Ok(0);
+        }
+        let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
+        Ok(self
+            .scripts
+            .expire_offsets
+            .key(self.group_offsets_key(group))
+            .arg(cutoff_ms)
+            .arg(&fields)
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
     /// Deletes every committed offset of the group; true if it had any.
     pub async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
         let (_, deleted, _): (i64, i64, i64) = redis::pipe()

@@ -170,6 +170,7 @@ struct Scripts {
     compact_add: redis::Script,
     compact_swap: redis::Script,
     delete_offsets: redis::Script,
+    expire_offsets: redis::Script,
     mutation_tokens: redis::Script,
 }
 
@@ -276,6 +277,7 @@ impl Store {
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
                 delete_offsets: redis::Script::new(include_str!("scripts/delete_offsets.lua")),
+                expire_offsets: redis::Script::new(include_str!("scripts/expire_offsets.lua")),
                 mutation_tokens: redis::Script::new(include_str!("scripts/mutation_tokens.lua")),
             }),
             server: Arc::from(server),

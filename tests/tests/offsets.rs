@@ -558,3 +558,76 @@ fn delete_groups_answers_each_name_once_and_errors_carry_no_operations() {
     );
     assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, -1);
 }
+
+/// Offsets no member consumes expire one by one, `groups.offsets_retention`
+/// after their commit, as Kafka's coordinator expires them: every offset of
+/// a group no member ever joined (each on its own, however recently others
+/// were committed), and those of topics a stable consumer group's members
+/// do not subscribe to (theirs stay, however old).
+#[test]
+fn offsets_no_member_consumes_expire_one_by_one() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.initial_rebalance_delay=0s",
+            "--set",
+            "groups.offsets_retention=2s",
+            "--set",
+            "groups.offsets_retention_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let (consumed, other) = (unique_topic("consumed"), unique_topic("other"));
+    for topic in [&consumed, &other] {
+        assert_eq!(raw::create_topic(&mut conn, topic, 2), code::NONE);
+    }
+    // A group without members commits two partitions.
+    let standalone = unique_topic("standalone");
+    assert_eq!(
+        commit(&mut conn, &standalone, &other, &[(0, 5, ""), (1, 6, "")], -1),
+        vec![0, 0]
+    );
+    // A stable consumer group subscribed to `consumed` commits both topics.
+    let group = unique_topic("stable");
+    let joined = join(&mut conn, &group, "", "consumer", &[&consumed]);
+    assert_eq!(joined.error_code, code::NONE);
+    let (member, generation) = (joined.member_id.clone(), joined.generation_id);
+    let sync = SyncGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+        .with_member_id(member.clone())
+        .with_generation_id(generation)
+        .with_assignments(vec![
+            SyncGroupRequestAssignment::default()
+                .with_member_id(member.clone())
+                .with_assignment(bytes::Bytes::from_static(b"assignment")),
+        ]);
+    assert_eq!(conn.request(2, &sync).error_code, code::NONE);
+    for topic in [&consumed, &other] {
+        let committed = commit_as(&mut conn, &group, &member, topic, &[(0, 7, "")], generation);
+        assert_eq!(committed, vec![0]);
+    }
+
+    // The standalone group keeps committing partition 1 only.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert_eq!(commit(&mut conn, &standalone, &other, &[(1, 6, "")], -1), vec![0]);
+        let standalone_offsets = fetch(&mut conn, &standalone, &other, &[0, 1]);
+        let stable_other = fetch(&mut conn, &group, &other, &[0])[0].1;
+        if standalone_offsets[0].1 == -1 && stable_other == -1 {
+            assert_eq!(standalone_offsets[1].1, 6, "a partition committed lately stays");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not expired: {standalone_offsets:?}, the stable group's offset of a topic it does not consume {stable_other}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(
+        fetch(&mut conn, &group, &consumed, &[0])[0].1,
+        7,
+        "a subscribed topic's offset stays, however old"
+    );
+}

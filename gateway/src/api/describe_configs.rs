@@ -211,6 +211,12 @@ pub fn broker_configs(ctx: &Context, client_listener: &str) -> Vec<ReportedConfi
             "How long an empty group's offsets are kept (groups.offsets_retention).",
         ),
         (
+            "offsets.retention.check.interval.ms",
+            ms(settings.groups.offsets_retention_check_interval),
+            TYPE_LONG,
+            "How often offsets no member consumes are looked for to expire (groups.offsets_retention_check_interval).",
+        ),
+        (
             "quota.window.num",
             settings.quotas.window_num.to_string(),
             TYPE_INT,

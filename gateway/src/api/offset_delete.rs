@@ -177,7 +177,7 @@ impl Subscribed {
 
 /// The topics of a consumer member's subscription metadata (a version,
 /// then ConsumerProtocolSubscription); `None` if it does not decode.
-fn subscription(metadata: &bytes::Bytes) -> Option<Vec<String>> {
+pub(crate) fn subscription(metadata: &bytes::Bytes) -> Option<Vec<String>> {
     let mut buf = metadata.clone();
     if buf.remaining() < 2 {
         return None;

@@ -36,6 +36,22 @@ use tokio::time::Instant;
 use state::{Group, Reply, Timing, join_error, sync_error};
 pub use state::{Joiner, Snapshot, SnapshotMember, State};
 
+/// Which of a group's committed offsets expire one by one
+/// ([`Coordinator::expiring`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expiring {
+    /// None: the group has members that are not a stable consumer group
+    /// (another protocol, a rebalance), or it emptied, when all of its
+    /// offsets expire together (a Redis TTL from when it emptied).
+    Nothing,
+    /// Every one: no member ever joined the group (consumers that assign
+    /// their own partitions and commit, Kafka's standalone group).
+    All,
+    /// Those of topics none of its members subscribes to; the members'
+    /// subscription metadata (a stable consumer group).
+    Unsubscribed(Vec<Bytes>),
+}
+
 /// The groups this gateway coordinates. Cheap to clone.
 #[derive(Clone)]
 pub struct Coordinator {
@@ -454,6 +470,38 @@ impl Coordinator {
             None => Err(ResponseError::IllegalGeneration),
         };
         outcome.map_err(|e| e.code())
+    }
+
+    /// Which of a group's committed offsets may expire one by one, each
+    /// `groups.offsets_retention` after its commit, as Kafka's
+    /// `removeExpiredOffsets` decides by the group's state. A group this
+    /// gateway did not hold and that has no members is not kept in memory
+    /// for the look (as [`Coordinator::adopt`] does not keep one).
+    pub async fn expiring(&self, group_id: &str) -> Result<Expiring, ResponseError> {
+        let held = self.in_memory(group_id);
+        self.load(group_id).await?;
+        let mut groups = self.inner.lock();
+        let Some(slot) = groups.get(group_id.as_bytes()) else {
+            // No snapshot: no member ever joined it.
+            return Ok(Expiring::All);
+        };
+        let group = &slot.group;
+        let protocol_type = group.protocol_type();
+        let expiring = match group.state() {
+            State::Empty if protocol_type.is_empty() => Expiring::All,
+            State::Stable if protocol_type.as_str() == "consumer" => match group.subscriptions() {
+                Some((_, Some(metadata))) => Expiring::Unsubscribed(metadata),
+                _ => Expiring::Nothing,
+            },
+            _ => Expiring::Nothing,
+        };
+        if !held
+            && group.state() == State::Empty
+            && let Some(slot) = groups.remove(group_id.as_bytes())
+        {
+            slot.timers.notify_one();
+        }
+        Ok(expiring)
     }
 
     /// Brings a group this gateway coordinates in from its snapshot, as a

@@ -1,0 +1,97 @@
+//! Committed offsets that expire one by one, as Kafka's group coordinator
+//! expires them every `offsets.retention.check.interval.ms`
+//! (`GroupMetadata.removeExpiredOffsets`): each offset no member consumes
+//! goes `groups.offsets_retention` after its commit. That is every offset
+//! of a group no member ever joined (consumers that assign their own
+//! partitions), and those of the topics a stable consumer group's members
+//! do not subscribe to. A group that emptied is not looked at: all of its
+//! offsets expire together, a Redis TTL from when it emptied
+//! (docs/architecture.md §5). Each gateway looks at the groups it
+//! coordinates.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ketch_storage::StorageError;
+use ketch_storage::groups::TopicPartition;
+
+use crate::Context;
+use crate::api::offset_delete::subscription;
+use crate::group::Expiring;
+
+/// Until shutdown, every `groups.offsets_retention_check_interval`.
+pub async fn run(ctx: Arc<Context>) {
+    let mut shutdown = ctx.shutdown.clone();
+    let mut tick = tokio::time::interval(ctx.settings.groups.offsets_retention_check_interval.get());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: wait one interval.
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        if !ctx.membership.can_coordinate() {
+            continue;
+        }
+        match expire_once(&ctx).await {
+            Ok(0) => {}
+            Ok(expired) => tracing::info!(offsets = expired, "expired committed offsets no member consumes"),
+            Err(e) => tracing::debug!(error = %e, "cannot look for expired offsets now"),
+        }
+    }
+}
+
+/// One look at every group with committed offsets that this gateway
+/// coordinates; how many offsets expired. A group that cannot be looked at
+/// now (its snapshot or offsets unreadable) is left for the next look.
+pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
+    let retention =
+        i64::try_from(ctx.settings.groups.offsets_retention.get().as_millis()).unwrap_or(i64::MAX);
+    let mut expired = 0;
+    for group in ctx.storage.groups_with_offsets().await? {
+        if !ctx.membership.coordinates(&group) {
+            continue;
+        }
+        // The topics whose offsets stay whatever their age; `None`: none.
+        let subscribed: Option<HashSet<String>> = match ctx.groups.expiring(&group).await {
+            Ok(Expiring::All) => None,
+            Ok(Expiring::Unsubscribed(metadata)) => {
+                // A member's subscription that does not decode: as Kafka,
+                // whose group then has no known subscribed topics, nothing
+                // expires.
+                let Some(topics) = metadata.iter().map(subscription).collect::<Option<Vec<_>>>() else {
+                    continue;
+                };
+                Some(topics.into_iter().flatten().collect())
+            }
+            Ok(Expiring::Nothing) => continue,
+            Err(error) => {
+                tracing::debug!(%group, ?error, "group not looked at for expired offsets");
+                continue;
+            }
+        };
+        let cutoff = ketch_storage::now_ms().saturating_sub(retention);
+        let offsets = match ctx.storage.all_committed_offsets(&group).await {
+            Ok(offsets) => offsets,
+            Err(e) => {
+                tracing::debug!(%group, error = %e, "cannot read the group's offsets to expire");
+                continue;
+            }
+        };
+        let due: Vec<TopicPartition> = offsets
+            .into_iter()
+            .filter(|((topic, _), offset)| {
+                offset.commit_ms <= cutoff && subscribed.as_ref().is_none_or(|s| !s.contains(topic))
+            })
+            .map(|(partition, _)| partition)
+            .collect();
+        if due.is_empty() {
+            continue;
+        }
+        let gone = ctx.storage.expire_offsets(&group, &due, cutoff).await?;
+        tracing::debug!(%group, offsets = gone, "expired committed offsets");
+        expired += gone;
+    }
+    Ok(expired)
+}
