@@ -15,7 +15,7 @@ use bytes::Bytes;
 use ketch_storage::batch::{self, BatchHeader, Records};
 use ketch_storage::{
     AppendOutcome, CommittedOffset, Keys, PartitionOffsets, QuotaChange, ReadPartition, ReadRequest, Result,
-    StorageError, StoredCredential, StoredQuota, Topic, TopicPartition, WakeHub,
+    ScramChange, StorageError, StoredCredential, StoredQuota, Topic, TopicPartition, WakeHub,
 };
 
 use crate::storage::Storage;
@@ -539,12 +539,25 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool> {
-        Ok(self
-            .state()
-            .credentials
-            .remove(&(mechanism.to_owned(), user.to_owned()))
-            .is_some())
+    async fn alter_scram_credentials(&self, changes: &[ScramChange]) -> Result<()> {
+        let mut state = self.state();
+        for change in changes {
+            match change {
+                ScramChange::Set {
+                    mechanism,
+                    user,
+                    credential,
+                } => {
+                    state
+                        .credentials
+                        .insert((mechanism.clone(), user.clone()), credential.clone());
+                }
+                ScramChange::Delete { mechanism, user } => {
+                    state.credentials.remove(&(mechanism.clone(), user.clone()));
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn scram_credentials(&self) -> Result<Vec<StoredCredential>> {

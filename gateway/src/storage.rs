@@ -12,8 +12,8 @@ use bytes::Bytes;
 use ketch_storage::batch::BatchHeader;
 use ketch_storage::{
     AppendOutcome, CommittedOffset, Decided, JoinReply, PartitionOffsets, QuotaChange, ReadPartition,
-    ReadRequest, Result, StagingTxn, Store, StoredCredential, StoredQuota, Topic, TopicPartition, TxnItems,
-    TxnReply, TxnState, WakeHub,
+    ReadRequest, Result, ScramChange, StagingTxn, Store, StoredCredential, StoredQuota, Topic,
+    TopicPartition, TxnItems, TxnReply, TxnState, WakeHub,
 };
 use ketch_tiering::Tiers;
 
@@ -108,7 +108,8 @@ pub trait Storage: Send + Sync {
     // ---- users and ACLs (ketch_storage's security module) ----
     async fn scram_credential(&self, mechanism: &str, user: &str) -> Result<Option<String>>;
     async fn set_scram_credential(&self, mechanism: &str, user: &str, credential: &str) -> Result<()>;
-    async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool>;
+    /// Several credential changes in one atomic write.
+    async fn alter_scram_credentials(&self, changes: &[ScramChange]) -> Result<()>;
     async fn scram_credentials(&self) -> Result<Vec<StoredCredential>>;
     async fn acls(&self) -> Result<(u64, Vec<String>)>;
     async fn acl_version(&self) -> Result<u64>;
@@ -455,8 +456,8 @@ impl Storage for Tiered {
         self.store.set_scram_credential(mechanism, user, credential).await
     }
 
-    async fn delete_scram_credential(&self, mechanism: &str, user: &str) -> Result<bool> {
-        self.store.delete_scram_credential(mechanism, user).await
+    async fn alter_scram_credentials(&self, changes: &[ScramChange]) -> Result<()> {
+        self.store.alter_scram_credentials(changes).await
     }
 
     async fn scram_credentials(&self) -> Result<Vec<StoredCredential>> {

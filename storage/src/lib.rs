@@ -48,7 +48,7 @@ pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use metrics::describe_metrics;
 pub use producers::{ProducerSummary, decode_producer_state};
 pub use quotas::{QuotaChange, StoredQuota};
-pub use security::StoredCredential;
+pub use security::{ScramChange, StoredCredential};
 pub use topics::{Topic, validate_topic_name};
 pub use transactions::{Decided, JoinReply, StagingTxn, TxnItems, TxnReply, TxnState};
 pub use wake::{Fired, WakeHub};

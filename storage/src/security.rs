@@ -16,6 +16,19 @@ use redis::AsyncCommands;
 
 use crate::{Result, Store};
 
+/// One change of AlterUserScramCredentials ([`Store::alter_scram_credentials`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScramChange {
+    /// Sets (creates or replaces) `user`'s credential for `mechanism`.
+    Set {
+        mechanism: String,
+        user: String,
+        credential: String,
+    },
+    /// Deletes `user`'s credential for `mechanism`.
+    Delete { mechanism: String, user: String },
+}
+
 /// One stored SCRAM credential.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCredential {
@@ -65,6 +78,35 @@ impl Store {
         pipe.hdel(&key, format!("{mechanism}:{user}"));
         let (removed,): (i64,) = self.query_configured(&key, &pipe).await?;
         Ok(removed > 0)
+    }
+
+    /// Makes several credential changes in one atomic write
+    /// (AlterUserScramCredentials: all of a request's accepted changes or
+    /// none, as Kafka's controller appends them as one batch of records),
+    /// waited for as [`Store::set_scram_credential`] is.
+    pub async fn alter_scram_credentials(&self, changes: &[ScramChange]) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let key = self.security_key("users");
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for change in changes {
+            match change {
+                ScramChange::Set {
+                    mechanism,
+                    user,
+                    credential,
+                } => pipe
+                    .hset(&key, format!("{mechanism}:{user}"), credential)
+                    .ignore(),
+                ScramChange::Delete { mechanism, user } => {
+                    pipe.hdel(&key, format!("{mechanism}:{user}")).ignore()
+                }
+            };
+        }
+        let () = self.query_configured(&key, &pipe).await?;
+        Ok(())
     }
 
     /// Every stored credential, sorted by user and mechanism.

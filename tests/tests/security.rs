@@ -847,6 +847,78 @@ fn delete_topics_by_id_names_the_refused_topic_to_who_may_describe_it() {
     assert!(redis.topic_exists(&seen) && redis.topic_exists(&hidden));
 }
 
+/// AlterUserScramCredentials answers each user once, as Kafka's
+/// controller does: a user whose first alteration is refused keeps that
+/// error (not DUPLICATE_RESOURCE), a user named again after an accepted
+/// one gets DUPLICATE_RESOURCE and no change, and the alterations accepted
+/// are made (together, in one write).
+#[test]
+fn scram_alterations_keep_a_users_first_error_and_make_the_accepted_ones() {
+    use kafka_protocol::messages::alter_user_scram_credentials_request::{
+        ScramCredentialDeletion, ScramCredentialUpsertion,
+    };
+    use kafka_protocol::messages::describe_user_scram_credentials_request::UserName;
+    use kafka_protocol::messages::{AlterUserScramCredentialsRequest, DescribeUserScramCredentialsRequest};
+    const SCRAM_SHA_256: i8 = 1;
+    let (_redis, _ketch, mut admin) = admin_and_alice();
+    let upsert = |name: &str, iterations: i32| {
+        ScramCredentialUpsertion::default()
+            .with_name(s(name))
+            .with_mechanism(SCRAM_SHA_256)
+            .with_iterations(iterations)
+            .with_salt(Bytes::from_static(b"some salt"))
+            .with_salted_password(Bytes::from(vec![7u8; 32]))
+    };
+    let request = AlterUserScramCredentialsRequest::default()
+        .with_deletions(vec![
+            ScramCredentialDeletion::default()
+                .with_name(s("carol"))
+                .with_mechanism(SCRAM_SHA_256),
+        ])
+        .with_upsertions(vec![
+            upsert("carol", 4096),
+            upsert("dave", 4096),
+            upsert("erin", 1),
+            upsert("frank", 4096),
+            upsert("frank", 8192),
+        ]);
+    let response = admin.request(0, &request);
+    let mut results: Vec<(String, i16)> = response
+        .results
+        .iter()
+        .map(|r| (r.user.to_string(), r.error_code))
+        .collect();
+    results.sort();
+    let expected = [
+        ("carol", 91), // RESOURCE_NOT_FOUND: its first alteration's error
+        ("dave", 0),
+        ("erin", 93),  // UNACCEPTABLE_CREDENTIAL
+        ("frank", 92), // DUPLICATE_RESOURCE
+    ]
+    .map(|(user, code)| (user.to_owned(), code));
+    assert_eq!(results, expected);
+    let described = admin.request(
+        0,
+        &DescribeUserScramCredentialsRequest::default().with_users(Some(
+            ["carol", "dave", "erin", "frank"]
+                .into_iter()
+                .map(|name| UserName::default().with_name(s(name)))
+                .collect(),
+        )),
+    );
+    let mut stored: Vec<(String, i16)> = described
+        .results
+        .iter()
+        .map(|r| (r.user.to_string(), r.error_code))
+        .collect();
+    stored.sort();
+    assert_eq!(
+        stored,
+        [("carol", 91), ("dave", 0), ("erin", 91), ("frank", 91)].map(|(user, code)| (user.to_owned(), code)),
+        "only dave's credential was stored"
+    );
+}
+
 const ILLEGAL_SASL_STATE: i16 = 34;
 
 /// SaslHandshake on an authenticated connection, as a re-authenticating

@@ -17,7 +17,7 @@ use kafka_protocol::messages::{
     AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse, DescribeUserScramCredentialsRequest,
     DescribeUserScramCredentialsResponse,
 };
-use ketch_storage::StoredCredential;
+use ketch_storage::{ScramChange, StoredCredential};
 
 use super::{Client, cluster_authorized, error_code, str_bytes};
 use crate::Context;
@@ -118,9 +118,12 @@ pub async fn alter(
 ) -> AlterUserScramCredentialsResponse {
     let allowed = cluster_authorized(ctx, client, Operation::Alter);
     // One alteration per user and request, as Kafka's controller takes
-    // them: a user named twice (for two mechanisms, or deleted and set)
-    // gets DUPLICATE_RESOURCE and nothing of it is changed, so no request
-    // half-applies a user's change. One result per user.
+    // them (`ScramControlManager.alterCredentials`): deletions first, then
+    // upsertions, each checked when met. A user named again after an
+    // accepted alteration gets DUPLICATE_RESOURCE and nothing of it is
+    // changed; one whose first alteration was refused keeps that error.
+    // The accepted changes are then written in one atomic write: all of
+    // them, or (Redis failing) none. One result per user.
     let alterations = request
         .deletions
         .iter()
@@ -131,31 +134,60 @@ pub async fn alter(
                 .iter()
                 .map(|u| (u.name.as_str(), Alteration::Upsert(u))),
         );
-    let mut users: Vec<(&str, Option<Alteration<'_>>)> = Vec::new();
+    let mut users: Vec<(&str, Result<Option<ScramChange>, Refusal>)> = Vec::new();
     for (user, alteration) in alterations {
         match users.iter_mut().find(|(named, _)| *named == user) {
-            Some((_, first)) => *first = None,
-            None => users.push((user, Some(alteration))),
+            Some((_, Err(_))) => {}
+            Some((_, outcome)) => {
+                *outcome = Err((
+                    ResponseError::DuplicateResource,
+                    format!("A user credential cannot be altered twice in the same request: {user}"),
+                ));
+            }
+            None => {
+                let change = match alteration {
+                    Alteration::Delete(d) => deletion(ctx, allowed, d).await,
+                    Alteration::Upsert(u) => upsertion(allowed, u),
+                };
+                users.push((user, change.map(Some)));
+            }
         }
     }
-    let mut results = Vec::with_capacity(users.len());
-    for (user, alteration) in users {
-        let outcome = match alteration {
-            None => check_user(allowed, user).and(Err((
-                ResponseError::DuplicateResource,
-                format!("A user credential cannot be altered twice in the same request: {user}"),
-            ))),
-            Some(Alteration::Delete(d)) => delete(ctx, client, allowed, d).await,
-            Some(Alteration::Upsert(u)) => upsert(ctx, client, allowed, u).await,
-        };
-        let result = AlterUserScramCredentialsResult::default().with_user(str_bytes(user));
-        results.push(match outcome {
-            Ok(()) => result,
-            Err((error, message)) => result
-                .with_error_code(error.code())
-                .with_error_message(Some(str_bytes(message))),
-        });
+    let changes: Vec<ScramChange> = users
+        .iter_mut()
+        .filter_map(|(_, outcome)| outcome.as_mut().ok().and_then(Option::take))
+        .collect();
+    let written = ctx.storage.alter_scram_credentials(&changes).await;
+    for change in &changes {
+        let (ScramChange::Set { mechanism, user, .. } | ScramChange::Delete { mechanism, user }) = change;
+        match (&written, change) {
+            (Err(_), _) => {}
+            (Ok(()), ScramChange::Set { .. }) => {
+                tracing::info!(principal = %client.principal, %user, mechanism, "SCRAM credential set");
+            }
+            (Ok(()), ScramChange::Delete { .. }) => {
+                tracing::info!(principal = %client.principal, %user, mechanism, "SCRAM credential deleted");
+            }
+        }
     }
+    let results = users
+        .into_iter()
+        .map(|(user, outcome)| {
+            let outcome = outcome.and_then(|_| {
+                written
+                    .as_ref()
+                    .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))
+                    .copied()
+            });
+            let result = AlterUserScramCredentialsResult::default().with_user(str_bytes(user));
+            match outcome {
+                Ok(()) => result,
+                Err((error, message)) => result
+                    .with_error_code(error.code())
+                    .with_error_message(Some(str_bytes(message))),
+            }
+        })
+        .collect();
     AlterUserScramCredentialsResponse::default().with_results(results)
 }
 
@@ -165,23 +197,16 @@ enum Alteration<'a> {
     Upsert(&'a ScramCredentialUpsertion),
 }
 
-async fn delete(
-    ctx: &Context,
-    client: &Client,
-    allowed: bool,
-    d: &ScramCredentialDeletion,
-) -> Result<(), Refusal> {
+/// A deletion checked: RESOURCE_NOT_FOUND for a credential that does not
+/// exist (read now; deleting one that went meanwhile changes nothing).
+async fn deletion(ctx: &Context, allowed: bool, d: &ScramCredentialDeletion) -> Result<ScramChange, Refusal> {
     let alg = check(allowed, &d.name, d.mechanism)?;
-    match ctx
-        .storage
-        .delete_scram_credential(alg.mechanism(), &d.name)
-        .await
-    {
-        Ok(true) => {
-            tracing::info!(principal = %client.principal, user = %d.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential deleted");
-            Ok(())
-        }
-        Ok(false) => Err((
+    match ctx.storage.scram_credential(alg.mechanism(), &d.name).await {
+        Ok(Some(_)) => Ok(ScramChange::Delete {
+            mechanism: alg.mechanism().to_owned(),
+            user: d.name.to_string(),
+        }),
+        Ok(None) => Err((
             ResponseError::ResourceNotFound,
             format!(
                 "Attempt to delete a user credential that does not exist: {} {}",
@@ -193,12 +218,8 @@ async fn delete(
     }
 }
 
-async fn upsert(
-    ctx: &Context,
-    client: &Client,
-    allowed: bool,
-    u: &ScramCredentialUpsertion,
-) -> Result<(), Refusal> {
+/// An upsertion checked, its credential derived.
+fn upsertion(allowed: bool, u: &ScramCredentialUpsertion) -> Result<ScramChange, Refusal> {
     let alg = check(allowed, &u.name, u.mechanism)?;
     let iterations = u32::try_from(u.iterations).unwrap_or(0);
     if !(Credential::MIN_ITERATIONS..=Credential::MAX_ITERATIONS).contains(&iterations) {
@@ -219,18 +240,11 @@ async fn upsert(
         ));
     }
     let credential = Credential::from_salted_password(alg, &u.salted_password, &u.salt, iterations);
-    let json = serde_json::to_string(&credential).expect("a credential serializes");
-    match ctx
-        .storage
-        .set_scram_credential(alg.mechanism(), &u.name, &json)
-        .await
-    {
-        Ok(()) => {
-            tracing::info!(principal = %client.principal, user = %u.name.as_str(), mechanism = alg.mechanism(), "SCRAM credential set");
-            Ok(())
-        }
-        Err(e) => Err((ResponseError::KafkaStorageError, e.to_string())),
-    }
+    Ok(ScramChange::Set {
+        mechanism: alg.mechanism().to_owned(),
+        user: u.name.to_string(),
+        credential: serde_json::to_string(&credential).expect("a credential serializes"),
+    })
 }
 
 /// The checks every alteration passes first: ALTER on the cluster, a user
