@@ -825,17 +825,19 @@ fn cluster_wide_topic_defaults_apply_to_every_topic_and_gateway() {
         )
         .remove(0)
     };
+    // A value refused is INVALID_REQUEST, as Kafka answers for broker
+    // configs (KAFKA-13609), where a topic's is INVALID_CONFIG.
     assert_eq!(
         bad("log.segment.bytes", "13"),
         (
-            code::INVALID_CONFIG,
+            code::INVALID_REQUEST,
             "Invalid value 13 for configuration log.segment.bytes: Value must be at least 14".to_owned()
         )
     );
     assert_eq!(
         bad("log.cleaner.max.compaction.lag.ms", "1000"),
         (
-            code::INVALID_CONFIG,
+            code::INVALID_REQUEST,
             format!(
                 "Topic {own} would be invalid: conflict topic config setting min.compaction.lag.ms \
                  (100000) > max.compaction.lag.ms (1000)"

@@ -283,6 +283,10 @@ async fn alter_cluster_defaults(
     validate_only: bool,
 ) -> Result<(), Failure> {
     let invalid = |m: String| failure(ResponseError::InvalidConfig, m);
+    // A value the broker configs refuse: as Kafka wraps its dynamic broker
+    // config validation's ConfigException (`ConfigAdminManager.
+    // validateBrokerConfigChange`, KAFKA-13609), INVALID_REQUEST.
+    let refused = |m: String| failure(ResponseError::InvalidRequest, m);
     let storage_failure = |e: StorageError| (error_code(&e), e.to_string());
     let base = ctx.topic_defaults.base();
     for _attempt in 0..5 {
@@ -295,18 +299,18 @@ async fn alter_cluster_defaults(
         )?;
         let mut validated = BTreeMap::new();
         for (name, value) in &next {
-            let (_, value) = topic::validate_broker_default(name, value).map_err(invalid)?;
+            let (_, value) = topic::validate_broker_default(name, value).map_err(refused)?;
             validated.insert(name.clone(), value);
         }
         let (before, after) = (base.with_cluster(&current).0, base.with_cluster(&validated).0);
         let none = BTreeMap::new();
-        topic::check_together(Configs::new(&none, &before), Configs::new(&none, &after)).map_err(invalid)?;
+        topic::check_together(Configs::new(&none, &before), Configs::new(&none, &after)).map_err(refused)?;
         for topic in ctx.storage.all_topics().await.map_err(storage_failure)? {
             topic::check_together(
                 Configs::new(&topic.configs, &before),
                 Configs::new(&topic.configs, &after),
             )
-            .map_err(|m| invalid(format!("Topic {} would be invalid: {m}", topic.name)))?;
+            .map_err(|m| refused(format!("Topic {} would be invalid: {m}", topic.name)))?;
         }
         if validate_only {
             return Ok(());
