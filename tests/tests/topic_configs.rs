@@ -288,6 +288,8 @@ fn bad_alterations_fail_whole_and_change_nothing() {
                 vec![op("auto.create.topics.enable", SET, Some("true"))],
             ),
             resource(9, "x", vec![]),
+            // The default topic resource does not exist.
+            resource(RESOURCE_TOPIC, "", vec![op("retention.ms", SET, Some("1"))]),
         ],
         false,
     );
@@ -311,6 +313,13 @@ fn bad_alterations_fail_whole_and_change_nothing() {
             .contains("Cannot update these configs dynamically: auto.create.topics.enable")
     );
     assert_eq!(answers[4].0, code::INVALID_REQUEST);
+    assert_eq!(
+        answers[5],
+        (
+            code::INVALID_REQUEST,
+            "Default topic resources are not allowed.".to_owned()
+        )
+    );
     let described = describe(&mut conn, RESOURCE_TOPIC, &topic);
     assert_eq!(value_of(&described, "segment.ms"), ("604800000".to_owned(), 5));
 

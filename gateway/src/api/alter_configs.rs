@@ -193,6 +193,13 @@ pub async fn alter_topic(
     alteration: &Alteration,
     validate_only: bool,
 ) -> Result<(), Failure> {
+    if name.is_empty() {
+        // As Kafka's controller (`ControllerConfigurationValidator`).
+        return Err(failure(
+            ResponseError::InvalidRequest,
+            "Default topic resources are not allowed.".to_owned(),
+        ));
+    }
     ketch_storage::validate_topic_name(name).map_err(|m| failure(ResponseError::InvalidTopicException, m))?;
     for _attempt in 0..5 {
         let topic = ctx
