@@ -183,13 +183,23 @@ impl Membership {
     /// other live gateways advertise too (so they cannot reach the others
     /// directly).
     pub fn behind_shared_address(&self, listener: &str) -> bool {
+        !self.sharing_my_address(listener).is_empty()
+    }
+
+    /// The other live gateways that clients of `listener` reach through
+    /// this gateway's address (it advertises theirs too); the rest, with
+    /// addresses of their own there, those clients reach directly.
+    pub fn sharing_my_address(&self, listener: &str) -> Vec<Node> {
         let me = self.me();
         let (host, port, _) = me.address_on(listener);
         let live = self.live.read().expect("membership lock");
-        live.iter().any(|n| {
-            let (h, p, _) = n.address_on(listener);
-            n.id != me.id && h.eq_ignore_ascii_case(host) && p == port
-        })
+        live.iter()
+            .filter(|n| {
+                let (h, p, _) = n.address_on(listener);
+                n.id != me.id && h.eq_ignore_ascii_case(host) && p == port
+            })
+            .cloned()
+            .collect()
     }
 
     /// The gateway that leads a partition.

@@ -763,3 +763,67 @@ fn each_listener_lists_the_gateways_by_its_own_addresses() {
         }
     }
 }
+
+/// ListGroups through an address several gateways share lists the groups
+/// of each of them, and none of a gateway the listener advertises at an
+/// address of its own: an admin client asks every broker Metadata lists,
+/// that one too, and would see its groups twice.
+#[test]
+fn list_groups_through_a_shared_address_leaves_out_gateways_of_their_own() {
+    let redis = TestRedis::start();
+    let shared_port = ketch_tests::free_port().to_string();
+    let start = |shared: bool| {
+        let mut args = vec![
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.node_timeout=1500ms",
+        ];
+        if shared {
+            args.extend(["--advertised-port", &shared_port]);
+        }
+        Ketch::start(&redis.url(), &args)
+    };
+    let gateways = [start(true), start(true), start(false)];
+    for g in &gateways {
+        g.await_log("nodes=[0, 1, 2]", Duration::from_secs(20));
+    }
+    // Groups known by their committed offsets, spread over the three
+    // coordinators by their ids.
+    let all: BTreeSet<String> = (0..30).map(|i| unique_topic(&format!("listed-{i}"))).collect();
+    let mut conn = redis.connection();
+    for group in &all {
+        let () = redis::pipe()
+            .sadd("ketch:groups", group)
+            .ignore()
+            .hset(
+                format!("ketch:group:{{{group}}}:offsets"),
+                "t:0",
+                r#"{"offset":1,"leader_epoch":-1,"metadata":null,"commit_ms":0}"#,
+            )
+            .ignore()
+            .query(&mut conn)
+            .unwrap();
+    }
+    let list = |ketch: &Ketch| -> BTreeSet<String> {
+        let response = KafkaConn::connect(ketch.kafka_addr())
+            .request(4, &kafka_protocol::messages::ListGroupsRequest::default());
+        assert_eq!(response.error_code, 0);
+        response.groups.iter().map(|g| g.group_id.to_string()).collect()
+    };
+    let (shared, shared_again, own) = (list(&gateways[0]), list(&gateways[1]), list(&gateways[2]));
+    assert_eq!(
+        shared, shared_again,
+        "either gateway behind the address lists the same"
+    );
+    assert!(
+        !own.is_empty(),
+        "the gateway of its own coordinates none of 30 groups"
+    );
+    assert!(
+        shared.is_disjoint(&own),
+        "listed twice: {:?}",
+        shared.intersection(&own).collect::<Vec<_>>()
+    );
+    assert_eq!(&shared | &own, all);
+}

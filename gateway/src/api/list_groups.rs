@@ -43,17 +43,19 @@ pub async fn handle(
     response
 }
 
-/// Behind a load balancer a client asks one gateway for every group: this
-/// one's, and each other live gateway's, asked over the internal channel.
+/// Behind a load balancer a client asks one gateway for the groups of
+/// every gateway behind that address: this one's, and each other's, asked
+/// over the internal channel. Gateways the listener advertises at
+/// addresses of their own are left out: the client asks them itself (an
+/// admin client asks every broker Metadata lists), and would list their
+/// groups twice.
 async fn list_everywhere(
     ctx: &Context,
     client: &Client,
     header: &RequestHeader,
     req: ListGroupsRequest,
 ) -> ListGroupsResponse {
-    let me = ctx.membership.my_id();
-    let others: Vec<String> = (ctx.membership.nodes().into_iter())
-        .filter(|n| n.id != me)
+    let others: Vec<String> = (ctx.membership.sharing_my_address(&client.listener).into_iter())
         .filter_map(|n| n.internal_address())
         .collect();
     let asked = others
