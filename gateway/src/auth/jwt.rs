@@ -19,8 +19,11 @@ use serde_json::{Map, Value};
 
 use super::x509::der;
 
-/// Longest token accepted; real ones are a few KiB at most.
-pub const MAX_TOKEN_LEN: usize = 16 * 1024;
+/// Longest token accepted: what fits in a SASL frame before
+/// authentication (Kafka's `sasl.server.max.receive.size`, 512 KiB), which
+/// bounds the token there and nothing else. Real ones are a few KiB, but a
+/// token with many claims (groups, roles) can pass 16 KiB.
+pub const MAX_TOKEN_LEN: usize = 512 * 1024;
 
 /// Longest key file read: a JWKS with dozens of keys is far below this.
 const MAX_KEY_FILE_LEN: u64 = 1024 * 1024;
@@ -817,6 +820,18 @@ mod tests {
         assert_eq!(validated.scope, vec!["produce", "consume"]);
         // Without a kid, every key that fits the algorithm is tried.
         assert!(validator.validate(&key.token(None, &claims()), now()).is_ok());
+    }
+
+    /// A token with many claims is accepted up to what a SASL frame holds
+    /// (Kafka sets no other bound).
+    #[test]
+    fn a_large_token_is_accepted() {
+        let (key, _file, validator) = es256_setup();
+        let mut claims = claims();
+        claims["groups"] = json!((0..2_000).map(|i| format!("group-{i:05}")).collect::<Vec<_>>());
+        let token = key.token(Some("k1"), &claims);
+        assert!(token.len() > 32 * 1024, "{}", token.len());
+        assert_eq!(validator.validate(&token, now()).unwrap().subject, "alice");
     }
 
     #[test]

@@ -9,9 +9,10 @@
 //! caller validates it (see `auth::jwt`) and, as Kafka does, refuses an
 //! authzid that differs from the token's principal.
 
-/// Longest initial response we accept: a JWT is bounded by the validator at
-/// 16 KiB, plus room for the header and a few extensions.
-pub const MAX_MESSAGE_LEN: usize = 20 * 1024;
+/// Longest initial response we accept: a JWT is bounded by the validator
+/// ([`super::jwt::MAX_TOKEN_LEN`]), plus room for the header and a few
+/// extensions (the SASL frame before authentication bounds it anyway).
+pub const MAX_MESSAGE_LEN: usize = super::jwt::MAX_TOKEN_LEN + 4 * 1024;
 
 const SEPARATOR: char = '\x01';
 
