@@ -146,6 +146,14 @@ macro_rules! with_producer_state {
     };
 }
 
+/// A script that bumps the version of a set every gateway keeps a copy
+/// of, with `scripts/next_version.lua` prepended.
+macro_rules! with_next_version {
+    ($file:literal) => {
+        concat!(include_str!("scripts/next_version.lua"), include_str!($file))
+    };
+}
+
 /// The append script as loaded (log.rs loads it by hand where a master
 /// lacks it).
 const APPEND_SCRIPT: &str = with_producer_state!("scripts/append.lua");
@@ -268,8 +276,10 @@ impl Store {
                 seal: redis::Script::new(with_producer_state!("scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
-                change_acls: redis::Script::new(include_str!("scripts/change_acls.lua")),
-                change_versioned_hash: redis::Script::new(include_str!("scripts/change_versioned_hash.lua")),
+                change_acls: redis::Script::new(with_next_version!("scripts/change_acls.lua")),
+                change_versioned_hash: redis::Script::new(with_next_version!(
+                    "scripts/change_versioned_hash.lua"
+                )),
                 txn: redis::Script::new(include_str!("scripts/txn.lua")),
                 txn_join: redis::Script::new(with_producer_state!("scripts/txn_join.lua")),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),

@@ -919,6 +919,71 @@ fn scram_alterations_keep_a_users_first_error_and_make_the_accepted_ones() {
     );
 }
 
+/// An ACL change after a failover that lost the last one (the promoted
+/// replica's ACL version is behind) reaches every gateway: a gateway that
+/// held the lost change's version must not take the new change's version
+/// for its own (with a plain counter the two were equal, and that gateway
+/// enforced the lost ACL and not the new one until the next change).
+#[test]
+fn an_acl_change_after_a_failover_that_lost_one_reaches_every_gateway() {
+    let (redis, a, mut admin) = admin_and_alice();
+    let b = Ketch::start(&redis.url(), SECURE);
+    let (lost, kept) = (unique_topic("lost"), unique_topic("kept"));
+    for topic in [&lost, &kept] {
+        assert_eq!(ketch_tests::raw::create_topic(&mut admin, topic, 1), 0);
+    }
+    // What a replica has before the change a failover loses.
+    let mut conn = redis.connection();
+    let version: Option<String> = redis::cmd("GET")
+        .arg("ketch:{security}:version")
+        .query(&mut conn)
+        .unwrap();
+    let acls: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg("ketch:{security}:acls")
+        .query(&mut conn)
+        .unwrap();
+    let described = |ketch: &Ketch, topic: &str| -> i16 {
+        let mut alice = plain_conn(ketch, "alice", "alice-pw").expect("alice authenticates");
+        let request = MetadataRequest::default().with_topics(Some(vec![
+            kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                .with_name(Some(ketch_tests::raw::topic_name(topic))),
+        ]));
+        alice.request(12, &request).topics[0].error_code
+    };
+    let await_described = |ketch: &Ketch, topic: &str, code: i16| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while described(ketch, topic) != code {
+            assert!(Instant::now() < deadline, "{topic} never answered {code}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let create = |admin: &mut KafkaConn, topic: &str| {
+        let created = admin.request(
+            3,
+            &CreateAclsRequest::default().with_creations(vec![acl(TOPIC, topic, "User:alice", DESCRIBE)]),
+        );
+        assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    };
+    create(&mut admin, &lost);
+    await_described(&b, &lost, 0);
+    // The failover: Redis goes back to what the replica had.
+    let mut restore = redis::pipe();
+    restore.atomic().del("ketch:{security}:acls").ignore();
+    match &version {
+        Some(version) => restore.set("ketch:{security}:version", version).ignore(),
+        None => restore.del("ketch:{security}:version").ignore(),
+    };
+    if !acls.is_empty() {
+        restore.hset_multiple("ketch:{security}:acls", &acls).ignore();
+    }
+    let () = restore.query(&mut conn).unwrap();
+    // The next change, through the other gateway: b loads it.
+    create(&mut admin, &kept);
+    await_described(&b, &kept, 0);
+    assert_eq!(described(&b, &lost), 29, "the lost ACL is not enforced");
+    drop(a);
+}
+
 const ILLEGAL_SASL_STATE: i16 = 34;
 
 /// SaslHandshake on an authenticated connection, as a re-authenticating

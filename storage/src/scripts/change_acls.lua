@@ -2,7 +2,7 @@
 -- gateway (they reload their ACL cache on the message).
 --
 -- KEYS[1] ketch:{security}:acls      hash binding (JSON) -> "1"
--- KEYS[2] ketch:{security}:version   counter
+-- KEYS[2] ketch:{security}:version   the version (next_version.lua)
 -- ARGV[1] "add" or "remove"
 -- ARGV[2] the change channel (sharded pub/sub, same hash tag)
 -- ARGV[3..] bindings
@@ -16,6 +16,6 @@ for i = 3, #ARGV do
     changed = changed + redis.call('HDEL', KEYS[1], ARGV[i])
   end
 end
-local version = redis.call('INCR', KEYS[2])
+local _, version = next_version(KEYS[2])
 redis.call('SPUBLISH', ARGV[2], version)
 return changed

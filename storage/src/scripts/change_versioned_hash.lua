@@ -3,7 +3,7 @@
 -- and tells every gateway (they reload their copy on the message).
 --
 -- KEYS[1] the hash                  e.g. ketch:{quotas}:entities
--- KEYS[2] its version               counter
+-- KEYS[2] its version               (next_version.lua)
 -- ARGV[1] the change channel (sharded pub/sub, same hash tag)
 -- ARGV[2] the version the change was computed from; "" to change whatever
 --         the version is
@@ -25,6 +25,6 @@ for i = 3, #ARGV, 2 do
     return redis.error_reply('ERR a change is =value or -, not ' .. change)
   end
 end
-local version = redis.call('INCR', KEYS[2])
-redis.call('SPUBLISH', ARGV[1], version)
+local version, text = next_version(KEYS[2])
+redis.call('SPUBLISH', ARGV[1], text)
 return version
