@@ -508,6 +508,14 @@ fn a_topic_named_by_name_and_by_id_in_one_deletion_is_refused() {
     let codes: Vec<i16> = response.responses.iter().map(|r| r.error_code).collect();
     assert_eq!(codes, [code::INVALID_REQUEST; 2], "{response:?}");
     assert!(redis.topic_exists(&topic), "the topic was deleted");
+    // So does an id given twice beside the name.
+    let response: kafka_protocol::messages::DeleteTopicsResponse = conn.request(
+        6,
+        &raw::delete_topics_request(&[(Some(&topic), None), (None, Some(id)), (None, Some(id))]),
+    );
+    let codes: Vec<i16> = response.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [code::INVALID_REQUEST; 2], "{response:?}");
+    assert!(redis.topic_exists(&topic), "the topic was deleted");
     // Either alone deletes it.
     let response: kafka_protocol::messages::DeleteTopicsResponse =
         conn.request(6, &raw::delete_topics_request(&[(None, Some(id))]));

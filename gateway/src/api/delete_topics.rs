@@ -73,9 +73,11 @@ async fn named_by_name_and_id(ctx: &Context, states: &[Entry]) -> HashSet<String
         .filter(|((_, id), state)| state.is_some() && id.is_nil())
         .filter_map(|((name, _), _)| name.as_ref().map(|name| name.as_str()))
         .collect();
+    // Ids given twice count too (their entries are refused as duplicates;
+    // Kafka refuses the name of such an id as well).
     let ids = states
         .iter()
-        .filter(|((name, id), state)| state.is_some() && name.is_none() && !id.is_nil())
+        .filter(|((name, id), _)| name.is_none() && !id.is_nil())
         .map(|((_, id), _)| *id);
     let mut twice = HashSet::new();
     for id in ids {
