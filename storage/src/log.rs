@@ -837,7 +837,10 @@ impl Store {
             Ok(replies) => return Ok(replies),
             Err(e) => StorageError::from(e),
         };
-        if !matches!(&error, StorageError::Unavailable(m) if durable::is_ask(m)) {
+        // redis-rs may end its retries of a half-moved slot on an ASK or on
+        // a MOVED, whichever its retry count leaves last: either way the
+        // commands go one at a time.
+        if !matches!(&error, StorageError::Unavailable(m) if durable::is_moved(m)) {
             return Err(error);
         }
         let mut replies = Vec::new();
