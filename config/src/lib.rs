@@ -777,6 +777,14 @@ impl Settings {
         if self.broker.connections_max_idle.get().is_zero() {
             return bad("broker.connections_max_idle", "must be above zero");
         }
+        // As Kafka's `offsets.retention.minutes` and
+        // `offsets.retention.check.interval.ms` (at least 1).
+        if self.groups.offsets_retention.get().is_zero() {
+            return bad("groups.offsets_retention", "must be above zero");
+        }
+        if self.groups.offsets_retention_check_interval.get().is_zero() {
+            return bad("groups.offsets_retention_check_interval", "must be above zero");
+        }
         if self.broker.max_inflight_requests == 0 {
             return bad("broker.max_inflight_requests", "must be at least 1");
         }
@@ -1270,6 +1278,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("broker.max_inflight_request_bytes"), "{err}");
+        for key in ["offsets_retention", "offsets_retention_check_interval"] {
+            let err = Loader::new()
+                .set("groups", key, "0s")
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("groups.{key}")), "{err}");
+        }
         let err = Loader::new().assignments(["nodot=1"]).unwrap_err().to_string();
         assert!(err.contains("nodot"), "{err}");
     }

@@ -226,8 +226,9 @@ impl Store {
     /// Deletes the group's committed offsets of `partitions` that were
     /// committed at or before `cutoff_ms` (offset expiry). Each commit
     /// time is read again in the script (`expire_offsets.lua`), so an
-    /// offset committed again since the caller read it stays. How many
-    /// were deleted.
+    /// offset committed again since the caller read it stays, and so does
+    /// one an open transaction staged a new offset for. How many were
+    /// deleted.
     pub async fn expire_offsets(
         &self,
         group: &str,
@@ -238,14 +239,15 @@ impl Store {
             return Ok(0);
         }
         let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
-        Ok(self
-            .scripts
-            .expire_offsets
-            .key(self.group_offsets_key(group))
-            .arg(cutoff_ms)
-            .arg(&fields)
-            .invoke_async(&mut self.conn())
-            .await?)
+        let mut invocation = self.scripts.expire_offsets.key(self.group_offsets_key(group));
+        // A group id starting with `}` has its two keys in different slots
+        // of a Redis Cluster; no transaction commits its offsets
+        // (`transactional_group`), so it has none staged.
+        if !group.starts_with('}') {
+            invocation.key(self.group_txn_offsets_key(group));
+        }
+        invocation.arg(cutoff_ms).arg(&fields);
+        Ok(invocation.invoke_async(&mut self.conn()).await?)
     }
 
     /// Deletes every committed offset of the group; true if it had any.

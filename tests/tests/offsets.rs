@@ -583,8 +583,23 @@ fn offsets_no_member_consumes_expire_one_by_one() {
     for topic in [&consumed, &other] {
         assert_eq!(raw::create_topic(&mut conn, topic, 2), code::NONE);
     }
-    // A group without members commits two partitions.
+    // A group without members commits a partition for which an open
+    // transaction has staged an offset (as TxnOffsetCommit stages it:
+    // `<topic>:<partition>:<producer id>`), then two more (later: when
+    // those expire, the first is as old as they are).
     let standalone = unique_topic("standalone");
+    assert_eq!(
+        commit(&mut conn, &standalone, &consumed, &[(0, 4, "")], -1),
+        vec![0]
+    );
+    let staged_key = format!("ketch:group:{{{standalone}}}:txn-offsets");
+    let staged_field = format!("{consumed}:0:1000");
+    let () = redis::cmd("HSET")
+        .arg(&staged_key)
+        .arg(&staged_field)
+        .arg("1:3:txn{\"offset\":9}")
+        .query(&mut redis.connection())
+        .unwrap();
     assert_eq!(
         commit(&mut conn, &standalone, &other, &[(0, 5, ""), (1, 6, "")], -1),
         vec![0, 0]
@@ -630,4 +645,20 @@ fn offsets_no_member_consumes_expire_one_by_one() {
         7,
         "a subscribed topic's offset stays, however old"
     );
+    assert_eq!(
+        fetch(&mut conn, &standalone, &consumed, &[0])[0].1,
+        4,
+        "an offset a transaction is about to replace stays"
+    );
+    // Once the transaction is gone, it expires too.
+    let () = redis::cmd("HDEL")
+        .arg(&staged_key)
+        .arg(&staged_field)
+        .query(&mut redis.connection())
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fetch(&mut conn, &standalone, &consumed, &[0])[0].1 != -1 {
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -480,12 +480,28 @@ impl Coordinator {
     pub async fn expiring(&self, group_id: &str) -> Result<Expiring, ResponseError> {
         let held = self.in_memory(group_id);
         self.load(group_id).await?;
-        let mut groups = self.inner.lock();
-        let Some(slot) = groups.get(group_id.as_bytes()) else {
-            // No snapshot: no member ever joined it.
+        if let Some(expiring) = self.expiring_in_memory(group_id, held) {
+            return Ok(expiring);
+        }
+        // No snapshot: no member ever joined it. One this version cannot
+        // read (a newer release's) may be of a group with members: nothing
+        // of it expires here.
+        let Some(writes) = &self.inner.writes else {
             return Ok(Expiring::All);
         };
-        let group = &slot.group;
+        match writes.storage.load_group(group_id).await {
+            Ok(None) => Ok(Expiring::All),
+            Ok(Some(_)) => Ok(Expiring::Nothing),
+            Err(_) => Err(ResponseError::CoordinatorLoadInProgress),
+        }
+    }
+
+    /// [`Coordinator::expiring`] for a group in memory (`None` if it is
+    /// not); one `held` before only for the look is forgotten again if
+    /// it has no members.
+    fn expiring_in_memory(&self, group_id: &str, held: bool) -> Option<Expiring> {
+        let mut groups = self.inner.lock();
+        let group = &groups.get(group_id.as_bytes())?.group;
         let protocol_type = group.protocol_type();
         let expiring = match group.state() {
             State::Empty if protocol_type.is_empty() => Expiring::All,
@@ -501,7 +517,7 @@ impl Coordinator {
         {
             slot.timers.notify_one();
         }
-        Ok(expiring)
+        Some(expiring)
     }
 
     /// Brings a group this gateway coordinates in from its snapshot, as a
