@@ -288,7 +288,7 @@ async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError>
 /// Cluster would differ, and the script that applies a transaction's
 /// offsets, which takes both, would fail at every finish of it.
 pub fn transactional_group(group: &str) -> bool {
-    !group.is_empty() && !group.starts_with('}')
+    ketch_storage::groups::group_keys_share_a_slot(group)
 }
 
 /// The Kafka error for a storage failure in a coordinator API (the

@@ -58,6 +58,14 @@ fn decode_offset(group: &str, json: &str) -> Result<CommittedOffset> {
         .map_err(|e| StorageError::Data(format!("committed offset of group {group}: {e}")))
 }
 
+/// Whether a group's keys (`ketch:group:{<group>}:…`) share one hash
+/// slot of a Redis Cluster, so that one script may take several of them:
+/// not for an empty id, nor for one that starts with `}`, whose hash tag
+/// is empty (Redis then hashes each whole key).
+pub fn group_keys_share_a_slot(group: &str) -> bool {
+    !group.is_empty() && !group.starts_with('}')
+}
+
 impl Store {
     pub(crate) fn group_offsets_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
@@ -188,16 +196,16 @@ impl Store {
     /// those open transactions staged for them, which their commit would
     /// otherwise bring back (Kafka's tombstone removes a partition's
     /// pending transactional offsets too), in one step
-    /// (`delete_offsets.lua`). A group id starting with `}` has its two
-    /// keys in different slots of a Redis Cluster: its staged offsets are
-    /// deleted in a second step.
+    /// (`delete_offsets.lua`). A group whose keys are in different slots
+    /// of a Redis Cluster ([`group_keys_share_a_slot`]) has its staged
+    /// offsets deleted in a second step.
     pub async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()> {
         if partitions.is_empty() {
             return Ok(());
         }
         let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
         let txn_key = self.group_txn_offsets_key(group);
-        if !group.starts_with('}') {
+        if group_keys_share_a_slot(group) {
             let _: i64 = self
                 .scripts
                 .delete_offsets
@@ -240,10 +248,11 @@ impl Store {
         }
         let fields: Vec<String> = partitions.iter().map(|(t, p)| field(t, *p)).collect();
         let mut invocation = self.scripts.expire_offsets.key(self.group_offsets_key(group));
-        // A group id starting with `}` has its two keys in different slots
-        // of a Redis Cluster; no transaction commits its offsets
-        // (`transactional_group`), so it has none staged.
-        if !group.starts_with('}') {
+        // The empty group id, and one starting with `}`, have their two
+        // keys in different slots of a Redis Cluster; no transaction
+        // commits their offsets (`transactional_group`), so they have none
+        // staged.
+        if group_keys_share_a_slot(group) {
             invocation.key(self.group_txn_offsets_key(group));
         }
         invocation.arg(cutoff_ms).arg(&fields);

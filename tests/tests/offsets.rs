@@ -624,19 +624,31 @@ fn offsets_no_member_consumes_expire_one_by_one() {
         assert_eq!(committed, vec![0]);
     }
 
-    // The standalone group keeps committing partition 1 only.
+    // So does the empty group id, whose keys are in different slots of a
+    // Redis Cluster.
+    assert_eq!(
+        commit(&mut conn, "", &other, &[(0, 5, ""), (1, 6, "")], -1),
+        vec![0, 0]
+    );
+
+    // The standalone groups keep committing partition 1 only.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        assert_eq!(commit(&mut conn, &standalone, &other, &[(1, 6, "")], -1), vec![0]);
+        for standalone in [standalone.as_str(), ""] {
+            assert_eq!(commit(&mut conn, standalone, &other, &[(1, 6, "")], -1), vec![0]);
+        }
         let standalone_offsets = fetch(&mut conn, &standalone, &other, &[0, 1]);
+        let empty_id_offsets = fetch(&mut conn, "", &other, &[0, 1]);
         let stable_other = fetch(&mut conn, &group, &other, &[0])[0].1;
-        if standalone_offsets[0].1 == -1 && stable_other == -1 {
+        if standalone_offsets[0].1 == -1 && empty_id_offsets[0].1 == -1 && stable_other == -1 {
             assert_eq!(standalone_offsets[1].1, 6, "a partition committed lately stays");
+            assert_eq!(empty_id_offsets[1].1, 6, "a partition committed lately stays");
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "not expired: {standalone_offsets:?}, the stable group's offset of a topic it does not consume {stable_other}"
+            "not expired: {standalone_offsets:?}, of the empty group id {empty_id_offsets:?}, \
+             the stable group's offset of a topic it does not consume {stable_other}"
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
