@@ -47,12 +47,19 @@ pub async fn handle(
     let now = ketch_storage::now_ms();
     // Admin clients ask every broker and put the answers together: each
     // gateway lists the ids it coordinates. Behind a load balancer the
-    // client sees one broker, which lists them all (the state is in Redis).
-    let everywhere = ctx.membership.behind_shared_address(&client.listener);
-    let me = ctx.membership.my_id();
+    // client sees one broker, which lists those of every gateway behind
+    // that address (the state is in Redis), not those of gateways the
+    // listener advertises at addresses of their own: the client asks them.
+    let mut listed: std::collections::HashSet<i32> = ctx
+        .membership
+        .sharing_my_address(&client.listener)
+        .iter()
+        .map(|n| n.id)
+        .collect();
+    listed.insert(ctx.membership.my_id());
     let mut states = Vec::new();
     for (id, _) in ids {
-        if !everywhere && ctx.membership.transaction_coordinator(&id).id != me {
+        if !listed.contains(&ctx.membership.transaction_coordinator(&id).id) {
             continue;
         }
         if !authorized(
