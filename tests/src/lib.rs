@@ -1173,10 +1173,7 @@ impl RedisCluster {
 
     /// The cluster node id of the node on `port`.
     pub fn node_id(&self, port: u16) -> String {
-        let nodes: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query(&mut self.running().connection())
-            .expect("CLUSTER NODES");
+        let nodes = self.cluster_nodes();
         nodes
             .lines()
             .map(|l| l.split(' ').collect::<Vec<_>>())
@@ -1244,10 +1241,7 @@ impl RedisCluster {
 
     /// The replica of the master on `port` (the cluster must have one).
     pub fn replica_of(&self, port: u16) -> &RedisServer {
-        let nodes: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query(&mut self.running().connection())
-            .expect("CLUSTER NODES");
+        let nodes = self.cluster_nodes();
         let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
         let port_of = |fields: &[&str]| -> u16 {
             let address = fields[1].split('@').next().expect("address");
@@ -1274,12 +1268,17 @@ impl RedisCluster {
             .expect("the replica is one of ours")
     }
 
-    /// How many of the nodes are replicas.
-    pub fn replicas(&self) -> usize {
-        let nodes: String = redis::cmd("CLUSTER")
+    /// `CLUSTER NODES` as a running node answers it.
+    fn cluster_nodes(&self) -> String {
+        redis::cmd("CLUSTER")
             .arg("NODES")
             .query(&mut self.running().connection())
-            .expect("CLUSTER NODES");
+            .expect("CLUSTER NODES")
+    }
+
+    /// How many of the nodes are replicas.
+    pub fn replicas(&self) -> usize {
+        let nodes = self.cluster_nodes();
         nodes
             .lines()
             .filter(|line| {

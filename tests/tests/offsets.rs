@@ -248,6 +248,29 @@ fn join(
     conn.request(3, &request)
 }
 
+/// One member subscribed to `topic` joins `group` (the consumer protocol):
+/// its member id, its generation, and the SyncGroup that makes the group
+/// Stable (as the leader, assigning itself).
+fn join_and_sync_request(
+    conn: &mut KafkaConn,
+    group: &str,
+    topic: &str,
+) -> (StrBytes, i32, SyncGroupRequest) {
+    let joined = join(conn, group, "", "consumer", &[topic]);
+    assert_eq!(joined.error_code, code::NONE);
+    let (member, generation) = (joined.member_id.clone(), joined.generation_id);
+    let sync = SyncGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+        .with_member_id(member.clone())
+        .with_generation_id(generation)
+        .with_assignments(vec![
+            SyncGroupRequestAssignment::default()
+                .with_member_id(member.clone())
+                .with_assignment(bytes::Bytes::from_static(b"assignment")),
+        ]);
+    (member, generation, sync)
+}
+
 /// OffsetDelete of partition 0 of each topic: the request's error and each
 /// topic's.
 fn delete_offsets(conn: &mut KafkaConn, group: &str, topics: &[&str]) -> (i16, Vec<i16>) {
@@ -286,18 +309,7 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
     let group = unique_topic("group");
 
     // One member, subscribed to `consumed`, joins and syncs: Stable.
-    let joined = join(&mut conn, &group, "", "consumer", &[&consumed]);
-    assert_eq!(joined.error_code, code::NONE);
-    let (member, generation) = (joined.member_id.clone(), joined.generation_id);
-    let sync = SyncGroupRequest::default()
-        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
-        .with_member_id(member.clone())
-        .with_generation_id(generation)
-        .with_assignments(vec![
-            SyncGroupRequestAssignment::default()
-                .with_member_id(member.clone())
-                .with_assignment(bytes::Bytes::from_static(b"assignment")),
-        ]);
+    let (member, generation, sync) = join_and_sync_request(&mut conn, &group, &consumed);
     // From v5 the protocol type and name are mandatory.
     const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
     assert_eq!(conn.request(5, &sync).error_code, INCONSISTENT_GROUP_PROTOCOL);
@@ -606,18 +618,7 @@ fn offsets_no_member_consumes_expire_one_by_one() {
     );
     // A stable consumer group subscribed to `consumed` commits both topics.
     let group = unique_topic("stable");
-    let joined = join(&mut conn, &group, "", "consumer", &[&consumed]);
-    assert_eq!(joined.error_code, code::NONE);
-    let (member, generation) = (joined.member_id.clone(), joined.generation_id);
-    let sync = SyncGroupRequest::default()
-        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
-        .with_member_id(member.clone())
-        .with_generation_id(generation)
-        .with_assignments(vec![
-            SyncGroupRequestAssignment::default()
-                .with_member_id(member.clone())
-                .with_assignment(bytes::Bytes::from_static(b"assignment")),
-        ]);
+    let (member, generation, sync) = join_and_sync_request(&mut conn, &group, &consumed);
     assert_eq!(conn.request(2, &sync).error_code, code::NONE);
     for topic in [&consumed, &other] {
         let committed = commit_as(&mut conn, &group, &member, topic, &[(0, 7, "")], generation);
