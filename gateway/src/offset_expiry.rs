@@ -16,7 +16,7 @@ use ketch_storage::StorageError;
 use ketch_storage::groups::TopicPartition;
 
 use crate::Context;
-use crate::api::offset_delete::subscription;
+use crate::api::offset_delete::subscribed_topics;
 use crate::group::Expiring;
 
 /// Until shutdown, every `groups.offsets_retention_check_interval`.
@@ -60,10 +60,10 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
                 // A member's subscription that does not decode: as Kafka,
                 // whose group then has no known subscribed topics, nothing
                 // expires.
-                let Some(topics) = metadata.iter().map(subscription).collect::<Option<Vec<_>>>() else {
+                let Some(topics) = subscribed_topics(&metadata) else {
                     continue;
                 };
-                Some(topics.into_iter().flatten().collect())
+                Some(topics.into_iter().collect())
             }
             Ok(Expiring::Nothing) => continue,
             Err(error) => {

@@ -138,25 +138,19 @@ pub struct Store {
     compact_producers: Arc<AtomicBool>,
 }
 
-/// A script that reads idempotent producers' state, with the state's codec
-/// (`scripts/producer_state.lua`) prepended.
-macro_rules! with_producer_state {
-    ($file:literal) => {
-        concat!(include_str!("scripts/producer_state.lua"), include_str!($file))
-    };
-}
-
-/// A script that bumps the version of a set every gateway keeps a copy
-/// of, with `scripts/next_version.lua` prepended.
-macro_rules! with_next_version {
-    ($file:literal) => {
-        concat!(include_str!("scripts/next_version.lua"), include_str!($file))
+/// A script with a Lua prelude of shared functions prepended: the codec
+/// of idempotent producers' state (`scripts/producer_state.lua`), or the
+/// next version of a set every gateway keeps a copy of
+/// (`scripts/next_version.lua`).
+macro_rules! with_prelude {
+    ($prelude:literal, $file:literal) => {
+        concat!(include_str!($prelude), include_str!($file))
     };
 }
 
 /// The append script as loaded (log.rs loads it by hand where a master
 /// lacks it).
-const APPEND_SCRIPT: &str = with_producer_state!("scripts/append.lua");
+const APPEND_SCRIPT: &str = with_prelude!("scripts/producer_state.lua", "scripts/append.lua");
 
 struct Scripts {
     append: redis::Script,
@@ -273,15 +267,22 @@ impl Store {
                 heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
                 deregister: redis::Script::new(include_str!("scripts/deregister.lua")),
                 store_group: redis::Script::new(include_str!("scripts/store_group.lua")),
-                seal: redis::Script::new(with_producer_state!("scripts/seal.lua")),
+                seal: redis::Script::new(with_prelude!("scripts/producer_state.lua", "scripts/seal.lua")),
                 lease: redis::Script::new(include_str!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
-                change_acls: redis::Script::new(with_next_version!("scripts/change_acls.lua")),
-                change_versioned_hash: redis::Script::new(with_next_version!(
+                change_acls: redis::Script::new(with_prelude!(
+                    "scripts/next_version.lua",
+                    "scripts/change_acls.lua"
+                )),
+                change_versioned_hash: redis::Script::new(with_prelude!(
+                    "scripts/next_version.lua",
                     "scripts/change_versioned_hash.lua"
                 )),
                 txn: redis::Script::new(include_str!("scripts/txn.lua")),
-                txn_join: redis::Script::new(with_producer_state!("scripts/txn_join.lua")),
+                txn_join: redis::Script::new(with_prelude!(
+                    "scripts/producer_state.lua",
+                    "scripts/txn_join.lua"
+                )),
                 txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),
                 txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),

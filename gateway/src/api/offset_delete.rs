@@ -22,11 +22,8 @@ use ketch_storage::TopicPartition;
 
 use super::Client;
 use crate::Context;
+use crate::group::CONSUMER_PROTOCOL;
 use crate::transactions::coordinator_error;
-
-/// The protocol type of groups whose members' metadata is a consumer
-/// subscription.
-const CONSUMER_PROTOCOL: &str = "consumer";
 
 pub async fn handle(
     ctx: &Context,
@@ -86,11 +83,7 @@ pub async fn handle(
             return OffsetDeleteResponse::default().with_error_code(ResponseError::NonEmptyGroup.code());
         }
         Some((_, None)) => Subscribed::All,
-        Some((_, Some(metadata))) => metadata
-            .iter()
-            .map(subscription)
-            .collect::<Option<Vec<Vec<String>>>>()
-            .map_or(Subscribed::All, |topics| Subscribed::Topics(topics.concat())),
+        Some((_, Some(metadata))) => subscribed_topics(&metadata).map_or(Subscribed::All, Subscribed::Topics),
     };
 
     let mut deletable: Vec<TopicPartition> = Vec::new();
@@ -175,9 +168,20 @@ impl Subscribed {
     }
 }
 
+/// The topics a consumer group's members subscribe to, from their
+/// metadata; `None` if a member's does not decode (the group's
+/// subscriptions are then unknown: Kafka takes every topic for subscribed).
+pub(crate) fn subscribed_topics(metadata: &[bytes::Bytes]) -> Option<Vec<String>> {
+    let topics = metadata
+        .iter()
+        .map(subscription)
+        .collect::<Option<Vec<Vec<String>>>>()?;
+    Some(topics.concat())
+}
+
 /// The topics of a consumer member's subscription metadata (a version,
 /// then ConsumerProtocolSubscription); `None` if it does not decode.
-pub(crate) fn subscription(metadata: &bytes::Bytes) -> Option<Vec<String>> {
+fn subscription(metadata: &bytes::Bytes) -> Option<Vec<String>> {
     let mut buf = metadata.clone();
     if buf.remaining() < 2 {
         return None;

@@ -36,6 +36,10 @@ use tokio::time::Instant;
 use state::{Group, Reply, Timing, join_error, sync_error};
 pub use state::{Joiner, Snapshot, SnapshotMember, State};
 
+/// The protocol type of groups whose members' metadata is a consumer
+/// subscription.
+pub const CONSUMER_PROTOCOL: &str = "consumer";
+
 /// Which of a group's committed offsets expire one by one
 /// ([`Coordinator::expiring`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -505,7 +509,7 @@ impl Coordinator {
         let protocol_type = group.protocol_type();
         let expiring = match group.state() {
             State::Empty if protocol_type.is_empty() => Expiring::All,
-            State::Stable if protocol_type.as_str() == "consumer" => match group.subscriptions() {
+            State::Stable if protocol_type.as_str() == CONSUMER_PROTOCOL => match group.subscriptions() {
                 Some((_, Some(metadata))) => Expiring::Unsubscribed(metadata),
                 _ => Expiring::Nothing,
             },
