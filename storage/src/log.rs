@@ -936,7 +936,9 @@ impl Store {
         }
         let keys = self.partition_keys(topic, partition);
         let mut out = ReadPartition::default();
-        let mut next = request.offset;
+        // A negative offset is below every log start: the first round's
+        // check answers OFFSET_OUT_OF_RANGE (Redis refuses it as an id).
+        let mut next = request.offset.max(0);
         let mut bytes = 0usize;
         // Compacted topics: offsets below `clean_end` (as the last round's
         // meta said) are read from the compacted stream (§7a).
@@ -954,7 +956,7 @@ impl Store {
             };
             let ranged = range.is_some();
             let count = entries_for(
-                request.max_bytes - bytes,
+                request.max_bytes.saturating_sub(bytes),
                 request.read_cap.saturating_sub(bytes),
                 seen,
                 bounds,

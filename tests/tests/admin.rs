@@ -522,3 +522,80 @@ fn a_topic_named_by_name_and_by_id_in_one_deletion_is_refused() {
     assert_eq!(response.responses[0].error_code, code::NONE);
     assert!(!redis.topic_exists(&topic));
 }
+
+/// The topic registry's scripts answer a call sent again as they answered
+/// it the first time. The cluster connection re-sends a command whose
+/// connection dropped before its reply came, and Redis may have run the
+/// first: a creation or growth answered "the topic changed meanwhile"
+/// would have the gateway remove the partitions the first run made
+/// reachable (and a deletion answer UNKNOWN_TOPIC_OR_PARTITION).
+#[test]
+fn the_topic_registrys_scripts_answer_a_call_sent_again_as_the_first() {
+    let (redis, ketch) = start();
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut db = redis.connection();
+    let topic = unique_topic("sent-again");
+    let record = |db: &mut ketch_tests::TestConnection| -> String {
+        redis::cmd("HGET")
+            .arg("ketch:topics")
+            .arg(&topic)
+            .query(db)
+            .expect("HGET")
+    };
+    let create = redis::Script::new(include_str!("../../storage/src/scripts/create_topic.lua"));
+    let replace = redis::Script::new(include_str!("../../storage/src/scripts/add_partitions.lua"));
+
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let created = record(&mut db);
+    let again: Vec<String> = create
+        .key("ketch:topics")
+        .arg(&topic)
+        .arg(&created)
+        .invoke(&mut db)
+        .expect("create_topic.lua");
+    assert_eq!(again, ["created"], "the creation's own record");
+    let other: Vec<String> = create
+        .key("ketch:topics")
+        .arg(&topic)
+        .arg(created.replace('1', "2"))
+        .invoke(&mut db)
+        .expect("create_topic.lua");
+    assert_eq!(other, ["exists"], "another creation of the name");
+
+    assert_eq!(raw::create_partitions(&mut conn, &topic, 2), code::NONE);
+    let grown = record(&mut db);
+    let again: i32 = replace
+        .key("ketch:topics")
+        .arg(&topic)
+        .arg(&created)
+        .arg(&grown)
+        .invoke(&mut db)
+        .expect("add_partitions.lua");
+    assert_eq!(again, 1, "the growth's own record");
+    let stale: i32 = replace
+        .key("ketch:topics")
+        .arg(&topic)
+        .arg(&created)
+        .arg(format!("{created} "))
+        .invoke(&mut db)
+        .expect("add_partitions.lua");
+    assert_eq!(stale, 0, "a change from a record read before the growth");
+    assert_eq!(record(&mut db), grown);
+
+    let remove = |db: &mut ketch_tests::TestConnection, entry: &str| -> i32 {
+        replace
+            .key("ketch:topics")
+            .key("{ketch:topics}:deleting")
+            .arg(&topic)
+            .arg(&grown)
+            .arg("")
+            .arg("the-id")
+            .arg(entry)
+            .invoke(db)
+            .expect("add_partitions.lua")
+    };
+    assert_eq!(remove(&mut db, "this removal"), 1);
+    assert!(!redis.topic_exists(&topic));
+    assert_eq!(remove(&mut db, "this removal"), 1, "the removal sent again");
+    assert_eq!(remove(&mut db, "another removal"), 0);
+}

@@ -252,6 +252,27 @@ fn out_of_range_is_told_when_the_response_is_full() {
     assert_eq!(partitions[1].high_watermark, 1);
 }
 
+/// A negative fetch offset is below the log start: OFFSET_OUT_OF_RANGE
+/// with the partition's offsets (the consumer's `auto.offset.reset` then
+/// applies), as from Kafka, not a retriable storage error.
+#[test]
+fn a_negative_fetch_offset_is_out_of_range() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("negative-offset");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let one = batch::encode(&[Record::value(batch::at(1), b"one")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, one), (code::NONE, 0));
+    for offset in [-1, -2, i64::MIN] {
+        let response: kafka_protocol::messages::FetchResponse =
+            conn.request(12, &raw::fetch_request(&topic, 0, offset, 0));
+        let partition = &response.responses[0].partitions[0];
+        assert_eq!(partition.error_code, code::OFFSET_OUT_OF_RANGE, "offset {offset}");
+        assert_eq!((partition.log_start_offset, partition.high_watermark), (0, 1));
+    }
+}
+
 /// A topic the fetch names wrongly ends no long poll: the other
 /// partitions' wait goes on, as Kafka leaves such partitions out of the
 /// read (a consumer still assigned a deleted topic does not spin).

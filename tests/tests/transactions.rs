@@ -406,6 +406,59 @@ fn an_open_transactions_data_takes_no_room_from_the_other_partitions_of_a_read_c
     assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
 }
 
+/// DeleteRecords into an open transaction's batch moves the last stable
+/// offset into it (to the new log start, as Kafka does); a read_committed
+/// fetch from there still gets none of that batch, through the gateway
+/// that appended it (its tail) and another (Redis), until the transaction
+/// is decided: then the abort's marker tells the client to drop it.
+#[test]
+fn a_read_committed_fetch_sends_no_undecided_batch_the_log_start_cut_into() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let other = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-cut");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-cut-id");
+    let started = init(&mut conn, &id, 60_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let records: Vec<Record> = (0..10)
+        .map(|_| Record::value(batch::at(1), b"undecided"))
+        .collect();
+    let open = transactional(&records, pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 5), (code::NONE, 5));
+
+    let mut through_other = KafkaConn::connect(other.kafka_addr());
+    for reading in [&mut conn, &mut through_other] {
+        let fetch = raw::fetch_request(&topic, 0, 5, 0).with_isolation_level(1);
+        let response: kafka_protocol::messages::FetchResponse = reading.request(11, &fetch);
+        let partition = &response.responses[0].partitions[0];
+        assert_eq!(partition.error_code, code::NONE);
+        assert_eq!(partition.last_stable_offset, 5);
+        let sent = partition.records.clone().unwrap_or_default();
+        assert_eq!(raw::count_records(&sent), 0, "the undecided batch was sent");
+        // read_uncommitted still gets it.
+        let fetch = raw::fetch_request(&topic, 0, 5, 0);
+        let response: kafka_protocol::messages::FetchResponse = reading.request(11, &fetch);
+        let sent = response.responses[0].partitions[0]
+            .records
+            .clone()
+            .unwrap_or_default();
+        assert_eq!(raw::count_records(&sent), 10);
+    }
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
+    eventually("the abort's marker", (11, 11), || watermarks(&mut conn, &topic));
+    let fetch = raw::fetch_request(&topic, 0, 5, 0).with_isolation_level(1);
+    let response: kafka_protocol::messages::FetchResponse = through_other.request(11, &fetch);
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.last_stable_offset, 11);
+    let aborted = partition.aborted_transactions.clone().unwrap_or_default();
+    assert_eq!(aborted.len(), 1, "the aborted transaction is named");
+    assert_eq!(aborted[0].producer_id.0, pid);
+}
+
 /// A read_committed fetch at the end of a partition (librdkafka's default
 /// isolation, a tailing consumer) is answered without reading Redis once a
 /// read saw every transaction there decided, and never while one is open:

@@ -721,9 +721,13 @@ fn assemble(
     (responses, records_of_topics, total, any_error)
 }
 
-/// The batches wholly below `offset` (they are in offset order).
+/// The batches wholly below `offset` (they are in offset order). A batch
+/// the offset falls inside is left out: the last stable offset is a
+/// batch's first offset, except where DeleteRecords moved the log start,
+/// and with it the last stable offset, into an undecided transaction's
+/// batch (Kafka's read stops at that batch too).
 fn below(batches: &[Bytes], offset: i64) -> &[Bytes] {
-    let end = batches.partition_point(|b| base_offset(b) < offset);
+    let end = batches.partition_point(|b| last_offset(b) < offset);
     &batches[..end]
 }
 

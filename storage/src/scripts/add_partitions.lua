@@ -14,7 +14,20 @@
 --
 -- Reply: 1 when replaced (removed), 0 when the record changed or vanished
 -- meanwhile.
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
+--
+-- Safe to run twice: a call sent again (the cluster connection re-sends a
+-- command whose reply timed out, and Redis may have run the first) finds
+-- the record it stored, or its removal's entry, and answers 1 again; the
+-- caller would otherwise remove the partitions a growth just added.
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[3] ~= '' and current == ARGV[3] then
+  return 1
+end
+if ARGV[3] == '' and not current and KEYS[2]
+    and redis.call('HGET', KEYS[2], ARGV[4]) == ARGV[5] then
+  return 1
+end
+if current ~= ARGV[2] then
   return 0
 end
 if ARGV[3] == '' then

@@ -9,7 +9,17 @@
 -- ARGV[2] the new record
 --
 -- Reply: {'created'}, {'exists'} or {'collides', <the existing name>}.
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+--
+-- Safe to run twice: a call sent again (the cluster connection re-sends a
+-- command whose reply timed out, and Redis may have run the first) finds
+-- its own record, carrying this creation's new topic id, and answers
+-- 'created' again; the caller would otherwise remove the partitions of
+-- the topic it made.
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current == ARGV[2] then
+  return {'created'}
+end
+if current then
   return {'exists'}
 end
 if string.find(ARGV[1], '[._]') then
