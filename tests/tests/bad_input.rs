@@ -369,3 +369,160 @@ fn invalid_acks_fail_what_would_be_appended() {
     }
     s.assert_unharmed();
 }
+
+/// A batch of `count` records whose body is `body` (compressed with
+/// `codec`, if given), its length and CRC set.
+fn batch_of_body(body: &[u8], codec: Option<batch::Codec>, count: i32) -> Vec<u8> {
+    let mut out = batch::encode(&[Record::value(batch::at(1), b"x")])[..61].to_vec();
+    let attributes = codec.map_or(0i16, |codec| codec as i16);
+    out[batch::ATTRIBUTES_AT..batch::ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
+    out[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+    out[batch::COUNT_AT..batch::COUNT_AT + 4].copy_from_slice(&count.to_be_bytes());
+    out.extend_from_slice(body);
+    let length = (out.len() - batch::LENGTH_AT - 4) as i32;
+    out[batch::LENGTH_AT..batch::LENGTH_AT + 4].copy_from_slice(&length.to_be_bytes());
+    batch::fix_crc(&mut out);
+    out
+}
+
+fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(body).expect("gzip");
+    gz.finish().expect("gzip")
+}
+
+/// Varint fields (lengths, offset deltas, header counts) of more than
+/// 5 bytes are INVALID_RECORD, as Kafka's record reader refuses them
+/// (`ByteUtils.readVarint`): such a batch, stored, would stop every Java
+/// consumer of the partition. Five bytes, the longest form Kafka reads,
+/// are accepted; compressed or not.
+#[test]
+fn a_varint_longer_than_kafka_reads_is_invalid_record() {
+    let s = setup();
+    // attributes, timestamp delta 0, offset delta 0, the key's length (-1,
+    // null) in `key_length`, the value "x", no headers.
+    let record = |key_length: &[u8]| {
+        let mut fields = vec![0, 0, 0];
+        fields.extend_from_slice(key_length);
+        fields.extend_from_slice(&[2, b'x', 0]);
+        let mut record = vec![(fields.len() as u8) << 1];
+        record.extend_from_slice(&fields);
+        record
+    };
+    let six = record(&[0x81, 0x80, 0x80, 0x80, 0x80, 0x00]);
+    let five = record(&[0x81, 0x80, 0x80, 0x80, 0x00]);
+    let gzipped = |body: &[u8]| batch_of_body(&gzip(body), Some(batch::Codec::Gzip), 1);
+    assert_eq!(
+        s.produce_error(batch_of_body(&six, None, 1)),
+        code::INVALID_RECORD
+    );
+    assert_eq!(s.produce_error(gzipped(&six)), code::INVALID_RECORD, "gzip");
+    s.assert_unharmed();
+    // After the two records of the check above.
+    let mut conn = s.conn();
+    assert_eq!(
+        raw::produce(&mut conn, &s.topic, 0, batch_of_body(&five, None, 1)),
+        (code::NONE, 2)
+    );
+    assert_eq!(
+        raw::produce(&mut conn, &s.topic, 0, gzipped(&five)),
+        (code::NONE, 3),
+        "gzip"
+    );
+}
+
+/// LZ4 bodies Kafka's reader (`Lz4BlockInputStream`) cannot read are
+/// INVALID_RECORD, nothing stored: linked blocks, the legacy frame format,
+/// a frame with reserved bits; and only the first frame is read, so
+/// records in a second frame after its end mark do not count.
+#[test]
+fn lz4_frames_kafka_cannot_read_are_invalid_record() {
+    use lz4_flex::frame::{BlockMode, FrameEncoder, FrameInfo};
+    use std::io::Write;
+    let s = setup();
+    let body = |n: i64| {
+        let plain = batch::encode(&[Record::value(batch::at(n), b"value")]);
+        plain[61..].to_vec()
+    };
+    let frame = |info: FrameInfo, data: &[u8]| {
+        let mut lz = FrameEncoder::with_frame_info(info, Vec::new());
+        lz.write_all(data).expect("lz4");
+        lz.finish().expect("lz4")
+    };
+    let raw_lz4 =
+        |compressed: Vec<u8>, count: i32| batch_of_body(&compressed, Some(batch::Codec::Lz4), count);
+    let linked = frame(FrameInfo::new().block_mode(BlockMode::Linked), &body(1));
+    assert_eq!(
+        s.produce_error(raw_lz4(linked, 1)),
+        code::INVALID_RECORD,
+        "linked blocks"
+    );
+    let mut legacy = frame(FrameInfo::new(), &body(1));
+    legacy[..4].copy_from_slice(&0x184C_2102u32.to_le_bytes());
+    assert_eq!(
+        s.produce_error(raw_lz4(legacy, 1)),
+        code::INVALID_RECORD,
+        "legacy magic"
+    );
+    let mut reserved = frame(FrameInfo::new(), &body(1));
+    reserved[4] |= 0x02;
+    assert_eq!(
+        s.produce_error(raw_lz4(reserved, 1)),
+        code::INVALID_RECORD,
+        "reserved bit"
+    );
+    // Two records, one per frame: Kafka reads one of the two claimed.
+    let mut two = frame(FrameInfo::new(), &body(1));
+    let mut second = body(2);
+    second[3] = 2; // offset delta 1
+    two.extend_from_slice(&frame(FrameInfo::new(), &second));
+    assert_eq!(
+        s.produce_error(raw_lz4(two, 2)),
+        code::INVALID_RECORD,
+        "a second frame"
+    );
+    s.assert_unharmed();
+    // The same records in one frame are stored (after the two of the
+    // check above).
+    let mut both = body(1);
+    both.extend_from_slice(&second);
+    assert_eq!(
+        raw::produce(
+            &mut s.conn(),
+            &s.topic,
+            0,
+            raw_lz4(frame(FrameInfo::new(), &both), 2)
+        ),
+        (code::NONE, 2)
+    );
+}
+
+/// Old-format messages (magic 0 or 1) in a Produce request are
+/// INVALID_RECORD, which clients do not retry, whatever their length, as
+/// Kafka checks the magic first; a magic Kafka does not know is
+/// CORRUPT_MESSAGE.
+#[test]
+fn an_old_format_message_is_invalid_record_whatever_its_length() {
+    let s = setup();
+    // A v1 message set: offset, size, CRC, magic 1, attributes, timestamp,
+    // key (null), value "v": 35 bytes, shorter than a v2 batch's header.
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(&0i64.to_be_bytes());
+    v1.extend_from_slice(&23i32.to_be_bytes());
+    v1.extend_from_slice(&0u32.to_be_bytes());
+    v1.push(1);
+    v1.push(0);
+    v1.extend_from_slice(&batch::at(1).to_be_bytes());
+    v1.extend_from_slice(&(-1i32).to_be_bytes());
+    v1.extend_from_slice(&1i32.to_be_bytes());
+    v1.push(b'v');
+    assert_eq!(v1.len(), 35);
+    assert_eq!(s.produce_error(v1.clone()), code::INVALID_RECORD, "magic 1");
+    v1[16] = 0;
+    assert_eq!(s.produce_error(v1.clone()), code::INVALID_RECORD, "magic 0");
+    let mut future = valid_batch();
+    future[16] = 3;
+    assert_eq!(s.produce_error(future), code::CORRUPT_MESSAGE, "magic 3");
+    s.assert_unharmed();
+}

@@ -101,3 +101,56 @@ fn a_retried_batch_is_answered_with_its_stored_append_time() {
     assert_eq!(append_time(&mut conn), first, "the retry's answer");
     assert_eq!(redis.next_offset(&topic, 0), 1, "stored once");
 }
+
+/// A producer's batch that says LogAppendTime, sent to a CreateTime
+/// topic: Kafka reads each of its records at the batch's max timestamp and
+/// checks that against the topic's bounds (an unchecked far-future time
+/// would hold retention back), then stores the batch as CreateTime with
+/// that max timestamp. So does ketch.
+#[test]
+fn a_producers_log_append_time_batch_on_a_create_time_topic_is_checked_and_stored_as_create_time() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let topic = unique_topic("create-time-lat-batch");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let stamped = |max_timestamp: i64| {
+        let mut bad = batch::encode(&[
+            Record::value(batch::at(1_000), b"a"),
+            Record::value(batch::at(2_000), b"b"),
+        ]);
+        bad[batch::ATTRIBUTES_AT + 1] |= 0x08;
+        bad[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
+        batch::fix_crc(&mut bad);
+        bad
+    };
+    let future = now + 10 * 24 * 3600 * 1000;
+    let response = conn.request(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&topic, 0, stamped(future)),
+    );
+    let partition = &response.responses[0].partition_responses[0];
+    assert_eq!(partition.error_code, code::INVALID_TIMESTAMP);
+    let indexes: Vec<i32> = partition.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(indexes, [0, 1], "every record is at the batch's max timestamp");
+    assert_eq!(redis.stream_len(&topic, 0), 0, "nothing stored");
+
+    let response = conn.request(
+        raw::PRODUCE_VERSION,
+        &raw::produce_request(&topic, 0, stamped(now)),
+    );
+    let partition = &response.responses[0].partition_responses[0];
+    assert_eq!((partition.error_code, partition.base_offset), (code::NONE, 0));
+    assert_eq!(partition.log_append_time_ms, -1);
+    let fetched = conn.request(12, &raw::fetch_request(&topic, 0, 0, 0));
+    let (error, _, records) = raw::fetch_result(&fetched);
+    assert_eq!(error, code::NONE);
+    let stored = records.expect("the stored batch");
+    assert_eq!(stored[batch::ATTRIBUTES_AT + 1] & 0x08, 0, "stored as CreateTime");
+    assert_eq!(i64::from_be_bytes(stored[35..43].try_into().unwrap()), now);
+    assert_eq!(
+        batch::crc32c(&stored[batch::ATTRIBUTES_AT..]).to_be_bytes(),
+        stored[batch::CRC_AT..batch::CRC_AT + 4]
+    );
+}

@@ -396,7 +396,7 @@ async fn produce_partition(
     let timestamps = if log_append_time {
         Ok(())
     } else {
-        check_timestamps(configs, &batch, &valid.timestamps)
+        check_timestamps(configs, &batch, &valid.timestamps, header.is_log_append_time())
     };
     if valid.timestamps.null_key && configs.cleans_up_by("compact") {
         let keys = null_keys(&topic, partition, &batch);
@@ -421,7 +421,11 @@ async fn produce_partition(
         let now = ketch_storage::now_ms();
         header.max_timestamp = now;
         (stamp_log_append_time(&batch, now), now)
-    } else if valid.max_timestamp_corrected {
+    } else if valid.max_timestamp_corrected || header.is_log_append_time() {
+        // A producer's LogAppendTime batch on a CreateTime topic is stored
+        // as CreateTime with its max timestamp (checked above), as Kafka's
+        // LogValidator stores it.
+        header.make_create_time();
         (set_max_timestamp(&batch, header.max_timestamp), -1)
     } else {
         (batch, -1)
@@ -533,7 +537,14 @@ fn keys_and_timestamps(keys: PartitionError, timestamps: PartitionError) -> Part
 /// `message.timestamp.after.max.ms` ahead of the gateway's clock, else the
 /// batch is refused with INVALID_TIMESTAMP and each offending record named
 /// in `record_errors`, as Kafka's LogValidator answers.
-fn check_timestamps(configs: Configs<'_>, batch: &Bytes, span: &RecordFacts) -> Result<(), PartitionError> {
+/// `log_append_time`: the batch says LogAppendTime, so each of its records
+/// is at the batch's max timestamp (`span` holds only that).
+fn check_timestamps(
+    configs: Configs<'_>,
+    batch: &Bytes,
+    span: &RecordFacts,
+    log_append_time: bool,
+) -> Result<(), PartitionError> {
     let bound = |name: &str| configs.number(name);
     let (before, after) = (
         bound("message.timestamp.before.max.ms"),
@@ -547,8 +558,13 @@ fn check_timestamps(configs: Configs<'_>, batch: &Bytes, span: &RecordFacts) -> 
         return Ok(());
     }
     let (low, high) = (now.saturating_sub(before), now.saturating_add(after));
-    let record_errors = ketch_storage::batch::record_metas(batch)
-        .unwrap_or_default()
+    let mut records = ketch_storage::batch::record_metas(batch).unwrap_or_default();
+    if log_append_time {
+        for record in &mut records {
+            record.timestamp = span.max;
+        }
+    }
+    let record_errors = records
         .into_iter()
         .enumerate()
         .filter(|(_, record)| bad(record.timestamp))
@@ -635,6 +651,9 @@ fn batch_error_code(e: &BatchError) -> i16 {
         | BatchError::Crc { .. }
         | BatchError::Codec(_)
         | BatchError::Decompress(_) => ResponseError::CorruptMessage.code(),
+        // Kafka's batch reader takes a magic above 2 (or negative) for
+        // corruption; 0 and 1 are refused in a Produce request's checks.
+        BatchError::Magic(magic) if !(0..=1).contains(magic) => ResponseError::CorruptMessage.code(),
         BatchError::Magic(_)
         | BatchError::RecordCount(_)
         | BatchError::OffsetDelta { .. }

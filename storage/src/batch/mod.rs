@@ -134,6 +134,11 @@ impl BatchHeader {
         self.attributes & LOG_APPEND_TIME != 0
     }
 
+    /// Its timestamp type made CreateTime (see [`set_max_timestamp`]).
+    pub fn make_create_time(&mut self) {
+        self.attributes &= !LOG_APPEND_TIME;
+    }
+
     pub fn is_transactional(&self) -> bool {
         self.attributes & builder::TRANSACTIONAL != 0
     }
@@ -224,6 +229,9 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
         }
         _ => None,
     };
+    if header.compression()? == Compression::Lz4 {
+        records::check_lz4_frame(&bytes[HEADER_LEN..])?;
+    }
     // Uncompressed records are walked over the slice first; only a batch
     // that walk refuses goes through the general reader, for its error.
     let plain = header.compression()? == Compression::None;
@@ -234,6 +242,16 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
         Some(timestamps) => timestamps,
         None => walk_records(bytes, &header)?,
     };
+    let mut timestamps = timestamps;
+    if header.is_log_append_time() {
+        // Kafka reads every record of a LogAppendTime batch at the batch's
+        // max timestamp (`DefaultRecordBatch`), and checks that against a
+        // CreateTime topic's bounds: so is it checked here.
+        let null_key = timestamps.null_key;
+        timestamps = RecordFacts::default();
+        timestamps.add(header.max_timestamp, 0, true);
+        timestamps.null_key = null_key;
+    }
     let max_timestamp = timestamps.max;
     let mut header = header;
     // A LogAppendTime batch's records all carry its max timestamp.
@@ -251,7 +269,7 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
 /// Walks every record of the batch (decompressing as it goes): their
 /// framing, dense offset deltas; their timestamps.
 fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<RecordFacts, BatchError> {
-    let mut records = Records::new(bytes.slice(HEADER_LEN..), header)?;
+    let mut records = Records::new(bytes.slice(HEADER_LEN..), header)?.strict();
     let mut timestamps = RecordFacts::default();
     let mut expected = 0;
     while let Some(record) = records.next_meta()? {
@@ -272,7 +290,7 @@ fn walk_records(bytes: &Bytes, header: &BatchHeader) -> Result<RecordFacts, Batc
 /// failed a check.
 pub fn record_metas(bytes: &Bytes) -> Result<Vec<RecordMeta>, BatchError> {
     let header = header(bytes)?;
-    let mut records = Records::new(bytes.slice(HEADER_LEN..), &header)?;
+    let mut records = Records::new(bytes.slice(HEADER_LEN..), &header)?.strict();
     let mut out = Vec::with_capacity(usize::try_from(header.record_count).unwrap_or(0).min(4096));
     while let Some(record) = records.next_meta()? {
         out.push(record);
@@ -282,6 +300,14 @@ pub fn record_metas(bytes: &Bytes) -> Result<Vec<RecordMeta>, BatchError> {
 
 /// The checks of the fixed header: length, magic, CRC, counts, attributes.
 fn validate_header(bytes: &Bytes) -> Result<BatchHeader, BatchError> {
+    // The magic byte first, once there (Kafka's `ProduceRequest`
+    // validation): an old-format message set, whose messages are shorter
+    // than a v2 header, is refused for its format, not its length.
+    if let Some(&magic) = bytes.get(16)
+        && magic != 2
+    {
+        return Err(BatchError::Magic(magic as i8));
+    }
     if bytes.len() < HEADER_LEN {
         return Err(BatchError::TooShort(bytes.len()));
     }
@@ -297,10 +323,6 @@ fn validate_header(bytes: &Bytes) -> Result<BatchHeader, BatchError> {
             return Err(BatchError::MultipleBatches);
         }
         return Err(BatchError::LengthMismatch { declared, actual });
-    }
-    let magic = bytes[16] as i8;
-    if magic != 2 {
-        return Err(BatchError::Magic(magic));
     }
     let stored = (&bytes[17..21]).get_u32();
     let computed = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &bytes[CRC_START..]) as u32;
@@ -359,17 +381,22 @@ pub fn stamp_log_append_time(batch: &[u8], now: i64) -> Bytes {
 }
 
 /// A copy of a validated batch whose max timestamp is `max_timestamp`, CRC
-/// recomputed.
+/// recomputed; its timestamp type CreateTime (a producer's LogAppendTime
+/// batch on a CreateTime topic is stored so, its max timestamp kept, as
+/// Kafka's LogValidator stores it).
 pub fn set_max_timestamp(batch: &[u8], max_timestamp: i64) -> Bytes {
     restamp(batch, false, max_timestamp)
 }
 
 fn restamp(batch: &[u8], log_append_time: bool, max_timestamp: i64) -> Bytes {
     let mut stamped = batch.to_vec();
-    if log_append_time {
-        let attributes = i16::from_be_bytes([stamped[21], stamped[22]]) | LOG_APPEND_TIME;
-        stamped[21..23].copy_from_slice(&attributes.to_be_bytes());
-    }
+    let attributes = i16::from_be_bytes([stamped[21], stamped[22]]);
+    let attributes = if log_append_time {
+        attributes | LOG_APPEND_TIME
+    } else {
+        attributes & !LOG_APPEND_TIME
+    };
+    stamped[21..23].copy_from_slice(&attributes.to_be_bytes());
     stamped[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
     let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &stamped[CRC_START..]) as u32;
     stamped[17..21].copy_from_slice(&crc.to_be_bytes());

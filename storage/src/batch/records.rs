@@ -143,6 +143,64 @@ pub(crate) fn decompressed(codec: Compression, body: Bytes) -> Result<Bytes, Bat
     }
 }
 
+/// The LZ4 frame magic number (little-endian on the wire).
+const LZ4_MAGIC: u32 = 0x184D_2204;
+
+/// Refuses an LZ4 body Kafka's reader (`Lz4BlockInputStream`) cannot read,
+/// though lz4_flex can: another magic (the legacy format), linked blocks,
+/// a dictionary id or other reserved bits, a version other than 1, a block
+/// size code outside 4–7. Such a batch, once stored, stops every Java
+/// consumer of its partition.
+pub(crate) fn check_lz4_frame(body: &[u8]) -> Result<(), BatchError> {
+    let refuse = |what: &str| Err(malformed(format!("an LZ4 frame Kafka cannot read: {what}")));
+    let Some(&[m0, m1, m2, m3, flg, bd, _checksum]) = body.get(..7) else {
+        return refuse("its header is cut short");
+    };
+    if u32::from_le_bytes([m0, m1, m2, m3]) != LZ4_MAGIC {
+        return refuse("not the LZ4 frame format's magic number");
+    }
+    if flg >> 6 != 1 {
+        return refuse("a frame version other than 1");
+    }
+    if flg & 0x20 == 0 {
+        return refuse("linked blocks (Kafka reads independent blocks only)");
+    }
+    if flg & 0x03 != 0 {
+        return refuse("a dictionary id or reserved bits set");
+    }
+    if bd & 0x8f != 0 || !(4..=7).contains(&(bd >> 4)) {
+        return refuse("a block size code outside 4–7 or reserved bits set");
+    }
+    Ok(())
+}
+
+/// Where the first LZ4 frame of `body` ends (after its end mark and
+/// content checksum), from its block sizes; `None` when it is no frame
+/// or is cut short (the decoder then says what is wrong).
+fn lz4_frame_end(body: &[u8]) -> Option<usize> {
+    let magic = u32::from_le_bytes(body.get(..4)?.try_into().ok()?);
+    if magic != LZ4_MAGIC {
+        return None;
+    }
+    let flg = *body.get(4)?;
+    let (content_size, dictionary) = (flg & 0x08 != 0, flg & 0x01 != 0);
+    let (block_checksums, content_checksum) = (flg & 0x10 != 0, flg & 0x04 != 0);
+    // Magic, FLG, BD, the optional content size and dictionary id, HC.
+    let mut pos: usize = 7 + if content_size { 8 } else { 0 } + if dictionary { 4 } else { 0 };
+    loop {
+        let size = u32::from_le_bytes(body.get(pos..pos.checked_add(4)?)?.try_into().ok()?);
+        pos += 4;
+        let len = (size & 0x7fff_ffff) as usize;
+        if len == 0 {
+            let end = pos + if content_checksum { 4 } else { 0 };
+            return (end <= body.len()).then_some(end);
+        }
+        pos = pos
+            .checked_add(len)?
+            .checked_add(if block_checksums { 4 } else { 0 })?;
+    }
+}
+
 impl Input {
     fn new(codec: Compression, body: Bytes) -> Result<Self, BatchError> {
         let err = |e: io::Error| BatchError::Decompress(e.to_string());
@@ -152,8 +210,13 @@ impl Input {
         let reader: Box<dyn BufRead + Send> = match codec {
             Compression::None => return Ok(Input::Slice(body)),
             Compression::Gzip => buffered(Box::new(flate2::bufread::MultiGzDecoder::new(body.reader()))),
-            // The frame decoder buffers a whole block itself.
-            Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(body.reader())),
+            // The frame decoder buffers a whole block itself. Only the
+            // first frame is read, as Kafka's reader stops at its end mark
+            // (lz4_flex would go on to the next).
+            Compression::Lz4 => {
+                let body = lz4_frame_end(&body).map_or(body.clone(), |end| body.slice(..end));
+                Box::new(lz4_flex::frame::FrameDecoder::new(body.reader()))
+            }
             Compression::Zstd => {
                 let limit = if large_zstd_window(&body) {
                     ZSTD_WINDOW_LOG_LIMIT
@@ -235,6 +298,19 @@ impl Input {
 struct Cursor<'a> {
     input: &'a mut Input,
     left: usize,
+    /// Varints of at most [`MAX_VARINT_LEN`] bytes (produce validation).
+    strict: bool,
+}
+
+/// A varint of `taken` bytes, refused when `strict` and longer than Kafka
+/// reads.
+fn check_varint_len(strict: bool, taken: usize) -> Result<(), BatchError> {
+    if strict && taken > MAX_VARINT_LEN {
+        return Err(malformed(format!(
+            "a varint of {taken} bytes (Kafka reads at most {MAX_VARINT_LEN})"
+        )));
+    }
+    Ok(())
 }
 
 fn malformed(message: impl Into<String>) -> BatchError {
@@ -263,7 +339,9 @@ impl Cursor<'_> {
     }
 
     fn varint(&mut self) -> Result<i32, BatchError> {
-        let v = self.varlong()?;
+        let (v, taken) = self.input.varlong(self.left)?;
+        self.left -= taken;
+        check_varint_len(self.strict, taken)?;
         i32::try_from(v).map_err(|_| malformed(format!("varint {v} out of range")))
     }
 
@@ -348,7 +426,7 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
     let mut timestamps = super::RecordFacts::default();
     let mut pos = 0;
     for expected in 0..i64::from(count) {
-        let (len, n) = varlong_at(body, pos)?;
+        let (len, n) = varint_at::<true>(body, pos)?;
         pos += n;
         let len = usize::try_from(len)
             .ok()
@@ -359,41 +437,41 @@ pub(crate) fn walk_plain(body: &[u8], count: i32, base_timestamp: i64) -> Option
         let mut at = 1;
         let (timestamp_delta, n) = varlong_at(record, at)?;
         at += n;
-        let (offset_delta, n) = varlong_at(record, at)?;
+        let (offset_delta, n) = varint_at::<true>(record, at)?;
         at += n;
         if offset_delta != expected {
             return None;
         }
-        let (has_key, after_key) = skip_nullable(record, at)?;
+        let (has_key, after_key) = skip_nullable::<true>(record, at)?;
         at = after_key;
         timestamps.add(
             base_timestamp.wrapping_add(timestamp_delta),
             expected as i32,
             has_key,
         );
-        at = skip_nullable(record, at)?.1; // value
-        check_headers(record, at)?;
+        at = skip_nullable::<true>(record, at)?.1; // value
+        check_headers::<true>(record, at)?;
     }
     (pos == body.len()).then_some(timestamps)
 }
 
 /// Checks a record's headers, from `at` (their count) to the record's
 /// end: a count that fits, a key for each, nothing after the last. Where
-/// they start (after the count).
+/// they start (after the count). `STRICT`: varints of at most 5 bytes.
 #[inline(always)]
-fn check_headers(record: &[u8], at: usize) -> Option<usize> {
-    let (headers, n) = varlong_at(record, at)?;
+fn check_headers<const STRICT: bool>(record: &[u8], at: usize) -> Option<usize> {
+    let (headers, n) = varint_at::<STRICT>(record, at)?;
     let start = at + n;
     if headers < 0 || headers as usize > (record.len() - start) / 2 {
         return None;
     }
     let mut at = start;
     for _ in 0..headers {
-        let (present, next) = skip_nullable(record, at)?;
+        let (present, next) = skip_nullable::<STRICT>(record, at)?;
         if !present {
             return None;
         }
-        at = skip_nullable(record, next)?.1;
+        at = skip_nullable::<STRICT>(record, next)?.1;
     }
     (at == record.len()).then_some(start)
 }
@@ -465,7 +543,7 @@ impl<'a> PlainRecords<'a> {
     }
 
     fn record(&mut self) -> Option<RecordRef<'a>> {
-        let (len, n) = varlong_at(self.body, self.pos)?;
+        let (len, n) = varint_at::<false>(self.body, self.pos)?;
         let start = self.pos + n;
         let len = usize::try_from(len)
             .ok()
@@ -475,14 +553,14 @@ impl<'a> PlainRecords<'a> {
         let mut at = 1;
         let (timestamp_delta, n) = varlong_at(record, at)?;
         at += n;
-        let (offset_delta, n) = varlong_at(record, at)?;
+        let (offset_delta, n) = varint_at::<false>(record, at)?;
         at += n;
         if offset_delta != self.next_delta {
             return None;
         }
         let (key, next) = nullable_at(record, at)?;
         let (value, next) = nullable_at(record, next)?;
-        let headers_start = check_headers(record, next)?;
+        let headers_start = check_headers::<false>(record, next)?;
         self.pos = start + len;
         self.next_delta += 1;
         Some(RecordRef {
@@ -524,7 +602,7 @@ impl<'a> Iterator for PlainRecords<'a> {
 /// A length-prefixed field that may be null, and where the record goes on.
 #[inline]
 fn nullable_at(record: &[u8], at: usize) -> Option<(Option<&[u8]>, usize)> {
-    match skip_nullable(record, at)? {
+    match skip_nullable::<false>(record, at)? {
         (false, next) => Some((None, next)),
         (true, next) => {
             let (len, _) = varlong_at(record, at)?;
@@ -534,10 +612,10 @@ fn nullable_at(record: &[u8], at: usize) -> Option<(Option<&[u8]>, usize)> {
 }
 
 /// Skips a length-prefixed field that may be null: whether it was there,
-/// and where the record goes on.
+/// and where the record goes on. `STRICT`: a length of at most 5 bytes.
 #[inline(always)]
-fn skip_nullable(record: &[u8], at: usize) -> Option<(bool, usize)> {
-    let (len, n) = varlong_at(record, at)?;
+fn skip_nullable<const STRICT: bool>(record: &[u8], at: usize) -> Option<(bool, usize)> {
+    let (len, n) = varint_at::<STRICT>(record, at)?;
     let at = at + n;
     match len {
         -1 => Some((false, at)),
@@ -567,6 +645,21 @@ fn varlong_at(buf: &[u8], pos: usize) -> Option<(i64, usize)> {
     }
 }
 
+/// The longest varint (a 32-bit field) Kafka reads: 5 bytes
+/// (`ByteUtils.readVarint`; a record refused so is an
+/// `InvalidRecordException`). Timestamp deltas are varlongs (10).
+pub(crate) const MAX_VARINT_LEN: usize = 5;
+
+/// [`varlong_at`] for a varint field; `STRICT` (produce validation): one
+/// of at most [`MAX_VARINT_LEN`] bytes, as Kafka's readers take. Stored
+/// batches are read without the limit: one accepted before it was checked
+/// stays readable.
+#[inline(always)]
+fn varint_at<const STRICT: bool>(buf: &[u8], pos: usize) -> Option<(i64, usize)> {
+    let (value, n) = varlong_at(buf, pos)?;
+    (!STRICT || n <= MAX_VARINT_LEN).then_some((value, n))
+}
+
 #[inline]
 fn zigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
@@ -592,6 +685,8 @@ pub struct Records {
     input: Input,
     remaining: i32,
     base_timestamp: i64,
+    /// Varints of at most [`MAX_VARINT_LEN`] bytes ([`Records::strict`]).
+    strict: bool,
 }
 
 impl Records {
@@ -610,7 +705,15 @@ impl Records {
             input: Input::new(codec, body)?,
             remaining: header.record_count,
             base_timestamp: header.base_timestamp,
+            strict: false,
         })
+    }
+
+    /// These records read as a produce request's are validated: a varint
+    /// field longer than Kafka reads ([`MAX_VARINT_LEN`]) is refused.
+    pub(crate) fn strict(mut self) -> Self {
+        self.strict = true;
+        self
     }
 
     /// The records of a whole stored batch.
@@ -684,12 +787,17 @@ impl Records {
         }
         self.remaining -= 1;
         let input = &mut self.input;
-        let (len, _) = input.varlong(10)?;
+        let (len, taken) = input.varlong(10)?;
+        check_varint_len(self.strict, taken)?;
         let len = usize::try_from(len)
             .ok()
             .filter(|len| *len >= MIN_RECORD_LEN - 1)
             .ok_or_else(|| malformed(format!("record length {len}")))?;
-        Ok(Some(Cursor { input, left: len }))
+        Ok(Some(Cursor {
+            input,
+            left: len,
+            strict: self.strict,
+        }))
     }
 
     fn prefix(cursor: &mut Cursor<'_>, base_timestamp: i64) -> Result<(i32, i64), BatchError> {
