@@ -45,6 +45,8 @@ struct State {
     /// Group snapshots are refused, as by a Redis that cannot write.
     #[cfg(test)]
     refuse_group_stores: bool,
+    /// Group snapshot reads fail (as Redis unavailable would).
+    refuse_group_loads: bool,
     /// SCRAM credentials by (mechanism, user).
     credentials: BTreeMap<(String, String), String>,
     acls: std::collections::BTreeSet<String>,
@@ -95,6 +97,12 @@ impl MemoryStorage {
     #[cfg(test)]
     pub(crate) fn refuse_group_stores(&self, refuse: bool) {
         self.state().refuse_group_stores = refuse;
+    }
+
+    /// Makes group snapshot reads fail until told otherwise.
+    #[cfg(test)]
+    pub(crate) fn refuse_group_loads(&self, refuse: bool) {
+        self.state().refuse_group_loads = refuse;
     }
 
     /// Whether the group's offsets would expire now (`None`: never told).
@@ -521,7 +529,11 @@ impl Storage for MemoryStorage {
     }
 
     async fn load_group(&self, group: &str) -> Result<Option<bytes::Bytes>> {
-        Ok(self.state().group_states.get(group).map(|(_, b)| b.clone()))
+        let state = self.state();
+        if state.refuse_group_loads {
+            return Err(StorageError::Unavailable("refused (a test's storage)".to_owned()));
+        }
+        Ok(state.group_states.get(group).map(|(_, b)| b.clone()))
     }
 
     async fn scram_credential(&self, mechanism: &str, user: &str) -> Result<Option<String>> {

@@ -43,6 +43,10 @@ pub enum StorageError {
     /// A concurrent change won a race (e.g. two CreatePartitions at once).
     #[error("concurrent modification: {0}")]
     Conflict(String),
+    /// Another change (another gateway's) held what this one needs for
+    /// longer than it waits; nothing was written. Kafka's REQUEST_TIMED_OUT.
+    #[error("{0}")]
+    Busy(String),
     /// Stored data that ketch cannot read (a bug or a foreign writer).
     #[error("unreadable stored data: {0}")]
     Data(String),

@@ -449,9 +449,10 @@ impl Store {
             // Another growth holds it (placing many partitions can take a
             // while): wait for it, then read the topic it changed.
             if waiting.elapsed() >= GROWTH_LOCK_WAIT {
-                return Err(StorageError::Conflict(format!(
-                    "another gateway is adding partitions to topic {}",
-                    topic.name
+                return Err(StorageError::Busy(format!(
+                    "another gateway has been adding partitions to topic {} for over {}s",
+                    topic.name,
+                    GROWTH_LOCK_WAIT.as_secs()
                 )));
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -29,6 +29,7 @@ pub mod code {
     pub const OFFSET_OUT_OF_RANGE: i16 = 1;
     pub const CORRUPT_MESSAGE: i16 = 2;
     pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub const REQUEST_TIMED_OUT: i16 = 7;
     pub const MESSAGE_TOO_LARGE: i16 = 10;
     pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;

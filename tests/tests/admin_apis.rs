@@ -896,3 +896,29 @@ fn behind_a_load_balancer_the_one_advertised_broker_leads_everything() {
 fn raw_str(s: &str) -> kafka_protocol::protocol::StrBytes {
     kafka_protocol::protocol::StrBytes::from_string(s.to_owned())
 }
+
+/// A CreatePartitions that cannot take the topic's growth lock in time
+/// (another gateway's growth holds it) is REQUEST_TIMED_OUT with a message,
+/// as Kafka's controller answers a request it could not finish in time,
+/// not NOT_ENOUGH_REPLICAS; the topic keeps its partitions.
+#[test]
+fn a_growth_that_waits_out_anothers_lock_is_request_timed_out() {
+    let (redis, ketch) = start();
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("growth-locked");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = raw::topic_id(&mut conn, &topic).expect("the topic's id");
+    let _: () = redis::cmd("SET")
+        .arg(format!("ketch:lock:partitions:{id}"))
+        .arg("another gateway's growth")
+        .arg("EX")
+        .arg(60)
+        .query(&mut redis.connection())
+        .expect("SET");
+    conn.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(
+        raw::create_partitions(&mut conn, &topic, 2),
+        code::REQUEST_TIMED_OUT
+    );
+    assert_eq!(redis.topic_tags(&topic).len(), 1);
+}

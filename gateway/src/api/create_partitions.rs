@@ -104,6 +104,16 @@ async fn grow(
             Err(StorageError::Conflict(_)) if attempt < MAX_ATTEMPTS => {
                 tokio::time::sleep(std::time::Duration::from_millis(5 * attempt as u64)).await;
             }
+            // Still changing: a timeout, as Kafka's controller answers a
+            // request it could not finish in time (not the storage's code,
+            // which would read as missing replicas). So is another
+            // gateway's growth that held the lock too long (`Busy`).
+            Err(StorageError::Conflict(why)) => {
+                return Err(Failure::new(
+                    ResponseError::RequestTimedOut,
+                    format!("Topic {name} could not grow: {why}; try again."),
+                ));
+            }
             Err(e) => return Err(Failure::storage(&e)),
         }
     }

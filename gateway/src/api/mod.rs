@@ -497,6 +497,7 @@ pub fn error_code(e: &StorageError) -> i16 {
         // retries it (REASSIGNMENT_IN_PROGRESS, answered before, is not
         // retriable).
         StorageError::Conflict(_) => ResponseError::NotEnoughReplicas,
+        StorageError::Busy(_) => ResponseError::RequestTimedOut,
         StorageError::NotEnoughReplicasAfterAppend { .. } => ResponseError::NotEnoughReplicasAfterAppend,
         StorageError::Sequence(SequenceError::OutOfOrder) => ResponseError::OutOfOrderSequenceNumber,
         StorageError::Sequence(SequenceError::StaleEpoch) => ResponseError::InvalidProducerEpoch,

@@ -237,7 +237,13 @@ impl Coordinator {
         shutdown: &watch::Receiver<bool>,
     ) -> SyncGroupResponse {
         if let Err(error) = self.load(&req.group_id).await {
-            return sync_error(error);
+            // The group's rebalance is lost here: the member joins again.
+            // Kafka answers so, not COORDINATOR_LOAD_IN_PROGRESS, which
+            // the Java consumer's SyncGroup does not expect (it fails).
+            return sync_error(match error {
+                ResponseError::CoordinatorLoadInProgress => ResponseError::RebalanceInProgress,
+                error => error,
+            });
         }
         for assignment in &mut req.assignments {
             assignment.member_id = detach(&assignment.member_id);

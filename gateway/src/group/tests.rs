@@ -768,6 +768,27 @@ async fn a_static_member_taking_over_is_answered_once_the_group_is_written() {
     assert_eq!(now(second.groups.heartbeat(&heartbeat)), 0);
 }
 
+/// A SyncGroup that reaches a coordinator which cannot load the group
+/// (Redis failing, after a hand-over) is REBALANCE_IN_PROGRESS, as from
+/// Kafka: the member joins again. COORDINATOR_LOAD_IN_PROGRESS, which the
+/// Java consumer's SyncGroup does not handle, ended its poll loop.
+#[tokio::test(start_paused = true)]
+async fn a_sync_the_coordinator_cannot_load_the_group_for_is_rebalance_in_progress() {
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let first = Harness::with_storage(storage.clone(), owning(&yes));
+    let (_, follower, generation) = first.stable_pair().await;
+    // Another gateway takes the group over while Redis fails its reads.
+    let second = Harness::with_storage(storage.clone(), owning(&yes));
+    memory.refuse_group_loads(true);
+    let answer = second.sync(sync_request(&follower, generation, &[])).await;
+    assert_eq!(answer.error_code, code(ResponseError::RebalanceInProgress));
+    memory.refuse_group_loads(false);
+    let answer = second.sync(sync_request(&follower, generation, &[])).await;
+    assert_eq!(answer.error_code, 0);
+}
+
 /// A group deleted right after its last members left stays deleted: the
 /// Empty snapshot queued when they left is written before DeleteGroups
 /// deletes the group from Redis, not after (which would bring it back).
