@@ -417,6 +417,15 @@ async fn describe_topic(ctx: &Context, client: &Client, name: &str) -> Result<Va
             "archive_lag_ms": waiting.map_or(0, |sealed| (now - sealed).max(0)),
         }));
     }
+    // The configs only to who may describe them (DescribeConfigs: READ or
+    // WRITE does not imply DESCRIBE_CONFIGS).
+    if !api::authorized(ctx, client, Operation::DescribeConfigs, ResourceType::Topic, name) {
+        return Ok(json!({
+            "name": name,
+            "topic_id": topic.id.to_string(),
+            "partitions": partitions,
+        }));
+    }
     let configs: BTreeMap<&str, Value> =
         api::describe_configs::topic_configs(&ctx.topic_defaults.get(), &topic.configs)
             .iter()
@@ -793,6 +802,20 @@ async fn reset_offsets(
     match &reset.topics {
         Some(topics) => {
             for name in topics {
+                // Before looking it up: whether a topic exists is no answer
+                // for who may not describe it (ListOffsets refuses it so).
+                if !api::authorized(
+                    ctx.as_ref(),
+                    &client,
+                    Operation::Describe,
+                    ResourceType::Topic,
+                    name,
+                ) {
+                    return Err(Failure::kafka(
+                        ResponseError::TopicAuthorizationFailed.code(),
+                        Some(&format!("not authorized to describe topic {name}")),
+                    ));
+                }
                 let topic = ctx
                     .storage
                     .topic(name)

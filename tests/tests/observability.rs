@@ -696,21 +696,7 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
     commit(&ketch, &group, &secret, &[(0, 0)]);
     // An ACL names the secret topic, for alice only: the caller
     // (User:ANONYMOUS) may no longer describe it.
-    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
-    let created = conn.request(
-        3,
-        &kafka_protocol::messages::CreateAclsRequest::default().with_creations(vec![
-            kafka_protocol::messages::create_acls_request::AclCreation::default()
-                .with_resource_type(2)
-                .with_resource_name(kafka_protocol::protocol::StrBytes::from_string(secret.clone()))
-                .with_resource_pattern_type(3)
-                .with_principal(kafka_protocol::protocol::StrBytes::from_static_str("User:alice"))
-                .with_host(kafka_protocol::protocol::StrBytes::from_static_str("*"))
-                .with_operation(8)
-                .with_permission_type(3),
-        ]),
-    );
-    assert_eq!(created.results[0].error_code, 0);
+    allow_on_topic(&ketch, &secret, "User:alice", 8);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (status, described) = api(&ketch, "GET", &format!("/api/v1/groups/{group}"), None);
@@ -734,32 +720,40 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
     // A caller that may create a topic but not describe it is told it was
     // created (201 and its name), not refused after the fact.
     let blind = unique_topic("blind");
+    allow_on_topic(&ketch, &blind, "User:ANONYMOUS", 5);
+    let body = json!({"name": blind, "partitions": 1}).to_string();
+    let (status, answer) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+    assert_eq!((status, answer), (201, json!({"name": blind})));
+}
+
+/// Creates an ALLOW ACL on the literal topic `topic` for `principal`
+/// (`operation`: Kafka's code) and waits until the gateway holds it.
+fn allow_on_topic(ketch: &Ketch, topic: &str, principal: &str, operation: i8) {
+    use kafka_protocol::messages::create_acls_request::AclCreation;
+    use kafka_protocol::messages::{CreateAclsRequest, DescribeAclsRequest};
+    use kafka_protocol::protocol::StrBytes;
+    let mut conn = ketch_tests::raw::KafkaConn::connect(ketch.kafka_addr());
     let created = conn.request(
         3,
-        &kafka_protocol::messages::CreateAclsRequest::default().with_creations(vec![
-            kafka_protocol::messages::create_acls_request::AclCreation::default()
+        &CreateAclsRequest::default().with_creations(vec![
+            AclCreation::default()
                 .with_resource_type(2)
-                .with_resource_name(kafka_protocol::protocol::StrBytes::from_string(blind.clone()))
+                .with_resource_name(StrBytes::from_string(topic.to_owned()))
                 .with_resource_pattern_type(3)
-                .with_principal(kafka_protocol::protocol::StrBytes::from_static_str(
-                    "User:ANONYMOUS",
-                ))
-                .with_host(kafka_protocol::protocol::StrBytes::from_static_str("*"))
-                .with_operation(5)
+                .with_principal(StrBytes::from_string(principal.to_owned()))
+                .with_host(StrBytes::from_static_str("*"))
+                .with_operation(operation)
                 .with_permission_type(3),
         ]),
     );
     assert_eq!(created.results[0].error_code, 0);
-    // Once the gateway holds the new ACL (DescribeAcls answers from it).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let described = conn.request(
             3,
-            &kafka_protocol::messages::DescribeAclsRequest::default()
+            &DescribeAclsRequest::default()
                 .with_resource_type_filter(2)
-                .with_resource_name_filter(Some(kafka_protocol::protocol::StrBytes::from_string(
-                    blind.clone(),
-                )))
+                .with_resource_name_filter(Some(StrBytes::from_string(topic.to_owned())))
                 .with_pattern_type_filter(3)
                 .with_principal_filter(None)
                 .with_host_filter(None)
@@ -767,17 +761,78 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
                 .with_permission_type(1),
         );
         if !described.resources.is_empty() {
-            break;
+            return;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the ACL never reached the gateway: {described:?}"
-        );
+        assert!(Instant::now() < deadline, "the ACL never reached the gateway");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let body = json!({"name": blind, "partitions": 1}).to_string();
-    let (status, answer) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
-    assert_eq!((status, answer), (201, json!({"name": blind})));
+}
+
+/// The admin API shows a topic's configs only to a caller with
+/// DESCRIBE_CONFIGS on it (READ implies DESCRIBE, not that), as
+/// DescribeConfigs does; and an offset reset tells a caller that may not
+/// describe a topic nothing of whether it exists (403 for a missing topic
+/// as for an existing one), as ListOffsets does.
+#[test]
+fn the_admin_api_shows_configs_and_topics_only_to_who_may_describe_them() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "acl.enabled=true",
+            "--set",
+            "acl.allow_everyone_if_no_acl_found=true",
+            "--set",
+            "http.admin_writes=true",
+        ],
+    );
+    let (readable, open) = (unique_topic("readable"), unique_topic("open"));
+    // Until the gateway has read the (empty) ACLs, it refuses everyone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for topic in [&readable, &open] {
+        let body = json!({"name": topic, "partitions": 1}).to_string();
+        loop {
+            let (status, created) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+            if status == 201 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{created}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // The caller (User:ANONYMOUS) may read `readable`, nothing more; a
+    // topic that does not exist is for alice alone.
+    allow_on_topic(&ketch, &readable, "User:ANONYMOUS", 3);
+    let ghost = unique_topic("ghost");
+    allow_on_topic(&ketch, &ghost, "User:alice", 8);
+
+    let (status, described) = api(&ketch, "GET", &format!("/api/v1/topics/{readable}"), None);
+    assert_eq!(status, 200, "{described}");
+    assert_eq!(described["partitions"].as_array().map(Vec::len), Some(1));
+    assert!(described.get("configs").is_none(), "configs shown: {described}");
+    let (status, described) = api(&ketch, "GET", &format!("/api/v1/topics/{open}"), None);
+    assert_eq!(status, 200, "{described}");
+    assert!(described["configs"]["retention.ms"].is_object(), "{described}");
+
+    let group = unique_topic("reset");
+    commit(&ketch, &group, &open, &[(0, 0)]);
+    let reset = |topic: &str| {
+        let body = json!({"to": "earliest", "topics": [topic]}).to_string();
+        api(
+            &ketch,
+            "POST",
+            &format!("/api/v1/groups/{group}/offsets"),
+            Some(&body),
+        )
+        .0
+    };
+    assert_eq!(reset(&ghost), 403, "a topic the caller may not describe");
+    assert_eq!(
+        reset(&unique_topic("nowhere")),
+        404,
+        "a topic anyone may describe"
+    );
 }
 
 /// The HTTP listener closes a connection that stalls half-way through a
