@@ -436,15 +436,21 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     Ok(())
 }
 
-/// Loads the groups with committed offsets that this gateway coordinates
-/// now and does not hold, as Kafka's new coordinator loads every group of
-/// its offsets partition: a group whose members went away with its old
-/// coordinator then has its members' sessions run out here, empties, and
-/// its offsets start their retention (nothing else would load it: offsets
-/// are read from Redis without the group, and no member will ask).
+/// Loads the groups with committed offsets or a snapshot that this gateway
+/// coordinates now and does not hold, as Kafka's new coordinator loads
+/// every group of its offsets partition: a group whose members went away
+/// with its old coordinator then has its members' sessions run out here,
+/// empties, and its offsets and snapshot start their retention (nothing
+/// else would load it: offsets are read from Redis without the group, and
+/// no member will ask; a group that never committed would otherwise keep
+/// its snapshot, and come back with its dead members, for ever).
 async fn adopt_groups(ctx: Arc<Context>) {
-    let groups = match ctx.storage.groups_with_offsets().await {
-        Ok(groups) => groups,
+    let listed = tokio::try_join!(
+        ctx.storage.groups_with_offsets(),
+        ctx.storage.groups_with_snapshots()
+    );
+    let groups: std::collections::BTreeSet<String> = match listed {
+        Ok((with_offsets, with_snapshots)) => with_offsets.into_iter().chain(with_snapshots).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the groups to take over");
             return;

@@ -499,6 +499,12 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
+    async fn groups_with_snapshots(&self) -> Result<Vec<String>> {
+        let mut groups: Vec<String> = self.state().group_states.keys().cloned().collect();
+        groups.sort();
+        Ok(groups)
+    }
+
     async fn group_emptied(&self, group: &str, _retention: Duration) -> Result<()> {
         self.state().expiring.insert(group.to_owned(), true);
         Ok(())

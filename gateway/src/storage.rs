@@ -95,6 +95,8 @@ pub trait Storage: Send + Sync {
     -> Result<i64>;
     async fn delete_group_offsets(&self, group: &str) -> Result<bool>;
     async fn groups_with_offsets(&self) -> Result<Vec<String>>;
+    /// Groups with a stored snapshot, offsets or not.
+    async fn groups_with_snapshots(&self) -> Result<Vec<String>>;
     /// Whether `group` has committed offsets.
     async fn group_has_offsets(&self, group: &str) -> Result<bool> {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
@@ -430,6 +432,10 @@ impl Storage for Tiered {
 
     async fn groups_with_offsets(&self) -> Result<Vec<String>> {
         self.store.groups_with_offsets().await
+    }
+
+    async fn groups_with_snapshots(&self) -> Result<Vec<String>> {
+        self.store.groups_with_snapshots().await
     }
 
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {

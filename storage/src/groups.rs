@@ -82,6 +82,11 @@ impl Store {
     /// and replicas that do not answer would hold each up for
     /// `storage.acks_all_timeout`. A snapshot a failover loses costs its
     /// members a rebalance (docs/durability.md).
+    ///
+    /// The group is listed among those with a snapshot
+    /// ([`Store::groups_with_snapshots`]): a new coordinator takes over
+    /// such a group even if it never committed offsets (Kafka Connect's,
+    /// Schema Registry's), so its dead members' sessions run out.
     pub async fn store_group(&self, group: &str, generation: i32, snapshot: &[u8]) -> Result<bool> {
         let stored: i64 = self
             .scripts
@@ -91,6 +96,9 @@ impl Store {
             .arg(snapshot)
             .invoke_async(&mut self.conn())
             .await?;
+        if stored == 1 {
+            let _: i64 = self.conn().sadd(self.group_snapshots_key(), group).await?;
+        }
         Ok(stored == 1)
     }
 
@@ -102,6 +110,10 @@ impl Store {
 
     fn groups_key(&self) -> String {
         format!("{}:groups", self.keys.namespace())
+    }
+
+    fn group_snapshots_key(&self) -> String {
+        format!("{}:groups:snapshots", self.keys.namespace())
     }
 
     /// Lists `group` among the groups with committed offsets.
@@ -337,13 +349,28 @@ impl Store {
     /// Groups that have committed offsets still stored; those listed
     /// whose offsets expired are forgotten.
     pub async fn groups_with_offsets(&self) -> Result<Vec<String>> {
-        let groups: Vec<String> = self.conn().smembers(self.groups_key()).await?;
+        self.listed_groups(&self.groups_key(), |group| self.group_offsets_key(group))
+            .await
+    }
+
+    /// Groups whose snapshot is still stored (a group with members, or
+    /// emptied within the retention), whether or not they committed
+    /// offsets; those listed whose snapshot expired are forgotten.
+    pub async fn groups_with_snapshots(&self) -> Result<Vec<String>> {
+        self.listed_groups(&self.group_snapshots_key(), |group| self.group_state_key(group))
+            .await
+    }
+
+    /// The groups listed in the set `index` whose key `key_of(group)` still
+    /// exists, sorted; those whose key is gone are taken off the list.
+    async fn listed_groups(&self, index: &str, key_of: impl Fn(&str) -> String) -> Result<Vec<String>> {
+        let groups: Vec<String> = self.conn().smembers(index).await?;
         if groups.is_empty() {
             return Ok(groups);
         }
         let mut pipe = redis::pipe();
         for group in &groups {
-            pipe.exists(self.group_offsets_key(group));
+            pipe.exists(key_of(group));
         }
         let exists: Vec<bool> = pipe.query_async(&mut self.conn()).await?;
         let (live, gone): (Vec<_>, Vec<_>) = groups.into_iter().zip(exists).partition(|(_, e)| *e);
@@ -352,10 +379,10 @@ impl Store {
             // commit writes its offsets, then lists it: one that did so
             // since they were looked at is listed again.
             let gone: Vec<String> = gone.into_iter().map(|(g, _)| g).collect();
-            let _: i64 = self.conn().srem(self.groups_key(), &gone).await?;
+            let _: i64 = self.conn().srem(index, &gone).await?;
             let mut pipe = redis::pipe();
             for group in &gone {
-                pipe.exists(self.group_offsets_key(group));
+                pipe.exists(key_of(group));
             }
             let back: Vec<bool> = pipe.query_async(&mut self.conn()).await?;
             let back: Vec<&String> = gone
@@ -365,7 +392,7 @@ impl Store {
                 .map(|(g, _)| g)
                 .collect();
             if !back.is_empty() {
-                let _: i64 = self.conn().sadd(self.groups_key(), back).await?;
+                let _: i64 = self.conn().sadd(index, back).await?;
             }
         }
         let mut live: Vec<String> = live.into_iter().map(|(g, _)| g).collect();

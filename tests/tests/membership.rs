@@ -194,7 +194,8 @@ fn groups_spread_over_coordinators_and_every_gateway_answers_for_every_group() {
 /// group of its offsets partition: its members' sessions run out there, it
 /// empties, and its offsets expire after `groups.offsets_retention` (they
 /// were kept for ever: nothing loaded the group, and offsets are read from
-/// Redis without it).
+/// Redis without it); so does the snapshot of a group that never
+/// committed.
 #[test]
 fn an_abandoned_groups_offsets_expire_under_its_next_coordinator() {
     use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
@@ -221,32 +222,39 @@ fn an_abandoned_groups_offsets_expire_under_its_next_coordinator() {
             *brokers == BTreeSet::from([1, 2])
         });
     }
-    // A group gateway 1 coordinates.
+    // Two groups gateway 1 coordinates: a consumer group that commits,
+    // and a Kafka Connect group that never does.
     let mut conn = KafkaConn::connect(a.kafka_addr());
-    let group = (0..)
-        .map(|n| format!("{topic}-group-{n}"))
-        .find(|group| {
-            let find = FindCoordinatorRequest::default().with_key(StrBytes::from_string(group.clone()));
-            conn.request(3, &find).node_id.0 == 1
-        })
-        .expect("a group of gateway 1");
-    let join = JoinGroupRequest::default()
-        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
-        .with_session_timeout_ms(1_000)
-        .with_rebalance_timeout_ms(1_000)
-        .with_protocol_type(StrBytes::from_static_str("consumer"))
-        .with_protocols(vec![
-            JoinGroupRequestProtocol::default()
-                .with_name(StrBytes::from_static_str("range"))
-                .with_metadata(bytes::Bytes::from_static(b"m")),
-        ]);
-    let joined = conn.request(3, &join);
-    assert_eq!(joined.error_code, 0);
-    let sync = SyncGroupRequest::default()
-        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
-        .with_member_id(joined.member_id.clone())
-        .with_generation_id(joined.generation_id);
-    assert_eq!(conn.request(3, &sync).error_code, 0);
+    let mut of_gateway_1 = (0..).map(|n| format!("{topic}-group-{n}")).filter(|group| {
+        let find = FindCoordinatorRequest::default().with_key(StrBytes::from_string(group.clone()));
+        conn.request(3, &find).node_id.0 == 1
+    });
+    let (group, connect) = (
+        of_gateway_1.next().expect("a group of gateway 1"),
+        of_gateway_1.next().expect("a group of gateway 1"),
+    );
+    let mut form = |group: &str, protocol_type: &'static str| {
+        let join = JoinGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+            .with_session_timeout_ms(1_000)
+            .with_rebalance_timeout_ms(1_000)
+            .with_protocol_type(StrBytes::from_static_str(protocol_type))
+            .with_protocols(vec![
+                JoinGroupRequestProtocol::default()
+                    .with_name(StrBytes::from_static_str("range"))
+                    .with_metadata(bytes::Bytes::from_static(b"m")),
+            ]);
+        let joined = conn.request(3, &join);
+        assert_eq!(joined.error_code, 0);
+        let sync = SyncGroupRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+            .with_member_id(joined.member_id.clone())
+            .with_generation_id(joined.generation_id);
+        assert_eq!(conn.request(3, &sync).error_code, 0);
+        joined
+    };
+    let joined = form(&group, "consumer");
+    form(&connect, "connect");
     let commit = raw::offset_commit_request(&group, &joined.member_id, joined.generation_id, &topic, 0, 5);
     assert_eq!(conn.request(8, &commit).topics[0].partitions[0].error_code, 0);
 
@@ -276,6 +284,21 @@ fn an_abandoned_groups_offsets_expire_under_its_next_coordinator() {
         assert!(
             Instant::now() < deadline,
             "the abandoned group's offsets are kept for ever"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The group that never committed empties too, and its snapshot
+    // expires (it was kept for ever, and brought back with its dead member
+    // whenever the group id was used again).
+    let snapshot = format!("ketch:group:{{{connect}}}:state");
+    while redis::cmd("EXISTS")
+        .arg(&snapshot)
+        .query::<bool>(&mut redis.connection())
+        .expect("EXISTS")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned group's snapshot is kept for ever"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
