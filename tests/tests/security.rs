@@ -1125,3 +1125,78 @@ fn malformed_sasl_messages_are_told_kafkas_generic_failure() {
     // Why is logged.
     ketch.await_log("invalid SCRAM client-first message", Duration::from_secs(5));
 }
+
+/// ACLs on a user's delegation tokens (`kafka-acls.sh --user-principal …
+/// --operation CreateTokens`: resource type USER, operations CREATE_TOKENS
+/// and DESCRIBE_TOKENS) and on DELEGATION_TOKEN resources are taken,
+/// listed and deleted, as Kafka takes any operation on any resource type
+/// (a tool copying a Kafka cluster's ACLs got INVALID_REQUEST); ketch has
+/// no delegation tokens, so nothing checks them.
+#[test]
+fn acls_on_delegation_tokens_are_kept_listed_and_deleted() {
+    use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+    use kafka_protocol::messages::{DeleteAclsRequest, DescribeAclsRequest};
+    const USER: i8 = 7;
+    const DELEGATION_TOKEN: i8 = 6;
+    const CREATE_TOKENS: i8 = 13;
+    const DESCRIBE_TOKENS: i8 = 14;
+    let (_redis, _ketch, mut admin) = admin_and_alice();
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(USER, "User:bob", "User:alice", CREATE_TOKENS),
+            acl(DELEGATION_TOKEN, "token-1", "User:alice", DESCRIBE),
+        ]),
+    );
+    let codes: Vec<i16> = created.results.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [0, 0], "{created:?}");
+    let described = |admin: &mut KafkaConn, resource_type: i8, operation: i8| {
+        let filter = DescribeAclsRequest::default()
+            .with_resource_type_filter(resource_type)
+            .with_resource_name_filter(None)
+            .with_pattern_type_filter(1)
+            .with_principal_filter(None)
+            .with_host_filter(None)
+            .with_operation(operation)
+            .with_permission_type(1);
+        let response = admin.request(3, &filter);
+        assert_eq!(response.error_code, 0, "{response:?}");
+        response
+            .resources
+            .iter()
+            .map(|r| (r.resource_type, r.resource_name.to_string(), r.acls.len()))
+            .collect::<Vec<_>>()
+    };
+    // The gateway holds them once DescribeAcls answers from them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while described(&mut admin, USER, 1).is_empty() {
+        assert!(Instant::now() < deadline, "the ACLs never reached the gateway");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        described(&mut admin, USER, CREATE_TOKENS),
+        [(USER, "User:bob".to_owned(), 1)]
+    );
+    assert_eq!(described(&mut admin, 1, DESCRIBE_TOKENS), []);
+    assert_eq!(
+        described(&mut admin, DELEGATION_TOKEN, 1),
+        [(DELEGATION_TOKEN, "token-1".to_owned(), 1)]
+    );
+    let delete = |admin: &mut KafkaConn, resource_type: i8, operation: i8| {
+        let filter = DeleteAclsFilter::default()
+            .with_resource_type_filter(resource_type)
+            .with_resource_name_filter(None)
+            .with_pattern_type_filter(1)
+            .with_principal_filter(None)
+            .with_host_filter(None)
+            .with_operation(operation)
+            .with_permission_type(1);
+        let response = admin.request(3, &DeleteAclsRequest::default().with_filters(vec![filter]));
+        let result = &response.filter_results[0];
+        assert_eq!(result.error_code, 0, "{response:?}");
+        result.matching_acls.len()
+    };
+    assert_eq!(delete(&mut admin, 1, DESCRIBE_TOKENS), 0);
+    assert_eq!(delete(&mut admin, USER, 1), 1);
+    assert_eq!(delete(&mut admin, DELEGATION_TOKEN, 1), 1);
+}

@@ -30,6 +30,10 @@ pub enum ResourceType {
     Group,
     Cluster,
     TransactionalId,
+    /// Delegation tokens and users (their tokens): ketch has no delegation
+    /// tokens, so ACLs on these are kept and listed but never checked.
+    DelegationToken,
+    User,
 }
 
 impl ResourceType {
@@ -41,6 +45,8 @@ impl ResourceType {
             ResourceType::Group => 3,
             ResourceType::Cluster => 4,
             ResourceType::TransactionalId => 5,
+            ResourceType::DelegationToken => 6,
+            ResourceType::User => 7,
         }
     }
 
@@ -50,6 +56,8 @@ impl ResourceType {
             3 => ResourceType::Group,
             4 => ResourceType::Cluster,
             5 => ResourceType::TransactionalId,
+            6 => ResourceType::DelegationToken,
+            7 => ResourceType::User,
             _ => return None,
         })
     }
@@ -81,6 +89,8 @@ impl ResourceType {
                 IdempotentWrite,
             ],
             ResourceType::TransactionalId => &[Write, Describe],
+            ResourceType::DelegationToken => &[Describe],
+            ResourceType::User => &[CreateTokens, DescribeTokens],
         }
     }
 }
@@ -126,6 +136,9 @@ pub enum Operation {
     DescribeConfigs,
     AlterConfigs,
     IdempotentWrite,
+    /// Of delegation tokens (on a USER resource): kept, never checked.
+    CreateTokens,
+    DescribeTokens,
 }
 
 impl Operation {
@@ -144,6 +157,8 @@ impl Operation {
             Operation::DescribeConfigs => 10,
             Operation::AlterConfigs => 11,
             Operation::IdempotentWrite => 12,
+            Operation::CreateTokens => 13,
+            Operation::DescribeTokens => 14,
         }
     }
 
@@ -160,6 +175,8 @@ impl Operation {
             10 => Operation::DescribeConfigs,
             11 => Operation::AlterConfigs,
             12 => Operation::IdempotentWrite,
+            13 => Operation::CreateTokens,
+            14 => Operation::DescribeTokens,
             _ => return None,
         })
     }
@@ -371,14 +388,7 @@ pub struct AclFilter {
     pub host: Option<String>,
     pub operation: Option<Operation>,
     pub permission: Option<Permission>,
-    /// A resource type Kafka knows and ketch keeps no ACLs of
-    /// (DELEGATION_TOKEN, USER): the filter is valid and matches nothing.
-    pub matches_nothing: bool,
 }
-
-/// Kafka's DELEGATION_TOKEN and USER resource types: valid in a filter,
-/// never in a binding ketch keeps (no delegation tokens).
-const UNKEPT_RESOURCE_TYPES: [i8; 2] = [6, 7];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatternFilter {
@@ -399,9 +409,7 @@ impl AclFilter {
         operation: i8,
         permission: i8,
     ) -> Result<Self, InvalidAcl> {
-        let matches_nothing = UNKEPT_RESOURCE_TYPES.contains(&resource_type);
         let resource_type = match resource_type {
-            _ if matches_nothing => None,
             ResourceType::ANY => None,
             code => Some(ResourceType::from_code(code).ok_or(InvalidAcl::ResourceType(code))?),
         };
@@ -428,14 +436,10 @@ impl AclFilter {
             host: host.map(str::to_owned),
             operation,
             permission,
-            matches_nothing,
         })
     }
 
     pub fn matches(&self, b: &AclBinding) -> bool {
-        if self.matches_nothing {
-            return false;
-        }
         let name_matches = match (&self.name, self.pattern) {
             (None, _) => true,
             (Some(name), PatternFilter::Match) => match b.pattern {
@@ -883,11 +887,21 @@ mod tests {
         assert_eq!(a.matching(&f).len(), 2);
         let f = AclFilter::from_codes(1, None, 1, None, None, 1, 2).unwrap();
         assert_eq!(a.matching(&f), vec![bindings[2].clone()]);
-        // DELEGATION_TOKEN and USER filters are valid and match nothing here.
+        // DELEGATION_TOKEN and USER filters are valid; no binding here is
+        // of either.
         for resource_type in [6, 7] {
             let f = AclFilter::from_codes(resource_type, None, 1, None, None, 1, 1).unwrap();
             assert!(a.matching(&f).is_empty());
         }
         assert!(AclFilter::from_codes(8, None, 1, None, None, 1, 1).is_err());
+        // Kafka's ACLs on a user's delegation tokens are kept and listed.
+        let tokens = AclBinding::from_codes(7, "User:bob", 3, "User:alice", "*", 13, 3).unwrap();
+        assert_eq!(AclBinding::decode(&tokens.encode()), Some(tokens.clone()));
+        let a = authorizer(false, std::slice::from_ref(&tokens));
+        let f = AclFilter::from_codes(7, None, 1, None, None, 13, 1).unwrap();
+        assert_eq!(a.matching(&f), vec![tokens]);
+        let f = AclFilter::from_codes(1, None, 1, None, None, 14, 1).unwrap();
+        assert!(a.matching(&f).is_empty());
+        assert!(AclFilter::from_codes(1, None, 1, None, None, 15, 1).is_err());
     }
 }
