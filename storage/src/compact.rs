@@ -235,7 +235,20 @@ impl Store {
         let tombstones = Arc::new(tombstones);
         let mut new_bytes: HashMap<i64, i64> = HashMap::new();
         let mut tomb_sealed: Option<i64> = None;
-        self.del(&keys.compacting).await?;
+        // What a pass cut short left, removed only while this worker holds
+        // the lease: a worker that lost it must not remove the pass its
+        // new holder is writing (it would swap in what is left of it).
+        let started: i64 = self
+            .scripts
+            .compact_add
+            .key(&keys.lease)
+            .key(&keys.compacting)
+            .arg(worker)
+            .invoke_async(&mut self.conn())
+            .await?;
+        if started != 1 {
+            return Ok(None);
+        }
         outcome.records_read = dirty_records;
         outcome.bytes_before = dirty_read_bytes;
         let mut next_survivor = 0;
@@ -466,14 +479,6 @@ impl Store {
             entries = crate::log::stream_entries(reply)?;
         }
         Ok(entries)
-    }
-
-    async fn del(&self, key: &str) -> Result<()> {
-        redis::cmd("UNLINK")
-            .arg(key)
-            .query_async::<()>(&mut self.conn())
-            .await?;
-        Ok(())
     }
 
     /// Trims the log below `to` (where the compacted stream takes over),

@@ -310,6 +310,7 @@ impl Store {
             .key(&keys.quarantine)
             .key(&keys.aborted)
             .key(&keys.clean)
+            .key(&keys.times)
             .arg(policy.segment_bytes)
             .arg(policy.segment_ms)
             .arg(policy.retention_ms)

@@ -798,3 +798,65 @@ fn a_batch_whose_last_records_go_keeps_its_last_offset() {
     );
     assert_eq!(read_all(&ketch, &topic).len(), 3, "a@0, b@3, c@4");
 }
+
+/// A worker that does not hold a partition's lease (it lost it to another
+/// gateway mid-tick) leaves the pass the holder is writing alone: it used
+/// to remove the holder's `compacting` stream before it looked at the
+/// lease, and the holder then swapped in what was left of its pass,
+/// losing every compacted record written before.
+#[test]
+fn a_worker_without_the_lease_leaves_the_holders_pass_alone() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-not-holder");
+    // Sealed, never compacted by the gateway (a long compaction lag).
+    create_compacted(&ketch, &topic, &[("min.compaction.lag.ms", "3600000")]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    produce(
+        &mut conn,
+        &topic,
+        &[vec![keyed("a", Some("1"))], vec![keyed("a", Some("2"))]],
+        None,
+        &mut latest,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while redis.segments(&topic, 0).is_empty() {
+        assert!(Instant::now() < deadline, "no segment sealed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The holder's pass so far.
+    let tag = &redis.topic_tags(&topic)[0];
+    let compacting = format!("ketch:{{{tag}}}:compacting");
+    let _: String = redis::cmd("XADD")
+        .arg(&compacting)
+        .arg("0-1")
+        .arg("b")
+        .arg("the holder's pass")
+        .query(&mut redis.connection())
+        .expect("XADD");
+
+    let config = ketch_tests::store_config(&redis.url());
+    let outcome = ketch_tests::runtime().block_on(async {
+        let store = ketch_storage::Store::new(&config).expect("store");
+        let topic = store.topic(&topic).await.expect("topic").expect("exists");
+        let policy = ketch_storage::compact::CompactPolicy {
+            min_dirty_ratio: 0.0,
+            min_lag_ms: 0,
+            max_lag_ms: i64::MAX,
+            delete_retention_ms: 86_400_000,
+            max_keys: 100_000,
+        };
+        store
+            .compact(&topic, 0, "not-the-holder", &policy)
+            .await
+            .expect("compact")
+    });
+    assert!(outcome.is_none(), "a pass without the lease: {outcome:?}");
+    let left: i64 = redis::cmd("XLEN")
+        .arg(&compacting)
+        .query(&mut redis.connection())
+        .expect("XLEN");
+    assert_eq!(left, 1, "the holder's pass was removed");
+    assert_eq!(meta(&redis, &topic, "clean_end"), 0);
+}

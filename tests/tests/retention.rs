@@ -35,6 +35,8 @@ fn wait_for_log_start(conn: &mut KafkaConn, topic: &str, what: &str, done: impl 
     }
 }
 
+/// Retention by bytes deletes whole sealed segments, and the time index
+/// entries below the new log start with them.
 #[test]
 fn retention_bytes_deletes_whole_sealed_segments() {
     let redis = TestRedis::start();
@@ -86,6 +88,19 @@ fn retention_bytes_deletes_whole_sealed_segments() {
         redis.stream_len(&topic, 0),
         40 - earliest,
         "Redis holds exactly the retained batches"
+    );
+    // Nor does the time index keep entries below the log start (its first,
+    // at offset 0, among them): it grew with everything ever written.
+    let times_key = format!("ketch:{{{}}}:times", redis.topic_tags(&topic)[0]);
+    let indexed: Vec<i64> = redis::cmd("ZRANGE")
+        .arg(&times_key)
+        .arg(0)
+        .arg(-1)
+        .query(&mut r)
+        .unwrap();
+    assert!(
+        indexed.iter().all(|offset| *offset >= earliest),
+        "time index entries below the log start {earliest}: {indexed:?}"
     );
 
     let (error, _, _) =

@@ -280,7 +280,7 @@ impl Worker {
                 }
             }
             if policy.remote && !held.is_empty() {
-                self.clone().archive_topic(topic.clone(), held.clone(), policy);
+                self.clone().archive_topic(topic.clone(), held.clone());
             }
             if topic.drop_archive && policy.no_archive && held.contains(&0) {
                 self.clone().drop_archive(topic.clone());
@@ -416,9 +416,23 @@ impl Worker {
         );
     }
 
+    /// The segment policy of `topic` as its configs and the cluster-wide
+    /// defaults are now; `None` once it is deleted (or re-created).
+    async fn policy_now(&self, topic: &Topic) -> ketch_storage::Result<Option<SegmentPolicy>> {
+        let Some(current) = self.store.topic_fresh(&topic.name).await? else {
+            return Ok(None);
+        };
+        if current.id != topic.id {
+            return Ok(None);
+        }
+        let (_, stored) = self.store.cluster_configs().await?;
+        let defaults = Defaults::default().with_cluster(&stored).0;
+        Ok(Some(policy(&current, &defaults, self.producer_expiration)))
+    }
+
     /// Starts archiving `partitions` of `topic` in the background, unless
     /// the topic's archiving task is still running.
-    fn archive_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>, policy: SegmentPolicy) {
+    fn archive_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>) {
         self.spawn_per_topic(
             |w| &w.archiving,
             topic,
@@ -431,9 +445,18 @@ impl Worker {
                 futures::stream::iter(partitions)
                     .for_each_concurrent(this.archive_partitions, |partition| async move {
                         match this.archive_pending(topic, partition, table).await {
-                            // Apply retention and local retention to what was just archived.
+                            // Apply retention and local retention to what was
+                            // just archived, as the topic's configs say now:
+                            // archiving may have taken long, and a retention
+                            // raised meanwhile holds for it (Kafka reads its
+                            // config on each retention run).
                             Ok(archived) if archived > 0 => {
-                                if let Err(e) = this.seal_and_retain(topic, partition, policy).await {
+                                let retained = match this.policy_now(topic).await {
+                                    Ok(Some(policy)) => this.seal_and_retain(topic, partition, policy).await,
+                                    Ok(None) => Ok(()),
+                                    Err(e) => Err(e),
+                                };
+                                if let Err(e) = retained {
                                     tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
                                 }
                             }

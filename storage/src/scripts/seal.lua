@@ -13,6 +13,9 @@
 -- KEYS[5] ketch:{TAG}:quarantine batches of quarantined segments (see segment_state.lua)
 -- KEYS[6] ketch:{TAG}:aborted   aborted transactions, by abort marker offset (see append.lua)
 -- KEYS[7] ketch:{TAG}:clean     the compacted part of a compacted topic's log (see compact_swap.lua)
+-- KEYS[8] ketch:{TAG}:times     the time index (see append.lua): its entries below the local
+--                               start go, as Kafka deletes a segment's time index with it
+--                               (lookups start at the local start anyway)
 -- ARGV[1] segment.bytes     ARGV[2] segment.ms
 -- ARGV[3] retention.ms (-1: none)   ARGV[4] retention.bytes (-1: none)
 -- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
@@ -194,6 +197,29 @@ for i = 1, #producers, 2 do
     expired = expired + 1
   end
 end
+-- The time index's entries are in offset order (their scores, the
+-- running max timestamp, only grow): those below the local start are its
+-- first ranks. At most TIMES_TRIM a call, so a long index (one kept from
+-- before this trim existed) shrinks over several ticks without a long
+-- script.
+if KEYS[8] then
+  local below = math.max(local_start, log_start)
+  local TIMES_TRIM = 10000
+  local lo, hi = 0, math.min(redis.call('ZCARD', KEYS[8]), TIMES_TRIM)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local member = redis.call('ZRANGE', KEYS[8], mid, mid)[1]
+    if tonumber(member) < below then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  if lo > 0 then
+    redis.call('ZREMRANGEBYRANK', KEYS[8], 0, lo - 1)
+  end
+end
+
 if log_start > tonumber(meta[2]) and ARGV[10] then
   redis.call('SPUBLISH', ARGV[10], string.format('%d %d', next_offset, log_start))
 end
