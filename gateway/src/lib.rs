@@ -56,6 +56,8 @@ pub struct Context {
     pub redis_health: std::sync::RwLock<metrics::RedisHealth>,
     /// Decided transactions this gateway is finishing in the background.
     pub finishing: transactions::Finishing,
+    /// Transactional ids' producers, as produce requests were checked.
+    pub verified_producers: transactions::VerifiedProducers,
     /// The client quotas and this gateway's measure of each client's rates.
     pub quotas: quotas::ClientQuotas,
     /// The topic config defaults: Kafka's, ketch's settings, and the
@@ -200,6 +202,7 @@ impl Context {
             topic_counters: metrics::TopicCounters::default(),
             redis_health: std::sync::RwLock::default(),
             finishing: transactions::Finishing::default(),
+            verified_producers: transactions::VerifiedProducers::default(),
             quotas,
             topic_defaults,
         }

@@ -30,6 +30,61 @@ use crate::storage::Storage;
 /// before it goes on (and meets CONCURRENT_TRANSACTIONS, retriable).
 const FINISH_WAIT: Duration = Duration::from_secs(5);
 
+/// The producer (id and epoch) each transactional id had when a produce
+/// request naming that id was last checked against it: Kafka's partition
+/// verification (KIP-890) refuses a transactional batch whose producer is
+/// not its request's transactional id's, which would write into another
+/// producer's transaction. A producer seen before is not read again (its
+/// id and epoch change only through InitProducerId, and a fenced epoch is
+/// refused by each partition).
+#[derive(Default)]
+pub struct VerifiedProducers {
+    known: Mutex<HashMap<String, (i64, i16)>>,
+}
+
+/// Transactional ids [`VerifiedProducers`] remembers before it starts
+/// again.
+const VERIFIED_PRODUCERS: usize = 10_000;
+
+impl VerifiedProducers {
+    /// Whether `(producer_id, epoch)` is transactional id `id`'s producer:
+    /// INVALID_PRODUCER_ID_MAPPING when `id` has another producer (or none),
+    /// INVALID_PRODUCER_EPOCH when its epoch is another, NOT_ENOUGH_REPLICAS
+    /// (retriable, as Kafka answers a verification that cannot reach the
+    /// coordinator) when Redis cannot say.
+    pub async fn check(
+        &self,
+        storage: &dyn Storage,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+    ) -> Result<(), i16> {
+        use kafka_protocol::error::ResponseError;
+        let known = |known: &HashMap<String, (i64, i16)>| known.get(id) == Some(&(producer_id, epoch));
+        if known(&self.known.lock().expect("verified producers")) {
+            return Ok(());
+        }
+        let state = storage.txn_describe(id).await.map_err(|e| {
+            tracing::debug!(transactional_id = id, error = %e, "cannot check a transactional producer");
+            ResponseError::NotEnoughReplicas.code()
+        })?;
+        match state {
+            Some(state) if state.producer_id == producer_id && state.epoch == epoch => {
+                let mut known = self.known.lock().expect("verified producers");
+                if known.len() >= VERIFIED_PRODUCERS {
+                    known.clear();
+                }
+                known.insert(id.to_owned(), (producer_id, epoch));
+                Ok(())
+            }
+            Some(state) if state.producer_id == producer_id => {
+                Err(ResponseError::InvalidProducerEpoch.code())
+            }
+            _ => Err(ResponseError::InvalidProducerIdMapping.code()),
+        }
+    }
+}
+
 /// The transactions this gateway is finishing, by transactional id: each
 /// a channel that turns true (or closes) when the finish is over.
 #[derive(Clone, Default)]

@@ -72,6 +72,27 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         "COORDINATOR_NOT_AVAILABLE while Redis is down"
     );
 
+    // The transaction listings: errors the admin client retries
+    // (kafka-transactions.sh through a Redis failover), not
+    // KAFKA_STORAGE_ERROR, which fails them.
+    let described = conn.request(
+        0,
+        &kafka_protocol::messages::DescribeTransactionsRequest::default().with_transactional_ids(vec![
+            kafka_protocol::messages::TransactionalId(kafka_protocol::protocol::StrBytes::from_static_str(
+                "t",
+            )),
+        ]),
+    );
+    assert_eq!(
+        described.transaction_states[0].error_code, 15,
+        "DescribeTransactions"
+    );
+    let listed = conn.request(0, &kafka_protocol::messages::ListTransactionsRequest::default());
+    assert_eq!(
+        listed.error_code, 14,
+        "ListTransactions: COORDINATOR_LOAD_IN_PROGRESS"
+    );
+
     // A listing of every topic has no list to answer with: the connection
     // closes (an empty list would tell clients every topic is gone).
     let mut listing = KafkaConn::connect(ketch.kafka_addr());

@@ -459,6 +459,74 @@ fn a_read_committed_fetch_sends_no_undecided_batch_the_log_start_cut_into() {
     assert_eq!(aborted[0].producer_id.0, pid);
 }
 
+/// A transactional batch must be its request's transactional id's
+/// producer, as Kafka verifies it (KIP-890): a request naming id A that
+/// carries B's producer is INVALID_PRODUCER_ID_MAPPING, one of A's
+/// producer at another epoch INVALID_PRODUCER_EPOCH, one mixing two
+/// producers INVALID_PRODUCER_ID_MAPPING; nothing is stored, and B's own
+/// batch is. (Before, WRITE on any transactional id let a client write into
+/// another producer's open transaction.)
+#[test]
+fn a_transactional_batch_must_be_its_requests_transactional_ids_producer() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-verify");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    let (a, b) = (unique_topic("txn-a"), unique_topic("txn-b"));
+    let started = init(&mut conn, &a, 60_000);
+    let (pid_a, epoch_a) = (started.producer_id.0, started.producer_epoch);
+    let started = init(&mut conn, &b, 60_000);
+    let (pid_b, epoch_b) = (started.producer_id.0, started.producer_epoch);
+    for (id, pid, epoch) in [(&a, pid_a, epoch_a), (&b, pid_b, epoch_b)] {
+        for partition in 0..2 {
+            assert_eq!(
+                add_partition(&mut conn, id, pid, epoch, &topic, partition),
+                code::NONE
+            );
+        }
+    }
+    let records = [Record::value(batch::at(1), b"spoofed")];
+    let spoofed = transactional(&records, pid_b, epoch_b, 0);
+    assert_eq!(
+        produce_in(&mut conn, Some(&a), &topic, spoofed).0,
+        INVALID_PRODUCER_ID_MAPPING
+    );
+    let stale = transactional(&records, pid_a, epoch_a + 1, 0);
+    assert_eq!(
+        produce_in(&mut conn, Some(&a), &topic, stale).0,
+        INVALID_PRODUCER_EPOCH
+    );
+    // Two producers in one request.
+    let mut mixed = raw::produce_request(&topic, 0, transactional(&records, pid_a, epoch_a, 0))
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(a.clone()))));
+    let second = kafka_protocol::messages::produce_request::PartitionProduceData::default()
+        .with_index(1)
+        .with_records(Some(bytes::Bytes::from(transactional(
+            &records, pid_b, epoch_b, 0,
+        ))));
+    mixed.topic_data[0].partition_data.push(second);
+    let response = conn.request(9, &mixed);
+    let codes: Vec<i16> = response.responses[0]
+        .partition_responses
+        .iter()
+        .map(|p| p.error_code)
+        .collect();
+    assert_eq!(codes, [INVALID_PRODUCER_ID_MAPPING; 2]);
+    assert_eq!(
+        (redis.next_offset(&topic, 0), redis.next_offset(&topic, 1)),
+        (0, 0)
+    );
+
+    let own = transactional(&records, pid_b, epoch_b, 0);
+    assert_eq!(produce_in(&mut conn, Some(&b), &topic, own), (code::NONE, 0));
+    let own = transactional(&records, pid_a, epoch_a, 0);
+    assert_eq!(produce_in(&mut conn, Some(&a), &topic, own), (code::NONE, 1));
+    for (id, pid, epoch) in [(&a, pid_a, epoch_a), (&b, pid_b, epoch_b)] {
+        assert_eq!(end_txn(&mut conn, id, pid, epoch, false), code::NONE);
+    }
+}
+
 /// A read_committed fetch at the end of a partition (librdkafka's default
 /// isolation, a tailing consumer) is answered without reading Redis once a
 /// read saw every transaction there decided, and never while one is open:
@@ -1353,6 +1421,36 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         (code::NONE, -1),
         "the transaction's commit did not bring the offset back"
     );
+
+    // A commit never takes the offset back to an older one: of a staged
+    // offset and the partition's committed one the later stays, as Kafka
+    // keeps whichever its log holds later. (Commit times are in ms: the
+    // writes compared are a few ms apart.)
+    let apart = || std::thread::sleep(Duration::from_millis(5));
+    stage(&mut conn, a, 250);
+    apart();
+    stage(&mut conn, b, 260);
+    end(&mut conn, b, true);
+    eventually("b's offset, staged later", (code::NONE, 260), || {
+        fetch(&mut conn, false, false)
+    });
+    end(&mut conn, a, true);
+    eventually("a's commit finished, b's offset kept", (code::NONE, 260), || {
+        fetch(&mut conn, true, false)
+    });
+    stage(&mut conn, a, 270);
+    apart();
+    let commit = raw::offset_commit_request(&group, "", -1, &topic, 0, 280);
+    assert_eq!(
+        conn.request(8, &commit).topics[0].partitions[0].error_code,
+        code::NONE
+    );
+    end(&mut conn, a, true);
+    eventually(
+        "a's commit finished, the later commit kept",
+        (code::NONE, 280),
+        || fetch(&mut conn, true, false),
+    );
 }
 
 /// A transactional id unused for `transactions.id_expiration` is forgotten
@@ -1386,4 +1484,93 @@ fn an_expired_transactional_id_leaves_the_index() {
         assert!(Instant::now() < deadline, "still listed 30 s on");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A transactional offset commit (v3) that names a static member only by
+/// its instance id, its generation reset (-1, no member id: what the Java
+/// producer sends for a consumer that lost its generation), is validated
+/// against the group as Kafka validates it: FENCED_INSTANCE_ID when the
+/// instance's member is another, nothing staged (KIP-447's zombie fence).
+#[test]
+fn a_transactional_commit_naming_only_an_instance_id_is_fenced_by_the_group() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, GroupId, JoinGroupRequest, JoinGroupResponse,
+        SyncGroupRequest, SyncGroupResponse, TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    };
+    const FENCED_INSTANCE_ID: i16 = 82;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "groups.initial_rebalance_delay=0s"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-static");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = GroupId(StrBytes::from_string(unique_topic("txn-static-group")));
+    let instance = StrBytes::from_static_str("instance-1");
+    let joined: JoinGroupResponse = conn.request(
+        5,
+        &JoinGroupRequest::default()
+            .with_group_id(group.clone())
+            .with_group_instance_id(Some(instance.clone()))
+            .with_session_timeout_ms(30_000)
+            .with_rebalance_timeout_ms(30_000)
+            .with_protocol_type(StrBytes::from_static_str("consumer"))
+            .with_protocols(vec![
+                JoinGroupRequestProtocol::default()
+                    .with_name(StrBytes::from_static_str("range"))
+                    .with_metadata(bytes::Bytes::from_static(b"m")),
+            ]),
+    );
+    assert_eq!(joined.error_code, code::NONE);
+    let synced: SyncGroupResponse = conn.request(
+        3,
+        &SyncGroupRequest::default()
+            .with_group_id(group.clone())
+            .with_member_id(joined.member_id.clone())
+            .with_group_instance_id(Some(instance.clone()))
+            .with_generation_id(joined.generation_id),
+    );
+    assert_eq!(synced.error_code, code::NONE);
+
+    let id = unique_topic("txn-static-id");
+    let started = init(&mut conn, &id, 60_000);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    let txn_id = TransactionalId(StrBytes::from_string(id.clone()));
+    let added: AddOffsetsToTxnResponse = conn.request(
+        3,
+        &AddOffsetsToTxnRequest::default()
+            .with_transactional_id(txn_id.clone())
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_group_id(group.clone()),
+    );
+    assert_eq!(added.error_code, code::NONE);
+    let commit = |member_id: StrBytes, generation: i32| {
+        TxnOffsetCommitRequest::default()
+            .with_transactional_id(txn_id.clone())
+            .with_group_id(group.clone())
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_generation_id(generation)
+            .with_member_id(member_id)
+            .with_group_instance_id(Some(instance.clone()))
+            .with_topics(vec![
+                TxnOffsetCommitRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        TxnOffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(5)
+                            .with_committed_leader_epoch(-1),
+                    ]),
+            ])
+    };
+    let zombie: TxnOffsetCommitResponse = conn.request(3, &commit(StrBytes::default(), -1));
+    assert_eq!(zombie.topics[0].partitions[0].error_code, FENCED_INSTANCE_ID);
+    let member: TxnOffsetCommitResponse =
+        conn.request(3, &commit(joined.member_id.clone(), joined.generation_id));
+    assert_eq!(member.topics[0].partitions[0].error_code, code::NONE);
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
 }

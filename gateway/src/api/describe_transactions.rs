@@ -11,7 +11,7 @@ use kafka_protocol::messages::{
     DescribeTransactionsRequest, DescribeTransactionsResponse, ProducerId, RequestHeader, TopicName,
 };
 
-use super::{Client, authorized, error_code, str_bytes};
+use super::{Client, authorized, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
 
@@ -44,8 +44,10 @@ pub async fn handle(
                 continue;
             }
             Ok(Some(txn)) => txn,
+            // Retried by the admin client (a Redis failover), as Kafka's
+            // coordinator answers while its log cannot be read.
             Err(e) => {
-                states.push(state.with_error_code(error_code(&e)));
+                states.push(state.with_error_code(crate::transactions::coordinator_error(&e)));
                 continue;
             }
         };

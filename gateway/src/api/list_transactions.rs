@@ -12,6 +12,7 @@ use kafka_protocol::messages::{
 use super::{Client, authorized, error_code, str_bytes};
 use crate::Context;
 use crate::auth::acl::{Operation, ResourceType};
+use ketch_storage::StorageError;
 
 /// The states of Kafka's TransactionState.
 pub const STATES: &[&str] = &[
@@ -40,7 +41,7 @@ pub async fn handle(
         .collect();
     let ids = match ctx.storage.txn_ids().await {
         Ok(ids) => ids,
-        Err(e) => return response.with_error_code(error_code(&e)),
+        Err(e) => return response.with_error_code(listing_error(&e)),
     };
     let longer_than =
         (header.request_api_version >= 1 && request.duration_filter >= 0).then_some(request.duration_filter);
@@ -74,7 +75,7 @@ pub async fn handle(
         let txn = match ctx.storage.txn_describe(&id).await {
             Ok(Some(txn)) => txn,
             Ok(None) => continue,
-            Err(e) => return response.with_error_code(error_code(&e)),
+            Err(e) => return response.with_error_code(listing_error(&e)),
         };
         let pid = txn.producer_id;
         if !request.state_filters.is_empty() && !request.state_filters.iter().any(|s| s.as_str() == txn.state)
@@ -100,4 +101,16 @@ pub async fn handle(
     response
         .with_unknown_state_filters(unknown)
         .with_transaction_states(states)
+}
+
+/// A listing Redis cannot answer now: COORDINATOR_LOAD_IN_PROGRESS, the
+/// one error Kafka's admin client retries a ListTransactions for
+/// (`ListTransactionsHandler`); other storage errors as everywhere.
+fn listing_error(e: &StorageError) -> i16 {
+    match e {
+        StorageError::Unavailable(_) => {
+            kafka_protocol::error::ResponseError::CoordinatorLoadInProgress.code()
+        }
+        _ => error_code(e),
+    }
 }

@@ -146,7 +146,8 @@ pub async fn handle(
         None if has_transactional_records(&request) => {
             Err(ResponseError::TransactionalIdAuthorizationFailed.code())
         }
-        id => Ok(id.is_some()),
+        Some(id) => transactional_producer(ctx, id, &request).await.map(|()| true),
+        None => Ok(false),
     };
     // One deadline for the whole request (0: none), however many of its
     // partitions wait for their turn to start.
@@ -209,6 +210,31 @@ pub async fn handle(
     // acks=0 gets no response: the server sends none, and closes the
     // connection when a partition failed (`server::respond`).
     Some(ProduceResponse::default().with_responses(super::each(topics).await))
+}
+
+/// Checks the transactional batches of a request naming transactional id
+/// `id` as Kafka verifies them (`ReplicaManager`, KIP-890): all of one
+/// producer, `id`'s own (INVALID_PRODUCER_ID_MAPPING otherwise, for the
+/// whole request). Each partition then checks the producer's transaction
+/// includes it.
+async fn transactional_producer(ctx: &Context, id: &str, request: &ProduceRequest) -> Result<(), i16> {
+    let mut producers = request
+        .topic_data
+        .iter()
+        .flat_map(|topic| topic.partition_data.iter())
+        .filter_map(|p| p.records.as_deref())
+        .filter(|batch| ketch_storage::batch::is_transactional_batch(batch))
+        .filter_map(|batch| ketch_storage::batch::header(batch).ok())
+        .map(|header| (header.producer_id, header.producer_epoch));
+    let Some(first) = producers.next() else {
+        return Ok(());
+    };
+    if producers.any(|other| other != first) {
+        return Err(ResponseError::InvalidProducerIdMapping.code());
+    }
+    ctx.verified_producers
+        .check(ctx.storage.as_ref(), id, first.0, first.1)
+        .await
 }
 
 /// Whether a partition's first batch says it is transactional.

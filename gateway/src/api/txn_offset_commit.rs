@@ -120,7 +120,12 @@ async fn check(
     if !crate::transactions::transactional_group(group) {
         return Err(ResponseError::InvalidGroupId.code());
     }
-    if header.request_api_version >= 3 && (request.generation_id >= 0 || !request.member_id.is_empty()) {
+    // A member is validated when the request names one by any of its
+    // three fields (`ClassicGroup.validateOffsetCommit`): a static member
+    // whose generation was reset still names its instance id (KIP-447).
+    let names_a_member =
+        request.generation_id >= 0 || !request.member_id.is_empty() || request.group_instance_id.is_some();
+    if header.request_api_version >= 3 && names_a_member {
         ctx.groups
             .validate_offset_commit(
                 group,
