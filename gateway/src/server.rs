@@ -308,6 +308,10 @@ where
     let mut sequencer = api::produce::Sequencer::default();
     let mut order = Order::default();
     let mute = Arc::new(Mute::default());
+    // An ApiVersions was answered before SASL authentication: Kafka answers
+    // one there, then only the handshake (a client that never
+    // authenticates cannot hold the connection with ApiVersions).
+    let mut versions_before_sasl = false;
     let result = loop {
         let limit = if sasl_required && !session.authenticated() {
             max.min(MAX_UNAUTHENTICATED_FRAME)
@@ -394,7 +398,20 @@ where
             // Before authentication; once a session expired, not even it
             // (Kafka closes the connection at any request but a
             // re-authenticating SaslHandshake).
-            RequestKind::ApiVersions(_) if !session.expired() => None,
+            RequestKind::ApiVersions(_)
+                if sasl_required
+                    && !session.authenticated()
+                    && (versions_before_sasl || session.exchanging()) =>
+            {
+                Some(Outcome::Close(
+                    None,
+                    "ApiVersions again before SASL authentication, or during its exchange".to_owned(),
+                ))
+            }
+            RequestKind::ApiVersions(_) if !session.expired() => {
+                versions_before_sasl |= sasl_required && !session.authenticated();
+                None
+            }
             _ if sasl_required && !session.authenticated() => Some(Outcome::Close(
                 None,
                 format!(

@@ -1200,3 +1200,42 @@ fn acls_on_delegation_tokens_are_kept_listed_and_deleted() {
     assert_eq!(delete(&mut admin, USER, 1), 1);
     assert_eq!(delete(&mut admin, DELEGATION_TOKEN, 1), 1);
 }
+
+/// Before SASL authentication Kafka answers one ApiVersions, then only the
+/// handshake: a second ApiVersions, or one between the handshake and the
+/// authentication, closes the connection (a client that never
+/// authenticates held its connection open with one every few minutes).
+/// After authentication ApiVersions is answered any number of times.
+#[test]
+fn api_versions_is_answered_once_before_sasl_authentication() {
+    use kafka_protocol::messages::ApiVersionsRequest;
+    let redis = TestRedis::start();
+    let (ok, out) = users(&redis.url(), &["set", "alice"], "alice-pw\n");
+    assert!(ok, "{out}");
+    let ketch = Ketch::start(&redis.url(), SECURE);
+
+    let mut twice = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(twice.request(0, &ApiVersionsRequest::default()).error_code, 0);
+    twice.send(0, &ApiVersionsRequest::default());
+    twice.assert_closed();
+
+    let mut mid_exchange = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        mid_exchange.request(0, &ApiVersionsRequest::default()).error_code,
+        0
+    );
+    let handshake = mid_exchange.request(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
+    assert_eq!(handshake.error_code, 0);
+    mid_exchange.send(0, &ApiVersionsRequest::default());
+    mid_exchange.assert_closed();
+
+    let mut authenticated = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    for _ in 0..3 {
+        assert_eq!(
+            authenticated
+                .request(0, &ApiVersionsRequest::default())
+                .error_code,
+            0
+        );
+    }
+}

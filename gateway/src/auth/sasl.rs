@@ -214,6 +214,11 @@ impl Session {
         self.authenticated && self.exchange.is_none()
     }
 
+    /// Whether a SASL exchange is under way (after its handshake).
+    pub fn exchanging(&self) -> bool {
+        self.exchange.is_some()
+    }
+
     /// Whether the next frame is a raw SASL token (after a v0 handshake).
     pub fn expects_raw_token(&self) -> bool {
         self.raw_tokens
