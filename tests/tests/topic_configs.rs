@@ -282,6 +282,13 @@ fn bad_alterations_fail_whole_and_change_nothing() {
                 "no-such-topic",
                 vec![op("retention.ms", SET, Some("1"))],
             ),
+            // A bad value for a topic that does not exist: Kafka checks
+            // the value first.
+            resource(
+                RESOURCE_TOPIC,
+                "no-such-topic-either",
+                vec![op("retention.ms", SET, Some("-5"))],
+            ),
             resource(
                 RESOURCE_BROKER,
                 "",
@@ -306,15 +313,16 @@ fn bad_alterations_fail_whole_and_change_nothing() {
         )
     );
     assert_eq!(answers[2].0, code::UNKNOWN_TOPIC_OR_PARTITION);
-    assert_eq!(answers[3].0, code::INVALID_REQUEST);
+    assert_eq!(answers[3].0, code::INVALID_CONFIG, "{answers:?}");
+    assert_eq!(answers[4].0, code::INVALID_REQUEST);
     assert!(
-        answers[3]
+        answers[4]
             .1
             .contains("Cannot update these configs dynamically: auto.create.topics.enable")
     );
-    assert_eq!(answers[4].0, code::INVALID_REQUEST);
+    assert_eq!(answers[5].0, code::INVALID_REQUEST);
     assert_eq!(
-        answers[5],
+        answers[6],
         (
             code::INVALID_REQUEST,
             "Default topic resources are not allowed.".to_owned()

@@ -202,17 +202,20 @@ pub async fn alter_topic(
     }
     ketch_storage::validate_topic_name(name).map_err(|m| failure(ResponseError::InvalidTopicException, m))?;
     for _attempt in 0..5 {
-        let topic = ctx
+        let Some(topic) = ctx
             .storage
             .topic_fresh(name)
             .await
             .map_err(|e| (error_code(&e), e.to_string()))?
-            .ok_or_else(|| {
-                failure(
-                    ResponseError::UnknownTopicOrPartition,
-                    format!("Topic {name} does not exist."),
-                )
-            })?;
+        else {
+            // Kafka checks the change before the topic's existence: an
+            // invalid value is INVALID_CONFIG whether or not it exists.
+            alteration.apply(&BTreeMap::new(), &ctx.topic_defaults.get())?;
+            return Err(failure(
+                ResponseError::UnknownTopicOrPartition,
+                format!("Topic {name} does not exist."),
+            ));
+        };
         let next = alteration.apply(&topic.configs, &ctx.topic_defaults.get())?;
         if turns_remote_storage_on(&topic.configs, &next) {
             if topic.drop_archive {
