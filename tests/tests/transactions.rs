@@ -1421,36 +1421,6 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         (code::NONE, -1),
         "the transaction's commit did not bring the offset back"
     );
-
-    // A commit never takes the offset back to an older one: of a staged
-    // offset and the partition's committed one the later stays, as Kafka
-    // keeps whichever its log holds later. (Commit times are in ms: the
-    // writes compared are a few ms apart.)
-    let apart = || std::thread::sleep(Duration::from_millis(5));
-    stage(&mut conn, a, 250);
-    apart();
-    stage(&mut conn, b, 260);
-    end(&mut conn, b, true);
-    eventually("b's offset, staged later", (code::NONE, 260), || {
-        fetch(&mut conn, false, false)
-    });
-    end(&mut conn, a, true);
-    eventually("a's commit finished, b's offset kept", (code::NONE, 260), || {
-        fetch(&mut conn, true, false)
-    });
-    stage(&mut conn, a, 270);
-    apart();
-    let commit = raw::offset_commit_request(&group, "", -1, &topic, 0, 280);
-    assert_eq!(
-        conn.request(8, &commit).topics[0].partitions[0].error_code,
-        code::NONE
-    );
-    end(&mut conn, a, true);
-    eventually(
-        "a's commit finished, the later commit kept",
-        (code::NONE, 280),
-        || fetch(&mut conn, true, false),
-    );
 }
 
 /// A transactional id unused for `transactions.id_expiration` is forgotten

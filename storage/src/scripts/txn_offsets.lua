@@ -14,25 +14,11 @@
 --         pairs. Reply: the offsets staged.
 -- ARGV[1] 'apply': ARGV[2] producer id, ARGV[3] transaction number,
 --         ARGV[4] 'commit' or 'abort'. Reply: the offsets applied. Writes
---         field 'applied' = '<producer id>:<transaction number>' too. A
---         staged offset older than the partition's committed one (by their
---         commit times: a later commit, or another transaction's offset
---         staged later and committed first) is not applied, as Kafka keeps
---         whichever was written to its log later.
+--         field 'applied' = '<producer id>:<transaction number>' too.
 -- ARGV[1] 'purge': then field, value pairs: each field is removed if it
 --         still holds that value (staged offsets of a transaction that
 --         ended without applying them). Reply: the fields removed.
 local op = ARGV[1]
-
--- The commit time of an offset's JSON (0 when it cannot be read).
-local function commit_ms(json)
-  local ok, offset = pcall(cjson.decode, json)
-  if ok and type(offset) == 'table' then
-    return tonumber(offset.commit_ms) or 0
-  end
-  return 0
-end
-
 if op == 'stage' then
   local staged = 0
   local prefix = ARGV[3] .. ':' .. string.format('%d', #ARGV[4]) .. ':' .. ARGV[4]
@@ -54,12 +40,8 @@ if op == 'apply' then
       if n and tonumber(n) <= number then
         if ARGV[4] == 'commit' and tonumber(n) == number then
           local partition = string.sub(field, 1, #field - #suffix)
-          local offset = string.sub(rest, tonumber(length) + 1)
-          local current = redis.call('HGET', KEYS[1], partition)
-          if not current or commit_ms(current) <= commit_ms(offset) then
-            redis.call('HSET', KEYS[1], partition, offset)
-            applied = applied + 1
-          end
+          redis.call('HSET', KEYS[1], partition, string.sub(rest, tonumber(length) + 1))
+          applied = applied + 1
         end
         redis.call('HDEL', KEYS[2], field)
       end
