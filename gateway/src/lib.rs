@@ -448,17 +448,19 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
 /// no member will ask; a group that never committed would otherwise keep
 /// its snapshot, and come back with its dead members, for ever).
 async fn adopt_groups(ctx: Arc<Context>) {
-    let listed = tokio::try_join!(
+    // Each listing that can be read (one failing takes the other's groups
+    // over all the same).
+    let (with_offsets, with_snapshots) = tokio::join!(
         ctx.storage.groups_with_offsets(),
         ctx.storage.groups_with_snapshots()
     );
-    let groups: std::collections::BTreeSet<String> = match listed {
-        Ok((with_offsets, with_snapshots)) => with_offsets.into_iter().chain(with_snapshots).collect(),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list the groups to take over");
-            return;
+    let mut groups = std::collections::BTreeSet::new();
+    for listed in [with_offsets, with_snapshots] {
+        match listed {
+            Ok(listed) => groups.extend(listed),
+            Err(e) => tracing::warn!(error = %e, "cannot list the groups to take over"),
         }
-    };
+    }
     let mut adopted = 0;
     for group in groups {
         if !ctx.membership.coordinates(&group) || ctx.groups.in_memory(&group) {

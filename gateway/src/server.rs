@@ -408,8 +408,12 @@ where
                     "ApiVersions again before SASL authentication, or during its exchange".to_owned(),
                 ))
             }
-            RequestKind::ApiVersions(_) if !session.expired() => {
-                versions_before_sasl |= sasl_required && !session.authenticated();
+            RequestKind::ApiVersions(r) if !session.expired() => {
+                // One answered without an error uses it up (Kafka moves on
+                // to the handshake only then).
+                versions_before_sasl |= sasl_required
+                    && !session.authenticated()
+                    && api::api_versions::valid(header.request_api_version, r);
                 None
             }
             _ if sasl_required && !session.authenticated() => Some(Outcome::Close(

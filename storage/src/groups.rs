@@ -96,8 +96,15 @@ impl Store {
             .arg(snapshot)
             .invoke_async(&mut self.conn())
             .await?;
-        if stored == 1 {
-            let _: i64 = self.conn().sadd(self.group_snapshots_key(), group).await?;
+        // The listing is a hint for a take-over: a snapshot stored is not
+        // refused for it (the group's next snapshot lists it again).
+        if stored == 1
+            && let Err(e) = self
+                .conn()
+                .sadd::<_, _, i64>(self.group_snapshots_key(), group)
+                .await
+        {
+            tracing::debug!(group, error = %e, "cannot list a group among those with a snapshot");
         }
         Ok(stored == 1)
     }

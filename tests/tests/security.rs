@@ -1229,6 +1229,23 @@ fn api_versions_is_answered_once_before_sasl_authentication() {
     mid_exchange.send(0, &ApiVersionsRequest::default());
     mid_exchange.assert_closed();
 
+    // One refused (v3 without the client's software name) does not count.
+    let mut refused_first = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        refused_first
+            .request(3, &ApiVersionsRequest::default())
+            .error_code,
+        42
+    );
+    assert_eq!(
+        refused_first
+            .request(0, &ApiVersionsRequest::default())
+            .error_code,
+        0
+    );
+    let handshake = refused_first.request(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
+    assert_eq!(handshake.error_code, 0);
+
     let mut authenticated = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
     for _ in 0..3 {
         assert_eq!(

@@ -15,16 +15,20 @@ use super::SUPPORTED_APIS;
 use crate::Context;
 
 pub fn handle(_ctx: &Context, header: &RequestHeader, request: ApiVersionsRequest) -> ApiVersionsResponse {
-    // From v3 the client names its software (KIP-511); Kafka refuses a name
-    // or version that is not letters, digits, `-` and `.` between a letter
-    // or digit at each end.
-    if header.request_api_version >= 3
-        && !(software_name_valid(&request.client_software_name)
-            && software_name_valid(&request.client_software_version))
-    {
+    if !valid(header.request_api_version, &request) {
         return ApiVersionsResponse::default().with_error_code(ResponseError::InvalidRequest.code());
     }
     response(0)
+}
+
+/// Whether the request is answered without an error: from v3 the client
+/// names its software (KIP-511), and Kafka refuses a name or version that
+/// is not letters, digits, `-` and `.` between a letter or digit at each
+/// end.
+pub fn valid(version: i16, request: &ApiVersionsRequest) -> bool {
+    version < 3
+        || software_name_valid(&request.client_software_name)
+            && software_name_valid(&request.client_software_version)
 }
 
 /// Kafka's `[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?`.
