@@ -131,11 +131,14 @@ fn create_topics_rejects_each_bad_topic_on_its_own() {
     let unknown_config = unique_topic("unknown-config");
     let bad_value = unique_topic("bad-value");
     let good = unique_topic("good");
+    // Both wrong: the config is checked first, as Kafka's controller does.
+    let both = unique_topic("both");
     let topics = [
         NewTopic::new(&replicated, 1, TopicReplication::Fixed(3)),
         NewTopic::new(&unknown_config, 1, TopicReplication::Fixed(1)).set("no.such.config", "1"),
         NewTopic::new(&bad_value, 1, TopicReplication::Fixed(1)).set("retention.ms", "soon"),
         NewTopic::new(&good, 1, TopicReplication::Fixed(1)).set("retention.ms", "3600000"),
+        NewTopic::new(&both, 1, TopicReplication::Fixed(3)).set("retention.ms", "soon"),
     ];
     let results = rt
         .block_on(ketch.admin().create_topics(&topics, &admin_options()))
@@ -147,9 +150,10 @@ fn create_topics_rejects_each_bad_topic_on_its_own() {
             Err((unknown_config.clone(), RDKafkaErrorCode::InvalidConfig)),
             Err((bad_value.clone(), RDKafkaErrorCode::InvalidConfig)),
             Ok(good.clone()),
+            Err((both.clone(), RDKafkaErrorCode::InvalidConfig)),
         ]
     );
-    for rejected in [&replicated, &unknown_config, &bad_value] {
+    for rejected in [&replicated, &unknown_config, &bad_value, &both] {
         assert!(!redis.topic_exists(rejected), "{rejected} was created");
     }
     assert!(redis.topic_exists(&good));

@@ -660,13 +660,10 @@ fn every_gateway_lists_and_describes_the_groups_of_all() {
     assert_eq!(status, 404, "{error}");
 }
 
-/// A group's offsets over HTTP leave out the topics the caller may not
-/// describe, as OffsetFetch leaves them out (they showed every committed
-/// topic's name, offset and high watermark).
-#[test]
-fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
-    let redis = TestRedis::start();
-    let ketch = Ketch::start(
+/// A gateway with ACLs on (everyone allowed what no ACL names) and admin
+/// writes over HTTP.
+fn acl_gateway(redis: &TestRedis) -> Ketch {
+    Ketch::start(
         &redis.url(),
         &[
             "--set",
@@ -676,21 +673,35 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
             "--set",
             "http.admin_writes=true",
         ],
-    );
-    let (open, secret) = (unique_topic("open"), unique_topic("secret"));
-    // Until the gateway has read the (empty) ACLs, it refuses everyone.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    for topic in [&open, &secret] {
+    )
+}
+
+/// Creates `topics` (one partition each) over HTTP once the gateway has
+/// read the (empty) ACLs: until then it refuses everyone.
+fn create_once_acls_are_read(ketch: &Ketch, topics: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for topic in topics {
         let body = json!({"name": topic, "partitions": 1}).to_string();
         loop {
-            let (status, created) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
+            let (status, created) = api(ketch, "POST", "/api/v1/topics", Some(&body));
             if status == 201 {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "{created}");
+            assert!(Instant::now() < deadline, "{created}");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// A group's offsets over HTTP leave out the topics the caller may not
+/// describe, as OffsetFetch leaves them out (they showed every committed
+/// topic's name, offset and high watermark).
+#[test]
+fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
+    let redis = TestRedis::start();
+    let ketch = acl_gateway(&redis);
+    let (open, secret) = (unique_topic("open"), unique_topic("secret"));
+    create_once_acls_are_read(&ketch, &[&open, &secret]);
     let group = unique_topic("watched");
     commit(&ketch, &group, &open, &[(0, 0)]);
     commit(&ketch, &group, &secret, &[(0, 0)]);
@@ -776,31 +787,9 @@ fn allow_on_topic(ketch: &Ketch, topic: &str, principal: &str, operation: i8) {
 #[test]
 fn the_admin_api_shows_configs_and_topics_only_to_who_may_describe_them() {
     let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "acl.enabled=true",
-            "--set",
-            "acl.allow_everyone_if_no_acl_found=true",
-            "--set",
-            "http.admin_writes=true",
-        ],
-    );
+    let ketch = acl_gateway(&redis);
     let (readable, open) = (unique_topic("readable"), unique_topic("open"));
-    // Until the gateway has read the (empty) ACLs, it refuses everyone.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for topic in [&readable, &open] {
-        let body = json!({"name": topic, "partitions": 1}).to_string();
-        loop {
-            let (status, created) = api(&ketch, "POST", "/api/v1/topics", Some(&body));
-            if status == 201 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{created}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    create_once_acls_are_read(&ketch, &[&readable, &open]);
     // The caller (User:ANONYMOUS) may read `readable`, nothing more; a
     // topic that does not exist is for alice alone.
     allow_on_topic(&ketch, &readable, "User:ANONYMOUS", 3);

@@ -196,6 +196,17 @@ fn add_partition(conn: &mut KafkaConn, id: &str, pid: i64, epoch: i16, topic: &s
     response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
 }
 
+/// A new transactional id (named from `prefix`) whose transaction has
+/// added partition 0 of `topic`: (id, producer id, epoch).
+fn open_transaction(conn: &mut KafkaConn, prefix: &str, topic: &str) -> (String, i64, i16) {
+    let id = unique_topic(prefix);
+    let started = init(conn, &id, 60_000);
+    assert_eq!(started.error_code, code::NONE);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(conn, &id, pid, epoch, topic, 0), code::NONE);
+    (id, pid, epoch)
+}
+
 /// A transactional batch of `records` from producer `pid`.
 fn transactional(records: &[Record], pid: i64, epoch: i16, sequence: i32) -> Vec<u8> {
     let mut batch = batch::encode_idempotent(records, pid, epoch, sequence);
@@ -380,10 +391,7 @@ fn an_open_transactions_data_takes_no_room_from_the_other_partitions_of_a_read_c
     assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
     // Partition 0: a transaction left open, its batch larger than the
     // fetch's 64 KiB (so a read of it would take all of them, KIP-74).
-    let id = unique_topic("txn-room-id");
-    let started = init(&mut conn, &id, 60_000);
-    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-room-id", &topic);
     let open = transactional(&[Record::value(batch::at(1), &[b'x'; 100 * 1024])], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
     // Partition 1: a committed record.
@@ -419,10 +427,7 @@ fn a_read_committed_fetch_sends_no_undecided_batch_the_log_start_cut_into() {
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("txn-cut");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let id = unique_topic("txn-cut-id");
-    let started = init(&mut conn, &id, 60_000);
-    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-cut-id", &topic);
     let records: Vec<Record> = (0..10)
         .map(|_| Record::value(batch::at(1), b"undecided"))
         .collect();
@@ -564,11 +569,7 @@ fn read_committed_fetches_at_the_end_skip_redis_only_while_every_transaction_is_
 
     // A transaction opens at offset 1: the fetch at the end reads Redis and
     // reports the transaction's first offset.
-    let id = unique_topic("txn-at-end-id");
-    let started = init(&mut conn, &id, 60_000);
-    assert_eq!(started.error_code, code::NONE);
-    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-at-end-id", &topic);
     let open = transactional(&[Record::value(batch::at(1_001), b"open")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 1));
     for _ in 0..5 {
@@ -633,6 +634,28 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
         .unwrap();
     assert_eq!(listed, None, "an unknown id is not listed for the sweeper");
     assert_eq!(end(&mut conn, &id, pid + 1), INVALID_PRODUCER_ID_MAPPING);
+    // The empty transactional id is INVALID_REQUEST for every coordinator
+    // request, as Kafka's coordinator answers it.
+    assert_eq!(end(&mut conn, "", pid), code::INVALID_REQUEST);
+    assert_eq!(
+        add_partition(&mut conn, "", pid, epoch, &topic, 0),
+        code::INVALID_REQUEST
+    );
+    let added: kafka_protocol::messages::AddOffsetsToTxnResponse = conn.request(
+        3,
+        &kafka_protocol::messages::AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::default()))
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch)
+            .with_group_id(kafka_protocol::messages::GroupId(StrBytes::from_static_str("g"))),
+    );
+    assert_eq!(added.error_code, code::INVALID_REQUEST);
+    let described = conn.request(
+        0,
+        &kafka_protocol::messages::DescribeTransactionsRequest::default()
+            .with_transactional_ids(vec![TransactionalId(StrBytes::default())]),
+    );
+    assert_eq!(described.transaction_states[0].error_code, code::INVALID_REQUEST);
     assert_eq!(redis.next_offset(&topic, 0), 0, "nothing stored");
     // The transaction itself still commits (no data: no marker).
     assert_eq!(end(&mut conn, &id, pid), code::NONE);
@@ -659,10 +682,7 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("txn-recover");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let id = unique_topic("txn-recover-id");
-    let started = init(&mut conn, &id, 60_000);
-    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-recover-id", &topic);
     let data = transactional(&[Record::value(batch::at(1_000), b"decided")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
 
@@ -694,9 +714,10 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
             state.error_code,
             state.transaction_state.to_string(),
             state.topics.len(),
+            state.transaction_start_time_ms > 0,
         )
     };
-    assert_eq!(describe(&mut conn), (code::NONE, "Ongoing".to_owned(), 1));
+    assert_eq!(describe(&mut conn), (code::NONE, "Ongoing".to_owned(), 1, true));
     let listed: ListTransactionsResponse = conn.request(
         1,
         &ListTransactionsRequest::default()
@@ -733,7 +754,11 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
         assert!(Instant::now() < deadline, "the decided commit was never finished");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(describe(&mut conn), (code::NONE, "CompleteCommit".to_owned(), 0));
+    // A completed transaction keeps its start time, as Kafka reports it.
+    assert_eq!(
+        describe(&mut conn),
+        (code::NONE, "CompleteCommit".to_owned(), 0, true)
+    );
     assert_eq!(
         describe_producers(&mut conn),
         (pid, -1),

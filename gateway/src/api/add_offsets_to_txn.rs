@@ -31,6 +31,10 @@ pub async fn handle(
     ) {
         return response.with_error_code(ResponseError::GroupAuthorizationFailed.code());
     }
+    // Kafka's coordinator refuses the empty transactional id.
+    if id.is_empty() {
+        return response.with_error_code(ResponseError::InvalidRequest.code());
+    }
     if !crate::transactions::transactional_group(&request.group_id) {
         return response.with_error_code(ResponseError::InvalidGroupId.code());
     }

@@ -105,6 +105,10 @@ pub async fn handle(
             .collect();
         return answer(codes);
     }
+    // Kafka's coordinator refuses the empty id (after the checks above).
+    if id.is_empty() {
+        return answer(all(ResponseError::InvalidRequest.code()));
+    }
     let items: Vec<(String, i32)> = topics
         .iter()
         .flat_map(|t| t.partitions.iter().map(|p| (t.name.0.to_string(), *p)))

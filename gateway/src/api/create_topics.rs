@@ -163,12 +163,14 @@ async fn create(
         Ok(Some(_)) => return Err(already_exists(name)),
         Err(e) => return Err(Failure::storage(&e)),
     }
+    // The configs first, then the partitions and replicas, as Kafka's
+    // controller checks them (`ReplicationControlManager.createTopics`).
+    let configs = overrides(&topic.configs, &ctx.topic_defaults.get())?;
     let partitions = partition_count(
         &ctx.settings.topics,
         &assignable_brokers(ctx, &client.listener),
         &topic,
     )?;
-    let configs = overrides(&topic.configs, &ctx.topic_defaults.get())?;
     if validate_only {
         // The collision the creation would find (storage checks it
         // atomically then), reported whether or not it is only validated,

@@ -1,5 +1,5 @@
 //! DescribeTransactions (v0, KIP-664): the coordinator's state of each
-//! transactional id asked for — state, timeout, start of the open
+//! transactional id asked for — state, timeout, start of the latest
 //! transaction, producer id and epoch, and its partitions (of the topics
 //! the client may describe).
 
@@ -38,6 +38,11 @@ pub async fn handle(
             states.push(state.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code()));
             continue;
         }
+        // Kafka's coordinator refuses the empty transactional id.
+        if id.is_empty() {
+            states.push(state.with_error_code(ResponseError::InvalidRequest.code()));
+            continue;
+        }
         let txn = match ctx.storage.txn_describe(&id).await {
             Ok(None) => {
                 states.push(state.with_error_code(ResponseError::TransactionalIdNotFound.code()));
@@ -51,7 +56,13 @@ pub async fn handle(
                 continue;
             }
         };
-        let open = txn.is_open();
+        // Kept once the transaction is decided (Kafka's
+        // `txnStartTimestamp`); none in Empty.
+        let started = if txn.state == "Empty" {
+            -1
+        } else {
+            txn.started_ms.unwrap_or(-1)
+        };
         let mut topics: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for (topic, partition) in txn.partitions {
             topics.entry(topic).or_default().push(partition);
@@ -62,7 +73,7 @@ pub async fn handle(
             state
                 .with_transaction_state(str_bytes(txn.state))
                 .with_transaction_timeout_ms(i32::try_from(txn.timeout_ms).unwrap_or(i32::MAX))
-                .with_transaction_start_time_ms(if open { txn.started_ms.unwrap_or(-1) } else { -1 })
+                .with_transaction_start_time_ms(started)
                 .with_producer_id(ProducerId(txn.producer_id))
                 .with_producer_epoch(txn.epoch)
                 .with_topics(

@@ -28,6 +28,10 @@ pub async fn handle(
     if !authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) {
         return response.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
     }
+    // Kafka's coordinator refuses the empty transactional id.
+    if id.is_empty() {
+        return response.with_error_code(ResponseError::InvalidRequest.code());
+    }
     // A retry while this gateway still finishes the decision: answered
     // once it is finished.
     ctx.finishing.wait(id).await;
