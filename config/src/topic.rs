@@ -181,7 +181,7 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         Valid::AtLeast(0),
         Some("log.cleaner.delete.retention.ms"),
         Honoured,
-        "Compacted topics: how long a tombstone (null value) stays after its segment was sealed.",
+        "Compacted topics: how long a tombstone (null value), or a transaction marker, stays after the first compaction of its segment, as Kafka counts it.",
     ),
     def(
         "file.delete.delay.ms",
