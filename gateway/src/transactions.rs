@@ -60,8 +60,7 @@ impl VerifiedProducers {
         epoch: i16,
     ) -> Result<(), i16> {
         use kafka_protocol::error::ResponseError;
-        let known = |known: &HashMap<String, (i64, i16)>| known.get(id) == Some(&(producer_id, epoch));
-        if known(&self.known.lock().expect("verified producers")) {
+        if self.known.lock().expect("verified producers").get(id) == Some(&(producer_id, epoch)) {
             return Ok(());
         }
         let state = storage.txn_describe(id).await.map_err(|e| {

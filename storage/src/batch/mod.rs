@@ -216,9 +216,11 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
     if base_offset != 0 {
         return Err(BatchError::BaseOffset(base_offset));
     }
+    let codec = header.compression()?;
     // A zstd frame with a window over 8 MiB takes a buffer of it to decode:
-    // a few such batches at a time (records.rs, ZSTD_WINDOW_LOG_LIMIT).
-    let _window = match header.compression()? {
+    // a few such batches at a time (records.rs, ZSTD_WINDOW_LOG_LIMIT). An
+    // LZ4 frame must be one Kafka's reader takes.
+    let _window = match codec {
         Compression::Zstd if records::large_zstd_window(&bytes[HEADER_LEN..]) => {
             Some(records::LargeWindow::take().ok_or_else(|| {
                 BatchError::Decompress(format!(
@@ -227,22 +229,22 @@ pub fn validate_produce_batch(bytes: &Bytes) -> Result<ValidBatch, BatchError> {
                 ))
             })?)
         }
+        Compression::Lz4 => {
+            records::check_lz4_frame(&bytes[HEADER_LEN..])?;
+            None
+        }
         _ => None,
     };
-    if header.compression()? == Compression::Lz4 {
-        records::check_lz4_frame(&bytes[HEADER_LEN..])?;
-    }
     // Uncompressed records are walked over the slice first; only a batch
     // that walk refuses goes through the general reader, for its error.
-    let plain = header.compression()? == Compression::None;
-    let timestamps = match plain
+    let plain = codec == Compression::None;
+    let mut timestamps = match plain
         .then(|| records::walk_plain(&bytes[HEADER_LEN..], header.record_count, header.base_timestamp))
         .flatten()
     {
         Some(timestamps) => timestamps,
         None => walk_records(bytes, &header)?,
     };
-    let mut timestamps = timestamps;
     if header.is_log_append_time() {
         // Kafka reads every record of a LogAppendTime batch at the batch's
         // max timestamp (`DefaultRecordBatch`), and checks that against a

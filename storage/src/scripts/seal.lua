@@ -202,22 +202,20 @@ end
 -- first ranks. At most TIMES_TRIM a call, so a long index (one kept from
 -- before this trim existed) shrinks over several ticks without a long
 -- script.
-if KEYS[8] then
-  local below = math.max(local_start, log_start)
-  local TIMES_TRIM = 10000
-  local lo, hi = 0, math.min(redis.call('ZCARD', KEYS[8]), TIMES_TRIM)
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local member = redis.call('ZRANGE', KEYS[8], mid, mid)[1]
-    if tonumber(member) < below then
-      lo = mid + 1
-    else
-      hi = mid
-    end
+local below = math.max(local_start, log_start)
+local TIMES_TRIM = 10000
+local lo, hi = 0, math.min(redis.call('ZCARD', KEYS[8]), TIMES_TRIM)
+while lo < hi do
+  local mid = math.floor((lo + hi) / 2)
+  local member = redis.call('ZRANGE', KEYS[8], mid, mid)[1]
+  if tonumber(member) < below then
+    lo = mid + 1
+  else
+    hi = mid
   end
-  if lo > 0 then
-    redis.call('ZREMRANGEBYRANK', KEYS[8], 0, lo - 1)
-  end
+end
+if lo > 0 then
+  redis.call('ZREMRANGEBYRANK', KEYS[8], 0, lo - 1)
 end
 
 if log_start > tonumber(meta[2]) and ARGV[10] then
