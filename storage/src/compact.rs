@@ -234,6 +234,10 @@ impl Store {
         };
         let tombstones = Arc::new(tombstones);
         let mut new_bytes: HashMap<i64, i64> = HashMap::new();
+        // Each segment's largest timestamp over what it keeps, as Kafka's
+        // cleaner computes a cleaned segment's (time retention and the
+        // compaction lags count from it).
+        let mut new_max_ts: HashMap<i64, i64> = HashMap::new();
         let mut tomb_sealed: Option<i64> = None;
         // What a pass cut short left, removed only while this worker holds
         // the lease: a worker that lost it must not remove the pass its
@@ -330,6 +334,9 @@ impl Store {
                         .segment_of(kept.base)
                         .map_or(kept.base, |(base, _)| base);
                     *new_bytes.entry(segment).or_default() += batch.len() as i64;
+                    let max_ts = batch::header(&batch).map_or(-1, |h| h.max_timestamp);
+                    let segment_max = new_max_ts.entry(segment).or_insert(-1);
+                    *segment_max = (*segment_max).max(max_ts);
                     if !writer.push(id, batch).await? {
                         return Ok(None);
                     }
@@ -371,6 +378,10 @@ impl Store {
                 json["compacted_ms"] = serde_json::Value::from(now);
             }
             json["bytes"] = serde_json::Value::from(new_bytes.get(&segment.base).copied().unwrap_or(0));
+            // One left empty has none (-1): retention then ages it from
+            // when it was sealed, as Kafka ages an empty cleaned segment
+            // from its file's last write.
+            json["max_ts"] = serde_json::Value::from(new_max_ts.get(&segment.base).copied().unwrap_or(-1));
             changes.push(member.clone());
             changes.push(json.to_string());
         }

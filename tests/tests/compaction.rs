@@ -725,6 +725,55 @@ fn the_max_timestamp_is_what_compaction_kept() {
     );
 }
 
+/// A compacted segment's largest timestamp is what it kept, as Kafka's
+/// cleaner computes it: with `cleanup.policy=compact,delete`, a segment
+/// whose newest record a later one of its key superseded is deleted once
+/// what it kept is past `retention.ms`, not only once the record it lost
+/// would have been.
+#[test]
+fn time_retention_ages_a_compacted_segment_by_what_it_kept() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-retention");
+    create_compacted(
+        &ketch,
+        &topic,
+        &[("cleanup.policy", "compact,delete"), ("retention.ms", "3600000")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let old = now_ms() - 2 * 3_600_000;
+    let at = |key: &str, timestamp: i64| Record {
+        timestamp,
+        ..keyed(key, Some("v"))
+    };
+    // One batch, so one segment: its newest record (offset 0) is replaced
+    // by an older one of its key. A second batch follows: the log's last
+    // batch is kept whole.
+    let records = [at("k1", now_ms()), at("k1", old), at("k2", old)];
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, batch::encode(&records)),
+        (code::NONE, 0)
+    );
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, batch::encode(&[at("k3", old)])),
+        (code::NONE, 3)
+    );
+    wait_compacted(&redis, &ketch, &topic, 4);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while meta(&redis, &topic, "log_start") < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the compacted segment was never deleted: log start {}, segments {:?}",
+            meta(&redis, &topic, "log_start"),
+            redis.segments(&topic, 0)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (error, earliest, _) = raw::list_offsets(&mut conn, &topic, 0, -2);
+    assert_eq!(error, code::NONE);
+    assert!(earliest >= 3, "a consumer's earliest offset is {earliest}");
+}
+
 /// `max.compaction.lag.ms` counts from the oldest first batch of the dirty
 /// segments, as Kafka's cleaner counts it, not from their newest record: a
 /// segment whose first record is past the lag is compacted though its newest
