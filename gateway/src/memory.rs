@@ -510,6 +510,13 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    async fn group_idle(&self, group: &str, _retention: Duration) -> Result<()> {
+        // Kept (false) or not yet expiring: expiring now; one expiring already
+        // keeps its expiry (this store keeps no times).
+        self.state().expiring.insert(group.to_owned(), true);
+        Ok(())
+    }
+
     async fn group_active(&self, group: &str) -> Result<()> {
         self.state().expiring.insert(group.to_owned(), false);
         Ok(())

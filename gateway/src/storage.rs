@@ -102,6 +102,8 @@ pub trait Storage: Send + Sync {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
     }
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
+    /// As [`Storage::group_emptied`], unless its keys expire already.
+    async fn group_idle(&self, group: &str, retention: Duration) -> Result<()>;
     async fn group_active(&self, group: &str) -> Result<()>;
     /// Stores a group's snapshot unless a newer generation is stored (false).
     async fn store_group(&self, group: &str, generation: i32, snapshot: bytes::Bytes) -> Result<bool>;
@@ -260,8 +262,11 @@ pub trait Storage: Send + Sync {
         let _ = (group, transaction, offsets);
         Err(no_transactions())
     }
-    async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
-        let _ = (group, decided);
+    /// Applies (commit) or drops (abort) what `decided` staged for
+    /// `group`; offsets applied to a group without members renew their
+    /// `retention`, as a plain commit's do.
+    async fn apply_txn_offsets(&self, group: &str, decided: &Decided, retention: Duration) -> Result<()> {
+        let _ = (group, decided, retention);
         Err(no_transactions())
     }
     async fn unstable_partitions(&self, group: &str) -> Result<HashSet<TopicPartition>> {
@@ -440,6 +445,10 @@ impl Storage for Tiered {
 
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
         self.store.group_emptied(group, retention).await
+    }
+
+    async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {
+        self.store.group_idle(group, retention).await
     }
 
     async fn group_active(&self, group: &str) -> Result<()> {
@@ -634,8 +643,8 @@ impl Storage for Tiered {
     ) -> Result<()> {
         self.store.stage_txn_offsets(group, transaction, offsets).await
     }
-    async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
-        self.store.apply_txn_offsets(group, decided).await
+    async fn apply_txn_offsets(&self, group: &str, decided: &Decided, retention: Duration) -> Result<()> {
+        self.store.apply_txn_offsets(group, decided, retention).await
     }
     async fn unstable_partitions(&self, group: &str) -> Result<HashSet<TopicPartition>> {
         self.store.unstable_partitions(group).await

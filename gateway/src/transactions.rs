@@ -98,7 +98,7 @@ impl Finishing {
     /// fail.
     pub fn start(&self, ctx: &Context, id: &str, decided: Decided, recheck: i64) {
         let storage = ctx.storage.clone();
-        let ttl_ms = id_ttl_ms(ctx);
+        let kept = Kept::of(ctx);
         let (done, running) = watch::channel(false);
         self.running
             .lock()
@@ -109,7 +109,7 @@ impl Finishing {
         tokio::spawn(async move {
             let (scheduled, finished) = tokio::join!(
                 storage.txn_schedule(&id, recheck),
-                finish(storage.as_ref(), ttl_ms, &id, &decided)
+                finish(storage.as_ref(), kept, &id, &decided)
             );
             if let Err(e) = scheduled {
                 tracing::warn!(transactional_id = %id, error = %e, "cannot schedule a look at a decided transaction");
@@ -167,12 +167,29 @@ pub fn id_ttl_ms(ctx: &Context) -> i64 {
     i64::try_from(ctx.settings.transactions.id_expiration.get().as_millis()).unwrap_or(i64::MAX)
 }
 
+/// How long what a transaction finishes is kept: the id's state
+/// (`transactions.id_expiration`, in ms), and the offsets it commits for a
+/// group without members (`groups.offsets_retention`).
+#[derive(Debug, Clone, Copy)]
+pub struct Kept {
+    pub id_ttl_ms: i64,
+    pub offsets_retention: Duration,
+}
+
+impl Kept {
+    pub fn of(ctx: &Context) -> Self {
+        Self {
+            id_ttl_ms: id_ttl_ms(ctx),
+            offsets_retention: ctx.settings.groups.offsets_retention.get(),
+        }
+    }
+}
+
 /// Writes a decided transaction's markers and offsets, then marks it
-/// complete (`ttl_ms`: the id's expiration). Partitions of topics deleted
-/// since are skipped.
+/// complete. Partitions of topics deleted since are skipped.
 pub async fn finish(
     storage: &dyn Storage,
-    ttl_ms: i64,
+    kept: Kept,
     id: &str,
     decided: &Decided,
 ) -> Result<(), StorageError> {
@@ -184,9 +201,11 @@ pub async fn finish(
         result?;
     }
     for group in &decided.groups {
-        storage.apply_txn_offsets(group, decided).await?;
+        storage
+            .apply_txn_offsets(group, decided, kept.offsets_retention)
+            .await?;
     }
-    storage.txn_complete(id, decided.number, ttl_ms).await?;
+    storage.txn_complete(id, decided.number, kept.id_ttl_ms).await?;
     tracing::debug!(
         transactional_id = id,
         producer_id = decided.producer_id,
@@ -321,7 +340,7 @@ async fn look_at(ctx: &Context, id: &str, seen: f64) -> Result<(), StorageError>
                 tracing::info!(transactional_id = %id, producer_id = decided.producer_id,
                     "aborting a transaction (past its timeout, or left unfinished)");
             }
-            finish(ctx.storage.as_ref(), id_ttl_ms(ctx), id, &decided).await?;
+            finish(ctx.storage.as_ref(), Kept::of(ctx), id, &decided).await?;
             count(if decided.commit {
                 "coordinator_commit"
             } else {

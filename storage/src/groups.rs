@@ -43,6 +43,11 @@ impl CommittedOffset {
 /// A topic partition as committed offsets name it.
 pub type TopicPartition = (String, i32);
 
+/// A retention as a TTL in ms (at least 1: `PEXPIRE` with 0 deletes).
+pub(crate) fn retention_ms(retention: Duration) -> i64 {
+    i64::try_from(retention.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
 fn field(topic: &str, partition: i32) -> String {
     format!("{topic}:{partition}")
 }
@@ -71,7 +76,7 @@ impl Store {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
     }
 
-    fn group_state_key(&self, group: &str) -> String {
+    pub(crate) fn group_state_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:state", self.keys.namespace())
     }
 
@@ -326,22 +331,44 @@ impl Store {
         Ok(())
     }
 
-    /// The group has no members left: its offsets expire after `retention`.
+    /// The group has no members left: its offsets (and what it keeps
+    /// beside them: its snapshot, the offsets transactions staged) expire
+    /// after `retention`.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
-        let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX).max(1);
-        let _: (i64, i64) = redis::pipe()
+        let ms = retention_ms(retention);
+        let _: (i64, i64, i64) = redis::pipe()
             .pexpire(self.group_offsets_key(group), ms)
             .pexpire(self.group_state_key(group), ms)
+            .pexpire(self.group_txn_offsets_key(group), ms)
             .query_async(&mut self.conn())
             .await?;
         Ok(())
     }
 
+    /// The group was found Empty (brought in from its snapshot): its keys
+    /// expire after `retention` unless they expire already. A coordinator
+    /// that kept them while the group had members may have gone before it
+    /// emptied, and nothing else would let them go.
+    pub async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {
+        let ms = retention_ms(retention);
+        let mut pipe = redis::pipe();
+        for key in [
+            self.group_offsets_key(group),
+            self.group_state_key(group),
+            self.group_txn_offsets_key(group),
+        ] {
+            pipe.cmd("PEXPIRE").arg(key).arg(ms).arg("NX").ignore();
+        }
+        let () = pipe.query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
     /// The group has members again: its offsets are kept.
     pub async fn group_active(&self, group: &str) -> Result<()> {
-        let _: (i64, i64) = redis::pipe()
+        let _: (i64, i64, i64) = redis::pipe()
             .persist(self.group_offsets_key(group))
             .persist(self.group_state_key(group))
+            .persist(self.group_txn_offsets_key(group))
             .query_async(&mut self.conn())
             .await?;
         Ok(())

@@ -20,11 +20,12 @@
 //! retried until done (by another gateway, should this one die).
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
 
 use crate::batch::transaction_marker;
-use crate::groups::TopicPartition;
+use crate::groups::{TopicPartition, retention_ms};
 use crate::log::append_keys;
 use crate::{CommittedOffset, ProducerSummary, Result, StorageError, Store, Topic, decode_producer_state};
 
@@ -833,16 +834,20 @@ impl Store {
     }
 
     /// Applies (commit) or drops (abort) the offsets a decided transaction
-    /// staged for `group`; applying twice changes nothing.
-    pub async fn apply_txn_offsets(&self, group: &str, decided: &Decided) -> Result<()> {
+    /// staged for `group`; applying twice changes nothing. Offsets applied
+    /// to a group without members renew their `retention`, as a plain
+    /// commit's do.
+    pub async fn apply_txn_offsets(&self, group: &str, decided: &Decided, retention: Duration) -> Result<()> {
         let key = self.group_offsets_key(group);
         let mut invocation = self.scripts.txn_offsets.key(&key);
         invocation
             .key(self.group_txn_offsets_key(group))
+            .key(self.group_state_key(group))
             .arg("apply")
             .arg(decided.producer_id)
             .arg(decided.number)
-            .arg(if decided.commit { "commit" } else { "abort" });
+            .arg(if decided.commit { "commit" } else { "abort" })
+            .arg(retention_ms(retention));
         let applied: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
         if applied > 0 {
             self.note_group(group).await?;

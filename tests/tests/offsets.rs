@@ -377,6 +377,89 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
     );
 }
 
+/// A group brought in from an Empty snapshot expires after the retention
+/// even when its keys were kept: its coordinator kept them as a member
+/// joined again and went (with that member) before the group was Stable,
+/// so its snapshot is the Empty one, and nothing else would let them go.
+#[test]
+fn a_group_found_empty_expires_though_its_last_coordinator_kept_it() {
+    let redis = TestRedis::start();
+    let settings = [
+        "--set",
+        "groups.initial_rebalance_delay=0s",
+        "--set",
+        "groups.offsets_retention=1h",
+    ];
+    let mut first = Ketch::start(&redis.url(), &settings);
+    let mut conn = KafkaConn::connect(first.kafka_addr());
+    let topic = unique_topic("found-empty");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = unique_topic("found-empty-group");
+    let (member, generation, sync) = join_and_sync_request(&mut conn, &group, &topic);
+    assert_eq!(conn.request(3, &sync).error_code, code::NONE);
+    assert_eq!(
+        commit_as(&mut conn, &group, &member, &topic, &[(0, 7, "")], generation),
+        vec![0]
+    );
+    let leave = kafka_protocol::messages::LeaveGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+        .with_member_id(member.clone());
+    assert_eq!(conn.request(1, &leave).error_code, code::NONE);
+    let keys = ["offsets", "state"].map(|k| format!("ketch:group:{{{group}}}:{k}"));
+    let pttl = |key: &str| -> i64 {
+        redis::cmd("PTTL")
+            .arg(key)
+            .query(&mut redis.connection())
+            .expect("PTTL")
+    };
+    let eventually_expiring = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while keys.iter().any(|key| pttl(key) <= 0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the group's keys do not expire: {:?}",
+                keys.iter().map(|key| pttl(key)).collect::<Vec<_>>()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    eventually_expiring();
+    // What a coordinator that saw a member join again leaves, had it gone
+    // before the group was Stable again.
+    for key in &keys {
+        let _: i64 = redis::cmd("PERSIST")
+            .arg(key)
+            .query(&mut redis.connection())
+            .expect("PERSIST");
+    }
+    first.kill9();
+    let second = Ketch::start(&redis.url(), &settings);
+    let mut conn = KafkaConn::connect(second.kafka_addr());
+    let describe = kafka_protocol::messages::DescribeGroupsRequest::default()
+        .with_groups(vec![GroupId(StrBytes::from_string(group.clone()))]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let described: kafka_protocol::messages::DescribeGroupsResponse = conn.request(5, &describe);
+        let described = &described.groups[0];
+        if described.error_code == code::NONE {
+            assert_eq!(described.group_state.as_str(), "Empty");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "DescribeGroups: {}",
+            described.error_code
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    eventually_expiring();
+    assert!(
+        keys.iter().all(|key| pttl(key) > 3_500_000),
+        "the retention counts from now"
+    );
+    assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, 7, "kept meanwhile");
+}
+
 /// Redis refusing writes (out of memory here) makes a commit
 /// COORDINATOR_NOT_AVAILABLE, which consumers retry after looking the
 /// coordinator up again, as Kafka's coordinator answers a failed write:

@@ -1446,6 +1446,44 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         (code::NONE, -1),
         "the transaction's commit did not bring the offset back"
     );
+
+    // The group has no members: a plain commit leaves its offsets, and what
+    // it keeps beside them, to expire after the retention (a TTL).
+    let pttl = |redis_conn: &mut ketch_tests::TestConnection, key: &str| -> i64 {
+        redis::cmd("PTTL").arg(key).query(redis_conn).expect("PTTL")
+    };
+    let offsets_key = format!("ketch:group:{{{group}}}:offsets");
+    let plain: kafka_protocol::messages::OffsetCommitResponse =
+        conn.request(8, &raw::offset_commit_request(&group, "", -1, &topic, 0, 500));
+    assert_eq!(plain.topics[0].partitions[0].error_code, code::NONE);
+    assert!(pttl(&mut redis_conn, &offsets_key) > 0);
+    assert!(
+        pttl(&mut redis_conn, &staged_key) > 0,
+        "the staged offsets' key expires with the group"
+    );
+    // Its last plain commit long ago (5 s of retention left): a
+    // transaction's commit renews it, as a commit; what it stages stays
+    // until the transaction ends.
+    for key in [&offsets_key, &staged_key] {
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(key)
+            .arg(5_000)
+            .query(&mut redis_conn)
+            .expect("PEXPIRE");
+    }
+    stage(&mut conn, a, 600);
+    assert_eq!(pttl(&mut redis_conn, &staged_key), -1, "staged offsets stay");
+    end(&mut conn, a, true);
+    eventually("the transaction's offset", (code::NONE, 600), || {
+        fetch(&mut conn, true, false)
+    });
+    for key in [&offsets_key, &staged_key] {
+        let left = pttl(&mut redis_conn, key);
+        assert!(
+            left > 60_000,
+            "{key} expires in {left} ms, not the retention from the transaction's commit"
+        );
+    }
 }
 
 /// A transactional id unused for `transactions.id_expiration` is forgotten

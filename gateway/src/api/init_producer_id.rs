@@ -124,7 +124,14 @@ async fn transactional(
                     producer_id = decided.producer_id,
                     "a new producer instance aborts the open transaction of the previous one and fences it"
                 );
-                if let Err(e) = crate::transactions::finish(ctx.storage.as_ref(), ttl, id, &decided).await {
+                if let Err(e) = crate::transactions::finish(
+                    ctx.storage.as_ref(),
+                    crate::transactions::Kept::of(ctx),
+                    id,
+                    &decided,
+                )
+                .await
+                {
                     tracing::info!(transactional_id = id, error = %e, "cannot finish the fenced transaction yet");
                     return response.with_error_code(ResponseError::ConcurrentTransactions.code());
                 }

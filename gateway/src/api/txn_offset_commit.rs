@@ -193,7 +193,11 @@ async fn stage(
                 partitions: Vec::new(),
                 groups: Vec::new(),
             };
-            if let Err(e) = ctx.storage.apply_txn_offsets(group, &dropped).await {
+            if let Err(e) = ctx
+                .storage
+                .apply_txn_offsets(group, &dropped, ctx.settings.groups.offsets_retention.get())
+                .await
+            {
                 tracing::warn!(group, error = %e, "cannot drop offsets staged for a transaction decided meanwhile");
             }
             Err(ResponseError::InvalidTxnState.code())

@@ -594,11 +594,15 @@ impl Coordinator {
                 "took the group over from its snapshot"
             );
             let group = Group::restore(self.inner.timing, snapshot, now);
-            if group.state() != State::Empty {
-                // Its offsets may have been left to expire by a coordinator
-                // that saw it empty; it has members again.
-                writes.send(entry.key(), Change::Active, self.inner.owns.epoch());
-            }
+            // Its offsets may have been left to expire by a coordinator that
+            // saw it empty, and it has members again; or kept by one that
+            // saw it gain members and went before it emptied (its snapshot
+            // is of before), and it is Empty.
+            let change = match group.state() {
+                State::Empty => Change::Idle,
+                _ => Change::Active,
+            };
+            writes.send(entry.key(), change, self.inner.owns.epoch());
             let slot = self.inner.start_slot(entry.key(), group);
             slot.timers.notify_one();
             entry.insert(slot);
@@ -829,6 +833,8 @@ enum Change {
     Store(i32, Bytes, Arc<Notify>),
     /// It became Empty: its offsets and snapshot expire after the retention.
     Emptied,
+    /// It was found Empty: as `Emptied`, unless they expire already.
+    Idle,
     /// It has members again: they stay.
     Active,
 }
@@ -901,6 +907,7 @@ impl Writes {
                 } else {
                     let applied = match change {
                         Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
+                        Change::Idle => storage.group_idle(&group_id, retention).await.map(|()| true),
                         Change::Active => storage.group_active(&group_id).await.map(|()| true),
                         Change::Store(generation, bytes, copy) => {
                             match storage.store_group(&group_id, generation, bytes).await {

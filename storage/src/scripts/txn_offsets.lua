@@ -9,17 +9,25 @@
 -- KEYS[1] ketch:group:{GROUP}:offsets      committed offsets (see groups.rs)
 -- KEYS[2] ketch:group:{GROUP}:txn-offsets  '<topic>:<partition>:<producer id>' ->
 --         '<transaction number>:<length of the transactional id>:<transactional id><offset JSON>'
+-- KEYS[3] ketch:group:{GROUP}:state        the group's snapshot ('apply' only)
 -- ARGV[1] 'stage': ARGV[2] producer id, ARGV[3] transaction number,
 --         ARGV[4] transactional id, then '<topic>:<partition>', offset JSON
 --         pairs. Reply: the offsets staged.
 -- ARGV[1] 'apply': ARGV[2] producer id, ARGV[3] transaction number,
---         ARGV[4] 'commit' or 'abort'. Reply: the offsets applied. Writes
---         field 'applied' = '<producer id>:<transaction number>' too.
+--         ARGV[4] 'commit' or 'abort', ARGV[5] the offsets' retention (ms).
+--         Reply: the offsets applied. Writes field 'applied' =
+--         '<producer id>:<transaction number>' too. A group without members
+--         keeps its offsets for the retention from its last commit (a TTL
+--         on its keys, groups.rs): offsets applied here are a commit and
+--         renew it, or the TTL an earlier plain commit set would remove them.
 -- ARGV[1] 'purge': then field, value pairs: each field is removed if it
 --         still holds that value (staged offsets of a transaction that
 --         ended without applying them). Reply: the fields removed.
 local op = ARGV[1]
 if op == 'stage' then
+  -- Staged offsets stay until their transaction ends, whatever the
+  -- group's retention (the 'apply' renews it).
+  redis.call('PERSIST', KEYS[2])
   local staged = 0
   local prefix = ARGV[3] .. ':' .. string.format('%d', #ARGV[4]) .. ':' .. ARGV[4]
   for i = 5, #ARGV, 2 do
@@ -50,6 +58,11 @@ if op == 'apply' then
   -- Always a write, so that a WAIT on this connection also covers an
   -- earlier apply of the same transaction (a finish tried again).
   redis.call('HSET', KEYS[2], 'applied', ARGV[2] .. ':' .. ARGV[3])
+  if applied > 0 and redis.call('PTTL', KEYS[1]) > 0 then
+    for i = 1, 3 do
+      redis.call('PEXPIRE', KEYS[i], ARGV[5])
+    end
+  end
   return applied
 end
 if op == 'purge' then
