@@ -35,7 +35,9 @@ pub struct Segment {
     /// segment opened by a gateway of an older release.
     #[serde(default)]
     pub first_ts: Option<i64>,
-    /// The archive's data file, once archived.
+    /// The archive's data file, once archived; empty for a segment of no
+    /// committed records (transaction markers and aborted transactions
+    /// only), archived without a file.
     #[serde(default)]
     pub path: Option<String>,
     /// That file's size.

@@ -1035,22 +1035,53 @@ fn the_archive_keeps_committed_records_only() {
         committed.push(value);
     }
     // Everything archived and trimmed from Redis.
-    let end = redis.next_offset(&topic, 0);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let segments = redis.segments(&topic, 0);
-        let archived_to = segments
-            .iter()
-            .filter(|s| s.get("path").is_some())
-            .map(|s| s["last"].as_i64().unwrap() + 1)
-            .max()
-            .unwrap_or(0);
-        if archived_to == end && segments.iter().all(|s| s.get("path").is_some()) {
-            break;
+    let all_archived = || {
+        let end = redis.next_offset(&topic, 0);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let segments = redis.segments(&topic, 0);
+            let archived_to = segments
+                .iter()
+                .filter(|s| s.get("path").is_some())
+                .map(|s| s["last"].as_i64().unwrap() + 1)
+                .max()
+                .unwrap_or(0);
+            if archived_to == end && segments.iter().all(|s| s.get("path").is_some()) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not all archived: {segments:?}");
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(Instant::now() < deadline, "not all archived: {segments:?}");
-        std::thread::sleep(Duration::from_millis(100));
+    };
+    all_archived();
+    // Then a segment of no committed record: an aborted transaction alone
+    // (its records and marker), sealed by segment.ms. It has no data file
+    // to write, and archiving (and so retention) goes on past it.
+    producer.begin_transaction().unwrap();
+    for i in 0..5 {
+        producer
+            .send_result(
+                FutureRecord::<(), _>::to(&topic)
+                    .payload(&format!("alone-{i}"))
+                    .partition(0),
+            )
+            .map_err(|(e, _)| e)
+            .expect("queued");
     }
+    producer.flush(Duration::from_secs(30)).unwrap();
+    producer
+        .abort_transaction(Duration::from_secs(30))
+        .expect("abort");
+    all_archived();
+    let last = redis.segments(&topic, 0).pop().expect("segments");
+    assert_eq!(
+        (
+            last["path"].as_str(),
+            last.get("file_bytes").and_then(|b| b.as_i64())
+        ),
+        (Some(""), Some(0)),
+        "archived without a data file: {last:?}"
+    );
     let holes: usize = redis
         .segments(&topic, 0)
         .iter()

@@ -105,7 +105,8 @@ impl Drop for Closing {
 
 /// A segment whose data file is closed, ready for [`Archiver::commit`].
 pub enum Closed {
-    /// The table has it already.
+    /// The table has it already, or it has nothing to write (no committed
+    /// records: an empty `path`).
     Found(Archived),
     Written {
         files: Vec<iceberg::spec::DataFile>,
@@ -128,6 +129,20 @@ impl Fed {
             return Err(Error::Io("the data file writer was already awaited".to_owned()));
         };
         let files = writer_result(writing).await?;
+        if files.is_empty() && records == 0 {
+            // Nothing of the segment is committed data (transaction
+            // markers, aborted transactions): there is no file to write,
+            // and the segment is recorded archived as one hole with an
+            // empty path: retention goes on past it, and reads step over
+            // it without looking for a file.
+            return Ok(Closed::Found(Archived {
+                path: String::new(),
+                file_bytes: 0,
+                records: 0,
+                written: false,
+                holes: Some(std::mem::take(&mut closing.holes)),
+            }));
+        }
         let [file] = &files[..] else {
             return Err(Error::Data(format!(
                 "expected one data file, the writer made {}",
@@ -374,26 +389,34 @@ fn chunk_entries(last: &[Bytes]) -> usize {
 
 /// How data files are written: `tiering.compression` (zstd level 1 unless
 /// configured), row groups of `tiering.row_group_rows` rows, column
-/// statistics (a reader prunes row groups by partition, offset, timestamp
-/// and key) but none of values (min/max of payloads prune nothing, and
-/// comparing every value cost a tenth of archiving's CPU), no dictionary
+/// statistics (a reader prunes row groups by partition, offset and
+/// timestamp) but none of values (min/max of payloads prune nothing, and
+/// comparing every value cost a tenth of archiving's CPU) nor of keys:
+/// Parquet cuts a binary column's min and max at 64 bytes and marks them
+/// inexact, and iceberg then leaves that row group out of the file's
+/// bounds, so a long key would fall outside the bounds other engines
+/// prune the file by (a query for it would skip it). No dictionary
 /// for the columns whose values rarely repeat (offsets, timestamps, values:
 /// the dictionary is built for each row group until it outgrows its page,
 /// then thrown away).
 fn writer_properties(settings: &TieringSettings) -> Result<WriterProperties> {
     let value = ColumnPath::from("value");
-    let header_value = ColumnPath::from(vec![
-        "headers".to_owned(),
-        "list".to_owned(),
-        "element".to_owned(),
-        "value".to_owned(),
-    ]);
+    let header = |field: &str| {
+        ColumnPath::from(vec![
+            "headers".to_owned(),
+            "list".to_owned(),
+            "element".to_owned(),
+            field.to_owned(),
+        ])
+    };
     Ok(WriterProperties::builder()
         .set_compression(compression(settings)?)
         .set_max_row_group_row_count(Some(settings.row_group_rows))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_column_statistics_enabled(value.clone(), EnabledStatistics::None)
-        .set_column_statistics_enabled(header_value, EnabledStatistics::None)
+        .set_column_statistics_enabled(header("value"), EnabledStatistics::None)
+        .set_column_statistics_enabled(ColumnPath::from("key"), EnabledStatistics::None)
+        .set_column_statistics_enabled(header("key"), EnabledStatistics::None)
         .set_column_dictionary_enabled(value, false)
         .set_column_dictionary_enabled(ColumnPath::from("offset"), false)
         .set_column_dictionary_enabled(ColumnPath::from("timestamp"), false)
@@ -1167,6 +1190,71 @@ mod tests {
                 Ok((vec![batch.finish()], end))
             };
             std::future::ready(result)
+        }
+    }
+
+    /// A data file's bounds hold every key in it. Parquet cuts a long
+    /// key's statistics to 64 bytes and marks them inexact, and iceberg
+    /// leaves such a row group out of the file's bounds: bounds of the other
+    /// row groups would miss the key (another engine's query for it would
+    /// skip the file), so keys get none. Offsets and timestamps bound it.
+    #[tokio::test]
+    async fn a_data_files_key_bounds_never_miss_a_long_key() {
+        /// The key of `offset`: short ones, and in each row group of 100
+        /// a long one that is its largest (first group) or smallest.
+        fn key(offset: i64) -> Vec<u8> {
+            match offset {
+                50 => vec![b'z'; 100],
+                150 => vec![b'a'; 100],
+                _ => format!("k{offset}").into_bytes(),
+            }
+        }
+        struct Keyed;
+        impl Chunks for Keyed {
+            fn chunk(
+                &mut self,
+                next: i64,
+            ) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
+                let mut batch = ketch_storage::batch::BatchBuilder::new(next);
+                for offset in next..200 {
+                    batch.push(offset, Some(&key(offset)), Some(b"v"), std::iter::empty());
+                }
+                std::future::ready(Ok((vec![batch.finish()], 200)))
+            }
+        }
+        let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
+        let mut table = lake.table().await;
+        let segment = crate::testing::segment(0, 200);
+        lake.archiver
+            .archive_from(
+                &mut table,
+                &lake.topic,
+                0,
+                &segment,
+                Keyed,
+                &Filter::default(),
+                &Unfenced,
+            )
+            .await
+            .expect("archived");
+        let schema = table.metadata().current_schema().clone();
+        let id = |name: &str| schema.field_by_name(name).expect("a field").id;
+        let manifests = crate::maintenance::manifests(&table).await.expect("manifests");
+        let manifest = manifests[0]
+            .load_manifest(table.file_io())
+            .await
+            .expect("a manifest");
+        let file = manifest.entries()[0].data_file();
+        assert!(file.upper_bounds().contains_key(&id("offset")));
+        assert!(file.upper_bounds().contains_key(&id("timestamp")));
+        for offset in 0..200 {
+            let key = iceberg::spec::Datum::binary(key(offset));
+            if let Some(upper) = file.upper_bounds().get(&id("key")) {
+                assert!(*upper >= key, "upper bound {upper:?} misses the key at {offset}");
+            }
+            if let Some(lower) = file.lower_bounds().get(&id("key")) {
+                assert!(*lower <= key, "lower bound {lower:?} misses the key at {offset}");
+            }
         }
     }
 

@@ -109,11 +109,19 @@ impl RemoteReader {
         offset: i64,
         max_bytes: usize,
     ) -> Result<RemoteRead> {
+        let mut next = kept(segment, offset);
+        if next > segment.last {
+            // Left out to its end (a segment of no committed records has
+            // no data file at all).
+            return Ok(RemoteRead {
+                batches: Vec::new(),
+                near_end: false,
+            });
+        }
         let path = segment_path(segment)?;
         let footer = self.footer(segment, path).await?;
         let mut out = Vec::new();
         let mut total = 0usize;
-        let mut next = kept(segment, offset);
         let mut near_end = false;
         while next <= segment.last && (out.is_empty() || total < max_bytes) {
             let at = Position::of(&footer, segment, next)?;
@@ -160,6 +168,9 @@ impl RemoteReader {
         let reader = self.clone();
         tokio::spawn(async move {
             let started = async {
+                if kept(&segment, segment.base) > segment.last {
+                    return Ok(()); // no row to read
+                }
                 let path = segment_path(&segment)?;
                 let footer = reader.footer(&segment, path).await?;
                 let first = Position::of(&footer, &segment, segment.base)?;
@@ -185,9 +196,12 @@ impl RemoteReader {
         from: i64,
         mut pred: impl FnMut(i64) -> bool,
     ) -> Result<Option<(i64, i64)>> {
+        let mut next = kept(segment, from.max(segment.base));
+        if next > segment.last {
+            return Ok(None);
+        }
         let path = segment_path(segment)?;
         let footer = self.footer(segment, path).await?;
-        let mut next = kept(segment, from.max(segment.base));
         while next <= segment.last {
             let at = Position::of(&footer, segment, next)?;
             let rows = self.slice(segment, path, &footer, at).await?;
