@@ -224,7 +224,15 @@ async fn write_marker(
     partition: i32,
     decided: &Decided,
 ) -> Result<(), StorageError> {
-    match storage.topic(topic).await? {
+    let known = match storage.topic(topic).await? {
+        Some(t) if t.has_partition(partition) => Some(t),
+        // Created, or grown, through another gateway since this one's
+        // copy was read: the registry says whether the partition is gone
+        // (deleted: no marker) before it is skipped, which would leave its
+        // transaction open for good.
+        _ => storage.topic_fresh(topic).await?,
+    };
+    match known {
         Some(t) => storage.write_marker(&t, partition, decided).await.map(|_| ()),
         None => Ok(()),
     }

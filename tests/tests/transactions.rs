@@ -1517,6 +1517,44 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     }
 }
 
+/// A transaction in a partition added through another gateway, ended
+/// through a gateway whose copy of the topic predates the partition (it
+/// read it under half a second before): the partition gets its marker, and
+/// its last stable offset moves past the transaction.
+#[test]
+fn a_partition_added_through_another_gateway_gets_its_marker() {
+    let redis = TestRedis::start();
+    let (a, b) = (Ketch::start(&redis.url(), &[]), Ketch::start(&redis.url(), &[]));
+    let (mut via_a, mut via_b) = (
+        KafkaConn::connect(a.kafka_addr()),
+        KafkaConn::connect(b.kafka_addr()),
+    );
+    let topic = unique_topic("txn-grown");
+    assert_eq!(raw::create_topic(&mut via_a, &topic, 1), code::NONE);
+    // Gateway a reads the topic: one partition.
+    let plain = batch::encode(&[Record::value(batch::at(0), b"plain")]);
+    assert_eq!(raw::produce(&mut via_a, &topic, 0, plain).0, code::NONE);
+    assert_eq!(raw::create_partitions(&mut via_b, &topic, 2), code::NONE);
+    let id = unique_topic("txn-grown-id");
+    let started = init(&mut via_b, &id, 60_000);
+    assert_eq!(started.error_code, code::NONE);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut via_b, &id, pid, epoch, &topic, 1), code::NONE);
+    let records = transactional(&[Record::value(batch::at(0), b"in")], pid, epoch, 0);
+    let request = raw::produce_request(&topic, 1, records)
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))));
+    assert_eq!(raw::produce_result(&via_b.request(9, &request)).0, code::NONE);
+    assert_eq!(end_txn(&mut via_a, &id, pid, epoch, true), code::NONE);
+    let latest = |conn: &mut KafkaConn, isolation: i8| {
+        let request = raw::list_offsets_request(&topic, 1, -1).with_isolation_level(isolation);
+        let response: ListOffsetsResponse = conn.request(7, &request);
+        raw::list_offsets_result(&response).1
+    };
+    eventually("the last stable offset past the marker", (2, 2), || {
+        (latest(&mut via_b, 0), latest(&mut via_b, 1))
+    });
+}
+
 /// A transactional id unused for `transactions.id_expiration` is forgotten
 /// whole: its state expires, and the sweeper drops it from the index too
 /// (which ListTransactions reads), though it is never due again.
