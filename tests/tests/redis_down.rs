@@ -92,6 +92,19 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         listed.error_code, 14,
         "ListTransactions: COORDINATOR_LOAD_IN_PROGRESS"
     );
+    // An idempotent producer's id: COORDINATOR_LOAD_IN_PROGRESS, as Kafka's
+    // id manager answers, which the client retries as it is;
+    // COORDINATOR_NOT_AVAILABLE sends the Java producer to look up a
+    // transaction coordinator for a transactional id it does not have.
+    let idempotent = conn.request(
+        4,
+        &kafka_protocol::messages::InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(60_000)
+            .with_producer_id(kafka_protocol::messages::ProducerId(-1))
+            .with_producer_epoch(-1),
+    );
+    assert_eq!(idempotent.error_code, 14, "idempotent InitProducerId");
 
     // A listing of every topic has no list to answer with: the connection
     // closes (an empty list would tell clients every topic is gone).

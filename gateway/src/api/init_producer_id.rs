@@ -52,9 +52,18 @@ pub async fn handle(
     // it names its old one (KIP-360, after an error): an id is never
     // handed to a client that merely names it, so no client can take over
     // another producer's sequences or transactions by naming its id.
+    // A failure is COORDINATOR_LOAD_IN_PROGRESS, as Kafka's producer id
+    // manager answers one (retried as it is): the Java producer answered
+    // COORDINATOR_NOT_AVAILABLE looks up a transaction coordinator, for a
+    // transactional id an idempotent producer does not have.
     match ctx.storage.new_producer_id().await {
         Ok(id) => response.with_producer_id(ProducerId(id)).with_producer_epoch(0),
-        Err(e) => response.with_error_code(coordinator_error(&e)),
+        Err(e) => response.with_error_code(match coordinator_error(&e) {
+            code if code == ResponseError::CoordinatorNotAvailable.code() => {
+                ResponseError::CoordinatorLoadInProgress.code()
+            }
+            code => code,
+        }),
     }
 }
 
