@@ -21,6 +21,16 @@ use crate::{Result, StorageError, Store};
 /// this (one HGET per topic in use per half second per gateway).
 pub const CACHE_TTL: Duration = Duration::from_millis(500);
 
+/// How long a topic's last record read serves while the registry cannot
+/// be read (its master failing over, on a Redis Cluster): the partitions
+/// on other masters go on being produced to and fetched from. Nothing
+/// changes a topic while its record cannot be written either.
+pub const STALE_TTL: Duration = Duration::from_secs(60);
+
+/// After a failed read of the registry, how long the cached records serve
+/// without trying it again (each try waits out `redis.command_timeout`).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 fn is_false(value: &bool) -> bool {
     !*value
 }
@@ -181,6 +191,8 @@ const GROWTH_LOCK_WAIT: Duration = Duration::from_secs(10);
 pub(crate) struct TopicCache {
     by_name: RwLock<HashMap<String, (Arc<Topic>, Instant)>>,
     by_id: RwLock<HashMap<Uuid, Arc<Topic>>>,
+    /// When a read of the registry last failed.
+    failed: RwLock<Option<Instant>>,
 }
 
 impl TopicCache {
@@ -190,6 +202,18 @@ impl TopicCache {
         map.get(name)
             .filter(|(_, at)| at.elapsed() < age)
             .map(|(t, _)| t.clone())
+    }
+
+    /// Whether a read of the registry failed under [`RETRY_AFTER`] ago.
+    fn failing(&self) -> bool {
+        self.failed
+            .read()
+            .expect("topic cache lock")
+            .is_some_and(|at| at.elapsed() < RETRY_AFTER)
+    }
+
+    fn failed_now(&self) {
+        *self.failed.write().expect("topic cache lock") = Some(Instant::now());
     }
 
     fn put(&self, topic: Arc<Topic>) {
@@ -224,10 +248,33 @@ impl Store {
     /// `age` ago: callers that refresh on a miss (a partition beyond the
     /// cached count) go to Redis at most once per `age` however many
     /// partitions a request names.
+    ///
+    /// While the registry cannot be read, a record read under
+    /// [`STALE_TTL`] ago serves (and for [`RETRY_AFTER`] after a failed
+    /// read, without trying again).
     pub async fn topic_fresher_than(&self, name: &str, age: Duration) -> Result<Option<Arc<Topic>>> {
-        match self.topics.get(name, age) {
-            Some(topic) => Ok(Some(topic)),
-            None => self.topic_fresh(name).await,
+        if let Some(topic) = self.topics.get(name, age) {
+            return Ok(Some(topic));
+        }
+        let stale = || self.topics.get(name, STALE_TTL);
+        if self.topics.failing()
+            && let Some(topic) = stale()
+        {
+            return Ok(Some(topic));
+        }
+        match self.topic_fresh(name).await {
+            Err(StorageError::Unavailable(e)) => {
+                self.topics.failed_now();
+                match stale() {
+                    Some(topic) => {
+                        tracing::debug!(topic = name, error = %e,
+                            "the topic registry cannot be read; serving the topic's last record");
+                        Ok(Some(topic))
+                    }
+                    None => Err(StorageError::Unavailable(e)),
+                }
+            }
+            other => other,
         }
     }
 
@@ -276,15 +323,33 @@ impl Store {
             .expect("topic cache lock")
             .get(&id)
             .cloned();
-        if let Some(topic) = cached
-            && self
-                .topics
-                .get(&topic.name, CACHE_TTL)
-                .is_some_and(|current| current.id == id)
+        let current = |age: Duration| {
+            cached
+                .as_ref()
+                .filter(|topic| {
+                    self.topics
+                        .get(&topic.name, age)
+                        .is_some_and(|current| current.id == id)
+                })
+                .cloned()
+        };
+        if let Some(topic) = current(CACHE_TTL) {
+            return Ok(Some(topic));
+        }
+        // As `topic_fresher_than`, while the registry cannot be read.
+        if self.topics.failing()
+            && let Some(topic) = current(STALE_TTL)
         {
             return Ok(Some(topic));
         }
-        Ok(self.all_topics().await?.into_iter().find(|t| t.id == id))
+        match self.all_topics().await {
+            Ok(all) => Ok(all.into_iter().find(|t| t.id == id)),
+            Err(StorageError::Unavailable(e)) => {
+                self.topics.failed_now();
+                current(STALE_TTL).map(Some).ok_or(StorageError::Unavailable(e))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The keys of one partition (every topic is built with its

@@ -844,6 +844,43 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     drop(frozen);
 }
 
+/// The master holding the topic registry stops answering (frozen): the
+/// partitions on the other masters are still produced to and fetched from,
+/// each gateway serving from its last record of the topic, where every
+/// request once its half-second copy aged failed until a failover.
+#[test]
+fn partitions_elsewhere_are_served_while_the_topic_registrys_master_is_frozen() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let a = gateway_with(&cluster, "1", &["--set", "redis.command_timeout=1s"]);
+    let topic = unique_topic("cluster-registry-frozen");
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 6), code::NONE);
+    let records_master = cluster.master_of("ketch:topics");
+    let partition = placement(&cluster, &topic)
+        .iter()
+        .position(|master| *master != records_master)
+        .expect("a partition away from the topic registry") as i32;
+    let produce = |conn: &mut KafkaConn, value: &[u8]| {
+        raw::produce(
+            conn,
+            &topic,
+            partition,
+            batch::encode(&[Record::value(batch::at(0), value)]),
+        )
+    };
+    assert_eq!(produce(&mut conn, b"before"), (code::NONE, 0));
+    let frozen = Frozen::freeze(cluster.node_mut(records_master).pid());
+    // Past the gateway's half-second copy of the topic.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(produce(&mut conn, b"during"), (code::NONE, 1));
+    assert_eq!(produce(&mut conn, b"during, again"), (code::NONE, 2));
+    let response = conn.request(12, &raw::fetch_request(&topic, partition, 0, 0));
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 3));
+    assert_eq!(raw::count_records(&records.expect("records")), 3);
+    drop(frozen);
+}
+
 /// A fetch of a partition whose slot is being migrated, its log moved to
 /// the new master and its metadata not yet, reads the records: each of the
 /// read's commands goes where its key is (ASK), rather than the fetch
