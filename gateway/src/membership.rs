@@ -106,6 +106,14 @@ impl Membership {
         }
     }
 
+    /// Membership of a gateway registered as `me`, for tests.
+    #[cfg(test)]
+    fn registered(me: Node) -> Self {
+        let membership = Self::new(me);
+        membership.joined.store(true, Ordering::Relaxed);
+        membership
+    }
+
     /// Whether this gateway has registered in Redis (part of `/ready`).
     pub fn joined(&self) -> bool {
         self.joined.load(Ordering::Relaxed)
@@ -134,10 +142,11 @@ impl Membership {
     /// The brokers clients of `listener` see: the live gateways, except
     /// that an address several of them advertise (a load balancer in front
     /// of them) is one broker, under [`address_id`]. Sorted by id; empty
-    /// until this gateway has a node id. An empty listener name is the
-    /// first listener.
+    /// until this gateway has registered (a configured `broker.id` is known
+    /// before: alone, this gateway would present itself as the whole
+    /// cluster). An empty listener name is the first listener.
     pub fn brokers(&self, listener: &str) -> Vec<Node> {
-        if self.my_id() == UNASSIGNED {
+        if !self.joined() {
             return Vec::new();
         }
         let live = self.live.read().expect("membership lock");
@@ -209,10 +218,10 @@ impl Membership {
         self.owner(&key)
     }
 
-    /// Whether this gateway leads the partition (false until it has an id).
+    /// Whether this gateway leads the partition (false until it has
+    /// registered).
     pub fn leads(&self, topic_id: &uuid::Uuid, partition: i32) -> bool {
-        let me = self.my_id();
-        me != UNASSIGNED && self.partition_leader(topic_id, partition).id == me
+        self.joined() && self.partition_leader(topic_id, partition).id == self.my_id()
     }
 
     /// The gateway that coordinates a group.
@@ -244,7 +253,7 @@ impl Membership {
     /// pause longer than that stops coordinating at once, before its group
     /// timers (overdue, firing first) could write what its stale groups did.
     pub fn can_coordinate(&self) -> bool {
-        self.my_id() != UNASSIGNED && !self.beat.lock().expect("membership lock").lapsed()
+        self.joined() && !self.beat.lock().expect("membership lock").lapsed()
     }
 
     /// Changes whenever a lapse of this gateway's heartbeats is noticed. A
@@ -779,7 +788,7 @@ mod tests {
     }
 
     fn membership(ids: &[i32]) -> Membership {
-        let m = Membership::new(node(ids[0]));
+        let m = Membership::registered(node(ids[0]));
         m.set_live(ids.iter().map(|&id| node(id)).collect());
         m
     }
@@ -817,7 +826,7 @@ mod tests {
 
     #[test]
     fn this_gateway_is_always_live() {
-        let m = Membership::new(node(7));
+        let m = Membership::registered(node(7));
         m.set_live(vec![node(1)]);
         assert_eq!(m.nodes().iter().map(|n| n.id).collect::<Vec<_>>(), vec![1, 7]);
     }
@@ -840,7 +849,7 @@ mod shared_address_tests {
 
     #[test]
     fn an_address_several_gateways_advertise_is_one_broker_with_an_id_no_gateway_can_hold() {
-        let m = Membership::new(behind_lb(0));
+        let m = Membership::registered(behind_lb(0));
         m.set_live(vec![behind_lb(0), behind_lb(1), behind_lb(2)]);
         let brokers = m.brokers("");
         assert_eq!(brokers.len(), 1, "{brokers:?}");
@@ -863,7 +872,7 @@ mod shared_address_tests {
             host: format!("g{id}"),
             ..behind_lb(id)
         };
-        let m = Membership::new(own(0));
+        let m = Membership::registered(own(0));
         m.set_live(vec![own(0), own(1), behind_lb(2), behind_lb(3)]);
         let ids: Vec<i32> = m.brokers("").iter().map(|b| b.id).collect();
         assert_eq!(ids, vec![0, 1, address_id("lb", 9092)]);
@@ -877,7 +886,7 @@ mod shared_address_tests {
             by_address: true,
             ..behind_lb(id)
         };
-        let m = Membership::new(claimed(3, 9092));
+        let m = Membership::registered(claimed(3, 9092));
         m.set_live(vec![claimed(3, 9092), claimed(4, 9093)]);
         let ids: Vec<i32> = m.brokers("").iter().map(|b| b.id).collect();
         let mut want = vec![address_id("lb", 9092), address_id("lb", 9093)];
@@ -887,13 +896,12 @@ mod shared_address_tests {
     }
 
     #[test]
-    fn no_broker_is_listed_before_this_gateway_has_an_id() {
-        let m = Membership::new(Node {
-            id: UNASSIGNED,
-            ..behind_lb(0)
-        });
-        assert!(m.brokers("").is_empty());
-        assert!(!m.leads(&uuid::Uuid::from_u128(1), 0));
+    fn no_broker_is_listed_before_this_gateway_has_registered() {
+        for id in [UNASSIGNED, 3] {
+            let m = Membership::new(Node { id, ..behind_lb(0) });
+            assert!(m.brokers("").is_empty(), "{id}");
+            assert!(!m.leads(&uuid::Uuid::from_u128(1), 0), "{id}");
+        }
     }
 }
 
@@ -936,7 +944,7 @@ mod listener_tests {
 
     #[test]
     fn each_listener_presents_the_gateways_by_its_own_addresses() {
-        let m = Membership::new(two_listeners(1));
+        let m = Membership::registered(two_listeners(1));
         m.set_live(vec![two_listeners(1), two_listeners(2)]);
         let external = m.brokers("EXTERNAL");
         assert_eq!(external.len(), 1, "{external:?}");

@@ -71,6 +71,27 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         coordinator.error_code, 15,
         "COORDINATOR_NOT_AVAILABLE while Redis is down"
     );
+    // So does one with a configured node id, which it knows: until it has
+    // registered, it is not the whole cluster either.
+    let configured = Ketch::start_node(&redis.url(), 5, "5s", &[]);
+    let mut configured_conn = KafkaConn::connect(configured.kafka_addr());
+    let coordinator = configured_conn.request(
+        3,
+        &kafka_protocol::messages::FindCoordinatorRequest::default()
+            .with_key(kafka_protocol::protocol::StrBytes::from_static_str("g")),
+    );
+    assert_eq!(
+        (coordinator.error_code, coordinator.node_id.0),
+        (15, -1),
+        "a configured id names no coordinator before it registers"
+    );
+    let brokers = configured_conn.request(12, &MetadataRequest::default().with_topics(Some(Vec::new())));
+    assert!(
+        brokers.brokers.is_empty(),
+        "Metadata lists {:?} before the gateway registered",
+        brokers.brokers
+    );
+    drop(configured);
 
     // The transaction listings: errors the admin client retries
     // (kafka-transactions.sh through a Redis failover), not

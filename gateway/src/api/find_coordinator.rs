@@ -70,8 +70,9 @@ fn find(ctx: &Context, client: &Client, key_type: i8, key: StrBytes) -> Coordina
             .with_node_id(BrokerId(-1))
             .with_port(-1);
     }
-    if ctx.membership.my_id() == crate::membership::UNASSIGNED {
-        // Not registered yet (Redis unreachable since start): no coordinator to name.
+    if !ctx.membership.joined() {
+        // Not registered yet (Redis unreachable since start): no coordinator
+        // to name, not even a configured `broker.id`.
         return coordinator
             .with_error_code(ResponseError::CoordinatorNotAvailable.code())
             .with_node_id(BrokerId(-1))
