@@ -683,9 +683,6 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
     let topic = unique_topic("txn-recover");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let (id, pid, epoch) = open_transaction(&mut conn, "txn-recover-id", &topic);
-    let data = transactional(&[Record::value(batch::at(1_000), b"decided")], pid, epoch, 0);
-    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
-
     let describe_producers = |conn: &mut KafkaConn| {
         let response: DescribeProducersResponse = conn.request(
             0,
@@ -695,12 +692,20 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
                     .with_partition_indexes(vec![0]),
             ]),
         );
-        let producer = &response.topics[0].partitions[0].active_producers[0];
-        (producer.producer_id.0, producer.current_txn_start_offset)
+        response.topics[0].partitions[0]
+            .active_producers
+            .iter()
+            .map(|producer| (producer.producer_id.0, producer.current_txn_start_offset))
+            .collect::<Vec<_>>()
     };
+    // Added to the transaction, nothing written: not an active producer
+    // (Kafka keeps the verification apart from the producers' state).
+    assert_eq!(describe_producers(&mut conn), []);
+    let data = transactional(&[Record::value(batch::at(1_000), b"decided")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
     assert_eq!(
         describe_producers(&mut conn),
-        (pid, 0),
+        [(pid, 0)],
         "the open transaction starts at 0"
     );
     let describe = |conn: &mut KafkaConn| {
@@ -761,7 +766,7 @@ fn a_decided_commit_left_unfinished_is_finished_by_the_coordinator_and_operators
     );
     assert_eq!(
         describe_producers(&mut conn),
-        (pid, -1),
+        [(pid, -1)],
         "no open transaction left"
     );
     let fetch = raw::fetch_request(&topic, 0, 0, 0).with_isolation_level(1);

@@ -47,8 +47,14 @@ pub async fn handle(
             };
             match ctx.storage.producer_states(&t, index).await {
                 Ok(states) => {
-                    let mut producers: Vec<ProducerState> =
-                        states.iter().map(|(pid, state)| producer(*pid, state)).collect();
+                    // A producer only added to a transaction here, with no
+                    // batch yet (its epoch unknown, -1), is not active: Kafka
+                    // keeps that verification apart from producers' state.
+                    let mut producers: Vec<ProducerState> = states
+                        .iter()
+                        .filter(|(_, state)| state.epoch >= 0)
+                        .map(|(pid, state)| producer(*pid, state))
+                        .collect();
                     producers.sort_by_key(|p| p.producer_id.0);
                     partitions.push(answer.with_active_producers(producers));
                 }
