@@ -7,7 +7,9 @@
 //! do not subscribe to. A group that emptied is not looked at: all of its
 //! offsets expire together, a Redis TTL from when it emptied
 //! (docs/architecture.md §5). An offset an open transaction has staged a
-//! new offset for stays. Each gateway looks at the groups it coordinates.
+//! new offset for stays. Each gateway looks at the groups it coordinates,
+//! and writes again the retention of those it holds (kept while they have
+//! members, expiring once Empty), should a failover have lost one.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -53,6 +55,7 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
         if !ctx.membership.coordinates(&group) {
             continue;
         }
+        ctx.groups.keep_retention(&group);
         // The topics whose offsets stay whatever their age; `None`: none.
         let subscribed: Option<HashSet<String>> = match ctx.groups.expiring(&group).await {
             Ok(Expiring::All) => None,

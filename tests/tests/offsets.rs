@@ -460,6 +460,54 @@ fn a_group_found_empty_expires_though_its_last_coordinator_kept_it() {
     assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, 7, "kept meanwhile");
 }
 
+/// A Stable group whose offsets Redis was left to expire (the write that
+/// kept them lost to a failover: it is not waited for by replicas) keeps
+/// them again at its coordinator's next look.
+#[test]
+fn a_stable_groups_lost_retention_is_written_again() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.initial_rebalance_delay=0s",
+            "--set",
+            "groups.offsets_retention_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("lost-retention");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = unique_topic("lost-retention-group");
+    let (member, generation, sync) = join_and_sync_request(&mut conn, &group, &topic);
+    assert_eq!(conn.request(3, &sync).error_code, code::NONE);
+    assert_eq!(
+        commit_as(&mut conn, &group, &member, &topic, &[(0, 7, "")], generation),
+        vec![0]
+    );
+    let key = format!("ketch:group:{{{group}}}:offsets");
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(600_000)
+        .query(&mut redis.connection())
+        .expect("PEXPIRE");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut redis.connection())
+            .expect("PTTL");
+        if ttl == -1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a Stable group's offsets still expire in {ttl} ms"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Redis refusing writes (out of memory here) makes a commit
 /// COORDINATOR_NOT_AVAILABLE, which consumers retry after looking the
 /// coordinator up again, as Kafka's coordinator answers a failed write:

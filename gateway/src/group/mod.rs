@@ -396,6 +396,27 @@ impl Coordinator {
         self.inner.lock().contains_key(group_id.as_bytes())
     }
 
+    /// Writes again the retention of a group held here: its offsets kept
+    /// while it has members, expiring once it is Empty (unless they expire
+    /// already). These writes are not waited for by replicas: one lost to
+    /// a Redis failover (a `PERSIST`, say, leaving a Stable group's offsets
+    /// to expire) is put right at the next look ([`crate::offset_expiry`]).
+    pub fn keep_retention(&self, group_id: &str) {
+        let Some(writes) = &self.inner.writes else {
+            return;
+        };
+        let groups = self.inner.lock();
+        let Some(slot) = groups.get(group_id.as_bytes()) else {
+            return;
+        };
+        let change = match slot.group.state() {
+            State::Dead => return,
+            State::Empty => Change::Idle,
+            _ => Change::Active,
+        };
+        writes.send(&StrBytes::from_string(group_id.to_owned()), change, slot.epoch);
+    }
+
     /// The group's members' protocol type and metadata, for OffsetDelete
     /// (see [`Group::subscriptions`]); `None` for a group without members;
     /// an error as [`Coordinator::describe`]'s.
