@@ -102,4 +102,11 @@ if [ -n "$version" ] && [ "$version" -lt 7 ]; then
     exit 1
 fi
 
+# The build compiles C (jemalloc, SQLite, zstd).
+if ! command -v cc >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
+    log "no C toolchain found; installing build-essential with apt-get"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y build-essential
+fi
+
 exec cargo run --release -p ketch-gateway --bin ketch -- serve "$@"

@@ -47,6 +47,9 @@ install_prerequisites() {
     if ! command -v cc >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1; then
         missing+=(build-essential)
     fi
+    # The Python tests' modules are installed with pip (Debian's python3
+    # comes without it).
+    python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing ${missing[*]} with apt-get"
         as_root apt-get update || return 1

@@ -378,7 +378,8 @@ pub const TOPIC_CONFIGS: &[ConfigDef] = &[
         None,
         Honoured,
         "Archive sealed segments to Iceberg and serve older offsets from there. May be turned on \
-         for a running topic, not off.",
+         for a running topic, and off only together with remote.log.delete.on.disable=true \
+         (the archive is then deleted).",
     ),
     def(
         "retention.bytes",

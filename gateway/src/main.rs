@@ -121,7 +121,7 @@ struct ServeArgs {
     /// Port advertised to clients [broker.advertised_port; default: the listen port].
     #[arg(long, value_name = "PORT")]
     advertised_port: Option<u16>,
-    /// HTTP listener for /health and /ready [http.listen; default 127.0.0.1:9644].
+    /// HTTP listener: /health, /ready, /metrics, the admin API and the console [http.listen; default 127.0.0.1:9644].
     #[arg(long, value_name = "ADDR")]
     http_listen: Option<String>,
     /// This gateway's node id [broker.id; default: the lowest id no live gateway holds, claimed in Redis].
