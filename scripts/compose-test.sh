@@ -360,7 +360,10 @@ if [ "$redis_mode" = cluster ]; then
     )
 fi
 compose() {
-    env "${compose_env[@]}" docker-compose -p "$project" "${compose_files[@]}" "$@"
+    # The stack's own Redis, whatever a developer exported for
+    # scripts/run-local.sh (docker-compose.yml reads these).
+    env -u KETCH_REDIS_URL -u KETCH_REDIS_MODE -u KETCH_KAFKA_HOST \
+        "${compose_env[@]}" docker-compose -p "$project" "${compose_files[@]}" "$@"
 }
 
 # check NAME COMMAND...: runs one check, records its result, stops the test
