@@ -297,10 +297,10 @@ where
     let _open = ctx.requests.connection();
     let sasl_required = listener.protocol.sasl();
     let listener_name: Arc<str> = Arc::from(listener.name.as_str());
-    let responses = Responses::new(ctx.settings.broker.max_inflight_requests, write);
+    let idle = ctx.settings.broker.connections_max_idle.get();
+    let responses = Responses::new(ctx.settings.broker.max_inflight_requests, idle, write);
     let writer = tokio::spawn(write_responses(responses.clone()));
     let max = ctx.settings.broker.max_request_bytes;
-    let idle = ctx.settings.broker.connections_max_idle.get();
     let budget = Arc::new(tokio::sync::Semaphore::new(response_budget_kib(&ctx)));
     let request_kib =
         u32::try_from(ctx.settings.broker.max_inflight_request_bytes.div_ceil(1024)).unwrap_or(u32::MAX);
@@ -1203,7 +1203,7 @@ mod tests {
     #[tokio::test]
     async fn an_abandoned_request_closes_the_connection_after_the_answers_before_it() {
         let (write, mut read) = tokio::io::duplex(1 << 16);
-        let responses = Responses::new(8, write);
+        let responses = Responses::new(8, Duration::from_secs(60), write);
         let writer = tokio::spawn(write_responses(responses.clone()));
         let first = responses.place().await.expect("room");
         let second = responses.place().await.expect("room");
@@ -1222,6 +1222,53 @@ mod tests {
         assert_eq!(got, b"answer");
         writer.await.expect("the writer ends");
         assert!(responses.place().await.is_none());
+    }
+
+    /// A client that reads none of its answers: the write fails once it
+    /// has made no progress for the stall limit (`connections_max_idle`),
+    /// and the writer ends, so the connection closes and its slot and
+    /// queued answers are freed; one that reads, however slowly, is
+    /// written to to the end.
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_is_given_up_after_the_stall_limit() {
+        const ANSWER: usize = 256 * 1024;
+        let (write, mut read) = tokio::io::duplex(1024);
+        let responses = Responses::new(8, Duration::from_millis(200), write);
+        let writer = tokio::spawn(write_responses(responses.clone()));
+        let answer = |responses: Arc<Responses>| async move {
+            let place = responses.place().await.expect("room");
+            place
+                .fill(Some(Response {
+                    chunks: vec![Bytes::from(vec![7u8; ANSWER])],
+                    _budget: None,
+                }))
+                .await;
+        };
+        // Read slowly: 1 KiB every 10 ms is progress, however slow (the
+        // answer takes 2.5 s, far past the limit).
+        let reading = tokio::spawn(async move {
+            let mut got = vec![0u8; ANSWER];
+            for chunk in got.chunks_mut(1024) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                read.read_exact(chunk).await.expect("read");
+            }
+            (read, got)
+        });
+        answer(responses.clone()).await;
+        let (read, got) = reading.await.expect("the reader");
+        assert!(got.iter().all(|b| *b == 7));
+        // Then read nothing more.
+        let stalled = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), answer(responses.clone()))
+            .await
+            .expect("the write gives up");
+        tokio::time::timeout(Duration::from_secs(10), writer)
+            .await
+            .expect("the writer ends")
+            .expect("no panic");
+        assert!(stalled.elapsed() >= Duration::from_millis(200));
+        assert!(responses.place().await.is_none());
+        drop(read);
     }
 
     /// Every request spawns a task of [`Admitted::serve`], which tokio
@@ -1260,7 +1307,10 @@ mod tests {
             mute: Arc::default(),
             held: budget.try_acquire_owned().expect("a permit"),
             reserved: None,
-            place: Responses::new(1, tokio::io::sink()).place().await.expect("room"),
+            place: Responses::new(1, Duration::from_secs(60), tokio::io::sink())
+                .place()
+                .await
+                .expect("room"),
             _inflight: ctx.requests.request(),
         };
         let response = respond(

@@ -172,6 +172,56 @@ fn connections_beyond_the_limit_are_closed_and_idle_ones_time_out() {
     );
 }
 
+/// A client that stops reading its answers is given up once its writes
+/// have made no progress for `broker.connections_max_idle`, as Kafka closes
+/// a connection idle that long with a send stuck: its slot (and what it
+/// holds queued) is freed. Its connection used to stay for ever, and with
+/// `broker.max_connections` such clients shut every other out.
+#[test]
+fn a_client_that_stops_reading_gives_its_connection_slot_back() {
+    const BATCH: usize = 512 * 1024;
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "broker.max_connections=1",
+            "--set",
+            "broker.connections_max_idle=1s",
+        ],
+    );
+    let topic = unique_topic("stops-reading");
+    let mut stuck = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut stuck, &topic, 1), code::NONE);
+    for i in 0..16 {
+        let value = vec![b'a'; BATCH - 100];
+        let batch = batch::encode(&[Record::value(batch::at(i), &value)]);
+        assert_eq!(raw::produce(&mut stuck, &topic, 0, batch).0, code::NONE);
+    }
+    // Answers of 8 MiB each, far more than the sockets hold; none is read.
+    for _ in 0..4 {
+        let mut request: FetchRequest = raw::fetch_request(&topic, 0, 0, 0).with_max_bytes(8 << 20);
+        request.topics[0].partitions[0].partition_max_bytes = 8 << 20;
+        stuck.send(raw::FETCH_VERSION, &request);
+    }
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut next = KafkaConn::connect(ketch.kafka_addr());
+        if !next.closed_within(Duration::from_millis(300)) {
+            assert_eq!(next.request(3, &request).error_code, code::NONE);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a client that reads nothing still holds the only connection slot"
+        );
+    }
+    drop(stuck);
+}
+
 #[test]
 fn a_client_that_reads_no_answers_cannot_pin_unbounded_response_memory() {
     const BATCH: usize = 512 * 1024;

@@ -25,11 +25,15 @@
 //! thread the sockets wake.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 
 use super::{Response, write_chunks};
 
@@ -116,12 +120,89 @@ pub(super) struct Place {
     filled: bool,
 }
 
+/// A connection's write side that fails a write or flush making no
+/// progress for `limit` (`broker.connections_max_idle`): a client that
+/// reads none of its answers would otherwise hold the writer, and with it
+/// the connection, its slot and its queued answers, for ever. Kafka closes
+/// such a connection once it has been idle that long (its selector sees no
+/// progress on a muted channel). A client that reads, however slowly,
+/// keeps it.
+struct StallLimit<W> {
+    inner: W,
+    limit: Duration,
+    /// Armed while a write waits for the socket.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<W: AsyncWrite + Unpin> StallLimit<W> {
+    fn poll<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + limit)));
+        ready!(stalled.as_mut().poll(cx));
+        self.stalled = None;
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the client read nothing for {limit:?}"),
+        )))
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for StallLimit<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.poll(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.poll(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.poll(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 impl Responses {
+    /// `stall_limit`: how long a write may make no progress before the
+    /// connection is given up (`broker.connections_max_idle`).
     pub(super) fn new(
         max_inflight: usize,
+        stall_limit: Duration,
         write: impl AsyncWrite + Send + Unpin + 'static,
     ) -> Arc<Responses> {
-        let write: Box<dyn AsyncWrite + Send + Unpin> = Box::new(write);
+        let write: Box<dyn AsyncWrite + Send + Unpin> = Box::new(StallLimit {
+            inner: write,
+            limit: stall_limit,
+            stalled: None,
+        });
         Arc::new(Responses {
             queue: Mutex::default(),
             out: tokio::sync::Mutex::new(Some(BufWriter::new(write))),
@@ -351,7 +432,7 @@ mod tests {
     /// Responses writing to one end of a pipe, and the other end.
     fn responses(max_inflight: usize) -> (Arc<Responses>, DuplexStream) {
         let (write, read) = tokio::io::duplex(1 << 16);
-        (Responses::new(max_inflight, write), read)
+        (Responses::new(max_inflight, Duration::from_secs(60), write), read)
     }
 
     /// What was written so far.
