@@ -574,12 +574,12 @@ impl LayoutWatch {
             .filter(|b| b.layout < ketch_storage::LAYOUT_VERSION)
             .map(|b| b.node_id)
             .collect();
-        if !store.layout_final() {
-            let may_step = layout_step_due(&mut self.ready, older.is_empty(), Instant::now(), delay);
-            let me = format!("pid {}", std::process::id());
-            if let Err(e) = store.finish_layout(live, may_step, &me).await {
-                tracing::debug!(error = %e, "cannot finish the Redis layout yet");
-            }
+        // Also once final: the layout is recorded again should something
+        // have set it back (one HGET a heartbeat).
+        let may_step = layout_step_due(&mut self.ready, older.is_empty(), Instant::now(), delay);
+        let me = format!("pid {}", std::process::id());
+        if let Err(e) = store.finish_layout(live, may_step, &me).await {
+            tracing::debug!(error = %e, "cannot finish the Redis layout yet");
         }
         if older.is_empty() || self.said == older {
             self.said = older;

@@ -144,7 +144,15 @@ impl Store {
             );
             return Ok(LayoutCheck::Initialized);
         };
-        if version >= LAYOUT_VERSION {
+        if version > LAYOUT_VERSION {
+            // A newer release recorded it between this gateway's first look
+            // and its lock.
+            return Err(StorageError::LayoutTooNew {
+                found: version,
+                supported: LAYOUT_VERSION,
+            });
+        }
+        if version == LAYOUT_VERSION {
             self.compact_producers.store(true, Ordering::Relaxed);
             return Ok(LayoutCheck::MigratedByAnother);
         }
@@ -182,6 +190,18 @@ impl Store {
         me: &str,
     ) -> Result<bool> {
         if self.layout_final() {
+            // Compact states exist: the layout must say 3, whatever set it
+            // back (a failover that lost the step's write); a gateway that
+            // can only read JSON must not start.
+            if let Some(version) = self.layout_version().await?
+                && version < LAYOUT_VERSION
+            {
+                tracing::warn!(
+                    found = version,
+                    "the Redis layout went back below {LAYOUT_VERSION} under compact producer state; recording {LAYOUT_VERSION} again"
+                );
+                self.set_layout_version(LAYOUT_VERSION, me).await?;
+            }
             return Ok(true);
         }
         match self.layout_version().await? {
@@ -242,22 +262,32 @@ impl Store {
             return Ok(None);
         }
         let outcome = work.await;
-        let _: i64 = self.conn().del(&lock).await?;
+        // Released only if still this gateway's: one that stalled past
+        // the lock's time must not release another's.
+        let _: i64 = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        )
+        .key(&lock)
+        .arg(me)
+        .invoke_async(&mut self.conn())
+        .await?;
         outcome.map(Some)
     }
 
+    /// Records `version`, unless the layout is already at it or newer: a
+    /// gateway that stalled in a step must not set it back.
     async fn set_layout_version(&self, version: u32, me: &str) -> Result<()> {
-        let _: () = self
-            .conn()
-            .hset_multiple(
-                self.layout_key(),
-                &[
-                    ("version", version.to_string()),
-                    ("by", me.to_owned()),
-                    ("at", crate::now_ms().to_string()),
-                ],
-            )
-            .await?;
+        let _: i64 = redis::Script::new(
+            "local v = tonumber(redis.call('HGET', KEYS[1], 'version') or '0') \
+             if v and v >= tonumber(ARGV[1]) then return 0 end \
+             redis.call('HSET', KEYS[1], 'version', ARGV[1], 'by', ARGV[2], 'at', ARGV[3]) return 1",
+        )
+        .key(self.layout_key())
+        .arg(version)
+        .arg(me)
+        .arg(crate::now_ms())
+        .invoke_async(&mut self.conn())
+        .await?;
         Ok(())
     }
 }
