@@ -26,6 +26,12 @@ pub struct CommittedOffset {
     pub metadata: Option<String>,
     /// When it was committed (ms since the Unix epoch).
     pub commit_ms: i64,
+    /// The id of the topic it was committed for: a commit a gateway
+    /// accepted from its copy of a topic deleted meanwhile (after the
+    /// deletion dropped the groups' offsets) is not the offset of a topic
+    /// created again under that name. `None` from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<uuid::Uuid>,
 }
 
 impl CommittedOffset {
@@ -36,7 +42,20 @@ impl CommittedOffset {
             leader_epoch,
             metadata,
             commit_ms,
+            topic_id: None,
         }
+    }
+
+    /// The offset, committed for the topic whose id is `id`.
+    pub fn of_topic(mut self, id: uuid::Uuid) -> Self {
+        self.topic_id = Some(id);
+        self
+    }
+
+    /// Whether it is an offset of the topic whose id is `id` (one an
+    /// older release committed says nothing, and counts).
+    pub fn is_of(&self, id: uuid::Uuid) -> bool {
+        self.topic_id.is_none_or(|mine| mine == id)
     }
 }
 
@@ -200,7 +219,21 @@ impl Store {
                 );
             }
         }
+        if let Some(current) = self.current_topic_id(topic).await {
+            for offset in &mut offsets {
+                if offset.as_ref().is_some_and(|o| !o.is_of(current)) {
+                    *offset = None;
+                }
+            }
+        }
         Ok(offsets)
+    }
+
+    /// The id of the topic named `topic` now, to tell its offsets from a
+    /// deleted incarnation's; `None` when there is none or the registry
+    /// cannot say (then every offset counts).
+    async fn current_topic_id(&self, topic: &str) -> Option<uuid::Uuid> {
+        self.topic(topic).await.ok().flatten().map(|t| t.id)
     }
 
     /// Every committed offset of the group, sorted by topic and partition.
@@ -213,7 +246,19 @@ impl Store {
             }
         }
         offsets.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(offsets)
+        // Those of a deleted incarnation of their topic are not offsets.
+        let mut current: Option<(String, Option<uuid::Uuid>)> = None;
+        let mut kept = Vec::with_capacity(offsets.len());
+        for (tp, offset) in offsets {
+            if current.as_ref().is_none_or(|(topic, _)| *topic != tp.0) {
+                current = Some((tp.0.clone(), self.current_topic_id(&tp.0).await));
+            }
+            let id = current.as_ref().and_then(|(_, id)| *id);
+            if id.is_none_or(|id| offset.is_of(id)) {
+                kept.push((tp, offset));
+            }
+        }
+        Ok(kept)
     }
 
     /// Deletes the committed offsets of `partitions` (OffsetDelete), and

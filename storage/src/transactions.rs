@@ -830,6 +830,10 @@ impl Store {
         let _: i64 = self
             .invoke_durably(&self.group_txn_offsets_key(group), &invocation, |_| true)
             .await?;
+        // Listed, so that deleting a topic drops the offsets staged for it
+        // too (`drop_topic_offsets` walks the listed groups), as Kafka drops
+        // a deleted partition's pending transactional offsets.
+        self.note_group(group).await?;
         Ok(())
     }
 

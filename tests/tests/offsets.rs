@@ -653,6 +653,50 @@ fn deleting_a_topic_drops_its_offsets_from_every_group() {
         .query(&mut redis.connection())
         .unwrap();
     assert_eq!(left, [format!("{other}:0:42")]);
+
+    // A commit a gateway accepted from its copy of the deleted topic, and
+    // wrote after the deletion dropped the offsets, names the deleted
+    // topic's id: not an offset of the topic created again. One an older
+    // release wrote names none, and counts.
+    let offsets_key = format!("ketch:group:{{{second}}}:offsets");
+    let stale = format!(
+        r#"{{"offset":42,"leader_epoch":-1,"metadata":null,"commit_ms":0,"topic_id":"{}"}}"#,
+        uuid::Uuid::new_v4()
+    );
+    let older = r#"{"offset":43,"leader_epoch":-1,"metadata":null,"commit_ms":0}"#;
+    let _: () = redis::cmd("HSET")
+        .arg(&offsets_key)
+        .arg(format!("{topic}:0"))
+        .arg(&stale)
+        .arg(format!("{topic}:1"))
+        .arg(older)
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(offsets(&mut conn, &second, &topic, &[0, 1]), [-1, 43]);
+    let all: kafka_protocol::messages::OffsetFetchResponse = conn.request(
+        7,
+        &kafka_protocol::messages::OffsetFetchRequest::default()
+            .with_group_id(StrBytes::from_string(second.clone()).into())
+            .with_topics(None),
+    );
+    let listed: Vec<(i32, i64)> = all
+        .topics
+        .iter()
+        .filter(|t| t.name.0.as_str() == topic)
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.partition_index, p.committed_offset))
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [(1, 43)],
+        "the deleted incarnation's offset is not listed"
+    );
+    // The topic's own commit replaces it.
+    assert_eq!(commit(&mut conn, &second, &topic, &[(0, 1, "")], -1), [0]);
+    assert_eq!(offsets(&mut conn, &second, &topic, &[0, 1]), [1, 43]);
 }
 
 /// DeleteGroups answers a group named twice once, as Kafka (which takes

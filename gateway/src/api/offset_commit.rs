@@ -78,7 +78,7 @@ pub async fn handle(
         for partition in &topic.partitions {
             let refused = refusal(
                 ctx,
-                known,
+                known.map(|(partitions, _)| partitions),
                 partition.partition_index,
                 refused,
                 partition.committed_metadata.as_deref(),
@@ -91,7 +91,8 @@ pub async fn handle(
                         partition.committed_offset,
                         partition.committed_leader_epoch,
                         partition.committed_metadata.as_ref().map(|m| m.to_string()),
-                    ),
+                    )
+                    .of_topic(known.map_or(uuid::Uuid::nil(), |(_, id)| id)),
                 ));
                 0
             });
@@ -172,7 +173,7 @@ pub(super) async fn topic_partitions(
     client: &Client,
     refused: Option<i16>,
     topic: &str,
-) -> Result<i32, i16> {
+) -> Result<(i32, uuid::Uuid), i16> {
     let whole_request = [
         ResponseError::GroupAuthorizationFailed.code(),
         ResponseError::TransactionalIdAuthorizationFailed.code(),
@@ -191,7 +192,7 @@ pub(super) async fn topic_partitions(
     }
     resolve_topic(ctx, topic, false)
         .await
-        .map(|t| t.partitions())
+        .map(|t| (t.partitions(), t.id))
         .map_err(|code| {
             // Redis unreachable: as for the offsets' own write.
             if code == ResponseError::KafkaStorageError.code() {

@@ -44,7 +44,7 @@ pub async fn handle(
         for p in &topic.partitions {
             let refused = super::offset_commit::refusal(
                 ctx,
-                known,
+                known.map(|(partitions, _)| partitions),
                 p.partition_index,
                 refused,
                 p.committed_metadata.as_deref(),
@@ -57,7 +57,8 @@ pub async fn handle(
                         p.committed_offset,
                         p.committed_leader_epoch,
                         p.committed_metadata.as_ref().map(|m| m.to_string()),
-                    ),
+                    )
+                    .of_topic(known.map_or(uuid::Uuid::nil(), |(_, id)| id)),
                 ));
                 0
             });
