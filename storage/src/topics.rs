@@ -434,7 +434,14 @@ impl Store {
                 .await?;
             self.topics.forget(name);
             if removed == 1 {
-                self.finish_delete(&topic, true).await?;
+                // The topic is deleted once its record is gone, as Kafka's
+                // is with its metadata record: what is left (its partitions'
+                // keys, the groups' offsets) the storage worker finishes
+                // should this fail (`finish_deletes`).
+                if let Err(e) = self.finish_delete(&topic, true).await {
+                    tracing::warn!(topic = name, error = %e,
+                        "topic deleted; removing its data failed, and is finished later");
+                }
                 return Ok(Arc::new(topic));
             }
         }

@@ -210,6 +210,12 @@ async fn delete_named(
             code: ResponseError::UnknownTopicOrPartition.code(),
             message: None,
         }),
+        // Its configs or partitions changed under every attempt: retriable,
+        // as CreatePartitions answers it.
+        Err(e @ StorageError::Conflict(_)) => Err(Failure {
+            code: ResponseError::RequestTimedOut.code(),
+            message: Some(e.to_string()),
+        }),
         Err(e) => Err(Failure::storage(&e)),
     }
 }
