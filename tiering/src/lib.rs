@@ -515,6 +515,15 @@ impl Worker {
                 return Ok(false);
             }
         }
+        // The record read again just before: the purge goes by the table's
+        // name, and a topic deleted and created again under it since must
+        // keep the table its own partitions may be archiving into.
+        let current = self.store.topic_fresh(&topic.name).await?;
+        if !current.is_some_and(|t| t.id == topic.id && t.drop_archive) {
+            tracing::debug!(topic = %topic.name,
+                "archive drop given up: the topic was deleted, or created again, meanwhile");
+            return Ok(false);
+        }
         let purged = self.archiver.purge_table(topic).await?;
         match self.store.archive_dropped(topic).await {
             // Another gateway changed the topic meanwhile: done again next tick.
