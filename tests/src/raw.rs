@@ -157,6 +157,34 @@ impl KafkaConn {
 
     /// True when the server closes the connection (EOF or reset) within
     /// `timeout` without sending anything; panics if it answers instead.
+    /// After a request was sent: whether the gateway answered (`true`: some
+    /// bytes came back) or closed the connection (`false`) within
+    /// `timeout` (`None`: neither).
+    pub fn answered_within(&mut self, timeout: Duration) -> Option<bool> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 1];
+        let outcome = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break None;
+            }
+            self.stream.set_read_timeout(Some(left)).expect("read timeout");
+            match self.stream.peek(&mut buf) {
+                Ok(0) => break Some(false),
+                Ok(_) => break Some(true),
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    break None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break Some(false),
+            }
+        };
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("read timeout");
+        outcome
+    }
+
     pub fn closed_within(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut buf = [0u8; 1024];

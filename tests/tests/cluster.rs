@@ -744,6 +744,64 @@ fn parked_fetch_answers(
     );
 }
 
+/// A gateway whose subscriber connection outlived a failover (the old
+/// master back as the new master's replica, still the master in that
+/// connection's slot map) subscribes where the slot is served: a fetch it
+/// parks wakes for an append through another gateway. Subscribed on the
+/// replica, the fetch would never be told (the append script announces
+/// appends only to listeners on the master), and an audit that asked the
+/// replica would find the subscription held.
+#[test]
+fn a_subscription_made_after_a_failover_is_on_the_new_master() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let a = gateway_with(&cluster, "1", &[]);
+    let b = gateway_with(&cluster, "2", &[]);
+    let (mut conn_a, mut conn_b) = (
+        KafkaConn::connect(a.kafka_addr()),
+        KafkaConn::connect(b.kafka_addr()),
+    );
+    // b subscribes on every master: its subscriber connection knows them.
+    let warm = unique_topic("cluster-failover-warm");
+    assert_eq!(raw::create_topic(&mut conn_a, &warm, 6), code::NONE);
+    for partition in 0..6 {
+        let response = conn_b.request(12, &raw::fetch_request(&warm, partition, 0, 100));
+        assert_eq!(raw::fetch_result(&response).0, code::NONE);
+    }
+    let victim = placement(&cluster, &warm)[0];
+    let tag = format!("{{{}}}", tags(&cluster, &warm)[0]);
+    cluster.node_mut(victim).stop();
+    cluster.await_failover(&tag, victim, Duration::from_secs(60));
+    cluster.node_mut(victim).start_again();
+    cluster.await_ok(Duration::from_secs(60));
+    let promoted = cluster.master_of(&tag);
+    // A topic created now, on the promoted master.
+    let topic = (0..50)
+        .map(|n| {
+            let topic = unique_topic(&format!("cluster-after-failover-{n}"));
+            assert_eq!(raw::create_topic(&mut conn_a, &topic, 1), code::NONE);
+            topic
+        })
+        .find(|topic| placement(&cluster, topic)[0] == promoted)
+        .expect("a topic on the promoted master");
+    // b reads it (and so knows its end), then parks a fetch there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let response = conn_b.request(12, &raw::fetch_request(&topic, 0, 0, 0));
+        if raw::fetch_result(&response).0 == code::NONE {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b cannot read the new topic");
+    }
+    parked_fetch_answers(
+        &mut conn_b,
+        &mut conn_a,
+        &topic,
+        0,
+        || {},
+        "b subscribed where the slot is not served",
+    );
+}
+
 /// A master that stops answering without closing its connections
 /// (frozen, as a partitioned or hung host), then failed over. Gateway a,
 /// whose one seed node it is, must route around it (its commands time out,
@@ -869,6 +927,17 @@ fn partitions_elsewhere_are_served_while_the_topic_registrys_master_is_frozen() 
         )
     };
     assert_eq!(produce(&mut conn, b"before"), (code::NONE, 0));
+    // The other masters go on serving their slots once they take the frozen
+    // one for failed (it has no replica to fail over to), rather than
+    // answer CLUSTERDOWN for every key.
+    for master in placement(&cluster, &topic) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut cluster.node_mut(master).connection())
+            .expect("CONFIG SET");
+    }
     let frozen = Frozen::freeze(cluster.node_mut(records_master).pid());
     // Past the gateway's half-second copy of the topic.
     std::thread::sleep(Duration::from_millis(600));

@@ -257,6 +257,20 @@ fn an_abandoned_groups_offsets_expire_under_its_next_coordinator() {
     form(&connect, "connect");
     let commit = raw::offset_commit_request(&group, &joined.member_id, joined.generation_id, &topic, 0, 5);
     assert_eq!(conn.request(8, &commit).topics[0].partitions[0].error_code, 0);
+    // The Connect group's snapshot is written (its expiry is checked below).
+    let snapshot = format!("ketch:group:{{{connect}}}:state");
+    let written = Instant::now() + Duration::from_secs(10);
+    while !redis::cmd("EXISTS")
+        .arg(&snapshot)
+        .query::<bool>(&mut redis.connection())
+        .expect("EXISTS")
+    {
+        assert!(
+            Instant::now() < written,
+            "the Connect group's snapshot was never written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // The coordinator dies, and with it the member (it never leaves).
     a.kill9();
@@ -290,7 +304,6 @@ fn an_abandoned_groups_offsets_expire_under_its_next_coordinator() {
     // The group that never committed empties too, and its snapshot
     // expires (it was kept for ever, and brought back with its dead member
     // whenever the group id was used again).
-    let snapshot = format!("ketch:group:{{{connect}}}:state");
     while redis::cmd("EXISTS")
         .arg(&snapshot)
         .query::<bool>(&mut redis.connection())

@@ -265,6 +265,7 @@ fn two_gateways_upgrade_one_at_a_time_from_the_previous_release_with_data_and_of
         .arg("2")
         .query(&mut redis.connection())
         .expect("HSET ketch:layout");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while layout(&redis).as_deref() != Some("3") {
         assert!(
             std::time::Instant::now() < deadline,
