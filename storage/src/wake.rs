@@ -1030,6 +1030,30 @@ const AUDIT_EVERY: Duration = Duration::from_secs(2);
 
 /// Makes the cluster subscriber's connection (starting from the seeds and
 /// the nodes given), the receiver of its pushes and its slot map watch.
+/// Makes `conn`'s slot map name the current master of `channel`'s slot: a
+/// keyed command (`EXISTS` of the channel's name, which no key has) sent to
+/// the master the map names is answered MOVED by a node that is not (an
+/// old master that came back as a replica after a failover), and redis-rs
+/// then reads the slot map again. Shard channels carry no such answer:
+/// Redis serves `SSUBSCRIBE` and `PUBSUB SHARDNUMSUB` on replicas too. Its
+/// outcome does not matter; the command that follows tells.
+async fn at_the_master(conn: &mut redis::cluster_async::ClusterConnection, channel: &str) {
+    let route = redis::cluster_routing::Route::new(
+        crate::durable::slot_of(channel),
+        redis::cluster_routing::SlotAddr::Master,
+    );
+    let mut cmd = redis::cmd("EXISTS");
+    cmd.arg(channel);
+    let _ = conn
+        .route_command(
+            cmd,
+            redis::cluster_routing::RoutingInfo::SingleNode(
+                redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(route),
+            ),
+        )
+        .await;
+}
+
 type Connect = Box<
     dyn Fn(
             &[String],
@@ -1288,6 +1312,10 @@ impl ClusterSubscriber {
                 let mut conn = conn.clone();
                 async move {
                     let subscribed = tokio::time::timeout(limit, async {
+                        // Redis serves a shard channel on a replica too, where
+                        // appends are never announced: make sure this
+                        // connection's slot map names the master first.
+                        at_the_master(&mut conn, &channel).await;
                         conn.ssubscribe(&channel).await?;
                         match &presence {
                             Some(presence) => conn.ssubscribe(presence).await,
@@ -1395,6 +1423,11 @@ impl ClusterSubscriber {
             let each = checks.into_iter().map(|(channel, presence, generation)| {
                 let mut conn = conn.clone();
                 async move {
+                    // Asked of the slot's master as this connection's map
+                    // has it: a stale map (a failover it has not seen) would
+                    // ask the old master, now a replica, where the
+                    // subscription may be held and appends never announced.
+                    at_the_master(&mut conn, &presence).await;
                     let route = redis::cluster_routing::Route::new(
                         crate::durable::slot_of(&presence),
                         redis::cluster_routing::SlotAddr::Master,

@@ -774,12 +774,19 @@ fn a_subscription_made_after_a_failover_is_on_the_new_master() {
     cluster.node_mut(victim).start_again();
     cluster.await_ok(Duration::from_secs(60));
     let promoted = cluster.master_of(&tag);
-    // A topic created now, on the promoted master.
-    let topic = (0..50)
-        .map(|n| {
+    // A topic created now, on the promoted master (creating one fails
+    // retriably until a's connections have found the new master, and a
+    // client tries again).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let topic = (0..200)
+        .filter_map(|n| {
             let topic = unique_topic(&format!("cluster-after-failover-{n}"));
-            assert_eq!(raw::create_topic(&mut conn_a, &topic, 1), code::NONE);
-            topic
+            let created = raw::create_topic(&mut conn_a, &topic, 1);
+            assert!(
+                Instant::now() < deadline,
+                "cannot create a topic after the failover: {created}"
+            );
+            (created == code::NONE).then_some(topic)
         })
         .find(|topic| placement(&cluster, topic)[0] == promoted)
         .expect("a topic on the promoted master");
