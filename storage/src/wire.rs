@@ -285,11 +285,25 @@ impl Wire {
             expect,
             answer,
         };
-        let sender = self.sender().await?;
-        if sender.send(request).await.is_err() {
-            return Err(StorageError::Unavailable("redis connection lost".to_owned()));
+        // One bound for the whole exchange: the dial (others' before this
+        // one's, queued on the lock), room in the connection's queue (a
+        // master that stopped reading fills it), and the answer.
+        let deadline = tokio::time::Instant::now() + self.0.response_timeout;
+        let late = || {
+            StorageError::Unavailable(format!(
+                "redis did not answer within {:?}",
+                self.0.response_timeout
+            ))
+        };
+        let sender = tokio::time::timeout_at(deadline, self.sender())
+            .await
+            .map_err(|_| late())??;
+        match tokio::time::timeout_at(deadline, sender.send(request)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(StorageError::Unavailable("redis connection lost".to_owned())),
+            Err(_) => return Err(late()),
         }
-        match tokio::time::timeout(self.0.response_timeout, answered).await {
+        match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(replies)) => Ok(replies),
             Ok(Err(_)) => Err(StorageError::Unavailable("redis connection lost".to_owned())),
             Err(_) => {
@@ -318,7 +332,7 @@ impl Wire {
             .await
             .map_err(|e| StorageError::Unavailable(format!("cannot connect to redis: {e}")))?;
         let (sender, requests) = mpsc::channel(QUEUE);
-        tokio::spawn(serve(stream, requests));
+        tokio::spawn(serve(stream, requests, self.0.response_timeout));
         *live = Some(sender.clone());
         Ok(sender)
     }
@@ -413,11 +427,15 @@ pub(crate) async fn open(
 
 /// Runs one connection until it fails or every sender is gone; requests in
 /// flight then see their answer dropped.
-async fn serve(stream: Box<dyn Stream>, requests: mpsc::Receiver<Request>) {
+/// Serves one connection until it fails; a write that makes no progress
+/// for `stall` (a server that stopped reading: frozen, or cut off) fails
+/// it, so its queued requests fail rather than wait, holding their bytes,
+/// for a server that may never read them.
+async fn serve(stream: Box<dyn Stream>, requests: mpsc::Receiver<Request>, stall: Duration) {
     let (read, write) = tokio::io::split(stream);
     let (pending_tx, pending_rx) = mpsc::unbounded_channel();
     let outcome = tokio::select! {
-        outcome = write_requests(write, requests, pending_tx) => outcome,
+        outcome = write_requests(write, requests, pending_tx, stall) => outcome,
         outcome = read_replies(read, pending_rx) => outcome,
     };
     if let Err(e) = outcome {
@@ -429,6 +447,7 @@ async fn write_requests<W: tokio::io::AsyncWrite + Unpin>(
     mut write: W,
     mut requests: mpsc::Receiver<Request>,
     pending: mpsc::UnboundedSender<Pending>,
+    stall: Duration,
 ) -> std::io::Result<()> {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     loop {
@@ -449,21 +468,33 @@ async fn write_requests<W: tokio::io::AsyncWrite + Unpin>(
                 return Ok(());
             }
         }
-        write_all_vectored(&mut write, &chunks).await?;
-        write.flush().await?;
+        write_all_vectored(&mut write, &chunks, stall).await?;
+        tokio::time::timeout(stall, write.flush())
+            .await
+            .map_err(|_| stalled(stall))??;
     }
+}
+
+fn stalled(stall: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("redis read nothing of a write for {stall:?}"),
+    )
 }
 
 async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     write: &mut W,
     chunks: &[Bytes],
+    stall: Duration,
 ) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = chunks.iter().map(|c| IoSlice::new(c)).collect();
     let mut slices = &mut slices[..];
     // IOV_MAX is 1024 on Linux: larger lists are written in parts.
     while !slices.is_empty() {
         let upto = slices.len().min(1024);
-        let written = write.write_vectored(&slices[..upto]).await?;
+        let written = tokio::time::timeout(stall, write.write_vectored(&slices[..upto]))
+            .await
+            .map_err(|_| stalled(stall))??;
         if written == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::WriteZero,
@@ -956,6 +987,50 @@ mod tests {
             drop(writer.await.unwrap());
             assert!(reader.await.unwrap().is_err(), "the connection closed");
         }
+    }
+
+    /// A server that accepts the connection and never reads (frozen, or
+    /// cut off): every request fails within the response timeout — those
+    /// beyond what the connection's queue holds too, which used to wait for
+    /// room for ever — and the connection's writer gives up.
+    #[tokio::test]
+    async fn a_server_that_reads_nothing_fails_every_request_in_time() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let held = tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                sockets.push(socket);
+            }
+        });
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("client");
+        let limit = Duration::from_millis(500);
+        let wire = Wire::new(
+            &client,
+            crate::connection::Tls::default(),
+            Duration::from_secs(1),
+            limit,
+        );
+        let payload = Bytes::from(vec![b'x'; 16 * 1024]);
+        let started = tokio::time::Instant::now();
+        let requests = (0..QUEUE + 500).map(|_| {
+            let (wire, payload) = (wire.clone(), payload.clone());
+            tokio::spawn(async move {
+                let mut packed = Packed::default();
+                packed.command(3).arg("SET").arg("k").bytes(&payload);
+                wire.request(packed).await
+            })
+        });
+        let outcomes = futures::future::join_all(requests.collect::<Vec<_>>()).await;
+        assert!(
+            started.elapsed() < limit * 4,
+            "the requests took {:?}",
+            started.elapsed()
+        );
+        for outcome in outcomes {
+            assert!(outcome.expect("no panic").is_err());
+        }
+        held.abort();
     }
 
     #[test]
