@@ -271,6 +271,22 @@ fn join_and_sync_request(
     (member, generation, sync)
 }
 
+/// A topic of one partition (named from `prefix`), and a group (too) of one
+/// member subscribed to it, Stable, that committed offset 7 there: (topic,
+/// group, member id).
+fn stable_group_at_7(conn: &mut KafkaConn, prefix: &str) -> (String, String, StrBytes) {
+    let topic = unique_topic(prefix);
+    assert_eq!(raw::create_topic(conn, &topic, 1), code::NONE);
+    let group = unique_topic(&format!("{prefix}-group"));
+    let (member, generation, sync) = join_and_sync_request(conn, &group, &topic);
+    assert_eq!(conn.request(3, &sync).error_code, code::NONE);
+    assert_eq!(
+        commit_as(conn, &group, &member, &topic, &[(0, 7, "")], generation),
+        vec![0]
+    );
+    (topic, group, member)
+}
+
 /// OffsetDelete of partition 0 of each topic: the request's error and each
 /// topic's.
 fn delete_offsets(conn: &mut KafkaConn, group: &str, topics: &[&str]) -> (i16, Vec<i16>) {
@@ -392,15 +408,7 @@ fn a_group_found_empty_expires_though_its_last_coordinator_kept_it() {
     ];
     let mut first = Ketch::start(&redis.url(), &settings);
     let mut conn = KafkaConn::connect(first.kafka_addr());
-    let topic = unique_topic("found-empty");
-    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let group = unique_topic("found-empty-group");
-    let (member, generation, sync) = join_and_sync_request(&mut conn, &group, &topic);
-    assert_eq!(conn.request(3, &sync).error_code, code::NONE);
-    assert_eq!(
-        commit_as(&mut conn, &group, &member, &topic, &[(0, 7, "")], generation),
-        vec![0]
-    );
+    let (topic, group, member) = stable_group_at_7(&mut conn, "found-empty");
     let leave = kafka_protocol::messages::LeaveGroupRequest::default()
         .with_group_id(GroupId(StrBytes::from_string(group.clone())))
         .with_member_id(member.clone());
@@ -476,15 +484,7 @@ fn a_stable_groups_lost_retention_is_written_again() {
         ],
     );
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let topic = unique_topic("lost-retention");
-    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let group = unique_topic("lost-retention-group");
-    let (member, generation, sync) = join_and_sync_request(&mut conn, &group, &topic);
-    assert_eq!(conn.request(3, &sync).error_code, code::NONE);
-    assert_eq!(
-        commit_as(&mut conn, &group, &member, &topic, &[(0, 7, "")], generation),
-        vec![0]
-    );
+    let (_, group, _) = stable_group_at_7(&mut conn, "lost-retention");
     let key = format!("ketch:group:{{{group}}}:offsets");
     let _: i64 = redis::cmd("PEXPIRE")
         .arg(&key)

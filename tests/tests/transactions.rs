@@ -199,11 +199,21 @@ fn add_partition(conn: &mut KafkaConn, id: &str, pid: i64, epoch: i16, topic: &s
 /// A new transactional id (named from `prefix`) whose transaction has
 /// added partition 0 of `topic`: (id, producer id, epoch).
 fn open_transaction(conn: &mut KafkaConn, prefix: &str, topic: &str) -> (String, i64, i16) {
+    open_transaction_on(conn, prefix, topic, 0)
+}
+
+/// [`open_transaction`] with `partition` of `topic` added.
+fn open_transaction_on(
+    conn: &mut KafkaConn,
+    prefix: &str,
+    topic: &str,
+    partition: i32,
+) -> (String, i64, i16) {
     let id = unique_topic(prefix);
     let started = init(conn, &id, 60_000);
     assert_eq!(started.error_code, code::NONE);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    assert_eq!(add_partition(conn, &id, pid, epoch, topic, 0), code::NONE);
+    assert_eq!(add_partition(conn, &id, pid, epoch, topic, partition), code::NONE);
     (id, pid, epoch)
 }
 
@@ -1278,12 +1288,8 @@ fn markers_and_acks_all_appends_to_one_partition_never_wait_for_each_other() {
 #[test]
 fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
-    use kafka_protocol::messages::txn_offset_commit_request::{
-        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
-    };
     use kafka_protocol::messages::{
         AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, GroupId, OffsetFetchRequest, OffsetFetchResponse,
-        TxnOffsetCommitRequest, TxnOffsetCommitResponse,
     };
     const UNSTABLE_OFFSET_COMMIT: i16 = 88;
     let redis = TestRedis::start();
@@ -1341,36 +1347,8 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
                 (t.partitions[0].error_code, t.partitions[0].committed_offset)
             })
     };
-    let stage = |conn: &mut KafkaConn, (id, pid, epoch): &(String, i64, i16), offset: i64| {
-        let added: AddOffsetsToTxnResponse = conn.request(
-            3,
-            &AddOffsetsToTxnRequest::default()
-                .with_transactional_id(txn_id(id))
-                .with_producer_id(ProducerId(*pid))
-                .with_producer_epoch(*epoch)
-                .with_group_id(group_id()),
-        );
-        assert_eq!(added.error_code, code::NONE);
-        let staged: TxnOffsetCommitResponse = conn.request(
-            3,
-            &TxnOffsetCommitRequest::default()
-                .with_transactional_id(txn_id(id))
-                .with_group_id(group_id())
-                .with_producer_id(ProducerId(*pid))
-                .with_producer_epoch(*epoch)
-                .with_generation_id(-1)
-                .with_topics(vec![
-                    TxnOffsetCommitRequestTopic::default()
-                        .with_name(raw::topic_name(&topic))
-                        .with_partitions(vec![
-                            TxnOffsetCommitRequestPartition::default()
-                                .with_partition_index(0)
-                                .with_committed_offset(offset)
-                                .with_committed_leader_epoch(-1),
-                        ]),
-                ]),
-        );
-        assert_eq!(staged.topics[0].partitions[0].error_code, code::NONE);
+    let stage = |conn: &mut KafkaConn, producer: &(String, i64, i16), offset: i64| {
+        stage_offset(conn, &group, producer, &topic, offset);
     };
     let end = |conn: &mut KafkaConn, (id, pid, epoch): &(String, i64, i16), commit: bool| {
         assert_eq!(end_txn(conn, id, *pid, *epoch, commit), code::NONE);
@@ -1545,11 +1523,7 @@ fn a_partition_added_through_another_gateway_gets_its_marker() {
         let plain = batch::encode(&[Record::value(batch::at(0), b"plain")]);
         assert_eq!(raw::produce(&mut via_a, &topic, 0, plain).0, code::NONE);
         assert_eq!(raw::create_partitions(&mut via_b, &topic, 2), code::NONE);
-        let id = unique_topic("txn-grown-id");
-        let started = init(&mut via_b, &id, 60_000);
-        assert_eq!(started.error_code, code::NONE);
-        let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-        assert_eq!(add_partition(&mut via_b, &id, pid, epoch, &topic, 1), code::NONE);
+        let (id, pid, epoch) = open_transaction_on(&mut via_b, "txn-grown-id", &topic, 1);
         let records = transactional(&[Record::value(batch::at(0), b"in")], pid, epoch, 0);
         let request = raw::produce_request(&topic, 1, records)
             .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))));
@@ -1571,35 +1545,31 @@ fn a_partition_added_through_another_gateway_gets_its_marker() {
     panic!("no try ended its transaction within half a second of gateway a reading the topic");
 }
 
-/// Offsets a transaction staged for a group that has committed none yet go
-/// when their topic is deleted, as Kafka drops a deleted partition's
-/// pending transactional offsets: the transaction's commit does not bring
-/// them back for a topic created again under the name.
-#[test]
-fn a_deleted_topics_staged_offsets_go_with_it() {
-    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+/// AddOffsetsToTxn of `group`, then TxnOffsetCommit of `offset` for
+/// partition 0 of `topic` (outside the group's generations), by the
+/// transaction of `(id, pid, epoch)`; both answered NONE.
+fn stage_offset(
+    conn: &mut KafkaConn,
+    group: &str,
+    (id, pid, epoch): &(String, i64, i16),
+    topic: &str,
+    offset: i64,
+) {
     use kafka_protocol::messages::txn_offset_commit_request::{
         TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
     };
     use kafka_protocol::messages::{
-        AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, DeleteTopicsRequest, DeleteTopicsResponse, GroupId,
-        TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+        AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, GroupId, TxnOffsetCommitRequest,
+        TxnOffsetCommitResponse,
     };
-    let redis = TestRedis::start();
-    let ketch = Ketch::start(&redis.url(), &[]);
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let topic = unique_topic("txn-staged-deleted");
-    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let (id, pid, epoch) = open_transaction(&mut conn, "txn-staged-deleted-id", &topic);
-    let group = unique_topic("txn-staged-deleted-group");
-    let group_id = || GroupId(StrBytes::from_string(group.clone()));
+    let group_id = || GroupId(StrBytes::from_string(group.to_owned()));
     let txn_id = || TransactionalId(StrBytes::from_string(id.clone()));
     let added: AddOffsetsToTxnResponse = conn.request(
         3,
         &AddOffsetsToTxnRequest::default()
             .with_transactional_id(txn_id())
-            .with_producer_id(ProducerId(pid))
-            .with_producer_epoch(epoch)
+            .with_producer_id(ProducerId(*pid))
+            .with_producer_epoch(*epoch)
             .with_group_id(group_id()),
     );
     assert_eq!(added.error_code, code::NONE);
@@ -1608,21 +1578,39 @@ fn a_deleted_topics_staged_offsets_go_with_it() {
         &TxnOffsetCommitRequest::default()
             .with_transactional_id(txn_id())
             .with_group_id(group_id())
-            .with_producer_id(ProducerId(pid))
-            .with_producer_epoch(epoch)
+            .with_producer_id(ProducerId(*pid))
+            .with_producer_epoch(*epoch)
             .with_generation_id(-1)
             .with_topics(vec![
                 TxnOffsetCommitRequestTopic::default()
-                    .with_name(raw::topic_name(&topic))
+                    .with_name(raw::topic_name(topic))
                     .with_partitions(vec![
                         TxnOffsetCommitRequestPartition::default()
                             .with_partition_index(0)
-                            .with_committed_offset(42)
+                            .with_committed_offset(offset)
                             .with_committed_leader_epoch(-1),
                     ]),
             ]),
     );
     assert_eq!(staged.topics[0].partitions[0].error_code, code::NONE);
+}
+
+/// Offsets a transaction staged for a group that has committed none yet go
+/// when their topic is deleted, as Kafka drops a deleted partition's
+/// pending transactional offsets: the transaction's commit does not bring
+/// them back for a topic created again under the name.
+#[test]
+fn a_deleted_topics_staged_offsets_go_with_it() {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    use kafka_protocol::messages::{DeleteTopicsRequest, DeleteTopicsResponse};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-staged-deleted");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-staged-deleted-id", &topic);
+    let group = unique_topic("txn-staged-deleted-group");
+    stage_offset(&mut conn, &group, &(id.clone(), pid, epoch), &topic, 42);
     let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
     let staged_fields = || -> Vec<String> {
         redis::cmd("HKEYS")
