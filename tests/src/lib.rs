@@ -580,9 +580,9 @@ pub fn assert_fetch_wakes_across(a: &Ketch, b: &Ketch, partitions: i32) {
                 let response = conn_b.request(12, &crate::raw::fetch_request(&topic, partition, 1, 20_000));
                 (started.elapsed(), response)
             });
-            // Only makes it likely the fetch is parked first; it passes
-            // either way when wake-ups work.
-            std::thread::sleep(Duration::from_millis(300));
+            // The fetch has reached b (it parks at once, on an end it
+            // knows).
+            b.await_inflight_requests(1);
             let second = crate::batch::encode(&[crate::batch::Record::value(crate::batch::at(2), b"second")]);
             assert_eq!(
                 crate::raw::produce(&mut conn_a, &topic, partition, second),
@@ -1710,6 +1710,30 @@ impl Ketch {
     /// GET `path` on the HTTP listener: (status, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
         self.http("GET", path, None)
+    }
+
+    /// Waits until the gateway holds at least `n` Kafka requests read and
+    /// not yet answered (`ketch_inflight_requests`): a long poll sent
+    /// before has arrived, rather than a fixed sleep making it likely.
+    pub fn await_inflight_requests(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, metrics) = self.http_get("/metrics");
+            assert_eq!(status, 200);
+            let inflight = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("ketch_inflight_requests "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if inflight >= n as f64 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{inflight} requests in flight, not {n}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn pid(&self) -> u32 {

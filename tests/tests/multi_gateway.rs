@@ -153,10 +153,8 @@ fn fetch_waiting_on_one_gateway_wakes_for_a_produce_through_another() {
     for trial in 0..TRIALS {
         to_consumer.send(trial as i64).expect("start fetch");
         sent.recv().expect("fetch sent");
-        // The fetch is on the wire; give it time to reach A and park there.
-        // Nothing observable marks "parked", so this one wait is a delay of
-        // the experiment, not a synchronisation.
-        thread::sleep(Duration::from_millis(15));
+        // The fetch has reached A (it parks at once, at the end it knows).
+        a.await_inflight_requests(1);
         let send_at = Instant::now();
         let (error, offset) = raw::produce(
             &mut producer,

@@ -1,7 +1,6 @@
 //! Graceful shutdown: on SIGTERM the in-flight request still gets its answer
 //! and the process exits 0.
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::FetchRequest;
@@ -18,8 +17,7 @@ fn sigterm_answers_the_parked_fetch_then_exits_zero() {
 
     // A long poll on an empty partition: it parks for up to 5 s.
     conn.send(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 5_000));
-    // Nothing observable marks the fetch as parked; let it arrive.
-    thread::sleep(Duration::from_millis(300));
+    ketch.await_inflight_requests(1);
     let signalled = Instant::now();
     ketch.terminate();
 
@@ -32,6 +30,10 @@ fn sigterm_answers_the_parked_fetch_then_exits_zero() {
         "the parked fetch's answer"
     );
     assert_eq!(records.as_deref().map_or(0, raw::count_records), 0);
+    assert!(
+        answered < Duration::from_secs(3),
+        "answered {answered:?} after SIGTERM: at its 5 s limit, not at the shutdown"
+    );
 
     let status = ketch
         .wait_exit(Duration::from_secs(20))
