@@ -662,6 +662,7 @@ fn a_wake_up_subscription_follows_its_slot_to_another_master() {
     // A fetch parked on b now wakes for an append through a: b's
     // subscription followed the slot to its new master.
     parked_fetch_answers(
+        &b,
         &mut conn_b,
         &mut conn_a,
         &topic,
@@ -678,6 +679,7 @@ fn a_wake_up_subscription_follows_its_slot_to_another_master() {
     let tag = format!("{{{}}}", tags(&cluster, &topic)[0]);
     let third = another_master(&cluster, to);
     parked_fetch_answers(
+        &b,
         &mut conn_b,
         &mut conn_a,
         &topic,
@@ -711,10 +713,11 @@ fn another_master(cluster: &RedisCluster, port: u16) -> u16 {
 }
 
 /// Parks a fetch of up to 20 s at `offset` (partition 0 of `topic`) on
-/// `fetcher`, runs `meanwhile`, appends one record there through
+/// `fetcher`, a connection to `gateway`, runs `meanwhile`, appends one record there through
 /// `producer`, and asserts the fetch answers with it well before its
 /// limit; `late` says what a late answer means.
 fn parked_fetch_answers(
+    gateway: &Ketch,
     fetcher: &mut KafkaConn,
     producer: &mut KafkaConn,
     topic: &str,
@@ -728,8 +731,9 @@ fn parked_fetch_answers(
             let response = fetcher.request(12, &raw::fetch_request(topic, 0, offset, 20_000));
             (started.elapsed(), response)
         });
-        // Only makes it likely the fetch is parked first.
-        std::thread::sleep(Duration::from_millis(300));
+        // The fetch has reached its gateway (it parks at once, at the end
+        // it knows).
+        gateway.await_inflight_requests(1);
         meanwhile();
         let record = batch::encode(&[Record::value(batch::at(offset), b"parked")]);
         assert_eq!(raw::produce(producer, topic, 0, record), (code::NONE, offset));
@@ -800,6 +804,7 @@ fn a_subscription_made_after_a_failover_is_on_the_new_master() {
         assert!(Instant::now() < deadline, "b cannot read the new topic");
     }
     parked_fetch_answers(
+        &b,
         &mut conn_b,
         &mut conn_a,
         &topic,
@@ -899,6 +904,7 @@ fn a_wake_up_subscription_on_a_frozen_master_is_found_dead() {
     );
     // And b's subscription is live again, on the new master.
     parked_fetch_answers(
+        &b,
         &mut conn_b,
         &mut conn_a,
         &topic,
