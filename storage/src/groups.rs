@@ -46,9 +46,10 @@ impl CommittedOffset {
         }
     }
 
-    /// The offset, committed for the topic whose id is `id`.
-    pub fn of_topic(mut self, id: uuid::Uuid) -> Self {
-        self.topic_id = Some(id);
+    /// The offset, committed for the topic whose id is `id` (`None`: not
+    /// known).
+    pub fn of_topic(mut self, id: Option<uuid::Uuid>) -> Self {
+        self.topic_id = id;
         self
     }
 

@@ -92,7 +92,7 @@ pub async fn handle(
                         partition.committed_leader_epoch,
                         partition.committed_metadata.as_ref().map(|m| m.to_string()),
                     )
-                    .of_topic(known.map_or(uuid::Uuid::nil(), |(_, id)| id)),
+                    .of_topic(known.ok().map(|(_, id)| id)),
                 ));
                 0
             });

@@ -58,7 +58,7 @@ pub async fn handle(
                         p.committed_leader_epoch,
                         p.committed_metadata.as_ref().map(|m| m.to_string()),
                     )
-                    .of_topic(known.map_or(uuid::Uuid::nil(), |(_, id)| id)),
+                    .of_topic(known.ok().map(|(_, id)| id)),
                 ));
                 0
             });
