@@ -154,12 +154,14 @@ impl Store {
         Ok(())
     }
 
-    /// Stores committed offsets (all in one HSET: atomic per group). With
+    /// Stores committed offsets (atomically per group). With
     /// acks=all waiting for replicas (or fsync) they are as durable as an
     /// acks=all batch before this returns, as Kafka appends offset commits
     /// to its offsets topic with acks=all: a failover does not take back a
     /// commit the consumer was told of (it would consume again from an
-    /// older offset).
+    /// older offset). Each is ordered after the offsets transactions
+    /// staged before it (`scripts/offset_order.lua`): their commit does not
+    /// overwrite it, as in Kafka, where the later record stands.
     pub async fn commit_offsets(
         &self,
         group: &str,
@@ -176,6 +178,19 @@ impl Store {
             })
             .collect();
         let key = self.group_offsets_key(group);
+        if group_keys_share_a_slot(group) {
+            // Ordered after the transactions' stages (`commit_offsets.lua`).
+            let mut invocation = self.scripts.commit_offsets.key(&key);
+            invocation.key(self.group_txn_offsets_key(group));
+            for (field, json) in &items {
+                invocation.arg(field).arg(json);
+            }
+            let written = self.invoke_durably::<i64>(&key, &invocation, |_| true).await;
+            // Listed whether or not the replicas confirmed: the offsets
+            // may be there either way.
+            self.note_group(group).await?;
+            return written.map(|_| ());
+        }
         let mut pipe = redis::pipe();
         pipe.hset_multiple(&key, &items).ignore();
         if !self.durability.waits() {

@@ -168,6 +168,7 @@ struct Scripts {
     txn: redis::Script,
     txn_join: redis::Script,
     txn_offsets: redis::Script,
+    commit_offsets: redis::Script,
     txn_index: redis::Script,
     compact_add: redis::Script,
     compact_swap: redis::Script,
@@ -283,7 +284,14 @@ impl Store {
                     "scripts/producer_state.lua",
                     "scripts/txn_join.lua"
                 )),
-                txn_offsets: redis::Script::new(include_str!("scripts/txn_offsets.lua")),
+                txn_offsets: redis::Script::new(with_prelude!(
+                    "scripts/offset_order.lua",
+                    "scripts/txn_offsets.lua"
+                )),
+                commit_offsets: redis::Script::new(with_prelude!(
+                    "scripts/offset_order.lua",
+                    "scripts/commit_offsets.lua"
+                )),
                 txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),

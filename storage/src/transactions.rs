@@ -869,7 +869,7 @@ impl Store {
         let mut states: HashMap<String, Option<TxnState>> = HashMap::new();
         let mut stale = Vec::new();
         for (field, value) in staged {
-            if field == APPLIED_FIELD {
+            if field == APPLIED_FIELD || field == ORDER_FIELD {
                 continue;
             }
             let Some(entry) = StagedEntry::parse(&field, &value) else {
@@ -906,6 +906,10 @@ impl Store {
 /// The field of `ketch:group:{GROUP}:txn-offsets` that every apply writes
 /// (`scripts/txn_offsets.lua`), not a staged offset.
 const APPLIED_FIELD: &str = "applied";
+
+/// The field of `ketch:group:{GROUP}:txn-offsets` that counts the stages
+/// (`scripts/offset_order.lua`), not a staged offset.
+const ORDER_FIELD: &str = "order";
 
 /// A transaction staging offsets: its id, producer and number.
 #[derive(Debug, Clone, Copy)]

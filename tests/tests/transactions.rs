@@ -1500,6 +1500,91 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     }
 }
 
+/// Of a partition's committed offset and a transaction's offset for it,
+/// the later stands, as Kafka keeps the later record of its offsets log: a
+/// plain commit made after a transaction staged its offset is not
+/// overwritten when the transaction commits; an offset staged after a
+/// plain commit applies; of two transactions' offsets, the one staged
+/// later stands whichever commits first.
+#[test]
+fn the_later_of_a_plain_commit_and_a_transactions_offset_stands() {
+    use kafka_protocol::messages::{OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-order");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = unique_topic("txn-order-group");
+    let producers: Vec<(String, i64, i16)> = (0..2)
+        .map(|_| {
+            let id = unique_topic("txn-order-id");
+            let started = init(&mut conn, &id, 60_000);
+            (id, started.producer_id.0, started.producer_epoch)
+        })
+        .collect();
+    let (a, b) = (&producers[0], &producers[1]);
+    let stage = |conn: &mut KafkaConn, producer: &(String, i64, i16), offset: i64| {
+        stage_offset(conn, &group, producer, &topic, offset);
+    };
+    // Commits the producer's transaction and awaits its offsets' apply
+    // (their staged field removed), whether or not they stand.
+    let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
+    let commit = |conn: &mut KafkaConn, (id, pid, epoch): &(String, i64, i16)| {
+        assert_eq!(end_txn(conn, id, *pid, *epoch, true), code::NONE);
+        let field = format!("{topic}:0:{pid}");
+        eventually("the transaction's offsets applied", false, || {
+            redis::cmd("HEXISTS")
+                .arg(&staged_key)
+                .arg(&field)
+                .query::<bool>(&mut redis.connection())
+                .expect("HEXISTS")
+        });
+    };
+    let plain = |conn: &mut KafkaConn, offset: i64| {
+        let response: OffsetCommitResponse =
+            conn.request(8, &raw::offset_commit_request(&group, "", -1, &topic, 0, offset));
+        assert_eq!(response.topics[0].partitions[0].error_code, code::NONE);
+    };
+    let committed = |conn: &mut KafkaConn| {
+        let response: OffsetFetchResponse = conn.request(
+            7,
+            &OffsetFetchRequest::default()
+                .with_group_id(StrBytes::from_string(group.clone()).into())
+                .with_topics(None),
+        );
+        let partition = &response.topics[0].partitions[0];
+        assert_eq!(partition.error_code, code::NONE);
+        partition.committed_offset
+    };
+
+    stage(&mut conn, a, 100);
+    plain(&mut conn, 150);
+    commit(&mut conn, a);
+    assert_eq!(
+        committed(&mut conn),
+        150,
+        "the plain commit after the stage stands"
+    );
+
+    stage(&mut conn, a, 200);
+    commit(&mut conn, a);
+    assert_eq!(
+        committed(&mut conn),
+        200,
+        "staged after the plain commit, it applies"
+    );
+
+    stage(&mut conn, a, 300);
+    stage(&mut conn, b, 400);
+    commit(&mut conn, b);
+    assert_eq!(committed(&mut conn), 400);
+    commit(&mut conn, a);
+    assert_eq!(committed(&mut conn), 400, "a staged before b: b's offset stands");
+
+    plain(&mut conn, 500);
+    assert_eq!(committed(&mut conn), 500, "a plain commit always stands");
+}
+
 /// A transaction in a partition added through another gateway, ended
 /// through a gateway whose copy of the topic predates the partition (it
 /// read it under half a second before): the partition gets its marker, and
@@ -1612,11 +1697,13 @@ fn a_deleted_topics_staged_offsets_go_with_it() {
     let group = unique_topic("txn-staged-deleted-group");
     stage_offset(&mut conn, &group, &(id.clone(), pid, epoch), &topic, 42);
     let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
+    // The staged offsets' fields (not the stages' counter, `order`).
     let staged_fields = || -> Vec<String> {
-        redis::cmd("HKEYS")
+        let fields: Vec<String> = redis::cmd("HKEYS")
             .arg(&staged_key)
             .query(&mut redis.connection())
-            .expect("HKEYS")
+            .expect("HKEYS");
+        fields.into_iter().filter(|f| f != "order").collect()
     };
     assert_eq!(staged_fields(), [format!("{topic}:0:{pid}")]);
     let deleted: DeleteTopicsResponse = conn.request(

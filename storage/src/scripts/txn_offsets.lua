@@ -6,9 +6,14 @@
 -- by transaction number, so applying twice (a crashed gateway's commit
 -- finished by another) changes nothing the second time.
 --
+-- A transaction's offset is applied only if it was staged after the
+-- partition's committed offset was committed (offset_order.lua, the
+-- prelude): Kafka keeps the later of the two.
+--
 -- KEYS[1] ketch:group:{GROUP}:offsets      committed offsets (see groups.rs)
 -- KEYS[2] ketch:group:{GROUP}:txn-offsets  '<topic>:<partition>:<producer id>' ->
---         '<transaction number>:<length of the transactional id>:<transactional id><offset JSON>'
+--         '<transaction number>:<length of the transactional id>:<transactional id><offset JSON>',
+--         and fields 'order' (the last stage's order number) and 'applied'
 -- KEYS[3] ketch:group:{GROUP}:state        the group's snapshot ('apply' only)
 -- ARGV[1] 'stage': ARGV[2] producer id, ARGV[3] transaction number,
 --         ARGV[4] transactional id, then '<topic>:<partition>', offset JSON
@@ -28,10 +33,18 @@ if op == 'stage' then
   -- Staged offsets stay until their transaction ends, whatever the
   -- group's retention (the 'apply' renews it).
   redis.call('PERSIST', KEYS[2])
+  -- The next order number: above the last stage's, and above those of the
+  -- partitions' committed offsets (should the counter have been lost).
+  local order = tonumber(redis.call('HGET', KEYS[2], 'order') or '0')
+  for i = 5, #ARGV, 2 do
+    order = math.max(order, offset_order(redis.call('HGET', KEYS[1], ARGV[i])))
+  end
+  order = string.format('%d', order + 1)
+  redis.call('HSET', KEYS[2], 'order', order)
   local staged = 0
   local prefix = ARGV[3] .. ':' .. string.format('%d', #ARGV[4]) .. ':' .. ARGV[4]
   for i = 5, #ARGV, 2 do
-    redis.call('HSET', KEYS[2], ARGV[i] .. ':' .. ARGV[2], prefix .. ARGV[i + 1])
+    redis.call('HSET', KEYS[2], ARGV[i] .. ':' .. ARGV[2], prefix .. with_order(ARGV[i + 1], order))
     staged = staged + 1
   end
   return staged
@@ -48,8 +61,13 @@ if op == 'apply' then
       if n and tonumber(n) <= number then
         if ARGV[4] == 'commit' and tonumber(n) == number then
           local partition = string.sub(field, 1, #field - #suffix)
-          redis.call('HSET', KEYS[1], partition, string.sub(rest, tonumber(length) + 1))
-          applied = applied + 1
+          local offset = string.sub(rest, tonumber(length) + 1)
+          -- One staged by an older release has no number, and applies.
+          local mine = offset_order(offset)
+          if mine == 0 or mine > offset_order(redis.call('HGET', KEYS[1], partition)) then
+            redis.call('HSET', KEYS[1], partition, offset)
+            applied = applied + 1
+          end
         end
         redis.call('HDEL', KEYS[2], field)
       end
