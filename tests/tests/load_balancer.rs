@@ -622,6 +622,9 @@ fn a_forwarded_request_survives_the_coordinator_closing_an_idle_forwarding_conne
         "cluster.node_timeout=1500ms",
         "--set",
         "broker.connections_max_idle=1s",
+        // The internal listener's closings are logged at debug.
+        "--set",
+        "log.level=info,ketch_gateway::forward=debug",
     ];
     let gateways = [
         Ketch::start(&redis.url(), &args),
@@ -651,7 +654,7 @@ fn a_forwarded_request_survives_the_coordinator_closing_an_idle_forwarding_conne
         "forwarded: UNKNOWN_MEMBER_ID"
     );
     // Past the idle timeout the pooled connection is closed at the far end.
-    thread::sleep(Duration::from_millis(2500));
+    gateways[1].await_log("idle for broker.connections_max_idle", Duration::from_secs(10));
     assert_eq!(
         KafkaConn::connect(via).request(4, &heartbeat).error_code,
         25,

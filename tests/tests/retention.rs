@@ -35,6 +35,44 @@ fn wait_for_log_start(conn: &mut KafkaConn, topic: &str, what: &str, done: impl 
     }
 }
 
+/// Waits until partition 0 of `topic` has sealed every record below
+/// `offset` (its open segment starts there).
+fn await_sealed_below(redis: &TestRedis, topic: &str, offset: i64) {
+    let meta_key = format!("ketch:{{{}}}:meta", redis.topic_tags(topic)[0]);
+    let mut r = redis.connection();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open_base: Option<i64> = redis::cmd("HGET")
+            .arg(&meta_key)
+            .arg("seg_base")
+            .query(&mut r)
+            .unwrap();
+        if open_base == Some(offset) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the segment was never sealed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until a storage-worker pass over partition 0 of `topic` that
+/// began after this call has finished (its seal and retention), so that a
+/// test may assert what the pass left: the partition's lease, deleted here,
+/// is taken again by the next pass before it seals; deleted again, by the
+/// pass after, which begins once that one is done.
+fn await_worker_pass(redis: &TestRedis, topic: &str) {
+    let lease = format!("ketch:{{{}}}:lease", redis.topic_tags(topic)[0]);
+    let mut r = redis.connection();
+    for _ in 0..2 {
+        let _: i64 = redis::cmd("DEL").arg(&lease).query(&mut r).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !redis::cmd("EXISTS").arg(&lease).query::<bool>(&mut r).unwrap() {
+            assert!(Instant::now() < deadline, "no worker pass took the lease again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// Retention by bytes deletes whole sealed segments, and the time index
 /// entries below the new log start with them.
 #[test]
@@ -136,7 +174,9 @@ fn retention_ms_deletes_segments_whose_records_are_old() {
     // New records are kept.
     let batch = batch::encode(&[Record::value(now_ms(), b"new")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, batch), (code::NONE, 5));
-    std::thread::sleep(Duration::from_millis(600)); // several ticks, and segment.ms, pass
+    // Its segment sealed (segment.ms) and gone through retention since.
+    await_sealed_below(&redis, &topic, 6);
+    await_worker_pass(&redis, &topic);
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 5);
 }
 
@@ -167,7 +207,7 @@ fn retention_ms_deletes_the_open_segment_too() {
     // A new record is kept (its segment is young).
     let batch = batch::encode(&[Record::value(now_ms(), b"new")]);
     assert_eq!(raw::produce(&mut conn, &topic, 0, batch), (code::NONE, 3));
-    std::thread::sleep(Duration::from_millis(600)); // several ticks
+    await_worker_pass(&redis, &topic);
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 3);
 }
 
@@ -190,23 +230,8 @@ fn records_without_a_timestamp_are_kept_for_the_retention() {
         let batch = batch::encode(&[Record::value(-1, b"untimed")]);
         assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
     }
-    // Sealed: the open segment starts after the three records.
-    let meta_key = format!("ketch:{{{}}}:meta", redis.topic_tags(&topic)[0]);
-    let mut r = redis.connection();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let open_base: Option<i64> = redis::cmd("HGET")
-            .arg(&meta_key)
-            .arg("seg_base")
-            .query(&mut r)
-            .unwrap();
-        if open_base == Some(3) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the segment was never sealed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(600)); // several of the worker's ticks
+    await_sealed_below(&redis, &topic, 3);
+    await_worker_pass(&redis, &topic);
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 0, "log start");
     assert_eq!(redis.stream_len(&topic, 0), 3);
 }
