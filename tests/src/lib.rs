@@ -198,9 +198,18 @@ impl RedisServer {
     }
 
     /// A free port where no server runs yet; [`RedisServer::start_again`]
-    /// starts one there.
+    /// starts one there. The port is below the ephemeral range (and below
+    /// the range the gateways' internal listeners take, 20000–31999): until
+    /// the server starts, nothing else is handed it, as an ephemeral port
+    /// released here could be (a connection's local port, another test's
+    /// [`free_port`]), which made the late start fail.
     pub fn reserve() -> Self {
-        Self::reserve_on(free_port())
+        loop {
+            let port = 10_000 + rand::random::<u16>() % 10_000;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Self::reserve_on(port);
+            }
+        }
     }
 
     fn reserve_on(port: u16) -> Self {
