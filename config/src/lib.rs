@@ -102,6 +102,14 @@ pub struct BrokerSettings {
     pub max_inflight_request_bytes: usize,
     /// Client connections open at once; further ones are closed at once.
     pub max_connections: usize,
+    /// Client connections open at once from one address (Kafka's
+    /// `max.connections.per.ip`); further ones from it are closed at once.
+    pub max_connections_per_ip: usize,
+    /// Kafka's `max.connections.per.ip.overrides`: `host-or-ip:count,…`,
+    /// each a limit of its own for that address (a host name: for each
+    /// address it resolves to at start).
+    #[serde(deserialize_with = "lenient::string")]
+    pub max_connections_per_ip_overrides: String,
     /// A connection that sends no request for this long is closed (Kafka's
     /// `connections.max.idle.ms`).
     pub connections_max_idle: Duration,
@@ -422,6 +430,40 @@ pub enum LogFormat {
     Json,
 }
 
+/// Kafka's default `max.connections.per.ip`: no limit.
+pub const MAX_CONNECTIONS_PER_IP: usize = i32::MAX as usize;
+
+impl BrokerSettings {
+    /// `max_connections_per_ip_overrides` taken apart: (host or address,
+    /// limit) pairs.
+    pub fn connection_overrides(&self) -> Result<Vec<(String, usize)>, ConfigError> {
+        let bad = |message: String| ConfigError::Value {
+            key: "broker.max_connections_per_ip_overrides".to_owned(),
+            message,
+        };
+        let mut overrides = Vec::new();
+        for entry in self.max_connections_per_ip_overrides.split(',').map(str::trim) {
+            if entry.is_empty() {
+                continue;
+            }
+            // An IPv6 address has colons of its own: the count is after the last.
+            let (host, count) = entry
+                .rsplit_once(':')
+                .ok_or_else(|| bad(format!("{entry:?} is not host:count")))?;
+            let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+            let count: usize = count
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("{entry:?}: the count must be a whole number ≥ 0")))?;
+            if host.is_empty() {
+                return Err(bad(format!("{entry:?} names no host")));
+            }
+            overrides.push((host.to_owned(), count));
+        }
+        Ok(overrides)
+    }
+}
+
 impl Default for BrokerSettings {
     fn default() -> Self {
         Self {
@@ -433,6 +475,8 @@ impl Default for BrokerSettings {
             max_inflight_requests: 32,
             max_inflight_request_bytes: 4 * 1024 * 1024,
             max_connections: 10_000,
+            max_connections_per_ip: MAX_CONNECTIONS_PER_IP,
+            max_connections_per_ip_overrides: String::new(),
             connections_max_idle: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(30),
             cluster_id: "ketch".to_owned(),
@@ -767,6 +811,13 @@ impl Settings {
         }
         if self.broker.max_connections == 0 {
             return bad("broker.max_connections", "must be at least 1");
+        }
+        let overrides = self.broker.connection_overrides()?;
+        if self.broker.max_connections_per_ip == 0 && overrides.is_empty() {
+            return bad(
+                "broker.max_connections_per_ip",
+                "is 0, which refuses every client: name the addresses allowed in broker.max_connections_per_ip_overrides",
+            );
         }
         if self.http.max_connections == 0 {
             return bad("http.max_connections", "must be at least 1");
@@ -1256,6 +1307,59 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("urll"), "{err}");
+    }
+
+    #[test]
+    fn per_address_connection_limits_are_read_and_checked() {
+        let settings = Loader::new()
+            .set("broker", "max_connections_per_ip", "5")
+            .set(
+                "broker",
+                "max_connections_per_ip_overrides",
+                "127.0.0.1:200, gateway.internal:0,[::1]:3",
+            )
+            .load()
+            .unwrap();
+        assert_eq!(settings.broker.max_connections_per_ip, 5);
+        assert_eq!(
+            settings.broker.connection_overrides().unwrap(),
+            [
+                ("127.0.0.1".to_owned(), 200),
+                ("gateway.internal".to_owned(), 0),
+                ("::1".to_owned(), 3)
+            ]
+        );
+        assert_eq!(
+            Loader::new().load().unwrap().broker.max_connections_per_ip,
+            MAX_CONNECTIONS_PER_IP,
+            "no limit by default, as Kafka"
+        );
+        for (limit, overrides, said) in [
+            ("5", "127.0.0.1", "is not host:count"),
+            ("5", "127.0.0.1:many", "whole number"),
+            ("5", "127.0.0.1:-1", "whole number"),
+            ("5", ":3", "names no host"),
+            ("0", "", "refuses every client"),
+        ] {
+            let err = Loader::new()
+                .set("broker", "max_connections_per_ip", limit)
+                .set("broker", "max_connections_per_ip_overrides", overrides)
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("broker.max_connections_per_ip") && err.contains(said),
+                "{overrides:?}: {err}"
+            );
+        }
+        // 0 with overrides: only the addresses named may connect.
+        assert!(
+            Loader::new()
+                .set("broker", "max_connections_per_ip", "0")
+                .set("broker", "max_connections_per_ip_overrides", "10.0.0.1:10")
+                .load()
+                .is_ok()
+        );
     }
 
     #[test]

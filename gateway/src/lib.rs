@@ -281,6 +281,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         }
     }
     let security = auth::Security::load(&settings)?;
+    let per_address = server::PerAddress::new(&settings.broker).await?;
     let mut endpoints = Vec::new();
     for listener in settings.listeners()? {
         let socket = TcpListener::bind(listener.listen).await.map_err(|e| {
@@ -415,7 +416,7 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
     let grace = ctx.settings.broker.shutdown_timeout.get();
     let worker_task = tokio::spawn(worker.run(leads, shutdown.clone(), grace));
     let finishing = ctx.finishing.clone();
-    server::serve(endpoints, ctx, shutdown).await;
+    server::serve(endpoints, ctx, per_address, shutdown).await;
     // Transactions decided and answered still get their markers written
     // (else the id's coordinator would finish them after FINISH_GRACE).
     finishing.wait_all(std::time::Duration::from_secs(10)).await;

@@ -7,6 +7,8 @@
 //! closes its connection, as a Kafka broker does; other connections are
 //! untouched.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,15 +61,103 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves every listener until `shutdown`, then waits for their
 /// connections' in-flight requests. `broker.max_connections` bounds the
-/// connections of all listeners together.
-pub async fn serve(endpoints: Vec<Endpoint>, ctx: Arc<Context>, shutdown: watch::Receiver<bool>) {
+/// connections of all listeners together, and `per_address` those from
+/// one address.
+pub async fn serve(
+    endpoints: Vec<Endpoint>,
+    ctx: Arc<Context>,
+    per_address: PerAddress,
+    shutdown: watch::Receiver<bool>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(ctx.settings.broker.max_connections));
-    futures::future::join_all(
-        endpoints
-            .into_iter()
-            .map(|endpoint| serve_one(endpoint, ctx.clone(), slots.clone(), shutdown.clone())),
-    )
+    let per_address = Arc::new(per_address);
+    futures::future::join_all(endpoints.into_iter().map(|endpoint| {
+        serve_one(
+            endpoint,
+            ctx.clone(),
+            slots.clone(),
+            per_address.clone(),
+            shutdown.clone(),
+        )
+    }))
     .await;
+}
+
+/// The client connections open from each address, against
+/// `broker.max_connections_per_ip` and its overrides (Kafka's
+/// `max.connections.per.ip[.overrides]`), on every listener together.
+pub struct PerAddress {
+    limit: usize,
+    overrides: HashMap<IpAddr, usize>,
+    open: std::sync::Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerAddress {
+    /// The limits of `broker`, each host name of the overrides resolved
+    /// (failing when one resolves to nothing, as Kafka's broker does).
+    pub async fn new(broker: &ketch_config::BrokerSettings) -> anyhow::Result<Self> {
+        let mut overrides = HashMap::new();
+        for (host, count) in broker.connection_overrides()? {
+            if let Ok(ip) = host.parse::<IpAddr>() {
+                overrides.insert(ip, count);
+                continue;
+            }
+            let resolved = tokio::net::lookup_host((host.as_str(), 0)).await.map_err(|e| {
+                anyhow::anyhow!("broker.max_connections_per_ip_overrides: cannot resolve {host}: {e}")
+            })?;
+            let mut any = false;
+            for address in resolved {
+                overrides.insert(address.ip(), count);
+                any = true;
+            }
+            anyhow::ensure!(
+                any,
+                "broker.max_connections_per_ip_overrides: {host} resolves to no address"
+            );
+        }
+        Ok(Self {
+            limit: broker.max_connections_per_ip,
+            overrides,
+            open: std::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for one more connection from `ip`, held until dropped; `Err`
+    /// with the address's limit when it has that many open.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<AddressSlot, usize> {
+        let limit = self.overrides.get(&ip).copied().unwrap_or(self.limit);
+        let mut open = self.open.lock().expect("per-address counts");
+        let count = open.entry(ip).or_default();
+        if *count >= limit {
+            if *count == 0 {
+                open.remove(&ip);
+            }
+            return Err(limit);
+        }
+        *count += 1;
+        Ok(AddressSlot {
+            counts: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection's place among its address's.
+struct AddressSlot {
+    counts: Arc<PerAddress>,
+    ip: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock().expect("per-address counts");
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Accepts connections on one listener until `shutdown`, then waits for
@@ -77,6 +167,7 @@ async fn serve_one(
     endpoint: Endpoint,
     ctx: Arc<Context>,
     slots: Arc<tokio::sync::Semaphore>,
+    per_address: Arc<PerAddress>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let Endpoint {
@@ -109,8 +200,16 @@ async fn serve_one(
                         });
                         continue;
                     }
+                    let address_slot = match per_address.admit(peer.ip()) {
+                        Ok(slot) => slot,
+                        Err(limit) => {
+                            refused.refuse(peer, Refused::Address(limit));
+                            drop(socket);
+                            continue;
+                        }
+                    };
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        refused.refuse(peer, ctx.settings.broker.max_connections);
+                        refused.refuse(peer, Refused::All(ctx.settings.broker.max_connections));
                         drop(socket);
                         continue;
                     };
@@ -119,7 +218,7 @@ async fn serve_one(
                     let shutdown = for_connections.clone();
                     let config = config.clone();
                     connections.spawn(async move {
-                        let _slot = slot;
+                        let _slots = (slot, address_slot);
                         if let Err(e) = accept(socket, peer, ctx, config, shutdown).await {
                             tracing::info!(%peer, error = %e, "closing connection");
                         }
@@ -191,23 +290,37 @@ async fn accept(
     connection(read, write, peer, ctx, listener, session, shutdown).await
 }
 
-/// Connections refused because `broker.max_connections` are open, logged
-/// at most once a second so a flood of them does not flood the log.
+/// Connections refused because `broker.max_connections` are open, or
+/// their address's share, logged at most once a second so a flood of them
+/// does not flood the log.
 #[derive(Default)]
 struct Refusals {
     since_logged: u64,
     logged_at: Option<std::time::Instant>,
 }
 
+/// Which limit refused a connection.
+enum Refused {
+    /// `broker.max_connections`, of every address.
+    All(usize),
+    /// The address's own (`broker.max_connections_per_ip` or an override).
+    Address(usize),
+}
+
 impl Refusals {
-    fn refuse(&mut self, peer: std::net::SocketAddr, max: usize) {
+    fn refuse(&mut self, peer: std::net::SocketAddr, why: Refused) {
         self.since_logged += 1;
         if self
             .logged_at
             .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
         {
-            tracing::warn!(%peer, refused = self.since_logged,
-                "broker.max_connections ({max}) connections are open; closing new ones");
+            let refused = self.since_logged;
+            match why {
+                Refused::All(max) => tracing::warn!(%peer, refused,
+                    "broker.max_connections ({max}) connections are open; closing new ones"),
+                Refused::Address(max) => tracing::warn!(%peer, refused,
+                    "the address has its maximum of {max} connections open (broker.max_connections_per_ip); closing new ones"),
+            }
             self.since_logged = 0;
             self.logged_at = Some(std::time::Instant::now());
         }
@@ -1196,6 +1309,30 @@ pub fn encode_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_addresss_connections_are_counted_against_its_own_limit() {
+        let broker = ketch_config::BrokerSettings {
+            max_connections_per_ip: 2,
+            max_connections_per_ip_overrides: "10.0.0.9:0, 10.0.0.8:1".to_owned(),
+            ..Default::default()
+        };
+        let limits = Arc::new(PerAddress::new(&broker).await.expect("limits"));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let first = limits.admit(ip("10.0.0.1")).expect("first");
+        let _second = limits.admit(ip("10.0.0.1")).expect("second");
+        assert_eq!(limits.admit(ip("10.0.0.1")).err(), Some(2));
+        assert!(limits.admit(ip("10.0.0.2")).is_ok(), "another address");
+        drop(first);
+        assert!(limits.admit(ip("10.0.0.1")).is_ok(), "a place given back");
+        assert_eq!(limits.admit(ip("10.0.0.9")).err(), Some(0));
+        let only = limits.admit(ip("10.0.0.8")).expect("its one");
+        assert_eq!(limits.admit(ip("10.0.0.8")).err(), Some(1));
+        // Addresses without connections are not kept.
+        drop(only);
+        assert!(!limits.open.lock().unwrap().contains_key(&ip("10.0.0.8")));
+        assert!(!limits.open.lock().unwrap().contains_key(&ip("10.0.0.9")));
+    }
 
     /// A request's task that ends without an answer (a panic) ends the
     /// connection's writing once the answers before it are written: the

@@ -175,6 +175,72 @@ fn connections_beyond_the_limit_are_closed_and_idle_ones_time_out() {
     );
 }
 
+/// `broker.max_connections_per_ip` (0 here: none but the addresses named)
+/// and its overrides (a host name's addresses, an address): a connection
+/// beyond its address's limit is closed unanswered, other addresses are
+/// not held by it, and a closed connection gives its place back.
+#[test]
+fn connections_beyond_their_addresss_limit_are_closed() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "broker.max_connections_per_ip=0",
+            "--set",
+            "broker.max_connections_per_ip_overrides=localhost:2,127.0.0.2:1",
+        ],
+    );
+    let request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    let from = |ip: &str| KafkaConn::connect_from(ip.parse().unwrap(), ketch.kafka_addr());
+    // Refused: closed without an answer to the request sent on it.
+    let refused = |mut conn: KafkaConn| {
+        conn.send(3, &request);
+        conn.answered_within(Duration::from_secs(5)) == Some(false)
+    };
+    let mut first = from("127.0.0.1");
+    let mut second = from("127.0.0.1");
+    assert_eq!(first.request(3, &request).error_code, code::NONE);
+    assert_eq!(second.request(3, &request).error_code, code::NONE);
+    assert!(
+        refused(from("127.0.0.1")),
+        "a third connection from localhost stays open"
+    );
+    let mut other = from("127.0.0.2");
+    assert_eq!(
+        other.request(3, &request).error_code,
+        code::NONE,
+        "another address's own limit"
+    );
+    assert!(
+        refused(from("127.0.0.2")),
+        "a second connection from 127.0.0.2 stays open"
+    );
+    assert!(refused(from("127.0.0.3")), "an address not named may not connect");
+    // A connection closed gives its place back (once the gateway sees it go).
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut next = from("127.0.0.1");
+        next.send(3, &request);
+        if next.answered_within(Duration::from_secs(5)) == Some(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's place is never given back"
+        );
+    }
+    assert_eq!(second.request(3, &request).error_code, code::NONE);
+    assert!(
+        ketch
+            .output()
+            .contains("the address has its maximum of 2 connections open (broker.max_connections_per_ip)")
+    );
+}
+
 /// A client that stops reading its answers is given up once its writes
 /// have made no progress for `broker.connections_max_idle`, as Kafka closes
 /// a connection idle that long with a send stuck: its slot (and what it

@@ -181,6 +181,24 @@ pub fn broker_configs(ctx: &Context, client_listener: &str) -> Vec<ReportedConfi
             "Largest request accepted (broker.max_request_bytes).",
         ),
         (
+            "max.connections",
+            settings.broker.max_connections.to_string(),
+            TYPE_INT,
+            "Client connections open at once (broker.max_connections).",
+        ),
+        (
+            "max.connections.per.ip",
+            settings.broker.max_connections_per_ip.to_string(),
+            TYPE_INT,
+            "Client connections open at once from one address (broker.max_connections_per_ip).",
+        ),
+        (
+            "max.connections.per.ip.overrides",
+            settings.broker.max_connections_per_ip_overrides.clone(),
+            TYPE_STRING,
+            "Per-address limits in place of max.connections.per.ip (broker.max_connections_per_ip_overrides).",
+        ),
+        (
             "connections.max.idle.ms",
             ms(settings.broker.connections_max_idle),
             TYPE_LONG,
