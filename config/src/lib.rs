@@ -180,6 +180,9 @@ pub struct HttpSettings {
     pub open_paths: Vec<String>,
     /// HTTP connections open at once at most; more wait to be accepted.
     pub max_connections: usize,
+    /// HTTP connections open at once from one address; more are closed at
+    /// once (one client cannot take every place, health probes' included).
+    pub max_connections_per_ip: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
     /// Allow the admin API's writes (POST, PATCH, DELETE under `/api/v1`)
@@ -510,6 +513,7 @@ impl Default for HttpSettings {
             auth: false,
             open_paths: vec!["/health".to_owned(), "/ready".to_owned(), "/metrics".to_owned()],
             max_connections: 256,
+            max_connections_per_ip: 64,
             idle_timeout: Duration::from_secs(60),
             admin_writes: false,
             allowed_hosts: Vec::new(),
@@ -821,6 +825,9 @@ impl Settings {
         }
         if self.http.max_connections == 0 {
             return bad("http.max_connections", "must be at least 1");
+        }
+        if self.http.max_connections_per_ip == 0 {
+            return bad("http.max_connections_per_ip", "must be at least 1");
         }
         if self.http.idle_timeout.get().is_zero() {
             return bad("http.idle_timeout", "must be more than 0");

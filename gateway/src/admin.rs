@@ -117,7 +117,15 @@ impl Failure {
                 | ResponseError::GroupAuthorizationFailed
                 | ResponseError::ClusterAuthorizationFailed,
             ) => StatusCode::FORBIDDEN,
-            Some(ResponseError::TopicAlreadyExists | ResponseError::NonEmptyGroup) => StatusCode::CONFLICT,
+            // A group whose members came back: the reset of an empty
+            // group's offsets lost the race with a member's join.
+            Some(
+                ResponseError::TopicAlreadyExists
+                | ResponseError::NonEmptyGroup
+                | ResponseError::UnknownMemberId
+                | ResponseError::RebalanceInProgress
+                | ResponseError::IllegalGeneration,
+            ) => StatusCode::CONFLICT,
             // Over the controller mutation quota: try again later.
             Some(ResponseError::ThrottlingQuotaExceeded) => StatusCode::TOO_MANY_REQUESTS,
             Some(
@@ -135,7 +143,9 @@ impl Failure {
                 | ResponseError::CoordinatorLoadInProgress
                 | ResponseError::KafkaStorageError
                 | ResponseError::RequestTimedOut
-                | ResponseError::NotController,
+                | ResponseError::NotController
+                | ResponseError::NotLeaderOrFollower
+                | ResponseError::LeaderNotAvailable,
             ) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -637,10 +647,23 @@ async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answ
     let listed = list_all_groups(&ctx, &client).await?;
     let mut groups = Vec::with_capacity(listed.len());
     for (id, (state, protocol_type)) in listed {
-        let lag = visible_lag(&ctx, &client, &id)
-            .await
-            .map(|p| p.iter().filter_map(|p| p.lag).sum::<i64>())
-            .ok();
+        // ListGroups lists every group to whoever may describe the cluster;
+        // a group's offsets (its lag) only to whoever may describe it, as
+        // OffsetFetch answers.
+        let lag = if api::authorized(
+            ctx.as_ref(),
+            &client,
+            Operation::Describe,
+            ResourceType::Group,
+            &id,
+        ) {
+            visible_lag(&ctx, &client, &id)
+                .await
+                .map(|p| p.iter().filter_map(|p| p.lag).sum::<i64>())
+                .ok()
+        } else {
+            None
+        };
         groups.push(json!({"group_id": id, "state": state, "protocol_type": protocol_type, "lag": lag}));
     }
     Ok(Json(json!({ "groups": groups })))
@@ -831,7 +854,9 @@ async fn reset_offsets(
             }
         }
         None => {
-            for p in crate::metrics::group_lag(&ctx, &id)
+            // The topics the caller may describe, as Kafka's tool resets
+            // those its offset listing shows.
+            for p in visible_lag(&ctx, &client, &id)
                 .await
                 .map_err(|e| Failure::storage(&e))?
             {
@@ -940,8 +965,22 @@ async fn reset_offsets(
     };
     for t in &committed.topics {
         for p in &t.partitions {
-            if p.error_code != 0 {
-                return Err(Failure::kafka(p.error_code, None));
+            match ResponseError::try_from_code(p.error_code) {
+                None => {}
+                // A member joined since the group was seen empty: nothing
+                // was committed (the coordinator refuses every partition).
+                Some(
+                    ResponseError::UnknownMemberId
+                    | ResponseError::RebalanceInProgress
+                    | ResponseError::IllegalGeneration,
+                ) => {
+                    return Err(Failure::new(
+                        StatusCode::CONFLICT,
+                        "NON_EMPTY_GROUP",
+                        format!("group {id} has members again: offsets can be reset only while it has none"),
+                    ));
+                }
+                Some(_) => return Err(Failure::kafka(p.error_code, None)),
             }
         }
     }

@@ -41,21 +41,27 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
             let _ = shutdown.wait_for(|stop| *stop).await;
         }
     };
+    let limits = Limits::new(&ctx.settings.http);
     let served = match ctx.security.tls.clone().filter(|_| ctx.settings.http.tls) {
         Some(tls) => {
             let (tx, rx) = mpsc::channel(64);
             let local = listener.local_addr();
-            let acceptor = tokio::spawn(accept_tls(listener, tls, tx, shutdown.clone()));
-            let listener = Bounded::new(TlsListener { rx, local }, &ctx.settings.http);
-            let served = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
-                .with_graceful_shutdown(stop)
-                .await;
+            let acceptor = tokio::spawn(accept_tls(listener, tls, limits, tx, shutdown.clone()));
+            let served = axum::serve(
+                TlsListener { rx, local },
+                app.into_make_service_with_connect_info::<Peer>(),
+            )
+            .with_graceful_shutdown(stop)
+            .await;
             acceptor.abort();
             served
         }
         None => {
             axum::serve(
-                Bounded::new(listener, &ctx.settings.http),
+                Bounded {
+                    inner: listener,
+                    limits,
+                },
                 app.into_make_service_with_connect_info::<Peer>(),
             )
             .with_graceful_shutdown(stop)
@@ -71,49 +77,90 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>, shutdown: watch::Re
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
-impl<L> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Bounded<L>>> for Peer
-where
-    L: axum::serve::Listener<Addr = SocketAddr>,
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, Bounded<L>>) -> Self {
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Bounded>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Bounded>) -> Self {
         Peer(*stream.remote_addr())
     }
 }
 
-/// A listener whose connections are at most `http.max_connections` (more
-/// wait to be accepted, in the kernel's backlog, so slow or idle clients
-/// cannot take the file descriptors the Kafka listeners need) and close
-/// after `http.idle_timeout` without a byte from the client (a client that
-/// sent half a request and stalls: hyper's own header timeout is off under
-/// axum; or an idle keep-alive).
-struct Bounded<L> {
-    inner: L,
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// What bounds the HTTP listener's connections, so slow, idle or many
+/// clients cannot take the file descriptors the Kafka listeners need, nor
+/// every place (health probes' included): at most `http.max_connections`
+/// (more wait to be accepted, in the kernel's backlog, before any TLS
+/// handshake), at most `http.max_connections_per_ip` from one address
+/// (more are closed at once), and each closed once a request has taken
+/// `http.idle_timeout` from its first byte without an answer, or once it
+/// moved no byte for that long (hyper's own header timeout is off under
+/// axum).
+#[derive(Clone)]
+struct Limits {
     permits: Arc<tokio::sync::Semaphore>,
+    per_address: Arc<crate::server::PerAddress>,
     idle: Duration,
 }
 
-impl<L> Bounded<L> {
-    fn new(inner: L, settings: &ketch_config::HttpSettings) -> Self {
+impl Limits {
+    fn new(settings: &ketch_config::HttpSettings) -> Self {
         Self {
-            inner,
             permits: Arc::new(tokio::sync::Semaphore::new(settings.max_connections)),
+            per_address: Arc::new(crate::server::PerAddress::uniform(
+                settings.max_connections_per_ip,
+            )),
             idle: settings.idle_timeout.get(),
+        }
+    }
+
+    /// A place among `http.max_connections`, once one is free.
+    async fn place(&self) -> tokio::sync::OwnedSemaphorePermit {
+        match self.permits.clone().acquire_owned().await {
+            Ok(permit) => permit,
+            // Never closed.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// The connection from `peer` holding `permit`, bounded; `None` (and
+    /// logged) when its address has its share open already.
+    fn admit<S>(
+        &self,
+        io: S,
+        peer: SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Option<Guarded<S>> {
+        match self.per_address.admit(peer.ip()) {
+            Ok(slot) => Some(Guarded::new(io, (permit, slot), self.idle)),
+            Err(limit) => {
+                tracing::debug!(%peer, limit, "http listener: the address has http.max_connections_per_ip open; closing the connection");
+                None
+            }
         }
     }
 }
 
-impl<L: axum::serve::Listener> axum::serve::Listener for Bounded<L> {
-    type Io = Guarded<L::Io>;
-    type Addr = L::Addr;
+/// The plain HTTP listener, bounded by [`Limits`].
+struct Bounded {
+    inner: TcpListener,
+    limits: Limits,
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = Guarded<TcpStream>;
+    type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let permit = match self.permits.clone().acquire_owned().await {
-            Ok(permit) => permit,
-            // Never closed.
-            Err(_) => std::future::pending().await,
-        };
-        let (io, addr) = self.inner.accept().await;
-        (Guarded::new(io, permit, self.idle), addr)
+        loop {
+            let permit = self.limits.place().await;
+            let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            if let Some(io) = self.limits.admit(io, addr, permit) {
+                return (io, addr);
+            }
+        }
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
@@ -121,29 +168,55 @@ impl<L: axum::serve::Listener> axum::serve::Listener for Bounded<L> {
     }
 }
 
-/// A connection holding its place among `http.max_connections`, failing
-/// its reads once it moved no byte for `http.idle_timeout`.
+/// A connection holding its places (among `http.max_connections` and its
+/// address's), failing its reads once it moved no byte for
+/// `http.idle_timeout`, or once a request has taken that long from its
+/// first byte without a byte of answer (a client trickling a request byte
+/// by byte holds no place for ever).
 struct Guarded<S> {
     inner: S,
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _places: (tokio::sync::OwnedSemaphorePermit, crate::server::AddressSlot),
     timeout: Duration,
     idle: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Whether the connection wrote since it last read: its next read
+    /// starts a request, and the request's time.
+    answered: bool,
 }
 
 impl<S> Guarded<S> {
-    fn new(inner: S, permit: tokio::sync::OwnedSemaphorePermit, timeout: Duration) -> Self {
+    fn new(
+        inner: S,
+        places: (tokio::sync::OwnedSemaphorePermit, crate::server::AddressSlot),
+        timeout: Duration,
+    ) -> Self {
         Self {
             inner,
-            _permit: permit,
+            _places: places,
             timeout,
             idle: Box::pin(tokio::time::sleep(timeout)),
+            answered: true,
         }
     }
 
-    /// The connection moved: its idle time starts again.
-    fn moved(&mut self) {
+    /// The connection's time starts again.
+    fn restart(&mut self) {
         let deadline = tokio::time::Instant::now() + self.timeout;
         self.idle.as_mut().reset(deadline);
+    }
+
+    /// The client sent bytes: the first of a request starts its time; the
+    /// rest of it does not.
+    fn read_some(&mut self) {
+        if self.answered {
+            self.answered = false;
+            self.restart();
+        }
+    }
+
+    /// The gateway answered: the connection's time starts again.
+    fn wrote_some(&mut self) {
+        self.answered = true;
+        self.restart();
     }
 }
 
@@ -156,15 +229,18 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Guarded<S> {
         use std::future::Future as _;
         use std::task::Poll;
         let this = &mut *self;
+        let before = buf.filled().len();
         match std::pin::Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(read) => {
-                this.moved();
+                if buf.filled().len() > before {
+                    this.read_some();
+                }
                 Poll::Ready(read)
             }
             Poll::Pending => match this.idle.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    "the HTTP client sent nothing for too long",
+                    "the HTTP client sent nothing, or no whole request, for too long",
                 ))),
                 Poll::Pending => Poll::Pending,
             },
@@ -180,7 +256,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Guarded<S> {
     ) -> std::task::Poll<std::io::Result<usize>> {
         let written = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
+            self.wrote_some();
         }
         written
     }
@@ -206,7 +282,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Guarded<S> {
     ) -> std::task::Poll<std::io::Result<usize>> {
         let written = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.moved();
+            self.wrote_some();
         }
         written
     }
@@ -216,14 +292,15 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Guarded<S> {
     }
 }
 
-/// TLS connections whose handshake completed, for axum.
+/// TLS connections whose handshake completed, each already holding its
+/// places ([`accept_tls`]), for axum.
 struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    rx: mpsc::Receiver<(Guarded<TlsStream<TcpStream>>, SocketAddr)>,
     local: std::io::Result<SocketAddr>,
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Guarded<TlsStream<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -243,14 +320,22 @@ impl axum::serve::Listener for TlsListener {
 }
 
 /// Accepts TCP connections and completes their TLS handshakes (each on its
-/// own task, bounded in time, so a slow client holds up no other).
+/// own task, bounded in time, so a slow client holds up no other). A
+/// connection takes its places ([`Limits`]) before its handshake: one that
+/// never finishes it holds one of `http.max_connections` for the
+/// handshake's 10 s at most, and no more are accepted while none is free.
 async fn accept_tls(
     listener: TcpListener,
     tls: Arc<crate::auth::tls::Tls>,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    limits: Limits,
+    ready: mpsc::Sender<(Guarded<TlsStream<TcpStream>>, SocketAddr)>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
+        let permit = tokio::select! {
+            permit = limits.place() => permit,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|s| *s) => return,
@@ -263,12 +348,23 @@ async fn accept_tls(
                 continue;
             }
         };
+        let Some(socket) = limits.admit(socket, peer, permit) else {
+            continue;
+        };
         let acceptor = tls.http_acceptor();
         let ready = ready.clone();
+        let idle = limits.idle;
         tokio::spawn(async move {
-            match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(socket)).await {
+            let Guarded {
+                inner,
+                _places: places,
+                ..
+            } = socket;
+            match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(inner)).await {
                 Ok(Ok(stream)) => {
-                    let _ = ready.send((stream, peer)).await;
+                    // The idle time starts once the handshake is done; a
+                    // connection axum does not take at once keeps its places.
+                    let _ = ready.send((Guarded::new(stream, places, idle), peer)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "http listener: TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "http listener: TLS handshake timed out"),

@@ -122,9 +122,18 @@ impl PerAddress {
         })
     }
 
+    /// `limit` connections from every address.
+    pub fn uniform(limit: usize) -> Self {
+        Self {
+            limit,
+            overrides: HashMap::new(),
+            open: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
     /// A place for one more connection from `ip`, held until dropped; `Err`
     /// with the address's limit when it has that many open.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<AddressSlot, usize> {
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<AddressSlot, usize> {
         let limit = self.overrides.get(&ip).copied().unwrap_or(self.limit);
         let mut open = self.open.lock().expect("per-address counts");
         let count = open.entry(ip).or_default();
@@ -143,7 +152,7 @@ impl PerAddress {
 }
 
 /// One connection's place among its address's.
-struct AddressSlot {
+pub(crate) struct AddressSlot {
     counts: Arc<PerAddress>,
     ip: IpAddr,
 }

@@ -6,8 +6,11 @@ and Debian's kcat authenticating with SCRAM and PLAIN over TLS."""
 
 import base64
 import json
+import os
+import socket
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -84,6 +87,43 @@ def test_https_with_basic_authentication_and_open_paths(redis_url, certs):
         # Plain HTTP on the HTTPS port gets nowhere.
         with pytest.raises(Exception):
             urllib.request.urlopen(f"http://{gateway.http}/health", timeout=5).read()
+    finally:
+        error = stop_ketch(gateway)
+    assert error is None, error
+
+
+def test_https_connections_take_their_place_before_the_handshake(redis_url, certs):
+    """Connections that never start their TLS handshake hold places among
+    http.max_connections: no more are accepted meanwhile (they wait in the
+    kernel's backlog, holding no file descriptor of the gateway's), and each
+    gives its place back when its handshake ends."""
+    gateway = start_ketch(redis_url, node_id=0, settings=[
+        f"tls.cert_file={certs / 'server.pem'}",
+        f"tls.key_file={certs / 'server.key'}",
+        "http.tls=true",
+        "http.max_connections=2",
+    ])
+    try:
+        pid = gateway.process.proc.pid
+        host, port = gateway.http.split(":")
+
+        def descriptors():
+            return len(os.listdir(f"/proc/{pid}/fd"))
+
+        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        assert get(f"https://{gateway.http}/health", context) == (200, "ok\n")
+        before = descriptors()
+        silent = [socket.create_connection((host, int(port))) for _ in range(50)]
+        # Every one was queued or accepted; the gateway holds at most two.
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            assert descriptors() <= before + 2, (before, descriptors())
+            time.sleep(0.1)
+        # Closed, they give their places back (their handshakes fail), and
+        # the backlog drains.
+        for s in silent:
+            s.close()
+        assert get(f"https://{gateway.http}/health", context) == (200, "ok\n")
     finally:
         error = stop_ketch(gateway)
     assert error is None, error

@@ -49,6 +49,28 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     })
 }
 
+/// A blocking TCP connection to `to` from the local address `from` (any
+/// of 127.0.0.0/8 is this host's on Linux): a client at another address.
+pub fn tcp_connect_from(from: std::net::IpAddr, to: std::net::SocketAddr) -> std::net::TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("a runtime to connect in");
+    let stream = runtime
+        .block_on(async {
+            let socket = if from.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            socket.bind(std::net::SocketAddr::new(from, 0))?;
+            socket.connect(to).await?.into_std()
+        })
+        .unwrap_or_else(|e| panic!("connect to {to} from {from}: {e}"));
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
 /// A topic name no other test uses: `prefix-<random hex>`.
 pub fn unique_topic(prefix: &str) -> String {
     format!("{prefix}-{:016x}", rand::random::<u64>())

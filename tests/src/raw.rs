@@ -76,23 +76,7 @@ impl KafkaConn {
     /// A connection from the local address `from` (any of 127.0.0.0/8 is
     /// this host's on Linux): a client at another address.
     pub fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()
-            .expect("a runtime to connect in");
-        let stream = runtime
-            .block_on(async {
-                let socket = if from.is_ipv4() {
-                    tokio::net::TcpSocket::new_v4()?
-                } else {
-                    tokio::net::TcpSocket::new_v6()?
-                };
-                socket.bind(SocketAddr::new(from, 0))?;
-                socket.connect(addr).await?.into_std()
-            })
-            .expect("connect to ketch");
-        stream.set_nonblocking(false).expect("blocking");
-        Self::over(stream, "ketch-tests")
+        Self::over(crate::tcp_connect_from(from, addr), "ketch-tests")
     }
 
     fn over(stream: TcpStream, client_id: &str) -> Self {

@@ -727,6 +727,29 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A reset of every topic the group committed resets those the caller
+    // may describe, as Kafka's tool resets what its offset listing shows.
+    let (status, reset) = api(
+        &ketch,
+        "POST",
+        &format!("/api/v1/groups/{group}/offsets"),
+        Some(r#"{"to": "latest"}"#),
+    );
+    assert_eq!(status, 200, "{reset}");
+    let (_, described) = api(&ketch, "GET", &format!("/api/v1/groups/{group}"), None);
+    assert_eq!(described["offsets"][0]["topic"], json!(open), "{described}");
+    // The listing shows a group the caller may not describe, without its
+    // offsets (its lag).
+    assert_eq!(group_lag_listed(&ketch, &group), Some(json!(0)));
+    allow_on(&ketch, 3, &group, "User:alice", 8);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while group_lag_listed(&ketch, &group) != Some(Value::Null) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group's lag is still listed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // A caller that may create a topic but not describe it is told it was
     // created (201 and its name), not refused after the fact.
@@ -737,9 +760,27 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
     assert_eq!((status, answer), (201, json!({"name": blind})));
 }
 
+/// The `lag` `GET /api/v1/groups` lists for `group` (`None`: not listed).
+fn group_lag_listed(ketch: &Ketch, group: &str) -> Option<Value> {
+    let (status, listed) = api(ketch, "GET", "/api/v1/groups", None);
+    assert_eq!(status, 200, "{listed}");
+    listed["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .find(|g| g["group_id"] == json!(group))
+        .map(|g| g["lag"].clone())
+}
+
 /// Creates an ALLOW ACL on the literal topic `topic` for `principal`
 /// (`operation`: Kafka's code) and waits until the gateway holds it.
 fn allow_on_topic(ketch: &Ketch, topic: &str, principal: &str, operation: i8) {
+    allow_on(ketch, 2, topic, principal, operation);
+}
+
+/// [`allow_on_topic`] for a resource of any type (Kafka's code: 2 topic,
+/// 3 group).
+fn allow_on(ketch: &Ketch, resource_type: i8, topic: &str, principal: &str, operation: i8) {
     use kafka_protocol::messages::create_acls_request::AclCreation;
     use kafka_protocol::messages::{CreateAclsRequest, DescribeAclsRequest};
     use kafka_protocol::protocol::StrBytes;
@@ -748,7 +789,7 @@ fn allow_on_topic(ketch: &Ketch, topic: &str, principal: &str, operation: i8) {
         3,
         &CreateAclsRequest::default().with_creations(vec![
             AclCreation::default()
-                .with_resource_type(2)
+                .with_resource_type(resource_type)
                 .with_resource_name(StrBytes::from_string(topic.to_owned()))
                 .with_resource_pattern_type(3)
                 .with_principal(StrBytes::from_string(principal.to_owned()))
@@ -763,7 +804,7 @@ fn allow_on_topic(ketch: &Ketch, topic: &str, principal: &str, operation: i8) {
         let described = conn.request(
             3,
             &DescribeAclsRequest::default()
-                .with_resource_type_filter(2)
+                .with_resource_type_filter(resource_type)
                 .with_resource_name_filter(Some(StrBytes::from_string(topic.to_owned())))
                 .with_pattern_type_filter(3)
                 .with_principal_filter(None)
@@ -828,6 +869,75 @@ fn the_admin_api_shows_configs_and_topics_only_to_who_may_describe_them() {
 /// request after `http.idle_timeout`, and holds at most
 /// `http.max_connections`: a request beyond them is served once a stalled
 /// one is closed, never before.
+/// A client trickling a request byte by byte is cut off once the request
+/// has taken `http.idle_timeout` from its first byte (each byte used to
+/// start the idle time again, so it held its place for ever); and one
+/// address holds at most `http.max_connections_per_ip` connections, so
+/// other clients (health probes) are still served beside it.
+#[test]
+fn one_http_client_cannot_hold_the_listener() {
+    use std::io::{Read, Write};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "http.idle_timeout=1s",
+            "--set",
+            "http.max_connections_per_ip=1",
+        ],
+    );
+    let address: std::net::SocketAddr = format!("127.0.0.1:{}", ketch.http_port()).parse().unwrap();
+    let from = |ip: &str| ketch_tests::tcp_connect_from(ip.parse().unwrap(), address);
+    let health = |mut conn: std::net::TcpStream| {
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let mut answer = String::new();
+        let _ = conn.read_to_string(&mut answer);
+        answer
+    };
+    let mut trickling = from("127.0.0.1");
+    // Its address's only place is taken: another connection from it is
+    // closed unanswered; one from another address is served.
+    assert_eq!(
+        health(from("127.0.0.1")),
+        "",
+        "a second connection from 127.0.0.1 was served"
+    );
+    assert!(health(from("127.0.0.2")).starts_with("HTTP/1.1 200"));
+    let started = std::time::Instant::now();
+    let request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n";
+    let mut cut = false;
+    for byte in request.iter().cycle().take(200) {
+        if trickling.write_all(&[*byte]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if started.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+    }
+    assert!(
+        cut,
+        "a request trickled for {:?} is still open",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cut after {:?}",
+        started.elapsed()
+    );
+    // Its place is given back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !health(from("127.0.0.1")).starts_with("HTTP/1.1 200") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the trickler's place is never given back"
+        );
+    }
+}
+
 #[test]
 fn stalled_http_connections_are_closed_and_bounded() {
     use std::io::{Read, Write};
