@@ -203,11 +203,20 @@ impl Store {
             .filter(|offset| (clean_end..dirty_end).contains(offset))
             .chain(controls)
             .collect();
+        // The log's last batch stays (`keep`, `Tombstones::tail`) when the
+        // pass reaches it, whatever it holds (keyless records, of a topic
+        // written under `delete` before): it is read again too.
+        if dirty_end == start.next && start.next > clean_end {
+            survivors.push(start.next - 1);
+        }
         survivors.sort_unstable();
 
         // The new compacted stream: what was compacted before, then the
         // segments just compacted, each batch less what is superseded.
-        let mut writer = Writer::new(self, &keys, worker);
+        // This pass, told apart from any other of this worker's or
+        // another's (`compact_add.lua`).
+        let pass = format!("{:016x}", rand::random::<u64>());
+        let mut writer = Writer::new(self, &keys, worker, &pass);
         let latest = Arc::new(latest);
         let mut outcome = CompactOutcome {
             clean_end: dirty_end,
@@ -247,7 +256,9 @@ impl Store {
             .compact_add
             .key(&keys.lease)
             .key(&keys.compacting)
+            .key(&keys.meta)
             .arg(worker)
+            .arg(&pass)
             .invoke_async(&mut self.conn())
             .await?;
         if started != 1 {
@@ -394,7 +405,7 @@ impl Store {
             .key(&keys.clean)
             .key(&keys.segments)
             .key(&keys.aborted)
-            .arg(worker)
+            .arg(format!("{worker} {pass}"))
             .arg(start.clean_end.map_or(String::new(), |c| c.to_string()))
             .arg(dirty_end)
             .arg(outcome.bytes_after)
@@ -706,22 +717,25 @@ struct Writer<'a> {
     store: &'a Store,
     keys: &'a PartitionKeys,
     worker: &'a str,
+    pass: &'a str,
     chunk: Vec<(String, Bytes)>,
     bytes: usize,
 }
 
 impl<'a> Writer<'a> {
-    fn new(store: &'a Store, keys: &'a PartitionKeys, worker: &'a str) -> Self {
+    fn new(store: &'a Store, keys: &'a PartitionKeys, worker: &'a str, pass: &'a str) -> Self {
         Self {
             store,
             keys,
             worker,
+            pass,
             chunk: Vec::new(),
             bytes: 0,
         }
     }
 
-    /// Adds a batch; false when the lease is lost (the pass stops).
+    /// Adds a batch; false when the lease is lost or the pass is no longer
+    /// the partition's current one (the pass stops).
     async fn push(&mut self, id: String, batch: Bytes) -> Result<bool> {
         self.bytes += batch.len();
         self.chunk.push((id, batch));
@@ -736,7 +750,10 @@ impl<'a> Writer<'a> {
             return Ok(true);
         }
         let mut call = self.store.scripts.compact_add.key(&self.keys.lease);
-        call.key(&self.keys.compacting).arg(self.worker);
+        call.key(&self.keys.compacting)
+            .key(&self.keys.meta)
+            .arg(self.worker)
+            .arg(self.pass);
         for (id, batch) in self.chunk.drain(..) {
             call.arg(id).arg(&batch[..]);
         }

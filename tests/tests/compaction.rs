@@ -274,6 +274,61 @@ fn a_compacted_topic_keeps_the_latest_record_of_each_key_and_drops_expired_tombs
     );
 }
 
+/// A log whose last batch holds only records without a key (written while
+/// the topic was `delete`) keeps that batch when compaction reaches the
+/// end, as Kafka keeps the last batch of a cleaning round: the pass used to
+/// drop it (it reads again only batches with a record that stays), and a
+/// consumer then stopped below the high watermark, fetching nothing.
+#[test]
+fn a_log_ending_in_records_without_a_key_keeps_its_end_when_compacted() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-keyless-end");
+    ketch.create_topic_with(
+        &ketch_tests::runtime(),
+        &topic,
+        1,
+        &[
+            ("cleanup.policy", "delete"),
+            ("segment.ms", "200"),
+            ("min.cleanable.dirty.ratio", "0"),
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let keyless = Record {
+        timestamp: now_ms(),
+        key: None,
+        value: Some(vec![b'v'; 1024]),
+        headers: Vec::new(),
+    };
+    let first = batch::encode(&[keyed("a", Some("1"))]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, first).0, code::NONE);
+    // More than one read of the pass (1 MiB) between the record that stays
+    // and the end, so the end is not read with it.
+    for _ in 0..12 {
+        let records = vec![keyless.clone(); 100];
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&records)).0,
+            code::NONE
+        );
+    }
+    let end = 1 + 12 * 100;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !redis
+        .segments(&topic, 0)
+        .iter()
+        .any(|s| s["last"].as_i64() == Some(end - 1))
+    {
+        assert!(Instant::now() < deadline, "the log was never sealed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(alter(&ketch, &topic, "cleanup.policy", "compact"), code::NONE);
+    wait_compacted(&redis, &ketch, &topic, end);
+    let offsets: Vec<i64> = read_all(&ketch, &topic).iter().map(|s| s.offset).collect();
+    assert_eq!(offsets.first(), Some(&0));
+    assert_eq!(offsets.last(), Some(&(end - 1)), "the end of the log");
+}
+
 /// Sets one topic config through IncrementalAlterConfigs; its error code.
 fn alter(ketch: &Ketch, topic: &str, name: &str, value: &str) -> i16 {
     raw::set_topic_config(&mut KafkaConn::connect(ketch.kafka_addr()), topic, name, value)
@@ -846,6 +901,100 @@ fn a_batch_whose_last_records_go_keeps_its_last_offset() {
         "one record kept of three, the batch's last offset 2"
     );
     assert_eq!(read_all(&ketch, &topic).len(), 3, "a@0, b@3, c@4");
+}
+
+/// A compaction pass is fenced by a token of its own, beside the lease: a
+/// worker that lost the lease does not remove the holder's stream when it
+/// tries to swap its own pass in (it used to: the holder then swapped in
+/// what was left of its pass, and the log lost those records), and a
+/// worker that got the lease back after another started over cannot go on
+/// writing its old pass after the other's start (the stream would hold the
+/// other's start and this pass's end). The scripts, run as the gateways run
+/// them.
+#[test]
+fn a_compaction_pass_is_fenced_by_its_token_as_well_as_the_lease() {
+    let redis = TestRedis::start();
+    let mut r = redis.connection();
+    let (lease, compacting, meta, clean, segments, aborted) = (
+        "ketch:{t}:lease",
+        "ketch:{t}:compacting",
+        "ketch:{t}:meta",
+        "ketch:{t}:clean",
+        "ketch:{t}:segments",
+        "ketch:{t}:aborted",
+    );
+    let add_script = redis::Script::new(include_str!("../../storage/src/scripts/compact_add.lua"));
+    let add = |r: &mut ketch_tests::TestConnection, worker: &str, pass: &str, entries: &[&str]| -> i64 {
+        let mut call = add_script.prepare_invoke();
+        call.key(lease).key(compacting).key(meta).arg(worker).arg(pass);
+        for id in entries {
+            call.arg(*id).arg("batch");
+        }
+        call.invoke(r).expect("compact_add")
+    };
+    let swap = |r: &mut ketch_tests::TestConnection, worker: &str, pass: &str| -> i64 {
+        redis::Script::new(include_str!("../../storage/src/scripts/compact_swap.lua"))
+            .key(meta)
+            .key(lease)
+            .key(compacting)
+            .key(clean)
+            .key(segments)
+            .key(aborted)
+            .arg(format!("{worker} {pass}"))
+            .arg("")
+            .arg(10)
+            .arg(100)
+            .arg("")
+            .arg(0)
+            .invoke(r)
+            .expect("compact_swap")
+    };
+    let set = |r: &mut ketch_tests::TestConnection, key: &str, value: &str| {
+        let () = redis::cmd("SET").arg(key).arg(value).query(r).expect("SET");
+    };
+    let len = |r: &mut ketch_tests::TestConnection| -> i64 {
+        redis::cmd("XLEN").arg(compacting).query(r).expect("XLEN")
+    };
+    let () = redis::cmd("HSET")
+        .arg(meta)
+        .arg("next_offset")
+        .arg(10)
+        .arg("log_start")
+        .arg(0)
+        .query(&mut r)
+        .expect("HSET");
+
+    // A starts a pass and writes a chunk; the lease passes to B, which
+    // starts over and writes one; A gets the lease back.
+    set(&mut r, lease, "A");
+    assert_eq!(add(&mut r, "A", "a1", &[]), 1);
+    assert_eq!(add(&mut r, "A", "a1", &["0-1"]), 1);
+    set(&mut r, lease, "B");
+    assert_eq!(add(&mut r, "A", "a1", &["1-1"]), 0, "A without the lease");
+    assert_eq!(add(&mut r, "B", "b1", &[]), 1);
+    assert_eq!(add(&mut r, "B", "b1", &["0-1"]), 1);
+    set(&mut r, lease, "A");
+    assert_eq!(
+        add(&mut r, "A", "a1", &["5-1"]),
+        0,
+        "A's old pass after B started over"
+    );
+    assert_eq!(swap(&mut r, "A", "a1"), 0, "A's old pass swapped in");
+    assert_eq!(len(&mut r), 1, "B's stream was changed");
+    // B lost the lease to A: its swap leaves the stream to A's new pass.
+    assert_eq!(add(&mut r, "A", "a2", &[]), 1);
+    assert_eq!(add(&mut r, "A", "a2", &["0-1", "1-1"]), 1);
+    assert_eq!(swap(&mut r, "B", "b1"), 0, "B's pass without the lease");
+    assert_eq!(len(&mut r), 2, "the holder's pass was removed by another's swap");
+    assert_eq!(swap(&mut r, "A", "a2"), 1, "the holder's current pass");
+    let clean_end: String = redis::cmd("HGET")
+        .arg(meta)
+        .arg("clean_end")
+        .query(&mut r)
+        .expect("HGET");
+    assert_eq!(clean_end, "10");
+    let swapped: i64 = redis::cmd("XLEN").arg(clean).query(&mut r).expect("XLEN");
+    assert_eq!(swapped, 2);
 }
 
 /// A worker that does not hold a partition's lease (it lost it to another

@@ -11,7 +11,7 @@
 -- KEYS[4] ketch:{TAG}:clean        the compacted stream
 -- KEYS[5] ketch:{TAG}:segments
 -- KEYS[6] ketch:{TAG}:aborted      the aborted transactions index
--- ARGV[1] the worker's id
+-- ARGV[1] the worker's id, a space, the pass's token (compact_add.lua)
 -- ARGV[2] `clean_end` as the pass read it ('' when there was none)
 -- ARGV[3] the new `clean_end`   ARGV[4] the compacted stream's bytes
 -- ARGV[5] when the segment of the oldest tombstone kept was sealed ('' when none is kept)
@@ -21,22 +21,33 @@
 --         a read_committed reader never looks for a marker that is gone
 -- then pairs: a segment's member as the pass read it, its member after
 --
--- Reply: 1 swapped; 0 the lease is another's or another pass finished
--- first (nothing changed); -1 the partition is gone.
+-- Reply: 1 swapped; 0 the lease is another's, the pass is not the
+-- current one, or another pass finished first (nothing changed); -1 the
+-- partition is gone.
+local worker, pass = string.match(ARGV[1], '^(%S+) (%S+)$')
+-- Another worker's pass, or a newer one of this worker's, may be writing
+-- KEYS[3]: it is left to its writer (whose start removes leftovers).
+if not worker or redis.call('GET', KEYS[2]) ~= worker then
+  return 0
+end
+local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'clean_end', 'compacting_pass')
+if not meta[1] then
+  redis.call('UNLINK', KEYS[3])
+  return -1
+end
+if meta[4] ~= pass then
+  return 0
+end
+-- This pass's stream from here on.
 local function abandon(reply)
   redis.call('UNLINK', KEYS[3])
+  redis.call('HDEL', KEYS[1], 'compacting_pass')
   return reply
-end
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  return abandon(0)
-end
-local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'clean_end')
-if not meta[1] then
-  return abandon(-1)
 end
 if (meta[3] or '') ~= ARGV[2] then
   return abandon(0)
 end
+redis.call('HDEL', KEYS[1], 'compacting_pass')
 -- DeleteRecords or retention may have moved the log start meanwhile.
 redis.call('XTRIM', KEYS[3], 'MINID', meta[2])
 redis.call('UNLINK', KEYS[4])
