@@ -329,6 +329,51 @@ fn a_log_ending_in_records_without_a_key_keeps_its_end_when_compacted() {
     assert_eq!(offsets.last(), Some(&(end - 1)), "the end of the log");
 }
 
+/// The time index of a compacted topic shrinks with what compaction
+/// removes: its log start never moves (no retention), and the index kept
+/// an entry per few KiB ever appended, growing without bound while
+/// compaction kept the data small. Timestamp lookups still find records.
+#[test]
+fn a_compacted_topics_time_index_shrinks_with_its_log() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-times");
+    create_compacted(&ketch, &topic, &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let start = now_ms();
+    let big = "v".repeat(8 * 1024);
+    for i in 0..200 {
+        let mut record = keyed("a", Some(&big));
+        record.timestamp = start + i;
+        assert_eq!(
+            raw::produce(&mut conn, &topic, 0, batch::encode(&[record])).0,
+            code::NONE
+        );
+    }
+    let tag = &redis.topic_tags(&topic)[0];
+    let entries = || -> i64 {
+        redis::cmd("ZCARD")
+            .arg(format!("ketch:{{{tag}}}:times"))
+            .query(&mut redis.connection())
+            .expect("ZCARD")
+    };
+    // An entry per batch of 8 KiB was appended; what compaction removed
+    // leaves the index.
+    wait_compacted(&redis, &ketch, &topic, 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while entries() > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the time index keeps {} entries",
+            entries()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The one record left (offset 199) is found by its timestamp.
+    assert_eq!(raw::list_offsets(&mut conn, &topic, 0, start).1, 199);
+    assert_eq!(raw::list_offsets(&mut conn, &topic, 0, start + 199).1, 199);
+}
+
 /// Sets one topic config through IncrementalAlterConfigs; its error code.
 fn alter(ketch: &Ketch, topic: &str, name: &str, value: &str) -> i16 {
     raw::set_topic_config(&mut KafkaConn::connect(ketch.kafka_addr()), topic, name, value)

@@ -32,7 +32,7 @@
 -- Reply: {segments sealed, segments deleted, log start offset, producers
 -- expired, local start offset}, or {-1} when the partition does not exist.
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'seg_base', 'seg_bytes',
-  'seg_start_ms', 'seg_max_ts', 'local_start', 'seg_first_ts')
+  'seg_start_ms', 'seg_max_ts', 'local_start', 'seg_first_ts', 'clean_end')
 if not meta[1] then
   return {-1}
 end
@@ -201,8 +201,11 @@ end
 -- running max timestamp, only grow): those below the local start are its
 -- first ranks. At most TIMES_TRIM a call, so a long index (one kept from
 -- before this trim existed) shrinks over several ticks without a long
--- script.
-local below = math.max(local_start, log_start)
+-- script. Those below a compacted topic's `clean_end` go too: its log
+-- start never moves (no retention), and the index would otherwise keep an
+-- entry per few KiB ever appended while compaction keeps the data small;
+-- a lookup there scans the compacted stream from its start instead.
+local below = math.max(local_start, log_start, tonumber(meta[9] or '0'))
 local TIMES_TRIM = 10000
 local lo, hi = 0, math.min(redis.call('ZCARD', KEYS[8]), TIMES_TRIM)
 while lo < hi do
