@@ -1218,27 +1218,33 @@ impl Store {
 
     /// Moves the log start offset to `offset` (`-1`: the high watermark) and
     /// drops the batches wholly below it. Returns the new low watermark.
+    /// With acks=all waiting for replicas (or fsync), it returns once they
+    /// have the change too, as Kafka answers once every replica's log start
+    /// moved; [`StorageError::NotEnoughReplicasAfterAppend`] when they do
+    /// not confirm in time (the deletion stands on the master).
     pub async fn delete_records(&self, topic: &Topic, partition: i32, offset: i64) -> Result<i64> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
         let since = self.wake.generation(&keys.wake);
-        let reply: Vec<i64> = self
-            .scripts
-            .delete_records
-            .key(&keys.meta)
+        let mut invocation = self.scripts.delete_records.key(&keys.meta);
+        invocation
             .key(&keys.log)
             .key(&keys.times)
             .key(&keys.clean)
             .arg(offset)
-            .arg(&keys.wake)
-            .invoke_async(&mut self.conn())
-            .await?;
+            .arg(&keys.wake);
+        let moved =
+            |reply: &Value| matches!(reply, Value::Array(items) if items.first() == Some(&Value::Int(0)));
+        let (reply, confirmed) = self.invoke_unconfirmed(&keys.meta, &invocation, moved).await?;
+        let reply: Vec<i64> =
+            redis::from_redis_value(reply).map_err(|e| StorageError::Data(format!("delete_records: {e}")))?;
         match reply[..] {
             [0, low_watermark] => {
                 // The script told every gateway; this one knows at once.
                 self.wake.wrote(&keys.wake, since, None, Some(low_watermark));
+                confirmed?;
                 Ok(low_watermark)
             }
             [-1] => Err(StorageError::UnknownTopicOrPartition),

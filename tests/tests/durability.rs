@@ -169,6 +169,53 @@ fn offset_commits_and_producer_ids_wait_for_the_replica_too() {
     assert_eq!(conn.request(4, &init).error_code, code::NONE);
 }
 
+/// DeleteRecords is answered once the replica has the new log start, as
+/// Kafka answers once every replica's moved: without it a failover brought
+/// the deleted records back after the deletion was acknowledged. When the
+/// replica does not confirm in time the answer is REQUEST_TIMED_OUT, as
+/// Kafka's delayed deletion expires (the deletion stands).
+#[test]
+fn delete_records_waits_for_the_replica_too() {
+    const REQUEST_TIMED_OUT: i16 = 7;
+    let (primary, replica, ketch) = Ketch::start_with_replica(&["--set", "storage.acks_all_timeout=300ms"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("durable-deletion");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    for i in 0..10 {
+        let batch = batch::encode(&[Record::value(batch::at(i), b"v")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 3), (code::NONE, 3));
+    // Acknowledged: on the replica.
+    let meta = format!("ketch:{{{}}}:meta", primary.topic_tags(&topic)[0]);
+    let on_replica: i64 = redis::cmd("HGET")
+        .arg(&meta)
+        .arg("log_start")
+        .query(&mut replica.connection())
+        .unwrap();
+    assert_eq!(on_replica, 3, "the acknowledged log start is on the replica");
+
+    let frozen = Frozen::freeze(replica.pid());
+    let started = Instant::now();
+    assert_eq!(
+        raw::delete_records(&mut conn, &topic, 0, 5),
+        (REQUEST_TIMED_OUT, -1)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "answered after {:?}, before the acks_all timeout",
+        started.elapsed()
+    );
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -2).1,
+        5,
+        "the deletion stands"
+    );
+    drop(frozen);
+    replica.wait_for_replication("master_link_status:up");
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 6), (code::NONE, 6));
+}
+
 #[test]
 fn concurrent_acks_all_waits_on_a_frozen_replica_do_not_queue_behind_each_other() {
     const CLIENTS: usize = 4;

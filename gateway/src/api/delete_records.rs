@@ -84,5 +84,13 @@ async fn truncate(
     ctx.storage
         .delete_records(&topic, partition, request.offset)
         .await
-        .map_err(|e| error_code(&e))
+        .map_err(|e| match e {
+            // The replicas did not confirm the new log start in time: Kafka's
+            // DelayedDeleteRecords expires with REQUEST_TIMED_OUT (the
+            // deletion stands on the leader).
+            ketch_storage::StorageError::NotEnoughReplicasAfterAppend { .. } => {
+                kafka_protocol::error::ResponseError::RequestTimedOut.code()
+            }
+            e => error_code(&e),
+        })
 }
