@@ -163,4 +163,15 @@ fn list_offsets_special_timestamps() {
         .collect();
     const INVALID_REQUEST: i16 = 42;
     assert_eq!(answers, [(INVALID_REQUEST, -1), (INVALID_REQUEST, -1)]);
+    // Twice, with a timestamp its version does not know: the duplicate is
+    // told first, as Kafka checks it first; so is an unknown topic after
+    // the timestamp's version.
+    let mut twice = raw::list_offsets_request(&topic, 0, -3);
+    let again = twice.topics[0].partitions[0].clone();
+    twice.topics[0].partitions.push(again);
+    let response = conn.request(6, &twice);
+    assert_eq!(response.topics[0].partitions[0].error_code, INVALID_REQUEST);
+    let missing = raw::list_offsets_request(&unique_topic("missing"), 0, -3);
+    let response = conn.request(6, &missing);
+    assert_eq!(response.topics[0].partitions[0].error_code, UNSUPPORTED_VERSION);
 }

@@ -100,10 +100,16 @@ async fn list_partition(
     version: i16,
     committed: bool,
 ) -> ListOffsetsPartitionResponse {
-    let found = if supported(request.timestamp, version) {
-        lookup(ctx, topic, request.partition_index, request.timestamp, committed).await
-    } else {
-        Err(ResponseError::UnsupportedVersion.code())
+    // Kafka's order: authorization, then a duplicate, then the timestamp's
+    // version, then whether the partition exists.
+    let refused_first = [
+        ResponseError::TopicAuthorizationFailed.code(),
+        ResponseError::InvalidRequest.code(),
+    ];
+    let found = match topic {
+        Err(code) if refused_first.contains(&code) => Err(code),
+        _ if !supported(request.timestamp, version) => Err(ResponseError::UnsupportedVersion.code()),
+        topic => lookup(ctx, topic, request.partition_index, request.timestamp, committed).await,
     };
     partition_response(request.partition_index, found, leader_epoch(version))
 }
