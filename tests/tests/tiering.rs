@@ -905,6 +905,47 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)], None);
 }
 
+/// ListOffsets -3 in an archive whose segment's largest timestamp is no
+/// longer there (below the log start here; a transaction marker's, which
+/// is not archived, in the same way): the largest of what the archive still
+/// holds answers, not -1.
+#[test]
+fn the_max_timestamp_is_the_largest_the_archive_still_holds() {
+    use ketch_tests::batch::{self, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("max-archived");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        1,
+        &[("segment.ms", "200"), ("local.retention.bytes", "0")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let base = BASE_TIMESTAMP;
+    for i in 0..20 {
+        // Offset 10 holds the largest timestamp.
+        let timestamp = if i == 10 { base + 1_000_000 } else { base + i };
+        let batch = batch::encode(&[Record::value(timestamp, b"v")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [20]);
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -3),
+        (code::NONE, 10, base + 1_000_000)
+    );
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 15), (code::NONE, 15));
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -3),
+        (code::NONE, 19, base + 19)
+    );
+}
+
 /// Sets a topic config through IncrementalAlterConfigs (SET); every
 /// gateway applies it within half a second.
 fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {

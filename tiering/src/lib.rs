@@ -1339,21 +1339,41 @@ impl Tiers {
         }
         // The segments by their largest timestamp, down: the first whose
         // record with it is still there answers, unless Redis holds a
-        // later one. (A segment's may be gone: below the log start, or
-        // an aborted transaction's data, which is not archived.)
+        // later one. A segment's may be gone (below the log start, or an
+        // aborted transaction's data or a marker, which are not archived):
+        // then the largest of what it holds is a candidate, and the next
+        // segments are looked at while theirs could be larger.
         let mut candidates: Vec<_> = archived.iter().collect();
         candidates.sort_by_key(|s| std::cmp::Reverse(s.max_ts));
+        let mut best = local;
         for segment in candidates {
-            if local.is_some_and(|(_, ts)| ts > segment.max_ts) {
-                return Ok(local);
+            // A segment's `max_ts` bounds what it holds; on a tie the
+            // earlier offset (the archive's) answers, as Kafka's first.
+            if best.is_some_and(|(_, ts)| ts > segment.max_ts) {
+                break;
             }
             let from = segment.base.max(offsets.log_start_offset);
             let wanted = segment.max_ts;
             if let Some(found) = self.reader.find(segment, from, move |ts| ts == wanted).await? {
                 return Ok(Some(found));
             }
+            let mut largest = None;
+            self.reader
+                .find(segment, from, |ts| {
+                    largest = Some(largest.map_or(ts, |l: i64| l.max(ts)));
+                    false
+                })
+                .await?;
+            let Some(largest) = largest else { continue };
+            let Some(found) = self.reader.find(segment, from, move |ts| ts == largest).await? else {
+                continue;
+            };
+            let earlier = |(offset, ts): (i64, i64)| found.1 > ts || (found.1 == ts && found.0 < offset);
+            if best.is_none_or(earlier) {
+                best = Some(found);
+            }
         }
-        Ok(local)
+        Ok(best)
     }
 }
 
