@@ -532,11 +532,14 @@ impl Store {
                 .query_async::<()>(&mut self.conn())
                 .await?;
         }
-        redis::cmd("HSET")
-            .arg(&keys.meta)
+        // Not on a partition whose topic was deleted meanwhile.
+        let _: i64 = self
+            .scripts
+            .hset_existing
+            .key(&keys.meta)
             .arg("log_trimmed")
             .arg(to)
-            .query_async::<()>(&mut self.conn())
+            .invoke_async(&mut self.conn())
             .await?;
         Ok(())
     }
