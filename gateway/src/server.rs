@@ -99,7 +99,7 @@ impl PerAddress {
         let mut overrides = HashMap::new();
         for (host, count) in broker.connection_overrides()? {
             if let Ok(ip) = host.parse::<IpAddr>() {
-                overrides.insert(ip, count);
+                overrides.insert(ip.to_canonical(), count);
                 continue;
             }
             let resolved = tokio::net::lookup_host((host.as_str(), 0)).await.map_err(|e| {
@@ -107,7 +107,7 @@ impl PerAddress {
             })?;
             let mut any = false;
             for address in resolved {
-                overrides.insert(address.ip(), count);
+                overrides.insert(address.ip().to_canonical(), count);
                 any = true;
             }
             anyhow::ensure!(
@@ -134,6 +134,9 @@ impl PerAddress {
     /// A place for one more connection from `ip`, held until dropped; `Err`
     /// with the address's limit when it has that many open.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<AddressSlot, usize> {
+        // An IPv4 client of a dual-stack (`[::]`) listener arrives as
+        // `::ffff:a.b.c.d`: it is that IPv4 address.
+        let ip = ip.to_canonical();
         let limit = self.overrides.get(&ip).copied().unwrap_or(self.limit);
         let mut open = self.open.lock().expect("per-address counts");
         let count = open.entry(ip).or_default();
@@ -1337,6 +1340,9 @@ mod tests {
         assert_eq!(limits.admit(ip("10.0.0.9")).err(), Some(0));
         let only = limits.admit(ip("10.0.0.8")).expect("its one");
         assert_eq!(limits.admit(ip("10.0.0.8")).err(), Some(1));
+        // An IPv4 client of a dual-stack listener is its IPv4 address.
+        let mapped = ip("::ffff:10.0.0.8");
+        assert_eq!(limits.admit(mapped).err(), Some(1), "counted with 10.0.0.8's");
         // Addresses without connections are not kept.
         drop(only);
         assert!(!limits.open.lock().unwrap().contains_key(&ip("10.0.0.8")));

@@ -1355,7 +1355,10 @@ impl Tiers {
             let from = segment.base.max(offsets.log_start_offset);
             let wanted = segment.max_ts;
             if let Some(found) = self.reader.find(segment, from, move |ts| ts == wanted).await? {
-                return Ok(Some(found));
+                // None later can be larger; one found before with the same
+                // timestamp at an earlier offset answers instead.
+                let earlier = best.filter(|(offset, ts)| *ts == found.1 && *offset < found.0);
+                return Ok(earlier.or(Some(found)));
             }
             let mut largest = None;
             self.reader

@@ -5,9 +5,16 @@
 -- it commits.
 --
 -- KEYS[1] ketch:group:{G}:offsets
--- KEYS[2] ketch:group:{G}:txn-offsets (only its 'order' field is read)
+-- KEYS[2] ketch:group:{G}:txn-offsets (its 'order' field, written back
+--         when it had to be rebuilt from the offsets staged)
 -- ARGV    '<topic>:<partition>', offset JSON pairs
-local order = redis.call('HGET', KEYS[2], 'order')
+local order = current_order(KEYS[2])
+if order > 0 then
+  order = string.format('%d', order)
+  redis.call('HSET', KEYS[2], 'order', order)
+else
+  order = nil
+end
 local committed = 0
 for i = 1, #ARGV, 2 do
   local json = ARGV[i + 1]

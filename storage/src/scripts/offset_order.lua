@@ -28,3 +28,20 @@ local function with_order(json, order)
   end
   return string.sub(json, 1, -2) .. ',"order":' .. order .. '}'
 end
+
+-- The last stage's number, from field 'order' of the staged offsets' hash
+-- `staged_key`; when the field is gone (an older release's sweep of
+-- stale staged offsets removes fields it cannot read), the largest number
+-- an offset still staged there carries, so that nothing written now is
+-- ordered before a stage made earlier.
+local function current_order(staged_key)
+  local order = redis.call('HGET', staged_key, 'order')
+  if order then
+    return tonumber(order)
+  end
+  local largest = 0
+  for _, value in ipairs(redis.call('HVALS', staged_key)) do
+    largest = math.max(largest, offset_order(value))
+  end
+  return largest
+end

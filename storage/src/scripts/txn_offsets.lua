@@ -35,7 +35,7 @@ if op == 'stage' then
   redis.call('PERSIST', KEYS[2])
   -- The next order number: above the last stage's, and above those of the
   -- partitions' committed offsets (should the counter have been lost).
-  local order = tonumber(redis.call('HGET', KEYS[2], 'order') or '0')
+  local order = current_order(KEYS[2])
   for i = 5, #ARGV, 2 do
     order = math.max(order, offset_order(redis.call('HGET', KEYS[1], ARGV[i])))
   end
