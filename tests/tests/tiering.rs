@@ -946,6 +946,89 @@ fn the_max_timestamp_is_the_largest_the_archive_still_holds() {
     );
 }
 
+/// A read_committed fetch that steps over an archived aborted transaction
+/// (its records and marker are not archived: a hole) into Redis lists the
+/// aborted transactions from the first offset it sends, as Kafka collects
+/// them from the first batch it reads: it listed the skipped one, whose
+/// marker it never sent, and a client then skipped the producer's next,
+/// committed, transaction too.
+#[test]
+fn a_read_committed_fetch_over_an_archived_abort_keeps_the_next_commit() {
+    use ketch_tests::raw::{self, KafkaConn, code};
+    use rdkafka::producer::Producer;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("archived-abort");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        1,
+        &[("segment.ms", "200"), ("local.retention.bytes", "0")],
+    );
+    let producer = ketch.producer_with(&[("transactional.id", &unique_topic("txn"))]);
+    producer.init_transactions(Duration::from_secs(30)).expect("init");
+    let transaction = |value: &str, commit: bool| {
+        producer.begin_transaction().unwrap();
+        let sent: Vec<_> = (0..3)
+            .map(|_| {
+                producer
+                    .send_result(FutureRecord::<(), _>::to(&topic).payload(value).partition(0))
+                    .map_err(|(e, _)| e)
+                    .expect("queued")
+            })
+            .collect();
+        producer.flush(Duration::from_secs(30)).unwrap();
+        if commit {
+            producer
+                .commit_transaction(Duration::from_secs(30))
+                .expect("commit");
+        } else {
+            producer
+                .abort_transaction(Duration::from_secs(30))
+                .expect("abort");
+        }
+        for delivery in sent {
+            let _ = rt.block_on(delivery);
+        }
+    };
+    transaction("committed", true);
+    transaction("aborted", false);
+    // Sealed, archived and trimmed: the aborted transaction's three records
+    // and its marker end the archive.
+    let [end] = wait_all_trimmed(&redis, &ketch, &topic, 1)[..] else {
+        panic!("one partition")
+    };
+    let aborted_first = end - 4;
+    transaction("next", true);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let response = conn.request(
+        raw::FETCH_VERSION,
+        &raw::fetch_request(&topic, 0, aborted_first, 0).with_isolation_level(1),
+    );
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.error_code, code::NONE);
+    let listed: Vec<i64> = partition
+        .aborted_transactions
+        .iter()
+        .flatten()
+        .map(|a| a.first_offset)
+        .collect();
+    assert!(
+        !listed.contains(&aborted_first),
+        "the skipped transaction is listed: {listed:?}"
+    );
+    let batches = partition.records.clone().expect("the next transaction's records");
+    assert_eq!(
+        i64::from_be_bytes(batches[0..8].try_into().unwrap()),
+        end,
+        "served from the next transaction"
+    );
+}
+
 /// Sets a topic config through IncrementalAlterConfigs (SET); every
 /// gateway applies it within half a second.
 fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {

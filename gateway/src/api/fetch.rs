@@ -771,16 +771,25 @@ async fn add_aborted_transactions(
             else {
                 continue;
             };
-            let (Some(offsets), Some(last)) = (read.offsets, batches.last()) else {
+            let (Some(offsets), Some(first), Some(last)) = (read.offsets, batches.first(), batches.last())
+            else {
                 continue;
             };
-            if offsets.last_abort < target.offset {
+            // From the first offset sent, as Kafka collects them from the
+            // first batch it reads: a read that stepped over a hole of the
+            // archive (an aborted transaction and its marker, not archived)
+            // must not list a transaction whose marker it does not send, or
+            // a read_committed client would skip the producer's next,
+            // committed, transaction too (only an abort marker ends an
+            // aborted producer's skipping).
+            let from = target.offset.max(base_offset(first));
+            if offsets.last_abort < from {
                 continue;
             }
             let to = last_offset(last);
             let found = ctx
                 .storage
-                .aborted_transactions(topic, target.partition, (target.offset, to), offsets.aborted_span)
+                .aborted_transactions(topic, target.partition, (from, to), offsets.aborted_span)
                 .await;
             let Some(data) = responses[t].partitions.get_mut(p) else {
                 continue;
