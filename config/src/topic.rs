@@ -824,6 +824,40 @@ pub fn check_together(before: Configs<'_>, after: Configs<'_>) -> Result<(), Str
     Ok(())
 }
 
+/// Checks cluster-wide defaults (`defaults`: the topic configs they give a
+/// topic without overrides) as Kafka's dynamic broker config validation
+/// does whatever the topics (`DynamicLogConfig.validateReconfiguration`):
+/// `log.local.retention.*` within `log.retention.*`, so that turning remote
+/// storage on for a topic cannot fail on a default nobody set on it.
+pub fn check_local_retention_defaults(defaults: Configs<'_>) -> Result<(), String> {
+    for what in ["bytes", "ms"] {
+        let retention = defaults.number(&format!("retention.{what}"));
+        let local = defaults.number(&format!("local.retention.{what}"));
+        let (local_name, retention_name) = if what == "ms" {
+            ("log.local.retention.ms", "log.retention.ms")
+        } else {
+            ("log.local.retention.bytes", "log.retention.bytes")
+        };
+        if retention > -1 && local != -2 {
+            if local == -1 {
+                return Err(invalid(
+                    local_name,
+                    "-1",
+                    format!("Value must not be -1 as {retention_name} value is set as {retention}."),
+                ));
+            }
+            if local > retention {
+                return Err(invalid(
+                    local_name,
+                    &local.to_string(),
+                    format!("Value must not be more than {retention_name} property value: {retention}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A valid value of a config that ketch accepts (other than its default
 /// where it can) and an invalid one, both derived from its definition: the
 /// table the tests of every config are driven by.

@@ -957,10 +957,43 @@ fn list_config_resources_lists_topics_and_the_brokers_clients_see() {
     let (_, topics) = list(&mut KafkaConn::connect(b.kafka_addr()), 1, vec![RESOURCE_TOPIC]);
     assert!(topics.iter().all(|(t, _)| *t == RESOURCE_TOPIC) && topics.contains(&(RESOURCE_TOPIC, topic)));
     assert_eq!(list(&mut conn, 1, vec![9]).0, code::UNSUPPORTED_VERSION);
+    // Broker loggers are a type Kafka lists; ketch has none.
+    assert_eq!(list(&mut conn, 1, vec![8]), (code::NONE, vec![]));
     assert_eq!(
         list(&mut conn, 0, vec![]),
         (code::NONE, vec![]),
         "no client-metrics subscriptions"
+    );
+}
+
+/// A cluster-wide `log.local.retention.*` is checked against
+/// `log.retention.*` whatever the topics, as Kafka's dynamic broker config
+/// validation does: it was accepted when no topic had remote storage, and
+/// turning remote storage on for a topic then failed on a config nobody set
+/// on it.
+#[test]
+fn cluster_wide_local_retention_is_checked_against_retention() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let set = |conn: &mut KafkaConn, name: &str, value: &str| {
+        incremental(
+            conn,
+            vec![resource(RESOURCE_BROKER, "", vec![op(name, SET, Some(value))])],
+            false,
+        )
+    };
+    let refused = set(&mut conn, "log.local.retention.ms", "-1");
+    assert_eq!(refused[0].0, code::INVALID_REQUEST, "{refused:?}");
+    assert!(refused[0].1.contains("log.retention.ms"), "{refused:?}");
+    assert_eq!(set(&mut conn, "log.local.retention.ms", "5000")[0].0, code::NONE);
+    let refused = set(&mut conn, "log.retention.ms", "1000");
+    assert_eq!(refused[0].0, code::INVALID_REQUEST, "{refused:?}");
+    assert!(
+        refused[0]
+            .1
+            .contains("Value must not be more than log.retention.ms"),
+        "{refused:?}"
     );
 }
 

@@ -315,6 +315,7 @@ async fn alter_cluster_defaults(
         let (before, after) = (base.with_cluster(&current).0, base.with_cluster(&validated).0);
         let none = BTreeMap::new();
         topic::check_together(Configs::new(&none, &before), Configs::new(&none, &after)).map_err(refused)?;
+        topic::check_local_retention_defaults(Configs::new(&none, &after)).map_err(refused)?;
         for topic in ctx.storage.all_topics().await.map_err(storage_failure)? {
             topic::check_together(
                 Configs::new(&topic.configs, &before),

@@ -3,8 +3,9 @@
 //! ListClientMetricsResources) lists client-metrics subscriptions; version 1
 //! lists the types asked for, all of them when none is named: every topic,
 //! every broker clients see (in load-balancer mode the one advertised),
-//! and no groups or client-metrics subscriptions (ketch keeps no group
-//! configs and no client-metrics subscriptions). Needs DESCRIBE_CONFIGS on
+//! and no groups, broker loggers or client-metrics subscriptions (ketch
+//! keeps no group configs, no broker loggers and no client-metrics
+//! subscriptions). Needs DESCRIBE_CONFIGS on
 //! the cluster, as in Kafka.
 
 use kafka_protocol::error::ResponseError;
@@ -17,6 +18,7 @@ use crate::auth::acl::Operation;
 
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
+const BROKER_LOGGER: i8 = 8;
 const CLIENT_METRICS: i8 = 16;
 const GROUP: i8 = 32;
 
@@ -38,10 +40,11 @@ pub async fn handle(
         req.resource_types
     };
     // A type that has no configs (Kafka answers UNSUPPORTED_VERSION; the
-    // response has no message field).
+    // response has no message field). Broker loggers are a type Kafka
+    // lists, but ketch has none to describe: none are listed.
     if types
         .iter()
-        .any(|t| ![TOPIC, BROKER, GROUP, CLIENT_METRICS].contains(t))
+        .any(|t| ![TOPIC, BROKER, BROKER_LOGGER, GROUP, CLIENT_METRICS].contains(t))
     {
         return response.with_error_code(ResponseError::UnsupportedVersion.code());
     }
