@@ -329,6 +329,10 @@ pub struct TieringSettings {
     pub compression_level: Option<i32>,
     /// Decoded row groups kept in memory for sequential remote readers.
     pub read_cache_bytes: usize,
+    /// How long a fetch waits for a read from the archive (Kafka's
+    /// `remote.fetch.max.wait.ms`): past it the partition is answered with
+    /// no records, and the read goes on to fill the cache for the next fetch.
+    pub remote_fetch_max_wait: Duration,
     /// Snapshots of a topic's table younger than this are never expired:
     /// engines may time-travel to them or resume incremental reads from them.
     pub snapshot_retention: Duration,
@@ -588,6 +592,7 @@ impl Default for TieringSettings {
             compression: "zstd".to_owned(),
             compression_level: None,
             read_cache_bytes: 64 * 1024 * 1024,
+            remote_fetch_max_wait: Duration::from_millis(500),
             snapshot_retention: Duration::from_secs(3600),
             snapshots_kept: 10,
             maintenance_commits: 20,
@@ -828,6 +833,9 @@ impl Settings {
         }
         if self.http.max_connections_per_ip == 0 {
             return bad("http.max_connections_per_ip", "must be at least 1");
+        }
+        if self.tiering.remote_fetch_max_wait.get().is_zero() {
+            return bad("tiering.remote_fetch_max_wait", "must be more than 0");
         }
         if self.http.idle_timeout.get().is_zero() {
             return bad("http.idle_timeout", "must be more than 0");

@@ -82,6 +82,11 @@ impl S3Server {
         })
     }
 
+    /// The server's process id (for SIGSTOP/SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

@@ -1029,6 +1029,106 @@ fn a_read_committed_fetch_over_an_archived_abort_keeps_the_next_commit() {
     );
 }
 
+/// A fetch that reads the archive is answered as soon as the read is done,
+/// whatever its `min_bytes` (Kafka answers a fetch with a remote read when
+/// that read completes: it used to wait for appends until `max_wait`); and
+/// a read the object store does not answer is cut off after
+/// `tiering.remote_fetch_max_wait`, answering that partition with no records
+/// and the fetch's other partitions with theirs (it held them all until the
+/// object store's own timeouts, seconds to minutes).
+#[test]
+fn a_fetch_from_the_archive_neither_waits_for_min_bytes_nor_for_a_frozen_object_store() {
+    use ketch_tests::batch::{self, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &s3.ketch_settings("warehouse"));
+    let rt = runtime();
+    let topic = unique_topic("remote-wait");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        2,
+        &[("segment.ms", "200"), ("local.retention.bytes", "0")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let produce = |conn: &mut KafkaConn, partition: i32, n: i64| {
+        for i in 0..n {
+            let batch = batch::encode(&[Record::value(BASE_TIMESTAMP + i, b"v")]);
+            let request = raw::produce_request(&topic, partition, batch);
+            assert_eq!(raw::produce_result(&conn.request(9, &request)).0, code::NONE);
+        }
+    };
+    produce(&mut conn, 0, 20);
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 2), [20, 0]);
+
+    // min_bytes far above what the archive holds: answered at once.
+    let mut request = raw::fetch_request(&topic, 0, 5, 3_000).with_min_bytes(10 << 20);
+    request.topics[0].partitions[0].partition_max_bytes = 1 << 20;
+    let started = Instant::now();
+    let (error, _, records) = raw::fetch_result(&conn.request(raw::FETCH_VERSION, &request));
+    assert_eq!(error, code::NONE);
+    assert!(raw::count_records(&records.expect("records")) > 0);
+    assert!(
+        started.elapsed() < Duration::from_millis(2_000),
+        "answered after {:?}",
+        started.elapsed()
+    );
+
+    // The object store stops answering; partition 1 has records in Redis.
+    produce(&mut conn, 1, 3);
+    let frozen = ketch_tests::Frozen::freeze(s3.pid());
+    let ketch_cold = tiered_gateway(
+        &redis,
+        &dir.path().join("data-cold"),
+        &s3.ketch_settings("warehouse"),
+    );
+    let mut cold = KafkaConn::connect(ketch_cold.kafka_addr());
+    let request = raw::fetch_partitions_request(&topic, &[(0, 0), (1, 0)], 1 << 20).with_max_wait_ms(500);
+    let started = Instant::now();
+    let response = cold.request(raw::FETCH_VERSION, &request);
+    let elapsed = started.elapsed();
+    let partitions = &response.responses[0].partitions;
+    assert_eq!(
+        (partitions[0].error_code, partitions[1].error_code),
+        (code::NONE, code::NONE)
+    );
+    assert_eq!(
+        partitions[0]
+            .records
+            .as_ref()
+            .map_or(0, |r| raw::count_records(r)),
+        0,
+        "the archive's partition, unanswered"
+    );
+    assert_eq!(
+        raw::count_records(partitions[1].records.as_ref().expect("Redis's partition")),
+        3
+    );
+    assert!(
+        elapsed < Duration::from_millis(2_500),
+        "answered after {elapsed:?}"
+    );
+    // The object store answers again: so does the archive.
+    drop(frozen);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let response = cold.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 0));
+        let (error, _, records) = raw::fetch_result(&response);
+        if error == code::NONE && records.as_ref().is_some_and(|r| raw::count_records(r) > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the archive is never read again: error {error}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Sets a topic config through IncrementalAlterConfigs (SET); every
 /// gateway applies it within half a second.
 fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {

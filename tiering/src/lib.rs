@@ -1058,6 +1058,8 @@ const LOOKUP_ATTEMPTS: usize = 3;
 pub struct Tiers {
     store: Store,
     reader: Arc<RemoteReader>,
+    /// `tiering.remote_fetch_max_wait`.
+    remote_wait: Duration,
     /// Per partition (its meta key): what its last archive read learnt.
     hints: std::sync::Mutex<std::collections::HashMap<String, Hint>>,
 }
@@ -1079,6 +1081,7 @@ impl Tiers {
     pub fn new(store: Store, settings: &TieringSettings, metrics: Arc<Metrics>) -> Self {
         Self {
             reader: Arc::new(RemoteReader::new(settings, metrics)),
+            remote_wait: settings.remote_fetch_max_wait.get(),
             store,
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
@@ -1130,10 +1133,25 @@ impl Tiers {
                 },
             };
             let batches = if segment.path.is_some() {
-                self.reader
-                    .read(&segment, offset, request.max_bytes)
-                    .await
-                    .map(|read| (read.batches, read.near_end))
+                // At most `remote_fetch_max_wait`, as Kafka's delayed remote
+                // fetch: a slow or unreachable object store holds up neither
+                // the fetch's other partitions nor the client past its
+                // request timeout. The read goes on, filling the cache.
+                let (reader, archived, max_bytes) = (self.reader.clone(), segment.clone(), request.max_bytes);
+                let mut reading =
+                    tokio::spawn(async move { reader.read(&archived, offset, max_bytes).await });
+                match tokio::time::timeout(self.remote_wait, &mut reading).await {
+                    Ok(Ok(read)) => read.map(|read| (read.batches, read.near_end)),
+                    Ok(Err(e)) => Err(Error::Data(format!("archive read: {e}"))),
+                    Err(_) => {
+                        tracing::debug!(topic = %topic.name, partition, offset,
+                            "an archive read outlasted tiering.remote_fetch_max_wait; answering no records");
+                        return Ok(ReadPartition {
+                            offsets: Some(offsets),
+                            batches: Vec::new(),
+                        });
+                    }
+                }
             } else if segment.quarantine.is_some() {
                 self.store
                     .read_quarantined(topic, partition, &segment, offset, request.max_bytes)

@@ -259,10 +259,15 @@ pub async fn handle(
     loop {
         let (mut responses, mut records, bytes, any_error) =
             assemble(&request.topics, &topics, &reads, max_bytes, read_committed);
-        let Some(w) = watch
-            .as_ref()
-            .filter(|_| bytes < min_bytes && !any_error && Instant::now() < deadline && !*shutdown.borrow())
-        else {
+        // A fetch that read from the archive is answered at once, as Kafka
+        // answers a fetch with a remote read when that read completes,
+        // whatever `min_bytes`: an archived segment's end (or a read cut
+        // off by `tiering.remote_fetch_max_wait`) is no reason to wait for
+        // appends.
+        let remote = read_the_archive(&topics, &reads);
+        let Some(w) = watch.as_ref().filter(|_| {
+            bytes < min_bytes && !any_error && !remote && Instant::now() < deadline && !*shutdown.borrow()
+        }) else {
             if let Some(since) = waited {
                 ctx.requests.fetch_waited(since.elapsed());
             }
@@ -305,6 +310,16 @@ pub async fn handle(
         };
         reads = read_all(ctx, &topics, &fired, reads, max_bytes, read_committed).await;
     }
+}
+
+/// Whether a partition of the fetch was read at an offset below its local
+/// start: from the archive.
+fn read_the_archive(topics: &[Vec<Target>], reads: &[Vec<Option<ReadResult>>]) -> bool {
+    topics.iter().zip(reads).any(|(targets, reads)| {
+        targets.iter().zip(reads).any(|(target, read)| {
+            matches!(read, Some(Ok(ReadPartition { offsets: Some(o), .. })) if target.offset < o.local_start_offset)
+        })
+    })
 }
 
 /// The records and bytes a response sends, per topic.
