@@ -79,6 +79,11 @@ pub struct RemoteReader {
     metrics: Arc<Metrics>,
     /// Slices read ahead of a sequential reader.
     read_ahead: usize,
+    /// Windows read ahead at once, of every reader together: about a
+    /// quarter of the cache, so that many readers of the archive at once
+    /// decode no more ahead than the cache can keep (each used to start
+    /// its own sixteen slices).
+    max_ahead: usize,
 }
 
 impl RemoteReader {
@@ -94,6 +99,7 @@ impl RemoteReader {
             loading: Mutex::new(HashMap::new()),
             metrics,
             read_ahead: (settings.read_cache_bytes / (4 * SLICE_BYTES)).clamp(1, READ_AHEAD),
+            max_ahead: (settings.read_cache_bytes / (4 * WINDOW_SLICES * SLICE_BYTES)).max(1),
         }
     }
 
@@ -232,9 +238,7 @@ impl RemoteReader {
         at: Position,
     ) {
         let key = at.window_key(path);
-        if self.slices.lock().expect("slices").contains(&at.key(path))
-            || !self.ahead.lock().expect("read ahead").insert(key.clone())
-        {
+        if self.slices.lock().expect("slices").contains(&at.key(path)) || !self.claim_ahead(&key) {
             return;
         }
         let (reader, segment, footer, path) =
@@ -245,6 +249,13 @@ impl RemoteReader {
             }
             reader.ahead.lock().expect("read ahead").remove(&key);
         });
+    }
+
+    /// Whether `key`'s window may be read ahead now: not being read ahead
+    /// already, and fewer than `max_ahead` windows are.
+    fn claim_ahead(&self, key: &WindowKey) -> bool {
+        let mut ahead = self.ahead.lock().expect("read ahead");
+        ahead.len() < self.max_ahead && ahead.insert(key.clone())
     }
 
     async fn footer(&self, segment: &Segment, path: &str) -> Result<ArrowReaderMetadata> {
@@ -599,6 +610,27 @@ mod tests {
         writer.write(&batch).unwrap();
         writer.close().unwrap();
         ArrowReaderMetadata::load(&Bytes::from(file), ArrowReaderOptions::new()).unwrap()
+    }
+
+    #[test]
+    fn windows_read_ahead_at_once_are_a_quarter_of_the_cache_whatever_the_readers() {
+        let settings = TieringSettings {
+            read_cache_bytes: 64 << 20,
+            ..TieringSettings::default()
+        };
+        let reader = RemoteReader::new(&settings, Arc::new(Metrics::default()));
+        // Windows of 4 MiB: four at once in 64 MiB.
+        let keys: Vec<WindowKey> = (0..10)
+            .map(|i| {
+                let at = Position::of(&footer(1, 1_000, 64), &segment(0, 1_000), 0).unwrap();
+                at.window_key(&format!("file-{i}.parquet"))
+            })
+            .collect();
+        let claimed: Vec<bool> = keys.iter().map(|k| reader.claim_ahead(k)).collect();
+        assert_eq!(claimed.iter().filter(|c| **c).count(), 4, "{claimed:?}");
+        assert!(!reader.claim_ahead(&keys[0]), "one being read ahead");
+        reader.ahead.lock().unwrap().remove(&keys[0]);
+        assert!(reader.claim_ahead(&keys[9]), "a place freed");
     }
 
     #[test]
