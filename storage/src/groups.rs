@@ -148,9 +148,16 @@ impl Store {
         format!("{}:groups:snapshots", self.keys.namespace())
     }
 
-    /// Lists `group` among the groups with committed offsets.
+    /// Lists `group` among the groups with committed offsets (even when
+    /// Redis is at maxmemory: the commit that lists it is stored already).
     pub(crate) async fn note_group(&self, group: &str) -> Result<()> {
-        let _: i64 = self.conn().sadd(self.groups_key(), group).await?;
+        let _: i64 = self
+            .scripts
+            .note_group
+            .key(self.groups_key())
+            .arg(group)
+            .invoke_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 

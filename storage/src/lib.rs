@@ -148,6 +148,19 @@ macro_rules! with_prelude {
     };
 }
 
+/// A script that runs when Redis is at `maxmemory` under `noeviction`
+/// (its `allow-oom` flag): one that frees memory (retention, DeleteRecords)
+/// or keeps a gateway's registration, leases and group listing, each
+/// growing memory by little. Redis refuses a script without flags whose
+/// first write may grow memory, so a full Redis would otherwise never be
+/// emptied by ketch: retention's seal, DeleteRecords' new log start and
+/// the archiver's lease would all be refused.
+macro_rules! allow_oom {
+    ($($file:literal),+) => {
+        concat!("#!lua flags=allow-oom\n", $(include_str!($file)),+)
+    };
+}
+
 /// The append script as loaded (log.rs loads it by hand where a master
 /// lacks it).
 const APPEND_SCRIPT: &str = with_prelude!("scripts/producer_state.lua", "scripts/append.lua");
@@ -173,6 +186,7 @@ struct Scripts {
     compact_add: redis::Script,
     compact_swap: redis::Script,
     hset_existing: redis::Script,
+    note_group: redis::Script,
     delete_offsets: redis::Script,
     expire_offsets: redis::Script,
     mutation_tokens: redis::Script,
@@ -263,14 +277,14 @@ impl Store {
             appenders: Arc::new(log::Appenders::default()),
             scripts: Arc::new(Scripts {
                 append: redis::Script::new(APPEND_SCRIPT),
-                delete_records: redis::Script::new(include_str!("scripts/delete_records.lua")),
+                delete_records: redis::Script::new(allow_oom!("scripts/delete_records.lua")),
                 replace_topic: redis::Script::new(include_str!("scripts/add_partitions.lua")),
                 create_topic: redis::Script::new(include_str!("scripts/create_topic.lua")),
-                heartbeat: redis::Script::new(include_str!("scripts/heartbeat.lua")),
+                heartbeat: redis::Script::new(allow_oom!("scripts/heartbeat.lua")),
                 deregister: redis::Script::new(include_str!("scripts/deregister.lua")),
                 store_group: redis::Script::new(include_str!("scripts/store_group.lua")),
-                seal: redis::Script::new(with_prelude!("scripts/producer_state.lua", "scripts/seal.lua")),
-                lease: redis::Script::new(include_str!("scripts/lease.lua")),
+                seal: redis::Script::new(allow_oom!("scripts/producer_state.lua", "scripts/seal.lua")),
+                lease: redis::Script::new(allow_oom!("scripts/lease.lua")),
                 segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(with_prelude!(
                     "scripts/next_version.lua",
@@ -297,6 +311,7 @@ impl Store {
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
                 hset_existing: redis::Script::new(include_str!("scripts/hset_existing.lua")),
+                note_group: redis::Script::new(allow_oom!("scripts/note_group.lua")),
                 delete_offsets: redis::Script::new(include_str!("scripts/delete_offsets.lua")),
                 expire_offsets: redis::Script::new(include_str!("scripts/expire_offsets.lua")),
                 mutation_tokens: redis::Script::new(include_str!("scripts/mutation_tokens.lua")),

@@ -180,6 +180,43 @@ fn retention_ms_deletes_segments_whose_records_are_old() {
     assert_eq!(raw::list_offsets(&mut conn, &topic, 0, -2).1, 5);
 }
 
+/// A Redis at maxmemory (`noeviction`: every write that may grow memory is
+/// refused) is still emptied by retention and DeleteRecords, as Kafka
+/// deletes segments from a full disk: the scripts that free memory run
+/// under OOM (their first write, the seal's segment record or the new log
+/// start, used to be refused with the whole script, so nothing was ever
+/// freed and producers failed until an operator stepped in).
+#[test]
+fn a_full_redis_is_emptied_by_retention_and_delete_records() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &WORKER);
+    let topic = unique_topic("retention-full");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[("segment.ms", "86400000"), ("retention.ms", "3000")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for _ in 0..6 {
+        let batch = batch::encode(&[Record::value(now_ms(), b"kept until full")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    redis.config_set("maxmemory", "1");
+    let refused = batch::encode(&[Record::value(now_ms(), b"no room")]);
+    const KAFKA_STORAGE_ERROR: i16 = 56;
+    assert_eq!(
+        raw::produce(&mut conn, &topic, 0, refused).0,
+        KAFKA_STORAGE_ERROR,
+        "Redis is full"
+    );
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 2), (code::NONE, 2));
+    // The open segment's records age past retention.ms: sealed and deleted.
+    wait_for_log_start(&mut conn, &topic, "retention under maxmemory", |start| start == 6);
+    assert_eq!(redis.stream_len(&topic, 0), 0);
+    redis.config_set("maxmemory", "0");
+}
+
 /// The open segment goes once its records are past retention.ms, as Kafka
 /// rolls and deletes an active segment: an idle partition's last records
 /// do not wait for segment.ms (a day here) to be sealed.
