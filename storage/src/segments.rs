@@ -421,7 +421,11 @@ impl Store {
             let (batches, after) = self
                 .segment_chunk(topic, partition, segment, Tier::Log, next, QUARANTINE_CHUNK, None)
                 .await?;
+            // All of a chunk or none of it (MULTI/EXEC): a resumed copy
+            // starts after the newest entry, so one XADD refused (Redis at
+            // maxmemory) between two accepted would leave a hole for good.
             let mut pipe = redis::pipe();
+            pipe.atomic();
             for batch in &batches {
                 let header = crate::batch::header(batch)?;
                 let base = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));

@@ -378,12 +378,28 @@ impl Store {
         self.init_partitions(&topic, 0).await?;
         let mut invocation = self.scripts.create_topic.key(self.keys.topics());
         invocation.arg(name).arg(topic.encode());
-        let created: Vec<String> = self
+        let created: Vec<String> = match self
             .invoke_configured(&self.keys.topics(), &invocation, |reply| {
                 matches!(reply, Value::Array(items)
                     if matches!(items.first(), Some(Value::BulkString(tag)) if tag == b"created"))
             })
-            .await?;
+            .await
+        {
+            Ok(created) => created,
+            Err(e) => {
+                // Refused (the registry's master at maxmemory) or not
+                // answered: the partitions' metadata goes, unless the topic
+                // was created after all (when the registry cannot say, it
+                // stays: a leak, not a topic without its metadata).
+                if let Ok(found) = self.topic_fresh(name).await
+                    && found.is_none_or(|t| t.id != id)
+                    && let Err(e) = self.drop_partitions(&topic, 0).await
+                {
+                    tracing::debug!(topic = name, error = %e, "cannot drop a refused topic's partitions");
+                }
+                return Err(e);
+            }
+        };
         if created.first().map(String::as_str) != Some("created") {
             self.drop_partitions(&topic, 0).await?;
             return Err(match created.get(1) {
