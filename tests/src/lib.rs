@@ -1050,20 +1050,38 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let output = Command::new("redis-cli")
+        // Its output goes to a file, read once it exits, and it gets a
+        // minute: a CI run once hung for good reading its pipes.
+        let output_path = cluster.nodes[0].dir.join("cluster-create.out");
+        let output_file = std::fs::File::create(&output_path).expect("create the redis-cli output file");
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .args(cluster.cli_auth())
-            .output()
+            .stdin(Stdio::null())
+            .stdout(output_file.try_clone().expect("the output file"))
+            .stderr(output_file)
+            .spawn()
             .expect("run redis-cli --cluster create (apt-get install redis-tools)");
-        if !output.status.success() {
-            return Err(format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = create.try_wait().expect("wait for redis-cli") {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = create.kill();
+                let _ = create.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let output = std::fs::read_to_string(&output_path).unwrap_or_default();
+        match status {
+            Some(status) if status.success() => {}
+            Some(status) => return Err(format!("{output}({status})")),
+            None => return Err(format!("{output}(still running after a minute: killed)")),
         }
         cluster.await_ok(Duration::from_secs(30));
         // Replicas answer WAIT only once their link to the master is up.
