@@ -1372,19 +1372,22 @@ impl Tiers {
             }
             let from = segment.base.max(offsets.log_start_offset);
             let wanted = segment.max_ts;
-            if let Some(found) = self.reader.find(segment, from, move |ts| ts == wanted).await? {
+            // One pass looks for `wanted` and, should it be gone, learns the
+            // largest timestamp the segment still holds.
+            let mut largest = None;
+            let exact = self
+                .reader
+                .find(segment, from, |ts| {
+                    largest = Some(largest.map_or(ts, |l: i64| l.max(ts)));
+                    ts == wanted
+                })
+                .await?;
+            if let Some(found) = exact {
                 // None later can be larger; one found before with the same
                 // timestamp at an earlier offset answers instead.
                 let earlier = best.filter(|(offset, ts)| *ts == found.1 && *offset < found.0);
                 return Ok(earlier.or(Some(found)));
             }
-            let mut largest = None;
-            self.reader
-                .find(segment, from, |ts| {
-                    largest = Some(largest.map_or(ts, |l: i64| l.max(ts)));
-                    false
-                })
-                .await?;
             let Some(largest) = largest else { continue };
             let Some(found) = self.reader.find(segment, from, move |ts| ts == largest).await? else {
                 continue;
