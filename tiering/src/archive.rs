@@ -24,8 +24,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
 use arrow_schema::SchemaRef;
 use bytes::Bytes;
+use futures::TryStreamExt;
+use iceberg::arrow::ArrowFileReader;
+use iceberg::io::FileMetadata;
 use iceberg::spec::{Literal, PartitionKey, Struct};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
@@ -41,6 +46,7 @@ use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use ketch_config::TieringSettings;
 use ketch_storage::segments::{Segment, Tier};
 use ketch_storage::{Store, Topic};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
@@ -684,32 +690,8 @@ impl Archiver {
             .aborted_ranges(topic, partition, segment.base, segment.last, None)
             .await?;
         let filter = Filter::new(aborted);
-        let fed = self
-            .feed(table, topic, partition, segment, chunks(segment), &filter)
-            .await?;
-        let Fed::Found(mut archived) = fed else {
-            return Ok(fed);
-        };
-        if archived.holes.is_none() {
-            // Found in the table after a crash, without the commit that
-            // says which offsets it left out: read them off the segment.
-            let mut holes = Holes::default();
-            let mut chunks = chunks(segment);
-            let mut next = chunks.first_offset(segment);
-            let mut first = true;
-            while next <= segment.last {
-                let (batches, after) = chunks.chunk(next).await?;
-                if std::mem::take(&mut first) {
-                    holes.before(segment, &batches);
-                }
-                for batch in &batches {
-                    holes.skipped(&filter, batch)?;
-                }
-                next = after;
-            }
-            archived.holes = Some(holes.ranges);
-        }
-        Ok(Fed::Found(archived))
+        self.feed(table, topic, partition, segment, chunks(segment), &filter)
+            .await
     }
 
     /// Archives one segment whose batches come from `chunks`
@@ -1025,7 +1007,10 @@ impl Archiver {
 }
 
 /// The segment's data file at `path`, if the table's current manifests list
-/// it live.
+/// it live, with the offsets it has no rows for read off its `offset`
+/// column: the commit that said so is gone, and what Redis holds now may
+/// differ from what was written (DeleteRecords may have moved the log start
+/// into the segment since).
 async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<Archived>> {
     for manifest in maintenance::manifests(table).await? {
         let manifest = manifest.load_manifest(table.file_io()).await?;
@@ -1039,11 +1024,45 @@ async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<A
                 file_bytes: entry.file_size_in_bytes(),
                 records: (segment.last - segment.base + 1) as u64,
                 written: false,
-                holes: None,
+                holes: Some(holes_in_file(table, segment, path).await?),
             }));
         }
     }
     Ok(None)
+}
+
+/// The offsets of `segment` the data file at `path` has no row for.
+async fn holes_in_file(table: &Table, segment: &Segment, path: &str) -> Result<Vec<(i64, i64)>> {
+    let input = table.file_io().new_input(path)?;
+    let size = input.metadata().await?.size;
+    let reader = ArrowFileReader::new(FileMetadata { size }, input.reader().await?);
+    let builder = ParquetRecordBatchStreamBuilder::new(reader).await?;
+    let offsets = ProjectionMask::columns(builder.parquet_schema(), ["offset"]);
+    let mut rows = builder.with_projection(offsets).build()?;
+    let mut holes = Holes::default();
+    let mut next = segment.base;
+    while let Some(batch) = rows.try_next().await? {
+        let column = batch
+            .column_by_name("offset")
+            .and_then(|c| c.as_primitive_opt::<Int64Type>())
+            .ok_or_else(|| Error::Data(format!("{path}: no offset column")))?;
+        for offset in column.values().iter().copied() {
+            if offset < next || offset > segment.last {
+                return Err(Error::Data(format!(
+                    "{path}: offset {offset} out of order in segment {}..={}",
+                    segment.base, segment.last
+                )));
+            }
+            if offset > next {
+                holes.add(next, offset - 1);
+            }
+            next = offset + 1;
+        }
+    }
+    if next <= segment.last {
+        holes.add(next, segment.last);
+    }
+    Ok(holes.ranges)
 }
 
 /// The commit of this segment in the table's history, if any.
@@ -1374,6 +1393,85 @@ mod tests {
         assert_eq!(table.metadata().snapshots().count(), 1, "committed once");
         let rows = crate::testing::rows(&table).await;
         assert_eq!(rows, (0..300).map(|offset| (0, offset)).collect());
+    }
+
+    /// A segment's batches from `.0` on (DeleteRecords moved the log start
+    /// there), in `.1`'s chunks.
+    struct From(i64, Chunked);
+
+    impl Chunks for From {
+        fn chunk(
+            &mut self,
+            next: i64,
+        ) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
+            self.1.chunk(next)
+        }
+
+        fn first_offset(&self, _: &Segment) -> i64 {
+            self.0
+        }
+    }
+
+    /// A commit Redis never heard of (a crash right after it), whose
+    /// snapshot maintenance expired before the segment was tried again, is
+    /// found by its data file, with the offsets that file has no rows for
+    /// read off the file: DeleteRecords moved the log start further into
+    /// the segment meanwhile, and holes recomputed from Redis (0..119 here,
+    /// as before) described rows the file has, so reads of it failed.
+    #[tokio::test]
+    async fn a_commit_whose_snapshot_expired_is_found_with_the_holes_its_file_has() {
+        let lake = crate::testing::Lake::new(|s| {
+            s.row_group_rows = 100;
+            s.snapshot_retention = ketch_config::Duration::from_millis(0);
+            s.snapshots_kept = 1;
+        });
+        let mut table = lake.table().await;
+        let segment = crate::testing::segment(0, 300);
+        let chunks = |from| {
+            From(
+                from,
+                Chunked {
+                    per: 100,
+                    last: 299,
+                    fail_at: None,
+                },
+            )
+        };
+        let filter = Filter::default();
+        let archived = lake
+            .archiver
+            .archive_from(
+                &mut table,
+                &lake.topic,
+                0,
+                &segment,
+                chunks(50),
+                &filter,
+                &Unfenced,
+            )
+            .await
+            .expect("archived");
+        assert_eq!(archived.holes, Some(vec![(0, 49)]));
+        lake.archive(&mut table, 0, 300, 100).await;
+        lake.archiver.expire_snapshots(&mut table).await.expect("expired");
+        assert!(
+            committed(&table, &lake.topic, 0, &segment).is_none(),
+            "the commit's snapshot is gone"
+        );
+
+        let found = lake
+            .archiver
+            .feed(&table, &lake.topic, 0, &segment, chunks(120), &filter)
+            .await
+            .expect("found");
+        let Fed::Found(found) = found else {
+            panic!("written again");
+        };
+        assert_eq!(
+            (found.written, &found.path, found.holes),
+            (false, &archived.path, Some(vec![(0, 49)]))
+        );
+        assert_eq!(lake.files(".parquet").len(), 2, "nothing written again");
     }
 
     /// A purge deletes the table's whole directory: also files no metadata
