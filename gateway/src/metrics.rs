@@ -403,15 +403,25 @@ pub struct RedisMemory {
     /// 0: no limit.
     pub maxmemory: u64,
     pub maxmemory_policy: String,
+    /// `mem_not_counted_for_evict`: replication and AOF buffers, which
+    /// Redis leaves out when it compares its memory with `maxmemory`.
+    pub mem_not_counted_for_evict: u64,
     pub evicted_keys: u64,
     /// `errorstat_OOM`: commands refused for lack of memory.
     pub rejected_writes: u64,
 }
 
 impl RedisMemory {
-    /// used / maxmemory, when there is a limit.
+    /// The memory Redis holds against `maxmemory`: `used_memory` less
+    /// what it does not count (as its `getMaxmemoryState` does, so a
+    /// replica's or AOF's buffers do not make it look full).
+    pub fn counted(&self) -> u64 {
+        self.used_memory.saturating_sub(self.mem_not_counted_for_evict)
+    }
+
+    /// counted / maxmemory, when there is a limit.
     pub fn ratio(&self) -> Option<f64> {
-        (self.maxmemory > 0).then(|| self.used_memory as f64 / self.maxmemory as f64)
+        (self.maxmemory > 0).then(|| self.counted() as f64 / self.maxmemory as f64)
     }
 
     /// What an operator should know, if anything.
@@ -431,7 +441,7 @@ impl RedisMemory {
         Some(format!(
             "Redis {} {what} (used_memory {} of maxmemory {}, {:.0}%)",
             self.server,
-            self.used_memory,
+            self.counted(),
             self.maxmemory,
             ratio * 100.0
         ))
@@ -467,6 +477,7 @@ pub fn parse_info(server: &str, info: &str) -> RedisMemory {
             "used_memory" => memory.used_memory = number(),
             "maxmemory" => memory.maxmemory = number(),
             "maxmemory_policy" => memory.maxmemory_policy = value.to_owned(),
+            "mem_not_counted_for_evict" => memory.mem_not_counted_for_evict = number(),
             "evicted_keys" => memory.evicted_keys = number(),
             "errorstat_OOM" => {
                 memory.rejected_writes = value
@@ -833,7 +844,32 @@ mod tests {
         };
         assert!(near.warning().unwrap().contains("nearly full"));
         assert!(!near.refuses_writes());
-        let unlimited = RedisMemory { maxmemory: 0, ..m };
+        let unlimited = RedisMemory {
+            maxmemory: 0,
+            ..m.clone()
+        };
         assert!(unlimited.warning().is_none() && !unlimited.refuses_writes());
+    }
+
+    /// Redis leaves its replication and AOF buffers out of what it holds
+    /// against `maxmemory`: a primary whose replica's output buffer takes
+    /// it past the limit still takes writes, and is not reported full.
+    #[test]
+    fn buffers_redis_does_not_count_do_not_make_it_full() {
+        let info = "# Memory\r\nused_memory:2200000\r\nmaxmemory:2097152\r\n\
+                    maxmemory_policy:noeviction\r\nmem_not_counted_for_evict:300000\r\n";
+        let m = parse_info("127.0.0.1:6379", info);
+        assert_eq!((m.mem_not_counted_for_evict, m.counted()), (300000, 1900000));
+        assert!(!m.refuses_writes());
+        assert!(
+            m.warning()
+                .unwrap()
+                .contains("nearly full (used_memory 1900000 of")
+        );
+        let full = RedisMemory {
+            mem_not_counted_for_evict: 100000,
+            ..m
+        };
+        assert!(full.refuses_writes());
     }
 }

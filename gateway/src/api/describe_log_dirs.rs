@@ -251,7 +251,7 @@ async fn redis_volume(ctx: &Context) -> (i64, i64) {
             return (-1, -1);
         }
         let limit = i64::try_from(memory.maxmemory).unwrap_or(i64::MAX);
-        let used = i64::try_from(memory.used_memory).unwrap_or(i64::MAX);
+        let used = i64::try_from(memory.counted()).unwrap_or(i64::MAX);
         total = total.saturating_add(limit);
         usable = usable.saturating_add((limit - used).max(0));
     }
