@@ -150,8 +150,10 @@ macro_rules! with_prelude {
 
 /// A script that runs when Redis is at `maxmemory` under `noeviction`
 /// (its `allow-oom` flag): one that frees memory (retention, DeleteRecords)
-/// or keeps a gateway's registration, leases and group listing, each
-/// growing memory by little. Redis refuses a script without flags whose
+/// or keeps a gateway's registration, leases, group listing, the
+/// transaction index and the producer-id counter (each one key on a Redis
+/// Cluster: on a full master they would stop every transaction and every
+/// idempotent producer), each growing memory by little. Redis refuses a script without flags whose
 /// first write may grow memory, so a full Redis would otherwise never be
 /// emptied by ketch: retention's seal, DeleteRecords' new log start and
 /// the archiver's lease would all be refused.
@@ -183,6 +185,8 @@ struct Scripts {
     txn_offsets: redis::Script,
     commit_offsets: redis::Script,
     txn_index: redis::Script,
+    txn_index_add: redis::Script,
+    producer_id: redis::Script,
     compact_add: redis::Script,
     compact_swap: redis::Script,
     hset_existing: redis::Script,
@@ -307,7 +311,9 @@ impl Store {
                     "scripts/offset_order.lua",
                     "scripts/commit_offsets.lua"
                 )),
-                txn_index: redis::Script::new(include_str!("scripts/txn_index.lua")),
+                txn_index: redis::Script::new(allow_oom!("scripts/txn_index.lua")),
+                txn_index_add: redis::Script::new(allow_oom!("scripts/txn_index_add.lua")),
+                producer_id: redis::Script::new(allow_oom!("scripts/producer_id.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
                 hset_existing: redis::Script::new(include_str!("scripts/hset_existing.lua")),

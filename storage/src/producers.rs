@@ -13,12 +13,12 @@ impl Store {
     /// counter's master is not the partitions', so no append's `WAIT`
     /// covers it, and a failover that took it back would give the id to a
     /// second producer, whose batches could pass for the first's
-    /// duplicates.
+    /// duplicates. Handed out even when the counter's master is full
+    /// (`producer_id.lua`).
     pub async fn new_producer_id(&self) -> Result<i64> {
         let key = format!("{}:producer-ids", self.keys.namespace());
-        let mut pipe = redis::pipe();
-        pipe.incr(&key, 1);
-        let (id,): (i64,) = self.query_durably(&key, &pipe).await?;
+        let invocation = self.scripts.producer_id.key(&key);
+        let id: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
         // Ids start at 1000, clear of the small ids tests like to hard-code.
         Ok(id + 999)
     }

@@ -558,11 +558,12 @@ impl Store {
     /// what to abort or finish only through this index, and in a cluster
     /// its master is not the transaction state's, so a failover could take
     /// an open transaction's deadline back and leave it open for ever.
+    /// Written even when that master is full (`txn_index_add.lua`).
     async fn zadd_index(&self, id: &str, score: f64, flags: &[&str]) -> Result<()> {
         let key = self.txn_index_key();
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD").arg(&key).arg(flags).arg(score).arg(id).ignore();
-        let () = self.query_durably(&key, &pipe).await?;
+        let mut invocation = self.scripts.txn_index_add.key(&key);
+        invocation.arg(flags).arg(score).arg(id);
+        let _: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
         Ok(())
     }
 

@@ -16,7 +16,7 @@ use ketch_tests::{
 };
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 12;
@@ -1000,4 +1000,96 @@ fn a_partition_whose_slot_is_half_migrated_is_read() {
     migration.migrate_the_rest();
     migration.finish();
     assert_eq!(read(&mut reader), (code::NONE, 3, 3), "read after the migration");
+}
+
+/// A master that is full (`maxmemory` under `noeviction`) holds the
+/// transaction index and the producer-id counter, one key each for the
+/// whole cluster: a transactional producer whose id and partition live on
+/// the other masters still initialises, writes and commits. Both keys are
+/// written by scripts Redis runs when full, as the heartbeats are; before,
+/// the full master's OOM refusal of their plain ZADD and INCR failed every
+/// InitProducerId and every AddPartitionsToTxn of the cluster.
+#[test]
+fn transactions_away_from_a_full_master_go_on_though_it_holds_their_index() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let a = gateway(&cluster, "1");
+    let full = cluster.master_of("ketch:transactions");
+    let mut conn = KafkaConn::connect(a.kafka_addr());
+    let topic = loop {
+        let topic = unique_topic("cluster-full-index");
+        assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+        if placement(&cluster, &topic)[0] != full {
+            break topic;
+        }
+    };
+    let id = (0..)
+        .map(|n| format!("{}-{n}", unique_topic("txn-away")))
+        .find(|id| cluster.master_of(&format!("ketch:txn:{{{id}}}")) != full)
+        .expect("an id away from the full master");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut cluster.node_mut(full).connection())
+        .expect("CONFIG SET");
+    let full_counter = cluster.master_of("ketch:producer-ids") == full;
+
+    let rt = runtime();
+    let producer = a.producer_with(&[("transactional.id", &id)]);
+    producer
+        .init_transactions(Duration::from_secs(30))
+        .expect("InitProducerId");
+    producer.begin_transaction().expect("begin");
+    let sent: Vec<_> = (0..3)
+        .map(|n| {
+            producer
+                .send_result(
+                    FutureRecord::<(), _>::to(&topic)
+                        .payload(&format!("t{n}"))
+                        .partition(0),
+                )
+                .map_err(|(e, _)| e)
+                .expect("queued")
+        })
+        .collect();
+    producer
+        .commit_transaction(Duration::from_secs(30))
+        .expect("AddPartitionsToTxn and EndTxn");
+    for delivery in sent {
+        rt.block_on(delivery)
+            .expect("delivered")
+            .map_err(|(e, _)| e)
+            .expect("stored");
+    }
+    // The commit's marker makes the records stable: the last stable offset
+    // passes them (3 records and the marker).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let request = raw::list_offsets_request(&topic, 0, -1).with_isolation_level(1);
+        let (error, stable, _) = raw::list_offsets_result(&conn.request(8, &request));
+        assert_eq!(error, code::NONE);
+        if stable == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the last stable offset stays at {stable}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let counter = cluster.master_of("ketch:producer-ids");
+    let refused: redis::RedisResult<i64> = redis::cmd("INCR")
+        .arg("ketch:producer-ids")
+        .query(&mut cluster.node_mut(counter).connection());
+    assert_eq!(
+        refused.is_err(),
+        full_counter,
+        "the full master refuses plain writes: {refused:?}"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut cluster.node_mut(full).connection())
+        .expect("CONFIG SET");
 }

@@ -1,0 +1,11 @@
+-- ZADD of one transactional id to `ketch:transactions`, as a script so
+-- that it carries Redis's allow-oom flag (lib.rs): on a Redis Cluster the
+-- index is on one master, and a plain ZADD that master refuses once it is
+-- full would fail every transaction's AddPartitionsToTxn and EndTxn, also
+-- those whose state and partitions live on masters with room. An entry is
+-- a few dozen bytes per transactional id.
+--
+-- KEYS[1] ketch:transactions
+-- ARGV    ZADD's flags (NX, XX, LT), then the score and the id
+-- Reply: ZADD's.
+return redis.call('ZADD', KEYS[1], unpack(ARGV))
