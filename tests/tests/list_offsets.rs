@@ -136,7 +136,7 @@ fn list_offsets_special_timestamps() {
     assert_eq!(list(&mut conn, b() + 9999).1, -1, "after the log");
 
     // A negative timestamp a version does not know: UNSUPPORTED_VERSION,
-    // as from Kafka (-3 from v7, -4 from v8, others never here).
+    // as from Kafka (-3 from v7, -4 from v8, -5 from v9, others never here).
     let at = |conn: &mut KafkaConn, version: i16, timestamp: i64| {
         let request = raw::list_offsets_request(&topic, 0, timestamp);
         raw::list_offsets_result(&conn.request(version, &request)).0
@@ -146,9 +146,15 @@ fn list_offsets_special_timestamps() {
     assert_eq!(at(&mut conn, 7, -3), code::NONE);
     assert_eq!(at(&mut conn, 7, -4), UNSUPPORTED_VERSION);
     assert_eq!(at(&mut conn, 8, -4), code::NONE);
-    for unknown in [-5, -6, -100] {
-        assert_eq!(at(&mut conn, 8, unknown), UNSUPPORTED_VERSION, "{unknown}");
+    assert_eq!(at(&mut conn, 8, -5), UNSUPPORTED_VERSION);
+    for unknown in [-6, -100] {
+        assert_eq!(at(&mut conn, 9, unknown), UNSUPPORTED_VERSION, "{unknown}");
     }
+    // -5 (v9): the last archived offset; this topic has no archive, so -1
+    // with no leader epoch, as Kafka answers without a remote log.
+    let tiered = conn.request(9, &raw::list_offsets_request(&topic, 0, -5));
+    let p = &tiered.topics[0].partitions[0];
+    assert_eq!((p.error_code, p.offset, p.leader_epoch), (code::NONE, -1, -1));
     assert_eq!(at(&mut conn, 1, -2), code::NONE);
 
     // A partition named twice: INVALID_REQUEST for each, as from Kafka.

@@ -908,7 +908,8 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
 /// ListOffsets -3 in an archive whose segment's largest timestamp is no
 /// longer there (below the log start here; a transaction marker's, which
 /// is not archived, in the same way): the largest of what the archive still
-/// holds answers, not -1.
+/// holds answers, not -1. And -5 (KIP-1005) answers the last offset the
+/// archive holds.
 #[test]
 fn the_max_timestamp_is_the_largest_the_archive_still_holds() {
     use ketch_tests::batch::{self, Record};
@@ -939,10 +940,22 @@ fn the_max_timestamp_is_the_largest_the_archive_still_holds() {
         raw::list_offsets(&mut conn, &topic, 0, -3),
         (code::NONE, 10, base + 1_000_000)
     );
+    // -5 (v9, KIP-1005): the last offset the archive holds, with its epoch.
+    let latest_tiered = |conn: &mut KafkaConn| {
+        let response = conn.request(9, &raw::list_offsets_request(&topic, 0, -5));
+        let p = &response.topics[0].partitions[0];
+        (p.error_code, p.offset, p.leader_epoch)
+    };
+    assert_eq!(latest_tiered(&mut conn), (code::NONE, 19, 0));
     assert_eq!(raw::delete_records(&mut conn, &topic, 0, 15), (code::NONE, 15));
     assert_eq!(
         raw::list_offsets(&mut conn, &topic, 0, -3),
         (code::NONE, 19, base + 19)
+    );
+    assert_eq!(
+        latest_tiered(&mut conn),
+        (code::NONE, 19, 0),
+        "after DeleteRecords"
     );
 }
 

@@ -1,6 +1,8 @@
-//! ListOffsets (API key 2, versions 1–8): per partition, the earliest (-2)
+//! ListOffsets (API key 2, versions 1–9): per partition, the earliest (-2)
 //! or latest (-1) offset, the offset of the largest timestamp (-3, KIP-734),
-//! or the first offset at or after a timestamp. Spec: KIP-79, KIP-734.
+//! the first offset still in Redis (-4, KIP-405), the last offset in the
+//! archive (-5, KIP-1005), or the first offset at or after a timestamp.
+//! Spec: KIP-79, KIP-734, KIP-405, KIP-1005.
 
 use std::sync::Arc;
 
@@ -21,6 +23,8 @@ const EARLIEST_TIMESTAMP: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 /// KIP-405 (v8): the first offset still in the local tier (Redis).
 const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+/// KIP-1005 (v9): the last offset the archive holds.
+const LATEST_TIERED_TIMESTAMP: i64 = -5;
 
 /// Every partition has leader epoch 0: this node leads it and never hands it over.
 const LEADER_EPOCH: i32 = 0;
@@ -116,13 +120,14 @@ async fn list_partition(
 
 /// Whether this version takes the timestamp: a negative one names an
 /// offset (-1 latest, -2 earliest, -3 max timestamp from v7, -4 earliest
-/// local from v8) or is refused with UNSUPPORTED_VERSION, as Kafka's
+/// local from v8, -5 latest tiered from v9) or is refused with UNSUPPORTED_VERSION, as Kafka's
 /// `isListOffsetsTimestampUnsupported` refuses it.
 fn supported(timestamp: i64, version: i16) -> bool {
     match timestamp {
         LATEST_TIMESTAMP | EARLIEST_TIMESTAMP => true,
         MAX_TIMESTAMP => version >= 7,
         EARLIEST_LOCAL_TIMESTAMP => version >= 8,
+        LATEST_TIERED_TIMESTAMP => version >= 9,
         t => t >= 0,
     }
 }
@@ -140,6 +145,8 @@ fn partition_response(
 ) -> ListOffsetsPartitionResponse {
     let response = ListOffsetsPartitionResponse::default().with_partition_index(partition);
     match found {
+        // Nothing archived (-5): no epoch either, as Kafka answers.
+        Ok(Some((offset, timestamp))) if offset < 0 => response.with_offset(offset).with_timestamp(timestamp),
         Ok(Some((offset, timestamp))) => response
             .with_offset(offset)
             .with_timestamp(timestamp)
@@ -180,6 +187,7 @@ async fn lookup(
             .offsets(&topic, partition)
             .await
             .map(|o| Some((o.local_start_offset, -1))),
+        LATEST_TIERED_TIMESTAMP => latest_tiered(ctx, &topic, partition).await,
         MAX_TIMESTAMP => ctx.storage.max_timestamp(&topic, partition).await,
         t if t >= 0 => ctx.storage.offset_for_timestamp(&topic, partition, t).await,
         _ => return Err(ResponseError::UnsupportedVersion.code()),
@@ -201,6 +209,29 @@ async fn lookup(
     }
 }
 
+/// The last offset of the newest segment the archive holds (Kafka's
+/// `highestOffsetInRemoteStorage`), -1 when it holds none (or no longer
+/// does: retention deleted every archived segment) or the topic has no
+/// archive (`remote.storage.enable` off), as Kafka answers without a
+/// remote log.
+async fn latest_tiered(
+    ctx: &Context,
+    topic: &Topic,
+    partition: i32,
+) -> ketch_storage::Result<Option<(i64, i64)>> {
+    if topic.configs.get("remote.storage.enable").map(String::as_str) != Some("true") {
+        return Ok(Some((-1, -1)));
+    }
+    let segments = ctx.storage.segments(topic, partition).await?;
+    let last = segments
+        .iter()
+        .filter(|s| s.path.is_some())
+        .map(|s| s.last)
+        .max()
+        .unwrap_or(-1);
+    Ok(Some((last, -1)))
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::BytesMut;
@@ -210,7 +241,7 @@ mod tests {
 
     #[test]
     fn answers_encode_in_every_supported_version() {
-        for version in 1..=8 {
+        for version in 1..=9 {
             let partitions = vec![
                 partition_response(0, Ok(Some((42, -1))), leader_epoch(version)),
                 partition_response(1, Ok(None), leader_epoch(version)),

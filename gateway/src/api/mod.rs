@@ -63,7 +63,7 @@ use crate::auth::acl::{Operation, ResourceType};
 pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 13),
     (ApiKey::Fetch, 4, 18),
-    (ApiKey::ListOffsets, 1, 8),
+    (ApiKey::ListOffsets, 1, 9),
     (ApiKey::Metadata, 0, 13),
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::CreateTopics, 2, 7),
