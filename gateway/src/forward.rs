@@ -74,17 +74,15 @@ pub enum ForwardError {
 pub struct Forwarder {
     idle: Mutex<HashMap<String, Vec<TcpStream>>>,
     connect_timeout: Duration,
-    max_frame: u32,
     correlation: AtomicI32,
     shutdown: watch::Receiver<bool>,
 }
 
 impl Forwarder {
-    pub fn new(connect_timeout: Duration, max_frame: u32, shutdown: watch::Receiver<bool>) -> Self {
+    pub fn new(connect_timeout: Duration, shutdown: watch::Receiver<bool>) -> Self {
         Self {
             idle: Mutex::new(HashMap::new()),
             connect_timeout,
-            max_frame,
             correlation: AtomicI32::new(0),
             shutdown,
         }
@@ -157,12 +155,18 @@ impl Forwarder {
         R::Response::decode(&mut inner, version).map_err(|e| protocol(format!("{api_key:?} v{version}: {e}")))
     }
 
-    /// Sends a frame and reads the answer's frame.
+    /// Sends a frame and reads the answer's frame, whatever its size (as a
+    /// Kafka client reads answers): `broker.max_request_bytes` bounds what
+    /// clients send, and an answer may be far larger than its request (a
+    /// JoinGroup leader's lists every member's metadata, a DescribeGroups
+    /// every member's assignment); held to that bound, it failed with
+    /// COORDINATOR_NOT_AVAILABLE through every gateway but the
+    /// coordinator.
     async fn exchange(&self, conn: &mut TcpStream, frame: &[u8], to: &str) -> Result<Bytes, ForwardError> {
         conn.write_all(frame)
             .await
             .map_err(|e| ForwardError::Io(to.to_owned(), e))?;
-        server::read_frame(conn, self.max_frame)
+        server::read_frame(conn, i32::MAX as u32)
             .await
             .map_err(|e| ForwardError::Protocol(to.to_owned(), e.to_string()))?
             .ok_or_else(|| ForwardError::Protocol(to.to_owned(), "connection closed".to_owned()))
@@ -377,7 +381,18 @@ async fn challenge(socket: &mut TcpStream, ctx: &Context) -> Result<(), server::
         .await
         .map_err(|_| refuse("no proof of the internal secret in time".to_owned()))??
         .ok_or_else(|| refuse("closed before proving the internal secret".to_owned()))?;
-    if !crate::auth::verify_internal_proof(&secret, &nonce, &proof) {
+    // A wrong proof may be the connecting gateway's knowing a secret made
+    // anew since this one read it (the key was lost): read it again.
+    let proven = crate::auth::verify_internal_proof(&secret, &nonce, &proof)
+        || match ctx
+            .security
+            .internal_secret_after_wrong_proof(ctx.storage.as_ref())
+            .await
+        {
+            Ok(Some(again)) => again != secret && crate::auth::verify_internal_proof(&again, &nonce, &proof),
+            _ => false,
+        };
+    if !proven {
         tracing::warn!(peer = ?socket.peer_addr().ok(), "a connection to the internal listener did not prove the internal secret");
         return Err(refuse("wrong proof of the internal secret".to_owned()));
     }

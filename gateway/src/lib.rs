@@ -182,11 +182,7 @@ impl Context {
         let membership = membership::Membership::new(node);
         let owns: group::Owns = Arc::new(membership.clone());
         let groups = group::Coordinator::with_storage(&settings.groups, storage.clone(), owns);
-        let forwarder = forward::Forwarder::new(
-            settings.redis.connect_timeout.get(),
-            settings.broker.max_request_bytes,
-            shutdown.clone(),
-        );
+        let forwarder = forward::Forwarder::new(settings.redis.connect_timeout.get(), shutdown.clone());
         let quotas = quotas::ClientQuotas::new(&settings.quotas);
         let topic_defaults = cluster_configs::ClusterDefaults::new(&settings.topics);
         Self {

@@ -634,7 +634,7 @@ impl Storage for MemoryStorage {
         format!("{}:{{security}}:changed", self.keys.namespace())
     }
 
-    async fn internal_secret(&self) -> Result<Vec<u8>> {
+    async fn internal_secret(&self, _: Option<&[u8]>) -> Result<Vec<u8>> {
         Ok(b"the in-memory gateway's internal secret".to_vec())
     }
 

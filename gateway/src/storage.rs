@@ -121,8 +121,10 @@ pub trait Storage: Send + Sync {
     async fn remove_acls(&self, bindings: &[String]) -> Result<usize>;
     /// The wake-up channel ACL changes are announced on.
     fn acl_channel(&self) -> String;
-    /// The secret gateways prove to each other on the internal listener.
-    async fn internal_secret(&self) -> Result<Vec<u8>>;
+    /// The secret gateways prove to each other on the internal listener;
+    /// `keep`, the one this gateway holds, is written back if the key is
+    /// gone (else a fresh one is made).
+    async fn internal_secret(&self, keep: Option<&[u8]>) -> Result<Vec<u8>>;
 
     // ---- client quotas (ketch_storage's quotas module) ----
     async fn client_quotas(&self) -> Result<(u64, Vec<StoredQuota>)>;
@@ -499,8 +501,8 @@ impl Storage for Tiered {
         self.store.acl_channel()
     }
 
-    async fn internal_secret(&self) -> Result<Vec<u8>> {
-        self.store.internal_secret().await
+    async fn internal_secret(&self, keep: Option<&[u8]>) -> Result<Vec<u8>> {
+        self.store.internal_secret(keep).await
     }
 
     async fn client_quotas(&self) -> Result<(u64, Vec<StoredQuota>)> {

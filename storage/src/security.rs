@@ -128,14 +128,18 @@ impl Store {
     }
 
     /// The secret gateways prove to each other on the internal listener
-    /// (made, at random, by the first gateway that asks).
-    pub async fn internal_secret(&self) -> Result<Vec<u8>> {
+    /// (made, at random, by the first gateway that asks). `keep`, the
+    /// secret the caller holds, is written back when the key is gone (a
+    /// failover before it was replicated, a restore, an operator's
+    /// deletion), so the running gateways keep theirs rather than the next
+    /// gateway to start making one they do not know.
+    pub async fn internal_secret(&self, keep: Option<&[u8]>) -> Result<Vec<u8>> {
         let key = self.security_key("internal-secret");
         let fresh: [u8; 32] = rand::random();
         let (secret,): (Vec<u8>,) = redis::pipe()
             .cmd("SET")
             .arg(&key)
-            .arg(&fresh[..])
+            .arg(keep.unwrap_or(&fresh[..]))
             .arg("NX")
             .ignore()
             .get(&key)

@@ -891,3 +891,69 @@ fn the_admin_apis_group_list_leaves_out_a_gateway_that_does_not_answer() {
     let (status, body) = gateways[0].http_get("/api/v1/groups");
     assert_eq!(status, 200, "{body}");
 }
+
+/// An answer relayed from the coordinator is read whatever its size, as a
+/// client reads answers: `broker.max_request_bytes` bounds requests, and a
+/// DescribeGroups answer holds every member's metadata and assignment.
+/// Held to that bound (4 KiB here), it was COORDINATOR_NOT_AVAILABLE
+/// through every gateway but the coordinator, for ever.
+#[test]
+fn an_answer_larger_than_any_request_is_relayed_from_the_coordinator() {
+    let stack = stack_with(
+        2,
+        &[
+            "--set",
+            "broker.max_request_bytes=4096",
+            "--set",
+            "groups.initial_rebalance_delay=0ms",
+        ],
+    );
+    let group = unique_topic("lb-large-answer");
+    let metadata = bytes::Bytes::from(vec![b'm'; 3000]);
+    let assignment = bytes::Bytes::from(vec![b'a'; 3000]);
+    let mut conn = KafkaConn::connect(stack.gateways[0].kafka_addr());
+    let member = member_id(&mut conn, &group);
+    let joined: JoinGroupResponse = conn.request(
+        7,
+        &JoinGroupRequest::default()
+            .with_group_id(GroupId(s(&group)))
+            .with_session_timeout_ms(30_000)
+            .with_rebalance_timeout_ms(10_000)
+            .with_member_id(s(&member))
+            .with_protocol_type(s("consumer"))
+            .with_protocols(vec![
+                JoinGroupRequestProtocol::default()
+                    .with_name(s("range"))
+                    .with_metadata(metadata.clone()),
+            ]),
+    );
+    assert_eq!((joined.error_code, joined.leader.as_str()), (0, member.as_str()));
+    let synced = conn.request(
+        3,
+        &SyncGroupRequest::default()
+            .with_group_id(GroupId(s(&group)))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(s(&member))
+            .with_assignments(vec![
+                SyncGroupRequestAssignment::default()
+                    .with_member_id(s(&member))
+                    .with_assignment(assignment.clone()),
+            ]),
+    );
+    assert_eq!(synced.error_code, 0);
+    for gateway in &stack.gateways {
+        let described = KafkaConn::connect(gateway.kafka_addr()).request(
+            3,
+            &DescribeGroupsRequest::default().with_groups(vec![GroupId(s(&group))]),
+        );
+        let described = &described.groups[0];
+        assert_eq!(described.error_code, 0, "through {}", gateway.kafka_addr());
+        assert_eq!(
+            (
+                &described.members[0].member_metadata,
+                &described.members[0].member_assignment
+            ),
+            (&metadata, &assignment)
+        );
+    }
+}

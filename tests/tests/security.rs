@@ -1256,3 +1256,83 @@ fn api_versions_is_answered_once_before_sasl_authentication() {
         );
     }
 }
+
+/// The internal secret gateways prove to each other, lost from Redis (a
+/// failover before it was replicated, a restore, an operator's deletion)
+/// and made anew by a gateway that starts then: the running gateways take
+/// the new one up, so group requests forwarded between them and the new
+/// gateway go through again, both ways. Each gateway used to read the
+/// secret once, and forwarding between the old gateways and the new one
+/// failed (COORDINATOR_NOT_AVAILABLE) until every gateway restarted.
+#[test]
+fn a_lost_internal_secret_made_anew_is_taken_up_by_the_running_gateways() {
+    use kafka_protocol::messages::{FindCoordinatorRequest, GroupId, HeartbeatRequest};
+
+    let redis = TestRedis::start();
+    let (ok, out) = users(&redis.url(), &["set", "admin"], "admin-pw\n");
+    assert!(ok, "{out}");
+    let args: Vec<&str> = SECURE
+        .iter()
+        .copied()
+        .chain([
+            "--set",
+            "cluster.heartbeat_interval=100ms",
+            "--set",
+            "cluster.node_timeout=1500ms",
+        ])
+        .collect();
+    let first = Ketch::start(&redis.url(), &args);
+    let second = Ketch::start(&redis.url(), &args);
+    for gateway in [&first, &second] {
+        gateway.await_log("nodes=[0, 1]", Duration::from_secs(20));
+    }
+    // A group `by` coordinates, and the error of a heartbeat for it sent to
+    // `via`: UNKNOWN_MEMBER_ID once forwarded to the coordinator.
+    let coordinated_by = |via: &Ketch, by: &Ketch| {
+        let mut conn = plain_conn(via, "admin", "admin-pw").expect("admin authenticates");
+        (0..10_000)
+            .map(|n| format!("secret-{n}"))
+            .find(|group| {
+                let found = conn.request(3, &FindCoordinatorRequest::default().with_key(s(group)));
+                found.port == i32::from(by.kafka_addr().port())
+            })
+            .expect("a group it coordinates")
+    };
+    let heartbeat = |via: &Ketch, group: &str| {
+        let mut conn = plain_conn(via, "admin", "admin-pw").expect("admin authenticates");
+        let request = HeartbeatRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_generation_id(1)
+            .with_member_id(s("nobody"));
+        conn.request(4, &request).error_code
+    };
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    let forwarded = |via: &Ketch, group: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let error = heartbeat(via, group);
+            if error == UNKNOWN_MEMBER_ID {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still {error} through {}",
+                via.kafka_addr()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let group = coordinated_by(&first, &second);
+    assert_eq!(heartbeat(&first, &group), UNKNOWN_MEMBER_ID, "forwarded");
+
+    let _: i64 = redis::cmd("DEL")
+        .arg("ketch:{security}:internal-secret")
+        .query(&mut redis.connection())
+        .expect("DEL");
+    let third = Ketch::start(&redis.url(), &args);
+    for gateway in [&first, &second, &third] {
+        gateway.await_log("nodes=[0, 1, 2]", Duration::from_secs(20));
+    }
+    forwarded(&first, &coordinated_by(&first, &third));
+    forwarded(&third, &coordinated_by(&third, &second));
+}

@@ -10,6 +10,7 @@ pub mod tls;
 pub mod x509;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ketch_config::Settings;
 
@@ -20,9 +21,18 @@ pub struct Security {
     pub sasl: Arc<sasl::Sasl>,
     pub acls: acl::Authorizer,
     /// The secret gateways prove to each other on their internal listeners
-    /// when ACLs are on (read from Redis once).
-    internal_secret: tokio::sync::OnceCell<Arc<[u8]>>,
+    /// when ACLs are on, and when it was read from Redis.
+    internal_secret: std::sync::Mutex<Option<(Arc<[u8]>, Instant)>>,
 }
+
+/// How long a gateway uses the internal secret it read before reading it
+/// again: a key lost from Redis and made anew by a gateway that started
+/// since is taken up by the others within this long.
+const SECRET_REREAD: Duration = Duration::from_secs(5);
+/// After a connecting gateway's wrong proof, the listener reads the secret
+/// again if its copy is older than this (at most once a second, whatever
+/// a stranger sends).
+const SECRET_REREAD_AFTER_WRONG_PROOF: Duration = Duration::from_secs(1);
 
 /// The label of the internal listener's proof (HMAC-SHA256 of it and the
 /// listener's nonce, keyed with the internal secret).
@@ -60,14 +70,54 @@ impl Security {
         &self,
         storage: &dyn crate::storage::Storage,
     ) -> Result<Option<Arc<[u8]>>, ketch_storage::StorageError> {
+        self.internal_secret_within(storage, SECRET_REREAD).await
+    }
+
+    /// [`Security::internal_secret`] read again unless this gateway's copy
+    /// is quite fresh: for a listener whose copy a connecting gateway's
+    /// proof did not match (the key was made anew since).
+    pub async fn internal_secret_after_wrong_proof(
+        &self,
+        storage: &dyn crate::storage::Storage,
+    ) -> Result<Option<Arc<[u8]>>, ketch_storage::StorageError> {
+        self.internal_secret_within(storage, SECRET_REREAD_AFTER_WRONG_PROOF)
+            .await
+    }
+
+    /// The secret, read from Redis again when this gateway's copy is older
+    /// than `max_age` (the copy is written back if the key is gone). Redis
+    /// failing, a copy of any age serves.
+    async fn internal_secret_within(
+        &self,
+        storage: &dyn crate::storage::Storage,
+        max_age: Duration,
+    ) -> Result<Option<Arc<[u8]>>, ketch_storage::StorageError> {
         if !self.acls.enabled() {
             return Ok(None);
         }
-        let secret = self
-            .internal_secret
-            .get_or_try_init(|| async { storage.internal_secret().await.map(Arc::from) })
-            .await?;
-        Ok(Some(secret.clone()))
+        let held = self.internal_secret.lock().expect("secret lock").clone();
+        if let Some((secret, read)) = &held
+            && read.elapsed() < max_age
+        {
+            return Ok(Some(secret.clone()));
+        }
+        let kept = held.as_ref().map(|(secret, _)| &secret[..]);
+        match storage.internal_secret(kept).await {
+            Ok(read) => {
+                if kept.is_some_and(|kept| kept != &read[..]) {
+                    tracing::warn!(
+                        "the internal secret in Redis changed (its key was lost and made anew): taking the new one up"
+                    );
+                }
+                let secret: Arc<[u8]> = Arc::from(read);
+                *self.internal_secret.lock().expect("secret lock") = Some((secret.clone(), Instant::now()));
+                Ok(Some(secret))
+            }
+            Err(e) => match held {
+                Some((secret, _)) => Ok(Some(secret)),
+                None => Err(e),
+            },
+        }
     }
 
     /// Without TLS or OAUTHBEARER keys (nothing to load from files): for
