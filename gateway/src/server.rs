@@ -856,13 +856,13 @@ fn millis(ms: i32) -> Duration {
 pub(crate) enum Reply {
     /// Write this response.
     Send(Vec<Bytes>),
-    /// Write nothing: an acks=0 produce, or a response that cannot be
-    /// encoded (logged).
+    /// Write nothing: an acks=0 produce.
     Nothing,
     /// Close the connection after the responses before this request: an
     /// acks=0 produce a partition of which failed, as Kafka closes it (the
     /// producer then reads the metadata again), or a request that cannot be
-    /// answered (the client asks again).
+    /// answered (the client asks again), its response not encodable
+    /// included ([`encoded_reply`]).
     Close,
 }
 
@@ -1010,12 +1010,25 @@ async fn respond(
         duration_us = elapsed.as_micros() as u64,
         "request"
     );
+    encoded_reply(encoded, api_key, version)
+}
+
+/// The reply of an encoded response. One that could not be encoded
+/// (logged: a defect) closes the connection: skipping its place would pair
+/// each later answer with the request before its own (Java clients fail
+/// with a correlation id mismatch, librdkafka waits out its timeout), where
+/// the client reconnects and asks again after a close.
+fn encoded_reply<E: std::fmt::Display>(
+    encoded: Result<Option<Vec<Bytes>>, E>,
+    api_key: ApiKey,
+    version: i16,
+) -> Reply {
     match encoded {
         Ok(Some(chunks)) => Reply::Send(chunks),
         Ok(None) => Reply::Nothing,
         Err(e) => {
-            tracing::error!(?api_key, version, error = %e, "cannot encode response");
-            Reply::Nothing
+            tracing::error!(?api_key, version, error = %e, "cannot encode response: closing the connection");
+            Reply::Close
         }
     }
 }
@@ -1321,6 +1334,31 @@ pub fn encode_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A response that cannot be encoded at its version (a field its
+    /// version lacks, set: a defect) closes the connection; it used to be
+    /// skipped, and the client paired each later answer with the request
+    /// before its own.
+    #[test]
+    fn a_response_that_cannot_be_encoded_closes_the_connection() {
+        use kafka_protocol::messages::DescribeGroupsResponse;
+        use kafka_protocol::messages::describe_groups_response::DescribedGroup;
+        let response = ResponseKind::DescribeGroups(
+            DescribeGroupsResponse::default()
+                .with_groups(vec![DescribedGroup::default().with_authorized_operations(8)]),
+        );
+        let encoded = encode_response(ApiKey::DescribeGroups, 2, 7, &response).map(|b| Some(vec![b]));
+        assert!(encoded.is_err(), "authorized operations before v3");
+        assert!(matches!(
+            encoded_reply(encoded, ApiKey::DescribeGroups, 2),
+            Reply::Close
+        ));
+        let fine = encode_response(ApiKey::DescribeGroups, 3, 7, &response).map(|b| Some(vec![b]));
+        assert!(matches!(
+            encoded_reply(fine, ApiKey::DescribeGroups, 3),
+            Reply::Send(_)
+        ));
+    }
 
     #[tokio::test]
     async fn an_addresss_connections_are_counted_against_its_own_limit() {

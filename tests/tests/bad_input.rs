@@ -526,3 +526,28 @@ fn an_old_format_message_is_invalid_record_whatever_its_length() {
     assert_eq!(s.produce_error(future), code::CORRUPT_MESSAGE, "magic 3");
     s.assert_unharmed();
 }
+
+/// A string that is not valid UTF-8 (here the header's client id, as a C
+/// client may send from a Latin-1 host name) is decoded with U+FFFD in
+/// its place, as Kafka's `Readable.readString` decodes it: the request is
+/// answered. The connection used to be closed, for every request of such
+/// a client.
+#[test]
+fn a_client_id_that_is_not_utf8_is_answered() {
+    let s = setup();
+    let mut conn = KafkaConn::connect_as(s.ketch.kafka_addr(), "ab");
+    let mut frame = api_versions_frame(&mut conn);
+    // size, api key, version, correlation id, then the client id's length
+    // (i16) and its two bytes.
+    const CLIENT_ID_AT: usize = 4 + 2 + 2 + 4 + 2;
+    assert_eq!(&frame[CLIENT_ID_AT..CLIENT_ID_AT + 2], b"ab");
+    frame[CLIENT_ID_AT + 1] = 0xff;
+    conn.send_raw(&frame).expect("send");
+    let (correlation, response) = conn.receive_next::<ApiVersionsRequest>(3);
+    assert_eq!(
+        (correlation, response.error_code),
+        (conn.last_correlation_id(), code::NONE)
+    );
+    assert!(!response.api_keys.is_empty());
+    s.assert_unharmed();
+}

@@ -40,6 +40,17 @@ mod str_bytes {
             Ok(Self(bytes))
         }
 
+        /// Construct a [StrBytes] from the given [Bytes] instance, replacing
+        /// invalid UTF-8 sequences with U+FFFD (copying them only then), as
+        /// Kafka's `Readable.readString` decodes a string (patched for
+        /// ketch, PATCHED.md).
+        pub fn from_utf8_lossy(bytes: Bytes) -> Self {
+            match std::str::from_utf8(&bytes) {
+                Ok(_) => Self(bytes),
+                Err(_) => Self::from_string(String::from_utf8_lossy(&bytes).into_owned()),
+            }
+        }
+
         /// Construct a [StrBytes] from the provided static [str].
         pub const fn from_static_str(s: &'static str) -> Self {
             Self(Bytes::from_static(s.as_bytes()))

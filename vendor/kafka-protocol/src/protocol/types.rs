@@ -361,7 +361,7 @@ impl Decoder<Option<StdString>> for String {
             n if n >= 0 => {
                 let mut strbuf = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
-                Ok(Some(std::string::String::from_utf8(strbuf)?))
+                Ok(Some(lossy_string(strbuf)))
             }
             n => {
                 bail!("String length is negative ({n})");
@@ -370,12 +370,19 @@ impl Decoder<Option<StdString>> for String {
     }
 }
 
+/// The string `bytes` hold, as Kafka's `Readable.readString` decodes it:
+/// invalid UTF-8 sequences become U+FFFD rather than failing the request
+/// (patched for ketch, PATCHED.md).
+fn lossy_string(bytes: Vec<u8>) -> StdString {
+    StdString::from_utf8(bytes).unwrap_or_else(|e| StdString::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 impl<T: NewType<StrBytes>> Decoder<Option<T>> for String {
     fn decode<B: ByteBuf>(&self, buf: &mut B) -> Result<Option<T>> {
         match Int16.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let strbuf = StrBytes::try_from(buf.try_get_bytes(n as usize)?)?;
+                let strbuf = StrBytes::from_utf8_lossy(buf.try_get_bytes(n as usize)?);
                 Ok(Some(strbuf.into()))
             }
             n => {
@@ -513,7 +520,7 @@ impl Decoder<Option<StdString>> for CompactString {
             n => {
                 let mut strbuf = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
-                Ok(Some(std::string::String::from_utf8(strbuf)?))
+                Ok(Some(lossy_string(strbuf)))
             }
         }
     }
@@ -524,7 +531,7 @@ impl<T: NewType<StrBytes>> Decoder<Option<T>> for CompactString {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let strbuf = StrBytes::try_from(buf.try_get_bytes((n - 1) as usize)?)?;
+                let strbuf = StrBytes::from_utf8_lossy(buf.try_get_bytes((n - 1) as usize)?);
                 Ok(Some(strbuf.into()))
             }
         }
