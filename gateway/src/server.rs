@@ -488,6 +488,20 @@ where
         let request = match decode(frame) {
             Ok(request) => request,
             Err(Rejected::Close(e)) => break Err(e),
+            // An ApiVersions of a version this gateway lacks: answered
+            // (UNSUPPORTED_VERSION) where an ApiVersions would be; past the
+            // one a SASL listener takes before authentication, during the
+            // exchange or once the session expired, Kafka's authenticator
+            // closes the connection instead.
+            Err(Rejected::Answer(_))
+                if sasl_required
+                    && ((!session.authenticated() && (versions_before_sasl || session.exchanging()))
+                        || session.expired()) =>
+            {
+                break Err(ConnectionError::Auth(
+                    "ApiVersions (of a version this gateway lacks) again before SASL authentication, during its exchange or after the session expired".to_owned(),
+                ));
+            }
             Err(Rejected::Answer(bytes)) => {
                 if !responses.answer(bytes).await {
                     break Ok(());

@@ -1205,7 +1205,9 @@ fn acls_on_delegation_tokens_are_kept_listed_and_deleted() {
 /// handshake: a second ApiVersions, or one between the handshake and the
 /// authentication, closes the connection (a client that never
 /// authenticates held its connection open with one every few minutes).
-/// After authentication ApiVersions is answered any number of times.
+/// After authentication ApiVersions is answered any number of times. The
+/// same for one of a version the gateway lacks, as Kafka's authenticator
+/// checks its state before the version.
 #[test]
 fn api_versions_is_answered_once_before_sasl_authentication() {
     use kafka_protocol::messages::ApiVersionsRequest;
@@ -1246,7 +1248,31 @@ fn api_versions_is_answered_once_before_sasl_authentication() {
     let handshake = refused_first.request(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
     assert_eq!(handshake.error_code, 0);
 
+    // One of a version the gateway lacks is answered UNSUPPORTED_VERSION
+    // where an ApiVersions would be, and closes the connection where one
+    // would (it used to be answered then too).
+    let newer = |conn: &mut KafkaConn| {
+        let mut frame = conn.frame(0, &ApiVersionsRequest::default());
+        frame[6..8].copy_from_slice(&99i16.to_be_bytes());
+        conn.send_raw(&frame).expect("send");
+    };
+    let mut first = KafkaConn::connect(ketch.kafka_addr());
+    newer(&mut first);
+    let (_, answer) = first.receive_next::<ApiVersionsRequest>(0);
+    assert_eq!(answer.error_code, 35, "UNSUPPORTED_VERSION");
+    assert_eq!(first.request(0, &ApiVersionsRequest::default()).error_code, 0);
+    newer(&mut first);
+    first.assert_closed();
+    let mut mid_exchange = KafkaConn::connect(ketch.kafka_addr());
+    let handshake = mid_exchange.request(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
+    assert_eq!(handshake.error_code, 0);
+    newer(&mut mid_exchange);
+    mid_exchange.assert_closed();
+
     let mut authenticated = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    newer(&mut authenticated);
+    let (_, answer) = authenticated.receive_next::<ApiVersionsRequest>(0);
+    assert_eq!(answer.error_code, 35, "answered once authenticated");
     for _ in 0..3 {
         assert_eq!(
             authenticated
