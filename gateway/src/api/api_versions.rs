@@ -59,16 +59,38 @@ fn response(error_code: i16) -> ApiVersionsResponse {
         )
 }
 
-/// The v0 answer to an ApiVersions request of a version ketch does not know.
+/// The v0 answer to an ApiVersions request of a version ketch does not
+/// know: UNSUPPORTED_VERSION and the versions of ApiVersions alone, as
+/// Kafka's `ApiVersionsRequest.getErrorResponse` answers (the client asks
+/// again at a version listed there).
 pub fn unsupported_version_response(correlation_id: i32) -> Bytes {
-    let body = ResponseKind::ApiVersions(response(ResponseError::UnsupportedVersion.code()));
+    let mut answer = response(ResponseError::UnsupportedVersion.code());
+    answer
+        .api_keys
+        .retain(|api| api.api_key == ApiKey::ApiVersions as i16);
+    let body = ResponseKind::ApiVersions(answer);
     crate::server::encode_response(ApiKey::ApiVersions, 0, correlation_id, &body)
         .expect("ApiVersions v0 always encodes")
 }
 
 #[cfg(test)]
 mod tests {
+    use kafka_protocol::messages::ResponseHeader;
+    use kafka_protocol::protocol::Decodable;
+
     use super::*;
+
+    #[test]
+    fn an_unknown_version_is_told_the_versions_of_api_versions_alone() {
+        let mut answer = unsupported_version_response(7);
+        // Its size first.
+        bytes::Buf::advance(&mut answer, 4);
+        let header = ResponseHeader::decode(&mut answer, 0).expect("header");
+        let answer = ApiVersionsResponse::decode(&mut answer, 0).expect("answer");
+        assert_eq!((header.correlation_id, answer.error_code), (7, 35));
+        let keys: Vec<i16> = answer.api_keys.iter().map(|k| k.api_key).collect();
+        assert_eq!(keys, [ApiKey::ApiVersions as i16]);
+    }
 
     #[test]
     fn software_names_are_checked_as_kafka_checks_them() {
