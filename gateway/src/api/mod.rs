@@ -633,15 +633,18 @@ pub async fn forward<R: crate::forward::Forwardable>(
     // A coordinator that hangs (paused, or cut off) holds its requests
     // until it is taken for dead; then they are answered so that clients
     // look the new coordinator up.
+    // The live set is looked at once subscribed, then at each change: a
+    // coordinator that left between `route` and the subscription is seen
+    // at once.
     let mut changes = ctx.membership.subscribe();
     let gone = async {
         loop {
-            if changes.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
             let live = ctx.membership.nodes();
             if !live.iter().any(|n| n.internal_address().as_deref() == Some(to)) {
                 return;
+            }
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
             }
         }
     };
