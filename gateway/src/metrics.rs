@@ -427,7 +427,7 @@ impl RedisMemory {
     /// What an operator should know, if anything.
     pub fn warning(&self) -> Option<String> {
         let ratio = self.ratio()?;
-        let what = if ratio >= 1.0 {
+        let what = if self.full() {
             if self.maxmemory_policy == "noeviction" {
                 "is full and refuses writes (maxmemory-policy noeviction): appends, offset commits and heartbeats fail"
             } else {
@@ -439,7 +439,7 @@ impl RedisMemory {
             return None;
         };
         Some(format!(
-            "Redis {} {what} (used_memory {} of maxmemory {}, {:.0}%)",
+            "Redis {} {what} (memory counted {} of maxmemory {}, {:.0}%)",
             self.server,
             self.counted(),
             self.maxmemory,
@@ -447,10 +447,16 @@ impl RedisMemory {
         ))
     }
 
+    /// Past `maxmemory`, where Redis refuses writes (or evicts): above it,
+    /// not at it (`getMaxmemoryState`).
+    fn full(&self) -> bool {
+        self.maxmemory > 0 && self.counted() > self.maxmemory
+    }
+
     /// 0: room, 1: nearly full, 2: full.
     fn level(&self) -> u8 {
         match self.ratio() {
-            Some(r) if r >= 1.0 => 2,
+            _ if self.full() => 2,
             Some(r) if r >= MEMORY_WARN_RATIO => 1,
             _ => 0,
         }
@@ -458,7 +464,7 @@ impl RedisMemory {
 
     /// Whether this server refuses writes now.
     pub fn refuses_writes(&self) -> bool {
-        self.ratio().is_some_and(|r| r >= 1.0) && self.maxmemory_policy == "noeviction"
+        self.full() && self.maxmemory_policy == "noeviction"
     }
 }
 
@@ -832,8 +838,16 @@ mod tests {
         );
         assert_eq!(m.maxmemory_policy, "noeviction");
         assert!(m.warning().is_none(), "50% warns of nothing");
-        let full = RedisMemory {
+        let at_the_limit = RedisMemory {
             used_memory: 2097152,
+            ..m.clone()
+        };
+        assert!(
+            !at_the_limit.refuses_writes(),
+            "Redis refuses above the limit only"
+        );
+        let full = RedisMemory {
+            used_memory: 2097153,
             ..m.clone()
         };
         assert!(full.refuses_writes());
@@ -864,7 +878,7 @@ mod tests {
         assert!(
             m.warning()
                 .unwrap()
-                .contains("nearly full (used_memory 1900000 of")
+                .contains("nearly full (memory counted 1900000 of")
         );
         let full = RedisMemory {
             mem_not_counted_for_evict: 100000,

@@ -153,7 +153,8 @@ macro_rules! with_prelude {
 /// or keeps a gateway's registration, leases, group listing, the
 /// transaction index and the producer-id counter (each one key on a Redis
 /// Cluster: on a full master they would stop every transaction and every
-/// idempotent producer), each growing memory by little. Redis refuses a script without flags whose
+/// idempotent producer) and the gateways' internal secret, each growing
+/// memory by little. Redis refuses a script without flags whose
 /// first write may grow memory, so a full Redis would otherwise never be
 /// emptied by ketch: retention's seal, DeleteRecords' new log start and
 /// the archiver's lease would all be refused.
@@ -187,6 +188,7 @@ struct Scripts {
     txn_index: redis::Script,
     txn_index_add: redis::Script,
     producer_id: redis::Script,
+    internal_secret: redis::Script,
     compact_add: redis::Script,
     compact_swap: redis::Script,
     hset_existing: redis::Script,
@@ -314,6 +316,7 @@ impl Store {
                 txn_index: redis::Script::new(allow_oom!("scripts/txn_index.lua")),
                 txn_index_add: redis::Script::new(allow_oom!("scripts/txn_index_add.lua")),
                 producer_id: redis::Script::new(allow_oom!("scripts/producer_id.lua")),
+                internal_secret: redis::Script::new(allow_oom!("scripts/internal_secret.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
                 hset_existing: redis::Script::new(include_str!("scripts/hset_existing.lua")),

@@ -132,18 +132,18 @@ impl Store {
     /// secret the caller holds, is written back when the key is gone (a
     /// failover before it was replicated, a restore, an operator's
     /// deletion), so the running gateways keep theirs rather than the next
-    /// gateway to start making one they do not know.
+    /// gateway to start making one they do not know. To replace the
+    /// secret, an operator SETs a new one: the gateways take it up within
+    /// seconds (a DEL is undone by the running gateways' copies).
     pub async fn internal_secret(&self, keep: Option<&[u8]>) -> Result<Vec<u8>> {
         let key = self.security_key("internal-secret");
         let fresh: [u8; 32] = rand::random();
-        let (secret,): (Vec<u8>,) = redis::pipe()
-            .cmd("SET")
-            .arg(&key)
+        let secret: Vec<u8> = self
+            .scripts
+            .internal_secret
+            .key(&key)
             .arg(keep.unwrap_or(&fresh[..]))
-            .arg("NX")
-            .ignore()
-            .get(&key)
-            .query_async(&mut self.conn())
+            .invoke_async(&mut self.conn())
             .await?;
         if secret.len() < 16 {
             return Err(crate::StorageError::Data(format!(

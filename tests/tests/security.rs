@@ -1361,4 +1361,19 @@ fn a_lost_internal_secret_made_anew_is_taken_up_by_the_running_gateways() {
     }
     forwarded(&first, &coordinated_by(&first, &third));
     forwarded(&third, &coordinated_by(&third, &second));
+
+    // An operator replaces the secret (SET, as security.md says): the
+    // gateways take the new one up.
+    let _: () = redis::cmd("SET")
+        .arg("ketch:{security}:internal-secret")
+        .arg(&[7u8; 32][..])
+        .query(&mut redis.connection())
+        .expect("SET");
+    forwarded(&second, &coordinated_by(&second, &first));
+    forwarded(&first, &coordinated_by(&first, &third));
+    let held: Vec<u8> = redis::cmd("GET")
+        .arg("ketch:{security}:internal-secret")
+        .query(&mut redis.connection())
+        .expect("GET");
+    assert_eq!(held, [7u8; 32], "the operator's secret stays");
 }

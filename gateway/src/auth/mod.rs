@@ -30,8 +30,8 @@ pub struct Security {
 /// since is taken up by the others within this long.
 const SECRET_REREAD: Duration = Duration::from_secs(5);
 /// After a connecting gateway's wrong proof, the listener reads the secret
-/// again if its copy is older than this (at most once a second, whatever
-/// a stranger sends).
+/// again if its copy is older than this (about once a second, whatever a
+/// stranger sends: proofs arriving together may each read it).
 const SECRET_REREAD_AFTER_WRONG_PROOF: Duration = Duration::from_secs(1);
 
 /// The label of the internal listener's proof (HMAC-SHA256 of it and the
@@ -86,7 +86,8 @@ impl Security {
 
     /// The secret, read from Redis again when this gateway's copy is older
     /// than `max_age` (the copy is written back if the key is gone). Redis
-    /// failing, a copy of any age serves.
+    /// failing, a copy of any age serves, and is not read again for
+    /// `max_age`.
     async fn internal_secret_within(
         &self,
         storage: &dyn crate::storage::Storage,
@@ -113,8 +114,15 @@ impl Security {
                 *self.internal_secret.lock().expect("secret lock") = Some((secret.clone(), Instant::now()));
                 Ok(Some(secret))
             }
+            // The copy serves until the next try, as long from now as
+            // after a read: a Redis that hangs holds up one request per
+            // period, not every one.
             Err(e) => match held {
-                Some((secret, _)) => Ok(Some(secret)),
+                Some((secret, _)) => {
+                    *self.internal_secret.lock().expect("secret lock") =
+                        Some((secret.clone(), Instant::now()));
+                    Ok(Some(secret))
+                }
                 None => Err(e),
             },
         }
