@@ -4,6 +4,8 @@
 # presets (a fresh Redis and gateway each run), then the archive's
 # throughput and each tier's consume (benchmark/archive-compare.sh).
 # Usage: run.sh BEFORE_BIN AFTER_BIN ROUNDS OUT_DIR
+# (swapped.tsv: three more produce pairs of 1 KiB records, the after build
+# first, by hand with the same profile.sh command.)
 set -euo pipefail
 before=$1 after=$2 rounds=$3 out=$4
 cd "$(dirname "$0")/../../.."
