@@ -120,6 +120,13 @@ pub enum SegmentChange<'a> {
     Skip {
         reason: &'a str,
     },
+    /// The offsets the archived segment's data file at `path` has no rows
+    /// for, recorded again (read off the file: an older release could
+    /// record them wrong).
+    Holes {
+        path: &'a str,
+        holes: &'a [(i64, i64)],
+    },
 }
 
 /// What a [`SegmentChange`] found.
@@ -392,6 +399,10 @@ impl Store {
             }
             SegmentChange::Skip { reason } => {
                 invocation.arg("skip").arg(reason);
+            }
+            SegmentChange::Holes { path, holes } => {
+                let holes = serde_json::to_string(holes).expect("holes serialize");
+                invocation.arg("holes").arg(path).arg(holes);
             }
         }
         Ok(invocation.invoke_async(&mut self.conn()).await?)

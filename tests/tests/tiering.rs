@@ -905,6 +905,49 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
     pyiceberg_check(&catalog, &warehouse, None, &topic, &[(0, records)], None);
 }
 
+/// A tiered gateway and a topic of one partition whose 20 records, one
+/// batch each (the timestamp of offset `i` is `timestamp(i)`), are archived
+/// in short segments and trimmed from Redis; a raw connection to it.
+/// (Fields drop in order: the connection, the gateway, Redis, the
+/// directory.)
+struct Archived20 {
+    topic: String,
+    conn: ketch_tests::raw::KafkaConn,
+    _ketch: Ketch,
+    redis: TestRedis,
+    _dir: tempfile::TempDir,
+}
+
+fn archived_20(name: &str, timestamp: impl Fn(i64) -> i64) -> Archived20 {
+    use ketch_tests::batch::{self, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let topic = unique_topic(name);
+    create_remote_topic(
+        &ketch,
+        &runtime(),
+        &topic,
+        1,
+        &[("segment.ms", "200"), ("local.retention.bytes", "0")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for i in 0..20 {
+        let batch = batch::encode(&[Record::value(timestamp(i), b"v")]);
+        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
+    }
+    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [20]);
+    Archived20 {
+        _dir: dir,
+        redis,
+        _ketch: ketch,
+        topic,
+        conn,
+    }
+}
+
 /// ListOffsets -3 in an archive whose segment's largest timestamp is no
 /// longer there (below the log start here; a transaction marker's, which
 /// is not archived, in the same way): the largest of what the archive still
@@ -912,32 +955,17 @@ fn retention_on_a_remote_topic_moves_the_log_start_and_keeps_the_rows() {
 /// archive holds.
 #[test]
 fn the_max_timestamp_is_the_largest_the_archive_still_holds() {
-    use ketch_tests::batch::{self, Record};
     use ketch_tests::raw::{self, KafkaConn, code};
 
-    let dir = tempfile::tempdir().expect("temp dir");
-    let redis = TestRedis::start();
-    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
-    let rt = runtime();
-    let topic = unique_topic("max-archived");
-    create_remote_topic(
-        &ketch,
-        &rt,
-        &topic,
-        1,
-        &[("segment.ms", "200"), ("local.retention.bytes", "0")],
-    );
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let base = BASE_TIMESTAMP;
-    for i in 0..20 {
-        // Offset 10 holds the largest timestamp.
-        let timestamp = if i == 10 { base + 1_000_000 } else { base + i };
-        let batch = batch::encode(&[Record::value(timestamp, b"v")]);
-        assert_eq!(raw::produce(&mut conn, &topic, 0, batch).0, code::NONE);
-    }
-    assert_eq!(wait_all_trimmed(&redis, &ketch, &topic, 1), [20]);
+    // Offset 10 holds the largest timestamp.
+    let mut archived = archived_20(
+        "max-archived",
+        |i| if i == 10 { base + 1_000_000 } else { base + i },
+    );
+    let (topic, conn) = (archived.topic.clone(), &mut archived.conn);
     assert_eq!(
-        raw::list_offsets(&mut conn, &topic, 0, -3),
+        raw::list_offsets(conn, &topic, 0, -3),
         (code::NONE, 10, base + 1_000_000)
     );
     // -5 (v9, KIP-1005): the last offset the archive holds, with its epoch.
@@ -946,17 +974,13 @@ fn the_max_timestamp_is_the_largest_the_archive_still_holds() {
         let p = &response.topics[0].partitions[0];
         (p.error_code, p.offset, p.leader_epoch)
     };
-    assert_eq!(latest_tiered(&mut conn), (code::NONE, 19, 0));
-    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 15), (code::NONE, 15));
+    assert_eq!(latest_tiered(conn), (code::NONE, 19, 0));
+    assert_eq!(raw::delete_records(conn, &topic, 0, 15), (code::NONE, 15));
     assert_eq!(
-        raw::list_offsets(&mut conn, &topic, 0, -3),
+        raw::list_offsets(conn, &topic, 0, -3),
         (code::NONE, 19, base + 19)
     );
-    assert_eq!(
-        latest_tiered(&mut conn),
-        (code::NONE, 19, 0),
-        "after DeleteRecords"
-    );
+    assert_eq!(latest_tiered(conn), (code::NONE, 19, 0), "after DeleteRecords");
 }
 
 /// A read_committed fetch that steps over an archived aborted transaction
@@ -1666,4 +1690,64 @@ fn an_archiving_registration_has_one_holder_and_is_lost_when_it_expires() {
                 .unwrap()
         );
     });
+}
+
+/// An archived segment whose record gives holes its data file does not
+/// have (an older release recorded holes recomputed from Redis after
+/// DeleteRecords moved into the segment) is read all the same: the reader
+/// finds a row where the holes said it would not be, reads the holes off
+/// the file and records them. Every read of the segment used to fail
+/// (KAFKA_STORAGE_ERROR, retried by the client for ever).
+#[test]
+fn an_archived_segment_recorded_with_wrong_holes_is_read_and_its_record_mended() {
+    use ketch_tests::raw::{self, code};
+
+    let mut archived = archived_20("wrong-holes", |i| BASE_TIMESTAMP + i);
+    let (redis, topic, conn) = (&archived.redis, archived.topic.clone(), &mut archived.conn);
+    let segments = redis.segments(&topic, 0);
+    let victim = segments
+        .iter()
+        .find(|s| s["last"].as_i64() > s["base"].as_i64())
+        .expect("a segment of two records or more")
+        .clone();
+    let base = victim["base"].as_i64().unwrap();
+    assert!(victim.get("holes").is_none(), "{victim}");
+    let mut wrong = victim.clone();
+    wrong["holes"] = serde_json::json!([[base, base]]);
+    let key = format!("ketch:{{{}}}:segments", redis.topic_tags(&topic)[0]);
+    let mut redis_conn = redis.connection();
+    let _: i64 = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(&key)
+        .arg(base)
+        .arg(base)
+        .query(&mut redis_conn)
+        .expect("ZREMRANGEBYSCORE");
+    let _: i64 = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(base)
+        .arg(wrong.to_string())
+        .query(&mut redis_conn)
+        .expect("ZADD");
+
+    let response = conn.request(12, &raw::fetch_request(&topic, 0, base, 100));
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 20));
+    let records = records.expect("records");
+    assert!(raw::count_records(&records) > victim["last"].as_i64().unwrap() - base);
+    assert_eq!(
+        i64::from_be_bytes(records[0..8].try_into().unwrap()),
+        base,
+        "from the segment's first offset"
+    );
+    let mended = redis
+        .segments(&topic, 0)
+        .into_iter()
+        .find(|s| s["base"].as_i64() == Some(base))
+        .expect("the segment");
+    assert!(
+        mended
+            .get("holes")
+            .is_none_or(|h| h.as_array().is_some_and(Vec::is_empty)),
+        "the file's holes recorded: {mended}"
+    );
 }

@@ -30,7 +30,7 @@ use arrow_schema::SchemaRef;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use iceberg::arrow::ArrowFileReader;
-use iceberg::io::FileMetadata;
+use iceberg::io::{FileIO, FileMetadata};
 use iceberg::spec::{Literal, PartitionKey, Struct};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
@@ -1024,7 +1024,7 @@ async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<A
                 file_bytes: entry.file_size_in_bytes(),
                 records: (segment.last - segment.base + 1) as u64,
                 written: false,
-                holes: Some(holes_in_file(table, segment, path).await?),
+                holes: Some(holes_in_file(table.file_io(), segment, path).await?),
             }));
         }
     }
@@ -1032,8 +1032,12 @@ async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<A
 }
 
 /// The offsets of `segment` the data file at `path` has no row for.
-async fn holes_in_file(table: &Table, segment: &Segment, path: &str) -> Result<Vec<(i64, i64)>> {
-    let input = table.file_io().new_input(path)?;
+pub(crate) async fn holes_in_file(
+    file_io: &FileIO,
+    segment: &Segment,
+    path: &str,
+) -> Result<Vec<(i64, i64)>> {
+    let input = file_io.new_input(path)?;
     let size = input.metadata().await?.size;
     let reader = ArrowFileReader::new(FileMetadata { size }, input.reader().await?);
     let builder = ParquetRecordBatchStreamBuilder::new(reader).await?;

@@ -51,6 +51,11 @@ pub enum Error {
     Schema(String),
     #[error("archive data: {0}")]
     Data(String),
+    /// A data file's rows are not where its segment's `holes` put them
+    /// (holes recorded wrong: [`Tiers::read`] reads them off the file and
+    /// records them again).
+    #[error("archive data: {0}")]
+    Misplaced(String),
     /// A segment's records do not add up (a count that lies).
     #[error("segment records: {0}")]
     Records(String),
@@ -1078,6 +1083,30 @@ struct Hint {
 }
 
 impl Tiers {
+    /// The offsets an archived segment's data file has no rows for, read
+    /// off the file and recorded in the segment's record, when the record
+    /// says otherwise (an older release could record them wrong, and every
+    /// read of the segment then failed); `None` when it says the same.
+    async fn repair_holes(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+    ) -> ketch_storage::Result<Option<Vec<(i64, i64)>>> {
+        let path = segment.path.as_deref().unwrap_or_default();
+        let holes = self.reader.holes_in_file(segment, path).await?;
+        if holes == segment.holes {
+            return Ok(None);
+        }
+        tracing::warn!(topic = %topic.name, partition, base = segment.base, recorded = ?segment.holes, file = ?holes,
+            "an archived segment's recorded holes do not match its data file: recording the file's");
+        let change = SegmentChange::Holes { path, holes: &holes };
+        self.store
+            .change_segment(topic, partition, segment, change)
+            .await?;
+        Ok(Some(holes))
+    }
+
     pub fn new(store: Store, settings: &TieringSettings, metrics: Arc<Metrics>) -> Self {
         Self {
             reader: Arc::new(RemoteReader::new(settings, metrics)),
@@ -1117,6 +1146,8 @@ impl Tiers {
         };
         let mut cached = hint.as_ref().map(|hint| hint.segment.clone());
         let mut offset = request.offset;
+        // A segment's holes were read off its data file and recorded again.
+        let mut repaired = false;
         loop {
             let segment = match cached.take().filter(|s| (s.base..=s.last).contains(&offset)) {
                 Some(segment) => segment,
@@ -1173,6 +1204,15 @@ impl Tiers {
             };
             let (batches, near_end) = match batches {
                 Ok(read) => read,
+                Err(Error::Misplaced(why)) if !repaired => {
+                    repaired = true;
+                    self.hints.lock().expect("hints").remove(key);
+                    let Some(holes) = self.repair_holes(topic, partition, &segment).await? else {
+                        return Err(Error::Misplaced(why).into());
+                    };
+                    cached = Some(Segment { holes, ..segment });
+                    continue;
+                }
                 Err(e) => {
                     // The segment may have changed state (archived on retry).
                     self.hints.lock().expect("hints").remove(key);

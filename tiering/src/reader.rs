@@ -145,7 +145,7 @@ impl RemoteReader {
             let from = usize::try_from(row_of(segment, next) - at.first_row)
                 .map_err(|_| Error::Data("row index".to_owned()))?;
             if from >= columns.len() || columns.offset(from) != next {
-                return Err(Error::Data(format!(
+                return Err(Error::Misplaced(format!(
                     "{path}: row group {} slice {} does not hold offset {next} where expected",
                     at.group, at.slice
                 )));
@@ -272,6 +272,12 @@ impl RemoteReader {
         }
         footers.insert(path.to_owned(), footer.clone());
         Ok(footer)
+    }
+
+    /// The offsets of `segment` its data file at `path` has no rows for,
+    /// read off the file's `offset` column.
+    pub async fn holes_in_file(&self, segment: &Segment, path: &str) -> Result<Vec<(i64, i64)>> {
+        crate::archive::holes_in_file(&self.file_io, segment, path).await
     }
 
     async fn open(&self, segment: &Segment, path: &str) -> Result<ArrowFileReader> {
@@ -438,7 +444,7 @@ impl Position {
             }
             first += rows;
         }
-        Err(Error::Data(format!(
+        Err(Error::Misplaced(format!(
             "the archived segment {}..={} has no row for offset {offset}",
             segment.base, segment.last
         )))

@@ -14,6 +14,9 @@
 --              reason up to date and clears the retry)
 --   'retry'    asks the storage worker to archive it again
 --   'skip'     ARGV[4] why: gives up on it; its batches may be deleted
+--   'holes'    ARGV[4] its data file's path, ARGV[5] the offsets that file
+--              has no rows for (JSON): records them again, if the segment
+--              is archived in that file ('gone' otherwise)
 --
 -- Reply (a status string): 'ok'; 'gone' when no such segment exists (deleted
 -- by retention or DeleteRecords, or its topic deleted); 'archived' when the
@@ -42,6 +45,15 @@ if op == 'archived' then
   segment.quarantine = nil
   if ARGV[6] and ARGV[6] ~= '[]' then
     segment.holes = cjson.decode(ARGV[6])
+  end
+elseif op == 'holes' then
+  if segment.path ~= ARGV[4] then
+    return 'gone'
+  end
+  if ARGV[5] == '[]' then
+    segment.holes = nil
+  else
+    segment.holes = cjson.decode(ARGV[5])
   end
 elseif segment.path then
   return 'archived'
