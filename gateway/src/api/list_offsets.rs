@@ -209,11 +209,11 @@ async fn lookup(
     }
 }
 
-/// The last offset of the newest segment the archive holds (Kafka's
-/// `highestOffsetInRemoteStorage`), -1 when it holds none (or no longer
-/// does: retention deleted every archived segment) or the topic has no
-/// archive (`remote.storage.enable` off), as Kafka answers without a
-/// remote log.
+/// The last offset the archive holds with every segment before it
+/// archived too (Kafka's `highestOffsetInRemoteStorage`: it copies
+/// segments in order), -1 when it holds none (or no longer does: retention
+/// deleted every archived segment) or the topic has no archive
+/// (`remote.storage.enable` off), as Kafka answers without a remote log.
 async fn latest_tiered(
     ctx: &Context,
     topic: &Topic,
@@ -223,13 +223,22 @@ async fn latest_tiered(
         return Ok(Some((-1, -1)));
     }
     let segments = ctx.storage.segments(topic, partition).await?;
-    let last = segments
+    Ok(Some((archived_through(&segments), -1)))
+}
+
+/// The last offset of the archived segments before the first that is not
+/// (quarantined, or not archived yet: a later one archived meanwhile is
+/// not counted, as Kafka's copies never pass an uncopied segment); a
+/// skipped segment is stepped over (its records are gone for good). -1:
+/// none.
+fn archived_through(segments: &[ketch_storage::segments::Segment]) -> i64 {
+    segments
         .iter()
+        .take_while(|s| s.path.is_some() || s.skipped.is_some())
         .filter(|s| s.path.is_some())
         .map(|s| s.last)
-        .max()
-        .unwrap_or(-1);
-    Ok(Some((last, -1)))
+        .last()
+        .unwrap_or(-1)
 }
 
 #[cfg(test)]
@@ -238,6 +247,47 @@ mod tests {
     use kafka_protocol::protocol::Encodable;
 
     use super::*;
+
+    #[test]
+    fn the_latest_tiered_offset_stops_at_the_first_segment_not_archived() {
+        let segment = |base: i64, state: serde_json::Value| {
+            let mut json = serde_json::json!({
+                "base": base, "last": base + 9, "bytes": 0, "max_ts": 0, "sealed_ms": 0,
+            });
+            json.as_object_mut()
+                .unwrap()
+                .extend(state.as_object().unwrap().clone());
+            serde_json::from_value::<ketch_storage::segments::Segment>(json).unwrap()
+        };
+        let archived = serde_json::json!({"path": "file:///a.parquet", "file_bytes": 1});
+        let quarantined = serde_json::json!({"quarantine": {"reason": "bad", "at": 0}});
+        let skipped = serde_json::json!({"skipped": {"reason": "gave up", "at": 0, "error": "bad"}});
+        let none = serde_json::json!({});
+        assert_eq!(archived_through(&[]), -1);
+        assert_eq!(archived_through(&[segment(0, none.clone())]), -1);
+        assert_eq!(
+            archived_through(&[segment(0, archived.clone()), segment(10, archived.clone())]),
+            19
+        );
+        assert_eq!(
+            archived_through(&[
+                segment(0, archived.clone()),
+                segment(10, quarantined),
+                segment(20, archived.clone()),
+            ]),
+            9,
+            "not past a quarantined segment"
+        );
+        assert_eq!(
+            archived_through(&[
+                segment(0, skipped),
+                segment(10, archived.clone()),
+                segment(20, none)
+            ]),
+            19,
+            "past a skipped one"
+        );
+    }
 
     #[test]
     fn answers_encode_in_every_supported_version() {
