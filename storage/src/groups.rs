@@ -152,9 +152,7 @@ impl Store {
     /// Redis is at maxmemory: the commit that lists it is stored already).
     pub(crate) async fn note_group(&self, group: &str) -> Result<()> {
         let _: i64 = self
-            .scripts
-            .note_group
-            .key(self.groups_key())
+            .oom_command(&self.groups_key(), "SADD")
             .arg(group)
             .invoke_async(&mut self.conn())
             .await?;

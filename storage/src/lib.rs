@@ -186,19 +186,26 @@ struct Scripts {
     txn_offsets: redis::Script,
     commit_offsets: redis::Script,
     txn_index: redis::Script,
-    txn_index_add: redis::Script,
-    producer_id: redis::Script,
     internal_secret: redis::Script,
     compact_add: redis::Script,
     compact_swap: redis::Script,
     hset_existing: redis::Script,
-    note_group: redis::Script,
+    oom_command: redis::Script,
     delete_offsets: redis::Script,
     expire_offsets: redis::Script,
     mutation_tokens: redis::Script,
 }
 
 impl Store {
+    /// `command` on `key` as a script Redis runs even at maxmemory
+    /// (`scripts/oom_command.lua`); the caller adds the command's
+    /// arguments after the key.
+    pub(crate) fn oom_command(&self, key: &str, command: &str) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.oom_command.key(key);
+        invocation.arg(command);
+        invocation
+    }
+
     /// Creates the store. Never fails because Redis is down: connections are
     /// made on first use and re-made after a failure, so a gateway started
     /// before Redis serves as soon as Redis is up.
@@ -314,13 +321,11 @@ impl Store {
                     "scripts/commit_offsets.lua"
                 )),
                 txn_index: redis::Script::new(allow_oom!("scripts/txn_index.lua")),
-                txn_index_add: redis::Script::new(allow_oom!("scripts/txn_index_add.lua")),
-                producer_id: redis::Script::new(allow_oom!("scripts/producer_id.lua")),
                 internal_secret: redis::Script::new(allow_oom!("scripts/internal_secret.lua")),
                 compact_add: redis::Script::new(include_str!("scripts/compact_add.lua")),
                 compact_swap: redis::Script::new(include_str!("scripts/compact_swap.lua")),
                 hset_existing: redis::Script::new(include_str!("scripts/hset_existing.lua")),
-                note_group: redis::Script::new(allow_oom!("scripts/note_group.lua")),
+                oom_command: redis::Script::new(allow_oom!("scripts/oom_command.lua")),
                 delete_offsets: redis::Script::new(include_str!("scripts/delete_offsets.lua")),
                 expire_offsets: redis::Script::new(include_str!("scripts/expire_offsets.lua")),
                 mutation_tokens: redis::Script::new(include_str!("scripts/mutation_tokens.lua")),

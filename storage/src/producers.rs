@@ -14,10 +14,10 @@ impl Store {
     /// covers it, and a failover that took it back would give the id to a
     /// second producer, whose batches could pass for the first's
     /// duplicates. Handed out even when the counter's master is full
-    /// (`producer_id.lua`).
+    /// (`oom_command.lua`).
     pub async fn new_producer_id(&self) -> Result<i64> {
         let key = format!("{}:producer-ids", self.keys.namespace());
-        let invocation = self.scripts.producer_id.key(&key);
+        let invocation = self.oom_command(&key, "INCR");
         let id: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
         // Ids start at 1000, clear of the small ids tests like to hard-code.
         Ok(id + 999)

@@ -558,10 +558,10 @@ impl Store {
     /// what to abort or finish only through this index, and in a cluster
     /// its master is not the transaction state's, so a failover could take
     /// an open transaction's deadline back and leave it open for ever.
-    /// Written even when that master is full (`txn_index_add.lua`).
+    /// Written even when that master is full (`oom_command.lua`).
     async fn zadd_index(&self, id: &str, score: f64, flags: &[&str]) -> Result<()> {
         let key = self.txn_index_key();
-        let mut invocation = self.scripts.txn_index_add.key(&key);
+        let mut invocation = self.oom_command(&key, "ZADD");
         invocation.arg(flags).arg(score).arg(id);
         let _: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
         Ok(())

@@ -1,0 +1,14 @@
+-- One command on one key, run even when Redis is at maxmemory under
+-- `noeviction` (this script's allow-oom flag, lib.rs), where Redis refuses
+-- a plain write that may grow memory. For small writes that must not stop
+-- with a full Redis, each a single key on a Redis Cluster, whose master
+-- being full would otherwise stop every gateway's:
+-- - SADD of a group to `ketch:groups` (its commit is stored already);
+-- - ZADD of a transactional id to `ketch:transactions` (every
+--   AddPartitionsToTxn and EndTxn schedules a look there);
+-- - INCR of `ketch:producer-ids` (every InitProducerId).
+--
+-- KEYS[1] the key
+-- ARGV[1] the command, ARGV[2..] its arguments after the key
+-- Reply: the command's.
+return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))
