@@ -171,8 +171,10 @@ impl Coordinator {
     }
 
     /// JoinGroup; waits (without holding anything) for the join phase when
-    /// the member must. A gateway shutting down answers COORDINATOR_NOT_AVAILABLE,
-    /// so the client finds the next coordinator.
+    /// the member must. A parked JoinGroup whose group this gateway gives
+    /// up (shutting down, or another gateway coordinates it now) is
+    /// NOT_COORDINATOR, as Kafka answers the parked requests of a group it
+    /// unloads: the client finds the next coordinator.
     pub async fn join(
         &self,
         req: JoinGroupRequest,
@@ -199,7 +201,7 @@ impl Coordinator {
         {
             return join_error(member_id, ResponseError::CoordinatorNotAvailable);
         }
-        let unanswered = join_error(member_id, ResponseError::CoordinatorNotAvailable);
+        let unanswered = join_error(member_id, ResponseError::NotCoordinator);
         settle(reply, shutdown, unanswered).await
     }
 
@@ -256,7 +258,8 @@ impl Coordinator {
                 .update(&group_id, false, |group, now| group.sync(req, now))
                 .unwrap_or_else(|| Reply::Now(sync_error(ResponseError::UnknownMemberId))),
         };
-        let response = settle(reply, shutdown, sync_error(ResponseError::RebalanceInProgress)).await;
+        // Parked and given up (as a JoinGroup): NOT_COORDINATOR.
+        let response = settle(reply, shutdown, sync_error(ResponseError::NotCoordinator)).await;
         if response.error_code == 0 && !self.stored(&group_id).await {
             // As Kafka answers SyncGroup once the group's metadata is
             // written: a coordinator that dies now leaves the generation

@@ -536,7 +536,42 @@ async fn shutdown_answers_a_parked_join() {
     tokio::task::yield_now().await;
     h.stop.send(true).unwrap();
     let response = parked.await.unwrap();
-    assert_eq!(response.error_code, code(ResponseError::CoordinatorNotAvailable));
+    assert_eq!(response.error_code, code(ResponseError::NotCoordinator));
+}
+
+/// A group another gateway coordinates now is given up: its parked
+/// JoinGroups and SyncGroups are NOT_COORDINATOR, as Kafka answers those of
+/// a group it unloads, and the clients find the new coordinator.
+#[tokio::test(start_paused = true)]
+async fn a_group_given_up_answers_its_parked_requests_not_coordinator() {
+    // Two members joined; the follower's SyncGroup waits for the leader's.
+    let h = Harness::new();
+    let (a, b) = (h.member_id().await, h.member_id().await);
+    let joins = [&a, &b].map(|id| h.spawn_join(join_request(id, RANGE), 9));
+    let [a, b] = joins;
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let follower = if a.member_id == a.leader { b } else { a };
+    let parked_sync = h.spawn_sync(sync_request(&follower.member_id, follower.generation_id, &[]));
+    tokio::task::yield_now().await;
+    assert!(!parked_sync.is_finished());
+    assert_eq!(h.groups.retain(|_| false), 1);
+    assert_eq!(
+        parked_sync.await.unwrap().error_code,
+        code(ResponseError::NotCoordinator)
+    );
+
+    // A new member's JoinGroup waits for the rebalance it starts.
+    let h = Harness::new();
+    h.stable_pair().await;
+    let newcomer = h.member_id().await;
+    let parked_join = h.spawn_join(join_request(&newcomer, RANGE), 9);
+    tokio::task::yield_now().await;
+    assert!(!parked_join.is_finished());
+    assert_eq!(h.groups.retain(|_| false), 1);
+    assert_eq!(
+        parked_join.await.unwrap().error_code,
+        code(ResponseError::NotCoordinator)
+    );
 }
 
 #[tokio::test(start_paused = true)]
