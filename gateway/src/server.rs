@@ -356,13 +356,26 @@ pub enum ConnectionError {
     Auth(String),
 }
 
-/// A response to send, with the share of the connection's response budget
-/// it holds until it is written.
+/// A response to send, with what it holds until it is written: its share
+/// of the connection's response budget (a Fetch), or the turn of the
+/// connection's next Read or Write request ([`Order`]).
 struct Response {
     /// The frame, in one chunk or in several (a Fetch response's stored
     /// batches are chunks of their own, written vectored).
     chunks: Vec<Bytes>,
     _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    _written: Option<Running>,
+}
+
+impl Response {
+    /// A response that holds nothing.
+    fn bare(chunks: Vec<Bytes>) -> Self {
+        Self {
+            chunks,
+            _budget: None,
+            _written: None,
+        }
+    }
 }
 
 /// The response memory one connection may hold, in KiB: two of the largest
@@ -650,7 +663,7 @@ where
         let Some(place) = responses.place().await else {
             break Ok(());
         };
-        let (after, done) = order.admit(Effect::of(&request.1));
+        let Admit { after, done, written } = order.admit(Effect::of(&request.1));
         let admitted = Admitted {
             ctx: ctx.clone(),
             client,
@@ -659,6 +672,7 @@ where
             asked: Asked { received, throttle },
             after,
             done,
+            written,
             mute: mute.clone(),
             held,
             reserved,
@@ -688,6 +702,8 @@ struct Admitted {
     /// Dropped when this request has taken effect, releasing the requests
     /// that wait for it.
     done: Running,
+    /// A Read or Write request's: dropped once its answer is written.
+    written: Option<Running>,
     mute: Arc<Mute>,
     /// Its share of the connection's request budget.
     held: tokio::sync::OwnedSemaphorePermit,
@@ -709,6 +725,7 @@ impl Admitted {
             asked,
             after,
             done,
+            written,
             mute,
             held,
             reserved,
@@ -735,6 +752,7 @@ impl Admitted {
                     .fill(Some(Response {
                         chunks,
                         _budget: reserved,
+                        _written: written,
                     }))
                     .await;
             }
@@ -1140,7 +1158,8 @@ impl Done {
     }
 }
 
-/// Held by a request while it runs; dropping it marks the request done.
+/// Held by a request while it runs (or by its answer until it is written);
+/// dropping it marks the request done.
 struct Running(Arc<tokio::sync::Semaphore>);
 
 impl Drop for Running {
@@ -1154,6 +1173,15 @@ impl Drop for Running {
 /// Produce and Fetch start once the last earlier write has. So pipelined
 /// produce and fetch requests still overlap, and a request never runs
 /// before a DeleteRecords, topic change or offset commit sent before it.
+///
+/// A Read or Write request also starts only once the answer of the Read or
+/// Write before it is written. Their answers' sizes follow the cluster, not
+/// the request (a Metadata of every topic, a group's members, its offsets),
+/// and take no share of the response budget as a Fetch's does: a client
+/// that pipelines them and reads nothing now holds one such answer, not
+/// `broker.max_inflight_requests` of them. Kafka answers one request of a
+/// connection at a time. Their answers go out in request order anyway, so
+/// a client that reads sees no later answer for it.
 #[derive(Default)]
 struct Order {
     /// The last Read or Write request and every Produce and Fetch after it:
@@ -1161,12 +1189,24 @@ struct Order {
     since_barrier: Vec<Done>,
     /// The last Write request: what Produce and Fetch wait for.
     last_write: Option<Done>,
+    /// The last Read or Write request's answer, until written.
+    last_answer: Option<Done>,
+}
+
+/// What [`Order::admit`] gives a request.
+struct Admit {
+    /// What it must wait for.
+    after: Vec<Done>,
+    /// To drop once it has taken effect.
+    done: Running,
+    /// A Read or Write request's: to drop once its answer is written.
+    written: Option<Running>,
 }
 
 impl Order {
-    /// What a new request must wait for, and the guard to drop once it has
-    /// taken effect.
-    fn admit(&mut self, effect: Effect) -> (Vec<Done>, Running) {
+    /// What a new request must wait for, and the guards to drop once it
+    /// has taken effect and once its answer is written.
+    fn admit(&mut self, effect: Effect) -> Admit {
         let semaphore = Arc::new(tokio::sync::Semaphore::new(0));
         let done = Done(semaphore.clone());
         let running = Running(semaphore);
@@ -1175,20 +1215,30 @@ impl Order {
         if self.last_write.as_ref().is_some_and(Done::taken_effect) {
             self.last_write = None;
         }
-        let after = match effect {
+        match effect {
             Effect::Produce | Effect::Fetch => {
                 self.since_barrier.push(done);
-                self.last_write.iter().cloned().collect()
+                Admit {
+                    after: self.last_write.iter().cloned().collect(),
+                    done: running,
+                    written: None,
+                }
             }
             Effect::Read | Effect::Write => {
-                let after = std::mem::replace(&mut self.since_barrier, vec![done.clone()]);
+                let mut after = std::mem::replace(&mut self.since_barrier, vec![done.clone()]);
                 if effect == Effect::Write {
                     self.last_write = Some(done);
                 }
-                after
+                let answer = Arc::new(tokio::sync::Semaphore::new(0));
+                let previous = self.last_answer.replace(Done(answer.clone()));
+                after.extend(previous.filter(|d| !d.taken_effect()));
+                Admit {
+                    after,
+                    done: running,
+                    written: Some(Running(answer)),
+                }
             }
-        };
-        (after, running)
+        }
     }
 }
 
@@ -1413,10 +1463,7 @@ mod tests {
         let second = responses.place().await.expect("room");
         drop(second);
         first
-            .fill(Some(Response {
-                chunks: vec![Bytes::from_static(b"answer")],
-                _budget: None,
-            }))
+            .fill(Some(Response::bare(vec![Bytes::from_static(b"answer")])))
             .await;
         let mut got = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), read.read_to_end(&mut got))
@@ -1442,10 +1489,7 @@ mod tests {
         let answer = |responses: Arc<Responses>| async move {
             let place = responses.place().await.expect("room");
             place
-                .fill(Some(Response {
-                    chunks: vec![Bytes::from(vec![7u8; ANSWER])],
-                    _budget: None,
-                }))
+                .fill(Some(Response::bare(vec![Bytes::from(vec![7u8; ANSWER])])))
                 .await;
         };
         // Read slowly: 1 KiB every 10 ms is progress, however slow (the
@@ -1480,19 +1524,18 @@ mod tests {
     /// [`respond`]. Together they were one 8 KiB future: `thread_time`
     /// stored the handler's future twice, and every handler's state was in
     /// it.
-    #[tokio::test]
-    async fn a_request_task_stays_small() {
-        let (_stop, shutdown) = watch::channel(false);
-        let ctx = Arc::new(Context::new(
-            ketch_config::Settings::default(),
-            Arc::new(crate::memory::MemoryStorage::default()),
-            Arc::default(),
-            shutdown,
-        ));
+    /// A request admitted on a connection with `order` and `responses`, as
+    /// the reader admits it.
+    async fn admitted(
+        ctx: &Arc<Context>,
+        order: &mut Order,
+        responses: &Arc<Responses>,
+        header: RequestHeader,
+        request: RequestKind,
+    ) -> Admitted {
         let budget = Arc::new(tokio::sync::Semaphore::new(1));
-        let request = RequestKind::Produce(Default::default());
-        let (after, done) = Order::default().admit(Effect::of(&request));
-        let admitted = Admitted {
+        let Admit { after, done, written } = order.admit(Effect::of(&request));
+        Admitted {
             ctx: ctx.clone(),
             client: api::Client {
                 peer: "127.0.0.1:9092".parse().expect("an address"),
@@ -1500,7 +1543,7 @@ mod tests {
                 forwarded: false,
                 listener: Arc::from(""),
             },
-            request: (RequestHeader::default(), request),
+            request: (header, request),
             turns: Default::default(),
             asked: Asked {
                 received: std::time::Instant::now(),
@@ -1508,15 +1551,106 @@ mod tests {
             },
             after,
             done,
+            written,
             mute: Arc::default(),
             held: budget.try_acquire_owned().expect("a permit"),
             reserved: None,
-            place: Responses::new(1, Duration::from_secs(60), tokio::io::sink())
-                .place()
-                .await
-                .expect("room"),
+            place: responses.place().await.expect("room"),
             _inflight: ctx.requests.request(),
+        }
+    }
+
+    fn memory_context() -> Arc<Context> {
+        let (_stop, shutdown) = watch::channel(false);
+        Arc::new(Context::new(
+            ketch_config::Settings::default(),
+            Arc::new(crate::memory::MemoryStorage::default()),
+            Arc::default(),
+            shutdown,
+        ))
+    }
+
+    /// A client that pipelines Metadata requests and reads no answer holds
+    /// one answer in the gateway, not one per request: the next Read starts
+    /// once the answer before it is written. A Fetch or Produce does not
+    /// wait for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_starts_once_the_answer_of_the_read_before_it_is_written() {
+        let ctx = memory_context();
+        // A pipe that takes 8 bytes: the first answer cannot be written
+        // until the client reads.
+        let (write, mut read) = tokio::io::duplex(8);
+        let responses = Responses::new(8, Duration::from_secs(3600), write);
+        let writer = tokio::spawn(write_responses(responses.clone()));
+        let mut order = Order::default();
+        let metadata = |correlation_id| {
+            let header = RequestHeader::default()
+                .with_request_api_key(ApiKey::Metadata as i16)
+                .with_request_api_version(12)
+                .with_correlation_id(correlation_id);
+            (header, RequestKind::Metadata(Default::default()))
         };
+        let mut tasks = Vec::new();
+        for id in 1..=3 {
+            let (header, body) = metadata(id);
+            let request = admitted(&ctx, &mut order, &responses, header, body).await;
+            tasks.push(tokio::spawn(request.serve()));
+        }
+        let fetch = RequestKind::Fetch(Default::default());
+        let header = RequestHeader::default()
+            .with_request_api_key(ApiKey::Fetch as i16)
+            .with_request_api_version(12)
+            .with_correlation_id(4);
+        let fetch = tokio::spawn(
+            admitted(&ctx, &mut order, &responses, header, fetch)
+                .await
+                .serve(),
+        );
+        // Until nothing runs (the clock is paused: it moves only then).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!tasks[0].is_finished(), "the first answer is being written");
+        assert!(
+            !tasks[1].is_finished() && !tasks[2].is_finished(),
+            "the next Metadata requests wait for it to be written"
+        );
+        assert!(fetch.is_finished(), "a Fetch does not wait for it");
+
+        // The client reads: every answer comes, in order.
+        responses.close();
+        let mut got = Vec::new();
+        read.read_to_end(&mut got).await.expect("read");
+        for task in tasks {
+            task.await.expect("served");
+        }
+        writer.await.expect("the writer ends");
+        let mut ids = Vec::new();
+        let mut frames = &got[..];
+        while frames.len() >= 8 {
+            let size = i32::from_be_bytes(frames[..4].try_into().unwrap()) as usize;
+            ids.push(i32::from_be_bytes(frames[4..8].try_into().unwrap()));
+            frames = &frames[4 + size..];
+        }
+        assert_eq!(ids, [1, 2, 3, 4]);
+    }
+
+    /// Every request spawns a task of [`Admitted::serve`], which tokio
+    /// copies whole as it starts and finishes it; the task boxes
+    /// [`respond`]. Together they were one 8 KiB future: `thread_time`
+    /// stored the handler's future twice, and every handler's state was in
+    /// it.
+    #[tokio::test]
+    async fn a_request_task_stays_small() {
+        let ctx = memory_context();
+        let responses = Responses::new(1, Duration::from_secs(60), tokio::io::sink());
+        let request = RequestKind::Produce(Default::default());
+        let admitted = admitted(
+            &ctx,
+            &mut Order::default(),
+            &responses,
+            RequestHeader::default(),
+            request,
+        )
+        .await;
         let response = respond(
             &ctx,
             admitted.client.clone(),
@@ -1569,25 +1703,31 @@ mod tests {
     #[tokio::test]
     async fn reads_and_writes_wait_for_everything_before_them_produce_and_fetch_only_for_writes() {
         let mut order = Order::default();
-        let (after, produce) = order.admit(Effect::Produce);
+        // Each Read's and Write's answer counts as written at once here
+        // (see the end, and the test above).
+        let mut order = move |effect| {
+            let Admit { after, done, .. } = order.admit(effect);
+            (after, done)
+        };
+        let (after, produce) = order(Effect::Produce);
         assert!(after.is_empty());
-        let (after, fetch) = order.admit(Effect::Fetch);
+        let (after, fetch) = order(Effect::Fetch);
         assert!(after.is_empty());
-        let (write_after, write) = order.admit(Effect::Write);
+        let (write_after, write) = order(Effect::Write);
         assert_eq!(
             write_after.len(),
             2,
             "a write waits for the produce and the fetch"
         );
-        let (produce_after, late_produce) = order.admit(Effect::Produce);
+        let (produce_after, late_produce) = order(Effect::Produce);
         assert_eq!(produce_after.len(), 1, "a produce waits for the write only");
-        let (read_after, read) = order.admit(Effect::Read);
+        let (read_after, read) = order(Effect::Read);
         assert_eq!(
             read_after.len(),
             2,
             "a read waits for the write and the produce after it"
         );
-        let (fetch_after, late_fetch) = order.admit(Effect::Fetch);
+        let (fetch_after, late_fetch) = order(Effect::Fetch);
         assert_eq!(fetch_after.len(), 1, "a fetch does not wait for a read");
 
         let all = futures::future::join_all(write_after.into_iter().map(Done::wait));
@@ -1600,10 +1740,24 @@ mod tests {
         drop(write);
         futures::future::join_all(produce_after.into_iter().map(Done::wait)).await;
         drop((late_produce, read));
-        let (after, _) = order.admit(Effect::Write);
+        let (after, _) = order(Effect::Write);
         assert_eq!(after.len(), 1, "what has taken effect is not waited for");
         drop(late_fetch);
         futures::future::join_all(after.into_iter().map(Done::wait)).await;
+
+        // A Read or Write waits for the answer of the one before it too.
+        let mut order = Order::default();
+        let first = order.admit(Effect::Read);
+        drop(first.done);
+        let second = order.admit(Effect::Read);
+        assert_eq!(second.after.len(), 1, "the first Read's answer, not yet written");
+        let fetch = order.admit(Effect::Fetch);
+        assert!(fetch.after.is_empty(), "a Fetch waits for no answer");
+        let waiting = futures::future::join_all(second.after.into_iter().map(Done::wait));
+        tokio::pin!(waiting);
+        assert!(futures::poll!(&mut waiting).is_pending());
+        drop(first.written);
+        waiting.await;
     }
 
     #[test]

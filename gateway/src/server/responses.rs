@@ -243,12 +243,7 @@ impl Responses {
         let Some(place) = self.place().await else {
             return false;
         };
-        place
-            .fill(Some(Response {
-                chunks: vec![bytes],
-                _budget: None,
-            }))
-            .await;
+        place.fill(Some(Response::bare(vec![bytes]))).await;
         true
     }
 
@@ -301,7 +296,7 @@ impl Responses {
         loop {
             match self.front() {
                 Front::Ready(response, next_ready) => {
-                    if let Some(response) = response
+                    if let Some(response) = &response
                         && write_chunks(out, &response.chunks).await.is_err()
                     {
                         return Drained::Failed;
@@ -310,10 +305,14 @@ impl Responses {
                     // whose successor is still being worked on goes out now
                     // (a request in flight is not a reason to hold the
                     // answer to an earlier one: the client may be waiting
-                    // for it before it sends more).
+                    // for it before it sends more). What the response holds
+                    // (its budget, the next Read's turn) is given back once
+                    // it is in the socket or the buffer shared with the
+                    // next one.
                     if !next_ready && out.flush().await.is_err() {
                         return Drained::Failed;
                     }
+                    drop(response);
                 }
                 Front::Waiting => return Drained::Waiting,
                 Front::End => {
@@ -423,10 +422,7 @@ mod tests {
     use super::*;
 
     fn response(text: &'static str) -> Option<Response> {
-        Some(Response {
-            chunks: vec![Bytes::from_static(text.as_bytes())],
-            _budget: None,
-        })
+        Some(Response::bare(vec![Bytes::from_static(text.as_bytes())]))
     }
 
     /// Responses writing to one end of a pipe, and the other end.
