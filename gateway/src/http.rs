@@ -583,23 +583,58 @@ async fn authenticate(State(ctx): State<Arc<Context>>, mut request: Request, nex
     next.run(request).await
 }
 
+/// How long `/ready` may take: under a load balancer's check timeout
+/// (HAProxy's example configuration gives 3 s). A Redis that does not
+/// answer in it is not ready.
+const READY_PROBE_LIMIT: std::time::Duration = std::time::Duration::from_millis(2500);
+
+/// Whether this gateway can serve: Redis answers (in a Redis Cluster, the
+/// masters of the registries every gateway needs), it is registered, and
+/// Redis takes writes. In a Redis Cluster a master that is down or full
+/// only takes its own partitions, groups and transactions away, as a Kafka
+/// broker that fails takes its own: the other masters' go on, so it is a
+/// warning, not 503 (which would take every gateway out of a load
+/// balancer at once).
 async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
-    if let Err(e) = ctx.storage.ping().await {
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n"));
+    let cluster = ctx.settings.redis.mode == ketch_config::RedisMode::Cluster;
+    let deadline = tokio::time::Instant::now() + READY_PROBE_LIMIT;
+    match tokio::time::timeout_at(deadline, ctx.storage.ping()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+        Err(_) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: Redis did not answer in {READY_PROBE_LIMIT:?}\n"),
+            );
+        }
     }
+    // Every server's memory; one that does not answer in time (a master
+    // down or frozen) is a warning, with what was last read of the others.
+    let health = match tokio::time::timeout_at(deadline, crate::metrics::check_redis(&ctx)).await {
+        Ok(health) => health,
+        Err(_) => {
+            let mut last = ctx.redis_health.read().expect("redis health").clone();
+            last.error = Some(format!("INFO did not answer in {READY_PROBE_LIMIT:?}"));
+            last
+        }
+    };
     if !ctx.membership.joined() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: not yet registered in ketch:brokers\n".to_owned(),
         );
     }
-    let health = crate::metrics::check_redis(&ctx).await;
-    let warnings: String = health
+    let mut warnings: String = health
         .warnings()
         .iter()
         .map(|w| format!("warning: {w}\n"))
         .collect();
-    if health.refuses_writes() {
+    if let Some(error) = &health.error {
+        warnings.push_str(&format!(
+            "warning: cannot read every Redis server's memory: {error}\n"
+        ));
+    }
+    if health.refuses_writes() && !cluster {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: Redis refuses writes\n{warnings}"),

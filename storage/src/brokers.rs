@@ -78,7 +78,7 @@ pub enum Registration {
 }
 
 impl Store {
-    fn brokers_key(&self) -> String {
+    pub(crate) fn brokers_key(&self) -> String {
         format!("{}:brokers", self.keys.namespace())
     }
 

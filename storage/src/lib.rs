@@ -345,16 +345,29 @@ impl Store {
         }
     }
 
-    /// Checks that Redis answers. A failed command makes the connection
-    /// manager reconnect, so one failure is followed by one more try: the
-    /// first probe after Redis comes back already succeeds.
+    /// Checks that Redis answers: the server, or in a Redis Cluster the
+    /// masters of the topic and broker registries, which every gateway
+    /// needs. A `PING` there goes to every master and fails with any one of
+    /// them, though the partitions, groups and transactions on the others
+    /// go on being served. A failed command makes the connection manager
+    /// reconnect, so one failure is followed by one more try: the first
+    /// probe after Redis comes back already succeeds.
     pub async fn ping(&self) -> Result<()> {
         let mut conn = self.conn.clone();
-        let first: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
-        if first.is_ok() {
-            return Ok(());
+        let commands = match self.mode() {
+            Mode::Single => vec![redis::cmd("PING")],
+            // One command per key: they are in different slots.
+            Mode::Cluster => [self.keys.topics(), self.brokers_key()]
+                .into_iter()
+                .map(|key| redis::cmd("EXISTS").arg(key).clone())
+                .collect(),
+        };
+        for command in &commands {
+            let first: redis::RedisResult<Value> = command.query_async(&mut conn).await;
+            if first.is_err() {
+                let _: Value = command.query_async(&mut conn).await?;
+            }
         }
-        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         Ok(())
     }
 

@@ -963,6 +963,60 @@ fn partitions_elsewhere_are_served_while_the_topic_registrys_master_is_frozen() 
     drop(frozen);
 }
 
+/// A master holding neither registry that stops answering (frozen, no
+/// replica to fail over to) takes its own partitions away, not the
+/// gateways: `/ready` stays 200, with a warning, and answers within a load
+/// balancer's check timeout. It was 503 on every gateway at once (a `PING`
+/// goes to every master), after up to two command timeouts, so a load
+/// balancer took every gateway out, and with them the partitions on the
+/// other masters. A full master is a warning too.
+#[test]
+fn a_master_away_from_the_registries_frozen_or_full_leaves_the_gateways_ready() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let a = gateway(&cluster, "1");
+    let registries = [
+        cluster.master_of("ketch:topics"),
+        cluster.master_of("ketch:brokers"),
+    ];
+    let masters: Vec<u16> = cluster.slot_ranges().iter().map(|(_, _, port)| *port).collect();
+    let victim = *masters
+        .iter()
+        .find(|port| !registries.contains(port))
+        .expect("a master holding neither registry");
+    let (status, body) = a.http_get("/ready");
+    assert_eq!(status, 200, "{body}");
+
+    // Full.
+    let set = |cluster: &mut RedisCluster, port: u16, name: &str, value: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut cluster.node_mut(port).connection())
+            .expect("CONFIG SET");
+    };
+    set(&mut cluster, victim, "maxmemory", "1");
+    let (status, body) = a.http_get("/ready");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("warning:") && body.contains("full"), "{body}");
+    set(&mut cluster, victim, "maxmemory", "0");
+
+    // Frozen: the others serve their slots once they take it for failed.
+    for master in &masters {
+        set(&mut cluster, *master, "cluster-require-full-coverage", "no");
+    }
+    let frozen = Frozen::freeze(cluster.node_mut(victim).pid());
+    for _ in 0..3 {
+        let asked = Instant::now();
+        let (status, body) = a.http_get("/ready");
+        let took = asked.elapsed();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("warning:"), "{body}");
+        assert!(took < Duration::from_secs(3), "/ready took {took:?}");
+    }
+    drop(frozen);
+}
+
 /// A fetch of a partition whose slot is being migrated, its log moved to
 /// the new master and its metadata not yet, reads the records: each of the
 /// read's commands goes where its key is (ASK), rather than the fetch
