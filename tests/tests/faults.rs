@@ -240,3 +240,53 @@ fn a_produce_never_waits_past_its_timeout() {
         );
     }
 }
+
+/// While Redis does not answer (paused, as in a failover), a topic's
+/// configs are answered from the gateway's last record of the topic, and a
+/// topic creation is REQUEST_TIMED_OUT, both as Kafka answers (from its
+/// metadata cache; a controller that could not commit in time): Kafka
+/// Connect checks its topics' configs at every start, and Connect's and
+/// Kafka Streams' topic set-up retries a timeout. Both were
+/// KAFKA_STORAGE_ERROR, which stopped a Connect worker's start and shut a
+/// Streams instance down.
+#[test]
+fn topic_configs_and_creations_while_redis_is_paused_are_answered_as_kafka_does() {
+    use kafka_protocol::messages::DescribeConfigsRequest;
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use ketch_tests::raw::{self, KafkaConn};
+
+    let redis = RedisServer::start();
+    let ketch = gateway(&redis, 1);
+    let topic = unique_topic("faults-configs");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), 0);
+    let describe = |conn: &mut KafkaConn| {
+        let response = conn.request(
+            4,
+            &DescribeConfigsRequest::default().with_resources(vec![
+                DescribeConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(kafka_protocol::protocol::StrBytes::from_string(topic.clone()))
+                    .with_configuration_keys(None),
+            ]),
+        );
+        let result = response.results[0].clone();
+        let policy = result
+            .configs
+            .iter()
+            .find(|c| c.name.as_str() == "cleanup.policy")
+            .and_then(|c| c.value.as_ref().map(|v| v.to_string()));
+        (result.error_code, policy)
+    };
+    assert_eq!(describe(&mut conn), (0, Some("delete".to_owned())));
+
+    let frozen = ketch_tests::Frozen::freeze(redis.pid());
+    assert_eq!(
+        describe(&mut conn),
+        (0, Some("delete".to_owned())),
+        "DescribeConfigs from the last record"
+    );
+    let created = raw::create_topic(&mut conn, &unique_topic("faults-create"), 1);
+    assert_eq!(created, 7, "CreateTopics: REQUEST_TIMED_OUT");
+    drop(frozen);
+}

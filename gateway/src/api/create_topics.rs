@@ -40,10 +40,22 @@ impl Failure {
         }
     }
 
+    /// A topic change (creation, growth, deletion) Redis did not answer
+    /// is REQUEST_TIMED_OUT, as Kafka's controller answers a change it
+    /// could not commit in time: the admin client retries it (as Kafka
+    /// Streams' and Kafka Connect's topic set-up do), where
+    /// KAFKA_STORAGE_ERROR fails their start. The change may have been made
+    /// (the reply was lost): the retry then finds it (TOPIC_ALREADY_EXISTS).
     pub(crate) fn storage(e: &StorageError) -> Self {
-        Self {
-            code: error_code(e),
-            message: Some(e.to_string()),
+        match e {
+            StorageError::Unavailable(_) => Self::new(
+                ResponseError::RequestTimedOut,
+                format!("{e}; the change may have been made, a retry finds out"),
+            ),
+            e => Self {
+                code: error_code(e),
+                message: Some(e.to_string()),
+            },
         }
     }
 

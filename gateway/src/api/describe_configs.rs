@@ -377,10 +377,14 @@ async fn configs_of(
             // Read now, not from the topic cache: tools read configs back
             // to change them (kafka-python's AlterConfigs sends every
             // override it read), so a stale answer would undo a change just
-            // made through another gateway.
+            // made through another gateway. While the registry cannot be
+            // read (its master failing over), the topic's last record read
+            // in the past minute, as for produce and fetch: Kafka answers
+            // from its metadata cache, and Kafka Connect's start, which
+            // checks its topics' `cleanup.policy`, fails on an error.
             let topic = ctx
                 .storage
-                .topic_fresh(name)
+                .topic_fresher_than(name, std::time::Duration::ZERO)
                 .await
                 .map_err(|e| (super::error_code(&e), None))?
                 .ok_or((ResponseError::UnknownTopicOrPartition.code(), None))?;
