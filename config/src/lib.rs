@@ -851,6 +851,21 @@ impl Settings {
         if self.groups.offsets_retention_check_interval.get().is_zero() {
             return bad("groups.offsets_retention_check_interval", "must be above zero");
         }
+        // As Kafka's `transaction.max.timeout.ms`,
+        // `transaction.abort.timed.out.transaction.cleanup.interval.ms` and
+        // `transactional.id.expiration.ms` (at least 1).
+        for (key, value) in [
+            ("transactions.max_timeout", self.transactions.max_timeout),
+            (
+                "transactions.abort_check_interval",
+                self.transactions.abort_check_interval,
+            ),
+            ("transactions.id_expiration", self.transactions.id_expiration),
+        ] {
+            if value.get().is_zero() {
+                return bad(key, "must be above zero");
+            }
+        }
         if self.broker.max_inflight_requests == 0 {
             return bad("broker.max_inflight_requests", "must be at least 1");
         }
@@ -1404,6 +1419,15 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(&format!("groups.{key}")), "{err}");
+        }
+        // The transaction sweep's interval panicked a task nobody watched.
+        for key in ["max_timeout", "abort_check_interval", "id_expiration"] {
+            let err = Loader::new()
+                .set("transactions", key, "0s")
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("transactions.{key}")), "{err}");
         }
         let err = Loader::new().assignments(["nodot=1"]).unwrap_err().to_string();
         assert!(err.contains("nodot"), "{err}");

@@ -254,8 +254,10 @@ pub async fn sweep(ctx: Arc<Context>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Idle ids whose state expired are dropped from the index a tenth of
     // `transactions.id_expiration` after, at most an hour.
-    let clean_every =
-        (ctx.settings.transactions.id_expiration.get() / 10).clamp(every, Duration::from_secs(3600));
+    // (Not `clamp`: it panics when `every` is above the hour.)
+    let clean_every = (ctx.settings.transactions.id_expiration.get() / 10)
+        .min(Duration::from_secs(3600))
+        .max(every);
     let mut cleaned = tokio::time::Instant::now();
     loop {
         tokio::select! {
