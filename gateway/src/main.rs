@@ -259,6 +259,18 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     // as ketch logs "serving" already shuts it down gracefully.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // SIGHUP reloads the TLS files (`auth::tls`, docs/security.md); by
+    // default it ends a process, so one sent to every ketch (a deploy
+    // hook) would kill those without TLS, undrained. Caught here, it never
+    // does.
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            tracing::info!(
+                "SIGHUP received: it reloads the TLS files, when TLS is configured; it does not stop ketch"
+            );
+        }
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
         tokio::select! {

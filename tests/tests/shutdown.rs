@@ -1,5 +1,5 @@
 //! Graceful shutdown: on SIGTERM the in-flight request still gets its answer
-//! and the process exits 0.
+//! and the process exits 0. SIGHUP does not stop it.
 
 use std::time::{Duration, Instant};
 
@@ -54,4 +54,25 @@ fn sigterm_when_idle_exits_zero() {
         .wait_exit(Duration::from_secs(20))
         .expect("ketch still running 20 s after SIGTERM");
     assert!(status.success(), "exit status {status}");
+}
+
+/// SIGHUP reloads the TLS files (docs/security.md); a gateway without TLS
+/// goes on serving too, where the signal's default action ended it on the
+/// spot (no drain, its leases held until they expired).
+#[test]
+fn sighup_does_not_stop_a_gateway_without_tls() {
+    let redis = RedisServer::start();
+    let mut ketch = Ketch::start(&redis.url(), &[]);
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &ketch.pid().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    // A signal is delivered before the process runs again: answered, it
+    // survived it.
+    assert_eq!(ketch.http_get("/ready").0, 200, "serving after SIGHUP");
+    let topic = unique_topic("sighup");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    assert!(ketch.wait_exit(Duration::ZERO).is_none(), "still running");
 }
