@@ -691,23 +691,25 @@ static DERIVATIONS: LazyLock<tokio::sync::Semaphore> = LazyLock::new(|| {
     tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
 });
 
-/// Whether `password` is `user`'s, by the user's SCRAM credential
-/// (SCRAM-SHA-512's, else SCRAM-SHA-256's). `Err` when the store cannot
-/// be read. A user that does not exist costs a key derivation of
-/// `unknown_user_iterations` (`sasl.scram_iterations`), so that timing tells
-/// no user names. The derivation runs off the async runtime, at most
-/// [`DERIVATIONS`] at once.
+/// Whether `password` is `user`'s: it must match each SCRAM credential the
+/// user has (SCRAM-SHA-512's and SCRAM-SHA-256's), so a password changed
+/// for one mechanism alone (`ketch users set --mechanism`, AlterUserScram-
+/// Credentials) leaves neither password taken until the other is changed
+/// too, rather than the old one still taken. `Err` when the store cannot
+/// be read. A user that does not exist costs as many key derivations, of
+/// `unknown_user_iterations` (`sasl.scram_iterations`), as one with both
+/// credentials, so that timing tells no user names. The derivations run off
+/// the async runtime, at most [`DERIVATIONS`] at once.
 async fn check_password(
     storage: &dyn Storage,
     user: &str,
     password: &[u8],
     unknown_user_iterations: u32,
 ) -> Result<bool, Failure> {
-    let mut known = None;
+    let mut known = Vec::new();
     for alg in [Algorithm::Sha512, Algorithm::Sha256] {
         if let Some(credential) = stored_credential(storage, alg, user, Mechanism::Plain).await? {
-            known = Some((alg, credential));
-            break;
+            known.push((alg, credential));
         }
     }
     // The semaphore is never closed.
@@ -717,14 +719,18 @@ async fn check_password(
     // derivation still counts until it ends.
     let derived = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        match known {
-            Some((alg, credential)) => credential.verify_password(alg, &password),
-            None => {
-                // No such user: derive a key all the same.
-                let _ = Credential::generate(Algorithm::Sha512, &password, unknown_user_iterations);
-                false
+        if known.is_empty() {
+            // No such user: derive the keys all the same.
+            for alg in [Algorithm::Sha512, Algorithm::Sha256] {
+                let _ = Credential::generate(alg, &password, unknown_user_iterations);
             }
+            return false;
         }
+        // Every one, not stopping at the first that fails.
+        known
+            .iter()
+            .map(|(alg, credential)| credential.verify_password(*alg, &password))
+            .fold(true, |all, matched| all && matched)
     })
     .await;
     derived.map_err(|e| {
@@ -1136,6 +1142,39 @@ mod tests {
                 "{token:?}"
             );
         }
+    }
+
+    /// PLAIN (and HTTP Basic) take a password only when it matches every
+    /// SCRAM credential the user has: one changed for one mechanism alone
+    /// left the old password taken (SCRAM-SHA-512's was the only one
+    /// checked) and the new one refused.
+    #[tokio::test]
+    async fn a_password_must_match_each_credential_the_user_has() {
+        let storage = storage_with("alice", "old").await;
+        let check = |password: &'static [u8]| {
+            let storage = &storage;
+            async move { check_password(storage, "alice", password, 4096).await.unwrap() }
+        };
+        assert!(check(b"old").await);
+        let set = |alg, mechanism, password: &'static [u8]| {
+            let storage = &storage;
+            async move {
+                let credential = Credential::generate(alg, password, 4096);
+                storage
+                    .set_scram_credential(mechanism, "alice", &serde_json::to_string(&credential).unwrap())
+                    .await
+                    .unwrap();
+            }
+        };
+        set(Algorithm::Sha256, "SCRAM-SHA-256", b"new").await;
+        assert!(
+            !check(b"old").await,
+            "the old password after SCRAM-SHA-256's changed"
+        );
+        assert!(!check(b"new").await, "SCRAM-SHA-512's is still the old one");
+        set(Algorithm::Sha512, "SCRAM-SHA-512", b"new").await;
+        assert!(check(b"new").await);
+        assert!(!check(b"old").await);
     }
 
     /// The key derivation runs off the runtime's threads: a current-thread
