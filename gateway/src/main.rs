@@ -223,6 +223,14 @@ where
             return std::process::ExitCode::from(2);
         }
     };
+    // Warnings on stderr (a change the Redis replicas did not confirm, a
+    // record that cannot be read), plain text: a command's own output is
+    // on stdout.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     match runtime.block_on(run(settings)) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use ketch_config::Settings;
 use ketch_gateway::auth::scram::{Algorithm, Credential};
-use ketch_storage::{Store, StoreConfig};
+use ketch_storage::{ScramChange, Store, StoreConfig};
 
 #[derive(Debug, Subcommand)]
 pub enum Action {
@@ -92,10 +92,19 @@ pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
                 );
             }
             let password = read_password()?;
-            for alg in algorithms {
-                let credential = Credential::generate(alg, password.as_bytes(), iterations);
-                let json = serde_json::to_string(&credential)?;
-                store.set_scram_credential(alg.mechanism(), &name, &json).await?;
+            // Every mechanism's in one write: a failure leaves none changed,
+            // never the user with two passwords.
+            let mut changes = Vec::new();
+            for alg in &algorithms {
+                let credential = Credential::generate(*alg, password.as_bytes(), iterations);
+                changes.push(ScramChange::Set {
+                    mechanism: alg.mechanism().to_owned(),
+                    user: name.clone(),
+                    credential: serde_json::to_string(&credential)?,
+                });
+            }
+            store.alter_scram_credentials(&changes).await?;
+            for alg in &algorithms {
                 println!(
                     "set {} credentials of {name} ({iterations} iterations)",
                     alg.mechanism()
@@ -111,15 +120,24 @@ pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
             }
         }
         Action::Delete { name, mechanisms } => {
-            let mut deleted = 0;
+            // The ones the user has, deleted in one write.
+            let mut changes = Vec::new();
             for alg in algorithms(&mechanisms)? {
-                if store.delete_scram_credential(alg.mechanism(), &name).await? {
-                    println!("deleted {} credentials of {name}", alg.mechanism());
-                    deleted += 1;
+                if store.scram_credential(alg.mechanism(), &name).await?.is_some() {
+                    changes.push(ScramChange::Delete {
+                        mechanism: alg.mechanism().to_owned(),
+                        user: name.clone(),
+                    });
                 }
             }
-            if deleted == 0 {
+            if changes.is_empty() {
                 bail!("{name} has no such credentials");
+            }
+            store.alter_scram_credentials(&changes).await?;
+            for change in &changes {
+                if let ScramChange::Delete { mechanism, .. } = change {
+                    println!("deleted {mechanism} credentials of {name}");
+                }
             }
         }
     }

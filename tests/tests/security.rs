@@ -183,6 +183,25 @@ fn users_are_set_listed_and_deleted_and_redis_never_holds_a_password() {
     assert!(!ok && out.contains("no such credentials"), "{out}");
     let (_, listed) = users(&url, &["list"], "");
     assert!(!listed.contains("carol"), "{listed}");
+
+    // A change the replicas did not confirm is made, and said so (the
+    // warning was not shown: the commands had no log output).
+    let unconfirmed = [
+        "set",
+        "dave",
+        "--set",
+        "storage.acks_all_replicas=1",
+        "--set",
+        "storage.acks_all_timeout=100ms",
+    ];
+    let (ok, out) = users(&url, &unconfirmed, "pw\n");
+    assert!(ok, "{out}");
+    assert!(out.contains("not confirmed by Redis replicas"), "{out}");
+    let (_, listed) = users(&url, &["list"], "");
+    assert!(
+        listed.contains("dave\tSCRAM-SHA-256") && listed.contains("dave\tSCRAM-SHA-512"),
+        "{listed}"
+    );
 }
 
 #[test]
