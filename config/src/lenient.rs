@@ -37,7 +37,9 @@ pub fn optional_string<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Opt
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum List {
-    One(String),
+    /// One value: a comma-separated text, or a number (`12345`, how an
+    /// environment variable naming one numeric user is typed).
+    One(Lenient),
     Many(Vec<Lenient>),
 }
 
@@ -53,7 +55,7 @@ fn split(text: &str, separator: char) -> Vec<String> {
 /// environment variable or `--set` writes it).
 pub fn string_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
     Ok(match List::deserialize(deserializer)? {
-        List::One(text) => split(&text, ','),
+        List::One(one) => split(&String::from(one), ','),
         List::Many(items) => items.into_iter().map(String::from).collect(),
     })
 }
@@ -64,8 +66,15 @@ pub fn string_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Str
 /// holds a `=`.
 pub fn principal_list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
     Ok(match List::deserialize(deserializer)? {
-        List::One(text) if text.contains(';') || text.contains('=') => split(&text, ';'),
-        List::One(text) => split(&text, ','),
+        List::One(one) => {
+            let text = String::from(one);
+            let separator = if text.contains(';') || text.contains('=') {
+                ';'
+            } else {
+                ','
+            };
+            split(&text, separator)
+        }
         List::Many(items) => items.into_iter().map(String::from).collect(),
     })
 }

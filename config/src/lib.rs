@@ -1062,10 +1062,16 @@ impl Settings {
     }
 }
 
+/// An environment variable's or `--set` value: a boolean or an integer
+/// when it reads as one exactly as written, else the text itself. So a
+/// text setting keeps what was written (`1.10`, `1_000`, `0x1F` and `1e3`
+/// are not turned into `1.1`, `1000`, `31` and `1000.0`: no setting is a
+/// float, and an integer setting takes the plain digits).
 fn parse_scalar(text: &str) -> toml::Value {
     match format!("v = {text}").parse::<toml::Table>() {
         Ok(mut t) => match t.remove("v") {
-            Some(v @ (toml::Value::Boolean(_) | toml::Value::Integer(_) | toml::Value::Float(_))) => v,
+            Some(v @ toml::Value::Boolean(_)) => v,
+            Some(toml::Value::Integer(n)) if n.to_string() == text => toml::Value::Integer(n),
             _ => toml::Value::String(text.to_owned()),
         },
         Err(_) => toml::Value::String(text.to_owned()),
@@ -1140,6 +1146,35 @@ mod tests {
         assert_eq!(s.fetch.max_wait, Duration::from_secs(2));
         assert_eq!(s.tiering.tick_interval, Duration::from_secs(1));
         assert_eq!(s.advertised_port(), 3000);
+    }
+
+    /// A text setting keeps what was written, whatever number it looks
+    /// like (`1.10` was `1.1`, `0x1F` was `31`), and a list of one numeric
+    /// name is that name (it was refused).
+    #[test]
+    fn text_settings_from_env_keep_what_was_written() {
+        for text in ["1.10", "1_000", "0x1F", "1e3", "007", "42"] {
+            let s = Loader::new()
+                .env([("KETCH_REDIS_NAMESPACE".to_owned(), text.to_owned())])
+                .unwrap()
+                .load()
+                .unwrap();
+            assert_eq!(s.redis.namespace, text);
+        }
+        let s = Loader::new()
+            .env([("KETCH_ACL_SUPER_USERS".to_owned(), "12345".to_owned())])
+            .unwrap()
+            .set("broker", "advertised_port", "3000")
+            .load()
+            .unwrap();
+        assert_eq!(s.acl.super_users, ["12345"]);
+        assert_eq!(s.advertised_port(), 3000, "an integer setting takes plain digits");
+        let err = Loader::new()
+            .set("broker", "advertised_port", "3_000")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("advertised_port"), "{err}");
     }
 
     #[test]
