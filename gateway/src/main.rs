@@ -235,7 +235,11 @@ where
     match runtime.block_on(run(settings)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ketch {name}: {e:#}");
+            let text = format!("{e:#}");
+            eprintln!("ketch {name}: {text}");
+            if text.contains("MOVED") || text.contains("CROSSSLOT") {
+                eprintln!("ketch {name}: the server is part of a Redis Cluster: add --set redis.mode=cluster");
+            }
             std::process::ExitCode::FAILURE
         }
     }
