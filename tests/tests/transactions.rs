@@ -1657,29 +1657,38 @@ fn stage_offset(
     topic: &str,
     offset: i64,
 ) {
-    use kafka_protocol::messages::txn_offset_commit_request::{
-        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
-    };
-    use kafka_protocol::messages::{
-        AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, GroupId, TxnOffsetCommitRequest,
-        TxnOffsetCommitResponse,
-    };
-    let group_id = || GroupId(StrBytes::from_string(group.to_owned()));
-    let txn_id = || TransactionalId(StrBytes::from_string(id.clone()));
+    use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, GroupId};
     let added: AddOffsetsToTxnResponse = conn.request(
         3,
         &AddOffsetsToTxnRequest::default()
-            .with_transactional_id(txn_id())
+            .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
             .with_producer_id(ProducerId(*pid))
             .with_producer_epoch(*epoch)
-            .with_group_id(group_id()),
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned()))),
     );
     assert_eq!(added.error_code, code::NONE);
+    let staged = txn_offset_commit(conn, group, &(id.clone(), *pid, *epoch), topic, offset);
+    assert_eq!(staged, code::NONE);
+}
+
+/// TxnOffsetCommit v3 of `offset` for partition 0 of `topic` by `(id, pid,
+/// epoch)`, outside the group's generations: the partition's error code.
+fn txn_offset_commit(
+    conn: &mut KafkaConn,
+    group: &str,
+    (id, pid, epoch): &(String, i64, i16),
+    topic: &str,
+    offset: i64,
+) -> i16 {
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{GroupId, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
     let staged: TxnOffsetCommitResponse = conn.request(
         3,
         &TxnOffsetCommitRequest::default()
-            .with_transactional_id(txn_id())
-            .with_group_id(group_id())
+            .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
             .with_producer_id(ProducerId(*pid))
             .with_producer_epoch(*epoch)
             .with_generation_id(-1)
@@ -1694,7 +1703,32 @@ fn stage_offset(
                     ]),
             ]),
     );
-    assert_eq!(staged.topics[0].partitions[0].error_code, code::NONE);
+    staged.topics[0].partitions[0].error_code
+}
+
+/// A TxnOffsetCommit of a fenced producer (an older epoch) is
+/// INVALID_PRODUCER_EPOCH, as Kafka's transaction verification answers it:
+/// librdkafka takes that as fatal, and PRODUCER_FENCED, answered before, as
+/// an error to abort the transaction over (a zombie went on).
+#[test]
+fn a_fenced_producers_txn_offset_commit_is_invalid_producer_epoch() {
+    const INVALID_PRODUCER_EPOCH: i16 = 47;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-offsets-fenced");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-offsets-fenced-id", &topic);
+    let group = unique_topic("txn-offsets-fenced-group");
+    stage_offset(&mut conn, &group, &(id.clone(), pid, epoch), &topic, 1);
+    // A newer incarnation of the producer fences this one.
+    let fencing = init(&mut conn, &id, 60_000);
+    assert_eq!(fencing.error_code, code::NONE);
+    assert!(fencing.producer_epoch > epoch);
+    assert_eq!(
+        txn_offset_commit(&mut conn, &group, &(id, pid, epoch), &topic, 2),
+        INVALID_PRODUCER_EPOCH
+    );
 }
 
 /// Offsets a transaction staged for a group that has committed none yet go

@@ -154,8 +154,13 @@ async fn transaction_number(
     let Some(state) = state.filter(|s| s.producer_id == request.producer_id.0) else {
         return Err(ResponseError::InvalidProducerIdMapping.code());
     };
+    // INVALID_PRODUCER_EPOCH, not PRODUCER_FENCED: Kafka's transaction
+    // verification answers a TxnOffsetCommit so ("producers expect to
+    // handle INVALID_PRODUCER_EPOCH in this scenario",
+    // AddPartitionsToTxnManager), and librdkafka takes it as fatal (a
+    // fenced producer) where PRODUCER_FENCED here is only abortable.
     if state.epoch != request.producer_epoch {
-        return Err(ResponseError::ProducerFenced.code());
+        return Err(ResponseError::InvalidProducerEpoch.code());
     }
     if state.state != "Ongoing" || !state.groups.iter().any(|g| g == group) {
         return Err(ResponseError::InvalidTxnState.code());
