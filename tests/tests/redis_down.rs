@@ -113,6 +113,43 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         listed.error_code, 14,
         "ListTransactions: COORDINATOR_LOAD_IN_PROGRESS"
     );
+    // A group's committed offsets: NOT_COORDINATOR, as Kafka's
+    // coordinator answers a read that failed (KAFKA-17267): the Java
+    // consumer before 3.9 fails its poll() on COORDINATOR_NOT_AVAILABLE.
+    // v1 has no group error: it is each partition's.
+    {
+        use kafka_protocol::messages::offset_fetch_request::{
+            OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
+        };
+        use kafka_protocol::messages::{GroupId, OffsetFetchRequest};
+        let group = || GroupId(kafka_protocol::protocol::StrBytes::from_static_str("g"));
+        let old = OffsetFetchRequest::default()
+            .with_group_id(group())
+            .with_topics(Some(vec![
+                OffsetFetchRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partition_indexes(vec![0, 1]),
+            ]));
+        let fetched = conn.request(5, &old);
+        assert_eq!(fetched.error_code, 16, "OffsetFetch v5");
+        let fetched = conn.request(1, &old);
+        let errors: Vec<i16> = fetched.topics[0]
+            .partitions
+            .iter()
+            .map(|p| p.error_code)
+            .collect();
+        assert_eq!(errors, [16, 16], "OffsetFetch v1, on each partition");
+        let new = OffsetFetchRequest::default().with_groups(vec![
+            OffsetFetchRequestGroup::default()
+                .with_group_id(group())
+                .with_topics(Some(vec![
+                    OffsetFetchRequestTopics::default()
+                        .with_name(raw::topic_name(&topic))
+                        .with_partition_indexes(vec![0]),
+                ])),
+        ]);
+        assert_eq!(conn.request(8, &new).groups[0].error_code, 16, "OffsetFetch v8");
+    }
     // An idempotent producer's id: COORDINATOR_LOAD_IN_PROGRESS, as Kafka's
     // id manager answers, which the client retries as it is;
     // COORDINATOR_NOT_AVAILABLE sends the Java producer to look up a

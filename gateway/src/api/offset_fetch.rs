@@ -47,14 +47,44 @@ pub async fn handle(
             .collect()
     });
     let stable = header.request_api_version >= 7 && request.require_stable;
-    let (error, topics) = fetch(ctx, client, &request.group_id, wanted, stable).await;
     let version = header.request_api_version;
+    // v1 has no group error: it goes on each partition asked for, as
+    // Kafka's `OffsetFetchRequest.getErrorResponse` puts it (an answer
+    // without partitions would read as no offsets committed).
+    let asked = (version < 2).then(|| wanted.clone()).flatten();
+    let (error, mut topics) = fetch(ctx, client, &request.group_id, wanted, stable).await;
+    if error != 0
+        && let Some(asked) = asked
+    {
+        topics = asked
+            .into_iter()
+            .map(|(name, partitions)| {
+                let failed = partitions.into_iter().map(|p| (p, None, error)).collect();
+                (name.0.to_string(), failed)
+            })
+            .collect();
+    }
     let response = OffsetFetchResponse::default()
         .with_topics(topics.into_iter().map(|t| old_topic(version, t)).collect());
     if version >= 2 {
         response.with_error_code(error)
     } else {
         response
+    }
+}
+
+/// A storage failure's error for OffsetFetch: NOT_COORDINATOR for one that
+/// heals (Redis unreachable or timing out), as Kafka's coordinator answers
+/// (`handleOffsetFetchException`, KAFKA-17267): the Java consumer before
+/// 3.9 retries only it (and COORDINATOR_LOAD_IN_PROGRESS), and fails its
+/// `poll()` on COORDINATOR_NOT_AVAILABLE.
+fn storage_error(e: &ketch_storage::StorageError) -> i16 {
+    match e {
+        ketch_storage::StorageError::Unavailable(_)
+        | ketch_storage::StorageError::NotEnoughReplicasAfterAppend { .. } => {
+            ResponseError::NotCoordinator.code()
+        }
+        e => coordinator_error(e),
     }
 }
 
@@ -90,7 +120,7 @@ async fn fetch(
     let unstable = if require_stable {
         match ctx.storage.unstable_partitions(group).await {
             Ok(unstable) => unstable,
-            Err(e) => return (coordinator_error(&e), Vec::new()),
+            Err(e) => return (storage_error(&e), Vec::new()),
         }
     } else {
         std::collections::HashSet::new()
@@ -106,7 +136,7 @@ async fn fetch(
                     unstable,
                 ),
             ),
-            Err(e) => (coordinator_error(&e), Vec::new()),
+            Err(e) => (storage_error(&e), Vec::new()),
         };
     };
     let mut topics_seen = std::collections::HashSet::new();
@@ -145,7 +175,7 @@ async fn fetch(
     .await;
     match reads.into_iter().collect() {
         Ok(topics) => (0, topics),
-        Err(e) => (coordinator_error(&e), Vec::new()),
+        Err(e) => (storage_error(&e), Vec::new()),
     }
 }
 
