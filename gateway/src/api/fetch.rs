@@ -602,9 +602,12 @@ async fn read_partition(
 }
 
 /// zstd came with Fetch v10 (KIP-110): a partition of a topic whose
-/// `compression.type` is zstd, or whose answer holds a zstd batch, is
-/// UNSUPPORTED_COMPRESSION_TYPE, without records, as Kafka answers an
-/// older fetch.
+/// `compression.type` is zstd is UNSUPPORTED_COMPRESSION_TYPE, without
+/// records, to an older fetch, as Kafka answers it
+/// (`KafkaApis.maybeConvertFetchedData`). A topic under `producer` serves
+/// the zstd batches producers wrote as they are, as Kafka does: clients on
+/// older fetch versions that read zstd (Sarama's default version) read
+/// them, where refusing the partition stopped them at the first one.
 fn refuse_zstd(
     ctx: &Context,
     topics: &[Vec<Target>],
@@ -613,41 +616,21 @@ fn refuse_zstd(
 ) {
     let defaults = ctx.topic_defaults.get();
     for ((topic, records), targets) in responses.iter_mut().zip(records.iter_mut()).zip(topics) {
-        // Kafka refuses by the topic's compression.type; a producer's own
-        // zstd batches under `producer` are refused too.
         let configured = targets
             .first()
             .and_then(|t| t.topic.as_ref().ok())
             .is_some_and(|t| {
                 ketch_config::topic::Configs::new(&t.configs, &defaults).get("compression.type") == "zstd"
             });
+        if !configured {
+            continue;
+        }
         for (partition, batches) in topic.partitions.iter_mut().zip(records.iter_mut()) {
-            let zstd = configured
-                || batches.as_ref().is_some_and(|b| b.iter().any(|b| holds_zstd(b)))
-                || partition.records.as_ref().is_some_and(|r| holds_zstd(r));
-            if zstd {
-                partition.error_code = ResponseError::UnsupportedCompressionType.code();
-                partition.records = Some(Bytes::new());
-                *batches = None;
-            }
+            partition.error_code = ResponseError::UnsupportedCompressionType.code();
+            partition.records = Some(Bytes::new());
+            *batches = None;
         }
     }
-}
-
-/// Whether a batch in `bytes` (whole batches, back to back) is zstd-compressed.
-fn holds_zstd(mut bytes: &[u8]) -> bool {
-    const ATTRIBUTES: usize = 21;
-    while bytes.len() >= ATTRIBUTES + 2 {
-        if i16::from_be_bytes([bytes[ATTRIBUTES], bytes[ATTRIBUTES + 1]]) & 0x7 == 4 {
-            return true;
-        }
-        let length = i32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-        let Some(next) = usize::try_from(length).ok().and_then(|l| l.checked_add(12)) else {
-            break;
-        };
-        bytes = bytes.get(next..).unwrap_or_default();
-    }
-    false
 }
 
 /// Builds the response within the byte limits; returns it with its
