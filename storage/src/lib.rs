@@ -149,8 +149,10 @@ macro_rules! with_prelude {
 }
 
 /// A script that runs when Redis is at `maxmemory` under `noeviction`
-/// (its `allow-oom` flag): one that frees memory (retention, DeleteRecords)
-/// or keeps a gateway's registration, leases, group listing, the
+/// (its `allow-oom` flag): one that frees memory (retention, DeleteRecords,
+/// a segment's record as archived, after which local retention trims it:
+/// Redis let that one through anyway, its first write being a ZREM) or
+/// keeps a gateway's registration, leases, group listing, the
 /// transaction index and the producer-id counter (each one key on a Redis
 /// Cluster: on a full master they would stop every transaction and every
 /// idempotent producer) and the gateways' internal secret, each growing
@@ -298,7 +300,7 @@ impl Store {
                 store_group: redis::Script::new(include_str!("scripts/store_group.lua")),
                 seal: redis::Script::new(allow_oom!("scripts/producer_state.lua", "scripts/seal.lua")),
                 lease: redis::Script::new(allow_oom!("scripts/lease.lua")),
-                segment_state: redis::Script::new(include_str!("scripts/segment_state.lua")),
+                segment_state: redis::Script::new(allow_oom!("scripts/segment_state.lua")),
                 change_acls: redis::Script::new(with_prelude!(
                     "scripts/next_version.lua",
                     "scripts/change_acls.lua"

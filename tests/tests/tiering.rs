@@ -1751,3 +1751,131 @@ fn an_archived_segment_recorded_with_wrong_holes_is_read_and_its_record_mended()
         "the file's holes recorded: {mended}"
     );
 }
+
+/// Each Redis server of `redis`: a connection to it.
+fn every_server(redis: &TestRedis) -> Vec<redis::Connection> {
+    match redis {
+        TestRedis::Single(server) => vec![server.connection()],
+        TestRedis::Cluster(cluster) => cluster.nodes.iter().map(|n| n.connection()).collect(),
+    }
+}
+
+/// Sets every server's `maxmemory` to just under the memory it counts
+/// against it now (`used_memory` less `mem_not_counted_for_evict`): full,
+/// under `noeviction` refusing every write that may grow memory.
+fn fill_to_the_brim(redis: &TestRedis) {
+    for mut conn in every_server(redis) {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut conn)
+            .expect("INFO memory");
+        let field = |name: &str| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let counted = field("used_memory") - field("mem_not_counted_for_evict");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(counted - 1)
+            .query(&mut conn)
+            .expect("CONFIG SET maxmemory");
+    }
+}
+
+/// A Redis full under `noeviction` is emptied by archiving, as
+/// docs/observability.md says: the storage worker seals the open segment,
+/// archives it, records it archived and trims it from Redis, all while
+/// Redis refuses writes that grow memory; then appends go on. (Said, not
+/// tested, until now: each script on that path must run at maxmemory.)
+#[test]
+fn a_full_redis_is_emptied_by_archiving_and_appends_go_on() {
+    const RECORDS: usize = 6_000;
+    const SEGMENT_BYTES: i64 = 262_144;
+    let redis = TestRedis::start();
+    let data = tempfile::tempdir().expect("temp dir");
+    let rt = runtime();
+    let topic = unique_topic("oom-archive");
+    // A gateway that seals and archives nothing (its worker's first tick
+    // is an hour away) fills the partition.
+    let mut filler = tiered_gateway(
+        &redis,
+        data.path(),
+        &[
+            "tiering.tick_interval=1h".to_owned(),
+            "tiering.lease_ttl=2h".to_owned(),
+        ],
+    );
+    create_remote_topic(
+        &filler,
+        &rt,
+        &topic,
+        1,
+        &[("segment.bytes", "262144"), ("local.retention.bytes", "0")],
+    );
+    produce(&filler.producer_with(&[]), &rt, &topic, 1, 0..RECORDS);
+    assert!(redis.segments(&topic, 0).is_empty(), "nothing sealed yet");
+    filler.terminate();
+    filler
+        .wait_exit(Duration::from_secs(20))
+        .expect("the filler stops");
+
+    fill_to_the_brim(&redis);
+    // (In a Redis Cluster the masters not serving the key's slot answer
+    // MOVED; its own refuses it.)
+    let refusals: Vec<String> = every_server(&redis)
+        .into_iter()
+        .map(|mut conn| {
+            let refused: redis::RedisResult<()> = redis::cmd("SET").arg("probe").arg("x").query(&mut conn);
+            refused.expect_err("a write, Redis being full").to_string()
+        })
+        .collect();
+    assert!(
+        refusals.iter().any(|e| e.contains("OOM"))
+            && refusals.iter().all(|e| e.contains("OOM") || e.to_lowercase().contains("moved")),
+        "{refusals:?}"
+    );
+    let ketch = tiered_gateway(&redis, data.path(), &[]);
+    let producer = ketch.producer_with(&[("message.timeout.ms", "2000"), ("retries", "0")]);
+    let send = || {
+        rt.block_on(async {
+            producer
+                .send(
+                    FutureRecord::<(), _>::to(&topic).payload("after").partition(0),
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+        })
+    };
+    // Archived and trimmed while full...
+    let local_start = wait_archived(&redis, &ketch, &topic, 1, true, SEGMENT_BYTES);
+    assert_eq!(
+        local_start,
+        [RECORDS as i64],
+        "the whole log archived and trimmed"
+    );
+    // ...which made room: appends go on.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let appended = loop {
+        match send() {
+            Ok(delivery) => break delivery,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "appends still refused after archiving: {e}"
+            ),
+        }
+    };
+    assert_eq!((appended.partition, appended.offset), (0, RECORDS as i64));
+    for mut conn in every_server(&redis) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(0)
+            .query(&mut conn)
+            .expect("CONFIG SET maxmemory");
+    }
+    consume_and_check(&ketch.consumer(), &topic, &[RECORDS as i64]);
+}
