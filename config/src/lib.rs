@@ -1071,7 +1071,7 @@ fn parse_scalar(text: &str) -> toml::Value {
     match format!("v = {text}").parse::<toml::Table>() {
         Ok(mut t) => match t.remove("v") {
             Some(v @ toml::Value::Boolean(_)) => v,
-            Some(toml::Value::Integer(n)) if n.to_string() == text => toml::Value::Integer(n),
+            Some(toml::Value::Integer(n)) if n.to_string() == text.trim() => toml::Value::Integer(n),
             _ => toml::Value::String(text.to_owned()),
         },
         Err(_) => toml::Value::String(text.to_owned()),
@@ -1169,6 +1169,12 @@ mod tests {
             .unwrap();
         assert_eq!(s.acl.super_users, ["12345"]);
         assert_eq!(s.advertised_port(), 3000, "an integer setting takes plain digits");
+        let s = Loader::new()
+            .env([("KETCH_BROKER_MAX_CONNECTIONS".to_owned(), "1000 ".to_owned())])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(s.broker.max_connections, 1000, "spaces around the digits");
         let err = Loader::new()
             .set("broker", "advertised_port", "3_000")
             .load()

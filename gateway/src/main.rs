@@ -238,7 +238,9 @@ where
             let text = format!("{e:#}");
             eprintln!("ketch {name}: {text}");
             if text.contains("MOVED") || text.contains("CROSSSLOT") {
-                eprintln!("ketch {name}: the server is part of a Redis Cluster: add --set redis.mode=cluster");
+                eprintln!(
+                    "ketch {name}: the server is part of a Redis Cluster: add --set redis.mode=cluster"
+                );
             }
             std::process::ExitCode::FAILURE
         }

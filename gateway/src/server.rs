@@ -1519,11 +1519,6 @@ mod tests {
         drop(read);
     }
 
-    /// Every request spawns a task of [`Admitted::serve`], which tokio
-    /// copies whole as it starts and finishes it; the task boxes
-    /// [`respond`]. Together they were one 8 KiB future: `thread_time`
-    /// stored the handler's future twice, and every handler's state was in
-    /// it.
     /// A request admitted on a connection with `order` and `responses`, as
     /// the reader admits it.
     async fn admitted(
@@ -1633,6 +1628,11 @@ mod tests {
         assert_eq!(ids, [1, 2, 3, 4]);
     }
 
+    /// Every request spawns a task of [`Admitted::serve`], which tokio
+    /// copies whole as it starts and finishes it; the task boxes
+    /// [`respond`]. Together they were one 8 KiB future: `thread_time`
+    /// stored the handler's future twice, and every handler's state was in
+    /// it.
     /// Every request spawns a task of [`Admitted::serve`], which tokio
     /// copies whole as it starts and finishes it; the task boxes
     /// [`respond`]. Together they were one 8 KiB future: `thread_time`

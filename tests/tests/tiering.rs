@@ -1834,7 +1834,9 @@ fn a_full_redis_is_emptied_by_archiving_and_appends_go_on() {
         .collect();
     assert!(
         refusals.iter().any(|e| e.contains("OOM"))
-            && refusals.iter().all(|e| e.contains("OOM") || e.to_lowercase().contains("moved")),
+            && refusals
+                .iter()
+                .all(|e| e.contains("OOM") || e.to_lowercase().contains("moved")),
         "{refusals:?}"
     );
     let ketch = tiered_gateway(&redis, data.path(), &[]);

@@ -42,9 +42,9 @@ impl Failure {
 
     /// A topic change (creation, growth, deletion) Redis did not answer
     /// is REQUEST_TIMED_OUT, as Kafka's controller answers a change it
-    /// could not commit in time: the admin client retries it (as Kafka
-    /// Streams' and Kafka Connect's topic set-up do), where
-    /// KAFKA_STORAGE_ERROR fails their start. The change may have been made
+    /// could not commit in time: Kafka Streams' and Kafka Connect's topic
+    /// set-up retry it (a TimeoutException to the admin client), where
+    /// KAFKA_STORAGE_ERROR stops their start. The change may have been made
     /// (the reply was lost): the retry then finds it (TOPIC_ALREADY_EXISTS).
     pub(crate) fn storage(e: &StorageError) -> Self {
         match e {

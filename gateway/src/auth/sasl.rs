@@ -696,21 +696,20 @@ static DERIVATIONS: LazyLock<tokio::sync::Semaphore> = LazyLock::new(|| {
 /// for one mechanism alone (`ketch users set --mechanism`, AlterUserScram-
 /// Credentials) leaves neither password taken until the other is changed
 /// too, rather than the old one still taken. `Err` when the store cannot
-/// be read. A user that does not exist costs as many key derivations, of
-/// `unknown_user_iterations` (`sasl.scram_iterations`), as one with both
-/// credentials, so that timing tells no user names. The derivations run off
-/// the async runtime, at most [`DERIVATIONS`] at once.
+/// be read. Every check derives one key per mechanism, for a mechanism the
+/// user lacks (or a user that does not exist) at `unknown_user_iterations`
+/// (`sasl.scram_iterations`), so that timing tells no user names. The
+/// derivations run off the async runtime, at most [`DERIVATIONS`] at once.
 async fn check_password(
     storage: &dyn Storage,
     user: &str,
     password: &[u8],
     unknown_user_iterations: u32,
 ) -> Result<bool, Failure> {
-    let mut known = Vec::new();
-    for alg in [Algorithm::Sha512, Algorithm::Sha256] {
-        if let Some(credential) = stored_credential(storage, alg, user, Mechanism::Plain).await? {
-            known.push((alg, credential));
-        }
+    const MECHANISMS: [Algorithm; 2] = [Algorithm::Sha512, Algorithm::Sha256];
+    let mut known = Vec::with_capacity(MECHANISMS.len());
+    for alg in MECHANISMS {
+        known.push(stored_credential(storage, alg, user, Mechanism::Plain).await?);
     }
     // The semaphore is never closed.
     let permit = DERIVATIONS.acquire().await.ok();
@@ -719,18 +718,21 @@ async fn check_password(
     // derivation still counts until it ends.
     let derived = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        if known.is_empty() {
-            // No such user: derive the keys all the same.
-            for alg in [Algorithm::Sha512, Algorithm::Sha256] {
-                let _ = Credential::generate(alg, &password, unknown_user_iterations);
+        let mut any = false;
+        let mut all = true;
+        for (alg, credential) in MECHANISMS.into_iter().zip(known) {
+            match credential {
+                Some(credential) => {
+                    any = true;
+                    all &= credential.verify_password(alg, &password);
+                }
+                // None stored: a key derived all the same.
+                None => {
+                    let _ = Credential::generate(alg, &password, unknown_user_iterations);
+                }
             }
-            return false;
         }
-        // Every one, not stopping at the first that fails.
-        known
-            .iter()
-            .map(|(alg, credential)| credential.verify_password(*alg, &password))
-            .fold(true, |all, matched| all && matched)
+        any && all
     })
     .await;
     derived.map_err(|e| {
