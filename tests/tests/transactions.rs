@@ -609,11 +609,20 @@ fn bad_transactional_input_is_refused_and_stores_nothing() {
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(started.error_code, code::NONE);
 
-    // A transactional batch for a partition its transaction did not add.
+    // A transactional batch for a partition its transaction did not add:
+    // INVALID_TXN_STATE, and from Produce v11 TRANSACTION_ABORTABLE
+    // (KIP-890: the client aborts and goes on), as Kafka answers.
     let stray = transactional(&[Record::value(batch::at(1), b"stray")], pid, epoch, 0);
     assert_eq!(
         produce_in(&mut conn, Some(&id), &topic, stray.clone()).0,
         INVALID_TXN_STATE
+    );
+    let at_v11 = raw::produce_request(&topic, 0, stray.clone())
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))));
+    assert_eq!(
+        raw::produce_result(&conn.request(11, &at_v11)).0,
+        120,
+        "TRANSACTION_ABORTABLE"
     );
     // … or without the request's transactional id (Kafka refuses the
     // request as unauthorised for transactions).

@@ -460,7 +460,7 @@ async fn produce_partition(
         .storage
         .append(&topic, partition, &batch, &header, acks == -1)
         .await
-        .map_err(|e| (error_code(&e), Some(e.to_string())))?;
+        .map_err(|e| (append_error_code(&e, version), Some(e.to_string())))?;
     if !outcome.duplicate {
         (ctx.topic_counters.produced(&topic.name)).add(
             u64::try_from(header.record_count).unwrap_or(0),
@@ -670,6 +670,22 @@ async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
 /// content breaks a rule (its count, offset deltas, record framing, magic)
 /// is INVALID_RECORD, which they do not: sending it again cannot help
 /// (Kafka's `InvalidRecordException`).
+/// An append's error code. A transactional batch for a partition its
+/// transaction does not hold is TRANSACTION_ABORTABLE from Produce v11
+/// (KIP-890: the client aborts the transaction and goes on), as Kafka's
+/// transaction verification answers it, and INVALID_TXN_STATE, which older
+/// clients know, before.
+fn append_error_code(e: &ketch_storage::StorageError, version: i16) -> i16 {
+    match e {
+        ketch_storage::StorageError::Sequence(ketch_storage::SequenceError::NotInTransaction)
+            if version >= 11 =>
+        {
+            ResponseError::TransactionAbortable.code()
+        }
+        e => error_code(e),
+    }
+}
+
 fn batch_error_code(e: &BatchError) -> i16 {
     match e {
         BatchError::TooShort(_)
