@@ -320,10 +320,28 @@ async fn brokers(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Ans
             })
         })
         .collect();
+    // Every live gateway: behind a load balancer (one advertised address)
+    // Metadata shows them as one broker.
+    let presented = ctx.membership.broker_ids(&client.listener);
+    let gateways: Vec<Value> = nodes
+        .iter()
+        .map(|n| {
+            let advertised = n.on(&client.listener);
+            json!({
+                "node_id": n.id,
+                "broker_id": presented.get(&n.id).copied().unwrap_or(n.id),
+                "host": advertised.host,
+                "port": advertised.port,
+                "internal": n.internal_address(),
+                "this_gateway": n.id == me,
+            })
+        })
+        .collect();
     Ok(Json(json!({
         "cluster_id": meta.cluster_id.as_ref().map(|c| c.as_str()),
         "controller_id": *meta.controller_id,
         "brokers": brokers,
+        "gateways": gateways,
     })))
 }
 
@@ -387,6 +405,13 @@ async fn describe_topic(ctx: &Context, client: &Client, name: &str) -> Result<Va
         .map_err(|e| Failure::storage(&e))?
         .ok_or_else(|| Failure::kafka(ResponseError::UnknownTopicOrPartition.code(), None))?;
     let now = ketch_storage::now_ms();
+    // Archive lag only where the storage worker archives (remote storage
+    // on and copying): every topic's sealed segments wait for retention.
+    let archives = {
+        let defaults = ctx.topic_defaults.get();
+        let configs = ketch_config::topic::Configs::new(&topic.configs, &defaults);
+        configs.get("remote.storage.enable") == "true" && configs.get("remote.log.copy.disable") != "true"
+    };
     let mut partitions = Vec::with_capacity(t.partitions.len());
     let mut sorted = t.partitions.clone();
     sorted.sort_by_key(|p| p.partition_index);
@@ -409,9 +434,10 @@ async fn describe_topic(ctx: &Context, client: &Client, name: &str) -> Result<Va
             .map_err(|e| Failure::storage(&e))?;
         let archived = segments.iter().filter(|s| s.path.is_some()).count();
         let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
+        // Those the worker will archive (not wholly below the log start).
         let waiting = segments
             .iter()
-            .filter(|s| s.wants_archiving())
+            .filter(|s| archives && s.wants_archiving() && s.last >= offsets.log_start_offset)
             .map(|s| s.sealed_ms)
             .min();
         partitions.push(json!({
@@ -870,6 +896,20 @@ async fn reset_offsets(
         return Err(Failure::bad(format!(
             "group {id} has no committed offsets: name the topics to reset"
         )));
+    }
+    // The commit needs READ on each topic (OffsetCommit commits the topics
+    // it may and refuses the others): checked for all of them first, so a
+    // refused reset changes nothing.
+    if let Some(name) = partitions
+        .keys()
+        .find(|name| !api::authorized(ctx.as_ref(), &client, Operation::Read, ResourceType::Topic, name))
+    {
+        return Err(Failure::kafka(
+            ResponseError::TopicAuthorizationFailed.code(),
+            Some(&format!(
+                "not authorized to read topic {name}: no offset was reset"
+            )),
+        ));
     }
     let request = ListOffsetsRequest::default()
         .with_replica_id((-1).into())

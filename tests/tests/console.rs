@@ -101,6 +101,10 @@ fn the_console_renders_the_topics_and_groups_in_a_real_browser() {
         "group {group} not shown:\n{dom}"
     );
     assert!(dom.contains("lag 3"), "the group's lag (5 − 2) not shown:\n{dom}");
+    assert!(
+        dom.contains("this gateway") && dom.contains("1 gateway(s)"),
+        "the gateways not shown:\n{dom}"
+    );
 
     let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("artifacts");
     std::fs::create_dir_all(&artifacts).expect("artifact dir");

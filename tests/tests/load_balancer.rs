@@ -137,6 +137,29 @@ fn behind_a_load_balancer_clients_see_one_broker_and_groups_split_over_every_gat
     }
     assert_eq!(ids.len(), 1, "every gateway reports the same id: {ids:?}");
 
+    // The admin API lists the one broker, and the three gateways behind it
+    // (the console showed one), each with its own internal listener.
+    let (status, body) = stack.gateways[0].http_get("/api/v1/brokers");
+    assert_eq!(status, 200, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(listed["brokers"].as_array().map(Vec::len), Some(1), "{listed}");
+    let gateways = listed["gateways"].as_array().expect("gateways");
+    let internal: BTreeSet<&str> = gateways.iter().filter_map(|g| g["internal"].as_str()).collect();
+    assert_eq!((gateways.len(), internal.len()), (3, 3), "{listed}");
+    assert!(
+        gateways
+            .iter()
+            .all(|g| g["broker_id"] == serde_json::json!(ids.first().copied())),
+        "{listed}"
+    );
+    assert_eq!(
+        gateways
+            .iter()
+            .filter(|g| g["this_gateway"] == serde_json::json!(true))
+            .count(),
+        1
+    );
+
     // A three-member group through the load balancer splits 12 partitions
     // 4/4/4, whichever gateways its members' connections landed on; then
     // 6/6 once one leaves.

@@ -760,6 +760,75 @@ fn a_groups_offsets_over_http_leave_out_topics_the_caller_may_not_describe() {
     assert_eq!((status, answer), (201, json!({"name": blind})));
 }
 
+/// A topic without remote storage has no archive lag: its sealed segments
+/// wait for retention, not for the archive. The lag grew with them (up to
+/// `retention.ms`, a week by default) in the API and the console.
+#[test]
+fn a_topic_that_does_not_archive_has_no_archive_lag() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "tiering.tick_interval=100ms"]);
+    let topic = unique_topic("never-archived");
+    ketch.create_topic_with(&runtime(), &topic, 1, &[("segment.ms", "50")]);
+    produce(&ketch.producer(), &topic, 0, 10);
+    let describe = || {
+        let (status, described) = api(&ketch, "GET", &format!("/api/v1/topics/{topic}"), None);
+        assert_eq!(status, 200, "{described}");
+        described["partitions"][0].clone()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while describe()["segments_sealed"].as_i64() < Some(1) {
+        assert!(Instant::now() < deadline, "no segment sealed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A sealed segment's lag would be counted from its sealing on: it
+    // stays 0 while time passes.
+    let sealed = Instant::now();
+    while sealed.elapsed() < Duration::from_millis(300) {
+        let partition = describe();
+        assert_eq!(partition["archive_lag_ms"], json!(0), "{partition}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A reset of a group's offsets that the caller may not make for every
+/// topic (it may describe one but not read it, as OffsetCommit needs) is
+/// refused whole: no offset moves. It reset the others, then answered 403.
+#[test]
+fn an_offset_reset_refused_for_one_topic_changes_no_offset() {
+    let redis = TestRedis::start();
+    let ketch = acl_gateway(&redis);
+    let (open, read_only) = (unique_topic("reset-open"), unique_topic("reset-described"));
+    create_once_acls_are_read(&ketch, &[&open, &read_only]);
+    let group = unique_topic("reset-refused");
+    commit(&ketch, &group, &open, &[(0, 5)]);
+    commit(&ketch, &group, &read_only, &[(0, 5)]);
+    // The caller may describe the second topic, no more.
+    allow_on_topic(&ketch, &read_only, "User:ANONYMOUS", 8);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, refused) = api(
+            &ketch,
+            "POST",
+            &format!("/api/v1/groups/{group}/offsets"),
+            Some(r#"{"to": "earliest"}"#),
+        );
+        if status == 403 {
+            assert_eq!(refused["error"], json!("TOPIC_AUTHORIZATION_FAILED"), "{refused}");
+            break;
+        }
+        // Until the gateway has the new ACL, the reset is allowed: undo it.
+        assert_eq!(status, 200, "{refused}");
+        assert!(Instant::now() < deadline, "the reset is still allowed");
+        commit(&ketch, &group, &open, &[(0, 5)]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        committed(&ketch, &group, &open, 1),
+        [5],
+        "the open topic's offset did not move"
+    );
+}
+
 /// The `lag` `GET /api/v1/groups` lists for `group` (`None`: not listed).
 fn group_lag_listed(ketch: &Ketch, group: &str) -> Option<Value> {
     let (status, listed) = api(ketch, "GET", "/api/v1/groups", None);
