@@ -526,19 +526,19 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
                 metrics::gauge!("ketch_redis_used_memory_bytes", "server" => label())
                     .set(s.used_memory as f64);
                 metrics::gauge!("ketch_redis_maxmemory_bytes", "server" => label()).set(s.maxmemory as f64);
-                metrics::counter!("ketch_redis_evicted_keys_total", "server" => label())
-                    .absolute(s.evicted_keys);
-                metrics::counter!("ketch_redis_rejected_writes_total", "server" => label())
-                    .absolute(s.rejected_writes);
             }
+            count_redis_totals(&servers);
             RedisHealth {
                 servers,
                 checked: Some(Instant::now()),
                 error: None,
             }
         }
+        // What was last read of each server stands (in a Redis Cluster one
+        // master not answering fails the whole INFO: the others' warnings
+        // must not vanish with it), with the error.
         Err(e) => RedisHealth {
-            servers: Vec::new(),
+            servers: ctx.redis_health.read().expect("redis health").servers.clone(),
             checked: Some(Instant::now()),
             error: Some(e.to_string()),
         },
@@ -560,6 +560,32 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
     }
     *ctx.redis_health.write().expect("redis health") = health.clone();
     health
+}
+
+/// Each server's `evicted_keys` and `errorstat_OOM` when last read.
+static REDIS_TOTALS: std::sync::LazyLock<Mutex<HashMap<String, (u64, u64)>>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// Adds what each server's totals grew by since they were last read to
+/// the `_total` counters. Redis's own go back to 0 when it restarts (or at
+/// `CONFIG RESETSTAT`): then all of the new value is new. (Setting the
+/// counters to Redis's values, as before, kept them at their old peak
+/// until Redis passed it, and the rate showed nothing meanwhile.)
+fn count_redis_totals(servers: &[RedisMemory]) {
+    let mut last = REDIS_TOTALS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for s in servers {
+        let (evicted, rejected) = last
+            .insert(s.server.clone(), (s.evicted_keys, s.rejected_writes))
+            .unwrap_or((0, 0));
+        let grown = |now: u64, before: u64| if now >= before { now - before } else { now };
+        let label = || s.server.clone();
+        metrics::counter!("ketch_redis_evicted_keys_total", "server" => label())
+            .increment(grown(s.evicted_keys, evicted));
+        metrics::counter!("ketch_redis_rejected_writes_total", "server" => label())
+            .increment(grown(s.rejected_writes, rejected));
+    }
 }
 
 /// A group's committed offsets and their lag, per partition.
@@ -795,6 +821,31 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
             r.results.iter().for_each(|x| f(x.error_code));
         }
         ResponseKind::AlterUserScramCredentials(r) => r.results.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::EndTxn(r) => f(r.error_code),
+        ResponseKind::AddOffsetsToTxn(r) => f(r.error_code),
+        ResponseKind::AddPartitionsToTxn(r) => {
+            f(r.error_code);
+            let topics = (r.results_by_transaction.iter())
+                .flat_map(|x| x.topic_results.iter())
+                .chain(&r.results_by_topic_v3_and_below);
+            for t in topics {
+                t.results_by_partition
+                    .iter()
+                    .for_each(|p| f(p.partition_error_code));
+            }
+        }
+        ResponseKind::TxnOffsetCommit(r) => {
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::DescribeProducers(r) => {
+            for t in &r.topics {
+                t.partitions.iter().for_each(|p| f(p.error_code));
+            }
+        }
+        ResponseKind::DescribeTransactions(r) => r.transaction_states.iter().for_each(|x| f(x.error_code)),
+        ResponseKind::ListTransactions(r) => f(r.error_code),
         _ => {}
     }
 }
@@ -802,6 +853,43 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The transaction APIs' errors are counted too (they were left out:
+    /// no PRODUCER_FENCED or INVALID_TXN_STATE ever showed).
+    #[test]
+    fn the_transaction_apis_error_codes_are_found() {
+        use kafka_protocol::messages::add_partitions_to_txn_response::{
+            AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
+        };
+        use kafka_protocol::messages::describe_transactions_response::TransactionState;
+        use kafka_protocol::messages::{
+            AddPartitionsToTxnResponse, DescribeTransactionsResponse, EndTxnResponse,
+        };
+        let codes = |response: ResponseKind| {
+            let mut codes = Vec::new();
+            error_codes(&response, &mut |c| codes.push(c));
+            codes.retain(|c| *c != 0);
+            codes
+        };
+        assert_eq!(
+            codes(ResponseKind::EndTxn(
+                EndTxnResponse::default().with_error_code(90)
+            )),
+            [90]
+        );
+        let partition = |code| AddPartitionsToTxnPartitionResult::default().with_partition_error_code(code);
+        let topic =
+            |code| AddPartitionsToTxnTopicResult::default().with_results_by_partition(vec![partition(code)]);
+        let added = AddPartitionsToTxnResponse::default()
+            .with_results_by_topic_v3_and_below(vec![topic(48)])
+            .with_results_by_transaction(vec![
+                AddPartitionsToTxnResult::default().with_topic_results(vec![topic(51)]),
+            ]);
+        assert_eq!(codes(ResponseKind::AddPartitionsToTxn(added)), [51, 48]);
+        let described = DescribeTransactionsResponse::default()
+            .with_transaction_states(vec![TransactionState::default().with_error_code(15)]);
+        assert_eq!(codes(ResponseKind::DescribeTransactions(described)), [15]);
+    }
 
     #[test]
     fn error_names_are_kafkas() {
