@@ -271,11 +271,13 @@ async fn kafka(
         api::produce::Turns::default(),
     )
     .await
+    // No answer: a listing of every topic that could not read the list
+    // (a Kafka client's connection is closed so that it asks again).
     .ok_or_else(|| {
         Failure::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "NO_RESPONSE",
-            "the request got no response",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORAGE_ERROR",
+            "the topic list could not be read from Redis: try again",
         )
     })
 }

@@ -21,6 +21,9 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
 
     assert_eq!(ketch.http_get("/health").0, 200, "/health while Redis is down");
     assert_eq!(ketch.http_get("/ready").0, 503, "/ready while Redis is down");
+    let (status, body) = ketch.http_get("/api/v1/topics");
+    assert_eq!(status, 503, "the topic listing while Redis is down: {body}");
+    assert!(body.contains("STORAGE_ERROR"), "{body}");
 
     let topic = unique_topic("late-redis");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
