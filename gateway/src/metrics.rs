@@ -332,7 +332,9 @@ impl Flow {
 }
 
 /// Per-topic produced and fetched counters, their handles made once per
-/// topic name. Topic names are bounded by the topics that exist.
+/// topic name: every topic used since the gateway started, deleted ones
+/// included (docs/observability.md; not removed, as Kafka removes a deleted
+/// topic's metrics).
 #[derive(Default)]
 pub struct TopicCounters {
     produced: RwLock<HashMap<String, Flow>>,
