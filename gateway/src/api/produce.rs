@@ -664,12 +664,6 @@ async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
         .unwrap_or_else(|e| Err(BatchError::Decompress(format!("validation task failed: {e}"))))
 }
 
-/// Kafka's codes: bytes that are not what the producer meant (a CRC or
-/// length that does not hold, data that does not decompress) are
-/// CORRUPT_MESSAGE, which clients retry; a well-formed batch whose
-/// content breaks a rule (its count, offset deltas, record framing, magic)
-/// is INVALID_RECORD, which they do not: sending it again cannot help
-/// (Kafka's `InvalidRecordException`).
 /// An append's error code. A transactional batch for a partition its
 /// transaction does not hold is TRANSACTION_ABORTABLE from Produce v11
 /// (KIP-890: the client aborts the transaction and goes on), as Kafka's
@@ -686,6 +680,12 @@ fn append_error_code(e: &ketch_storage::StorageError, version: i16) -> i16 {
     }
 }
 
+/// Kafka's codes: bytes that are not what the producer meant (a CRC or
+/// length that does not hold, data that does not decompress) are
+/// CORRUPT_MESSAGE, which clients retry; a well-formed batch whose
+/// content breaks a rule (its count, offset deltas, record framing, magic)
+/// is INVALID_RECORD, which they do not: sending it again cannot help
+/// (Kafka's `InvalidRecordException`).
 fn batch_error_code(e: &BatchError) -> i16 {
     match e {
         BatchError::TooShort(_)
