@@ -756,6 +756,13 @@ impl<'a> Configs<'a> {
     pub fn cleans_up_by(&self, policy: &str) -> bool {
         list_items(self.get("cleanup.policy")).contains(&policy)
     }
+
+    /// Whether the topic's sealed segments are copied to its archive:
+    /// remote storage on, and not read-only (`remote.log.copy.disable`,
+    /// Kafka's read-only remote log).
+    pub fn copies_to_archive(&self) -> bool {
+        self.get("remote.storage.enable") == "true" && self.get("remote.log.copy.disable") != "true"
+    }
 }
 
 /// Kafka's checks across configs (`LogConfig.validateValues` and the

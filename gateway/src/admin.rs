@@ -409,11 +409,8 @@ async fn describe_topic(ctx: &Context, client: &Client, name: &str) -> Result<Va
     let now = ketch_storage::now_ms();
     // Archive lag only where the storage worker archives (remote storage
     // on and copying): every topic's sealed segments wait for retention.
-    let archives = {
-        let defaults = ctx.topic_defaults.get();
-        let configs = ketch_config::topic::Configs::new(&topic.configs, &defaults);
-        configs.get("remote.storage.enable") == "true" && configs.get("remote.log.copy.disable") != "true"
-    };
+    let archives =
+        ketch_config::topic::Configs::new(&topic.configs, &ctx.topic_defaults.get()).copies_to_archive();
     let mut partitions = Vec::with_capacity(t.partitions.len());
     let mut sorted = t.partitions.clone();
     sorted.sort_by_key(|p| p.partition_index);

@@ -612,11 +612,7 @@ async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
     // down or frozen) is a warning, with what was last read of the others.
     let health = match tokio::time::timeout_at(deadline, crate::metrics::check_redis(&ctx)).await {
         Ok(health) => health,
-        Err(_) => {
-            let mut last = ctx.redis_health.read().expect("redis health").clone();
-            last.error = Some(format!("INFO did not answer in {READY_PROBE_LIMIT:?}"));
-            last
-        }
+        Err(_) => crate::metrics::last_read(&ctx, format!("INFO did not answer in {READY_PROBE_LIMIT:?}")),
     };
     if !ctx.membership.joined() {
         return (

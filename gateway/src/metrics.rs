@@ -536,14 +536,7 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
                 error: None,
             }
         }
-        // What was last read of each server stands (in a Redis Cluster one
-        // master not answering fails the whole INFO: the others' warnings
-        // must not vanish with it), with the error.
-        Err(e) => RedisHealth {
-            servers: ctx.redis_health.read().expect("redis health").servers.clone(),
-            checked: Some(Instant::now()),
-            error: Some(e.to_string()),
-        },
+        Err(e) => last_read(ctx, e.to_string()),
     };
     // Warn when a server becomes nearly full or full, not on every check.
     let before: Vec<(String, u8)> = (ctx.redis_health.read().expect("redis health").servers.iter())
@@ -562,6 +555,17 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
     }
     *ctx.redis_health.write().expect("redis health") = health.clone();
     health
+}
+
+/// What was last read of each server, with the `error` that kept it from
+/// being read now: in a Redis Cluster one master not answering fails the
+/// whole INFO, and the others' warnings must not vanish with it.
+pub fn last_read(ctx: &Context, error: String) -> RedisHealth {
+    RedisHealth {
+        servers: ctx.redis_health.read().expect("redis health").servers.clone(),
+        checked: Some(Instant::now()),
+        error: Some(error),
+    }
 }
 
 /// Each server's `evicted_keys` and `errorstat_OOM` when last read.

@@ -1450,7 +1450,7 @@ pub fn policy(topic: &Topic, defaults: &Defaults, producer_expiration: Duration)
     // remote.log.copy.disable: the archive is read but no longer written,
     // and retention no longer waits for it (Kafka's read-only remote log).
     let archive = configs.get("remote.storage.enable") == "true";
-    let remote = archive && configs.get("remote.log.copy.disable") != "true";
+    let remote = configs.copies_to_archive();
     // Kafka: retention removes segments only under cleanup.policy=delete
     // (an empty policy keeps everything).
     let deletes = configs.cleans_up_by("delete");
