@@ -347,15 +347,23 @@ async fn brokers(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Ans
     })))
 }
 
-/// Redis memory of every server, with warnings.
-async fn redis(State(ctx): State<Arc<Context>>) -> Answer {
+/// Redis memory of every server, with warnings: 503 with the same body
+/// (what was last read) when no server could be read now; a server that
+/// could not be read carries its `error`.
+async fn redis(State(ctx): State<Arc<Context>>) -> (StatusCode, Json<Value>) {
     let health = crate::metrics::check_redis(&ctx).await;
-    Ok(Json(json!({
+    let status = if health.unread() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    let body = json!({
         "servers": health.servers,
         "warnings": health.warnings(),
         "refuses_writes": health.refuses_writes(),
         "error": health.error,
-    })))
+    });
+    (status, Json(body))
 }
 
 async fn topics(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answer {
@@ -363,22 +371,31 @@ async fn topics(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answ
     let mut topics: Vec<Value> = Vec::with_capacity(meta.topics.len());
     for t in &meta.topics {
         let Some(name) = t.name.as_ref() else { continue };
-        let mut high_watermark = 0i64;
-        let mut records = 0i64;
-        if let Ok(Some(topic)) = ctx.storage.topic(name).await {
+        // Sums of every partition, or null with the first error when one
+        // could not be read (a master down): never a partial sum.
+        let sums = async {
+            let Some(topic) = ctx.storage.topic(name).await? else {
+                return Ok((0i64, 0i64));
+            };
+            let (mut high_watermark, mut records) = (0i64, 0i64);
             for p in 0..topic.partitions() {
-                if let Ok(o) = ctx.storage.offsets(&topic, p).await {
-                    high_watermark += o.high_watermark;
-                    records += o.high_watermark - o.log_start_offset;
-                }
+                let o = ctx.storage.offsets(&topic, p).await?;
+                high_watermark += o.high_watermark;
+                records += o.high_watermark - o.log_start_offset;
             }
-        }
+            Ok::<_, ketch_storage::StorageError>((high_watermark, records))
+        };
+        let (high_watermark, records, error) = match sums.await {
+            Ok((h, r)) => (Some(h), Some(r), None),
+            Err(e) => (None, None, Some(e.to_string())),
+        };
         topics.push(json!({
             "name": name.as_str(),
             "topic_id": t.topic_id.to_string(),
             "partitions": t.partitions.len(),
             "high_watermark_sum": high_watermark,
             "records": records,
+            "error": error,
         }));
     }
     topics.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
@@ -619,11 +636,13 @@ async fn alter_topic(
     described_after_change(&ctx, &client, &name).await.map(Json)
 }
 
-/// Every gateway's ListGroups, merged (each lists the groups it coordinates).
+/// Every gateway's ListGroups, merged (each lists the groups it
+/// coordinates), and the gateways that did not answer (their groups are
+/// left out).
 async fn list_all_groups(
     ctx: &Context,
     client: &Client,
-) -> Result<BTreeMap<String, (String, String)>, Failure> {
+) -> Result<(BTreeMap<String, (String, String)>, Vec<Value>), Failure> {
     let header = header(ApiKey::ListGroups);
     let request = ListGroupsRequest::default();
     // This gateway's own groups only (as a forwarded request asks): the
@@ -635,21 +654,28 @@ async fn list_all_groups(
     };
     let mut answers = vec![api::list_groups::handle(ctx, &own, &header, request.clone()).await];
     let me = ctx.membership.my_id();
+    let mut unanswered = Vec::new();
     for node in ctx.membership.nodes() {
         if node.id == me {
             continue;
         }
         let Some(to) = node.internal_address() else {
+            unanswered.push(json!({"node_id": node.id, "error": "no internal listener"}));
             continue;
         };
         match api::forward(ctx, client, &header, &request, &to).await {
-            Ok(answer) => answers.push(answer),
+            // Its error is its own (this gateway's answer, first, has
+            // already passed the caller's authorization).
+            Ok(answer) if answer.error_code == 0 => answers.push(answer),
+            Ok(answer) => unanswered
+                .push(json!({"node_id": node.id, "error": crate::metrics::error_name(answer.error_code)})),
             Err(code) => {
                 tracing::debug!(
                     gateway = node.id,
                     code,
                     "admin API: a gateway did not list its groups"
-                )
+                );
+                unanswered.push(json!({"node_id": node.id, "error": crate::metrics::error_name(code)}));
             }
         }
     }
@@ -665,11 +691,11 @@ async fn list_all_groups(
             );
         }
     }
-    Ok(groups)
+    Ok((groups, unanswered))
 }
 
 async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answer {
-    let listed = list_all_groups(&ctx, &client).await?;
+    let (listed, unanswered) = list_all_groups(&ctx, &client).await?;
     let mut groups = Vec::with_capacity(listed.len());
     for (id, (state, protocol_type)) in listed {
         // ListGroups lists every group to whoever may describe the cluster;
@@ -691,7 +717,9 @@ async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answ
         };
         groups.push(json!({"group_id": id, "state": state, "protocol_type": protocol_type, "lag": lag}));
     }
-    Ok(Json(json!({ "groups": groups })))
+    Ok(Json(
+        json!({ "groups": groups, "unanswered_gateways": unanswered }),
+    ))
 }
 
 async fn group(State(ctx): State<Arc<Context>>, Path(id): Path<String>, Caller(client): Caller) -> Answer {

@@ -273,7 +273,7 @@ impl Storage for MemoryStorage {
         Ok(Vec::new())
     }
 
-    async fn server_info(&self) -> Result<Vec<(String, String)>> {
+    async fn server_info(&self) -> Result<Vec<(String, Result<String>)>> {
         Ok(Vec::new())
     }
 

@@ -411,6 +411,9 @@ pub struct RedisMemory {
     pub evicted_keys: u64,
     /// `errorstat_OOM`: commands refused for lack of memory.
     pub rejected_writes: u64,
+    /// Why the server could not be read now: the figures above are those
+    /// last read (0 when it never was).
+    pub error: Option<String>,
 }
 
 impl RedisMemory {
@@ -516,24 +519,50 @@ impl RedisHealth {
     pub fn refuses_writes(&self) -> bool {
         self.servers.iter().any(RedisMemory::refuses_writes)
     }
+
+    /// Whether no server could be read now.
+    pub fn unread(&self) -> bool {
+        self.error.is_some() && self.servers.iter().all(|s| s.error.is_some())
+    }
 }
 
 /// Reads every Redis server's memory now and records it.
 pub async fn check_redis(ctx: &Context) -> RedisHealth {
     let health = match ctx.storage.server_info().await {
         Ok(servers) => {
-            let servers: Vec<RedisMemory> = servers.iter().map(|(s, info)| parse_info(s, info)).collect();
-            for s in &servers {
+            let before = ctx.redis_health.read().expect("redis health").servers.clone();
+            let mut errors = Vec::new();
+            let servers: Vec<RedisMemory> = servers
+                .into_iter()
+                .map(|(server, info)| match info {
+                    Ok(info) => parse_info(&server, &info),
+                    Err(e) => {
+                        errors.push(format!("{server}: {e}"));
+                        let mut last = before
+                            .iter()
+                            .find(|s| s.server == server)
+                            .cloned()
+                            .unwrap_or_else(|| RedisMemory {
+                                server,
+                                ..RedisMemory::default()
+                            });
+                        last.error = Some(e.to_string());
+                        last
+                    }
+                })
+                .collect();
+            let read: Vec<RedisMemory> = servers.iter().filter(|s| s.error.is_none()).cloned().collect();
+            for s in &read {
                 let label = || s.server.clone();
                 metrics::gauge!("ketch_redis_used_memory_bytes", "server" => label())
                     .set(s.used_memory as f64);
                 metrics::gauge!("ketch_redis_maxmemory_bytes", "server" => label()).set(s.maxmemory as f64);
             }
-            count_redis_totals(&servers);
+            count_redis_totals(&read);
             RedisHealth {
                 servers,
                 checked: Some(Instant::now()),
-                error: None,
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
             }
         }
         Err(e) => last_read(ctx, e.to_string()),
@@ -557,12 +586,16 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
     health
 }
 
-/// What was last read of each server, with the `error` that kept it from
-/// being read now: in a Redis Cluster one master not answering fails the
-/// whole INFO, and the others' warnings must not vanish with it.
+/// What was last read of each server, with the `error` that kept them
+/// from being read now (the slot map unreadable, or the check timed out):
+/// their warnings must not vanish with it.
 pub fn last_read(ctx: &Context, error: String) -> RedisHealth {
+    let mut servers = ctx.redis_health.read().expect("redis health").servers.clone();
+    for s in &mut servers {
+        s.error = Some(error.clone());
+    }
     RedisHealth {
-        servers: ctx.redis_health.read().expect("redis health").servers.clone(),
+        servers,
         checked: Some(Instant::now()),
         error: Some(error),
     }

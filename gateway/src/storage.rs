@@ -52,8 +52,9 @@ pub trait Storage: Send + Sync {
     /// A partition's sealed segments, oldest first.
     async fn segments(&self, topic: &Topic, partition: i32) -> Result<Vec<ketch_storage::segments::Segment>>;
     /// `INFO memory stats errorstats` of each Redis server (every master
-    /// of a cluster): (address, text); empty without Redis.
-    async fn server_info(&self) -> Result<Vec<(String, String)>>;
+    /// of a cluster, each asked on its own): (address, text or why it
+    /// gave none); empty without Redis.
+    async fn server_info(&self) -> Result<Vec<(String, Result<String>)>>;
 
     // ---- partitions ----
     async fn append(
@@ -347,7 +348,7 @@ impl Storage for Tiered {
         self.store.segments(topic, partition).await
     }
 
-    async fn server_info(&self) -> Result<Vec<(String, String)>> {
+    async fn server_info(&self) -> Result<Vec<(String, Result<String>)>> {
         self.store.server_info().await
     }
 

@@ -200,16 +200,11 @@ impl DurablePool {
 
     /// The pool of the master that holds `key` (cluster mode).
     async fn node(&self, key: &str) -> Result<Arc<NodePool>> {
-        let Masters {
-            template,
-            tls,
-            slots,
-            pools,
-            ..
-        } = match &self.target {
+        let masters = match &self.target {
             Target::Single(pool) => return Ok(pool.clone()),
             Target::Cluster(masters) => &**masters,
         };
+        let slots = &masters.slots;
         let slot = slot_of(key);
         let mut master = master_of(&slots.read().await, slot);
         if master.is_none() {
@@ -221,25 +216,46 @@ impl DurablePool {
                 "no redis cluster master serves slot {slot}"
             )));
         };
-        let pool = {
-            let mut pools = pools.lock().expect("durable pools");
-            match pools.get(&master) {
-                Some(pool) => pool.clone(),
-                None => {
-                    let pool = Arc::new(node_pool(
-                        template,
-                        tls,
-                        &master,
-                        &self.config,
-                        &self.wire,
-                        self.size,
-                    )?);
-                    pools.insert(master, pool.clone());
-                    pool
-                }
-            }
-        };
+        self.pool_of(masters, master)
+    }
+
+    /// The pool of `master`, made when first needed.
+    fn pool_of(&self, masters: &Masters, master: String) -> Result<Arc<NodePool>> {
+        let mut pools = masters.pools.lock().expect("durable pools");
+        if let Some(pool) = pools.get(&master) {
+            return Ok(pool.clone());
+        }
+        let pool = Arc::new(node_pool(
+            &masters.template,
+            &masters.tls,
+            &master,
+            &self.config,
+            &self.wire,
+            self.size,
+        )?);
+        pools.insert(master, pool.clone());
         Ok(pool)
+    }
+
+    /// Every master's data-path connection with its address, from the slot
+    /// map as last read (read now when it never was; a caller that finds
+    /// one not answering reads it again, [`DurablePool::refresh`]); the
+    /// server's, with an empty address, in single mode. For commands each
+    /// master must answer on its own (`INFO`): one that does not answer
+    /// fails only its own.
+    pub(crate) async fn masters(&self) -> Result<Vec<(String, Wire)>> {
+        let masters = match &self.target {
+            Target::Single(pool) => return Ok(vec![(String::new(), pool.wire.clone())]),
+            Target::Cluster(masters) => &**masters,
+        };
+        if masters.slots.read().await.is_empty() {
+            self.refresh().await?;
+        }
+        let addresses = crate::connection::masters_of(&masters.slots.read().await);
+        addresses
+            .into_iter()
+            .map(|address| Ok((address.clone(), self.pool_of(masters, address)?.wire.clone())))
+            .collect()
     }
 
     /// Reads the slot map again (after a MOVED: a slot changed masters; or

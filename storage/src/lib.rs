@@ -386,35 +386,61 @@ impl Store {
         self.conn.clone()
     }
 
-    /// `INFO memory stats errorstats` of the Redis server, or of every
-    /// master of a Redis Cluster: (address, text) pairs.
-    pub async fn server_info(&self) -> Result<Vec<(String, String)>> {
-        let reply: Value = redis::cmd("INFO")
-            .arg("memory")
-            .arg("stats")
-            .arg("errorstats")
-            .query_async(&mut self.conn())
-            .await?;
-        let text = |v: Value| -> Result<String> {
-            match v {
-                Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-                Value::VerbatimString { text, .. } => Ok(text),
-                Value::SimpleString(s) => Ok(s),
-                Value::ServerError(e) => Err(StorageError::Unavailable(format!("INFO: {e:?}"))),
-                other => Err(StorageError::Data(format!("unexpected INFO reply {other:?}"))),
-            }
-        };
-        match reply {
-            Value::Map(servers) => {
-                let mut out = Vec::with_capacity(servers.len());
-                for (address, info) in servers {
-                    out.push((text(address)?, text(info)?));
-                }
-                out.sort();
-                Ok(out)
-            }
-            single => Ok(vec![(self.server.to_string(), text(single)?)]),
+    /// `INFO memory stats errorstats` of the Redis server, or of each
+    /// master of a Redis Cluster asked on its own: (address, its text or
+    /// why it gave none), sorted by address. A master that does not answer
+    /// fails only its own entry (one INFO through the cluster connection
+    /// would fail for all); an error here is the server's, or the slot
+    /// map's when the masters cannot be found.
+    pub async fn server_info(&self) -> Result<Vec<(String, Result<String>)>> {
+        if self.mode() == Mode::Single {
+            let reply: Value = redis::cmd("INFO")
+                .arg("memory")
+                .arg("stats")
+                .arg("errorstats")
+                .query_async(&mut self.conn())
+                .await?;
+            let text = match reply {
+                Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                Value::VerbatimString { text, .. } => text,
+                Value::SimpleString(s) => s,
+                other => return Err(StorageError::Data(format!("unexpected INFO reply {other:?}"))),
+            };
+            return Ok(vec![(self.server.to_string(), Ok(text))]);
         }
+        let asks = self
+            .durable
+            .masters()
+            .await?
+            .into_iter()
+            .map(|(address, wire)| async move {
+                let mut packed = wire::Packed::default();
+                packed
+                    .command(4)
+                    .arg("INFO")
+                    .arg("memory")
+                    .arg("stats")
+                    .arg("errorstats");
+                let text = match wire.request(packed).await.map(|mut replies| replies.pop()) {
+                    Ok(Some(wire::Reply::Bulk(text))) => Ok(String::from_utf8_lossy(&text).into_owned()),
+                    Ok(Some(wire::Reply::Error(e))) => Err(StorageError::Unavailable(format!("INFO: {e}"))),
+                    Ok(other) => Err(StorageError::Data(format!("unexpected INFO reply {other:?}"))),
+                    Err(e) => Err(e),
+                };
+                (address, text)
+            });
+        let mut servers = futures::future::join_all(asks).await;
+        servers.sort_by(|a, b| a.0.cmp(&b.0));
+        if servers.iter().any(|(_, text)| text.is_err()) {
+            // Failed over, perhaps: the next check asks its replica.
+            let durable = self.durable.clone();
+            tokio::spawn(async move {
+                if let Err(e) = durable.refresh().await {
+                    tracing::debug!(error = %e, "cannot read the slot map");
+                }
+            });
+        }
+        Ok(servers)
     }
 
     /// Whether this store talks to one Redis server or a Redis Cluster.

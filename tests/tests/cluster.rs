@@ -985,6 +985,30 @@ fn a_master_away_from_the_registries_frozen_or_full_leaves_the_gateways_ready() 
         .expect("a master holding neither registry");
     let (status, body) = a.http_get("/ready");
     assert_eq!(status, 200, "{body}");
+    // One partition on each master, the victim's among them.
+    let topic = unique_topic("cluster-admin-frozen");
+    assert_eq!(
+        raw::create_topic(&mut KafkaConn::connect(a.kafka_addr()), &topic, 3),
+        code::NONE
+    );
+    assert!(placement(&cluster, &topic).contains(&victim));
+    let listed = |a: &Ketch| {
+        let (status, body) = a.http_get("/api/v1/topics");
+        assert_eq!(status, 200, "{body}");
+        let listed: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        listed["topics"]
+            .as_array()
+            .expect("topics")
+            .iter()
+            .find(|t| t["name"] == topic.as_str())
+            .cloned()
+            .expect("the topic listed")
+    };
+    let entry = listed(&a);
+    assert_eq!(
+        (entry["records"].as_i64(), &entry["error"]),
+        (Some(0), &serde_json::Value::Null)
+    );
 
     // Full.
     let set = |cluster: &mut RedisCluster, port: u16, name: &str, value: &str| {
@@ -1014,6 +1038,24 @@ fn a_master_away_from_the_registries_frozen_or_full_leaves_the_gateways_ready() 
         assert!(body.contains("warning:"), "{body}");
         assert!(took < Duration::from_secs(3), "/ready took {took:?}");
     }
+    // The admin API: the frozen master's memory is the one not read now
+    // (the others are, each asked on its own), and the topic with a
+    // partition there has no record count rather than a partial one.
+    let (status, body) = a.http_get("/api/v1/redis");
+    assert_eq!(status, 200, "{body}");
+    let redis: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let servers = redis["servers"].as_array().expect("servers");
+    assert_eq!(servers.len(), 3, "{body}");
+    for server in servers {
+        let address = server["server"].as_str().expect("address");
+        let is_victim = address.ends_with(&format!(":{victim}"));
+        assert_eq!(server["error"].is_string(), is_victim, "{body}");
+    }
+    let entry = listed(&a);
+    assert!(
+        entry["records"].is_null() && entry["error"].is_string(),
+        "{entry}"
+    );
     drop(frozen);
 }
 

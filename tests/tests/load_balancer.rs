@@ -888,7 +888,8 @@ fn listings_through_a_shared_address_leave_out_gateways_of_their_own() {
 
 /// The admin API's list of groups, asked of a gateway behind a shared
 /// address while another one there does not answer (paused), lists what it
-/// can instead of failing as a whole.
+/// can instead of failing as a whole, and names the gateway it left out
+/// (the list is partial: a reader must not take it as complete).
 #[test]
 fn the_admin_apis_group_list_leaves_out_a_gateway_that_does_not_answer() {
     let redis = TestRedis::start();
@@ -910,9 +911,17 @@ fn the_admin_apis_group_list_leaves_out_a_gateway_that_does_not_answer() {
     for g in &gateways {
         g.await_log("nodes=[0, 1]", Duration::from_secs(20));
     }
+    let (status, body) = gateways[0].http_get("/api/v1/groups");
+    assert_eq!(status, 200, "{body}");
+    let complete: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(complete["unanswered_gateways"], serde_json::json!([]), "{body}");
     let _paused = ketch_tests::Frozen::freeze(gateways[1].pid());
     let (status, body) = gateways[0].http_get("/api/v1/groups");
     assert_eq!(status, 200, "{body}");
+    let partial: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let left_out = partial["unanswered_gateways"].as_array().expect("a list");
+    assert_eq!(left_out.len(), 1, "{body}");
+    assert!(left_out[0]["error"].is_string(), "{body}");
 }
 
 /// An answer relayed from the coordinator is read whatever its size, as a

@@ -24,6 +24,10 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
     let (status, body) = ketch.http_get("/api/v1/topics");
     assert_eq!(status, 503, "the topic listing while Redis is down: {body}");
     assert!(body.contains("STORAGE_ERROR"), "{body}");
+    let (status, body) = ketch.http_get("/api/v1/redis");
+    assert_eq!(status, 503, "Redis's memory while Redis is down: {body}");
+    let health: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(health["error"].is_string(), "{body}");
 
     let topic = unique_topic("late-redis");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
@@ -188,6 +192,9 @@ fn ketch_started_before_redis_serves_once_redis_is_up() {
         );
         thread::sleep(Duration::from_millis(50));
     }
+    let (status, body) = ketch.http_get("/api/v1/redis");
+    assert_eq!(status, 200, "Redis's memory once Redis is up: {body}");
+    assert!(body.contains("\"error\":null"), "{body}");
 
     // The gateway recorded the layout of a new namespace before it
     // registered: its own registry entry is not mistaken for old data.

@@ -246,6 +246,9 @@ async fn redis_volume(ctx: &Context) -> (i64, i64) {
     let mut total: i64 = 0;
     let mut usable: i64 = 0;
     for (server, info) in &servers {
+        let Ok(info) = info else {
+            return (-1, -1);
+        };
         let memory = crate::metrics::parse_info(server, info);
         if memory.maxmemory == 0 {
             return (-1, -1);
