@@ -99,6 +99,9 @@ fn refusal(changed: SegmentChanged) -> &'static str {
         SegmentChanged::Gone => "the segment no longer exists",
         SegmentChanged::Archived => "the segment is archived",
         SegmentChanged::NotQuarantined => "the segment is not quarantined",
+        SegmentChanged::RetryPending => {
+            "a retry of the segment is requested and not over: the storage worker may be archiving it now; once it is quarantined again (`ketch segments list` shows it so), skip it then"
+        }
         SegmentChanged::Done => "done",
     }
 }
@@ -142,9 +145,23 @@ async fn list(store: &Store, only: Option<&str>) -> anyhow::Result<()> {
         "topic", "partition", "base", "last", "bytes", "state", "since"
     );
     let mut listed = 0;
+    // A partition that cannot be read (its master not answering) is said
+    // on stderr and the others are listed; the command then fails.
+    let mut unread = 0;
     for topic in &topics {
         for partition in 0..topic.partitions() {
-            for segment in store.segments(topic, partition).await? {
+            let segments = match store.segments(topic, partition).await {
+                Ok(segments) => segments,
+                Err(e) => {
+                    eprintln!(
+                        "{} partition {partition}: cannot read its segments: {e}",
+                        topic.name
+                    );
+                    unread += 1;
+                    continue;
+                }
+            };
+            for segment in segments {
                 let (state, since, reason) = match (&segment.quarantine, &segment.skipped) {
                     (Some(q), _) if q.retry => ("retry requested", q.at, q.reason.clone()),
                     (Some(q), _) => ("quarantined", q.at, q.reason.clone()),
@@ -164,6 +181,9 @@ async fn list(store: &Store, only: Option<&str>) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if unread > 0 {
+        bail!("{unread} partition(s) could not be read: the list above leaves them out");
     }
     if listed == 0 {
         println!("(no quarantined or skipped segments)");

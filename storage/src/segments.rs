@@ -139,6 +139,9 @@ pub enum SegmentChanged {
     Archived,
     /// Retry and skip need a quarantined segment.
     NotQuarantined,
+    /// Skip waits for a requested retry to end (archived, or quarantined
+    /// again): the storage worker may be archiving the segment.
+    RetryPending,
 }
 
 impl redis::FromRedisValue for SegmentChanged {
@@ -153,6 +156,7 @@ impl redis::FromRedisValue for SegmentChanged {
             b"gone" => SegmentChanged::Gone,
             b"archived" => SegmentChanged::Archived,
             b"not_quarantined" => SegmentChanged::NotQuarantined,
+            b"retry_pending" => SegmentChanged::RetryPending,
             _ => return Err(format!("segment_state script replied {v:?}").into()),
         })
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ketch_tests::batch::{self, Codec, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Ketch, RedisServer, ketch_command, runtime, unique_topic};
+use ketch_tests::{Frozen, Ketch, RedisServer, ketch_command, runtime, unique_topic};
 use rdkafka::message::Message;
 
 /// Records per produced batch; each batch is sealed into its own segment.
@@ -229,9 +229,35 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
         assert_eq!(message.payload(), Some(&value(offset)[..]));
     }
 
-    // A retry fails the same way: the segment stays quarantined.
+    // A retry fails the same way: the segment stays quarantined. While
+    // it is requested and not over (the gateway, its storage worker with
+    // it, frozen meanwhile) a skip is refused: the worker may be archiving
+    // the batches a skip deletes.
+    let frozen = Frozen::freeze(ketch.pid());
     let retried = ketch_segments(&redis, &["retry", &topic, "0", &poison_base.to_string()]);
     assert!(retried.contains("retry requested"), "{retried}");
+    let (ok, refused) = run_segments(
+        &redis,
+        &[
+            "skip",
+            &topic,
+            "0",
+            &poison_base.to_string(),
+            "--reason",
+            "too soon",
+        ],
+    );
+    assert!(
+        !ok && refused.contains("retry of the segment is requested"),
+        "{refused}"
+    );
+    assert_eq!(
+        quarantine_len(&redis, &topic),
+        1,
+        "the refused skip deleted nothing"
+    );
+    assert!(redis.segments(&topic, 0)[1]["skipped"].is_null());
+    drop(frozen);
     wait_segments(&redis, &ketch, &topic, "the retry", |s| {
         s[1]["quarantine"]["retry"] == serde_json::Value::Bool(false)
             && s[1]["quarantine"]["at"] != segment["quarantine"]["at"]

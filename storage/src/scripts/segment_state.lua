@@ -21,7 +21,8 @@
 -- Reply (a status string): 'ok'; 'gone' when no such segment exists (deleted
 -- by retention or DeleteRecords, or its topic deleted); 'archived' when the
 -- operation needs a segment not yet archived and it is; 'not_quarantined'
--- for retry and skip of a segment that is not quarantined.
+-- for retry and skip of a segment that is not quarantined; 'retry_pending'
+-- for skip of one whose retry is requested and not yet over.
 local found = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[1], 'BYSCORE')
 local member, segment
 for _, m in ipairs(found) do
@@ -73,6 +74,11 @@ elseif op == 'skip' then
   end
   if not segment.quarantine then
     return 'not_quarantined'
+  end
+  -- The storage worker may be archiving it now: skipping would delete the
+  -- batches it reads, and its file may then record the segment archived.
+  if segment.quarantine.retry then
+    return 'retry_pending'
   end
   segment.skipped = {reason = ARGV[4], at = now, error = segment.quarantine.reason}
   segment.quarantine = nil
