@@ -7,19 +7,20 @@
 use crate::{Result, Store};
 
 impl Store {
-    /// A producer id no other producer of this Redis has had. With acks=all
-    /// waiting for replicas (or fsync), the counter's step is as durable as
-    /// an acks=all batch before the id is handed out: in a cluster the
-    /// counter's master is not the partitions', so no append's `WAIT`
-    /// covers it, and a failover that took it back would give the id to a
-    /// second producer, whose batches could pass for the first's
-    /// duplicates. Handed out even when the counter's master is full
-    /// (`oom_command.lua`).
+    /// A producer id no other producer of this Redis has had: the later of
+    /// the counter's next value and Redis's clock in ms
+    /// (`scripts/producer_id.lua`), so a counter taken back by a failover
+    /// or a crash does not hand a live id out again. With acks=all waiting
+    /// for replicas (or fsync), the step is as durable as an acks=all
+    /// batch before the id is handed out: in a cluster the counter's master
+    /// is not the partitions', so no append's `WAIT` covers it. Handed out
+    /// even when the counter's master is full (allow-oom).
     pub async fn new_producer_id(&self) -> Result<i64> {
         let key = format!("{}:producer-ids", self.keys.namespace());
-        let invocation = self.oom_command(&key, "INCR");
+        let invocation = self.scripts.producer_id.key(&key);
         let id: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
-        // Ids start at 1000, clear of the small ids tests like to hard-code.
+        // Ids start at 1000, clear of the small ids tests like to hard-code
+        // (a counter older releases started from 1).
         Ok(id + 999)
     }
 }

@@ -46,6 +46,25 @@ fn retries_are_deduplicated_and_gaps_and_stale_epochs_refused() {
     assert_eq!((error, epoch), (code::NONE, 0));
     let (_, other, _) = init_producer_id(&mut conn, -1, -1);
     assert_ne!(id, other, "every producer gets its own id");
+    // Redis taken back to before both (a failover to a replica that had
+    // not seen them, a crash under appendfsync everysec) hands neither out
+    // again once its clock has moved on, as it has by the time it serves.
+    let mut redis_conn = redis.connection();
+    let () = redis::cmd("SET")
+        .arg("ketch:producer-ids")
+        .arg(1)
+        .query(&mut redis_conn)
+        .expect("SET");
+    let millis = |conn: &mut ketch_tests::TestConnection| {
+        let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).expect("TIME");
+        s * 1000 + us / 1000
+    };
+    let latest = id.max(other);
+    while millis(&mut redis_conn) + 999 <= latest {
+        std::thread::yield_now();
+    }
+    let (_, after, _) = init_producer_id(&mut conn, -1, -1);
+    assert!(after > latest, "id {after} handed out after {id} and {other}");
 
     let produce = |conn: &mut KafkaConn, n: i64, epoch: i16, seq: i32| {
         raw::produce(

@@ -5,8 +5,7 @@
 -- being full would otherwise stop every gateway's:
 -- - SADD of a group to `ketch:groups` (its commit is stored already);
 -- - ZADD of a transactional id to `ketch:transactions` (every
---   AddPartitionsToTxn and EndTxn schedules a look there);
--- - INCR of `ketch:producer-ids` (every InitProducerId).
+--   AddPartitionsToTxn and EndTxn schedules a look there).
 --
 -- KEYS[1] the key
 -- ARGV[1] the command, ARGV[2..] its arguments after the key
