@@ -163,6 +163,21 @@ const SWEEP_BATCH: usize = 100;
 const SWEEP_PAGES: usize = 100;
 
 /// `transactions.id_expiration` in ms, the TTL of an id's state.
+/// Schedules a look at `id` no later than the longest transaction timeout
+/// from now (lowering its score only), sent beside an add that may open
+/// its transaction: the add's exact deadline is scheduled only after its
+/// reply, and a gateway killed in between would otherwise leave the
+/// transaction open with no look scheduled (the score of the transaction
+/// before it being idle), never aborted. An early look is harmless: the
+/// sweep finds the transaction open and reschedules it.
+pub async fn schedule_backstop(ctx: &Context, id: &str) {
+    let longest = i64::try_from(ctx.settings.transactions.max_timeout.get().as_millis()).unwrap_or(i64::MAX);
+    let at = ketch_storage::now_ms().saturating_add(longest);
+    if let Err(e) = ctx.storage.txn_schedule_if_listed(id, at).await {
+        tracing::debug!(transactional_id = id, error = %e, "cannot schedule a transaction's backstop look");
+    }
+}
+
 pub fn id_ttl_ms(ctx: &Context) -> i64 {
     i64::try_from(ctx.settings.transactions.id_expiration.get().as_millis()).unwrap_or(i64::MAX)
 }

@@ -44,11 +44,11 @@ pub async fn handle(
     // gateway: wait for it rather than answer CONCURRENT_TRANSACTIONS.
     ctx.finishing.wait(id).await;
     let ttl = crate::transactions::id_ttl_ms(ctx);
-    match ctx
-        .storage
-        .txn_add(id, producer, TxnItems::Groups, &groups, ttl)
-        .await
-    {
+    let (added, ()) = tokio::join!(
+        ctx.storage.txn_add(id, producer, TxnItems::Groups, &groups, ttl),
+        crate::transactions::schedule_backstop(ctx, id)
+    );
+    match added {
         Ok(TxnReply::Added {
             deadline_ms, opened, ..
         }) => match ctx.storage.txn_schedule_deadline(id, deadline_ms, opened).await {

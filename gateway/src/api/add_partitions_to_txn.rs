@@ -118,11 +118,12 @@ pub async fn handle(
     // gateway: wait for it rather than answer CONCURRENT_TRANSACTIONS.
     ctx.finishing.wait(&id).await;
     let ttl = crate::transactions::id_ttl_ms(ctx);
-    let (number, deadline, opened) = match ctx
-        .storage
-        .txn_add(&id, producer, TxnItems::Partitions, &items, ttl)
-        .await
-    {
+    let (added, ()) = tokio::join!(
+        ctx.storage
+            .txn_add(&id, producer, TxnItems::Partitions, &items, ttl),
+        crate::transactions::schedule_backstop(ctx, &id)
+    );
+    let (number, deadline, opened) = match added {
         Ok(TxnReply::Added {
             number,
             deadline_ms,
