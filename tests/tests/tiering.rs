@@ -1209,6 +1209,64 @@ fn delete_records_into_an_unarchived_segment_leaves_archiving_going() {
     consume_and_check_from(&ketch.consumer(), &topic, &[1_500, 2_000], &[3_000, 3_000]);
 }
 
+/// Redis taken back to before a segment's seal after the segment was
+/// archived (a failover to a replica that had not seen the seal, a crash
+/// under `appendfsync everysec`): the offsets after the segment are
+/// written again, and the next seal gives a longer segment of the same
+/// base, whose name the table already lists. Its file lacks the new
+/// records; recorded as the segment's, they were holes, lost once local
+/// retention trimmed them. Now the segment is quarantined with the reason
+/// and served from Redis, every record read back.
+#[test]
+fn a_segment_sealed_again_after_redis_went_back_is_not_recorded_in_the_old_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut redis = TestRedis::Single(ketch_tests::RedisServer::start());
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &[]);
+    let rt = runtime();
+    let topic = unique_topic("went-back");
+    create_remote_topic(&ketch, &rt, &topic, 1, &[("segment.ms", "86400000")]);
+    produce(&ketch.producer(), &rt, &topic, 1, 0..100);
+    let () = redis::cmd("SAVE").query(&mut redis.connection()).expect("SAVE");
+    set_topic_config(&ketch, &topic, "segment.ms", "200");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !redis.segments(&topic, 0).iter().any(|s| s.get("path").is_some()) {
+        assert!(Instant::now() < deadline, "the first segment was not archived");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let TestRedis::Single(server) = &mut redis else {
+        unreachable!("started single")
+    };
+    server.stop();
+    server.start_again();
+    assert!(
+        redis.segments(&topic, 0).is_empty(),
+        "Redis is back before the seal"
+    );
+
+    produce(&ketch.producer(), &rt, &topic, 1, 100..200);
+    set_topic_config(&ketch, &topic, "segment.ms", "200");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let segment = loop {
+        let segments = redis.segments(&topic, 0);
+        if let Some(s) = segments.iter().find(|s| s.get("quarantine").is_some()) {
+            break s.clone();
+        }
+        assert!(
+            segments.iter().all(|s| s.get("path").is_none()),
+            "recorded in the old file: {segments:?}"
+        );
+        assert!(Instant::now() < deadline, "not quarantined: {segments:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (segment["base"].as_i64(), segment["last"].as_i64()),
+        (Some(0), Some(199))
+    );
+    let reason = segment["quarantine"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("another segment's"), "{reason}");
+    consume_and_check(&ketch.consumer(), &topic, &[200]);
+}
+
 /// `remote.log.copy.disable=true`: the archive is read but no longer
 /// written, and retention deletes segments without waiting for it.
 #[test]

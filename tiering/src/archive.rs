@@ -734,10 +734,14 @@ impl Archiver {
         let name = format!("{}-{:05}-{:020}.parquet", topic.id, partition, segment.base);
         let locations = DefaultLocationGenerator::new(table.metadata())?;
         let path = locations.generate_location(Some(&key), &name);
-        if let Some(done) = self
+        if let Some((done, read_off_file)) = self
             .already_archived(table, topic, partition, segment, &path)
             .await?
         {
+            if read_off_file {
+                let holes = done.holes.as_deref().unwrap_or_default();
+                holds_the_segment(&mut chunks, segment, filter, holes, &path).await?;
+            }
             return Ok(Fed::Found(done));
         }
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
@@ -983,7 +987,9 @@ impl Archiver {
     /// commit of it) and its summaries and current manifests looked at: a
     /// commit whose snapshot was expired is found there. A file that exists
     /// but is not listed is an orphan of a crash before the commit, to be
-    /// overwritten.
+    /// overwritten. True with a commit found in the manifests alone: its
+    /// holes were read off the file, which the caller checks against the
+    /// segment ([`holds_the_segment`]).
     async fn already_archived(
         &self,
         table: &Table,
@@ -991,19 +997,66 @@ impl Archiver {
         partition: i32,
         segment: &Segment,
         path: &str,
-    ) -> Result<Option<Archived>> {
+    ) -> Result<Option<(Archived, bool)>> {
         if let Some(done) = committed(table, topic, partition, segment) {
-            return Ok(Some(done));
+            return Ok(Some((done, false)));
         }
         if !table.file_io().exists(path).await? {
             return Ok(None);
         }
         let fresh = self.catalog().await?.load_table(table.identifier()).await?;
         if let Some(done) = committed(&fresh, topic, partition, segment) {
-            return Ok(Some(done));
+            return Ok(Some((done, false)));
         }
-        listed(&fresh, segment, path).await
+        Ok(listed(&fresh, segment, path).await?.map(|done| (done, true)))
     }
+}
+
+/// Whether the data file the table lists at the segment's name holds this
+/// segment: every batch of it Redis holds that the archive keeps (not left
+/// out by `filter`, with records) has rows in the file. One that falls
+/// wholly in the file's holes means the file is another segment's of the
+/// same base: Redis went back in time after it was archived (a failover to
+/// a replica that had not seen the seal, a crash under `appendfsync
+/// everysec`) and the offsets after it were written again. Recording the
+/// file would lose those records once local retention trims them, so this
+/// is [`Error::Diverged`]: the segment is quarantined and served from
+/// Redis until an operator removes the file from the table
+/// (docs/tiered-storage.md).
+async fn holds_the_segment(
+    chunks: &mut impl Chunks,
+    segment: &Segment,
+    filter: &Filter,
+    holes: &[(i64, i64)],
+    path: &str,
+) -> Result<()> {
+    if holes.is_empty() {
+        return Ok(());
+    }
+    let mut next = chunks.first_offset(segment);
+    while next <= segment.last {
+        let (batches, after) = chunks.chunk(next).await?;
+        for batch in &batches {
+            let header = ketch_storage::batch::header(batch)?;
+            let base = i64::from_be_bytes(batch[0..8].try_into().expect("8 bytes"));
+            let last = base + i64::from(header.last_offset_delta);
+            if header.record_count == 0 || filter.skips(&header, base) {
+                continue;
+            }
+            if holes.iter().any(|(first, end)| *first <= base && last <= *end) {
+                return Err(Error::Diverged(format!(
+                    "the data file at this segment's name ({path}) has no rows for offsets {base}..={last}, which Redis holds: \
+                     it is another segment's of the same base offset (Redis lost writes after it was archived); \
+                     remove that file from the table, then retry the segment"
+                )));
+            }
+        }
+        if batches.is_empty() || after <= next {
+            break;
+        }
+        next = after;
+    }
+    Ok(())
 }
 
 /// The segment's data file at `path`, if the table's current manifests list
@@ -1051,7 +1104,15 @@ pub(crate) async fn holes_in_file(
             .and_then(|c| c.as_primitive_opt::<Int64Type>())
             .ok_or_else(|| Error::Data(format!("{path}: no offset column")))?;
         for offset in column.values().iter().copied() {
-            if offset < next || offset > segment.last {
+            if offset > segment.last {
+                return Err(Error::Diverged(format!(
+                    "the data file at this segment's name ({path}) has a row at offset {offset}, past the segment's {}..={}: \
+                     it is another segment's of the same base offset (Redis lost writes after it was archived); \
+                     remove that file from the table, then retry the segment",
+                    segment.base, segment.last
+                )));
+            }
+            if offset < next {
                 return Err(Error::Data(format!(
                     "{path}: offset {offset} out of order in segment {}..={}",
                     segment.base, segment.last

@@ -59,6 +59,10 @@ pub enum Error {
     /// A segment's records do not add up (a count that lies).
     #[error("segment records: {0}")]
     Records(String),
+    /// The table holds another segment's data file at this segment's name
+    /// ([`archive::holds_the_segment`]).
+    #[error("archive diverged: {0}")]
+    Diverged(String),
     #[error("{0}")]
     Io(String),
     /// The partition's archiving registration was lost before a commit
@@ -79,7 +83,10 @@ impl Error {
     pub fn is_bad_data(&self) -> bool {
         matches!(
             self,
-            Error::Batch(_) | Error::Records(_) | Error::Storage(StorageError::Corrupt(_))
+            Error::Batch(_)
+                | Error::Records(_)
+                | Error::Diverged(_)
+                | Error::Storage(StorageError::Corrupt(_))
         )
     }
 }
