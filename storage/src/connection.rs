@@ -187,6 +187,11 @@ impl Conn {
             if let Some(template) = &infos.first() {
                 nodes.extend(extra.iter().filter_map(|a| node_info(template, a).ok()));
             }
+            // Four retries of a command redirected or refused for now
+            // (TRYAGAIN, CLUSTERDOWN, LOADING). redis-rs's minimum wait
+            // (1280 ms) is above this maximum and wins: each wait is 1.28 s,
+            // about 5 s in all, which rides out the CLUSTERDOWN of a
+            // failover; the data path retries on its own (log.rs).
             let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
                 .connection_timeout(connect_timeout)
                 .response_timeout(response_timeout)
