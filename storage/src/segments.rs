@@ -50,6 +50,10 @@ pub struct Segment {
     /// (a hole in the partition's offsets).
     #[serde(default)]
     pub skipped: Option<Skipped>,
+    /// Archived after a quarantine, or skipped, and its copy in the
+    /// quarantine stream not yet known deleted ([`Store::purge_quarantine`]).
+    #[serde(default)]
+    pub purge: bool,
     /// Offsets the archive's data file has no rows for, as sorted inclusive
     /// ranges: transaction markers and aborted transactions' records,
     /// filtered out when the segment was archived.
@@ -127,6 +131,8 @@ pub enum SegmentChange<'a> {
         path: &'a str,
         holes: &'a [(i64, i64)],
     },
+    /// Its copy in the quarantine stream is deleted (clears `purge`).
+    Purged,
 }
 
 /// What a [`SegmentChange`] found.
@@ -408,6 +414,9 @@ impl Store {
                 let holes = serde_json::to_string(holes).expect("holes serialize");
                 invocation.arg("holes").arg(path).arg(holes);
             }
+            SegmentChange::Purged => {
+                invocation.arg("purged");
+            }
         }
         Ok(invocation.invoke_async(&mut self.conn()).await?)
     }
@@ -465,7 +474,7 @@ impl Store {
     }
 
     /// Deletes a segment's batches from the quarantine stream (after it was
-    /// archived or skipped), a chunk at a time.
+    /// archived or skipped), a chunk at a time, then clears its `purge`.
     pub async fn purge_quarantine(&self, topic: &Topic, partition: i32, segment: &Segment) -> Result<()> {
         let keys = self.partition_keys(topic, partition);
         let mut conn = self.conn();
@@ -480,6 +489,8 @@ impl Store {
                 .await?;
             let ids = stream_ids(reply)?;
             if ids.is_empty() {
+                self.change_segment(topic, partition, segment, SegmentChange::Purged)
+                    .await?;
                 return Ok(());
             }
             let mut xdel = redis::cmd("XDEL");

@@ -288,6 +288,53 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
         "{hole}"
     );
     assert!(ketch_segments(&redis, &["list", "--topic", &topic]).contains("skipped (hole)"));
+    assert_eq!(redis.segments(&topic, 0)[1]["purge"], serde_json::Value::Null);
+
+    // A deletion of the copy cut short (the command killed between the
+    // skip and the deletion: the segment still says `purge`, a batch still
+    // in the quarantine stream) is finished by the storage worker.
+    let tag = &redis.topic_tags(&topic)[0];
+    let (segments_key, quarantine_key) = (
+        format!("ketch:{{{tag}}}:segments"),
+        format!("ketch:{{{tag}}}:quarantine"),
+    );
+    let mut conn = redis.connection();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&segments_key)
+        .arg(poison_base)
+        .arg(poison_base)
+        .arg("BYSCORE")
+        .query(&mut conn)
+        .expect("ZRANGE");
+    let mut skipped: serde_json::Value = serde_json::from_str(&members[0]).expect("segment JSON");
+    skipped["purge"] = serde_json::Value::Bool(true);
+    let () = redis::pipe()
+        .atomic()
+        .cmd("ZREM")
+        .arg(&segments_key)
+        .arg(&members[0])
+        .ignore()
+        .cmd("ZADD")
+        .arg(&segments_key)
+        .arg(poison_base)
+        .arg(skipped.to_string())
+        .ignore()
+        .cmd("DEL")
+        .arg(&quarantine_key)
+        .ignore()
+        .cmd("XADD")
+        .arg(&quarantine_key)
+        .arg(format!("{poison_base}-1"))
+        .arg("b")
+        .arg("left behind")
+        .ignore()
+        .query(&mut conn)
+        .expect("emulate a cut-short deletion");
+    assert_eq!(quarantine_len(&redis, &topic), 1);
+    wait_segments(&redis, &ketch, &topic, "the copy's deletion", |s| {
+        s[1]["purge"] == serde_json::Value::Null
+    });
+    assert_eq!(quarantine_len(&redis, &topic), 0);
     let (ok, refused) = run_segments(&redis, &["retry", &topic, "0", &poison_base.to_string()]);
     assert!(!ok && refused.contains("not quarantined"), "{refused}");
 

@@ -566,6 +566,17 @@ impl Worker {
         table: &SharedTable,
     ) -> ketch_storage::Result<usize> {
         let segments = self.store.segments(topic, partition).await?;
+        // A copy in the quarantine stream whose deletion was cut short (a
+        // gateway killed after the segment was archived on retry, or
+        // skipped): deleted now.
+        for segment in segments.iter().filter(|s| s.purge) {
+            match self.store.purge_quarantine(topic, partition, segment).await {
+                Ok(()) => tracing::info!(topic = %topic.name, partition, base = segment.base,
+                    "deleted the quarantined copy of a segment archived or skipped before"),
+                Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
+                    "cannot delete a quarantined copy yet"),
+            }
+        }
         let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
         self.metrics
             .set_quarantined(&topic.name, partition, quarantined as u64);

@@ -583,6 +583,7 @@ mod tests {
             file_bytes: None,
             quarantine: None,
             skipped: None,
+            purge: false,
             holes: Vec::new(),
             log_bytes: None,
             compacted_ms: None,

@@ -135,9 +135,9 @@ if no_archive then
   local cleared = false
   for i = first_kept, #segments do
     local segment = segments[i]
-    if segment.path or segment.quarantine or segment.skipped or segment.holes then
+    if segment.path or segment.quarantine or segment.skipped or segment.holes or segment.purge then
       segment.path, segment.file_bytes, segment.quarantine = nil, nil, nil
-      segment.skipped, segment.holes = nil, nil
+      segment.skipped, segment.holes, segment.purge = nil, nil, nil
       redis.call('ZREM', KEYS[2], members[i])
       redis.call('ZADD', KEYS[2], segment.base, cjson.encode(segment))
       cleared = true

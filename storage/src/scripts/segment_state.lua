@@ -17,6 +17,12 @@
 --   'holes'    ARGV[4] its data file's path, ARGV[5] the offsets that file
 --              has no rows for (JSON): records them again, if the segment
 --              is archived in that file ('gone' otherwise)
+--   'purged'   its copy in the quarantine stream is deleted
+--
+-- A segment archived after a quarantine, or skipped, has `purge = true`
+-- until its copy in the quarantine stream is deleted ('purged'): a
+-- gateway killed in between leaves the flag, and the partition's storage
+-- worker deletes the copy on its next tick.
 --
 -- Reply (a status string): 'ok'; 'gone' when no such segment exists (deleted
 -- by retention or DeleteRecords, or its topic deleted); 'archived' when the
@@ -43,6 +49,9 @@ if op == 'archived' then
   end
   segment.path = ARGV[4]
   segment.file_bytes = tonumber(ARGV[5])
+  if segment.quarantine then
+    segment.purge = true
+  end
   segment.quarantine = nil
   if ARGV[6] and ARGV[6] ~= '[]' then
     segment.holes = cjson.decode(ARGV[6])
@@ -56,6 +65,11 @@ elseif op == 'holes' then
   else
     segment.holes = cjson.decode(ARGV[5])
   end
+elseif op == 'purged' then
+  if not segment.purge then
+    return 'ok'
+  end
+  segment.purge = nil
 elseif segment.path then
   return 'archived'
 elseif op == 'quarantine' then
@@ -82,6 +96,7 @@ elseif op == 'skip' then
   end
   segment.skipped = {reason = ARGV[4], at = now, error = segment.quarantine.reason}
   segment.quarantine = nil
+  segment.purge = true
 else
   return redis.error_reply('unknown segment operation ' .. op)
 end
