@@ -626,6 +626,13 @@ impl Archiver {
     /// metadata names (those of a commit or a creation the catalog refused
     /// because another gateway's came first, manifests merged away). False
     /// when there was no table.
+    ///
+    /// The data files go first: the catalog's purge drops the table before
+    /// it deletes files, so one cut short there (a gateway killed, the
+    /// object store failing) would leave every data file with no table to
+    /// find them by, and the next attempt would find nothing to purge.
+    /// Cut short after the data, it leaves at most the table's small
+    /// metadata files.
     pub async fn purge_table(&self, topic: &Topic) -> Result<bool> {
         let catalog = self.catalog().await?;
         let ident = TableIdent::new(self.namespace.clone(), topic.name.clone());
@@ -633,7 +640,6 @@ impl Archiver {
             return Ok(false);
         }
         let table = catalog.load_table(&ident).await?;
-        catalog.purge_table(&ident).await?;
         let location = table.metadata().location().trim_end_matches('/');
         // Only a directory of the table's own (the catalogs' default,
         // `<warehouse>/<namespace>/<table>`), never one it might share.
@@ -641,6 +647,13 @@ impl Archiver {
             .rsplit('/')
             .next()
             .is_some_and(|last| last.starts_with(topic.name.as_str()));
+        if own {
+            // ketch's data files (`<location>/data/…`, the location
+            // generator's default); the manifests naming them stay for
+            // the catalog's purge to read.
+            table.file_io().delete_prefix(&format!("{location}/data")).await?;
+        }
+        catalog.purge_table(&ident).await?;
         if own {
             table.file_io().delete_prefix(location).await?;
         } else {
