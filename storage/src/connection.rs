@@ -503,8 +503,21 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(watch) => {
                 let mut c = watch.current();
-                if whole {
+                if pipeline.is_transaction() {
                     Box::pin(async move { c.req_packed_commands(pipeline, offset, count).await })
+                } else if whole {
+                    // A slot being migrated answers ASK for the keys moved
+                    // already, and redis-rs follows an ASK only for a
+                    // pipeline's first command: then each command goes on
+                    // its own, in order, to wherever its key is now (a
+                    // pipeline is not atomic anyway; redis-rs resends the
+                    // whole pipeline on a redirection itself).
+                    Box::pin(async move {
+                        match c.req_packed_commands(pipeline, offset, count).await {
+                            Err(e) if redirected(&e) => one_by_one(c, pipeline, offset, count).await,
+                            other => other,
+                        }
+                    })
                 } else {
                     split(c, pipeline, offset, count)
                 }
@@ -534,6 +547,27 @@ fn timed<'a, T: Send + 'a>(command: &'static str, reply: RedisFuture<'a, T>) -> 
         metrics::observe(command, started, reply.as_ref().err().map(metrics::error_kind));
         reply
     })
+}
+
+/// Whether Redis redirected the command (`MOVED`, `ASK`).
+fn redirected(e: &redis::RedisError) -> bool {
+    let message = e.to_string().to_ascii_uppercase();
+    message.contains("MOVED") || message.contains("ASK")
+}
+
+/// Runs a pipeline one command at a time, in order, each followed to its
+/// key's node.
+async fn one_by_one(
+    mut c: ClusterConnection,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> redis::RedisResult<Vec<Value>> {
+    let mut values = Vec::with_capacity(pipeline.len());
+    for cmd in pipeline.cmd_iter() {
+        values.push(c.req_packed_command(cmd).await?);
+    }
+    Ok(values.into_iter().skip(offset).take(count).collect())
 }
 
 /// Runs a pipeline over several slots as one command per key, concurrently,

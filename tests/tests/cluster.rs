@@ -1093,6 +1093,15 @@ fn a_partition_whose_slot_is_half_migrated_is_read() {
         )
     };
     assert_eq!(read(&mut reader), (code::NONE, 3, 3), "read mid-migration");
+    // Offsets by time read the log and the partition's metadata in one
+    // pipeline: followed there too (KAFKA_STORAGE_ERROR for the whole
+    // migration before).
+    assert_eq!(
+        raw::list_offsets(&mut reader, &topic, 0, batch::at(1)),
+        (code::NONE, 1, batch::at(1)),
+        "offsets by time mid-migration"
+    );
+    assert_eq!(raw::list_offsets(&mut reader, &topic, 0, -3).0, code::NONE);
     migration.migrate_the_rest();
     migration.finish();
     assert_eq!(read(&mut reader), (code::NONE, 3, 3), "read after the migration");
