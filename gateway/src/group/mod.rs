@@ -197,7 +197,7 @@ impl Coordinator {
         let reply = self.join_now(req, &joiner);
         if replaces
             && matches!(&reply, Reply::Now(answer) if answer.error_code == 0)
-            && !self.stored(&group_id).await
+            && self.stored(&group_id).await != Stored::Written
         {
             return join_error(member_id, ResponseError::CoordinatorNotAvailable);
         }
@@ -260,12 +260,25 @@ impl Coordinator {
         };
         // Parked and given up (as a JoinGroup): NOT_COORDINATOR.
         let response = settle(reply, shutdown, sync_error(ResponseError::NotCoordinator)).await;
-        if response.error_code == 0 && !self.stored(&group_id).await {
-            // As Kafka answers SyncGroup once the group's metadata is
-            // written: a coordinator that dies now leaves the generation
-            // its members were just told. Unwritten, it is answered anyway
-            // (docs/architecture.md §5).
-            tracing::warn!(group = %group_id, "answering SyncGroup without the group's snapshot written");
+        if response.error_code == 0 {
+            match self.stored(&group_id).await {
+                Stored::Written => {}
+                // As Kafka answers SyncGroup once the group's metadata is
+                // written: a coordinator that dies now leaves the
+                // generation its members were just told. Slow or refused,
+                // it is answered anyway (docs/architecture.md §5).
+                Stored::Unwritten => {
+                    tracing::warn!(group = %group_id, "answering SyncGroup without the group's snapshot written");
+                }
+                // Handed to another gateway before it was written (or
+                // another coordinator wrote a newer generation): the next
+                // coordinator will not know this generation, and a member
+                // that started on it would be told ILLEGAL_GENERATION and
+                // lose its partitions. As Kafka answers the SyncGroups of a
+                // group it unloads: the member finds the coordinator and
+                // joins again.
+                Stored::Lost => return sync_error(ResponseError::NotCoordinator),
+            }
         }
         response
     }
@@ -300,25 +313,33 @@ impl Coordinator {
     }
 
     /// Waits (at most [`STORE_WAIT`]) until the group's latest snapshot is
-    /// written to Redis; whether it was (not when the write failed, was
-    /// skipped because the group was handed over, or is still under way).
-    async fn stored(&self, group_id: &StrBytes) -> bool {
+    /// written to Redis, and says how it went.
+    async fn stored(&self, group_id: &StrBytes) -> Stored {
         let Some(writes) = &self.inner.writes else {
-            return true;
+            return Stored::Written;
         };
         let Some(wanted) = self.inner.lock().get(group_id).map(|slot| slot.snapshot_write) else {
             // Handed over (forgotten here) meanwhile: its snapshot is not
             // written from here.
-            return false;
+            return Stored::Lost;
         };
         let mut done = writes.done.subscribe();
         let written = tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted)).await;
         if written.is_err() {
             tracing::warn!(group = %group_id, "the group's snapshot is not written yet");
-            return false;
+            return Stored::Unwritten;
         }
         let failed = writes.failed.lock().unwrap_or_else(PoisonError::into_inner);
-        failed.get(group_id).is_none_or(|&number| number < wanted)
+        match failed.get(group_id) {
+            Some(&(number, lost)) if number >= wanted => {
+                if lost {
+                    Stored::Lost
+                } else {
+                    Stored::Unwritten
+                }
+            }
+            _ => Stored::Written,
+        }
     }
 
     /// Heartbeat: the error code (0 for none).
@@ -841,6 +862,17 @@ fn invalid_group(group_id: &StrBytes) -> Option<ResponseError> {
 /// How long a SyncGroup answer waits for its group's snapshot to be written.
 const STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How a group's latest snapshot went ([`Coordinator::stored`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    Written,
+    /// Not yet written after [`STORE_WAIT`], or Redis refused the write.
+    Unwritten,
+    /// Not written from here: the group was handed to another gateway (or
+    /// another coordinator wrote a newer generation) first.
+    Lost,
+}
+
 /// Counts a change as applied when dropped (after it ran, or failed).
 struct Applied<'a>(&'a watch::Sender<u64>);
 
@@ -881,9 +913,11 @@ struct Writes {
     sent: AtomicU64,
     /// The number of the last change applied (or given up on).
     done: Arc<watch::Sender<u64>>,
-    /// The number of each group's last snapshot that was not written
-    /// (refused by Redis, or skipped: handed over), until one is.
-    failed: Arc<Mutex<HashMap<StrBytes, u64>>>,
+    /// The number of each group's last snapshot that was not written, and
+    /// whether it is lost (skipped because the group was handed over, or
+    /// refused because another coordinator wrote a newer generation) rather
+    /// than failed (Redis erred), until one is written.
+    failed: Arc<Mutex<HashMap<StrBytes, (u64, bool)>>>,
     /// Groups whose snapshot Redis refused because another coordinator
     /// wrote a newer generation meanwhile, with the copy that made it (its
     /// timers' handle): that copy is stale, and is dropped at its next use
@@ -923,10 +957,12 @@ impl Writes {
             while let Some((group_id, change, epoch, number)) = changes.recv().await {
                 let _applied = Applied(&done);
                 let snapshot = matches!(change, Change::Store(..));
+                let mut lost = false;
                 let written = if epoch != owns.epoch() || !owns.owns(&group_id) {
                     // Handed over (and forgotten here) before this was
                     // written: the group's new coordinator keeps Redis now.
                     tracing::debug!(group = %group_id, "not writing a change of a group handed over");
+                    lost = true;
                     false
                 } else {
                     let applied = match change {
@@ -943,6 +979,7 @@ impl Writes {
                                         .lock()
                                         .unwrap_or_else(PoisonError::into_inner)
                                         .insert(group_id.clone(), copy);
+                                    lost = true;
                                     Ok(false)
                                 }
                                 Err(e) => Err(e),
@@ -959,7 +996,7 @@ impl Writes {
                     if written {
                         failed.remove(&group_id);
                     } else {
-                        failed.insert(group_id, number);
+                        failed.insert(group_id, (number, lost));
                     }
                 }
             }

@@ -953,3 +953,34 @@ async fn a_commit_to_an_empty_group_expires_its_offsets_in_order_with_its_change
     assert_eq!(memory.expiring("g"), Some(false));
     assert!(!leader.is_empty());
 }
+
+/// A SyncGroup whose generation is not written because the group was
+/// handed to another gateway first (its write skipped: the new coordinator
+/// loads the generation before) is NOT_COORDINATOR, as Kafka answers the
+/// SyncGroups of a group it unloads: told success, the members would start
+/// on a generation the next coordinator does not know, and be told
+/// ILLEGAL_GENERATION there (their partitions lost, their commits failed).
+#[tokio::test(start_paused = true)]
+async fn a_sync_whose_generation_a_hand_over_kept_unwritten_is_not_coordinator() {
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let owned = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let h = Harness::with_storage(storage, owning(&owned));
+    let (a, b) = (h.member_id().await, h.member_id().await);
+    let joins = [a, b].map(|id| h.spawn_join(join_request(&id, RANGE), 9));
+    let [a, b] = joins;
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let (leader, follower) = if a.member_id == a.leader { (a, b) } else { (b, a) };
+    let generation = leader.generation_id;
+    let follower_sync = h.spawn_sync(sync_request(&follower.member_id, generation, &[]));
+    tokio::task::yield_now().await;
+    // The group is handed over before the leader's assignment is written.
+    owned.store(false, std::sync::atomic::Ordering::SeqCst);
+    let assignments = [(&leader.member_id, "A"), (&follower.member_id, "B")];
+    let answer = h
+        .sync(sync_request(&leader.member_id, generation, &assignments))
+        .await;
+    assert_eq!(answer.error_code, code(ResponseError::NotCoordinator));
+    let answer = follower_sync.await.unwrap();
+    assert_eq!(answer.error_code, code(ResponseError::NotCoordinator));
+}
