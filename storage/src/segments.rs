@@ -28,12 +28,15 @@ pub struct Segment {
     pub base: i64,
     pub last: i64,
     pub bytes: i64,
+    /// Timestamps are the clients': Redis's JSON encoder writes those past
+    /// 14 digits (±1e14 ms) as floats, read here saturated to i64.
+    #[serde(deserialize_with = "timestamp")]
     pub max_ts: i64,
     pub sealed_ms: i64,
     /// The largest timestamp of its first batch (`max.compaction.lag.ms`
     /// counts from the oldest of the dirty segments'); `None` for a
     /// segment opened by a gateway of an older release.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "some_timestamp")]
     pub first_ts: Option<i64>,
     /// The archive's data file, once archived; empty for a segment of no
     /// committed records (transaction markers and aborted transactions
@@ -69,6 +72,31 @@ pub struct Segment {
     /// older release compacted (its seal time counts then).
     #[serde(default)]
     pub compacted_ms: Option<i64>,
+}
+
+/// A timestamp of a segment record: an integer, or a float (what
+/// `cjson.encode` makes of one past 14 significant digits) saturated to
+/// i64. A client may send any timestamp its topic's bounds let through,
+/// and one refused here failed every read of the partition's segments
+/// (archiving, compaction, ListOffsets -5) for good.
+fn timestamp<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<i64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Int(i64),
+        Float(f64),
+    }
+    Ok(match Number::deserialize(deserializer)? {
+        Number::Int(n) => n,
+        // `as` saturates (and makes NaN 0).
+        Number::Float(f) => f as i64,
+    })
+}
+
+fn some_timestamp<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<i64>, D::Error> {
+    timestamp(deserializer).map(Some)
 }
 
 /// Why and since when a segment is quarantined.

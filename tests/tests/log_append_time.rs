@@ -154,3 +154,37 @@ fn a_producers_log_append_time_batch_on_a_create_time_topic_is_checked_and_store
         stored[batch::CRC_AT..batch::CRC_AT + 4]
     );
 }
+
+/// A batch with a timestamp far in the past (a producer's LogAppendTime
+/// batch of max timestamp -1e15 on a CreateTime topic, which the default
+/// `message.timestamp.before.max.ms` lets through) that opens a segment:
+/// Redis writes the sealed segment's timestamps past 14 digits as floats,
+/// which every read of the partition's segments refused for good
+/// (archiving, compaction, ListOffsets -5, the admin API).
+#[test]
+fn a_segment_of_a_far_off_timestamp_is_read() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "tiering.tick_interval=100ms"]);
+    let topic = unique_topic("far-off-timestamp");
+    ketch.create_topic_with(&runtime(), &topic, 1, &[("segment.bytes", "14")]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut far = batch::encode(&[Record::value(batch::at(1_000), b"far")]);
+    far[batch::ATTRIBUTES_AT + 1] |= 0x08;
+    far[35..43].copy_from_slice(&(-1_000_000_000_000_000i64).to_be_bytes());
+    batch::fix_crc(&mut far);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, far).0, code::NONE);
+    let next = batch::encode(&[Record::value(batch::at(2_000), b"next")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, next), (code::NONE, 1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while redis.segments(&topic, 0).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "never sealed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = ketch.http_get(&format!("/api/v1/topics/{topic}"));
+    assert_eq!(status, 200, "{body}");
+    let described: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        described["partitions"][0]["segments_sealed"].as_i64() >= Some(1),
+        "{body}"
+    );
+}
