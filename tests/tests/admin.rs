@@ -278,7 +278,26 @@ fn delete_records_moves_the_log_start_offset() {
         );
     }
 
-    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 15), (code::NONE, 15));
+    // One partition named twice, in two topic entries: the last entry
+    // stands (Kafka reads the request into a map), answered once; before,
+    // both ran and the larger offset won.
+    let mut twice = raw::delete_records_request(&topic, 0, 20);
+    let mut second = twice.topics[0].clone();
+    second.partitions[0].offset = 12;
+    twice.topics[0].partitions.push(second.partitions[0].clone());
+    second.partitions[0].offset = 15;
+    twice.topics.push(second);
+    let response = conn.request(2, &twice);
+    let answers: Vec<(i32, i16, i64)> = response
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.partition_index, p.error_code, p.low_watermark))
+        })
+        .collect();
+    assert_eq!(answers, [(0, code::NONE, 15)]);
 
     let (error, offset, _) = raw::list_offsets(&mut conn, &topic, 0, -2);
     assert_eq!((error, offset), (code::NONE, 15));

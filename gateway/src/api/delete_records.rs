@@ -25,12 +25,40 @@ pub async fn handle(
     req: DeleteRecordsRequest,
 ) -> DeleteRecordsResponse {
     let topics = super::each(
-        req.topics
+        merged(req.topics)
             .into_iter()
             .map(|topic| delete_in_topic(ctx, client, topic)),
     )
     .await;
     DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// One entry per topic and partition, the last one named, as Kafka reads
+/// the request into a map (`KafkaApis.handleDeleteRecordsRequest`): two
+/// offsets for one partition deleted up to the later-named one, not the
+/// larger, and answered once.
+fn merged(topics: Vec<DeleteRecordsTopic>) -> Vec<DeleteRecordsTopic> {
+    let mut out: Vec<DeleteRecordsTopic> = Vec::with_capacity(topics.len());
+    for topic in topics {
+        match out.iter_mut().find(|t| t.name == topic.name) {
+            Some(seen) => seen.partitions.extend(topic.partitions),
+            None => out.push(topic),
+        }
+    }
+    for topic in &mut out {
+        let mut partitions: Vec<DeleteRecordsPartition> = Vec::with_capacity(topic.partitions.len());
+        for p in topic.partitions.drain(..) {
+            match partitions
+                .iter_mut()
+                .find(|q| q.partition_index == p.partition_index)
+            {
+                Some(seen) => *seen = p,
+                None => partitions.push(p),
+            }
+        }
+        topic.partitions = partitions;
+    }
+    out
 }
 
 async fn delete_in_topic(
