@@ -710,7 +710,7 @@ async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answ
         ) {
             visible_lag(&ctx, &client, &id)
                 .await
-                .map(|p| p.iter().filter_map(|p| p.lag).sum::<i64>())
+                .map(|p| p.iter().filter_map(|p| p.lag).fold(0i64, i64::saturating_add))
                 .ok()
         } else {
             None

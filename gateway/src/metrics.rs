@@ -658,7 +658,11 @@ pub async fn group_lag(ctx: &Context, group: &str) -> ketch_storage::Result<Vec<
             None => None,
         };
         out.push(PartitionLag {
-            lag: high_watermark.map(|hw| (hw - offset.offset).max(0)),
+            // Any i64 may be committed (as in Kafka): a negative one says
+            // nothing of the lag.
+            lag: high_watermark
+                .filter(|_| offset.offset >= 0)
+                .map(|hw| hw.saturating_sub(offset.offset).max(0)),
             topic: name,
             partition,
             committed_offset: offset.offset,
@@ -680,7 +684,8 @@ async fn record_group_lag(ctx: &Context) -> ketch_storage::Result<()> {
         let mut per_topic: HashMap<String, i64> = HashMap::new();
         for p in group_lag(ctx, &group).await? {
             if let Some(lag) = p.lag {
-                *per_topic.entry(p.topic).or_default() += lag;
+                let sum = per_topic.entry(p.topic).or_default();
+                *sum = sum.saturating_add(lag);
             }
         }
         for (topic, lag) in per_topic {

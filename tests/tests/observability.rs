@@ -1040,3 +1040,27 @@ fn stalled_http_connections_are_closed_and_bounded() {
     let _ = stalled.read_to_end(&mut rest);
     assert!(rest.is_empty(), "the stalled request was answered: {rest:?}");
 }
+
+/// Any i64 may be committed as an offset (as to Kafka): the lag of one
+/// below 0 is unknown (null), not an overflow (which panicked the handler
+/// in debug builds and wrapped the sum in release ones).
+#[test]
+fn a_hostile_committed_offset_has_no_lag() {
+    use ketch_tests::raw::{self, KafkaConn, code};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), WRITES);
+    let topic = unique_topic("hostile-offset");
+    let group = unique_topic("hostile-offset-group");
+    create(&ketch, &topic, 2);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for (partition, offset) in [(0, i64::MIN), (1, -(1i64 << 62))] {
+        let commit = raw::offset_commit_request(&group, "", -1, &topic, partition, offset);
+        let response = conn.request(8, &commit);
+        assert_eq!(response.topics[0].partitions[0].error_code, code::NONE);
+    }
+    let (status, described) = api(&ketch, "GET", &format!("/api/v1/groups/{group}"), None);
+    assert_eq!(status, 200, "{described}");
+    for offset in described["offsets"].as_array().expect("offsets") {
+        assert_eq!(offset["lag"], Value::Null, "{described}");
+    }
+}
