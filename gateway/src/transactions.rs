@@ -298,6 +298,10 @@ pub async fn sweep(ctx: Arc<Context>) {
 /// expired (`transactions.id_expiration`), a page at a time: an id that
 /// never opens a transaction again is never due again, so the sweep alone
 /// would keep it listed for ever (and ListTransactions would read it).
+/// An idle id whose transaction is open or being decided lost its look (a
+/// gateway killed between the add that opened it and its schedule, racing
+/// the sweep's move of the id to idle): it is looked at now, or it would
+/// never be aborted and its partitions' last stable offset stay pinned.
 async fn forget_expired(ctx: &Context) -> Result<(), StorageError> {
     let mut kept = 0;
     for _ in 0..SWEEP_PAGES {
@@ -305,10 +309,18 @@ async fn forget_expired(ctx: &Context) -> Result<(), StorageError> {
         let page = ids.len();
         for id in ids {
             let mine = ctx.membership.transaction_coordinator(&id).id == ctx.membership.my_id();
-            if mine && ctx.storage.txn_describe(&id).await?.is_none() {
-                ctx.storage.txn_forget(&id).await?;
-            } else {
+            if !mine {
                 kept += 1;
+                continue;
+            }
+            match ctx.storage.txn_describe(&id).await? {
+                None => ctx.storage.txn_forget(&id).await?,
+                Some(state) if state.is_open() => {
+                    tracing::warn!(transactional_id = %id, state = %state.state,
+                        "an open transaction had no look scheduled; looking at it now");
+                    ctx.storage.txn_schedule(&id, ketch_storage::now_ms()).await?;
+                }
+                Some(_) => kept += 1,
             }
         }
         if page < SWEEP_BATCH {

@@ -346,6 +346,52 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
     assert_eq!(transactions_metric(&ketch, "coordinator_abort"), 1.0);
 }
 
+/// An open transaction whose look was lost (a gateway killed between the
+/// add that opened it and its schedule, racing the sweep that moved the id
+/// to idle) is found by the sweep's pass over idle ids and aborted past its
+/// timeout: before, it stayed open for ever and its partition's last stable
+/// offset with it.
+#[test]
+fn an_open_transaction_that_lost_its_look_is_still_aborted() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "transactions.abort_check_interval=100ms",
+            "--set",
+            "transactions.id_expiration=200ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-lost-look");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = unique_topic("txn-lost-look-id");
+    let started = init(&mut conn, &id, 1_500);
+    assert_eq!(started.error_code, code::NONE);
+    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
+    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
+    let open = transactional(&[Record::value(batch::at(1_000), b"open")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    let () = redis::cmd("ZADD")
+        .arg("ketch:transactions")
+        .arg("XX")
+        .arg(9e15)
+        .arg(&id)
+        .query(&mut redis.connection())
+        .expect("ZADD");
+    assert_eq!(watermarks(&mut conn, &topic), (1, 0));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while watermarks(&mut conn, &topic) != (2, 2) {
+        assert!(
+            Instant::now() < deadline,
+            "the transaction was never aborted: {:?}",
+            watermarks(&mut conn, &topic)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The sweeper reads the due ids a page (100) at a time and pages past
 /// those it cannot finish: 150 ids that fail every look (their state is
 /// not a hash), all due before it, do not keep a timed-out transaction
