@@ -8,7 +8,7 @@
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use ketch_config::Settings;
-use ketch_storage::segments::{Segment, SegmentChange, SegmentChanged};
+use ketch_storage::segments::{Lease, Segment, SegmentChange, SegmentChanged};
 use ketch_storage::{Store, StoreConfig, Topic};
 
 #[derive(Debug, Subcommand)]
@@ -39,6 +39,10 @@ pub enum Action {
         reason: String,
     },
 }
+
+/// How long a skip holds the partition's archiving registration at most
+/// (released when it is done; a skip killed meanwhile lets it expire).
+const SKIP_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
     let store = Store::new(&StoreConfig::from_settings(settings))?;
@@ -71,25 +75,47 @@ pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
             reason,
         } => {
             let (topic, segment) = find(&store, &topic, partition, base).await?;
-            match store
-                .change_segment(
-                    &topic,
-                    partition,
-                    &segment,
-                    SegmentChange::Skip { reason: &reason },
-                )
+            // The partition's archiving registration, held while skipping:
+            // no storage worker can be archiving the segment (from the
+            // batches a skip deletes) meanwhile, even one whose retry was
+            // requested.
+            let holder = format!("ketch-segments-skip-{}", std::process::id());
+            if !store
+                .take_lease(Lease::Archiving, &topic, partition, &holder, SKIP_LEASE)
                 .await?
             {
-                SegmentChanged::Done => {
-                    store.purge_quarantine(&topic, partition, &segment).await?;
-                    println!(
-                        "skipped: offsets {}..={} of {} partition {partition} are a hole; their quarantined copy is deleted (the log's copy goes with local retention)",
-                        segment.base, segment.last, topic.name
-                    );
-                    Ok(())
-                }
-                other => bail!("cannot skip: {}", refusal(other)),
+                bail!(
+                    "cannot skip now: a storage worker is archiving {} partition {partition} (it holds the partition's archiving registration); try again once it is done",
+                    topic.name
+                );
             }
+            let skipped = async {
+                let change = SegmentChange::Skip {
+                    reason: &reason,
+                    held: true,
+                };
+                match store.change_segment(&topic, partition, &segment, change).await? {
+                    SegmentChanged::Done => {
+                        store.purge_quarantine(&topic, partition, &segment).await?;
+                        println!(
+                            "skipped: offsets {}..={} of {} partition {partition} are a hole; their quarantined copy is deleted (the log's copy goes with local retention)",
+                            segment.base, segment.last, topic.name
+                        );
+                        Ok(())
+                    }
+                    other => bail!("cannot skip: {}", refusal(other)),
+                }
+            }
+            .await;
+            if let Err(e) = store
+                .release_lease(Lease::Archiving, &topic, partition, &holder)
+                .await
+            {
+                eprintln!(
+                    "warning: the archiving registration is released when it expires ({SKIP_LEASE:?}): {e}"
+                );
+            }
+            skipped
         }
     }
 }
@@ -99,9 +125,7 @@ fn refusal(changed: SegmentChanged) -> &'static str {
         SegmentChanged::Gone => "the segment no longer exists",
         SegmentChanged::Archived => "the segment is archived",
         SegmentChanged::NotQuarantined => "the segment is not quarantined",
-        SegmentChanged::RetryPending => {
-            "a retry of the segment is requested and not over: the storage worker may be archiving it now; once it is quarantined again (`ketch segments list` shows it so), skip it then"
-        }
+        SegmentChanged::RetryPending => "a retry of the segment is requested and not over",
         SegmentChanged::Done => "done",
     }
 }

@@ -151,6 +151,10 @@ pub enum SegmentChange<'a> {
     Retry,
     Skip {
         reason: &'a str,
+        /// The caller holds the partition's archiving registration
+        /// ([`Lease::Archiving`]): no worker can be archiving the segment,
+        /// so a requested retry does not hold the skip back.
+        held: bool,
     },
     /// The offsets the archived segment's data file at `path` has no rows
     /// for, recorded again (read off the file: an older release could
@@ -435,8 +439,11 @@ impl Store {
             SegmentChange::Retry => {
                 invocation.arg("retry");
             }
-            SegmentChange::Skip { reason } => {
+            SegmentChange::Skip { reason, held } => {
                 invocation.arg("skip").arg(reason);
+                if held {
+                    invocation.arg("held");
+                }
             }
             SegmentChange::Holes { path, holes } => {
                 let holes = serde_json::to_string(holes).expect("holes serialize");

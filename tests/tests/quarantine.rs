@@ -229,13 +229,26 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
         assert_eq!(message.payload(), Some(&value(offset)[..]));
     }
 
-    // A retry fails the same way: the segment stays quarantined. While
-    // it is requested and not over (the gateway, its storage worker with
-    // it, frozen meanwhile) a skip is refused: the worker may be archiving
-    // the batches a skip deletes.
-    let frozen = Frozen::freeze(ketch.pid());
+    // A retry fails the same way: the segment stays quarantined.
     let retried = ketch_segments(&redis, &["retry", &topic, "0", &poison_base.to_string()]);
     assert!(retried.contains("retry requested"), "{retried}");
+    wait_segments(&redis, &ketch, &topic, "the retry", |s| {
+        s[1]["quarantine"]["retry"] == serde_json::Value::Bool(false)
+            && s[1]["quarantine"]["at"] != segment["quarantine"]["at"]
+    });
+    assert_eq!(quarantine_len(&redis, &topic), 1);
+
+    // While a storage worker holds the partition's archiving registration
+    // (it may be archiving the batches a skip deletes), a skip is refused
+    // and changes nothing.
+    let archiving = format!("ketch:{{{}}}:archiving", redis.topic_tags(&topic)[0]);
+    let () = redis::cmd("SET")
+        .arg(&archiving)
+        .arg("another-worker")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut redis.connection())
+        .expect("SET");
     let (ok, refused) = run_segments(
         &redis,
         &[
@@ -247,24 +260,23 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
             "too soon",
         ],
     );
-    assert!(
-        !ok && refused.contains("retry of the segment is requested"),
-        "{refused}"
-    );
+    assert!(!ok && refused.contains("archiving registration"), "{refused}");
     assert_eq!(
         quarantine_len(&redis, &topic),
         1,
         "the refused skip deleted nothing"
     );
     assert!(redis.segments(&topic, 0)[1]["skipped"].is_null());
-    drop(frozen);
-    wait_segments(&redis, &ketch, &topic, "the retry", |s| {
-        s[1]["quarantine"]["retry"] == serde_json::Value::Bool(false)
-            && s[1]["quarantine"]["at"] != segment["quarantine"]["at"]
-    });
-    assert_eq!(quarantine_len(&redis, &topic), 1);
+    let () = redis::cmd("DEL")
+        .arg(&archiving)
+        .query(&mut redis.connection())
+        .expect("DEL");
 
-    // Skipping it deletes its batches and records the hole.
+    // Skipping it deletes its batches and records the hole, even with a
+    // retry requested that no worker gets to (the gateway frozen): the skip
+    // holds the registration itself meanwhile.
+    let frozen = Frozen::freeze(ketch.pid());
+    ketch_segments(&redis, &["retry", &topic, "0", &poison_base.to_string()]);
     let skipped = ketch_segments(
         &redis,
         &[
@@ -276,6 +288,7 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
             "written by a broken release",
         ],
     );
+    drop(frozen);
     assert!(skipped.contains("hole"), "{skipped}");
     assert_eq!(quarantine_len(&redis, &topic), 0);
     let hole = &redis.segments(&topic, 0)[1]["skipped"];

@@ -569,7 +569,8 @@ impl Worker {
         // A copy in the quarantine stream whose deletion was cut short (a
         // gateway killed after the segment was archived on retry, or
         // skipped): deleted now.
-        for segment in segments.iter().filter(|s| s.purge) {
+        // (Never a quarantined one's: its copy is what serves it.)
+        for segment in segments.iter().filter(|s| s.purge && s.quarantine.is_none()) {
             match self.store.purge_quarantine(topic, partition, segment).await {
                 Ok(()) => tracing::info!(topic = %topic.name, partition, base = segment.base,
                     "deleted the quarantined copy of a segment archived or skipped before"),

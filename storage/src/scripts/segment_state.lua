@@ -13,7 +13,9 @@
 --   'quarantine' ARGV[4] why: quarantines it (keeps a pending retry's
 --              reason up to date and clears the retry)
 --   'retry'    asks the storage worker to archive it again
---   'skip'     ARGV[4] why: gives up on it; its batches may be deleted
+--   'skip'     ARGV[4] why: gives up on it; its batches may be deleted.
+--              ARGV[5] 'held' when the caller holds the partition's
+--              archiving registration (no worker can be archiving it then)
 --   'holes'    ARGV[4] its data file's path, ARGV[5] the offsets that file
 --              has no rows for (JSON): records them again, if the segment
 --              is archived in that file ('gone' otherwise)
@@ -77,6 +79,7 @@ elseif op == 'quarantine' then
     return 'ok'
   end
   segment.quarantine = {reason = ARGV[4], at = now, retry = false}
+  segment.purge = nil
 elseif op == 'retry' then
   if not segment.quarantine then
     return 'not_quarantined'
@@ -91,7 +94,7 @@ elseif op == 'skip' then
   end
   -- The storage worker may be archiving it now: skipping would delete the
   -- batches it reads, and its file may then record the segment archived.
-  if segment.quarantine.retry then
+  if segment.quarantine.retry and ARGV[5] ~= 'held' then
     return 'retry_pending'
   end
   segment.skipped = {reason = ARGV[4], at = now, error = segment.quarantine.reason}
