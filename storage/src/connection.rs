@@ -551,8 +551,7 @@ fn timed<'a, T: Send + 'a>(command: &'static str, reply: RedisFuture<'a, T>) -> 
 
 /// Whether Redis redirected the command (`MOVED`, `ASK`).
 fn redirected(e: &redis::RedisError) -> bool {
-    let message = e.to_string().to_ascii_uppercase();
-    message.contains("MOVED") || message.contains("ASK")
+    e.redirect_node().is_some()
 }
 
 /// Runs a pipeline one command at a time, in order, each followed to its

@@ -32,6 +32,9 @@ pub(crate) struct WireSettings {
     pub(crate) response_timeout: std::time::Duration,
 }
 
+/// How long [`DurablePool::masters`] waits for the slot map.
+const SIDE_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The pools of acks=all connections: one, or one per cluster master.
 pub(crate) struct DurablePool {
     config: ConnectionManagerConfig,
@@ -237,22 +240,32 @@ impl DurablePool {
         Ok(pool)
     }
 
-    /// Every master's data-path connection with its address, from the slot
-    /// map as last read (read now when it never was; a caller that finds
-    /// one not answering reads it again, [`DurablePool::refresh`]); the
-    /// server's, with an empty address, in single mode. For commands each
-    /// master must answer on its own (`INFO`): one that does not answer
-    /// fails only its own.
+    /// Every master's data-path connection with its address; the server's,
+    /// with an empty address, in single mode. For commands each master must
+    /// answer on its own (`INFO`): one that does not answer fails only its
+    /// own. The masters come from the slot map read afresh on the side
+    /// (a failed-over master's replica, a master a resharding added), each
+    /// time, from the masters last known and the seeds at once, within
+    /// [`SIDE_READ_LIMIT`]; or the map as last read when none answers. Not
+    /// through [`DurablePool::refresh`]: a read held up by a master that
+    /// stopped answering would hold up the data path's reads of the map,
+    /// which wait for each other, in the middle of a failover.
     pub(crate) async fn masters(&self) -> Result<Vec<(String, Wire)>> {
         let masters = match &self.target {
             Target::Single(pool) => return Ok(vec![(String::new(), pool.wire.clone())]),
             Target::Cluster(masters) => &**masters,
         };
-        if masters.slots.read().await.is_empty() {
-            self.refresh().await?;
-        }
-        let addresses = crate::connection::masters_of(&masters.slots.read().await);
-        addresses
+        let stored = masters.slots.read().await.clone();
+        let known = crate::connection::masters_of(&stored);
+        let ranges = match masters.conn.slot_ranges_from(&known, SIDE_READ_LIMIT).await {
+            Ok(ranges) => ranges,
+            Err(e) if !stored.is_empty() => {
+                tracing::debug!(error = %e, "cannot read the slot map; the masters last known are asked");
+                stored
+            }
+            Err(e) => return Err(e),
+        };
+        crate::connection::masters_of(&ranges)
             .into_iter()
             .map(|address| Ok((address.clone(), self.pool_of(masters, address)?.wire.clone())))
             .collect()

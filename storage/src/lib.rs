@@ -433,15 +433,6 @@ impl Store {
             });
         let mut servers = futures::future::join_all(asks).await;
         servers.sort_by(|a, b| a.0.cmp(&b.0));
-        if servers.iter().any(|(_, text)| text.is_err()) {
-            // Failed over, perhaps: the next check asks its replica.
-            let durable = self.durable.clone();
-            tokio::spawn(async move {
-                if let Err(e) = durable.refresh().await {
-                    tracing::debug!(error = %e, "cannot read the slot map");
-                }
-            });
-        }
         Ok(servers)
     }
 

@@ -745,6 +745,11 @@ impl Inner {
     }
 
     fn start_slot(self: &Arc<Self>, group_id: &StrBytes, group: Group) -> Slot {
+        // A new copy has written nothing yet: what an earlier copy failed
+        // to write is not its own ([`Coordinator::stored`]).
+        if let Some(writes) = &self.writes {
+            (writes.failed.lock().unwrap_or_else(PoisonError::into_inner)).remove(group_id);
+        }
         let timers = Arc::new(Notify::new());
         tokio::spawn(run_timers(Arc::downgrade(self), group_id.clone(), timers.clone()));
         Slot {
