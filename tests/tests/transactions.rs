@@ -254,12 +254,25 @@ fn watermarks(conn: &mut KafkaConn, topic: &str) -> (i64, i64) {
     (latest(0), latest(1))
 }
 
-#[test]
-fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_producer() {
+/// A gateway sweeping every 100 ms, and a transaction of a 1.5 s timeout
+/// open on a new one-partition topic (named from `prefix`) with one record
+/// at offset 0: (Redis, gateway, connection, topic, transactional id,
+/// producer id, epoch). An id expiration far below the transaction's
+/// timeout: expiration counts only while nothing is open (as in Kafka), or
+/// the open transaction's state would vanish and its partition stay
+/// blocked.
+struct OpenTransaction {
+    redis: TestRedis,
+    ketch: Ketch,
+    conn: KafkaConn,
+    topic: String,
+    id: String,
+    pid: i64,
+    epoch: i16,
+}
+
+fn open_one(prefix: &str) -> OpenTransaction {
     let redis = TestRedis::start();
-    // An id expiration far below the transaction's timeout: expiration
-    // counts only while nothing is open (as in Kafka), or the open
-    // transaction's state would vanish and its partition stay blocked.
     let ketch = Ketch::start(
         &redis.url(),
         &[
@@ -270,15 +283,37 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
         ],
     );
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let topic = unique_topic("txn-timeout");
+    let topic = unique_topic(prefix);
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let id = unique_topic("txn-timeout-id");
+    let id = unique_topic(&format!("{prefix}-id"));
     let started = init(&mut conn, &id, 1_500);
     assert_eq!(started.error_code, code::NONE);
     let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
     assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
     let open = transactional(&[Record::value(batch::at(1_000), b"open")], pid, epoch, 0);
     assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    OpenTransaction {
+        redis,
+        ketch,
+        conn,
+        topic,
+        id,
+        pid,
+        epoch,
+    }
+}
+
+#[test]
+fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_producer() {
+    let OpenTransaction {
+        redis,
+        ketch,
+        mut conn,
+        topic,
+        id,
+        pid,
+        epoch,
+    } = open_one("txn-timeout");
     assert_eq!(
         raw::produce(
             &mut conn,
@@ -353,26 +388,14 @@ fn an_open_transaction_holds_the_lso_until_its_timeout_aborts_it_and_fences_the_
 /// offset with it.
 #[test]
 fn an_open_transaction_that_lost_its_look_is_still_aborted() {
-    let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "transactions.abort_check_interval=100ms",
-            "--set",
-            "transactions.id_expiration=200ms",
-        ],
-    );
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    let topic = unique_topic("txn-lost-look");
-    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
-    let id = unique_topic("txn-lost-look-id");
-    let started = init(&mut conn, &id, 1_500);
-    assert_eq!(started.error_code, code::NONE);
-    let (pid, epoch) = (started.producer_id.0, started.producer_epoch);
-    assert_eq!(add_partition(&mut conn, &id, pid, epoch, &topic, 0), code::NONE);
-    let open = transactional(&[Record::value(batch::at(1_000), b"open")], pid, epoch, 0);
-    assert_eq!(produce_in(&mut conn, Some(&id), &topic, open), (code::NONE, 0));
+    let OpenTransaction {
+        redis,
+        ketch: _ketch,
+        mut conn,
+        topic,
+        id,
+        ..
+    } = open_one("txn-lost-look");
     let () = redis::cmd("ZADD")
         .arg("ketch:transactions")
         .arg("XX")
