@@ -151,6 +151,16 @@ async fn transaction_number(
         .txn_describe(&request.transactional_id)
         .await
         .map_err(|e| coordinator_error(&e))?;
+    number_of(state, request, group)
+}
+
+/// The number of the open transaction `state` says the request's offsets
+/// belong to, or why they do not.
+fn number_of(
+    state: Option<ketch_storage::TxnState>,
+    request: &TxnOffsetCommitRequest,
+    group: &str,
+) -> Result<i64, i16> {
     let Some(state) = state.filter(|s| s.producer_id == request.producer_id.0) else {
         return Err(ResponseError::InvalidProducerIdMapping.code());
     };
@@ -188,7 +198,17 @@ async fn stage(
         .stage_txn_offsets(group, &transaction, offsets)
         .await
         .map_err(|e| coordinator_error(&e))?;
-    match transaction_number(ctx, request, group).await {
+    // The re-check could not read the transaction (Redis failing, its
+    // master failing over): nothing says it was decided. Answered as Kafka
+    // answers a write it could not make (retriable); the offsets stay
+    // staged and the client's retry stages them again. INVALID_TXN_STATE
+    // is fatal to the Java producer and to librdkafka.
+    let state = ctx
+        .storage
+        .txn_describe(&request.transactional_id)
+        .await
+        .map_err(|e| coordinator_error(&e))?;
+    match number_of(state, request, group) {
         Ok(n) if n == number => Ok(()),
         Ok(_) | Err(_) => {
             let dropped = Decided {
