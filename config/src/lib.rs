@@ -115,6 +115,10 @@ pub struct BrokerSettings {
     pub connections_max_idle: Duration,
     /// How long shutdown waits for in-flight requests before exiting anyway.
     pub shutdown_timeout: Duration,
+    /// On the first SIGTERM/SIGINT, how long the gateway goes on serving
+    /// with `/ready` answering 503 before it leaves the cluster and closes
+    /// its listeners: a load balancer's health check takes it out first.
+    pub shutdown_delay: Duration,
     /// Cluster id reported in Metadata and DescribeCluster.
     #[serde(deserialize_with = "lenient::string")]
     pub cluster_id: String,
@@ -486,6 +490,7 @@ impl Default for BrokerSettings {
             max_connections_per_ip_overrides: String::new(),
             connections_max_idle: Duration::from_secs(600),
             shutdown_timeout: Duration::from_secs(30),
+            shutdown_delay: Duration::from_secs(5),
             cluster_id: "ketch".to_owned(),
             security_protocol: SecurityProtocol::Plaintext,
             listeners: None,

@@ -596,6 +596,12 @@ const READY_PROBE_LIMIT: std::time::Duration = std::time::Duration::from_millis(
 /// warning, not 503 (which would take every gateway out of a load
 /// balancer at once).
 async fn ready(State(ctx): State<Arc<Context>>) -> (StatusCode, String) {
+    if crate::DRAINING.load(std::sync::atomic::Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: shutting down (broker.shutdown_delay)\n".to_owned(),
+        );
+    }
     let cluster = ctx.settings.redis.mode == ketch_config::RedisMode::Cluster;
     let deadline = tokio::time::Instant::now() + READY_PROBE_LIMIT;
     match tokio::time::timeout_at(deadline, ctx.storage.ping()).await {

@@ -247,6 +247,10 @@ async fn check_layout_until_done(store: Store, me: String, checked: watch::Sende
     }
 }
 
+/// Set on the first shutdown signal while the gateway still serves for
+/// `broker.shutdown_delay`: `/ready` answers 503 meanwhile.
+pub static DRAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Binds both listeners, serves until `shutdown` turns true, then waits for
 /// in-flight requests (at most `broker.shutdown_timeout`).
 pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {

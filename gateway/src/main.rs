@@ -286,12 +286,28 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     });
     let (stop_tx, stop_rx) = watch::channel(false);
+    let delay = settings.broker.shutdown_delay.get();
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
-        tracing::info!("signal received; shutting down");
+        // Draining: `/ready` answers 503 while everything else still
+        // serves, so a load balancer takes this gateway out before its
+        // listeners close (its health check's interval × fall must be
+        // below the delay). A second signal cuts it short.
+        if !delay.is_zero() {
+            ketch_gateway::DRAINING.store(true, std::sync::atomic::Ordering::SeqCst);
+            tracing::info!(
+                "signal received; /ready answers 503 for broker.shutdown_delay ({delay:?}) before shutting down (signal again to shut down now)"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        tracing::info!("shutting down");
         let _ = stop_tx.send(true);
     });
     ketch_gateway::run(settings, stop_rx).await?;

@@ -444,18 +444,26 @@ impl Membership {
         mut layout_checked: watch::Receiver<bool>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        tokio::select! {
-            _ = layout_checked.wait_for(|checked| *checked) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
+        let stopped = tokio::select! {
+            _ = layout_checked.wait_for(|checked| *checked) => false,
+            _ = shutdown.wait_for(|stop| *stop) => true,
+        };
+        if stopped {
+            // Registered already (at start, before this task): a signal
+            // during the start must not leave the entry for node_timeout.
+            return self.leave(&store).await;
         }
         while !self.joined() {
             match self.register(&store, &how).await {
                 Ok(_) => {}
                 Err(RegisterError::Unavailable(e)) => {
                     tracing::debug!(error = %e, "cannot register yet");
-                    tokio::select! {
-                        () = tokio::time::sleep(how.heartbeat_interval) => {}
-                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    let stopped = tokio::select! {
+                        () = tokio::time::sleep(how.heartbeat_interval) => false,
+                        _ = shutdown.wait_for(|stop| *stop) => true,
+                    };
+                    if stopped {
+                        return self.leave(&store).await;
                     }
                 }
                 Err(e) => fatal(&e),
@@ -536,6 +544,22 @@ impl Membership {
                 Err(e) => tracing::debug!(error = %e, "cannot read live gateways"),
             }
         }
+        self.leave(&store).await;
+    }
+
+    /// Leaves the cluster at shutdown: stops coordinating first (this
+    /// gateway's groups forgotten, their parked requests answered
+    /// NOT_COORDINATOR and their queued writes dropped, as Kafka unloads a
+    /// group), so nothing here acts as a coordinator once the others have
+    /// taken its groups over, then deregisters, which tells the others at
+    /// once.
+    async fn leave(&self, store: &Store) {
+        if !self.joined() {
+            return;
+        }
+        self.joined.store(false, Ordering::SeqCst);
+        self.forget_all.store(true, Ordering::SeqCst);
+        self.changes.send_modify(|n| *n += 1);
         if let Err(e) = store.deregister(self.my_id(), &self.instance).await {
             tracing::debug!(error = %e, "cannot deregister");
         }

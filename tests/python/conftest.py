@@ -160,6 +160,8 @@ def ketch_env():
     a setting (KETCH_BIN would be an error), and "ketch serving" is logged at
     info."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KETCH_")}
+    # Shut down at once on SIGTERM: no load balancer to take it out first.
+    env["KETCH_BROKER_SHUTDOWN_DELAY"] = "0s"
     env["RUST_LOG"] = "info"
     env["NO_COLOR"] = "1"
     return env

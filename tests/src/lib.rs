@@ -1666,6 +1666,16 @@ impl Ketch {
                     ]
                 },
             )
+            // Shut down at once on SIGTERM (no load balancer to take it
+            // out first), unless the test says otherwise.
+            .args(
+                if binary != ketch_bin() || extra_args.iter().any(|a| a.starts_with("broker.shutdown_delay"))
+                {
+                    Vec::new()
+                } else {
+                    vec!["--set".to_owned(), "broker.shutdown_delay=0s".to_owned()]
+                },
+            )
             .args(["--redis-url", redis_url, "--http-listen", &http])
             // A list of seed nodes is a Redis Cluster ([`RedisCluster::url`]);
             // extra arguments may still set the mode themselves.

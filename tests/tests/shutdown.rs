@@ -76,3 +76,36 @@ fn sighup_does_not_stop_a_gateway_without_tls() {
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     assert!(ketch.wait_exit(Duration::ZERO).is_none(), "still running");
 }
+
+/// On SIGTERM a gateway first drains for `broker.shutdown_delay`: `/ready`
+/// answers 503, so a load balancer takes it out, while it still serves
+/// (a new connection's request too); then it stops. Before, every listener
+/// closed at the signal while the balancer still sent clients to it.
+#[test]
+fn sigterm_first_takes_the_gateway_out_of_the_load_balancer_then_stops() {
+    let redis = RedisServer::start();
+    let mut ketch = Ketch::start(&redis.url(), &["--set", "broker.shutdown_delay=3s"]);
+    assert_eq!(ketch.http_get("/ready").0, 200);
+    ketch.terminate();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, body) = ketch.http_get("/ready");
+        if status == 503 {
+            assert!(body.contains("shutting down"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "/ready still {status} after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let topic = unique_topic("draining");
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(
+        raw::create_topic(&mut conn, &topic, 1),
+        code::NONE,
+        "served while draining"
+    );
+    let status = ketch
+        .wait_exit(Duration::from_secs(20))
+        .expect("ketch still running 20 s after SIGTERM");
+    assert!(status.success(), "exit status {status}");
+}
