@@ -8,7 +8,9 @@
 # pytest, confluent-kafka, kafka-python, pyiceberg and psycopg2 with pip).
 # Starts no shared Redis: every test starts its own redis-server (or Redis
 # Cluster) on free ports. The suites that hold for either mode run a second
-# time against a 3-master Redis Cluster (TEST_REDIS_MODE=cluster).
+# time against a 3-master Redis Cluster (TEST_REDIS_MODE=cluster); those
+# of the data path a third time against Valkey 8, a Redis 7.2+ server
+# (unpacked from bookworm-backports).
 # Respects CARGO_TARGET_DIR. Exits non-zero if any step fails.
 set -uo pipefail
 
@@ -73,6 +75,34 @@ install_prerequisites() {
     fi
 }
 
+# Valkey 8 (bookworm-backports; a fork of Redis 7.2), for the suites that
+# run again on a newer server than bookworm's redis-server 7.0: Redis 7.2
+# changed commands ketch uses (XSETID refuses an id below the largest one
+# deleted; WAITAOF exists). Unpacked under the target directory (no system
+# apt source is added: the download reads a sources list of its own), once.
+install_valkey() {
+    if [ -x "$VALKEY_SERVER" ]; then
+        echo "already unpacked: $VALKEY_SERVER"
+        return 0
+    fi
+    local dir="$target_dir/valkey"
+    rm -rf "$dir"
+    mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/debs"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main" \
+        > "$dir/sources.list"
+    local opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache")
+    apt-get "${opts[@]}" update || return 1
+    (cd "$dir/debs" && apt-get "${opts[@]}" download valkey-server valkey-tools) || return 1
+    local deb
+    for deb in "$dir"/debs/*.deb; do
+        dpkg -x "$deb" "$dir/root" || return 1
+    done
+    # Its libraries, from bookworm itself.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y libjemalloc2 liblzf1 || return 1
+    "$VALKEY_SERVER" --version
+}
+
 # Builds the upgrade base's `ketch` in a temporary worktree, once per
 # target directory. It shares this target directory (its dependencies are
 # this tree's), and its workspace crates are named like this tree's, so
@@ -115,11 +145,16 @@ export KETCH_BIN="$target_dir/debug/ketch"
 upgrade_base_commit=$(grep -v '^#' scripts/upgrade-base | head -n 1)
 export KETCH_UPGRADE_BASE_BIN="$target_dir/upgrade-base/ketch-$upgrade_base_commit"
 
+export VALKEY_SERVER="$target_dir/valkey/root/usr/bin/valkey-server"
+
 # End-to-end suites written against TestRedis, which hold in both modes
 # (run with --workspace: the same features, so nothing is built again).
 cluster_suites=(roundtrip compression produce_fetch membership multi_gateway list_offsets offsets
     idempotence admin admin_apis retention tiering load_balancer security observability transactions topic_configs compaction
     quotas tail)
+# The suites of the data path, run again on Valkey 8 (a Redis 7.2+ server).
+valkey_suites=(roundtrip compression produce_fetch idempotence durability retention compaction tail offsets
+    transactions)
 
 results=()
 failed=0
@@ -148,6 +183,7 @@ skip() {
 }
 
 step "install prerequisites" install_prerequisites
+step "unpack Valkey 8 (bookworm-backports)" install_valkey
 step "build the upgrade base (ketch at $upgrade_base_commit)" build_upgrade_base
 step "cargo fmt --all --check" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
@@ -158,6 +194,9 @@ if [[ "${results[-1]}" == ok* ]] && [ -x "$KETCH_BIN" ]; then
     step "end-to-end suites again on a Redis Cluster (TEST_REDIS_MODE=cluster)" \
         env TEST_REDIS_MODE=cluster cargo test --workspace --no-fail-fast \
         "${cluster_suites[@]/#/--test=}" -- --test-threads=2
+    step "data-path suites again on Valkey 8, a Redis 7.2+ server (REDIS_SERVER=valkey-server)" \
+        env REDIS_SERVER="$VALKEY_SERVER" cargo test --workspace --no-fail-fast \
+        "${valkey_suites[@]/#/--test=}" -- --test-threads=2
     step "python and kcat tests (pytest tests/python)" python3 -m pytest -q tests/python
     # Docker: installs docker.io and docker-compose, starts (and stops) dockerd,
     # builds stand-in images from Debian packages and puts this KETCH_BIN in the image.
@@ -167,6 +206,7 @@ else
     failed=1
     skip "cargo test --workspace"
     skip "end-to-end suites again on a Redis Cluster (TEST_REDIS_MODE=cluster)"
+    skip "data-path suites again on Valkey 8, a Redis 7.2+ server (REDIS_SERVER=valkey-server)"
     skip "python and kcat tests (pytest tests/python)"
     skip "docker compose stack (scripts/compose-test.sh)"
 fi

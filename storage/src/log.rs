@@ -766,11 +766,21 @@ impl Store {
         }
         match exec.ok()? {
             Reply::Array(results) => {
+                let mut results = results.into_iter();
                 let reserve = results
-                    .into_iter()
                     .next()
                     .ok_or_else(|| StorageError::Data("empty EXEC reply".to_owned()))?;
-                parse_append_reply(reserve.ok()?)
+                let reply = parse_append_reply(reserve.ok()?)?;
+                // The reservation stands once made: a refused XADD leaves
+                // its offsets without their batch. Nothing known refuses
+                // it (its id is above the log's last); were something to,
+                // the producer must not be told the batch is stored.
+                if let Some(Err(e)) = results.next().map(Reply::ok) {
+                    tracing::error!(partition = %keys.meta, error = %e,
+                        "a staged batch was refused after its offsets were reserved; the offsets stay empty");
+                    return Err(e);
+                }
+                Ok(reply)
             }
             other => Err(StorageError::Data(format!(
                 "append transaction replied {other:?}"

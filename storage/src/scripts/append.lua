@@ -242,10 +242,13 @@ if ARGV[1] ~= 'reserve' then
   redis.call('XADD', KEYS[3], string.format('%d-%d', base + count - 1, count), 'b', ARGV[13], 't', ARGV[4])
 else
   if redis.call('EXISTS', KEYS[3]) == 0 then
-    -- First batch: create the empty stream the staged XADD needs.
-    redis.call('XADD', KEYS[3], '0-1', 'x', '')
-    redis.call('XDEL', KEYS[3], '0-1')
-    redis.call('XSETID', KEYS[3], '0-0')
+    -- First batch: create the empty stream the staged XADD needs, its last
+    -- id 0-0 (a one-record batch at offset 0 is entry 0-1). Through a
+    -- consumer group made and dropped at once: an entry added and deleted
+    -- would leave 0-1 as the largest id deleted, below which Redis 7.2 and
+    -- later refuse XSETID.
+    redis.call('XGROUP', 'CREATE', KEYS[3], 'ketch-create', '0', 'MKSTREAM')
+    redis.call('XGROUP', 'DESTROY', KEYS[3], 'ketch-create')
   end
   redis.call('RENAME', KEYS[3], KEYS[4])
 end
