@@ -335,13 +335,16 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
         assert_eq!(committed, vec![0]);
     }
 
-    // A second member's join starts a rebalance (it waits for the first
-    // to rejoin): the group describes no subscriptions in this state.
+    // A second member's join, subscribed to the other topic, starts a
+    // rebalance (it waits for the first to rejoin): the group describes no
+    // subscriptions in this state, and what stays is what the generation's
+    // members subscribed to when it began, as in Kafka (`other` is not,
+    // though a member that joined since subscribes to it).
     let addr = ketch.kafka_addr();
-    let (group2, consumed2) = (group.clone(), consumed.clone());
+    let (group2, other2) = (group.clone(), other.clone());
     let second = std::thread::spawn(move || {
         let mut conn = KafkaConn::connect(addr);
-        join(&mut conn, &group2, "", "consumer", &[&consumed2]).error_code
+        join(&mut conn, &group2, "", "consumer", &[&other2]).error_code
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -368,6 +371,14 @@ fn offsets_of_topics_a_group_consumes_stay_during_a_rebalance() {
         code::NONE
     );
     assert_eq!(second.join().unwrap(), code::NONE);
+    // The new generation subscribes to both.
+    assert_eq!(
+        delete_offsets(&mut conn, &group, &[&consumed, &other]),
+        (
+            code::NONE,
+            vec![GROUP_SUBSCRIBED_TO_TOPIC, GROUP_SUBSCRIBED_TO_TOPIC]
+        )
+    );
 
     // A group whose members do not use the consumer protocol keeps its
     // offsets while it has members.

@@ -193,6 +193,11 @@ pub struct Group {
     generation: i32,
     protocol_type: Option<StrBytes>,
     protocol_name: Option<StrBytes>,
+    /// The members' metadata under the chosen protocol when the current
+    /// generation began (or the group was restored): what OffsetDelete
+    /// leaves alone, through a rebalance too, whose rejoins do not change
+    /// it (Kafka's `subscribedTopics`, computed in `initNextGeneration`).
+    generation_metadata: Option<Vec<Bytes>>,
     leader: Option<StrBytes>,
     members: BTreeMap<StrBytes, Member>,
     /// group.instance.id → member id (KIP-345).
@@ -250,6 +255,7 @@ impl Group {
             generation: 0,
             protocol_type: None,
             protocol_name: None,
+            generation_metadata: None,
             leader: None,
             members: BTreeMap::new(),
             static_members: HashMap::new(),
@@ -301,6 +307,7 @@ impl Group {
         } else {
             group.transition(State::Stable, now);
         }
+        group.generation_metadata = group.current_metadata();
         group
     }
 
@@ -711,6 +718,18 @@ impl Group {
             self.protocol_name = Some(self.select_protocol());
             self.transition(State::CompletingRebalance, now);
         }
+        self.generation_metadata = self.current_metadata();
+    }
+
+    /// The members' metadata under the chosen protocol: none for a group
+    /// without members (nothing subscribed); `None` when members have no
+    /// generation that chose a protocol.
+    fn current_metadata(&self) -> Option<Vec<Bytes>> {
+        if self.members.is_empty() {
+            return Some(Vec::new());
+        }
+        let protocol = self.protocol_name.as_ref()?;
+        Some(self.members.values().map(|m| m.metadata(protocol)).collect())
     }
 
     fn transition(&mut self, state: State, now: Instant) {
@@ -1037,20 +1056,18 @@ impl Group {
             .with_members(members)
     }
 
-    /// What OffsetDelete must leave alone, whatever the group's state (a
-    /// rebalance included, where [`Group::describe`] shows no metadata):
-    /// `None` without members; else the protocol type and the members'
-    /// metadata under the generation's protocol (`None` before the first
-    /// generation chose one: every topic counts as subscribed).
+    /// What OffsetDelete must leave alone, whatever the group's state: `None`
+    /// without members; else the protocol type and the members' metadata
+    /// under the protocol of the generation, as it was when the generation
+    /// began (a rebalance under way, whose members may rejoin with other
+    /// subscriptions, does not change it, as in Kafka); `None` metadata
+    /// before the first generation chose a protocol (every topic then counts
+    /// as subscribed).
     pub fn subscriptions(&self) -> Option<(StrBytes, Option<Vec<Bytes>>)> {
         if self.members.is_empty() {
             return None;
         }
-        let metadata = self
-            .protocol_name
-            .as_ref()
-            .map(|protocol| self.members.values().map(|m| m.metadata(protocol)).collect());
-        Some((self.protocol_type(), metadata))
+        Some((self.protocol_type(), self.generation_metadata.clone()))
     }
 
     /// Kafka's `validateOffsetCommit`. A `transactional` commit (TxnOffsetCommit
