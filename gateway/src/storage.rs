@@ -98,7 +98,8 @@ pub trait Storage: Send + Sync {
     async fn groups_with_offsets(&self) -> Result<Vec<String>>;
     /// Groups with a stored snapshot, offsets or not.
     async fn groups_with_snapshots(&self) -> Result<Vec<String>>;
-    /// Whether `group` has committed offsets.
+    /// Whether `group` has committed offsets, or offsets an open
+    /// transaction staged for it.
     async fn group_has_offsets(&self, group: &str) -> Result<bool> {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
     }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
+use crate::transactions::{APPLIED_FIELD, ORDER_FIELD};
 use crate::{Result, StorageError, Store};
 
 /// One committed offset.
@@ -349,17 +350,23 @@ impl Store {
         Ok(invocation.invoke_async(&mut self.conn()).await?)
     }
 
-    /// Deletes every committed offset of the group; true if it had any.
+    /// Deletes every committed offset of the group, and those open
+    /// transactions staged for it (as Kafka's DeleteGroups writes their
+    /// tombstones too); true if it had any of either.
     pub async fn delete_group_offsets(&self, group: &str) -> Result<bool> {
-        let (_, deleted, _): (i64, i64, i64) = redis::pipe()
+        let txn_key = self.group_txn_offsets_key(group);
+        let (staged, order, applied, _, deleted, _): (i64, i64, i64, i64, i64, i64) = redis::pipe()
+            .hlen(&txn_key)
+            .hexists(&txn_key, ORDER_FIELD)
+            .hexists(&txn_key, APPLIED_FIELD)
             .del(self.group_state_key(group))
             .del(self.group_offsets_key(group))
             .srem(self.groups_key(), group)
-            .del(self.group_txn_offsets_key(group))
+            .del(&txn_key)
             .ignore()
             .query_async(&mut self.conn())
             .await?;
-        Ok(deleted > 0)
+        Ok(deleted > 0 || staged - order - applied > 0)
     }
 
     /// Removes a deleted topic's offsets, committed and staged by open
@@ -440,10 +447,20 @@ impl Store {
         Ok(())
     }
 
-    /// Whether `group` has committed offsets (a group without members
-    /// whose consumers assign their own partitions).
+    /// Whether `group` has committed offsets, or offsets an open
+    /// transaction staged for it (a group without members whose consumers
+    /// assign their own partitions, or that only a producer's
+    /// TxnOffsetCommit named: Kafka's coordinator creates the group then).
     pub async fn group_has_offsets(&self, group: &str) -> Result<bool> {
-        Ok(self.conn().exists(self.group_offsets_key(group)).await?)
+        let txn_key = self.group_txn_offsets_key(group);
+        let (committed, staged, order, applied): (bool, i64, i64, i64) = redis::pipe()
+            .exists(self.group_offsets_key(group))
+            .hlen(&txn_key)
+            .hexists(&txn_key, ORDER_FIELD)
+            .hexists(&txn_key, APPLIED_FIELD)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(committed || staged - order - applied > 0)
     }
 
     /// Groups that have committed offsets still stored; those listed

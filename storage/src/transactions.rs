@@ -906,11 +906,11 @@ impl Store {
 
 /// The field of `ketch:group:{GROUP}:txn-offsets` that every apply writes
 /// (`scripts/txn_offsets.lua`), not a staged offset.
-const APPLIED_FIELD: &str = "applied";
+pub(crate) const APPLIED_FIELD: &str = "applied";
 
 /// The field of `ketch:group:{GROUP}:txn-offsets` that counts the stages
 /// (`scripts/offset_order.lua`), not a staged offset.
-const ORDER_FIELD: &str = "order";
+pub(crate) const ORDER_FIELD: &str = "order";
 
 /// A transaction staging offsets: its id, producer and number.
 #[derive(Debug, Clone, Copy)]

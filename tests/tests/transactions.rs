@@ -1447,7 +1447,20 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
     end(&mut conn, a, true);
     eventually("committed", (code::NONE, 42), || fetch(&mut conn, true, false));
     assert_eq!(fetch(&mut conn, true, true), (code::NONE, 42));
+    // The group never had members (no snapshot): its offsets expire after
+    // the retention from this commit, as a standalone group's do.
+    let mut redis_conn = redis.connection();
+    let pttl = |redis_conn: &mut ketch_tests::TestConnection, key: &str| -> i64 {
+        redis::cmd("PTTL").arg(key).query(redis_conn).expect("PTTL")
+    };
+    let offsets_key = format!("ketch:group:{{{group}}}:offsets");
+    let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
+    assert!(
+        pttl(&mut redis_conn, &offsets_key) > 0,
+        "a standalone group's offsets expire"
+    );
     stage(&mut conn, a, 99);
+    assert_eq!(pttl(&mut redis_conn, &staged_key), -1, "staged offsets stay");
     end(&mut conn, a, false);
     eventually(
         "an aborted transaction's offsets never apply",
@@ -1455,6 +1468,11 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
         || fetch(&mut conn, true, false),
     );
     assert_eq!(fetch(&mut conn, false, false), (code::NONE, 42));
+    // Nothing staged is left: the staged offsets' key expires with the
+    // offsets rather than outliving them.
+    eventually("the staged offsets' key expires", true, || {
+        pttl(&mut redis_conn, &staged_key) > 0
+    });
 
     // Both producers stage the partition's offset; each commit applies its own.
     stage(&mut conn, a, 100);
@@ -1479,8 +1497,6 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
 
     // Offsets a finished transaction left staged are removed by the next
     // reader that asks for stable offsets.
-    let mut redis_conn = redis.connection();
-    let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
     let field = format!("{topic}:0:{}", a.1);
     let json = r#"{"offset":7,"leader_epoch":-1,"metadata":null,"commit_ms":0}"#;
     let left = format!("2:{}:{}{json}", a.0.len(), a.0);
@@ -1541,17 +1557,16 @@ fn offsets_committed_in_a_transaction_apply_on_commit_only() {
 
     // The group has no members: a plain commit leaves its offsets, and what
     // it keeps beside them, to expire after the retention (a TTL).
-    let pttl = |redis_conn: &mut ketch_tests::TestConnection, key: &str| -> i64 {
-        redis::cmd("PTTL").arg(key).query(redis_conn).expect("PTTL")
-    };
-    let offsets_key = format!("ketch:group:{{{group}}}:offsets");
     let plain: kafka_protocol::messages::OffsetCommitResponse =
         conn.request(8, &raw::offset_commit_request(&group, "", -1, &topic, 0, 500));
     assert_eq!(plain.topics[0].partitions[0].error_code, code::NONE);
     assert!(pttl(&mut redis_conn, &offsets_key) > 0);
+    // (Gone already: nothing was staged, and the group had no offsets
+    // when the last transaction ended.)
+    let staged = pttl(&mut redis_conn, &staged_key);
     assert!(
-        pttl(&mut redis_conn, &staged_key) > 0,
-        "the staged offsets' key expires with the group"
+        staged > 0 || staged == -2,
+        "the staged offsets' key expires with the group ({staged})"
     );
     // Its last plain commit long ago (5 s of retention left): a
     // transaction's commit renews it, as a commit; what it stages stays
@@ -1847,19 +1862,87 @@ fn a_deleted_topics_staged_offsets_go_with_it() {
     assert_eq!(staged_fields(), Vec::<String>::new(), "dropped with the topic");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
-    // The commit applied (it records itself) without the offset.
-    eventually("the commit applied", true, || {
-        redis::cmd("HEXISTS")
+    // The commit applied without the offset; with nothing staged left and
+    // no committed offsets, the staged offsets' key goes too (it does not
+    // outlive the group).
+    eventually("the commit applied", false, || {
+        redis::cmd("EXISTS")
             .arg(&staged_key)
-            .arg("applied")
             .query::<bool>(&mut redis.connection())
-            .expect("HEXISTS")
+            .expect("EXISTS")
     });
     let offsets: Vec<String> = redis::cmd("HKEYS")
         .arg(format!("ketch:group:{{{group}}}:offsets"))
         .query(&mut redis.connection())
         .expect("HKEYS");
     assert_eq!(offsets, Vec::<String>::new());
+}
+
+/// A group that only a transaction's TxnOffsetCommit named exists, as
+/// Kafka's coordinator creates it then: DeleteGroups deletes it with the
+/// offsets staged for it (the transaction's commit does not bring them
+/// back), and OffsetDelete answers it rather than GROUP_ID_NOT_FOUND.
+#[test]
+fn a_group_only_a_transaction_named_can_be_deleted() {
+    use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, GroupId};
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-staged-group");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-staged-group-id", &topic);
+    let (group, other) = (unique_topic("staged-only"), unique_topic("staged-only-other"));
+    for g in [&group, &other] {
+        stage_offset(&mut conn, g, &(id.clone(), pid, epoch), &topic, 42);
+    }
+    let delete: kafka_protocol::messages::OffsetDeleteResponse = conn.request(
+        0,
+        &kafka_protocol::messages::OffsetDeleteRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(other.clone())))
+            .with_topics(vec![
+                kafka_protocol::messages::offset_delete_request::OffsetDeleteRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        kafka_protocol::messages::offset_delete_request::OffsetDeleteRequestPartition::default()
+                            .with_partition_index(0),
+                    ]),
+            ]),
+    );
+    assert_eq!(delete.error_code, code::NONE, "the group exists");
+    assert_eq!(delete.topics[0].partitions[0].error_code, code::NONE);
+    let deleted: DeleteGroupsResponse = conn.request(
+        2,
+        &DeleteGroupsRequest::default()
+            .with_groups_names(vec![GroupId(StrBytes::from_string(group.clone()))]),
+    );
+    assert_eq!(deleted.results[0].error_code, code::NONE, "the group exists");
+    let exists = |key: String| -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut redis.connection())
+            .expect("EXISTS")
+    };
+    assert!(!exists(format!("ketch:group:{{{group}}}:txn-offsets")));
+    // Now it is gone.
+    let again: DeleteGroupsResponse = conn.request(
+        2,
+        &DeleteGroupsRequest::default()
+            .with_groups_names(vec![GroupId(StrBytes::from_string(group.clone()))]),
+    );
+    const GROUP_ID_NOT_FOUND: i16 = 69;
+    assert_eq!(again.results[0].error_code, GROUP_ID_NOT_FOUND);
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
+    eventually("the commit is finished", false, || {
+        [&group, &other]
+            .iter()
+            .any(|g| exists(format!("ketch:group:{{{g}}}:txn-offsets")))
+    });
+    for g in [&group, &other] {
+        assert!(
+            !exists(format!("ketch:group:{{{g}}}:offsets")),
+            "{g}: nothing applied"
+        );
+    }
 }
 
 /// A transactional id unused for `transactions.id_expiration` is forgotten

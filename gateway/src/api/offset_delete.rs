@@ -67,8 +67,10 @@ pub async fn handle(
         Ok(members) => members,
         Err(e) => return OffsetDeleteResponse::default().with_error_code(e.code()),
     };
-    let has_offsets = match ctx.storage.groups_with_offsets().await {
-        Ok(groups) => groups.contains(&group),
+    // Offsets committed, or staged by an open transaction (Kafka's
+    // TxnOffsetCommit creates the group).
+    let has_offsets = match ctx.storage.group_has_offsets(&group).await {
+        Ok(has) => has,
         Err(e) => return OffsetDeleteResponse::default().with_error_code(coordinator_error(&e)),
     };
     // A group in memory exists, members or not (its snapshot was loaded

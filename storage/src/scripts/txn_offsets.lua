@@ -24,10 +24,36 @@
 --         '<producer id>:<transaction number>' too. A group without members
 --         keeps its offsets for the retention from its last commit (a TTL
 --         on its keys, groups.rs): offsets applied here are a commit and
---         renew it, or the TTL an earlier plain commit set would remove them.
+--         renew it, or the TTL an earlier plain commit set would remove them;
+--         and they start it for a group that has no snapshot (no member ever
+--         completed a rebalance in it: a standalone group), whose offsets
+--         would otherwise never go. (A group whose first rebalance is under
+--         way has no snapshot yet either; its first members' own commits
+--         come after that rebalance, and so after its snapshot.)
 -- ARGV[1] 'purge': then field, value pairs: each field is removed if it
 --         still holds that value (staged offsets of a transaction that
 --         ended without applying them). Reply: the fields removed.
+--
+-- A stage keeps KEYS[2] (PERSIST); once an apply or a purge leaves
+-- nothing staged in it, it goes with the committed offsets: their TTL, or
+-- deleted when there are none (its 'order' counter orders stages against
+-- committed offsets, so it is not needed without either), so that it does
+-- not outlive the group.
+local function follow_offsets()
+  local staged = redis.call('HLEN', KEYS[2])
+    - redis.call('HEXISTS', KEYS[2], 'order')
+    - redis.call('HEXISTS', KEYS[2], 'applied')
+  if staged > 0 then
+    return
+  end
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl == -2 then
+    redis.call('DEL', KEYS[2])
+  elseif ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  end
+end
+
 local op = ARGV[1]
 if op == 'stage' then
   -- Staged offsets stay until their transaction ends, whatever the
@@ -76,11 +102,15 @@ if op == 'apply' then
   -- Always a write, so that a WAIT on this connection also covers an
   -- earlier apply of the same transaction (a finish tried again).
   redis.call('HSET', KEYS[2], 'applied', ARGV[2] .. ':' .. ARGV[3])
-  if applied > 0 and redis.call('PTTL', KEYS[1]) > 0 then
-    for i = 1, 3 do
-      redis.call('PEXPIRE', KEYS[i], ARGV[5])
+  if applied > 0 then
+    local ttl = redis.call('PTTL', KEYS[1])
+    if ttl > 0 or (ttl == -1 and redis.call('EXISTS', KEYS[3]) == 0) then
+      for i = 1, 3 do
+        redis.call('PEXPIRE', KEYS[i], ARGV[5])
+      end
     end
   end
+  follow_offsets()
   return applied
 end
 if op == 'purge' then
@@ -91,6 +121,7 @@ if op == 'purge' then
       removed = removed + 1
     end
   end
+  follow_offsets()
   return removed
 end
 return redis.error_reply('unknown txn_offsets operation ' .. tostring(op))
