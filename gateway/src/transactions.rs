@@ -274,6 +274,8 @@ pub async fn sweep(ctx: Arc<Context>) {
         .min(Duration::from_secs(3600))
         .max(every);
     let mut cleaned = tokio::time::Instant::now();
+    // Where the last pass over the idle ids stopped.
+    let mut idle_cursor = 0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -287,7 +289,7 @@ pub async fn sweep(ctx: Arc<Context>) {
         }
         if cleaned.elapsed() >= clean_every {
             cleaned = tokio::time::Instant::now();
-            if let Err(e) = forget_expired(&ctx).await {
+            if let Err(e) = forget_expired(&ctx, &mut idle_cursor).await {
                 tracing::debug!(error = %e, "cannot drop expired transactional ids");
             }
         }
@@ -302,8 +304,16 @@ pub async fn sweep(ctx: Arc<Context>) {
 /// gateway killed between the add that opened it and its schedule, racing
 /// the sweep's move of the id to idle): it is looked at now, or it would
 /// never be aborted and its partitions' last stable offset stay pinned.
-async fn forget_expired(ctx: &Context) -> Result<(), StorageError> {
-    let mut kept = 0;
+///
+/// A pass reads at most [`SWEEP_PAGES`] pages and starts where the last
+/// one stopped (`cursor`, its position among the idle ids), going back to
+/// the first only once a pass reached the end: however many live ids sort
+/// before an expired one (a workload that uses a new transactional id per
+/// checkpoint keeps hundreds of thousands live), passes come round to it.
+async fn forget_expired(ctx: &Context, cursor: &mut usize) -> Result<(), StorageError> {
+    let mut kept = *cursor;
+    // Back to the start at the next pass unless this one stops early.
+    *cursor = 0;
     for _ in 0..SWEEP_PAGES {
         let ids = ctx.storage.txn_idle_ids(kept, SWEEP_BATCH).await?;
         let page = ids.len();
@@ -324,9 +334,10 @@ async fn forget_expired(ctx: &Context) -> Result<(), StorageError> {
             }
         }
         if page < SWEEP_BATCH {
-            break;
+            return Ok(());
         }
     }
+    *cursor = kept;
     Ok(())
 }
 

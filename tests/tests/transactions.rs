@@ -1978,6 +1978,67 @@ fn an_expired_transactional_id_leaves_the_index() {
     }
 }
 
+/// An expired id is dropped from the index however many live idle ids
+/// sort before it: a pass reads 10,000 at most, and the next one goes on
+/// from where it stopped (a workload with a new transactional id per
+/// checkpoint keeps hundreds of thousands live; before, every pass began
+/// at the first and never reached the rest).
+#[test]
+fn an_expired_id_behind_ten_thousand_live_ones_leaves_the_index() {
+    const LIVE: usize = 10_050;
+    const IDLE_SCORE: f64 = 9.0e15;
+    let redis = TestRedis::start();
+    let mut seed = redis.connection();
+    let mut pipe = redis::pipe();
+    for i in 0..LIVE {
+        let id = format!("a-live-{i:05}");
+        pipe.cmd("HSET")
+            .arg(format!("ketch:txn:{{{id}}}"))
+            .arg("state")
+            .arg("CompleteCommit")
+            .arg("pid")
+            .arg(1000 + i)
+            .arg("epoch")
+            .arg(0)
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg("ketch:transactions")
+            .arg(IDLE_SCORE)
+            .arg(&id)
+            .ignore();
+    }
+    // Listed, its state expired.
+    pipe.cmd("ZADD")
+        .arg("ketch:transactions")
+        .arg(IDLE_SCORE)
+        .arg("zz-gone")
+        .ignore();
+    let () = pipe.query(&mut seed).expect("seed the index");
+    let _ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "transactions.id_expiration=1s",
+            "--set",
+            "transactions.abort_check_interval=100ms",
+        ],
+    );
+    let listed = |id: &str| -> bool {
+        redis::cmd("ZSCORE")
+            .arg("ketch:transactions")
+            .arg(id)
+            .query::<Option<f64>>(&mut redis.connection())
+            .unwrap()
+            .is_some()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while listed("zz-gone") {
+        assert!(Instant::now() < deadline, "still listed 90 s on");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(listed("a-live-00000") && listed("a-live-10049"), "live ids stay");
+}
+
 /// A transactional offset commit (v3) that names a static member only by
 /// its instance id, its generation reset (-1, no member id: what the Java
 /// producer sends for a consumer that lost its generation), is validated
