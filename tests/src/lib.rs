@@ -831,6 +831,17 @@ impl TestRedis {
         next_offset(&mut self.connection(), topic, partition)
     }
 
+    /// How many aborted transactions a partition's index lists
+    /// (`ketch:{TAG}:aborted`).
+    pub fn aborted_count(&self, topic: &str, partition: usize) -> i64 {
+        let mut conn = self.connection();
+        let key = partition_key(&mut conn, topic, partition, "aborted");
+        redis::cmd("ZCARD")
+            .arg(key)
+            .query(&mut conn)
+            .expect("ZCARD aborted")
+    }
+
     /// The state a partition keeps for an idempotent producer, as stored
     /// (`ketch:{TAG}:producers`).
     pub fn producer_state(&self, topic: &str, partition: usize, producer_id: i64) -> Option<Vec<u8>> {

@@ -122,11 +122,10 @@ if new_start > log_start then
   log_start = new_start
   redis.call('HSET', KEYS[1], 'log_start', string.format('%d', log_start))
 end
--- Quarantined batches below the log start are no longer readable, nor are
--- aborted transactions that ended below it.
+-- Quarantined batches below the log start are no longer readable (aborted
+-- transactions that ended below it go below, with the local trim).
 redis.call('XTRIM', KEYS[5], 'MINID', string.format('%d', log_start))
 redis.call('XTRIM', KEYS[7], 'MINID', string.format('%d', log_start))
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', log_start))
 
 -- Remote storage turned off: the segments still in Redis forget their archive
 -- files and quarantine (their batches are in the log), and the quarantine
@@ -182,6 +181,31 @@ if new_local > local_start then
   -- Entry ids are <last_offset>-<count>: MINID removes batches whose last offset is below it.
   redis.call('XTRIM', KEYS[3], 'MINID', string.format('%d', local_start))
 end
+
+-- Aborted transactions that ended below the log start are not needed. With
+-- remote storage neither are those that ended below the local start, as far
+-- as the first segment there that is not settled in the archive (one
+-- quarantined, served raw from the quarantine stream, or whose archive copy
+-- is being purged): a read below the local start reads the archive, which
+-- holds committed records only (architecture.md, Decision (x)), and
+-- archiving reads the index from each segment's base. Else a topic whose
+-- log start never moves (retention.ms -1, a long retention beside a short
+-- local one) would keep one entry per aborted transaction for ever.
+local aborted_below = log_start
+if remote and not no_archive then
+  aborted_below = math.max(log_start, local_start)
+  for i = first_kept, #segments do
+    local segment = segments[i]
+    if segment.base >= aborted_below then
+      break
+    end
+    if segment.quarantine or segment.purge or not (segment.path or segment.skipped) then
+      aborted_below = math.max(log_start, segment.base)
+      break
+    end
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', aborted_below))
 
 -- Producer state idle past producers.expiration is forgotten, as Kafka
 -- forgets it: the producer's next batch then starts over at sequence 0.
