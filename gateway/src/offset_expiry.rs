@@ -9,7 +9,8 @@
 //! (docs/architecture.md §5). An offset an open transaction has staged a
 //! new offset for stays. Each gateway looks at the groups it coordinates,
 //! and writes again the retention of those it holds (kept while they have
-//! members, expiring once Empty), should a failover have lost one.
+//! members, expiring once Empty), should a failover have lost one, and
+//! drops the offsets a finished transaction left staged.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -56,6 +57,13 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
             continue;
         }
         ctx.groups.keep_retention(&group);
+        // Offsets left staged by a transaction that ended without them (a
+        // gateway that died between a stage and its re-check) go, so that
+        // they hold no offset here and the staged offsets' key can expire
+        // with the group (scripts/txn_offsets.lua).
+        if let Err(e) = ctx.storage.unstable_partitions(&group).await {
+            tracing::debug!(%group, error = %e, "cannot look for offsets left staged");
+        }
         // The topics whose offsets stay whatever their age; `None`: none.
         let subscribed: Option<HashSet<String>> = match ctx.groups.expiring(&group).await {
             Ok(Expiring::All) => None,

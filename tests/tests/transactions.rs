@@ -1951,6 +1951,45 @@ fn a_group_only_a_transaction_named_can_be_deleted() {
     }
 }
 
+/// An offset a finished transaction left staged (its gateway died between
+/// the stage and its re-check) goes at the offset expiry's next look, not
+/// only when a reader asks for stable offsets: else it would hold the
+/// partition's committed offset from expiring and keep the staged
+/// offsets' key for ever.
+#[test]
+fn an_offset_left_staged_goes_at_the_next_expiry_look() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "groups.offsets_retention_check_interval=200ms"],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("left-staged");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = unique_topic("left-staged-group");
+    let plain: kafka_protocol::messages::OffsetCommitResponse =
+        conn.request(8, &raw::offset_commit_request(&group, "", -1, &topic, 0, 5));
+    assert_eq!(plain.topics[0].partitions[0].error_code, code::NONE);
+    // Staged by a transactional id that has no state (long finished).
+    let staged_key = format!("ketch:group:{{{group}}}:txn-offsets");
+    let field = format!("{topic}:0:424242");
+    let id = "long-gone-id";
+    let json = r#"{"offset":7,"leader_epoch":-1,"metadata":null,"commit_ms":0}"#;
+    let _: i64 = redis::cmd("HSET")
+        .arg(&staged_key)
+        .arg(&field)
+        .arg(format!("3:{}:{id}{json}", id.len()))
+        .query(&mut redis.connection())
+        .expect("HSET");
+    eventually("the leftover is swept", false, || {
+        redis::cmd("HEXISTS")
+            .arg(&staged_key)
+            .arg(&field)
+            .query::<bool>(&mut redis.connection())
+            .expect("HEXISTS")
+    });
+}
+
 /// A transactional id unused for `transactions.id_expiration` is forgotten
 /// whole: its state expires, and the sweeper drops it from the index too
 /// (which ListTransactions reads), though it is never due again.
