@@ -287,6 +287,15 @@ impl DurablePool {
                     let mut slots = masters.slots.write().await;
                     if *slots != ranges {
                         tracing::debug!(?ranges, "the slot map changed");
+                        // The pools of nodes that serve no slot now go (a
+                        // failed-over master, one a resharding emptied, a
+                        // pod that came back under another address): a
+                        // connection taken from one stays usable until
+                        // dropped, and one of them serving again gets a
+                        // new pool when first needed.
+                        let serving = crate::connection::masters_of(&ranges);
+                        (masters.pools.lock().expect("durable pools"))
+                            .retain(|address, _| serving.contains(address));
                     }
                     *slots = ranges;
                     Ok(())

@@ -130,6 +130,8 @@ pub struct Store {
     wake: WakeHub,
     topics: Arc<topics::TopicCache>,
     appenders: Arc<log::Appenders>,
+    /// When [`Store::forget_deleted_partitions`] last pruned `appenders`.
+    partitions_pruned: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
     scripts: Arc<Scripts>,
     /// The server's address in single mode (`host:port`), for reports.
     server: Arc<str>,
@@ -291,6 +293,7 @@ impl Store {
             wake,
             topics: Arc::new(topics::TopicCache::default()),
             appenders: Arc::new(log::Appenders::default()),
+            partitions_pruned: Arc::default(),
             scripts: Arc::new(Scripts {
                 append: redis::Script::new(APPEND_SCRIPT),
                 delete_records: redis::Script::new(allow_oom!("scripts/delete_records.lua")),

@@ -276,6 +276,16 @@ impl Appenders {
         }
     }
 
+    /// Forgets the partitions whose meta keys are not in `live` (those of
+    /// deleted topics). A slot an append holds or waits for stays; one
+    /// forgotten while idle is made again, expecting nothing, by the next
+    /// append (as after a restart).
+    pub(crate) fn retain(&self, live: &std::collections::HashSet<&str>) {
+        (self.partitions.lock().expect("appenders lock"))
+            .retain(|key, slot| live.contains(key.as_str()) || Arc::strong_count(slot) > 1);
+        (self.read_sizes.lock().expect("read sizes lock")).retain(|key, _| live.contains(key.as_str()));
+    }
+
     /// The partition's append slot: held while this gateway appends to the
     /// partition, it keeps the next offset the last append left.
     fn slot(&self, meta_key: &str) -> Arc<tokio::sync::Mutex<Option<i64>>> {
@@ -1272,6 +1282,25 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn deleted_partitions_are_forgotten_unless_an_append_holds_them() {
+        let appenders = Appenders::default();
+        for key in ["live", "deleted", "busy"] {
+            *appenders.slot(key).lock().await = Some(7);
+            appenders.learn_read(key, None, None);
+        }
+        let held = appenders.slot("busy");
+        let _turn = held.lock().await;
+        appenders.retain(&["live"].into_iter().collect());
+        let slots: Vec<String> = appenders.partitions.lock().unwrap().keys().cloned().collect();
+        assert_eq!(slots.len(), 2, "{slots:?}");
+        assert!(slots.contains(&"live".to_owned()) && slots.contains(&"busy".to_owned()));
+        let sizes: Vec<String> = appenders.read_sizes.lock().unwrap().keys().cloned().collect();
+        assert_eq!(sizes, ["live"]);
+        // The live partition's slot keeps what it expects.
+        assert_eq!(*appenders.slot("live").lock().await, Some(7));
+    }
 
     #[test]
     fn the_last_stable_offset_is_never_below_the_log_start() {

@@ -231,6 +231,21 @@ impl TopicCache {
         by_id.insert(topic.id, topic);
     }
 
+    /// Forgets every topic not put since `listed_at`, the start of a
+    /// complete listing that put every topic it found: those deleted since
+    /// they were cached (through another gateway, where no lookup of the
+    /// name here would forget them), each holding its partitions' keys.
+    fn forget_unlisted(&self, listed_at: Instant) {
+        // `by_name` held while `by_id` is taken, as in `forget`.
+        let mut by_name = self.by_name.write().expect("topic cache lock");
+        by_name.retain(|_, (_, at)| *at >= listed_at);
+        let ids: std::collections::HashSet<Uuid> = by_name.values().map(|(t, _)| t.id).collect();
+        self.by_id
+            .write()
+            .expect("topic cache lock")
+            .retain(|id, _| ids.contains(id));
+    }
+
     fn forget(&self, name: &str) {
         if let Some((topic, _)) = self.by_name.write().expect("topic cache lock").remove(name) {
             self.by_id.write().expect("topic cache lock").remove(&topic.id);
@@ -297,6 +312,7 @@ impl Store {
     /// Every topic, read from Redis now, sorted by name. A record this
     /// release cannot read is left out (and logged), not the listing failed.
     pub async fn all_topics(&self) -> Result<Vec<Arc<Topic>>> {
+        let listed_at = Instant::now();
         let all: Vec<(String, String)> = self.conn().hgetall(self.keys.topics()).await?;
         let mut topics = Vec::with_capacity(all.len());
         for (name, json) in all {
@@ -310,8 +326,30 @@ impl Store {
             self.topics.put(topic.clone());
             topics.push(topic);
         }
+        self.topics.forget_unlisted(listed_at);
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(topics)
+    }
+
+    /// Forgets what this gateway keeps per partition (append slots, the
+    /// batch sizes reads saw) of every partition not in `topics`, a
+    /// complete listing ([`Store::all_topics`]): those of deleted topics,
+    /// which would otherwise stay until the gateway restarts. At most once
+    /// a minute; the storage worker calls it with each tick's listing.
+    pub fn forget_deleted_partitions(&self, topics: &[Arc<Topic>]) {
+        const EVERY: Duration = Duration::from_secs(60);
+        {
+            let mut last = self.partitions_pruned.lock().expect("prune time");
+            if last.is_some_and(|at| at.elapsed() < EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let live: std::collections::HashSet<&str> = topics
+            .iter()
+            .flat_map(|t| t.keys.iter().map(|k| k.meta.as_str()))
+            .collect();
+        self.appenders.retain(&live);
     }
 
     /// The topic whose id is `id`.
@@ -725,6 +763,37 @@ mod tests {
         }
         assert!(validate_topic_name(&"a".repeat(249)).is_ok());
         assert!(validate_topic_name(&"a".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn a_listing_forgets_the_topics_it_did_not_find() {
+        let keys = Keys::new("ketch");
+        let topic = |name: &str| {
+            let t = Topic {
+                name: name.into(),
+                id: Uuid::new_v4(),
+                tags: vec![format!("{name}:0")],
+                configs: BTreeMap::new(),
+                drop_archive: false,
+                keys: Vec::new(),
+            };
+            Arc::new(t.with_keys(&keys))
+        };
+        let cache = TopicCache::default();
+        let (gone, kept) = (topic("gone"), topic("kept"));
+        cache.put(gone.clone());
+        let listed_at = Instant::now();
+        // The listing puts what it finds; one created meanwhile is put too.
+        cache.put(kept.clone());
+        let created = topic("created");
+        cache.put(created.clone());
+        cache.forget_unlisted(listed_at);
+        let names: Vec<String> = cache.by_name.read().unwrap().keys().cloned().collect();
+        assert!(!names.contains(&"gone".to_owned()), "{names:?}");
+        assert_eq!(names.len(), 2, "{names:?}");
+        let ids = cache.by_id.read().unwrap();
+        assert!(!ids.contains_key(&gone.id));
+        assert!(ids.contains_key(&kept.id) && ids.contains_key(&created.id));
     }
 
     #[test]

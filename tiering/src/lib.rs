@@ -251,6 +251,8 @@ impl Worker {
                 return;
             }
         };
+        // What the gateway keeps of deleted topics' partitions goes.
+        self.store.forget_deleted_partitions(&topics);
         // The cluster-wide topic config defaults, read on every tick so that
         // a change applies on the next one (max.message.bytes, the one
         // default ketch's settings give, does not concern this worker).
@@ -1088,6 +1090,9 @@ pub struct Tiers {
     hints: std::sync::Mutex<std::collections::HashMap<String, Hint>>,
 }
 
+/// Partitions whose [`Hint`] [`Tiers`] keeps at most.
+const MAX_HINTS: usize = 65_536;
+
 /// What the last archive read of a partition learnt.
 #[derive(Clone)]
 struct Hint {
@@ -1255,7 +1260,14 @@ impl Tiers {
                 self.read_next_segment_ahead(topic, partition, &segment, offsets.local_start_offset)
                     .await;
             }
-            self.hints.lock().expect("hints").insert(
+            let mut hints = self.hints.lock().expect("hints");
+            // Hints of partitions no longer read (a deleted topic's among
+            // them) are not kept for ever: past the bound they all go,
+            // and each partition's next archive read learns its own again.
+            if hints.len() >= MAX_HINTS && !hints.contains_key(key) {
+                hints.clear();
+            }
+            hints.insert(
                 key.clone(),
                 Hint {
                     local_start: offsets.local_start_offset,
@@ -1263,6 +1275,7 @@ impl Tiers {
                     next_started,
                 },
             );
+            drop(hints);
             return Ok(ReadPartition {
                 offsets: Some(offsets),
                 batches,
