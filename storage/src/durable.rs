@@ -402,6 +402,50 @@ impl Drop for Durable {
     }
 }
 
+/// A durable connection held while a command that blocks it in Redis
+/// (`WAIT`, `WAITAOF`) is under way. Dropped before [`Blocking::answered`]
+/// (the append that waits was cancelled: its produce timed out), it goes
+/// back to the pool only once it answers a `PING` queued behind the
+/// blocking command, or after `limit`: Redis runs nothing else of a
+/// blocked client, and the next append handed the connection would wait
+/// there, holding its partition's append slot, for the rest of the wait.
+pub(crate) struct Blocking {
+    durable: Option<Durable>,
+    limit: std::time::Duration,
+}
+
+impl Blocking {
+    pub(crate) fn new(durable: Durable, limit: std::time::Duration) -> Self {
+        Self {
+            durable: Some(durable),
+            limit,
+        }
+    }
+
+    /// The blocking command answered: the connection is free again.
+    pub(crate) fn answered(mut self) {
+        self.durable.take();
+    }
+}
+
+impl Drop for Blocking {
+    fn drop(&mut self) {
+        let Some(durable) = self.durable.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let limit = self.limit;
+        runtime.spawn(async move {
+            let mut conn = durable.conn();
+            let ping = redis::cmd("PING");
+            let _ = tokio::time::timeout(limit, ping.query_async::<()>(&mut conn)).await;
+            drop(durable);
+        });
+    }
+}
+
 /// Whether a failed durable write should be tried again after reading the
 /// slot map: the node no longer (or not yet) serves the partition's slot.
 /// Nothing was written when Redis answers so.

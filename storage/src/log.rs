@@ -425,13 +425,11 @@ impl Store {
                 .await
             {
                 Ok(outcome) => {
-                    let Via::Conn(conn) = via else {
+                    // Only an append that waits holds a durable connection.
+                    let Some(durable) = durable else {
                         return Ok(outcome);
                     };
-                    if !wait {
-                        return Ok(outcome);
-                    }
-                    let waited = self.wait_durable(conn).await;
+                    let waited = self.wait_durable_on(durable).await;
                     if let Err(StorageError::Unavailable(_)) = &waited {
                         self.refresh_slot_map().await;
                     }
@@ -481,6 +479,18 @@ impl Store {
         if let Err(e) = self.durable.refresh().await {
             tracing::debug!(error = %e, "cannot read the slot map");
         }
+    }
+
+    /// [`Store::wait_durable`] on a connection of the durable pool, which a
+    /// cancelled wait does not hand to the next write while Redis still
+    /// blocks it ([`durable::Blocking`]).
+    pub(crate) async fn wait_durable_on(&self, durable: durable::Durable) -> Result<()> {
+        let conn = durable.conn();
+        let limit = self.durability.timeout + std::time::Duration::from_secs(1);
+        let blocking = durable::Blocking::new(durable, limit);
+        let waited = self.wait_durable(conn).await;
+        blocking.answered();
+        waited
     }
 
     /// Waits until the writes of `conn` reached the configured replicas (and

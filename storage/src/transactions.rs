@@ -289,7 +289,7 @@ impl Store {
             match invocation.invoke_async::<Value>(&mut conn).await {
                 Ok(reply) => {
                     let confirmed = if wrote(&reply) {
-                        self.wait_durable(conn).await
+                        self.wait_durable_on(durable).await
                     } else {
                         Ok(())
                     };
@@ -340,7 +340,7 @@ impl Store {
             let mut conn = durable.conn();
             match pipe.query_async::<T>(&mut conn).await {
                 Ok(reply) => {
-                    let confirmed = self.wait_durable(conn).await;
+                    let confirmed = self.wait_durable_on(durable).await;
                     if let Err(StorageError::Unavailable(_)) = &confirmed {
                         self.refresh_slot_map().await;
                     }
