@@ -913,6 +913,12 @@ enum Frame {
     Other,
 }
 
+/// How often the single-mode subscriber's connection is asked a PING.
+const SUBSCRIBER_PING_EVERY: Duration = Duration::from_secs(5);
+/// How long that connection may stay silent (PINGs unanswered) before it
+/// is taken for lost and opened again.
+const SUBSCRIBER_SILENCE: Duration = Duration::from_secs(12);
+
 impl Subscriber {
     async fn run(self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut backoff = Duration::from_millis(50);
@@ -970,6 +976,14 @@ impl Subscriber {
             write.write_all(&self.subscribe(&channel)).await?;
         }
         let mut sweep = tokio::time::interval((self.linger / 2).max(Duration::from_millis(100)));
+        // A connection that went dead without a reset (a NAT or load
+        // balancer dropping an idle flow) shows nothing to a reader, and a
+        // quiet subscription writes nothing: a PING now and then, whose
+        // answer must come, finds it out. Until then its channels would
+        // count as subscribed, and fetches here would trust announcements
+        // that no longer come.
+        let mut ping = tokio::time::interval(SUBSCRIBER_PING_EVERY);
+        let mut heard = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 command = commands.recv() => match command {
@@ -981,10 +995,22 @@ impl Subscriber {
                     None => return Ok(()),
                 },
                 frame = frames.recv() => match frame {
-                    Some(Ok(frame)) => self.handle(frame),
+                    Some(Ok(frame)) => {
+                        heard = tokio::time::Instant::now();
+                        self.handle(frame);
+                    }
                     Some(Err(e)) => return Err(e),
                     None => return Err(std::io::Error::other("reader stopped")),
                 },
+                _ = ping.tick() => {
+                    if heard.elapsed() > SUBSCRIBER_SILENCE {
+                        return Err(std::io::Error::other(format!(
+                            "no answer for {:?} (a PING unanswered)",
+                            heard.elapsed()
+                        )));
+                    }
+                    write.write_all(&encode(&["PING"])).await?;
+                }
                 _ = sweep.tick() => {
                     for channel in self.hub.take_idle(self.linger) {
                         let mut unsubscribe = vec!["SUNSUBSCRIBE"];

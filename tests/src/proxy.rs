@@ -3,6 +3,10 @@
 //! long, so a test can tell requests sent one after another (a delay
 //! each) from requests pipelined together (one delay for all). Bytes pass
 //! unchanged and in order; the client's side is never delayed.
+//!
+//! It can also make the pub/sub connections open through it go silent
+//! without closing them ([`DelayProxy::silence_subscribers`]), as a NAT or
+//! load balancer that dropped an idle flow does.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -16,7 +20,16 @@ pub struct DelayProxy {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     streams: Arc<Mutex<Vec<TcpStream>>>,
+    /// Each connection's flag: true once silenced (nothing passes either
+    /// way), and whether it subscribed (sent `SSUBSCRIBE`).
+    links: Arc<Mutex<Vec<Link>>>,
     acceptor: Option<thread::JoinHandle<()>>,
+}
+
+#[derive(Clone, Default)]
+struct Link {
+    subscribed: Arc<AtomicBool>,
+    silenced: Arc<AtomicBool>,
 }
 
 impl DelayProxy {
@@ -27,8 +40,9 @@ impl DelayProxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let stop = Arc::new(AtomicBool::new(false));
         let streams = Arc::new(Mutex::new(Vec::new()));
+        let links = Arc::new(Mutex::new(Vec::new()));
         let acceptor = {
-            let (stop, streams) = (Arc::clone(&stop), Arc::clone(&streams));
+            let (stop, streams, links) = (Arc::clone(&stop), Arc::clone(&streams), Arc::clone(&links));
             thread::spawn(move || {
                 for client in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
@@ -47,8 +61,10 @@ impl DelayProxy {
                         }
                     }
                     drop(held);
-                    forward(&client, &upstream, Duration::ZERO);
-                    forward(&upstream, &client, delay);
+                    let link = Link::default();
+                    links.lock().expect("proxy links").push(link.clone());
+                    forward(&client, &upstream, Duration::ZERO, &link, true);
+                    forward(&upstream, &client, delay, &link, false);
                 }
             })
         };
@@ -56,7 +72,19 @@ impl DelayProxy {
             addr,
             stop,
             streams,
+            links,
             acceptor: Some(acceptor),
+        }
+    }
+
+    /// From now on, nothing passes either way on the connections open now
+    /// that subscribed to a shard channel; they stay open. Connections
+    /// opened later pass as before.
+    pub fn silence_subscribers(&self) {
+        for link in self.links.lock().expect("proxy links").iter() {
+            if link.subscribed.load(Ordering::SeqCst) {
+                link.silenced.store(true, Ordering::SeqCst);
+            }
         }
     }
 
@@ -72,17 +100,27 @@ impl DelayProxy {
 
 /// Copies `from` to `to`, each chunk written `delay` after it was read: a
 /// reader thread stamps chunks, a writer thread releases them when due.
-fn forward(from: &TcpStream, to: &TcpStream, delay: Duration) {
+/// `from_client`: the client's side, whose `SSUBSCRIBE` marks the link.
+fn forward(from: &TcpStream, to: &TcpStream, delay: Duration, link: &Link, from_client: bool) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
+    let link = link.clone();
     let (send, receive) = mpsc::channel::<(Instant, Vec<u8>)>();
     thread::spawn(move || {
         let mut buf = vec![0; 64 * 1024];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
+                Ok(_) if link.silenced.load(Ordering::SeqCst) => {}
                 Ok(n) => {
+                    if from_client
+                        && buf[..n]
+                            .windows(10)
+                            .any(|w| w.eq_ignore_ascii_case(b"SSUBSCRIBE"))
+                    {
+                        link.subscribed.store(true, Ordering::SeqCst);
+                    }
                     if send.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
                         break;
                     }

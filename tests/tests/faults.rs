@@ -290,3 +290,49 @@ fn topic_configs_and_creations_while_redis_is_paused_are_answered_as_kafka_does(
     assert_eq!(created, 7, "CreateTopics: REQUEST_TIMED_OUT");
     drop(frozen);
 }
+
+/// A wake-up subscription whose connection goes silent without closing (a
+/// NAT or load balancer that dropped the idle flow) is found out by its
+/// PINGs going unanswered and opened again: a consumer long-polling one
+/// gateway gets what another gateway appends. Before, its channels stayed
+/// "subscribed" on the dead connection, each fetch trusted announcements
+/// that no longer came, and the consumer got nothing new for good.
+#[test]
+fn a_silent_wake_up_connection_is_found_out_and_opened_again() {
+    use ketch_tests::proxy::DelayProxy;
+    use ketch_tests::raw::{self, KafkaConn, code};
+    let redis = RedisServer::start();
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), Duration::ZERO);
+    let behind = Ketch::start(&proxy.redis_url(), &[]);
+    let direct = Ketch::start(&redis.url(), &[]);
+    let mut producer = KafkaConn::connect(direct.kafka_addr());
+    let mut consumer = KafkaConn::connect(behind.kafka_addr());
+    let topic = unique_topic("silent-wake");
+    assert_eq!(raw::create_topic(&mut producer, &topic, 1), code::NONE);
+    let record = |n: i64| {
+        ketch_tests::batch::encode(&[ketch_tests::batch::Record::value(ketch_tests::batch::at(n), b"v")])
+    };
+    // Records appended through the direct gateway reach a fetch waiting on
+    // the one behind the proxy, within `deadline`.
+    let mut received = |offset: i64, deadline: Duration| -> bool {
+        let until = Instant::now() + deadline;
+        while Instant::now() < until {
+            let response = consumer.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, offset, 500));
+            let (error, _, records) = raw::fetch_result(&response);
+            assert_eq!(error, code::NONE);
+            if records.is_some_and(|r| !r.is_empty()) {
+                return true;
+            }
+        }
+        false
+    };
+    assert!(!received(0, Duration::from_millis(600)), "nothing yet");
+    assert_eq!(raw::produce(&mut producer, &topic, 0, record(0)), (code::NONE, 0));
+    assert!(received(0, Duration::from_secs(10)), "the first record");
+    proxy.silence_subscribers();
+    assert_eq!(raw::produce(&mut producer, &topic, 0, record(1)), (code::NONE, 1));
+    assert!(
+        received(1, Duration::from_secs(40)),
+        "a record appended after the subscription went silent never came"
+    );
+}
