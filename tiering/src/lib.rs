@@ -390,11 +390,23 @@ impl Worker {
         }
         let worker = self.clone();
         let mut tasks = self.tasks.lock().expect("tasks");
-        while tasks.try_join_next().is_some() {}
+        while let Some(ended) = tasks.try_join_next() {
+            if let Err(e) = ended
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "a storage worker task panicked; its topic's work starts again next tick");
+            }
+        }
         tasks.spawn(async move {
-            let name = topic.name.clone();
-            work(worker.clone(), topic).await;
-            running(&worker).lock().expect("running topics").remove(&name);
+            // The topic leaves `running` however the work ends (a panic
+            // included), or no tick would start it again while this
+            // gateway kept the partitions' leases.
+            let _running = Running {
+                worker: worker.clone(),
+                running,
+                name: topic.name.clone(),
+            };
+            work(worker, topic).await;
         });
     }
 
@@ -1088,6 +1100,23 @@ pub struct Tiers {
     remote_wait: Duration,
     /// Per partition (its meta key): what its last archive read learnt.
     hints: std::sync::Mutex<std::collections::HashMap<String, Hint>>,
+}
+
+/// A topic's place among the running tasks of one kind, given up when
+/// dropped.
+struct Running {
+    worker: Arc<Worker>,
+    running: fn(&Worker) -> &std::sync::Mutex<std::collections::HashSet<String>>,
+    name: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        (self.running)(&self.worker)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.name);
+    }
 }
 
 /// Partitions whose [`Hint`] [`Tiers`] keeps at most.
