@@ -317,6 +317,11 @@ async fn produce_topic(
             );
             let produced = match deadline {
                 None => produced.await,
+                // Its turn came after the timeout: nothing is started.
+                Some(deadline) if deadline <= tokio::time::Instant::now() => Err(PartitionError::from((
+                    ResponseError::RequestTimedOut.code(),
+                    Some("the request's timeout_ms passed".to_owned()),
+                ))),
                 Some(deadline) => tokio::time::timeout_at(deadline, produced)
                     .await
                     .unwrap_or_else(|_| {
@@ -640,7 +645,7 @@ async fn to_topic_codec(
     let recompressed = if batch.len() <= VALIDATE_INLINE_BYTES {
         ketch_storage::batch::recompress(&batch, codec, level)
     } else {
-        tokio::task::spawn_blocking(move || ketch_storage::batch::recompress(&batch, codec, level))
+        on_blocking_pool(move || ketch_storage::batch::recompress(&batch, codec, level))
             .await
             .unwrap_or_else(|e| Err(BatchError::Decompress(format!("recompression task failed: {e}"))))
     };
@@ -659,9 +664,37 @@ async fn validate(batch: &Bytes) -> Result<ValidBatch, BatchError> {
         return validate_produce_batch(batch);
     }
     let batch = batch.clone();
-    tokio::task::spawn_blocking(move || validate_produce_batch(&batch))
+    on_blocking_pool(move || validate_produce_batch(&batch))
         .await
         .unwrap_or_else(|e| Err(BatchError::Decompress(format!("validation task failed: {e}"))))
+}
+
+/// Runs `work` (a large batch's validation or recompression) on the
+/// blocking pool, holding one of a gateway-wide few permits until it ends.
+/// Blocking work is never cancelled: a produce whose timeout passes is
+/// answered while its job goes on, holding its batch (and the request
+/// frame it is a slice of) with its permit. Without the bound, a client
+/// sending large compressed batches with a tiny `timeout_ms` got each
+/// answered at once, its connection's in-flight budget back, and had as
+/// many decompressions running as the blocking pool has threads (512).
+/// A request that waits for a permit past its timeout starts nothing.
+async fn on_blocking_pool<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    static PERMITS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> = std::sync::LazyLock::new(|| {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        Arc::new(tokio::sync::Semaphore::new(2 * cores))
+    });
+    let permit = PERMITS
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the semaphore is never closed");
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
 }
 
 /// An append's error code. A transactional batch for a partition its
