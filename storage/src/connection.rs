@@ -39,8 +39,49 @@ pub enum Mode {
 /// A connection to Redis in either mode; cheap to clone.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(SingleConn),
     Cluster(std::sync::Arc<SlotMapWatch>),
+}
+
+/// A connection to one server (redis-rs's manager, which dials again after
+/// an I/O error), and when it was last made to dial again after a READONLY.
+#[derive(Clone)]
+pub(crate) struct SingleConn {
+    manager: ConnectionManager,
+    redialled: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl SingleConn {
+    pub(crate) fn new(manager: ConnectionManager) -> Self {
+        Self {
+            manager,
+            redialled: Default::default(),
+        }
+    }
+
+    /// Has the connection dial again (at most once every few seconds): a
+    /// master demoted to replica keeps its clients' connections open, and
+    /// redis-rs dials again only after an I/O error, so behind one address
+    /// (a DNS name, a virtual IP) that now reaches the new master every
+    /// write would be refused as READONLY until the gateway restarted. A
+    /// QUIT has Redis close the connection; the manager then dials again.
+    fn redial(&self) {
+        {
+            let mut last = self
+                .redialled
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_some_and(|at| at.elapsed() < Duration::from_secs(2)) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        tracing::warn!("redis answered READONLY (a replica now); connecting again");
+        let mut manager = self.manager.clone();
+        tokio::spawn(async move {
+            let _ = redis::cmd("QUIT").query_async::<()>(&mut manager).await;
+        });
+    }
 }
 
 /// Makes a cluster connection, starting from the seeds and the nodes given
@@ -476,8 +517,14 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let command = first_command(cmd);
         let watch = self.watch();
-        let reply = match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+        let reply: RedisFuture<'a, Value> = match self {
+            Conn::Single(c) => Box::pin(async move {
+                let reply = c.manager.req_packed_command(cmd).await;
+                if reply.as_ref().is_err_and(is_read_only) {
+                    c.redial();
+                }
+                reply
+            }),
             Conn::Cluster(watch) => {
                 let mut c = watch.current();
                 Box::pin(async move { c.req_packed_command(cmd).await })
@@ -499,8 +546,21 @@ impl ConnectionLike for Conn {
             pipeline.cmd_iter().next().map_or("OTHER", first_command)
         };
         let watch = self.watch();
-        let replies = match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+        let replies: RedisFuture<'a, Vec<Value>> = match self {
+            Conn::Single(c) => Box::pin(async move {
+                let replies = c.manager.req_packed_commands(pipeline, offset, count).await;
+                let read_only = match &replies {
+                    Err(e) => is_read_only(e),
+                    Ok(values) => values.iter().any(|v| match v {
+                        Value::ServerError(e) => is_read_only_message(&e.to_string()),
+                        _ => false,
+                    }),
+                };
+                if read_only {
+                    c.redial();
+                }
+                replies
+            }),
             Conn::Cluster(watch) => {
                 let mut c = watch.current();
                 if pipeline.is_transaction() {
@@ -529,6 +589,17 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         0
     }
+}
+
+/// Whether Redis refused a write as a replica (`READONLY`, for a command or
+/// a script with the write flag).
+pub(crate) fn is_read_only_message(message: &str) -> bool {
+    message.to_ascii_uppercase().contains("READONLY")
+}
+
+fn is_read_only(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || is_read_only_message(&e.to_string())
 }
 
 /// The metrics label of a command.

@@ -66,7 +66,7 @@ struct Masters {
 /// node's data-path connection (appends that do not wait and partition
 /// reads).
 struct NodePool {
-    connections: Vec<ConnectionManager>,
+    connections: Vec<crate::connection::SingleConn>,
     wire: Wire,
     /// Indexes of the connections nobody holds.
     free: Mutex<Vec<usize>>,
@@ -90,7 +90,10 @@ impl NodePool {
     ) -> Result<Self> {
         let size = size.max(1);
         let connections = (0..size)
-            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+            .map(|_| {
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                    .map(crate::connection::SingleConn::new)
+            })
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Self {
             connections,

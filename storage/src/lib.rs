@@ -262,7 +262,7 @@ impl Store {
                 let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
                 let durable = durable::DurablePool::single(&client, durable_config, wire, size)?;
                 let wake = WakeHub::start(client, tls, config.subscription_linger, config.connect_timeout);
-                (Conn::Single(conn), durable, wake)
+                (Conn::Single(connection::SingleConn::new(conn)), durable, wake)
             }
             Mode::Cluster => {
                 let conn = Conn::cluster(

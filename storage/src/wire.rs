@@ -114,6 +114,16 @@ impl Reply {
 
     /// The reply, or the error Redis answered with as
     /// [`StorageError::Unavailable`] (its text kept: `MOVED`, `NOSCRIPT`…).
+    /// Whether this is Redis refusing a write as a replica (`READONLY`,
+    /// for a command or a script with the write flag).
+    pub(crate) fn is_read_only(&self) -> bool {
+        match self {
+            Reply::Error(e) => crate::connection::is_read_only_message(e),
+            Reply::Array(items) => items.iter().any(Reply::is_read_only),
+            _ => false,
+        }
+    }
+
     pub(crate) fn ok(self) -> Result<Reply> {
         match self {
             Reply::Error(e) => Err(StorageError::Unavailable(e)),
@@ -304,7 +314,20 @@ impl Wire {
             Err(_) => return Err(late()),
         }
         match tokio::time::timeout_at(deadline, answered).await {
-            Ok(Ok(replies)) => Ok(replies),
+            Ok(Ok(replies)) => {
+                if replies.iter().any(Reply::is_read_only) {
+                    // A master demoted to replica keeps its connections
+                    // open (a failover behind one address: a DNS name, a
+                    // virtual IP): the next request dials again, reaching
+                    // whatever serves the address now.
+                    tracing::warn!("redis answered READONLY (a replica now); connecting again");
+                    let mut live = self.0.live.lock().await;
+                    if live.as_ref().is_some_and(|live| live.same_channel(&sender)) {
+                        *live = None;
+                    }
+                }
+                Ok(replies)
+            }
             Ok(Err(_)) => Err(StorageError::Unavailable("redis connection lost".to_owned())),
             Err(_) => {
                 // A server that does not answer in time is dropped: the

@@ -23,6 +23,8 @@ pub struct DelayProxy {
     /// Each connection's flag: true once silenced (nothing passes either
     /// way), and whether it subscribed (sent `SSUBSCRIBE`).
     links: Arc<Mutex<Vec<Link>>>,
+    /// Where new connections go.
+    server: Arc<Mutex<SocketAddr>>,
     acceptor: Option<thread::JoinHandle<()>>,
 }
 
@@ -41,15 +43,18 @@ impl DelayProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let streams = Arc::new(Mutex::new(Vec::new()));
         let links = Arc::new(Mutex::new(Vec::new()));
+        let server = Arc::new(Mutex::new(server));
         let acceptor = {
             let (stop, streams, links) = (Arc::clone(&stop), Arc::clone(&streams), Arc::clone(&links));
+            let server = Arc::clone(&server);
             thread::spawn(move || {
                 for client in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let Ok(client) = client else { continue };
-                    let Ok(upstream) = TcpStream::connect(server) else {
+                    let to = *server.lock().expect("proxy server");
+                    let Ok(upstream) = TcpStream::connect(to) else {
                         continue;
                     };
                     let _ = client.set_nodelay(true);
@@ -73,8 +78,15 @@ impl DelayProxy {
             stop,
             streams,
             links,
+            server,
             acceptor: Some(acceptor),
         }
+    }
+
+    /// Connections opened from now on go to `server` (one address that
+    /// leads to another server after a failover); those open stay.
+    pub fn set_server(&self, server: SocketAddr) {
+        *self.server.lock().expect("proxy server") = server;
     }
 
     /// From now on, nothing passes either way on the connections open now

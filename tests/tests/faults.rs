@@ -336,3 +336,49 @@ fn a_silent_wake_up_connection_is_found_out_and_opened_again() {
         "a record appended after the subscription went silent never came"
     );
 }
+
+/// A failover behind one address (a DNS name or virtual IP that now leads
+/// to the promoted replica): the old master, demoted, keeps its clients'
+/// connections open and refuses their writes as READONLY. The gateway
+/// dials again on READONLY and reaches the new master; before, every write
+/// was refused until the gateway restarted.
+#[test]
+fn a_master_demoted_behind_one_address_is_left_for_the_new_one() {
+    use ketch_tests::proxy::DelayProxy;
+    use ketch_tests::raw::{self, KafkaConn, code};
+    let old = RedisServer::start();
+    let new = RedisServer::start_replica_of(&old);
+    new.wait_for_replication("master_link_status:up");
+    let proxy = DelayProxy::start(([127, 0, 0, 1], old.port()).into(), Duration::ZERO);
+    let ketch = Ketch::start(&proxy.redis_url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("demoted");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let record = |n: i64| {
+        ketch_tests::batch::encode(&[ketch_tests::batch::Record::value(ketch_tests::batch::at(n), b"v")])
+    };
+    assert_eq!(raw::produce(&mut conn, &topic, 0, record(0)), (code::NONE, 0));
+    // What `redis-cli` would do at a failover, with the address moved.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut new.connection())
+        .expect("promote");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new.port())
+        .query(&mut old.connection())
+        .expect("demote");
+    proxy.set_server(([127, 0, 0, 1], new.port()).into());
+    // The client retries, as a producer does, until a write is stored.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (error, offset) = raw::produce(&mut conn, &topic, 0, record(1));
+        if error == code::NONE {
+            assert_eq!(offset, 1, "after the record the old master had");
+            break;
+        }
+        assert!(Instant::now() < deadline, "writes still refused ({error})");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
