@@ -207,6 +207,7 @@ impl Context {
 
 /// Checks (and migrates) the Redis layout version, with a bounded wait.
 async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::StorageError> {
+    store.check_server_versions().await?;
     let check = tokio::time::timeout(std::time::Duration::from_secs(90), store.ensure_layout(me));
     let outcome = check.await.map_err(|_| {
         ketch_storage::StorageError::Unavailable("checking the layout took over 90 s".to_owned())
@@ -228,7 +229,7 @@ async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::Stor
 
 /// Redis was unreachable at start: checks the layout once it answers. A
 /// layout newer than this gateway stops the process — it must not serve
-/// data it does not understand.
+/// data it does not understand — as does a server older than 7.0.
 async fn check_layout_until_done(store: Store, me: String, checked: watch::Sender<bool>) {
     loop {
         match check_layout(&store, &me).await {
@@ -236,7 +237,10 @@ async fn check_layout_until_done(store: Store, me: String, checked: watch::Sende
                 checked.send_replace(true);
                 return;
             }
-            Err(e @ ketch_storage::StorageError::LayoutTooNew { .. }) => {
+            Err(
+                e @ (ketch_storage::StorageError::LayoutTooNew { .. }
+                | ketch_storage::StorageError::ServerTooOld { .. }),
+            ) => {
                 tracing::error!("{e}; stopping");
                 eprintln!("ketch: {e}");
                 std::process::exit(1);
@@ -272,8 +276,11 @@ pub async fn run(settings: Settings, shutdown: watch::Receiver<bool>) -> anyhow:
         Ok(()) => {
             layout_tx.send_replace(true);
         }
-        Err(ketch_storage::StorageError::LayoutTooNew { found, supported }) => {
-            anyhow::bail!(ketch_storage::StorageError::LayoutTooNew { found, supported })
+        Err(
+            e @ (ketch_storage::StorageError::LayoutTooNew { .. }
+            | ketch_storage::StorageError::ServerTooOld { .. }),
+        ) => {
+            anyhow::bail!(e)
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot check the Redis layout version yet; checking again until Redis answers");

@@ -440,6 +440,15 @@ impl RedisMemory {
             }
         } else if ratio >= MEMORY_WARN_RATIO {
             "is nearly full"
+        } else if !self.maxmemory_policy.is_empty() && self.maxmemory_policy != "noeviction" {
+            // Said before it is full: by then keys are going. Those with a
+            // TTL go first under volatile-* (an empty group's offsets,
+            // transaction state, leases), any under allkeys-*.
+            return Some(format!(
+                "Redis {} evicts keys when full (maxmemory-policy {}): ketch's data is lost then; \
+                 set maxmemory-policy noeviction",
+                self.server, self.maxmemory_policy
+            ));
         } else {
             return None;
         };
@@ -576,10 +585,17 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
             .iter()
             .find(|(s, _)| *s == server.server)
             .map_or(0, |(_, l)| *l);
+        let first_seen = !before.iter().any(|(s, _)| *s == server.server);
         if server.level() > was
             && let Some(warning) = server.warning()
         {
             tracing::warn!("{warning}; size maxmemory against local.retention.* (docs/observability.md)");
+        } else if first_seen
+            && server.level() == 0
+            && let Some(warning) = server.warning()
+        {
+            // An evicting maxmemory-policy, said once per server.
+            tracing::warn!("{warning}");
         }
     }
     *ctx.redis_health.write().expect("redis health") = health.clone();
@@ -995,6 +1011,21 @@ mod tests {
             ..m.clone()
         };
         assert!(unlimited.warning().is_none() && !unlimited.refuses_writes());
+        // An evicting policy is said before Redis is full (by then keys go),
+        // and not without a limit (nothing is ever evicted).
+        let evicting = RedisMemory {
+            maxmemory_policy: "volatile-lru".to_owned(),
+            ..m.clone()
+        };
+        assert!(evicting.warning().unwrap().contains("evicts keys when full"));
+        assert!(
+            RedisMemory {
+                maxmemory: 0,
+                ..evicting
+            }
+            .warning()
+            .is_none()
+        );
     }
 
     /// Redis leaves its replication and AOF buffers out of what it holds

@@ -56,6 +56,10 @@ pub enum StorageError {
          upgrade this gateway, or point it at another redis.namespace"
     )]
     LayoutTooNew { found: u32, supported: u32 },
+    /// A Redis server older than ketch needs (7.0: sharded pub/sub,
+    /// script flags).
+    #[error("redis {server} is version {version}; ketch needs Redis 7.0 or newer")]
+    ServerTooOld { server: String, version: String },
 }
 
 /// Why an idempotent producer's batch was refused.

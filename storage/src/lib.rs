@@ -391,7 +391,24 @@ impl Store {
         self.conn.clone()
     }
 
-    /// `INFO memory stats errorstats` of the Redis server, or of each
+    /// Refuses a Redis server (each master of a Redis Cluster that
+    /// answers) older than 7.0 ([`StorageError::ServerTooOld`]): without
+    /// the check a 6.x server ran nothing of ketch's flagged scripts, the
+    /// gateway never registered and said so only in a Lua syntax error.
+    pub async fn check_server_versions(&self) -> Result<()> {
+        for (server, info) in self.server_info().await? {
+            let Ok(info) = info else { continue };
+            if let Some(version) = too_old(&info) {
+                return Err(StorageError::ServerTooOld {
+                    server,
+                    version: version.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `INFO memory stats errorstats server` of the Redis server, or of each
     /// master of a Redis Cluster asked on its own: (address, its text or
     /// why it gave none), sorted by address. A master that does not answer
     /// fails only its own entry (one INFO through the cluster connection
@@ -403,6 +420,7 @@ impl Store {
                 .arg("memory")
                 .arg("stats")
                 .arg("errorstats")
+                .arg("server")
                 .query_async(&mut self.conn())
                 .await?;
             let text = match reply {
@@ -421,11 +439,12 @@ impl Store {
             .map(|(address, wire)| async move {
                 let mut packed = wire::Packed::default();
                 packed
-                    .command(4)
+                    .command(5)
                     .arg("INFO")
                     .arg("memory")
                     .arg("stats")
-                    .arg("errorstats");
+                    .arg("errorstats")
+                    .arg("server");
                 let text = match wire.request(packed).await.map(|mut replies| replies.pop()) {
                     Ok(Some(wire::Reply::Bulk(text))) => Ok(String::from_utf8_lossy(&text).into_owned()),
                     Ok(Some(wire::Reply::Error(e))) => Err(StorageError::Unavailable(format!("INFO: {e}"))),
@@ -445,10 +464,37 @@ impl Store {
     }
 }
 
+/// The `redis_version` of an `INFO server` text when it is below 7.0
+/// (Valkey, a fork of 7.2, gives 7.2.4 there).
+fn too_old(info: &str) -> Option<&str> {
+    let version = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("redis_version:"))?;
+    let major: u32 = version.split('.').next()?.parse().ok()?;
+    (major < 7).then_some(version)
+}
+
 /// Wall-clock time in milliseconds since the Unix epoch (0 if the clock is
 /// before it).
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn servers_before_7_0_are_too_old() {
+        let info =
+            |version: &str| format!("# Server\r\nredis_version:{version}\r\nredis_mode:standalone\r\n");
+        assert_eq!(super::too_old(&info("6.2.14")), Some("6.2.14"));
+        assert_eq!(super::too_old(&info("7.0.15")), None);
+        assert_eq!(super::too_old(&info("7.2.4")), None, "Valkey 8 says 7.2.4");
+        assert_eq!(
+            super::too_old("# Memory\r\nused_memory:1\r\n"),
+            None,
+            "no version: not refused"
+        );
+    }
 }
