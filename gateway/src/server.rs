@@ -450,9 +450,6 @@ where
     // one there, then only the handshake (a client that never
     // authenticates cannot hold the connection with ApiVersions).
     let mut versions_before_sasl = false;
-    // The client closed its side (or the socket failed): what it asked is
-    // not waited for long (below).
-    let mut peer_gone = false;
     let result = loop {
         let limit = if sasl_required && !session.authenticated() {
             max.min(MAX_UNAUTHENTICATED_FRAME)
@@ -468,20 +465,14 @@ where
         };
         let frame = match frame {
             Ok(Some(frame)) => frame,
-            Ok(None) => {
-                peer_gone = true;
-                break Ok(());
-            }
+            Ok(None) => break Ok(()),
             // Name the limit that applied.
             Err(ConnectionError::FrameTooLarge(size, _)) if size >= 0 && limit < max => {
                 break Err(ConnectionError::Auth(format!(
                     "frame of {size} bytes before SASL authentication (at most {limit} bytes until then)"
                 )));
             }
-            Err(e) => {
-                peer_gone = matches!(e, ConnectionError::Io(_) | ConnectionError::Truncated { .. });
-                break Err(e);
-            }
+            Err(e) => break Err(e),
         };
         // A client a quota throttled is not served until its throttle time
         // has passed (Kafka mutes its channel; KIP-219). The frame may have
@@ -690,30 +681,11 @@ where
         };
         tokio::spawn(admitted.serve());
     };
-    // Answer everything already accepted, then close. A client that went
-    // away is answered what is ready within a moment, and no more: a
-    // request parked for long (a JoinGroup waiting for a rebalance, a
-    // SyncGroup follower) would hold the connection's places under
-    // `broker.max_connections` and the per-address limit for minutes after
-    // its socket was gone (Kafka releases them at close). Its requests run
-    // on; their answers go nowhere.
+    // Answer everything already accepted, then close.
     responses.close();
-    if peer_gone {
-        let mut writer = writer;
-        if tokio::time::timeout(PEER_GONE_GRACE, &mut writer).await.is_err() {
-            writer.abort();
-            // Answers filled later are dropped, not written.
-            responses.stop();
-        }
-    } else {
-        let _ = writer.await;
-    }
+    let _ = writer.await;
     result
 }
-
-/// How long the responses of a client that closed its connection are still
-/// written before the connection's places are given back.
-const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
 
 /// A request read and admitted, with what it holds until it is answered.
 /// Every request spawns a task of [`Admitted::serve`], which boxes
