@@ -831,6 +831,19 @@ impl TestRedis {
         next_offset(&mut self.connection(), topic, partition)
     }
 
+    /// Sets fields of a partition's meta hash (`ketch:{TAG}:meta`), as a
+    /// test that stands in for time passing does.
+    pub fn set_meta(&self, topic: &str, partition: usize, fields: &[(&str, &str)]) {
+        let mut conn = self.connection();
+        let key = partition_key(&mut conn, topic, partition, "meta");
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(key);
+        for (field, value) in fields {
+            cmd.arg(*field).arg(*value);
+        }
+        let _: i64 = cmd.query(&mut conn).expect("HSET meta");
+    }
+
     /// How many aborted transactions a partition's index lists
     /// (`ketch:{TAG}:aborted`).
     pub fn aborted_count(&self, topic: &str, partition: usize) -> i64 {

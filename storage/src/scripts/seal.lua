@@ -1,7 +1,8 @@
 -- Seals a partition's open segment when it is full or old enough, and
 -- applies retention to the sealed ones.
 --
--- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts, seg_first_ts)
+-- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts, seg_first_ts,
+--                               abt_to and abt_at: the aborted index's trim bound, below)
 -- KEYS[2] ketch:{TAG}:segments  sorted set: score = base offset, member = JSON
 --                               {base, last, bytes, max_ts, sealed_ms[, first_ts][, path, file_bytes]
 --                               [, quarantine][, skipped]}; `path` is set once the segment is
@@ -191,18 +192,35 @@ end
 -- archiving reads the index from each segment's base. Else a topic whose
 -- log start never moves (retention.ms -1, a long retention beside a short
 -- local one) would keep one entry per aborted transaction for ever.
+--
+-- That bound lags ten minutes: a fetch reads a partition's batches first and
+-- its aborted transactions after (as late as its long poll's end), and the
+-- local start may pass the batches it read meanwhile; trimming below the
+-- local start at once could take the aborts those batches need, and a
+-- read_committed consumer would get aborted records. Each call trims below
+-- the bound proposed at least ten minutes before (meta `abt_to`, `abt_at`),
+-- never past the bound now, and proposes the current one.
 local aborted_below = log_start
 if remote and not no_archive then
-  aborted_below = math.max(log_start, local_start)
+  local bound = math.max(log_start, local_start)
   for i = first_kept, #segments do
     local segment = segments[i]
-    if segment.base >= aborted_below then
+    if segment.base >= bound then
       break
     end
     if segment.quarantine or segment.purge or not (segment.path or segment.skipped) then
-      aborted_below = math.max(log_start, segment.base)
+      bound = math.max(log_start, segment.base)
       break
     end
+  end
+  local proposed = redis.call('HMGET', KEYS[1], 'abt_to', 'abt_at')
+  local proposed_to, proposed_at = tonumber(proposed[1]), tonumber(proposed[2])
+  local ABORTED_TRIM_LAG_MS = 600000
+  if proposed_to and proposed_at and now - proposed_at >= ABORTED_TRIM_LAG_MS then
+    aborted_below = math.max(log_start, math.min(proposed_to, bound))
+  end
+  if not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS then
+    redis.call('HSET', KEYS[1], 'abt_to', string.format('%d', bound), 'abt_at', string.format('%d', now))
   end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', aborted_below))
