@@ -193,6 +193,10 @@ pub(crate) struct TopicCache {
     by_id: RwLock<HashMap<Uuid, Arc<Topic>>>,
     /// When a read of the registry last failed.
     failed: RwLock<Option<Instant>>,
+    /// Held while the registry is listed to find an id not cached.
+    listing: tokio::sync::Mutex<()>,
+    /// Ids such a listing did not find, and when.
+    unknown: RwLock<HashMap<Uuid, Instant>>,
 }
 
 impl TopicCache {
@@ -210,6 +214,18 @@ impl TopicCache {
             .read()
             .expect("topic cache lock")
             .is_some_and(|at| at.elapsed() < RETRY_AFTER)
+    }
+
+    /// Whether a listing found no topic of id `id` under [`CACHE_TTL`] ago.
+    fn recently_unknown(&self, id: Uuid) -> bool {
+        (self.unknown.read().expect("topic cache lock").get(&id)).is_some_and(|at| at.elapsed() < CACHE_TTL)
+    }
+
+    fn unknown_now(&self, id: Uuid) {
+        let mut unknown = self.unknown.write().expect("topic cache lock");
+        // Made-up ids do not pile up.
+        unknown.retain(|_, at| at.elapsed() < CACHE_TTL);
+        unknown.insert(id, Instant::now());
     }
 
     fn failed_now(&self) {
@@ -380,12 +396,46 @@ impl Store {
         {
             return Ok(Some(topic));
         }
+        let unavailable = |e: String| {
+            self.topics.failed_now();
+            current(STALE_TTL).map(Some).ok_or(StorageError::Unavailable(e))
+        };
+        // Known by id: its name's record (one HGET) says whether it is
+        // still this topic. A topic keeps its name for life, so another
+        // id there, or none, means this one was deleted.
+        if let Some(known) = &cached {
+            return match self.topic_fresh(&known.name).await {
+                Ok(found) => Ok(found.filter(|t| t.id == id)),
+                Err(StorageError::Unavailable(e)) => unavailable(e),
+                Err(e) => Err(e),
+            };
+        }
+        // Not known here: the whole registry is read, by one request at a
+        // time (those waiting find what it put in the cache), and an id it
+        // does not find stays unknown for CACHE_TTL. Before, every fetch
+        // naming an unknown id (a deleted topic's consumers, any client's
+        // made-up id) read and decoded the whole registry.
+        let _listing = self.topics.listing.lock().await;
+        if let Some(found) = self.topics.by_id.read().expect("topic cache lock").get(&id)
+            && self
+                .topics
+                .get(&found.name, CACHE_TTL)
+                .is_some_and(|t| t.id == id)
+        {
+            return Ok(Some(found.clone()));
+        }
+        if self.topics.recently_unknown(id) {
+            return Ok(None);
+        }
         match self.all_topics().await {
-            Ok(all) => Ok(all.into_iter().find(|t| t.id == id)),
-            Err(StorageError::Unavailable(e)) => {
-                self.topics.failed_now();
-                current(STALE_TTL).map(Some).ok_or(StorageError::Unavailable(e))
+            Ok(all) => {
+                let found = all.into_iter().find(|t| t.id == id);
+                if found.is_none() {
+                    self.topics.unknown_now(id);
+                }
+                Ok(found)
             }
+            Err(StorageError::Unavailable(e)) => unavailable(e),
             Err(e) => Err(e),
         }
     }

@@ -241,6 +241,95 @@ fn connections_beyond_their_addresss_limit_are_closed() {
     );
 }
 
+/// A fetch names its topic by id (v13 on): a known id is checked against
+/// its name's record (one HGET), not by reading the whole topic registry,
+/// and an unknown one is looked for by one listing for the fetches that
+/// name it within half a second. Before, every fetch past the cache's half
+/// second, and every fetch naming an unknown id, read and decoded every
+/// topic's record.
+#[test]
+fn fetches_by_topic_id_do_not_read_the_whole_registry() {
+    const UNKNOWN_TOPIC_ID: i16 = 100;
+    let redis = RedisServer::start();
+    // No storage worker tick during the test: it lists every topic.
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "tiering.tick_interval=1h",
+            "--set",
+            "tiering.lease_ttl=2h",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("by-id");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let id = raw::topic_id(&mut conn, &topic).expect("the topic's id");
+    // The registry's listings, as MONITOR shows them (other tasks read
+    // other hashes whole).
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let marks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let monitor = {
+        use std::io::{BufRead, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let (seen, marks) = (seen.clone(), marks.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stream).lines() {
+                let Ok(line) = line else { return };
+                if line.contains("\"HGETALL\" \"ketch:topics\"") {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                } else if line.contains("\"ECHO\" \"listings-mark\"") {
+                    marks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let mut sent = 0;
+    let mut listings = || -> u64 {
+        // Once MONITOR has shown a mark sent now, it has shown what came
+        // before it.
+        let _: String = redis::cmd("ECHO")
+            .arg("listings-mark")
+            .query(&mut redis.connection())
+            .unwrap();
+        sent += 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while marks.load(std::sync::atomic::Ordering::SeqCst) < sent {
+            assert!(Instant::now() < deadline, "MONITOR shows nothing");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        seen.load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let mut fetch_by = |id: uuid::Uuid| -> i16 {
+        let mut request = raw::fetch_request(&topic, 0, 0, 0);
+        request.topics[0].topic = Default::default();
+        request.topics[0].topic_id = id;
+        let response: kafka_protocol::messages::FetchResponse = conn.request(13, &request);
+        response.responses[0].partitions[0].error_code
+    };
+    assert_eq!(fetch_by(id), code::NONE);
+    let before = listings();
+    for _ in 0..4 {
+        // Past the topic cache's half second each time.
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(fetch_by(id), code::NONE);
+    }
+    assert!(
+        listings() - before <= 1,
+        "a known id was looked up by listing every topic"
+    );
+    let before = listings();
+    let unknown = uuid::Uuid::new_v4();
+    for _ in 0..20 {
+        assert_eq!(fetch_by(unknown), UNKNOWN_TOPIC_ID);
+    }
+    let made = listings() - before;
+    assert!(made <= 3, "{made} listings for 20 fetches of one unknown id");
+    drop(redis);
+    let _ = monitor.join();
+}
+
 /// A client that stops reading its answers is given up once its writes
 /// have made no progress for `broker.connections_max_idle`, as Kafka closes
 /// a connection idle that long with a send stuck: its slot (and what it
