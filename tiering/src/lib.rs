@@ -274,25 +274,55 @@ impl Worker {
         }
         let previous = std::mem::take(&mut *self.leased.lock().expect("leased"));
         let mut leased = HashMap::new();
-        for topic in &topics {
-            let policy = policy(topic, &defaults, self.producer_expiration);
-            let mut held = Vec::new();
-            for partition in (0..topic.partitions()).filter(|p| leads(topic, *p)) {
-                let key = (topic.name.clone(), partition);
-                match self.work(topic, partition, policy).await {
-                    Ok(true) => {
-                        held.push(partition);
-                        leased.insert(key, topic.clone());
+        // Every partition this gateway leads, TICK_CONCURRENCY at a time:
+        // one after another, two round trips each, a tick over tens of
+        // thousands of partitions took longer than the tick interval and
+        // the leases' TTL, and a master that stopped answering held up the
+        // others' retention for a command timeout per partition.
+        let work: Vec<(Arc<Topic>, i32, SegmentPolicy)> = topics
+            .iter()
+            .flat_map(|topic| {
+                let policy = policy(topic, &defaults, self.producer_expiration);
+                (0..topic.partitions())
+                    .filter(|p| leads(topic, *p))
+                    .map(move |p| (topic.clone(), p, policy))
+            })
+            .collect();
+        let outcomes: Vec<(Arc<Topic>, i32, ketch_storage::Result<bool>)> = {
+            use futures::StreamExt;
+            futures::stream::iter(work)
+                .map(|(topic, partition, policy)| {
+                    let this = self.clone();
+                    async move {
+                        let outcome = this.work(&topic, partition, policy).await;
+                        (topic, partition, outcome)
                     }
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
-                        if let Some(topic) = previous.get(&key) {
-                            leased.insert(key, topic.clone());
-                        }
+                })
+                .buffer_unordered(TICK_CONCURRENCY)
+                .collect()
+                .await
+        };
+        let mut held_of: HashMap<String, Vec<i32>> = HashMap::new();
+        for (topic, partition, outcome) in outcomes {
+            let key = (topic.name.clone(), partition);
+            match outcome {
+                Ok(true) => {
+                    held_of.entry(topic.name.clone()).or_default().push(partition);
+                    leased.insert(key, topic);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                    if let Some(topic) = previous.get(&key) {
+                        leased.insert(key, topic.clone());
                     }
                 }
             }
+        }
+        for topic in &topics {
+            let policy = policy(topic, &defaults, self.producer_expiration);
+            let mut held = held_of.remove(topic.name.as_str()).unwrap_or_default();
+            held.sort_unstable();
             if policy.remote && !held.is_empty() {
                 self.clone().archive_topic(topic.clone(), held.clone());
             }
@@ -322,12 +352,14 @@ impl Worker {
             }
         }
         *self.leased.lock().expect("leased") = leased;
-        self.commits.retain(|name| topics.iter().any(|t| t.name == name));
+        // By name, once per tick: each entry kept is then one lookup, not a
+        // walk over every topic.
+        let by_name: HashMap<&str, &Arc<Topic>> = topics.iter().map(|t| (t.name.as_str(), t)).collect();
+        self.commits.retain(|name| by_name.contains_key(name));
         // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
-            topics.iter().any(|t| {
-                t.name == name
-                    && partition < t.partitions()
+            by_name.get(name).is_some_and(|t| {
+                partition < t.partitions()
                     && leads(t, partition)
                     && policy(t, &defaults, self.producer_expiration).remote
             })
@@ -1118,6 +1150,10 @@ impl Drop for Running {
             .remove(&self.name);
     }
 }
+
+/// Partitions a storage worker's tick seals and applies retention to at
+/// once.
+const TICK_CONCURRENCY: usize = 32;
 
 /// Partitions whose [`Hint`] [`Tiers`] keeps at most.
 const MAX_HINTS: usize = 65_536;
