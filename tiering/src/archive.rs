@@ -284,7 +284,7 @@ pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>
                 .with_storage_factory(factory)
                 .load(&settings.catalog_name, props)
                 .await?;
-            Ok(Arc::new(catalog))
+            Ok(Arc::new(crate::bounded::Bounded(Arc::new(catalog))))
         }
         _ => {
             let uri = settings.catalog_uri();
@@ -311,7 +311,7 @@ pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>
                 .with_storage_factory(factory)
                 .load(&settings.catalog_name, props)
                 .await?;
-            Ok(Arc::new(catalog))
+            Ok(Arc::new(crate::bounded::Bounded(Arc::new(catalog))))
         }
     }
 }

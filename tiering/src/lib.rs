@@ -12,6 +12,7 @@
 //! `producers.expiration`. [`Tiers`] serves reads from both tiers.
 
 pub mod archive;
+mod bounded;
 pub mod maintenance;
 pub mod metrics;
 pub mod reader;

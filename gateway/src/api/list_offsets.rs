@@ -188,8 +188,12 @@ async fn lookup(
             .await
             .map(|o| Some((o.local_start_offset, -1))),
         LATEST_TIERED_TIMESTAMP => latest_tiered(ctx, &topic, partition).await,
-        MAX_TIMESTAMP => ctx.storage.max_timestamp(&topic, partition).await,
-        t if t >= 0 => ctx.storage.offset_for_timestamp(&topic, partition, t).await,
+        // These may read the archive (a segment's footer, its rows): as
+        // Kafka bounds them (`remote.list.offsets.request.timeout.ms`), a
+        // store that stopped answering gets REQUEST_TIMED_OUT, not a wait
+        // of minutes of I/O timeouts and retries for each segment.
+        MAX_TIMESTAMP => bounded_lookup(ctx.storage.max_timestamp(&topic, partition)).await?,
+        t if t >= 0 => bounded_lookup(ctx.storage.offset_for_timestamp(&topic, partition, t)).await?,
         _ => return Err(ResponseError::UnsupportedVersion.code()),
     };
     let found = found.map_err(|e| error_code(&e))?;
@@ -207,6 +211,18 @@ async fn lookup(
         }
         found => Ok(found),
     }
+}
+
+/// How long a lookup by timestamp (or -3) may take: Kafka's default
+/// `remote.list.offsets.request.timeout.ms`.
+const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn bounded_lookup<T>(
+    lookup: impl std::future::Future<Output = ketch_storage::Result<T>>,
+) -> Result<ketch_storage::Result<T>, i16> {
+    tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
+        .await
+        .map_err(|_| ResponseError::RequestTimedOut.code())
 }
 
 /// The last offset the archive holds with every segment before it
