@@ -71,7 +71,7 @@ impl SingleConn {
                 .redialled
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if last.is_some_and(|at| at.elapsed() < Duration::from_secs(2)) {
+            if last.is_some_and(|at| at.elapsed() < crate::wire::REDIAL_AFTER_READONLY) {
                 return;
             }
             *last = Some(std::time::Instant::now());

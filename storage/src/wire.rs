@@ -57,12 +57,19 @@ const MAX_BULK: usize = 1 << 30;
 #[derive(Clone)]
 pub(crate) struct Wire(Arc<Inner>);
 
+/// How often a READONLY answer makes a connection dial again at most.
+pub(crate) const REDIAL_AFTER_READONLY: Duration = Duration::from_secs(2);
+
 struct Inner {
     info: redis::ConnectionInfo,
     tls: Tls,
     connect_timeout: Duration,
     response_timeout: Duration,
     live: tokio::sync::Mutex<Option<mpsc::Sender<Request>>>,
+    /// When a READONLY answer last made it dial again (at most once every
+    /// [`REDIAL_AFTER_READONLY`]: an address that still leads to the
+    /// replica must not cost a new connection per request).
+    redialled: std::sync::Mutex<Option<std::time::Instant>>,
     timers: crate::metrics::Timers,
 }
 
@@ -115,13 +122,11 @@ impl Reply {
     /// The reply, or the error Redis answered with as
     /// [`StorageError::Unavailable`] (its text kept: `MOVED`, `NOSCRIPT`…).
     /// Whether this is Redis refusing a write as a replica (`READONLY`,
-    /// for a command or a script with the write flag).
+    /// for a command, a script with the write flag, or a command queued in
+    /// a transaction: each a reply of its own, never inside an array, so a
+    /// read's entries are not looked through).
     pub(crate) fn is_read_only(&self) -> bool {
-        match self {
-            Reply::Error(e) => crate::connection::is_read_only_message(e),
-            Reply::Array(items) => items.iter().any(Reply::is_read_only),
-            _ => false,
-        }
+        matches!(self, Reply::Error(e) if crate::connection::is_read_only_message(e))
     }
 
     pub(crate) fn ok(self) -> Result<Reply> {
@@ -261,6 +266,7 @@ impl Wire {
             connect_timeout,
             response_timeout,
             live: tokio::sync::Mutex::new(None),
+            redialled: std::sync::Mutex::new(None),
             timers: crate::metrics::Timers::default(),
         }))
     }
@@ -315,7 +321,7 @@ impl Wire {
         }
         match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(replies)) => {
-                if replies.iter().any(Reply::is_read_only) {
+                if replies.iter().any(Reply::is_read_only) && self.may_redial() {
                     // A master demoted to replica keeps its connections
                     // open (a failover behind one address: a DNS name, a
                     // virtual IP): the next request dials again, reaching
@@ -342,6 +348,20 @@ impl Wire {
                 )))
             }
         }
+    }
+
+    /// Whether a READONLY answer may make the connection dial again now.
+    fn may_redial(&self) -> bool {
+        let mut last = self
+            .0
+            .redialled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < REDIAL_AFTER_READONLY) {
+            return false;
+        }
+        *last = Some(std::time::Instant::now());
+        true
     }
 
     /// The live connection's queue, dialled when there is none.
