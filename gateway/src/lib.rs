@@ -207,7 +207,7 @@ impl Context {
 
 /// Checks (and migrates) the Redis layout version, with a bounded wait.
 async fn check_layout(store: &Store, me: &str) -> Result<(), ketch_storage::StorageError> {
-    store.check_server_versions().await?;
+    store.check_server_version().await?;
     let check = tokio::time::timeout(std::time::Duration::from_secs(90), store.ensure_layout(me));
     let outcome = check.await.map_err(|_| {
         ketch_storage::StorageError::Unavailable("checking the layout took over 90 s".to_owned())

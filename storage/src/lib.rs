@@ -391,21 +391,46 @@ impl Store {
         self.conn.clone()
     }
 
-    /// Refuses a Redis server (each master of a Redis Cluster that
-    /// answers) older than 7.0 ([`StorageError::ServerTooOld`]): without
-    /// the check a 6.x server ran nothing of ketch's flagged scripts, the
-    /// gateway never registered and said so only in a Lua syntax error.
-    pub async fn check_server_versions(&self) -> Result<()> {
-        for (server, info) in self.server_info().await? {
-            let Ok(info) = info else { continue };
-            if let Some(version) = too_old(&info) {
-                return Err(StorageError::ServerTooOld {
-                    server,
-                    version: version.to_owned(),
-                });
+    /// Refuses a Redis server older than 7.0 ([`StorageError::ServerTooOld`]):
+    /// without the check a 6.x server ran none of ketch's flagged scripts,
+    /// the gateway never registered and said so only in a Lua syntax
+    /// error. `INFO server` alone (before 7.0 INFO takes one section), on
+    /// the server in single mode and on one master in a cluster (the
+    /// cluster connection's choice). A server that does not say, or
+    /// refuses INFO (a Redis user without it), is let through with a
+    /// warning: the check must not keep a gateway from starting.
+    pub async fn check_server_version(&self) -> Result<()> {
+        let reply: redis::RedisResult<Value> = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut self.conn())
+            .await;
+        let text = match reply {
+            Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(Value::VerbatimString { text, .. }) => text,
+            Ok(Value::Map(nodes)) => nodes
+                .into_iter()
+                .find_map(|(_, v)| match v {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    Value::VerbatimString { text, .. } => Some(text),
+                    _ => None,
+                })
+                .unwrap_or_default(),
+            Ok(_) => String::new(),
+            Err(e) if e.kind() == redis::ErrorKind::Io || e.is_timeout() || e.is_connection_dropped() => {
+                return Err(e.into());
             }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the Redis server's version (INFO server); ketch needs 7.0 or newer");
+                return Ok(());
+            }
+        };
+        match too_old(&text) {
+            Some(version) => Err(StorageError::ServerTooOld {
+                server: self.server.to_string(),
+                version: version.to_owned(),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// `INFO memory stats errorstats server` of the Redis server, or of each
