@@ -312,15 +312,29 @@ pub async fn sweep(ctx: Arc<Context>) {
 /// checkpoint keeps hundreds of thousands live), passes come round to it.
 async fn forget_expired(ctx: &Context, cursor: &mut usize) -> Result<(), StorageError> {
     let mut kept = *cursor;
-    // Back to the start at the next pass unless this one stops early.
-    *cursor = 0;
+    let reached = forget_expired_from(ctx, &mut kept).await;
+    // The next pass goes on from where this one stopped, or past the id
+    // it failed at (one id whose state cannot be read must neither send
+    // every pass back to the start nor stop them all there), or from the
+    // first id once this one reached the end.
+    *cursor = match &reached {
+        Ok(true) => 0,
+        Ok(false) => kept,
+        Err(_) => kept + 1,
+    };
+    reached.map(|_| ())
+}
+
+/// [`forget_expired`]'s pass from position `kept`, which it moves along;
+/// whether it reached the end of the idle ids.
+async fn forget_expired_from(ctx: &Context, kept: &mut usize) -> Result<bool, StorageError> {
     for _ in 0..SWEEP_PAGES {
-        let ids = ctx.storage.txn_idle_ids(kept, SWEEP_BATCH).await?;
+        let ids = ctx.storage.txn_idle_ids(*kept, SWEEP_BATCH).await?;
         let page = ids.len();
         for id in ids {
             let mine = ctx.membership.transaction_coordinator(&id).id == ctx.membership.my_id();
             if !mine {
-                kept += 1;
+                *kept += 1;
                 continue;
             }
             match ctx.storage.txn_describe(&id).await? {
@@ -330,15 +344,14 @@ async fn forget_expired(ctx: &Context, cursor: &mut usize) -> Result<(), Storage
                         "an open transaction had no look scheduled; looking at it now");
                     ctx.storage.txn_schedule(&id, ketch_storage::now_ms()).await?;
                 }
-                Some(_) => kept += 1,
+                Some(_) => *kept += 1,
             }
         }
         if page < SWEEP_BATCH {
-            return Ok(());
+            return Ok(true);
         }
     }
-    *cursor = kept;
-    Ok(())
+    Ok(false)
 }
 
 /// Looks at every due id this gateway coordinates, a page at a time: the
