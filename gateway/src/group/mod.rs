@@ -672,6 +672,10 @@ impl Coordinator {
             // A group forgotten here is not asked about here again.
             let mut failed = writes.failed.lock().unwrap_or_else(PoisonError::into_inner);
             failed.retain(|id, _| groups.contains_key(id));
+            // Nor is a stale copy of it (they were dropped only when their
+            // group was next asked for here).
+            let mut superseded = writes.superseded.lock().unwrap_or_else(PoisonError::into_inner);
+            superseded.retain(|id, _| groups.contains_key(id));
         }
         before - groups.len()
     }
