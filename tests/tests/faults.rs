@@ -350,14 +350,20 @@ fn a_master_demoted_behind_one_address_is_left_for_the_new_one() {
     let new = RedisServer::start_replica_of(&old);
     new.wait_for_replication("master_link_status:up");
     let proxy = DelayProxy::start(([127, 0, 0, 1], old.port()).into(), Duration::ZERO);
-    let ketch = Ketch::start(&proxy.redis_url(), &[]);
+    // acks=all waits for the replica: what the old master has, the new one
+    // has when it is promoted.
+    let ketch = Ketch::start(&proxy.redis_url(), &["--set", "storage.acks_all_replicas=1"]);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("demoted");
     assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
     let record = |n: i64| {
         ketch_tests::batch::encode(&[ketch_tests::batch::Record::value(ketch_tests::batch::at(n), b"v")])
     };
-    assert_eq!(raw::produce(&mut conn, &topic, 0, record(0)), (code::NONE, 0));
+    let first = raw::produce_request(&topic, 0, record(0)).with_acks(-1);
+    assert_eq!(
+        raw::produce_result(&conn.request(raw::PRODUCE_VERSION, &first)),
+        (code::NONE, 0)
+    );
     // What `redis-cli` would do at a failover, with the address moved.
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")

@@ -798,6 +798,22 @@ fn offsets_no_member_consumes_expire_one_by_one() {
         .arg("1:3:txn{\"offset\":9}")
         .query(&mut redis.connection())
         .unwrap();
+    // Its transaction (`txn`, producer 1000, number 1) is open: the expiry
+    // look drops staged offsets only of transactions that ended.
+    let () = redis::cmd("HSET")
+        .arg("ketch:txn:{txn}")
+        .arg("state")
+        .arg("Ongoing")
+        .arg("pid")
+        .arg(1000)
+        .arg("epoch")
+        .arg(0)
+        .arg("n")
+        .arg(1)
+        .arg("timeout_ms")
+        .arg(60_000)
+        .query(&mut redis.connection())
+        .unwrap();
     assert_eq!(
         commit(&mut conn, &standalone, &other, &[(0, 5, ""), (1, 6, "")], -1),
         vec![0, 0]
