@@ -657,22 +657,43 @@ pub struct PartitionLag {
 /// each partition (lag: high watermark minus committed offset, at least 0;
 /// `None` where the topic or partition is gone).
 pub async fn group_lag(ctx: &Context, group: &str) -> ketch_storage::Result<Vec<PartitionLag>> {
+    use futures::StreamExt;
     let committed = ctx.storage.all_committed_offsets(group).await?;
     let mut topics: HashMap<String, Option<Arc<ketch_storage::Topic>>> = HashMap::new();
-    let mut out = Vec::with_capacity(committed.len());
-    for ((name, partition), offset) in committed {
-        let topic = match topics.get(&name) {
-            Some(topic) => topic.clone(),
-            None => {
-                let topic = ctx.storage.topic(&name).await?;
-                topics.insert(name.clone(), topic.clone());
-                topic
+    for ((name, _), _) in &committed {
+        if !topics.contains_key(name) {
+            let topic = ctx.storage.topic(name).await?;
+            topics.insert(name.clone(), topic);
+        }
+    }
+    // The partitions' high watermarks, LAG_READS at a time (one round trip
+    // each: one after another, a pass over thousands of groups outlasted
+    // the gauges' idle time).
+    let asks: Vec<(Option<Arc<ketch_storage::Topic>>, i32)> = committed
+        .iter()
+        .map(|((name, partition), _)| {
+            (
+                topics[name].clone().filter(|t| t.has_partition(*partition)),
+                *partition,
+            )
+        })
+        .collect();
+    let high_watermarks: Vec<ketch_storage::Result<Option<i64>>> = futures::stream::iter(asks)
+        .map(|(topic, partition)| {
+            let storage = ctx.storage.clone();
+            async move {
+                match topic {
+                    Some(topic) => Ok(Some(storage.offsets(&topic, partition).await?.high_watermark)),
+                    None => Ok(None),
+                }
             }
-        };
-        let high_watermark = match topic.filter(|t| t.has_partition(partition)) {
-            Some(topic) => Some(ctx.storage.offsets(&topic, partition).await?.high_watermark),
-            None => None,
-        };
+        })
+        .buffered(LAG_READS)
+        .collect()
+        .await;
+    let mut out = Vec::with_capacity(committed.len());
+    for (((name, partition), offset), high_watermark) in committed.into_iter().zip(high_watermarks) {
+        let high_watermark = high_watermark?;
         out.push(PartitionLag {
             // Any i64 may be committed (as in Kafka): a negative one says
             // nothing of the lag.
@@ -693,23 +714,42 @@ pub async fn group_lag(ctx: &Context, group: &str) -> ketch_storage::Result<Vec<
 /// gateway coordinates (each group is reported by one gateway, so sums over
 /// gateways count it once).
 async fn record_group_lag(ctx: &Context) -> ketch_storage::Result<()> {
-    for group in ctx.storage.groups_with_offsets().await? {
-        if !ctx.membership.coordinates(&group) {
-            continue;
-        }
-        let mut per_topic: HashMap<String, i64> = HashMap::new();
-        for p in group_lag(ctx, &group).await? {
-            if let Some(lag) = p.lag {
-                let sum = per_topic.entry(p.topic).or_default();
-                *sum = sum.saturating_add(lag);
+    use futures::StreamExt;
+    let groups: Vec<String> = (ctx.storage.groups_with_offsets().await?)
+        .into_iter()
+        .filter(|group| ctx.membership.coordinates(group))
+        .collect();
+    // A few groups at a time; one that cannot be read now keeps its last
+    // gauges and holds up no other.
+    futures::stream::iter(groups)
+        .for_each_concurrent(LAG_GROUPS, |group| async move {
+            let lags = match group_lag(ctx, &group).await {
+                Ok(lags) => lags,
+                Err(e) => {
+                    tracing::debug!(%group, error = %e, "group lag not computed");
+                    return;
+                }
+            };
+            let mut per_topic: HashMap<String, i64> = HashMap::new();
+            for p in lags {
+                if let Some(lag) = p.lag {
+                    let sum = per_topic.entry(p.topic).or_default();
+                    *sum = sum.saturating_add(lag);
+                }
             }
-        }
-        for (topic, lag) in per_topic {
-            metrics::gauge!("ketch_group_lag", "group" => group.clone(), "topic" => topic).set(lag as f64);
-        }
-    }
+            for (topic, lag) in per_topic {
+                metrics::gauge!("ketch_group_lag", "group" => group.clone(), "topic" => topic)
+                    .set(lag as f64);
+            }
+        })
+        .await;
     Ok(())
 }
+
+/// Partitions' high watermarks one group's lag reads at once.
+const LAG_READS: usize = 16;
+/// Groups whose lag is computed at once.
+const LAG_GROUPS: usize = 8;
 
 fn record_groups(ctx: &Context) {
     let mut states: HashMap<&'static str, usize> = HashMap::new();
