@@ -831,6 +831,11 @@ impl TestRedis {
         next_offset(&mut self.connection(), topic, partition)
     }
 
+    /// The name of one of a partition's keys (`ketch:{TAG}:<key>`).
+    pub fn partition_key(&self, topic: &str, partition: usize, key: &str) -> String {
+        partition_key(&mut self.connection(), topic, partition, key)
+    }
+
     /// Sets fields of a partition's meta hash (`ketch:{TAG}:meta`), as a
     /// test that stands in for time passing does.
     pub fn set_meta(&self, topic: &str, partition: usize, fields: &[(&str, &str)]) {

@@ -382,3 +382,31 @@ fn the_first_large_batch_of_a_new_partition_is_stored() {
         );
     }
 }
+
+/// A partition whose first staged batch an older release tried on Redis
+/// 7.2 or later was left with an empty log stream whose last id is 0-1
+/// (its entry added and deleted, the XSETID back to 0-0 refused), which
+/// refused a one-record batch at offset 0 for good: the first append now
+/// makes the stream again.
+#[test]
+fn a_log_stream_left_empty_at_0_1_takes_the_first_record() {
+    let (redis, _ketch, mut conn, topic) = start();
+    let log = redis.partition_key(&topic, 0, "log");
+    let mut seed = redis.connection();
+    let _: String = redis::cmd("XADD")
+        .arg(&log)
+        .arg("0-1")
+        .arg("x")
+        .arg("")
+        .query(&mut seed)
+        .unwrap();
+    let _: i64 = redis::cmd("XDEL").arg(&log).arg("0-1").query(&mut seed).unwrap();
+    let small = batch::encode(&[Record::value(batch::at(1), b"first")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, small), (code::NONE, 0));
+    let large = batch::encode(&[Record::value(batch::at(2), &[b'x'; 8 << 10])]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, large), (code::NONE, 1));
+    let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 0));
+    let (error, high_watermark, records) = raw::fetch_result(&response);
+    assert_eq!((error, high_watermark), (code::NONE, 2));
+    assert_eq!(raw::count_records(&records.unwrap_or_default()), 2);
+}

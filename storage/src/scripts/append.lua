@@ -106,6 +106,14 @@ local base = tonumber(meta[1])
 if ARGV[1] == 'reserve' and base ~= tonumber(ARGV[2]) then
   return {'moved', base}
 end
+-- Nothing was ever appended: an empty log stream here is one an older
+-- release's first staged batch left on Redis 7.2 or later (an entry 0-1
+-- added and deleted, its XSETID back to 0-0 refused), whose last id 0-1
+-- would refuse a one-record batch at offset 0 for good. It goes; the
+-- append makes it again.
+if base == 0 and redis.call('XLEN', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[3])
+end
 local count = tonumber(ARGV[3])
 local ts = tonumber(ARGV[4])
 local size = tonumber(ARGV[7])
