@@ -2041,10 +2041,14 @@ fn an_expired_id_behind_ten_thousand_live_ones_leaves_the_index() {
     const IDLE_SCORE: f64 = 9.0e15;
     let redis = TestRedis::start();
     let mut seed = redis.connection();
-    let mut pipe = redis::pipe();
+    // Each id's state (one key each: in a Redis Cluster, slots of their
+    // own), then the index in one command, with `zz-gone` listed though its
+    // state expired.
+    let mut index = redis::cmd("ZADD");
+    index.arg("ketch:transactions");
     for i in 0..LIVE {
         let id = format!("a-live-{i:05}");
-        pipe.cmd("HSET")
+        let _: i64 = redis::cmd("HSET")
             .arg(format!("ketch:txn:{{{id}}}"))
             .arg("state")
             .arg("CompleteCommit")
@@ -2052,20 +2056,12 @@ fn an_expired_id_behind_ten_thousand_live_ones_leaves_the_index() {
             .arg(1000 + i)
             .arg("epoch")
             .arg(0)
-            .ignore();
-        pipe.cmd("ZADD")
-            .arg("ketch:transactions")
-            .arg(IDLE_SCORE)
-            .arg(&id)
-            .ignore();
+            .query(&mut seed)
+            .expect("seed a state");
+        index.arg(IDLE_SCORE).arg(id);
     }
-    // Listed, its state expired.
-    pipe.cmd("ZADD")
-        .arg("ketch:transactions")
-        .arg(IDLE_SCORE)
-        .arg("zz-gone")
-        .ignore();
-    let () = pipe.query(&mut seed).expect("seed the index");
+    index.arg(IDLE_SCORE).arg("zz-gone");
+    let _: i64 = index.query(&mut seed).expect("seed the index");
     let _ketch = Ketch::start(
         &redis.url(),
         &[
