@@ -197,6 +197,8 @@ pub(crate) struct TopicCache {
     listing: tokio::sync::Mutex<()>,
     /// Ids such a listing did not find, and when.
     unknown: RwLock<HashMap<Uuid, Instant>>,
+    /// When the last complete listing ([`Store::all_topics`]) began.
+    listed: RwLock<Option<Instant>>,
 }
 
 impl TopicCache {
@@ -214,6 +216,14 @@ impl TopicCache {
             .read()
             .expect("topic cache lock")
             .is_some_and(|at| at.elapsed() < RETRY_AFTER)
+    }
+
+    /// Whether a complete listing began at or after `at` (and ended).
+    fn listed_since(&self, at: Instant) -> bool {
+        self.listed
+            .read()
+            .expect("topic cache lock")
+            .is_some_and(|listed| listed >= at)
     }
 
     /// Whether a listing found no topic of id `id` under [`CACHE_TTL`] ago.
@@ -343,6 +353,7 @@ impl Store {
             topics.push(topic);
         }
         self.topics.forget_unlisted(listed_at);
+        *self.topics.listed.write().expect("topic cache lock") = Some(listed_at);
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(topics)
     }
@@ -415,17 +426,37 @@ impl Store {
         // does not find stays unknown for CACHE_TTL. Before, every fetch
         // naming an unknown id (a deleted topic's consumers, any client's
         // made-up id) read and decoded the whole registry.
+        let asked = Instant::now();
         let _listing = self.topics.listing.lock().await;
-        if let Some(found) = self.topics.by_id.read().expect("topic cache lock").get(&id)
-            && self
-                .topics
-                .get(&found.name, CACHE_TTL)
-                .is_some_and(|t| t.id == id)
+        // (Cloned out: `by_id` is never held while `by_name` is taken, the
+        // order `forget` takes them in.)
+        let found = (self.topics.by_id.read().expect("topic cache lock"))
+            .get(&id)
+            .cloned();
+        // A listing that began after this request asked, or under
+        // CACHE_TTL before (as fresh as any cached record), answers it,
+        // found or not: requests naming different unknown ids do not each
+        // list the registry in turn.
+        let answered = self
+            .topics
+            .listed_since(asked.checked_sub(CACHE_TTL).unwrap_or(asked));
+        if let Some(found) = found
+            && (answered
+                || self
+                    .topics
+                    .get(&found.name, CACHE_TTL)
+                    .is_some_and(|t| t.id == id))
         {
-            return Ok(Some(found.clone()));
+            return Ok(Some(found));
         }
-        if self.topics.recently_unknown(id) {
+        if answered || self.topics.recently_unknown(id) {
             return Ok(None);
+        }
+        // One failed a moment ago: the registry is not read again now.
+        if self.topics.failing() {
+            return Err(StorageError::Unavailable(
+                "the topic registry could not be read a moment ago".to_owned(),
+            ));
         }
         match self.all_topics().await {
             Ok(all) => {

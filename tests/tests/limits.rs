@@ -326,6 +326,13 @@ fn fetches_by_topic_id_do_not_read_the_whole_registry() {
     }
     let made = listings() - before;
     assert!(made <= 3, "{made} listings for 20 fetches of one unknown id");
+    // Nor does one per unknown id, each its own.
+    let before = listings();
+    for _ in 0..20 {
+        assert_eq!(fetch_by(uuid::Uuid::new_v4()), UNKNOWN_TOPIC_ID);
+    }
+    let made = listings() - before;
+    assert!(made <= 5, "{made} listings for 20 fetches of 20 unknown ids");
     drop(redis);
     let _ = monitor.join();
 }
