@@ -395,42 +395,53 @@ impl Store {
     /// without the check a 6.x server ran none of ketch's flagged scripts,
     /// the gateway never registered and said so only in a Lua syntax
     /// error. `INFO server` alone (before 7.0 INFO takes one section), on
-    /// the server in single mode and on one master in a cluster (the
-    /// cluster connection's choice). A server that does not say, or
-    /// refuses INFO (a Redis user without it), is let through with a
-    /// warning: the check must not keep a gateway from starting.
+    /// the server in single mode and on every master in a cluster (redis-rs
+    /// asks them all). A server that does not say, or an INFO not answered
+    /// (a server or master down, a Redis user without INFO), is let through
+    /// with a warning: the check must not keep a gateway from starting.
     pub async fn check_server_version(&self) -> Result<()> {
         let reply: redis::RedisResult<Value> = redis::cmd("INFO")
             .arg("server")
             .query_async(&mut self.conn())
             .await;
-        let text = match reply {
-            Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-            Ok(Value::VerbatimString { text, .. }) => text,
+        let texts: Vec<(String, String)> = match reply {
+            Ok(Value::BulkString(b)) => {
+                vec![(self.server.to_string(), String::from_utf8_lossy(&b).into_owned())]
+            }
+            Ok(Value::VerbatimString { text, .. }) => vec![(self.server.to_string(), text)],
+            // A cluster connection asks every master: each one's text.
             Ok(Value::Map(nodes)) => nodes
                 .into_iter()
-                .find_map(|(_, v)| match v {
-                    Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-                    Value::VerbatimString { text, .. } => Some(text),
-                    _ => None,
+                .filter_map(|(node, v)| {
+                    let node = match node {
+                        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                        Value::SimpleString(s) => s,
+                        _ => self.server.to_string(),
+                    };
+                    match v {
+                        Value::BulkString(b) => Some((node, String::from_utf8_lossy(&b).into_owned())),
+                        Value::VerbatimString { text, .. } => Some((node, text)),
+                        _ => None,
+                    }
                 })
-                .unwrap_or_default(),
-            Ok(_) => String::new(),
-            Err(e) if e.kind() == redis::ErrorKind::Io || e.is_timeout() || e.is_connection_dropped() => {
-                return Err(e.into());
-            }
+                .collect(),
+            Ok(_) => Vec::new(),
+            // Not answered (a server or a master down, a user without
+            // INFO): let through; what needs Redis fails on its own.
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the Redis server's version (INFO server); ketch needs 7.0 or newer");
                 return Ok(());
             }
         };
-        match too_old(&text) {
-            Some(version) => Err(StorageError::ServerTooOld {
-                server: self.server.to_string(),
-                version: version.to_owned(),
-            }),
-            None => Ok(()),
+        for (server, text) in texts {
+            if let Some(version) = too_old(&text) {
+                return Err(StorageError::ServerTooOld {
+                    server,
+                    version: version.to_owned(),
+                });
+            }
         }
+        Ok(())
     }
 
     /// `INFO memory stats errorstats server` of the Redis server, or of each
