@@ -842,6 +842,12 @@ impl Settings {
         if self.tiering.remote_fetch_max_wait.get().is_zero() {
             return bad("tiering.remote_fetch_max_wait", "must be more than 0");
         }
+        // A fetch looks its batches' aborted transactions up as late as its
+        // long poll's end; the aborted index keeps what lies below the
+        // local start ten minutes (scripts/seal.lua).
+        if self.fetch.max_wait.get() >= std::time::Duration::from_secs(600) {
+            return bad("fetch.max_wait", "must be under 10 minutes");
+        }
         if self.http.idle_timeout.get().is_zero() {
             return bad("http.idle_timeout", "must be more than 0");
         }
@@ -1220,6 +1226,17 @@ mod tests {
         assert_eq!(s.tiering.warehouse(), "s3://lake/prefix");
         assert_eq!(s.tiering.warehouse_dir(), None);
         assert_eq!(s.tiering.catalog_uri(), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn a_fetch_wait_of_ten_minutes_or_more_is_refused() {
+        let err = Loader::new()
+            .set("fetch", "max_wait", "10m")
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fetch.max_wait"), "{err}");
+        assert!(Loader::new().set("fetch", "max_wait", "9m").load().is_ok());
     }
 
     #[test]
