@@ -48,7 +48,7 @@ pub(crate) enum Conn {
 #[derive(Clone)]
 pub(crate) struct SingleConn {
     manager: ConnectionManager,
-    redialled: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    redialled: std::sync::Arc<crate::AtMostEvery>,
 }
 
 impl SingleConn {
@@ -66,15 +66,8 @@ impl SingleConn {
     /// write would be refused as READONLY until the gateway restarted. A
     /// QUIT has Redis close the connection; the manager then dials again.
     fn redial(&self) {
-        {
-            let mut last = self
-                .redialled
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if last.is_some_and(|at| at.elapsed() < crate::wire::REDIAL_AFTER_READONLY) {
-                return;
-            }
-            *last = Some(std::time::Instant::now());
+        if !self.redialled.ready(crate::wire::REDIAL_AFTER_READONLY) {
+            return;
         }
         tracing::warn!("redis answered READONLY (a replica now); connecting again");
         let mut manager = self.manager.clone();

@@ -131,7 +131,7 @@ pub struct Store {
     topics: Arc<topics::TopicCache>,
     appenders: Arc<log::Appenders>,
     /// When [`Store::forget_deleted_partitions`] last pruned `appenders`.
-    partitions_pruned: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    partitions_pruned: Arc<AtMostEvery>,
     scripts: Arc<Scripts>,
     /// The server's address in single mode (`host:port`), for reports.
     server: Arc<str>,
@@ -405,27 +405,18 @@ impl Store {
             .query_async(&mut self.conn())
             .await;
         let texts: Vec<(String, String)> = match reply {
-            Ok(Value::BulkString(b)) => {
-                vec![(self.server.to_string(), String::from_utf8_lossy(&b).into_owned())]
-            }
-            Ok(Value::VerbatimString { text, .. }) => vec![(self.server.to_string(), text)],
             // A cluster connection asks every master: each one's text.
             Ok(Value::Map(nodes)) => nodes
                 .into_iter()
                 .filter_map(|(node, v)| {
-                    let node = match node {
-                        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-                        Value::SimpleString(s) => s,
-                        _ => self.server.to_string(),
-                    };
-                    match v {
-                        Value::BulkString(b) => Some((node, String::from_utf8_lossy(&b).into_owned())),
-                        Value::VerbatimString { text, .. } => Some((node, text)),
-                        _ => None,
-                    }
+                    let node = text_of(node).unwrap_or_else(|| self.server.to_string());
+                    Some((node, text_of(v)?))
                 })
                 .collect(),
-            Ok(_) => Vec::new(),
+            Ok(reply) => text_of(reply)
+                .map(|text| (self.server.to_string(), text))
+                .into_iter()
+                .collect(),
             // Not answered (a server or a master down, a user without
             // INFO): let through; what needs Redis fails on its own.
             Err(e) => {
@@ -459,11 +450,8 @@ impl Store {
                 .arg("server")
                 .query_async(&mut self.conn())
                 .await?;
-            let text = match reply {
-                Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-                Value::VerbatimString { text, .. } => text,
-                Value::SimpleString(s) => s,
-                other => return Err(StorageError::Data(format!("unexpected INFO reply {other:?}"))),
+            let Some(text) = text_of(reply) else {
+                return Err(StorageError::Data("unexpected INFO reply".to_owned()));
             };
             return Ok(vec![(self.server.to_string(), Ok(text))]);
         }
@@ -497,6 +485,34 @@ impl Store {
     /// Whether this store talks to one Redis server or a Redis Cluster.
     pub fn mode(&self) -> Mode {
         self.conn.mode()
+    }
+}
+
+/// Lets something happen at most once per interval (a redial after a
+/// READONLY, a prune of what deleted topics left).
+#[derive(Debug, Default)]
+pub(crate) struct AtMostEvery(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl AtMostEvery {
+    /// True, and the interval starts again, when it was last true at least
+    /// `every` ago (or never).
+    pub(crate) fn ready(&self, every: std::time::Duration) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < every) {
+            return false;
+        }
+        *last = Some(std::time::Instant::now());
+        true
+    }
+}
+
+/// The text of a string reply (INFO's), in either protocol's form.
+fn text_of(reply: Value) -> Option<String> {
+    match reply {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Value::VerbatimString { text, .. } => Some(text),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
     }
 }
 

@@ -364,13 +364,8 @@ impl Store {
     /// which would otherwise stay until the gateway restarts. At most once
     /// a minute; the storage worker calls it with each tick's listing.
     pub fn forget_deleted_partitions(&self, topics: &[Arc<Topic>]) {
-        const EVERY: Duration = Duration::from_secs(60);
-        {
-            let mut last = self.partitions_pruned.lock().expect("prune time");
-            if last.is_some_and(|at| at.elapsed() < EVERY) {
-                return;
-            }
-            *last = Some(Instant::now());
+        if !self.partitions_pruned.ready(Duration::from_secs(60)) {
+            return;
         }
         let live: std::collections::HashSet<&str> = topics
             .iter()

@@ -69,7 +69,7 @@ struct Inner {
     /// When a READONLY answer last made it dial again (at most once every
     /// [`REDIAL_AFTER_READONLY`]: an address that still leads to the
     /// replica must not cost a new connection per request).
-    redialled: std::sync::Mutex<Option<std::time::Instant>>,
+    redialled: crate::AtMostEvery,
     timers: crate::metrics::Timers,
 }
 
@@ -266,7 +266,7 @@ impl Wire {
             connect_timeout,
             response_timeout,
             live: tokio::sync::Mutex::new(None),
-            redialled: std::sync::Mutex::new(None),
+            redialled: crate::AtMostEvery::default(),
             timers: crate::metrics::Timers::default(),
         }))
     }
@@ -321,7 +321,7 @@ impl Wire {
         }
         match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(replies)) => {
-                if replies.iter().any(Reply::is_read_only) && self.may_redial() {
+                if replies.iter().any(Reply::is_read_only) && self.0.redialled.ready(REDIAL_AFTER_READONLY) {
                     // A master demoted to replica keeps its connections
                     // open (a failover behind one address: a DNS name, a
                     // virtual IP): the next request dials again, reaching
@@ -348,20 +348,6 @@ impl Wire {
                 )))
             }
         }
-    }
-
-    /// Whether a READONLY answer may make the connection dial again now.
-    fn may_redial(&self) -> bool {
-        let mut last = self
-            .0
-            .redialled
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.is_some_and(|at| at.elapsed() < REDIAL_AFTER_READONLY) {
-            return false;
-        }
-        *last = Some(std::time::Instant::now());
-        true
     }
 
     /// The live connection's queue, dialled when there is none.
