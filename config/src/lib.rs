@@ -844,7 +844,7 @@ impl Settings {
         }
         // A fetch looks its batches' aborted transactions up as late as its
         // long poll's end; the aborted index keeps what lies below the
-        // local start ten minutes (scripts/seal.lua).
+        // log and local starts ten minutes (scripts/seal.lua).
         if self.fetch.max_wait.get() >= std::time::Duration::from_secs(600) {
             return bad("fetch.max_wait", "must be under 10 minutes");
         }

@@ -849,6 +849,17 @@ impl TestRedis {
         let _: i64 = cmd.query(&mut conn).expect("HSET meta");
     }
 
+    /// A field of a partition's meta hash (`ketch:{TAG}:meta`), if set.
+    pub fn meta_field(&self, topic: &str, partition: usize, field: &str) -> Option<String> {
+        let mut conn = self.connection();
+        let key = partition_key(&mut conn, topic, partition, "meta");
+        redis::cmd("HGET")
+            .arg(key)
+            .arg(field)
+            .query(&mut conn)
+            .expect("HGET meta")
+    }
+
     /// How many aborted transactions a partition's index lists
     /// (`ketch:{TAG}:aborted`).
     pub fn aborted_count(&self, topic: &str, partition: usize) -> i64 {

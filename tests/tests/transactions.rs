@@ -543,6 +543,41 @@ fn a_read_committed_fetch_sends_no_undecided_batch_the_log_start_cut_into() {
     assert_eq!(aborted[0].producer_id.0, pid);
 }
 
+/// The aborted transactions the log start passed stay indexed ten minutes
+/// more: a read_committed fetch reads its batches first and looks their
+/// aborts up after (as late as its long poll's end), and retention or
+/// DeleteRecords moving the log start past those batches meanwhile must
+/// not take the aborts they need. After the ten minutes (here the bound's
+/// time is set back) they go.
+#[test]
+fn aborts_below_the_log_start_stay_for_the_fetches_under_way() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "tiering.tick_interval=100ms"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-below-start");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-below-start-id", &topic);
+    let records: Vec<Record> = (0..5).map(|_| Record::value(batch::at(1), b"aborted")).collect();
+    let data = transactional(&records, pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, data), (code::NONE, 0));
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
+    eventually("the abort's marker", (6, 6), || watermarks(&mut conn, &topic));
+    assert_eq!(redis.aborted_count(&topic, 0), 1);
+    assert_eq!(raw::delete_records(&mut conn, &topic, 0, 6), (code::NONE, 6));
+    // A bound proposed ten minutes ago (at offset 0): the tick trims below
+    // it (nothing), keeps the entry the log start passed, and proposes the
+    // new log start.
+    redis.set_meta(&topic, 0, &[("abt_to", "0"), ("abt_at", "0")]);
+    eventually("the log start proposed", Some("6".to_string()), || {
+        redis.meta_field(&topic, 0, "abt_to")
+    });
+    assert_eq!(redis.aborted_count(&topic, 0), 1, "kept for the fetches under way");
+    redis.set_meta(&topic, 0, &[("abt_at", "0")]);
+    eventually("the aborted transactions' index emptied", 0, || {
+        redis.aborted_count(&topic, 0)
+    });
+}
+
 /// A transactional batch must be its request's transactional id's
 /// producer, as Kafka verifies it (KIP-890): a request naming id A that
 /// carries B's producer is INVALID_PRODUCER_ID_MAPPING, one of A's

@@ -195,14 +195,15 @@ end
 --
 -- That bound lags ten minutes: a fetch reads a partition's batches first and
 -- its aborted transactions after (as late as its long poll's end), and the
--- local start may pass the batches it read meanwhile; trimming below the
--- local start at once could take the aborts those batches need, and a
--- read_committed consumer would get aborted records. Each call trims below
--- the bound proposed at least ten minutes before (meta `abt_to`, `abt_at`),
--- never past the bound now, and proposes the current one.
-local aborted_below = log_start
+-- log start (retention, DeleteRecords) or the local start may pass the
+-- batches it read meanwhile; trimming below either at once could take the
+-- aborts those batches need, and a read_committed consumer would get
+-- aborted records. Each call trims below the bound proposed at least ten
+-- minutes before (meta `abt_to`, `abt_at`), never past the bound now, and
+-- proposes the current one.
+local bound = log_start
 if remote and not no_archive then
-  local bound = math.max(log_start, local_start)
+  bound = math.max(log_start, local_start)
   for i = first_kept, #segments do
     local segment = segments[i]
     if segment.base >= bound then
@@ -213,17 +214,16 @@ if remote and not no_archive then
       break
     end
   end
-  local proposed = redis.call('HMGET', KEYS[1], 'abt_to', 'abt_at')
-  local proposed_to, proposed_at = tonumber(proposed[1]), tonumber(proposed[2])
-  local ABORTED_TRIM_LAG_MS = 600000
-  if proposed_to and proposed_at and now - proposed_at >= ABORTED_TRIM_LAG_MS then
-    aborted_below = math.max(log_start, math.min(proposed_to, bound))
-  end
-  if not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS then
-    redis.call('HSET', KEYS[1], 'abt_to', string.format('%d', bound), 'abt_at', string.format('%d', now))
-  end
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', aborted_below))
+local proposed = redis.call('HMGET', KEYS[1], 'abt_to', 'abt_at')
+local proposed_to, proposed_at = tonumber(proposed[1]), tonumber(proposed[2])
+local ABORTED_TRIM_LAG_MS = 600000
+if proposed_to and proposed_at and now - proposed_at >= ABORTED_TRIM_LAG_MS then
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', math.min(proposed_to, bound)))
+end
+if not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS then
+  redis.call('HSET', KEYS[1], 'abt_to', string.format('%d', bound), 'abt_at', string.format('%d', now))
+end
 
 -- Producer state idle past producers.expiration is forgotten, as Kafka
 -- forgets it: the producer's next batch then starts over at sequence 0.
