@@ -337,6 +337,11 @@ pub struct TieringSettings {
     /// `remote.fetch.max.wait.ms`): past it the partition is answered with
     /// no records, and the read goes on to fill the cache for the next fetch.
     pub remote_fetch_max_wait: Duration,
+    /// How long a ListOffsets request's lookups by timestamp (and -3) may
+    /// take, all of them (Kafka's `remote.list.offsets.request.timeout.ms`):
+    /// they may read the archive; past it the partitions not done are
+    /// REQUEST_TIMED_OUT.
+    pub remote_list_offsets_timeout: Duration,
     /// Snapshots of a topic's table younger than this are never expired:
     /// engines may time-travel to them or resume incremental reads from them.
     pub snapshot_retention: Duration,
@@ -598,6 +603,7 @@ impl Default for TieringSettings {
             compression_level: None,
             read_cache_bytes: 64 * 1024 * 1024,
             remote_fetch_max_wait: Duration::from_millis(500),
+            remote_list_offsets_timeout: Duration::from_secs(30),
             snapshot_retention: Duration::from_secs(3600),
             snapshots_kept: 10,
             maintenance_commits: 20,
@@ -841,6 +847,9 @@ impl Settings {
         }
         if self.tiering.remote_fetch_max_wait.get().is_zero() {
             return bad("tiering.remote_fetch_max_wait", "must be more than 0");
+        }
+        if self.tiering.remote_list_offsets_timeout.get().is_zero() {
+            return bad("tiering.remote_list_offsets_timeout", "must be more than 0");
         }
         // A fetch looks its batches' aborted transactions up as late as its
         // long poll's end; the aborted index keeps what lies below the

@@ -1166,6 +1166,68 @@ fn a_fetch_from_the_archive_neither_waits_for_min_bytes_nor_for_a_frozen_object_
     }
 }
 
+/// A ListOffsets request's lookups by timestamp share one bound,
+/// `tiering.remote_list_offsets_timeout` (Kafka's
+/// `remote.list.offsets.request.timeout.ms`): over an object store that
+/// stopped answering, a request for more partitions than a request looks
+/// up at once (32) is answered REQUEST_TIMED_OUT for each once the bound
+/// passed, not once per wave of partitions.
+#[test]
+fn a_list_offsets_request_over_a_frozen_object_store_answers_after_its_bound() {
+    use ketch_tests::batch::{self, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+
+    const PARTITIONS: i32 = 34;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &s3.ketch_settings("warehouse"));
+    let rt = runtime();
+    let topic = unique_topic("remote-list-offsets");
+    create_remote_topic(
+        &ketch,
+        &rt,
+        &topic,
+        PARTITIONS,
+        &[("segment.ms", "200"), ("local.retention.bytes", "0")],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for partition in 0..PARTITIONS {
+        let batch = batch::encode(&[Record::value(BASE_TIMESTAMP, b"v")]);
+        let request = raw::produce_request(&topic, partition, batch);
+        assert_eq!(raw::produce_result(&conn.request(9, &request)).0, code::NONE);
+    }
+    wait_all_trimmed(&redis, &ketch, &topic, PARTITIONS as usize);
+    // Found in the archive while it answers.
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, BASE_TIMESTAMP),
+        (code::NONE, 0, BASE_TIMESTAMP)
+    );
+
+    let _frozen = ketch_tests::Frozen::freeze(s3.pid());
+    let mut settings = s3.ketch_settings("warehouse");
+    settings.push("tiering.remote_list_offsets_timeout=1s".to_owned());
+    let cold = tiered_gateway(&redis, &dir.path().join("data-cold"), &settings);
+    let mut request = raw::list_offsets_request(&topic, 0, BASE_TIMESTAMP);
+    let one = request.topics[0].partitions[0].clone();
+    request.topics[0].partitions = (0..PARTITIONS)
+        .map(|p| one.clone().with_partition_index(p))
+        .collect();
+    let started = Instant::now();
+    let response = KafkaConn::connect(cold.kafka_addr()).request(8, &request);
+    let elapsed = started.elapsed();
+    let codes: Vec<i16> = response.topics[0]
+        .partitions
+        .iter()
+        .map(|p| p.error_code)
+        .collect();
+    assert_eq!(codes, vec![code::REQUEST_TIMED_OUT; PARTITIONS as usize]);
+    assert!(
+        elapsed < Duration::from_millis(1_900),
+        "answered after {elapsed:?} (two waves of the bound take 2 s)"
+    );
+}
+
 /// Sets a topic config through IncrementalAlterConfigs (SET); every
 /// gateway applies it within half a second.
 fn set_topic_config(ketch: &Ketch, topic: &str, name: &str, value: &str) {

@@ -571,7 +571,11 @@ fn aborts_below_the_log_start_stay_for_the_fetches_under_way() {
     eventually("the log start proposed", Some("6".to_string()), || {
         redis.meta_field(&topic, 0, "abt_to")
     });
-    assert_eq!(redis.aborted_count(&topic, 0), 1, "kept for the fetches under way");
+    assert_eq!(
+        redis.aborted_count(&topic, 0),
+        1,
+        "kept for the fetches under way"
+    );
     redis.set_meta(&topic, 0, &[("abt_at", "0")]);
     eventually("the aborted transactions' index emptied", 0, || {
         redis.aborted_count(&topic, 0)

@@ -38,6 +38,12 @@ pub async fn handle(
     let version = header.request_api_version;
     // read_committed: the latest offset is the last stable offset.
     let committed = req.isolation_level == 1;
+    // Lookups that may read the archive share one bound per request
+    // (`tiering.remote_list_offsets_timeout`), as Kafka's delayed remote
+    // ListOffsets does: a request over many
+    // partitions of a store that stopped answering gets its answer after
+    // the bound, not after the bound once per wave of partitions.
+    let deadline = tokio::time::Instant::now() + ctx.settings.tiering.remote_list_offsets_timeout.get();
     // A partition named twice is INVALID_REQUEST, each time (Kafka's
     // `duplicatePartitions`).
     let mut seen = std::collections::HashSet::new();
@@ -54,7 +60,7 @@ pub async fn handle(
     let topics = req
         .topics
         .into_iter()
-        .map(|topic| list_topic(ctx, client, topic, version, committed, &duplicated));
+        .map(|topic| list_topic(ctx, client, topic, version, committed, &duplicated, deadline));
     let topics = super::each(topics).await;
     ListOffsetsResponse::default().with_topics(topics)
 }
@@ -66,6 +72,7 @@ async fn list_topic(
     version: i16,
     committed: bool,
     duplicated: &std::collections::HashSet<(String, i32)>,
+    deadline: tokio::time::Instant,
 ) -> ListOffsetsTopicResponse {
     let topic = if authorized(
         ctx,
@@ -89,7 +96,7 @@ async fn list_topic(
         } else {
             topic.clone()
         };
-        list_partition(ctx, topic, p, version, committed)
+        list_partition(ctx, topic, p, version, committed, deadline)
     });
     let partitions = super::each(partitions).await;
     ListOffsetsTopicResponse::default()
@@ -103,6 +110,7 @@ async fn list_partition(
     request: ListOffsetsPartition,
     version: i16,
     committed: bool,
+    deadline: tokio::time::Instant,
 ) -> ListOffsetsPartitionResponse {
     // Kafka's order: authorization, then a duplicate, then the timestamp's
     // version, then whether the partition exists.
@@ -113,7 +121,17 @@ async fn list_partition(
     let found = match topic {
         Err(code) if refused_first.contains(&code) => Err(code),
         _ if !supported(request.timestamp, version) => Err(ResponseError::UnsupportedVersion.code()),
-        topic => lookup(ctx, topic, request.partition_index, request.timestamp, committed).await,
+        topic => {
+            lookup(
+                ctx,
+                topic,
+                request.partition_index,
+                request.timestamp,
+                committed,
+                deadline,
+            )
+            .await
+        }
     };
     partition_response(request.partition_index, found, leader_epoch(version))
 }
@@ -164,6 +182,7 @@ async fn lookup(
     partition: i32,
     timestamp: i64,
     committed: bool,
+    deadline: tokio::time::Instant,
 ) -> Result<Option<(i64, i64)>, i16> {
     let topic = ensure_partition(ctx, topic?, partition).await?;
     let found = match timestamp {
@@ -192,8 +211,10 @@ async fn lookup(
         // Kafka bounds them (`remote.list.offsets.request.timeout.ms`), a
         // store that stopped answering gets REQUEST_TIMED_OUT, not a wait
         // of minutes of I/O timeouts and retries for each segment.
-        MAX_TIMESTAMP => bounded_lookup(ctx.storage.max_timestamp(&topic, partition)).await?,
-        t if t >= 0 => bounded_lookup(ctx.storage.offset_for_timestamp(&topic, partition, t)).await?,
+        MAX_TIMESTAMP => bounded_lookup(deadline, ctx.storage.max_timestamp(&topic, partition)).await?,
+        t if t >= 0 => {
+            bounded_lookup(deadline, ctx.storage.offset_for_timestamp(&topic, partition, t)).await?
+        }
         _ => return Err(ResponseError::UnsupportedVersion.code()),
     };
     let found = found.map_err(|e| error_code(&e))?;
@@ -213,14 +234,11 @@ async fn lookup(
     }
 }
 
-/// How long a lookup by timestamp (or -3) may take: Kafka's default
-/// `remote.list.offsets.request.timeout.ms`.
-const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
 async fn bounded_lookup<T>(
+    deadline: tokio::time::Instant,
     lookup: impl std::future::Future<Output = ketch_storage::Result<T>>,
 ) -> Result<ketch_storage::Result<T>, i16> {
-    tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
+    tokio::time::timeout_at(deadline, lookup)
         .await
         .map_err(|_| ResponseError::RequestTimedOut.code())
 }
