@@ -655,15 +655,31 @@ async fn list_all_groups(
     let mut answers = vec![api::list_groups::handle(ctx, &own, &header, request.clone()).await];
     let me = ctx.membership.my_id();
     let mut unanswered = Vec::new();
-    for node in ctx.membership.nodes() {
-        if node.id == me {
-            continue;
-        }
-        let Some(to) = node.internal_address() else {
+    // Every other gateway at once: one that is slow to answer (up to the
+    // forward's timeout) holds up the list once, not once per gateway.
+    let asked = futures::future::join_all(
+        ctx.membership
+            .nodes()
+            .into_iter()
+            .filter(|node| node.id != me)
+            .map(|node| {
+                let (header, request) = (&header, &request);
+                async move {
+                    let answer = match node.internal_address() {
+                        Some(to) => Some(api::forward(ctx, client, header, request, &to).await),
+                        None => None,
+                    };
+                    (node, answer)
+                }
+            }),
+    )
+    .await;
+    for (node, answer) in asked {
+        let Some(answer) = answer else {
             unanswered.push(json!({"node_id": node.id, "error": "no internal listener"}));
             continue;
         };
-        match api::forward(ctx, client, &header, &request, &to).await {
+        match answer {
             // Its error is its own (this gateway's answer, first, has
             // already passed the caller's authorization).
             Ok(answer) if answer.error_code == 0 => answers.push(answer),
@@ -695,28 +711,34 @@ async fn list_all_groups(
 }
 
 async fn groups(State(ctx): State<Arc<Context>>, Caller(client): Caller) -> Answer {
+    use futures::StreamExt;
     let (listed, unanswered) = list_all_groups(&ctx, &client).await?;
-    let mut groups = Vec::with_capacity(listed.len());
-    for (id, (state, protocol_type)) in listed {
-        // ListGroups lists every group to whoever may describe the cluster;
-        // a group's offsets (its lag) only to whoever may describe it, as
-        // OffsetFetch answers.
-        let lag = if api::authorized(
-            ctx.as_ref(),
-            &client,
-            Operation::Describe,
-            ResourceType::Group,
-            &id,
-        ) {
-            visible_lag(&ctx, &client, &id)
-                .await
-                .map(|p| p.iter().filter_map(|p| p.lag).fold(0i64, i64::saturating_add))
-                .ok()
-        } else {
-            None
-        };
-        groups.push(json!({"group_id": id, "state": state, "protocol_type": protocol_type, "lag": lag}));
-    }
+    // The groups' lags LAG_GROUPS at a time, in the list's order.
+    let (ctx, client) = (&ctx, &client);
+    let groups: Vec<Value> = futures::stream::iter(listed)
+        .map(|(id, (state, protocol_type))| async move {
+            // ListGroups lists every group to whoever may describe the
+            // cluster; a group's offsets (its lag) only to whoever may
+            // describe it, as OffsetFetch answers.
+            let lag = if api::authorized(
+                ctx.as_ref(),
+                client,
+                Operation::Describe,
+                ResourceType::Group,
+                &id,
+            ) {
+                visible_lag(ctx, client, &id)
+                    .await
+                    .map(|p| p.iter().filter_map(|p| p.lag).fold(0i64, i64::saturating_add))
+                    .ok()
+            } else {
+                None
+            };
+            json!({"group_id": id, "state": state, "protocol_type": protocol_type, "lag": lag})
+        })
+        .buffered(crate::metrics::LAG_GROUPS)
+        .collect()
+        .await;
     Ok(Json(
         json!({ "groups": groups, "unanswered_gateways": unanswered }),
     ))

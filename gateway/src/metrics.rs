@@ -659,13 +659,23 @@ pub struct PartitionLag {
 pub async fn group_lag(ctx: &Context, group: &str) -> ketch_storage::Result<Vec<PartitionLag>> {
     use futures::StreamExt;
     let committed = ctx.storage.all_committed_offsets(group).await?;
-    let mut topics: HashMap<String, Option<Arc<ketch_storage::Topic>>> = HashMap::new();
-    for ((name, _), _) in &committed {
-        if !topics.contains_key(name) {
-            let topic = ctx.storage.topic(name).await?;
-            topics.insert(name.clone(), topic);
-        }
-    }
+    // Its topics, LAG_READS at a time (a topic the gateway has not cached
+    // is a round trip).
+    let names: std::collections::BTreeSet<String> =
+        committed.iter().map(|((name, _), _)| name.clone()).collect();
+    let topics: HashMap<String, Option<Arc<ketch_storage::Topic>>> = futures::stream::iter(names)
+        .map(|name: String| {
+            let storage = ctx.storage.clone();
+            async move {
+                let topic = storage.topic(&name).await?;
+                Ok::<_, ketch_storage::StorageError>((name, topic))
+            }
+        })
+        .buffer_unordered(LAG_READS)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<ketch_storage::Result<_>>()?;
     // The partitions' high watermarks, LAG_READS at a time (one round trip
     // each: one after another, a pass over thousands of groups outlasted
     // the gauges' idle time).
@@ -749,7 +759,7 @@ async fn record_group_lag(ctx: &Context) -> ketch_storage::Result<()> {
 /// Partitions' high watermarks one group's lag reads at once.
 const LAG_READS: usize = 16;
 /// Groups whose lag is computed at once.
-const LAG_GROUPS: usize = 8;
+pub(crate) const LAG_GROUPS: usize = 8;
 
 fn record_groups(ctx: &Context) {
     let mut states: HashMap<&'static str, usize> = HashMap::new();
