@@ -3,7 +3,8 @@
 //! partition's quarantine stream) until an operator either has the storage
 //! worker try it again (`retry`, after fixing what made it fail) or gives up
 //! on it (`skip`): its records are deleted and its offsets become a hole
-//! that consumers read past, recorded in the segment's entry.
+//! that consumers read past, recorded in the segment's entry. `skip` also
+//! gives up on an archived segment whose data file the object store lost.
 
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
@@ -29,6 +30,12 @@ pub enum Action {
     /// Give up on a quarantined segment: its records are deleted from Redis
     /// and its offsets are a hole consumers read past. Recorded, with the
     /// reason, in the segment's entry (`ketch segments list` shows it).
+    ///
+    /// Or on an archived segment whose data file the object store lost
+    /// (reads of its offsets fail with KAFKA_STORAGE_ERROR), once local
+    /// retention trimmed it from Redis: its offsets become a hole too. The
+    /// file must be missing (`--damaged` to give up on one that is there
+    /// but cannot be read).
     Skip {
         topic: String,
         partition: i32,
@@ -37,6 +44,10 @@ pub enum Action {
         /// Why (kept with the hole).
         #[arg(long)]
         reason: String,
+        /// An archived segment's data file is there but cannot be read:
+        /// give up on it anyway.
+        #[arg(long)]
+        damaged: bool,
     },
 }
 
@@ -73,8 +84,15 @@ pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
             partition,
             base,
             reason,
+            damaged,
         } => {
             let (topic, segment) = find(&store, &topic, partition, base).await?;
+            if let Some(path) = segment.path.as_deref().filter(|p| !p.is_empty()) {
+                return skip_archived(
+                    settings, &store, &topic, partition, &segment, path, &reason, damaged,
+                )
+                .await;
+            }
             // The partition's archiving registration, held while skipping:
             // no storage worker can be archiving the segment (from the
             // batches a skip deletes) meanwhile, even one whose retry was
@@ -120,12 +138,59 @@ pub async fn run(settings: &Settings, action: Action) -> anyhow::Result<()> {
     }
 }
 
+/// Gives up on an archived segment whose data file is lost (or, with
+/// `damaged`, cannot be read): only below the local start (above it,
+/// readers read Redis and the file is not needed yet), and only when the
+/// object store says the file is missing.
+#[allow(clippy::too_many_arguments)]
+async fn skip_archived(
+    settings: &Settings,
+    store: &Store,
+    topic: &Topic,
+    partition: i32,
+    segment: &Segment,
+    path: &str,
+    reason: &str,
+    damaged: bool,
+) -> anyhow::Result<()> {
+    let offsets = store.offsets(topic, partition).await?;
+    if segment.last >= offsets.local_start_offset {
+        bail!(
+            "cannot skip: offsets {}..={} of {} partition {partition} are still in Redis (local start {}), where fetches read them; its data file {path} is not read until local retention trims them",
+            segment.base,
+            segment.last,
+            topic.name,
+            offsets.local_start_offset
+        );
+    }
+    let exists = ketch_tiering::reader::data_file_exists(&settings.tiering, path)
+        .await
+        .with_context(|| format!("cannot tell whether the data file {path} exists"))?;
+    if exists && !damaged {
+        bail!(
+            "cannot skip: the segment is archived and its data file {path} is there (--damaged gives up on a file that cannot be read)"
+        );
+    }
+    let change = SegmentChange::Lost { reason, path };
+    match store.change_segment(topic, partition, segment, change).await? {
+        SegmentChanged::Done => {
+            println!(
+                "skipped: offsets {}..={} of {} partition {partition} are a hole; the Iceberg table still names {path} (docs/tiered-storage.md says how to drop it there)",
+                segment.base, segment.last, topic.name
+            );
+            Ok(())
+        }
+        other => bail!("cannot skip: {}", refusal(other)),
+    }
+}
+
 fn refusal(changed: SegmentChanged) -> &'static str {
     match changed {
         SegmentChanged::Gone => "the segment no longer exists",
         SegmentChanged::Archived => "the segment is archived",
         SegmentChanged::NotQuarantined => "the segment is not quarantined",
         SegmentChanged::RetryPending => "a retry of the segment is requested and not over",
+        SegmentChanged::NotArchived => "the segment is no longer archived in that data file",
         SegmentChanged::Done => "done",
     }
 }

@@ -489,14 +489,14 @@ impl Store {
 }
 
 /// Lets something happen at most once per interval (a redial after a
-/// READONLY, a prune of what deleted topics left).
+/// READONLY, a prune of what deleted topics left, a warning).
 #[derive(Debug, Default)]
-pub(crate) struct AtMostEvery(std::sync::Mutex<Option<std::time::Instant>>);
+pub struct AtMostEvery(std::sync::Mutex<Option<std::time::Instant>>);
 
 impl AtMostEvery {
     /// True, and the interval starts again, when it was last true at least
     /// `every` ago (or never).
-    pub(crate) fn ready(&self, every: std::time::Duration) -> bool {
+    pub fn ready(&self, every: std::time::Duration) -> bool {
         let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if last.is_some_and(|at| at.elapsed() < every) {
             return false;

@@ -165,6 +165,13 @@ pub enum SegmentChange<'a> {
     },
     /// Its copy in the quarantine stream is deleted (clears `purge`).
     Purged,
+    /// Gives up on an archived segment whose data file at `path` the
+    /// object store lost (its batches no longer in Redis): it becomes
+    /// skipped, a hole, and forgets the file.
+    Lost {
+        reason: &'a str,
+        path: &'a str,
+    },
 }
 
 /// What a [`SegmentChange`] found.
@@ -180,6 +187,8 @@ pub enum SegmentChanged {
     /// Skip waits for a requested retry to end (archived, or quarantined
     /// again): the storage worker may be archiving the segment.
     RetryPending,
+    /// Lost needs a segment archived in that data file.
+    NotArchived,
 }
 
 impl redis::FromRedisValue for SegmentChanged {
@@ -195,6 +204,7 @@ impl redis::FromRedisValue for SegmentChanged {
             b"archived" => SegmentChanged::Archived,
             b"not_quarantined" => SegmentChanged::NotQuarantined,
             b"retry_pending" => SegmentChanged::RetryPending,
+            b"not_archived" => SegmentChanged::NotArchived,
             _ => return Err(format!("segment_state script replied {v:?}").into()),
         })
     }
@@ -451,6 +461,9 @@ impl Store {
             }
             SegmentChange::Purged => {
                 invocation.arg("purged");
+            }
+            SegmentChange::Lost { reason, path } => {
+                invocation.arg("lost").arg(reason).arg(path);
             }
         }
         Ok(invocation.invoke_async(&mut self.conn()).await?)

@@ -38,6 +38,7 @@ pub mod code {
     pub const TOPIC_ALREADY_EXISTS: i16 = 36;
     pub const INVALID_CONFIG: i16 = 40;
     pub const INVALID_REQUEST: i16 = 42;
+    pub const KAFKA_STORAGE_ERROR: i16 = 56;
     pub const INVALID_RECORD: i16 = 87;
     /// Codes Kafka clients retry: what a gateway must answer while Redis is
     /// unreachable (DESIGN §9).

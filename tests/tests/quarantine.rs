@@ -367,3 +367,102 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
     let expected: Vec<i64> = (0..poison_base).chain(poison_base + CLAIMED..end).collect();
     assert_eq!(offsets, expected);
 }
+
+/// A data file the object store lost leaves its offsets failing
+/// (KAFKA_STORAGE_ERROR, counted in `ketch_remote_read_failures_total`)
+/// until an operator gives up on the segment with `ketch segments skip`:
+/// refused while the file is there, done once it is missing; its offsets
+/// are then a hole consumers read past, as a skipped quarantined segment's.
+#[test]
+fn an_archived_segment_whose_data_file_was_lost_can_be_skipped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let ketch = tiered_gateway(&redis, dir.path());
+    let topic = unique_topic("lost-file");
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "100"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for segment in 0..3 {
+        let first = segment * PER_SEGMENT;
+        let (error, base) = raw::produce(&mut conn, &topic, 0, batch::encode(&records(first, PER_SEGMENT)));
+        assert_eq!((error, base), (code::NONE, first));
+        wait_segments(&redis, &ketch, &topic, "sealing", |s| s.len() > segment as usize);
+    }
+    let end = 3 * PER_SEGMENT;
+    wait_segments(&redis, &ketch, &topic, "archiving", |s| {
+        s.len() == 3 && s.iter().all(|s| s.get("path").is_some())
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local_start(&redis, &topic) < end {
+        assert!(Instant::now() < deadline, "local retention stopped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lost = PER_SEGMENT.to_string();
+    let skip = ["skip", &topic, "0", &lost, "--reason", "lost by the store"];
+
+    // While its file is there, the segment is not given up on.
+    let (ok, refused) = run_segments(&redis, &skip);
+    assert!(!ok && refused.contains("is there"), "{refused}");
+    assert!(redis.segments(&topic, 0)[1]["skipped"].is_null());
+
+    // The object store loses it: fetches of its offsets fail.
+    let path = redis.segments(&topic, 0)[1]["path"]
+        .as_str()
+        .expect("a data file")
+        .to_owned();
+    std::fs::remove_file(path.strip_prefix("file://").expect("a local file")).expect("remove the data file");
+    let fetch_at = |conn: &mut KafkaConn, offset: i64| {
+        let (error, _, records) =
+            raw::fetch_result(&conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, offset, 0)));
+        let first = records
+            .filter(|r| !r.is_empty())
+            .map(|r| i64::from_be_bytes(r[0..8].try_into().unwrap()));
+        (error, first)
+    };
+    assert_eq!(
+        fetch_at(&mut conn, PER_SEGMENT + 3),
+        (code::KAFKA_STORAGE_ERROR, None)
+    );
+    assert!(metric(&ketch, "ketch_remote_read_failures_total") >= 1.0);
+
+    // Given up on: a hole, recorded with the reason and the lost file.
+    let skipped = ketch_segments(&redis, &skip);
+    assert!(skipped.contains("hole"), "{skipped}");
+    let segment = &redis.segments(&topic, 0)[1];
+    assert_eq!(segment["skipped"]["reason"], "lost by the store");
+    assert!(
+        segment["skipped"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&path),
+        "{segment}"
+    );
+    assert!(segment["path"].is_null(), "{segment}");
+    assert!(ketch_segments(&redis, &["list", "--topic", &topic]).contains("skipped (hole)"));
+    // Its offsets read past the hole; the segments around it as produced.
+    assert_eq!(
+        fetch_at(&mut conn, PER_SEGMENT + 3),
+        (code::NONE, Some(2 * PER_SEGMENT))
+    );
+    let consumer = ketch.consumer_at(&topic, &[0], 0);
+    let mut offsets = Vec::new();
+    while offsets.len() < 2 * PER_SEGMENT as usize {
+        let message = consumer
+            .poll(Duration::from_secs(20))
+            .expect("a record")
+            .expect("consume");
+        assert_eq!(message.payload(), Some(&value(message.offset())[..]));
+        offsets.push(message.offset());
+    }
+    let expected: Vec<i64> = (0..PER_SEGMENT).chain(2 * PER_SEGMENT..end).collect();
+    assert_eq!(offsets, expected);
+}

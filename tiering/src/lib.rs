@@ -1124,6 +1124,9 @@ impl CommitCount {
 /// retention keeps trimming under it ([`Tiers::offset_for_timestamp`]).
 const LOOKUP_ATTEMPTS: usize = 3;
 
+/// How often a failed archive read is a warning at most.
+const READ_FAILURE_WARNING_EVERY: Duration = Duration::from_secs(10);
+
 /// Reads from both tiers: Redis from the local start offset on, the
 /// archive below it.
 pub struct Tiers {
@@ -1131,6 +1134,11 @@ pub struct Tiers {
     reader: Arc<RemoteReader>,
     /// `tiering.remote_fetch_max_wait`.
     remote_wait: Duration,
+    metrics: Arc<Metrics>,
+    /// A failed archive read is a warning at most every
+    /// [`READ_FAILURE_WARNING_EVERY`] (a consumer retries a failed fetch
+    /// every few hundred milliseconds), a debug line otherwise.
+    read_failure_warned: ketch_storage::AtMostEvery,
     /// Per partition (its meta key): what its last archive read learnt.
     hints: std::sync::Mutex<std::collections::HashMap<String, Hint>>,
 }
@@ -1199,8 +1207,10 @@ impl Tiers {
 
     pub fn new(store: Store, settings: &TieringSettings, metrics: Arc<Metrics>) -> Self {
         Self {
-            reader: Arc::new(RemoteReader::new(settings, metrics)),
+            reader: Arc::new(RemoteReader::new(settings, metrics.clone())),
             remote_wait: settings.remote_fetch_max_wait.get(),
+            metrics,
+            read_failure_warned: ketch_storage::AtMostEvery::default(),
             store,
             hints: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
@@ -1265,6 +1275,7 @@ impl Tiers {
                     Ok(Ok(read)) => read.map(|read| (read.batches, read.near_end)),
                     Ok(Err(e)) => Err(Error::Data(format!("archive read: {e}"))),
                     Err(_) => {
+                        self.metrics.remote_read_timed_out();
                         tracing::debug!(topic = %topic.name, partition, offset,
                             "an archive read outlasted tiering.remote_fetch_max_wait; answering no records");
                         return Ok(ReadPartition {
@@ -1304,8 +1315,18 @@ impl Tiers {
                     continue;
                 }
                 Err(e) => {
-                    // The segment may have changed state (archived on retry).
+                    // The segment may have changed state (archived on retry,
+                    // skipped by an operator once its data file was lost).
                     self.hints.lock().expect("hints").remove(key);
+                    if segment.path.is_some() {
+                        self.metrics.remote_read_failed();
+                        let why = "an archive read failed (KAFKA_STORAGE_ERROR); a data file the object store lost is given up on with `ketch segments skip`";
+                        if self.read_failure_warned.ready(READ_FAILURE_WARNING_EVERY) {
+                            tracing::warn!(topic = %topic.name, partition, offset, path = ?segment.path, error = %e, "{why}");
+                        } else {
+                            tracing::debug!(topic = %topic.name, partition, offset, path = ?segment.path, error = %e, "{why}");
+                        }
+                    }
                     return Err(e.into());
                 }
             };

@@ -107,6 +107,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "ketch_remote_read_cache_misses_total",
         "Row groups read and decoded from the archive.",
     ),
+    (
+        "ketch_remote_read_failures_total",
+        "Fetches of a partition's archived offsets that failed (answered KAFKA_STORAGE_ERROR): the object store refused or lost a data file, or it could not be decoded.",
+    ),
+    (
+        "ketch_remote_read_timeouts_total",
+        "Fetches of a partition's archived offsets answered with no records because the archive read outlasted tiering.remote_fetch_max_wait.",
+    ),
 ];
 
 /// The handles, taken when the storage worker and reader are made (after
@@ -133,6 +141,8 @@ pub struct Metrics {
     remote_read_bytes: Counter,
     remote_cache_hits: Counter,
     remote_cache_misses: Counter,
+    remote_read_failures: Counter,
+    remote_read_timeouts: Counter,
     quarantined_gauge: Gauge,
     lag_gauge: Gauge,
     /// Age in ms of the oldest sealed segment not yet archived, per
@@ -178,6 +188,8 @@ impl Default for Metrics {
             remote_read_bytes: c("ketch_remote_read_bytes_total"),
             remote_cache_hits: c("ketch_remote_read_cache_hits_total"),
             remote_cache_misses: c("ketch_remote_read_cache_misses_total"),
+            remote_read_failures: c("ketch_remote_read_failures_total"),
+            remote_read_timeouts: c("ketch_remote_read_timeouts_total"),
             quarantined_gauge: metrics::gauge!("ketch_archive_quarantined_segments"),
             lag_gauge: metrics::gauge!("ketch_archive_lag_seconds"),
             lag: Mutex::default(),
@@ -251,6 +263,16 @@ impl Metrics {
     pub fn sealed(&self, sealed: u64, deleted: u64) {
         self.sealed_segments.increment(sealed);
         self.deleted_segments.increment(deleted);
+    }
+
+    /// A fetch's archive read failed.
+    pub fn remote_read_failed(&self) {
+        self.remote_read_failures.increment(1);
+    }
+
+    /// A fetch's archive read outlasted `tiering.remote_fetch_max_wait`.
+    pub fn remote_read_timed_out(&self) {
+        self.remote_read_timeouts.increment(1);
     }
 
     pub fn remote_read(&self, bytes: u64) {

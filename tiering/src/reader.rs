@@ -67,6 +67,19 @@ pub struct RemoteRead {
 /// A window's slices, as read once and shared by its readers.
 type Window = Arc<Vec<Arc<RecordBatch>>>;
 
+/// The archive's files, read with the gateway's settings.
+fn file_io(settings: &TieringSettings) -> FileIO {
+    FileIOBuilder::new(Arc::new(OpenDalResolvingStorageFactory::new()))
+        .with_props(crate::archive::storage_props(settings))
+        .build()
+}
+
+/// Whether the archive's data file at `path` exists; an error when the
+/// object store cannot tell (unreachable, access refused).
+pub async fn data_file_exists(settings: &TieringSettings, path: &str) -> Result<bool> {
+    Ok(file_io(settings).exists(path).await?)
+}
+
 /// Reads archived segments.
 pub struct RemoteReader {
     file_io: FileIO,
@@ -88,11 +101,8 @@ pub struct RemoteReader {
 
 impl RemoteReader {
     pub fn new(settings: &TieringSettings, metrics: Arc<Metrics>) -> Self {
-        let file_io = FileIOBuilder::new(Arc::new(OpenDalResolvingStorageFactory::new()))
-            .with_props(crate::archive::storage_props(settings))
-            .build();
         Self {
-            file_io,
+            file_io: file_io(settings),
             footers: Mutex::new(HashMap::new()),
             slices: Mutex::new(SliceCache::new(settings.read_cache_bytes)),
             ahead: Mutex::new(std::collections::HashSet::new()),

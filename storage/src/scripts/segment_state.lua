@@ -20,6 +20,11 @@
 --              has no rows for (JSON): records them again, if the segment
 --              is archived in that file ('gone' otherwise)
 --   'purged'   its copy in the quarantine stream is deleted
+--   'lost'     ARGV[4] why, ARGV[5] the data file's path: gives up on an
+--              archived segment whose data file the object store lost
+--              (the caller found it missing, and the segment below the
+--              local start: its batches are gone from Redis); it becomes
+--              skipped, a hole readers step over, and forgets the file
 --
 -- A segment archived after a quarantine, or skipped, has `purge = true`
 -- until its copy in the quarantine stream is deleted ('purged'): a
@@ -30,7 +35,9 @@
 -- by retention or DeleteRecords, or its topic deleted); 'archived' when the
 -- operation needs a segment not yet archived and it is; 'not_quarantined'
 -- for retry and skip of a segment that is not quarantined; 'retry_pending'
--- for skip of one whose retry is requested and not yet over.
+-- for skip of one whose retry is requested and not yet over; 'not_archived'
+-- for lost of a segment with no data file (not archived, or archived
+-- without one), or archived in another file than ARGV[5].
 local found = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[1], 'BYSCORE')
 local member, segment
 for _, m in ipairs(found) do
@@ -72,6 +79,15 @@ elseif op == 'purged' then
     return 'ok'
   end
   segment.purge = nil
+elseif op == 'lost' then
+  if segment.skipped then
+    return 'ok'
+  end
+  if not segment.path or segment.path == '' or segment.path ~= ARGV[5] then
+    return 'not_archived'
+  end
+  segment.skipped = {reason = ARGV[4], at = now, error = 'data file lost: ' .. segment.path}
+  segment.path, segment.file_bytes, segment.holes = nil, nil, nil
 elseif segment.path then
   return 'archived'
 elseif op == 'quarantine' then
