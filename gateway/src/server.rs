@@ -450,6 +450,10 @@ where
     // one there, then only the handshake (a client that never
     // authenticates cannot hold the connection with ApiVersions).
     let mut versions_before_sasl = false;
+    // Set once the client is gone: its JoinGroup and SyncGroup requests
+    // parked for their group's rebalance are given up (below).
+    let (client_gone, gone) = watch::channel(false);
+    let mut peer_gone = false;
     let result = loop {
         let limit = if sasl_required && !session.authenticated() {
             max.min(MAX_UNAUTHENTICATED_FRAME)
@@ -465,14 +469,20 @@ where
         };
         let frame = match frame {
             Ok(Some(frame)) => frame,
-            Ok(None) => break Ok(()),
+            Ok(None) => {
+                peer_gone = true;
+                break Ok(());
+            }
             // Name the limit that applied.
             Err(ConnectionError::FrameTooLarge(size, _)) if size >= 0 && limit < max => {
                 break Err(ConnectionError::Auth(format!(
                     "frame of {size} bytes before SASL authentication (at most {limit} bytes until then)"
                 )));
             }
-            Err(e) => break Err(e),
+            Err(e) => {
+                peer_gone = matches!(e, ConnectionError::Io(_) | ConnectionError::Truncated { .. });
+                break Err(e);
+            }
         };
         // A client a quota throttled is not served until its throttle time
         // has passed (Kafka mutes its channel; KIP-219). The frame may have
@@ -664,6 +674,8 @@ where
             break Ok(());
         };
         let Admit { after, done, written } = order.admit(Effect::of(&request.1));
+        let gone =
+            matches!(request.1, RequestKind::JoinGroup(_) | RequestKind::SyncGroup(_)).then(|| gone.clone());
         let admitted = Admitted {
             ctx: ctx.clone(),
             client,
@@ -677,10 +689,21 @@ where
             held,
             reserved,
             place,
+            gone,
             _inflight: ctx.requests.request(),
         };
         tokio::spawn(admitted.serve());
     };
+    // A client that went away is not answered the JoinGroup and SyncGroup
+    // requests it left parked: they wait for a rebalance (minutes), and
+    // would hold the connection, its places under `broker.max_connections`
+    // and the per-address limit, until then (Kafka releases them at close;
+    // the member stays in the group until its session times out, as there).
+    // Group requests hold nothing while parked, so giving them up changes
+    // no group. Every other request is answered within its own bound.
+    if peer_gone {
+        let _ = client_gone.send(true);
+    }
     // Answer everything already accepted, then close.
     responses.close();
     let _ = writer.await;
@@ -712,6 +735,9 @@ struct Admitted {
     reserved: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Where its response goes in the connection's response order.
     place: Place,
+    /// A JoinGroup's or SyncGroup's: set once the client is gone, which
+    /// gives the request up (its place, unfilled, ends the connection).
+    gone: Option<watch::Receiver<bool>>,
     _inflight: crate::metrics::Open,
 }
 
@@ -730,6 +756,7 @@ impl Admitted {
             held,
             reserved,
             place,
+            gone,
             _inflight,
         } = self;
         futures::future::join_all(after.into_iter().map(Done::wait)).await;
@@ -741,7 +768,14 @@ impl Admitted {
         }
         // Boxed: the task holds a pointer, so tokio's copies of it as it
         // starts and finishes it stay small (see `a_request_task_stays_small`).
-        let reply = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute)).await;
+        let reply = Box::pin(respond(&ctx, client, header, body, turns, asked, &mute));
+        let reply = match gone {
+            None => reply.await,
+            Some(mut gone) => tokio::select! {
+                reply = reply => reply,
+                _ = gone.wait_for(|gone| *gone) => return,
+            },
+        };
         drop(held);
         // The request has taken effect: those that wait for it may go on
         // while its answer is written (by this task, see `responses.rs`).
@@ -1551,6 +1585,7 @@ mod tests {
             held: budget.try_acquire_owned().expect("a permit"),
             reserved: None,
             place: responses.place().await.expect("room"),
+            gone: None,
             _inflight: ctx.requests.request(),
         }
     }

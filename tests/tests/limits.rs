@@ -337,6 +337,58 @@ fn fetches_by_topic_id_do_not_read_the_whole_registry() {
     let _ = monitor.join();
 }
 
+/// A client that closes its connection while a request of its is parked
+/// (a JoinGroup waiting out the group's initial rebalance delay) gives the
+/// connection's place back at once, as Kafka releases it at close: it was
+/// held until the JoinGroup was answered, a minute here. The JoinGroup is
+/// given up (group requests hold nothing while parked).
+#[test]
+fn a_closed_connection_with_a_parked_join_gives_its_place_back() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::{GroupId, JoinGroupRequest};
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "broker.max_connections=1",
+            "--set",
+            "groups.initial_rebalance_delay=60s",
+        ],
+    );
+    let versions = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("ketch-tests"))
+        .with_client_software_version(StrBytes::from_static_str("0"));
+    let mut first = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(first.request(3, &versions).error_code, code::NONE);
+    // JoinGroup v3 (no member id round): it parks for the delay.
+    let join = JoinGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(unique_topic("parked"))))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(60_000)
+        .with_protocol_type(StrBytes::from_static_str("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0])),
+        ]);
+    first.send(3, &join);
+    ketch.await_inflight_requests(1);
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut next = KafkaConn::connect(ketch.kafka_addr());
+        next.send(3, &versions);
+        if next.answered_within(Duration::from_secs(2)) == Some(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's place is held by its parked JoinGroup"
+        );
+    }
+}
+
 /// A client that stops reading its answers is given up once its writes
 /// have made no progress for `broker.connections_max_idle`, as Kafka closes
 /// a connection idle that long with a send stuck: its slot (and what it
