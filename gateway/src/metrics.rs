@@ -567,7 +567,7 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
                     .set(s.used_memory as f64);
                 metrics::gauge!("ketch_redis_maxmemory_bytes", "server" => label()).set(s.maxmemory as f64);
             }
-            count_redis_totals(&read);
+            count_redis_totals(&read, &servers);
             RedisHealth {
                 servers,
                 checked: Some(Instant::now()),
@@ -626,10 +626,14 @@ static REDIS_TOTALS: std::sync::LazyLock<Mutex<HashMap<String, (u64, u64)>>> =
 /// `CONFIG RESETSTAT`): then all of the new value is new. (Setting the
 /// counters to Redis's values, as before, kept them at their old peak
 /// until Redis passed it, and the rate showed nothing meanwhile.)
-fn count_redis_totals(servers: &[RedisMemory]) {
+fn count_redis_totals(servers: &[RedisMemory], known: &[RedisMemory]) {
     let mut last = REDIS_TOTALS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Servers no longer known (a cluster's node replaced, an address that
+    // changed) are forgotten: coming back, all of their totals are new. One
+    // that could not be read this time keeps what was last read of it.
+    last.retain(|server, _| known.iter().any(|s| &s.server == server));
     for s in servers {
         let (evicted, rejected) = last
             .insert(s.server.clone(), (s.evicted_keys, s.rejected_writes))
