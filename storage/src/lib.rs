@@ -46,6 +46,7 @@ pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
 pub use metrics::describe_metrics;
+pub use placement::Masters;
 pub use producers::{ProducerSummary, decode_producer_state};
 pub use quotas::{QuotaChange, StoredQuota};
 pub use security::{ScramChange, StoredCredential};
@@ -135,6 +136,8 @@ pub struct Store {
     scripts: Arc<Scripts>,
     /// The server's address in single mode (`host:port`), for reports.
     server: Arc<str>,
+    /// `redis.command_timeout`.
+    command_timeout: std::time::Duration,
     /// Whether scripts write producer state in the compact encoding
     /// (`scripts/producer_state.lua`): once the layout is 3 (layout.rs).
     compact_producers: Arc<AtomicBool>,
@@ -294,6 +297,7 @@ impl Store {
             topics: Arc::new(topics::TopicCache::default()),
             appenders: Arc::new(log::Appenders::default()),
             partitions_pruned: Arc::default(),
+            command_timeout: config.command_timeout,
             scripts: Arc::new(Scripts {
                 append: redis::Script::new(APPEND_SCRIPT),
                 delete_records: redis::Script::new(allow_oom!("scripts/delete_records.lua")),
@@ -485,6 +489,11 @@ impl Store {
     /// Whether this store talks to one Redis server or a Redis Cluster.
     pub fn mode(&self) -> Mode {
         self.conn.mode()
+    }
+
+    /// How long a command waits for its reply (`redis.command_timeout`).
+    pub fn command_timeout(&self) -> std::time::Duration {
+        self.command_timeout
     }
 }
 

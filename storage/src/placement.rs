@@ -24,6 +24,18 @@ use crate::{Result, Store};
 /// Tags tried per partition before the default tag is kept.
 const MAX_TAG_TRIES: u32 = 100_000;
 
+/// The masters of a Redis Cluster by slot range ([`Store::masters`]).
+#[derive(Debug, Clone, Default)]
+pub struct Masters(Vec<(u16, u16, String)>);
+
+impl Masters {
+    /// The address of the master serving `tag`'s slot; `single` in single
+    /// mode, or when no master serves it.
+    pub fn of(&self, tag: &str) -> String {
+        master_of_tag(&self.0, tag).unwrap_or_else(|| "single".to_owned())
+    }
+}
+
 impl Store {
     /// Tags for partitions `existing.len()..total` of topic `id`, whose
     /// partitions so far have the tags `existing`.
@@ -34,6 +46,15 @@ impl Store {
         }
         let ranges = self.conn().slot_ranges().await?;
         Ok(place_tags(id, existing, total, &ranges))
+    }
+
+    /// Which master holds each partition's keys, as the slot map says now
+    /// (single mode: one master).
+    pub async fn masters(&self) -> Result<Masters> {
+        Ok(Masters(match self.mode() {
+            Mode::Single => Vec::new(),
+            Mode::Cluster => self.conn().slot_ranges().await?,
+        }))
     }
 
     /// How many partitions of each topic every cluster master holds, by

@@ -209,18 +209,14 @@ impl Worker {
     async fn stop(&self, grace: Duration) {
         self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
         let leased = std::mem::take(&mut *self.leased.lock().expect("leased"));
-        let mut released = 0;
-        for ((_, partition), topic) in &leased {
-            match self
-                .store
-                .release_lease(Lease::Worker, topic, *partition, &self.id)
-                .await
-            {
-                Ok(()) => released += 1,
-                Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
-                    "cannot release the partition's lease; it expires after tiering.lease_ttl"),
-            }
-        }
+        let released = self
+            .release_leases(
+                leased
+                    .into_iter()
+                    .map(|((_, partition), topic)| (topic, partition))
+                    .collect(),
+            )
+            .await;
         let mut tasks = std::mem::take(&mut *self.tasks.lock().expect("tasks"));
         let running = tasks.len();
         if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
@@ -238,6 +234,31 @@ impl Worker {
             tasks = running,
             "storage worker stopped"
         );
+    }
+
+    /// Releases the leases of `partitions`, TICK_CONCURRENCY at a time;
+    /// how many were released (one not released expires after
+    /// `tiering.lease_ttl`).
+    async fn release_leases(&self, partitions: Vec<(Arc<Topic>, i32)>) -> usize {
+        use futures::StreamExt;
+        futures::stream::iter(partitions)
+            .map(|(topic, partition)| async move {
+                match self
+                    .store
+                    .release_lease(Lease::Worker, &topic, partition, &self.id)
+                    .await
+                {
+                    Ok(()) => 1,
+                    Err(e) => {
+                        tracing::debug!(topic = %topic.name, partition, error = %e,
+                            "cannot release a partition's lease; it expires after tiering.lease_ttl");
+                        0
+                    }
+                }
+            })
+            .buffer_unordered(TICK_CONCURRENCY)
+            .fold(0, |sum, released| async move { sum + released })
+            .await
     }
 
     fn stopping(&self) -> bool {
@@ -280,40 +301,72 @@ impl Worker {
         // thousands of partitions took longer than the tick interval and
         // the leases' TTL, and a master that stopped answering held up the
         // others' retention for a command timeout per partition.
-        let work: Vec<(Arc<Topic>, i32, SegmentPolicy)> = topics
+        //
+        // A master that stops answering without a failover fails each of
+        // its partitions' work only after a command timeout: once one of
+        // them has, the tick leaves its other partitions alone (they keep
+        // their leases, and are tried next tick), so the partitions of the
+        // masters that answer are not held up a command timeout per
+        // TICK_CONCURRENCY of the stalled master's.
+        let masters = self.store.masters().await.unwrap_or_default();
+        let work: Vec<(Arc<Topic>, i32, SegmentPolicy, String)> = topics
             .iter()
             .flat_map(|topic| {
                 let policy = policy(topic, &defaults, self.producer_expiration);
+                let masters = &masters;
                 (0..topic.partitions())
                     .filter(|p| leads(topic, *p))
-                    .map(move |p| (topic.clone(), p, policy))
+                    .map(move |p| {
+                        let master = masters.of(topic.tags.get(p as usize).map_or("", String::as_str));
+                        (topic.clone(), p, policy, master)
+                    })
             })
             .collect();
-        let outcomes: Vec<(Arc<Topic>, i32, ketch_storage::Result<bool>)> = {
+        let stalled: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
+        let stall_after = self.store.command_timeout();
+        let outcomes: Vec<(Arc<Topic>, i32, Option<ketch_storage::Result<bool>>)> = {
             use futures::StreamExt;
             futures::stream::iter(work)
-                .map(|(topic, partition, policy)| {
+                .map(|(topic, partition, policy, master)| {
                     let this = self.clone();
+                    let stalled = stalled.clone();
                     async move {
+                        if let Some(skipped) = stalled.lock().expect("stalled").get_mut(&master) {
+                            *skipped += 1;
+                            return (topic, partition, None);
+                        }
+                        let started = std::time::Instant::now();
                         let outcome = this.work(&topic, partition, policy).await;
-                        (topic, partition, outcome)
+                        if outcome.is_err() && started.elapsed() >= stall_after {
+                            stalled.lock().expect("stalled").entry(master).or_insert(0);
+                        }
+                        (topic, partition, Some(outcome))
                     }
                 })
                 .buffer_unordered(TICK_CONCURRENCY)
                 .collect()
                 .await
         };
+        for (master, skipped) in stalled.lock().expect("stalled").iter() {
+            tracing::warn!(
+                master,
+                skipped,
+                "storage worker: a Redis master did not answer within redis.command_timeout; its other partitions wait for the next tick"
+            );
+        }
         let mut held_of: HashMap<String, Vec<i32>> = HashMap::new();
         for (topic, partition, outcome) in outcomes {
             let key = (topic.name.clone(), partition);
             match outcome {
-                Ok(true) => {
+                Some(Ok(true)) => {
                     held_of.entry(topic.name.clone()).or_default().push(partition);
                     leased.insert(key, topic);
                 }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                Some(Ok(false)) => {}
+                failed => {
+                    if let Some(Err(e)) = failed {
+                        tracing::warn!(topic = %topic.name, partition, error = %e, "storage worker");
+                    }
                     if let Some(topic) = previous.get(&key) {
                         leased.insert(key, topic.clone());
                     }
@@ -340,18 +393,12 @@ impl Worker {
         // the topic went): their new leader need not wait for the lease to
         // expire. Its archiving (renew_lease before each segment) and
         // compaction (lease-checked scripts) stop with it.
-        for ((name, partition), topic) in previous {
-            if leased.contains_key(&(name, partition)) {
-                continue;
-            }
-            if let Err(e) = self
-                .store
-                .release_lease(Lease::Worker, &topic, partition, &self.id)
-                .await
-            {
-                tracing::debug!(topic = %topic.name, partition, error = %e, "cannot release a partition's lease");
-            }
-        }
+        let released: Vec<(Arc<Topic>, i32)> = previous
+            .into_iter()
+            .filter(|(key, _)| !leased.contains_key(key))
+            .map(|((_, partition), topic)| (topic, partition))
+            .collect();
+        self.release_leases(released).await;
         *self.leased.lock().expect("leased") = leased;
         // By name, once per tick: each entry kept is then one lookup, not a
         // walk over every topic.
