@@ -132,6 +132,11 @@ struct Worker {
     archiving: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Topics whose compaction task is running.
     compacting: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Topics whose last archiving failed (a catalog or object store down
+    /// or throttling): not tried again before the instant, and the delay
+    /// doubles with each failure in a row, from `tick_interval` to
+    /// [`ARCHIVE_BACKOFF_MAX`] (or 64 ticks).
+    archive_backoff: std::sync::Mutex<HashMap<String, (tokio::time::Instant, Duration)>>,
     /// Distinct keys one compaction pass holds at most.
     compaction_max_keys: usize,
     /// `tiering.archive_partitions`: partitions of one topic archived at
@@ -171,6 +176,7 @@ impl StorageWorker {
                 metrics,
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
                 compacting: std::sync::Mutex::new(std::collections::HashSet::new()),
+                archive_backoff: std::sync::Mutex::new(HashMap::new()),
                 compaction_max_keys: settings.compaction_max_keys,
                 archive_partitions: settings.archive_partitions.max(1),
                 leased: std::sync::Mutex::new(HashMap::new()),
@@ -404,6 +410,8 @@ impl Worker {
         // walk over every topic.
         let by_name: HashMap<&str, &Arc<Topic>> = topics.iter().map(|t| (t.name.as_str(), t)).collect();
         self.commits.retain(|name| by_name.contains_key(name));
+        (self.archive_backoff.lock().expect("archive backoff"))
+            .retain(|name, _| by_name.contains_key(name.as_str()));
         // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
             by_name.get(name).is_some_and(|t| {
@@ -539,6 +547,12 @@ impl Worker {
     /// Starts archiving `partitions` of `topic` in the background, unless
     /// the topic's archiving task is still running.
     fn archive_topic(self: Arc<Self>, topic: Arc<Topic>, partitions: Vec<i32>) {
+        let backing_off = (self.archive_backoff.lock().expect("archive backoff"))
+            .get(&topic.name)
+            .is_some_and(|(until, _)| tokio::time::Instant::now() < *until);
+        if backing_off {
+            return;
+        }
         self.spawn_per_topic(
             |w| &w.archiving,
             topic,
@@ -547,7 +561,8 @@ impl Worker {
                 // The topic's table, opened by the first partition that
                 // archives and committed to by one partition at a time.
                 let table = tokio::sync::Mutex::new(None);
-                let (this, topic, table) = (&this, &topic, &table);
+                let failed = std::sync::atomic::AtomicBool::new(false);
+                let (this, topic, table, failed_ref) = (&this, &topic, &table, &failed);
                 futures::stream::iter(partitions)
                     .for_each_concurrent(this.archive_partitions, |partition| async move {
                         match this.archive_pending(topic, partition, table).await {
@@ -567,12 +582,29 @@ impl Worker {
                                 }
                             }
                             Ok(_) => {}
-                            Err(e) => tracing::warn!(topic = %topic.name, partition, error = %e, "archiving"),
+                            Err(e) => {
+                                failed_ref.store(true, std::sync::atomic::Ordering::Relaxed);
+                                tracing::warn!(topic = %topic.name, partition, error = %e, "archiving");
+                            }
                         }
                     })
                     .await;
+                this.archived_or_failed(&topic.name, failed.into_inner());
             },
         );
+    }
+
+    /// After a topic's archiving: its next attempt waits longer after each
+    /// failure in a row, and is not held back after a success.
+    fn archived_or_failed(&self, topic: &str, failed: bool) {
+        let mut backoff = self.archive_backoff.lock().expect("archive backoff");
+        if !failed {
+            backoff.remove(topic);
+            return;
+        }
+        let delay = next_backoff(backoff.get(topic).map(|(_, delay)| *delay), self.tick_interval);
+        tracing::debug!(topic, ?delay, "archiving failed; tried again after the delay");
+        backoff.insert(topic.to_owned(), (tokio::time::Instant::now() + delay, delay));
     }
 
     /// Deletes the archive of a topic whose remote storage was turned off
@@ -1207,6 +1239,20 @@ impl Drop for Running {
     }
 }
 
+/// How long a topic's archiving waits after a failure: a tick after the
+/// first, twice the last delay after the next ones, at most
+/// [`ARCHIVE_BACKOFF_MAX`] and 64 ticks.
+fn next_backoff(last: Option<Duration>, tick: Duration) -> Duration {
+    last.map_or(tick, |delay| delay * 2)
+        .min(ARCHIVE_BACKOFF_MAX.min(tick * ARCHIVE_BACKOFF_MAX_TICKS))
+        .max(tick)
+}
+
+/// The longest a topic's archiving waits after failures in a row: five
+/// minutes, and no more than 64 ticks.
+const ARCHIVE_BACKOFF_MAX: Duration = Duration::from_secs(300);
+const ARCHIVE_BACKOFF_MAX_TICKS: u32 = 64;
+
 /// Partitions a storage worker's tick seals and applies retention to at
 /// once.
 const TICK_CONCURRENCY: usize = 32;
@@ -1675,6 +1721,24 @@ pub fn compaction_policy(topic: &Topic, defaults: &Defaults, max_keys: usize) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn archiving_backs_off_doubling_to_five_minutes_or_64_ticks() {
+        let tick = Duration::from_secs(5);
+        let mut delays = Vec::new();
+        let mut last = None;
+        for _ in 0..9 {
+            let delay = next_backoff(last, tick);
+            delays.push(delay.as_secs());
+            last = Some(delay);
+        }
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        let tick = Duration::from_millis(100);
+        assert_eq!(
+            next_backoff(Some(Duration::from_secs(6)), tick),
+            Duration::from_millis(6_400)
+        );
+    }
 
     #[test]
     fn retention_applies_only_under_the_delete_cleanup_policy() {
