@@ -42,6 +42,13 @@ pub async fn run(ctx: Arc<Context>) {
             Ok(expired) => tracing::info!(offsets = expired, "expired committed offsets no member consumes"),
             Err(e) => tracing::debug!(error = %e, "cannot look for expired offsets now"),
         }
+        // The list of groups with a snapshot forgets those whose snapshot
+        // expired (listing it prunes it): it was pruned only when the
+        // gateways' membership changed, and kept a name per group ever
+        // made meanwhile (a console consumer makes one per run).
+        if let Err(e) = ctx.storage.groups_with_snapshots().await {
+            tracing::debug!(error = %e, "cannot prune the list of groups with a snapshot now");
+        }
     }
 }
 

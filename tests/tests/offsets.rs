@@ -519,6 +519,46 @@ fn a_stable_groups_lost_retention_is_written_again() {
     }
 }
 
+/// The list of groups with a snapshot (`ketch:groups:snapshots`, read by a
+/// gateway that takes groups over) forgets a group whose snapshot expired
+/// at the next offsets-retention look, and keeps a live one: it was pruned
+/// only when the gateways' membership changed.
+#[test]
+fn the_list_of_groups_with_a_snapshot_forgets_expired_ones() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.initial_rebalance_delay=0s",
+            "--set",
+            "groups.offsets_retention_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let (_, live, _) = stable_group_at_7(&mut conn, "snapshot-listed");
+    let gone = unique_topic("snapshot-expired");
+    let listed = |group: &str| -> bool {
+        redis::cmd("SISMEMBER")
+            .arg("ketch:groups:snapshots")
+            .arg(group)
+            .query(&mut redis.connection())
+            .expect("SISMEMBER")
+    };
+    // A group whose snapshot expired with its retention: listed, no state.
+    let _: i64 = redis::cmd("SADD")
+        .arg("ketch:groups:snapshots")
+        .arg(&gone)
+        .query(&mut redis.connection())
+        .expect("SADD");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while listed(&gone) {
+        assert!(std::time::Instant::now() < deadline, "still listed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(listed(&live), "the live group stays listed");
+}
+
 /// Redis refusing writes (out of memory here) makes a commit
 /// COORDINATOR_NOT_AVAILABLE, which consumers retry after looking the
 /// coordinator up again, as Kafka's coordinator answers a failed write:
