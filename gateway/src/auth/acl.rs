@@ -13,7 +13,7 @@
 //! them in memory ([`Authorizer`]) and reloads them when any gateway
 //! announces a change, so checking a request costs no Redis round trip.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -349,7 +349,9 @@ impl AclBinding {
         .ok()
     }
 
-    /// Whether this binding's pattern covers the resource `name`.
+    /// Whether this binding's pattern covers the resource `name` (what
+    /// [`Snapshot::covering`] finds by looking names up).
+    #[cfg(test)]
     fn covers(&self, name: &str) -> bool {
         match self.pattern {
             PatternType::Literal => self.name == name || self.name == WILDCARD,
@@ -469,6 +471,60 @@ impl AclFilter {
 struct Snapshot {
     version: u64,
     bindings: Vec<AclBinding>,
+    /// Positions in `bindings`, by resource type and pattern type, then by
+    /// the name or prefix they name: a check looks up the resource's name,
+    /// the wildcard and its prefixes, instead of going over every binding
+    /// (thousands of topics with an ACL or two each made every produce and
+    /// fetch of every topic scan them all), as Kafka's authorizer looks
+    /// its ACLs up by resource.
+    by_name: HashMap<(ResourceType, PatternType), HashMap<String, Vec<usize>>>,
+    /// The lengths of the prefixes bindings name, by resource type: only
+    /// prefixes of those lengths are looked up.
+    prefix_lengths: HashMap<ResourceType, std::collections::BTreeSet<usize>>,
+}
+
+impl Snapshot {
+    fn new(version: u64, bindings: Vec<AclBinding>) -> Self {
+        let mut by_name: HashMap<(ResourceType, PatternType), HashMap<String, Vec<usize>>> = HashMap::new();
+        let mut prefix_lengths: HashMap<ResourceType, std::collections::BTreeSet<usize>> = HashMap::new();
+        for (i, b) in bindings.iter().enumerate() {
+            (by_name.entry((b.resource_type, b.pattern)).or_default())
+                .entry(b.name.clone())
+                .or_default()
+                .push(i);
+            if b.pattern == PatternType::Prefixed {
+                prefix_lengths
+                    .entry(b.resource_type)
+                    .or_default()
+                    .insert(b.name.len());
+            }
+        }
+        Self {
+            version,
+            bindings,
+            by_name,
+            prefix_lengths,
+        }
+    }
+
+    /// The bindings of `resource_type` whose pattern covers `name`
+    /// ([`AclBinding::covers`]): its literal name, the literal wildcard,
+    /// and the prefixes of it.
+    fn covering<'a>(
+        &'a self,
+        resource_type: ResourceType,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a AclBinding> {
+        let literal = self.by_name.get(&(resource_type, PatternType::Literal));
+        let prefixed = self.by_name.get(&(resource_type, PatternType::Prefixed));
+        let literal_names = std::iter::once(name).chain((name != WILDCARD).then_some(WILDCARD));
+        let prefixes = (self.prefix_lengths.get(&resource_type).into_iter().flatten())
+            .filter_map(move |&len| name.get(..len));
+        let found = literal_names
+            .filter_map(move |n| literal.and_then(|m| m.get(n)))
+            .chain(prefixes.filter_map(move |p| prefixed.and_then(|m| m.get(p))));
+        found.flatten().map(|&i| &self.bindings[i])
+    }
 }
 
 /// Checks requests against the ACLs; cheap to clone.
@@ -548,7 +604,7 @@ impl Authorizer {
                 None => tracing::warn!(binding = %s, "ignoring an ACL binding this gateway cannot read"),
             }
         }
-        *self.snapshot.write().expect("acl lock") = Arc::new(Snapshot { version, bindings });
+        *self.snapshot.write().expect("acl lock") = Arc::new(Snapshot::new(version, bindings));
         self.loaded.store(true, std::sync::atomic::Ordering::Release);
     }
 
@@ -592,11 +648,7 @@ impl Authorizer {
         };
         let mut any_for_resource = false;
         let mut allowed = false;
-        for b in snapshot
-            .bindings
-            .iter()
-            .filter(|b| b.resource_type == resource_type && b.covers(name))
-        {
+        for b in snapshot.covering(resource_type, name) {
             any_for_resource = true;
             if !b.applies_to(principal, host) {
                 continue;
@@ -666,6 +718,46 @@ impl Authorizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lookup_finds_the_bindings_a_scan_finds() {
+        let b = |resource_type, name: &str, pattern| AclBinding {
+            resource_type,
+            name: name.to_owned(),
+            pattern,
+            principal: "User:alice".to_owned(),
+            host: WILDCARD.to_owned(),
+            operation: Operation::Read,
+            permission: Permission::Allow,
+        };
+        use PatternType::{Literal, Prefixed};
+        use ResourceType::{Group, Topic};
+        let bindings = vec![
+            b(Topic, "a", Literal),
+            b(Topic, "a", Literal),
+            b(Topic, WILDCARD, Literal),
+            b(Topic, "", Prefixed),
+            b(Topic, "a", Prefixed),
+            b(Topic, "ab", Prefixed),
+            b(Topic, "é", Prefixed),
+            b(Topic, "abc", Literal),
+            b(Group, "a", Literal),
+            b(Group, "a", Prefixed),
+        ];
+        let snapshot = Snapshot::new(1, bindings.clone());
+        for resource_type in [Topic, Group, ResourceType::Cluster] {
+            for name in ["a", "ab", "abc", "abd", "b", WILDCARD, "é", "éa", "", "e"] {
+                let mut scanned: Vec<&AclBinding> = bindings
+                    .iter()
+                    .filter(|b| b.resource_type == resource_type && b.covers(name))
+                    .collect();
+                let mut found: Vec<&AclBinding> = snapshot.covering(resource_type, name).collect();
+                scanned.sort_by_key(|b| (b.name.clone(), b.pattern.code()));
+                found.sort_by_key(|b| (b.name.clone(), b.pattern.code()));
+                assert_eq!(found, scanned, "{resource_type:?} {name:?}");
+            }
+        }
+    }
 
     fn acl(
         resource_type: ResourceType,
