@@ -243,6 +243,15 @@ impl DurablePool {
         Ok(pool)
     }
 
+    /// The slot map as the data path last read it (empty in single mode,
+    /// or before it was first read): no round trip.
+    pub(crate) async fn slot_map(&self) -> Vec<(u16, u16, String)> {
+        match &self.target {
+            Target::Single(_) => Vec::new(),
+            Target::Cluster(masters) => masters.slots.read().await.clone(),
+        }
+    }
+
     /// Every master's data-path connection with its address; the server's,
     /// with an empty address, in single mode. For commands each master must
     /// answer on its own (`INFO`): one that does not answer fails only its

@@ -26,13 +26,21 @@ const MAX_TAG_TRIES: u32 = 100_000;
 
 /// The masters of a Redis Cluster by slot range ([`Store::masters`]).
 #[derive(Debug, Clone, Default)]
-pub struct Masters(Vec<(u16, u16, String)>);
+pub struct Masters {
+    ranges: Vec<(u16, u16, String)>,
+    cluster: bool,
+}
 
 impl Masters {
-    /// The address of the master serving `tag`'s slot; `single` in single
-    /// mode, or when no master serves it.
+    /// The master serving `tag`'s slot: its address; `single` in single
+    /// mode. With no master known for the slot (no map read yet) the tag
+    /// itself, as if the partition had a master of its own, so that no
+    /// partition is taken for another's.
     pub fn of(&self, tag: &str) -> String {
-        master_of_tag(&self.0, tag).unwrap_or_else(|| "single".to_owned())
+        if !self.cluster {
+            return "single".to_owned();
+        }
+        master_of_tag(&self.ranges, tag).unwrap_or_else(|| format!("{{{tag}}}"))
     }
 }
 
@@ -48,13 +56,18 @@ impl Store {
         Ok(place_tags(id, existing, total, &ranges))
     }
 
-    /// Which master holds each partition's keys, as the slot map says now
-    /// (single mode: one master).
-    pub async fn masters(&self) -> Result<Masters> {
-        Ok(Masters(match self.mode() {
-            Mode::Single => Vec::new(),
-            Mode::Cluster => self.conn().slot_ranges().await?,
-        }))
+    /// Which master holds each partition's keys, as the data path's slot
+    /// map last said (no round trip: a `CLUSTER SLOTS` could go to the
+    /// very master that stopped answering); single mode: one master.
+    pub async fn masters(&self) -> Masters {
+        let cluster = self.mode() == Mode::Cluster;
+        let mut ranges = self.durable.slot_map().await;
+        // Not read yet (no append or read went through this gateway): read
+        // now, from every known node at once.
+        if cluster && ranges.is_empty() && self.durable.refresh().await.is_ok() {
+            ranges = self.durable.slot_map().await;
+        }
+        Masters { ranges, cluster }
     }
 
     /// How many partitions of each topic every cluster master holds, by
@@ -134,6 +147,27 @@ fn place_tags(id: &Uuid, existing: &[String], total: i32, ranges: &[(u16, u16, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partitions_are_grouped_by_master_and_never_together_when_unknown() {
+        let single = Masters::default();
+        assert_eq!(
+            (single.of("a"), single.of("b")),
+            ("single".to_owned(), "single".to_owned())
+        );
+        let unread = Masters {
+            ranges: Vec::new(),
+            cluster: true,
+        };
+        assert_ne!(unread.of("a"), unread.of("b"));
+        let cluster = Masters {
+            ranges: three_masters(),
+            cluster: true,
+        };
+        let master = cluster.of("a");
+        assert!(master.starts_with("10.0.0."), "{master}");
+        assert_eq!(Some(master), master_of_tag(&three_masters(), "a"));
+    }
 
     fn three_masters() -> Vec<(u16, u16, String)> {
         vec![

@@ -314,7 +314,7 @@ impl Worker {
         // their leases, and are tried next tick), so the partitions of the
         // masters that answer are not held up a command timeout per
         // TICK_CONCURRENCY of the stalled master's.
-        let masters = self.store.masters().await.unwrap_or_default();
+        let masters = self.store.masters().await;
         let work: Vec<(Arc<Topic>, i32, SegmentPolicy, String)> = topics
             .iter()
             .flat_map(|topic| {
