@@ -171,6 +171,27 @@ async fn skip_archived(
             "cannot skip: the segment is archived and its data file {path} is there (--damaged gives up on a file that cannot be read)"
         );
     }
+    // A missing file is believed only once this command is seen to reach
+    // the gateways' object store: settings that name another endpoint,
+    // bucket or credentials, or a host without the warehouse's mount, find
+    // every file missing (an S3 HEAD cannot tell a missing bucket from a
+    // missing key). Another data file of the topic must be there.
+    if !exists && !damaged {
+        let Some(other) = another_data_file(store, topic, partition, path).await? else {
+            bail!(
+                "cannot skip: {} has no other data file to confirm that this command reaches the gateways' object store (--damaged gives up on the segment anyway)",
+                topic.name
+            );
+        };
+        let seen = ketch_tiering::reader::data_file_exists(&settings.tiering, &other)
+            .await
+            .with_context(|| format!("cannot tell whether the data file {other} exists"))?;
+        if !seen {
+            bail!(
+                "cannot skip: the data file {other} of another segment is missing too: this command may not reach the gateways' object store (its tiering.* settings, or the warehouse's mount here); --damaged gives up on the segment anyway"
+            );
+        }
+    }
     let change = SegmentChange::Lost { reason, path };
     match store.change_segment(topic, partition, segment, change).await? {
         SegmentChanged::Done => {
@@ -182,6 +203,29 @@ async fn skip_archived(
         }
         other => bail!("cannot skip: {}", refusal(other)),
     }
+}
+
+/// A data file of `topic` other than `path`: of `partition` first, then of
+/// the other partitions.
+async fn another_data_file(
+    store: &Store,
+    topic: &Topic,
+    partition: i32,
+    path: &str,
+) -> anyhow::Result<Option<String>> {
+    let partitions = std::iter::once(partition).chain((0..topic.partitions()).filter(|p| *p != partition));
+    for p in partitions {
+        let found = store
+            .segments(topic, p)
+            .await?
+            .into_iter()
+            .filter_map(|s| s.path)
+            .find(|other| !other.is_empty() && other != path);
+        if found.is_some() {
+            return Ok(found);
+        }
+    }
+    Ok(None)
 }
 
 fn refusal(changed: SegmentChanged) -> &'static str {

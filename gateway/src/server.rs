@@ -736,7 +736,7 @@ struct Admitted {
     /// Where its response goes in the connection's response order.
     place: Place,
     /// A JoinGroup's or SyncGroup's: set once the client is gone, which
-    /// gives the request up (its place, unfilled, ends the connection).
+    /// gives the request up (its place closes the connection).
     gone: Option<watch::Receiver<bool>>,
     _inflight: crate::metrics::Open,
 }
@@ -773,7 +773,12 @@ impl Admitted {
             None => reply.await,
             Some(mut gone) => tokio::select! {
                 reply = reply => reply,
-                _ = gone.wait_for(|gone| *gone) => return,
+                _ = gone.wait_for(|gone| *gone) => {
+                    // Nothing to answer: the connection closes once the
+                    // answers before this one are written.
+                    place.close();
+                    return;
+                }
             },
         };
         drop(held);

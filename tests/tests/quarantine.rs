@@ -414,12 +414,24 @@ fn an_archived_segment_whose_data_file_was_lost_can_be_skipped() {
     assert!(!ok && refused.contains("is there"), "{refused}");
     assert!(redis.segments(&topic, 0)[1]["skipped"].is_null());
 
-    // The object store loses it: fetches of its offsets fail.
+    // Run where the warehouse is not to be seen (not mounted here, other
+    // settings), every file looks missing: refused.
     let path = redis.segments(&topic, 0)[1]["path"]
         .as_str()
         .expect("a data file")
         .to_owned();
-    std::fs::remove_file(path.strip_prefix("file://").expect("a local file")).expect("remove the data file");
+    let file = std::path::PathBuf::from(path.strip_prefix("file://").expect("a local file"));
+    let warehouse = dir.path().join("warehouse");
+    let away = dir.path().join("warehouse-away");
+    assert!(file.starts_with(&warehouse), "{path}");
+    std::fs::rename(&warehouse, &away).expect("move the warehouse away");
+    let (ok, refused) = run_segments(&redis, &skip);
+    std::fs::rename(&away, &warehouse).expect("move the warehouse back");
+    assert!(!ok && refused.contains("missing too"), "{refused}");
+    assert!(redis.segments(&topic, 0)[1]["skipped"].is_null());
+
+    // The object store loses it: fetches of its offsets fail.
+    std::fs::remove_file(&file).expect("remove the data file");
     let fetch_at = |conn: &mut KafkaConn, offset: i64| {
         let (error, _, records) =
             raw::fetch_result(&conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, offset, 0)));
