@@ -411,6 +411,9 @@ pub struct RedisMemory {
     pub evicted_keys: u64,
     /// `errorstat_OOM`: commands refused for lack of memory.
     pub rejected_writes: u64,
+    /// `run_id`: changes when the server restarts.
+    #[serde(skip)]
+    pub run_id: String,
     /// Why the server could not be read now: the figures above are those
     /// last read (0 when it never was).
     pub error: Option<String>,
@@ -499,6 +502,7 @@ pub fn parse_info(server: &str, info: &str) -> RedisMemory {
             "maxmemory_policy" => memory.maxmemory_policy = value.to_owned(),
             "mem_not_counted_for_evict" => memory.mem_not_counted_for_evict = number(),
             "evicted_keys" => memory.evicted_keys = number(),
+            "run_id" => memory.run_id = value.to_owned(),
             "errorstat_OOM" => {
                 memory.rejected_writes = value
                     .split(',')
@@ -567,7 +571,7 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
                     .set(s.used_memory as f64);
                 metrics::gauge!("ketch_redis_maxmemory_bytes", "server" => label()).set(s.maxmemory as f64);
             }
-            count_redis_totals(&read, &servers);
+            count_redis_totals(&read);
             RedisHealth {
                 servers,
                 checked: Some(Instant::now()),
@@ -618,32 +622,73 @@ pub fn last_read(ctx: &Context, error: String) -> RedisHealth {
 }
 
 /// Each server's `evicted_keys` and `errorstat_OOM` when last read.
-static REDIS_TOTALS: std::sync::LazyLock<Mutex<HashMap<String, (u64, u64)>>> =
-    std::sync::LazyLock::new(Mutex::default);
+static REDIS_TOTALS: std::sync::LazyLock<Mutex<RedisTotals>> = std::sync::LazyLock::new(Mutex::default);
 
 /// Adds what each server's totals grew by since they were last read to
 /// the `_total` counters. Redis's own go back to 0 when it restarts (or at
 /// `CONFIG RESETSTAT`): then all of the new value is new. (Setting the
 /// counters to Redis's values, as before, kept them at their old peak
 /// until Redis passed it, and the rate showed nothing meanwhile.)
-fn count_redis_totals(servers: &[RedisMemory], known: &[RedisMemory]) {
-    let mut last = REDIS_TOTALS
+fn count_redis_totals(servers: &[RedisMemory]) {
+    let mut totals = REDIS_TOTALS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    // Servers no longer known (a cluster's node replaced, an address that
-    // changed) are forgotten: coming back, all of their totals are new. One
-    // that could not be read this time keeps what was last read of it.
-    last.retain(|server, _| known.iter().any(|s| &s.server == server));
+    let now = Instant::now();
+    totals.forget_unseen(now);
     for s in servers {
-        let (evicted, rejected) = last
-            .insert(s.server.clone(), (s.evicted_keys, s.rejected_writes))
-            .unwrap_or((0, 0));
-        let grown = |now: u64, before: u64| if now >= before { now - before } else { now };
+        let (evicted, rejected) = totals.grown(s, now);
         let label = || s.server.clone();
-        metrics::counter!("ketch_redis_evicted_keys_total", "server" => label())
-            .increment(grown(s.evicted_keys, evicted));
-        metrics::counter!("ketch_redis_rejected_writes_total", "server" => label())
-            .increment(grown(s.rejected_writes, rejected));
+        metrics::counter!("ketch_redis_evicted_keys_total", "server" => label()).increment(evicted);
+        metrics::counter!("ketch_redis_rejected_writes_total", "server" => label()).increment(rejected);
+    }
+}
+
+/// What was last read of each server's totals, by address.
+#[derive(Debug, Default)]
+struct RedisTotals(HashMap<String, TotalsRead>);
+
+#[derive(Debug)]
+struct TotalsRead {
+    /// The server's `run_id`: another one is a restarted server, whose
+    /// totals started again from 0.
+    run_id: String,
+    evicted: u64,
+    rejected: u64,
+    at: Instant,
+}
+
+/// How long the totals of a server no longer read are kept: a master that
+/// a failover demoted and a failback promotes again keeps its totals (its
+/// counts are not taken for new), and addresses gone for good are
+/// forgotten.
+const TOTALS_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+impl RedisTotals {
+    /// What `server`'s totals grew by since last read (all of them when it
+    /// was never read, restarted, or reset its statistics).
+    fn grown(&mut self, server: &RedisMemory, now: Instant) -> (u64, u64) {
+        let read = TotalsRead {
+            run_id: server.run_id.clone(),
+            evicted: server.evicted_keys,
+            rejected: server.rejected_writes,
+            at: now,
+        };
+        let before = self
+            .0
+            .insert(server.server.clone(), read)
+            .filter(|before| before.run_id == server.run_id);
+        let grown = |now: u64, before: Option<u64>| match before {
+            Some(before) if now >= before => now - before,
+            _ => now,
+        };
+        (
+            grown(server.evicted_keys, before.as_ref().map(|b| b.evicted)),
+            grown(server.rejected_writes, before.as_ref().map(|b| b.rejected)),
+        )
+    }
+
+    fn forget_unseen(&mut self, now: Instant) {
+        self.0.retain(|_, read| now.duration_since(read.at) < TOTALS_KEPT);
     }
 }
 
@@ -967,6 +1012,36 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_totals_count_what_grew_across_restarts_and_failbacks() {
+        let read = |server: &str, run_id: &str, evicted: u64, rejected: u64| RedisMemory {
+            server: server.to_owned(),
+            run_id: run_id.to_owned(),
+            evicted_keys: evicted,
+            rejected_writes: rejected,
+            ..RedisMemory::default()
+        };
+        let mut totals = RedisTotals::default();
+        let start = Instant::now();
+        assert_eq!(
+            totals.grown(&read("a", "1", 5, 2), start),
+            (5, 2),
+            "first read: all new"
+        );
+        assert_eq!(totals.grown(&read("a", "1", 8, 2), start), (3, 0));
+        // Not read for a while (demoted by a failover), then again with the
+        // same run: nothing counted twice.
+        totals.forget_unseen(start + Duration::from_secs(3600));
+        assert_eq!(totals.grown(&read("a", "1", 8, 3), start), (0, 1));
+        // Restarted: its totals started from 0.
+        assert_eq!(totals.grown(&read("a", "2", 4, 0), start), (4, 0));
+        // CONFIG RESETSTAT: below the last reading.
+        assert_eq!(totals.grown(&read("a", "2", 1, 0), start), (1, 0));
+        // Gone for longer than a day: forgotten.
+        totals.forget_unseen(start + TOTALS_KEPT + Duration::from_secs(1));
+        assert!(totals.0.is_empty());
+    }
 
     /// The transaction APIs' errors are counted too (they were left out:
     /// no PRODUCER_FENCED or INVALID_TXN_STATE ever showed).
