@@ -53,6 +53,10 @@ pub struct Segment {
     /// (a hole in the partition's offsets).
     #[serde(default)]
     pub skipped: Option<Skipped>,
+    /// Skipped once it was archived: its data file was lost. The archive
+    /// held it, so the last archived offset (ListOffsets -5) counts it.
+    #[serde(default)]
+    pub lost: bool,
     /// Archived after a quarantine, or skipped, and its copy in the
     /// quarantine stream not yet known deleted ([`Store::purge_quarantine`]).
     #[serde(default)]

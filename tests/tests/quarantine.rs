@@ -459,6 +459,7 @@ fn an_archived_segment_whose_data_file_was_lost_can_be_skipped() {
         "{segment}"
     );
     assert!(segment["path"].is_null(), "{segment}");
+    assert_eq!(segment["lost"], true, "{segment}");
     assert!(ketch_segments(&redis, &["list", "--topic", &topic]).contains("skipped (hole)"));
     // Its offsets read past the hole; the segments around it as produced.
     assert_eq!(

@@ -593,6 +593,7 @@ mod tests {
             file_bytes: None,
             quarantine: None,
             skipped: None,
+            lost: false,
             purge: false,
             holes: Vec::new(),
             log_bytes: None,

@@ -263,13 +263,14 @@ async fn latest_tiered(
 /// The last offset of the archived segments before the first that is not
 /// (quarantined, or not archived yet: a later one archived meanwhile is
 /// not counted, as Kafka's copies never pass an uncopied segment); a
-/// skipped segment is stepped over (its records are gone for good). -1:
-/// none.
+/// skipped segment is stepped over (its records are gone for good), and
+/// counted when it was archived before its data file was lost (the offset
+/// only grows, as Kafka's). -1: none.
 fn archived_through(segments: &[ketch_storage::segments::Segment]) -> i64 {
     segments
         .iter()
         .take_while(|s| s.path.is_some() || s.skipped.is_some())
-        .filter(|s| s.path.is_some())
+        .filter(|s| s.path.is_some() || s.lost)
         .map(|s| s.last)
         .last()
         .unwrap_or(-1)
@@ -296,7 +297,17 @@ mod tests {
         let archived = serde_json::json!({"path": "file:///a.parquet", "file_bytes": 1});
         let quarantined = serde_json::json!({"quarantine": {"reason": "bad", "at": 0}});
         let skipped = serde_json::json!({"skipped": {"reason": "gave up", "at": 0, "error": "bad"}});
+        let lost = serde_json::json!({"skipped": {"reason": "lost", "at": 0, "error": "lost"}, "lost": true});
         let none = serde_json::json!({});
+        assert_eq!(
+            archived_through(&[
+                segment(0, archived.clone()),
+                segment(10, lost),
+                segment(20, none.clone())
+            ]),
+            19,
+            "a segment archived, then lost"
+        );
         assert_eq!(archived_through(&[]), -1);
         assert_eq!(archived_through(&[segment(0, none.clone())]), -1);
         assert_eq!(

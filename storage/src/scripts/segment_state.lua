@@ -24,7 +24,8 @@
 --              archived segment whose data file the object store lost
 --              (the caller found it missing, and the segment below the
 --              local start: its batches are gone from Redis); it becomes
---              skipped, a hole readers step over, and forgets the file
+--              skipped, a hole readers step over, forgets the file, and
+--              is marked `lost` (it was archived: ListOffsets -5 counts it)
 --
 -- A segment archived after a quarantine, or skipped, has `purge = true`
 -- until its copy in the quarantine stream is deleted ('purged'): a
@@ -88,6 +89,7 @@ elseif op == 'lost' then
   end
   segment.skipped = {reason = ARGV[4], at = now, error = 'data file lost: ' .. segment.path}
   segment.path, segment.file_bytes, segment.holes = nil, nil, nil
+  segment.lost = true
 elseif segment.path then
   return 'archived'
 elseif op == 'quarantine' then
