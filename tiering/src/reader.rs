@@ -67,6 +67,9 @@ pub struct RemoteRead {
 /// A window's slices, as read once and shared by its readers.
 type Window = Arc<Vec<Arc<RecordBatch>>>;
 
+/// How a window's load ended, as its readers share it.
+type WindowLoad = std::result::Result<Window, Arc<Error>>;
+
 /// The archive's files, read with the gateway's settings.
 fn file_io(settings: &TieringSettings) -> FileIO {
     FileIOBuilder::new(Arc::new(OpenDalResolvingStorageFactory::new()))
@@ -88,7 +91,9 @@ pub struct RemoteReader {
     /// Windows being read ahead.
     ahead: Mutex<std::collections::HashSet<WindowKey>>,
     /// Windows being read, so concurrent readers share one read.
-    loading: Mutex<HashMap<WindowKey, Arc<tokio::sync::OnceCell<Window>>>>,
+    /// A window's load, failed or not, is its waiters' outcome: a store
+    /// that fails is asked once by them all, not once each in turn.
+    loading: Mutex<HashMap<WindowKey, Arc<tokio::sync::OnceCell<WindowLoad>>>>,
     metrics: Arc<Metrics>,
     /// Slices read ahead of a sequential reader.
     read_ahead: usize,
@@ -323,20 +328,27 @@ impl RemoteReader {
             .or_default()
             .clone();
         let loaded = cell
-            .get_or_try_init(|| async {
-                let slices = self.load_window(segment, path, footer, at).await?;
+            .get_or_init(|| async {
+                let slices = self
+                    .load_window(segment, path, footer, at)
+                    .await
+                    .map_err(Arc::new)?;
                 let first = at.window_first_slice();
                 let mut cache = self.slices.lock().expect("slices");
                 for (i, rows) in slices.iter().enumerate() {
                     self.metrics.cache_miss();
                     cache.put((path.to_owned(), at.group, first + i), rows.clone());
                 }
-                Ok::<_, Error>(Arc::new(slices))
+                Ok(Arc::new(slices))
             })
             .await
-            .cloned();
+            .clone();
+        // The next reader after this load, failed or not, loads afresh.
         self.loading.lock().expect("loading").remove(&window);
-        let slices = loaded?;
+        let slices = loaded.map_err(|e| match &*e {
+            Error::Misplaced(why) => Error::Misplaced(why.clone()),
+            other => Error::Io(other.to_string()),
+        })?;
         slices
             .get(at.slice - at.window_first_slice())
             .cloned()
