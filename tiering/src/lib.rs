@@ -379,10 +379,17 @@ impl Worker {
                 }
             }
         }
+        // Topics of which this worker holds partitions: the archive backoff
+        // of the others is forgotten (leading one again, its first failure
+        // waits one tick).
+        let mut leading: std::collections::HashSet<String> = std::collections::HashSet::new();
         for topic in &topics {
             let policy = policy(topic, &defaults, self.producer_expiration);
             let mut held = held_of.remove(topic.name.as_str()).unwrap_or_default();
             held.sort_unstable();
+            if !held.is_empty() {
+                leading.insert(topic.name.clone());
+            }
             if policy.remote && !held.is_empty() {
                 self.clone().archive_topic(topic.clone(), held.clone());
             }
@@ -410,8 +417,7 @@ impl Worker {
         // walk over every topic.
         let by_name: HashMap<&str, &Arc<Topic>> = topics.iter().map(|t| (t.name.as_str(), t)).collect();
         self.commits.retain(|name| by_name.contains_key(name));
-        (self.archive_backoff.lock().expect("archive backoff"))
-            .retain(|name, _| by_name.contains_key(name.as_str()));
+        (self.archive_backoff.lock().expect("archive backoff")).retain(|name, _| leading.contains(name));
         // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
             by_name.get(name).is_some_and(|t| {
@@ -561,11 +567,26 @@ impl Worker {
                 // The topic's table, opened by the first partition that
                 // archives and committed to by one partition at a time.
                 let table = tokio::sync::Mutex::new(None);
+                // Whether a partition failed, and whether one archived
+                // anything: the topic backs off only when archiving failed
+                // and got nowhere (one partition's trouble does not slow
+                // the others).
                 let failed = std::sync::atomic::AtomicBool::new(false);
-                let (this, topic, table, failed_ref) = (&this, &topic, &table, &failed);
+                let progressed = std::sync::atomic::AtomicBool::new(false);
+                let (this, topic, table) = (&this, &topic, &table);
+                let (failed_ref, progressed_ref) = (&failed, &progressed);
                 futures::stream::iter(partitions)
                     .for_each_concurrent(this.archive_partitions, |partition| async move {
-                        match this.archive_pending(topic, partition, table).await {
+                        let archived = this.archive_pending(topic, partition, table).await;
+                        if let Ok(archived) = &archived {
+                            if archived.failed {
+                                failed_ref.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            if archived.segments > 0 {
+                                progressed_ref.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                        match archived.map(|archived| archived.segments) {
                             // Apply retention and local retention to what was
                             // just archived, as the topic's configs say now:
                             // archiving may have taken long, and a retention
@@ -589,7 +610,7 @@ impl Worker {
                         }
                     })
                     .await;
-                this.archived_or_failed(&topic.name, failed.into_inner());
+                this.archived_or_failed(&topic.name, failed.into_inner() && !progressed.into_inner());
             },
         );
     }
@@ -690,7 +711,7 @@ impl Worker {
         topic: &Topic,
         partition: i32,
         table: &SharedTable,
-    ) -> ketch_storage::Result<usize> {
+    ) -> ketch_storage::Result<Archived> {
         let segments = self.store.segments(topic, partition).await?;
         // A copy in the quarantine stream whose deletion was cut short (a
         // gateway killed after the segment was archived on retry, or
@@ -721,7 +742,7 @@ impl Worker {
         };
         self.metrics.set_lag(&topic.name, partition, lag(&pending));
         if pending.is_empty() {
-            return Ok(0);
+            return Ok(Archived::default());
         }
         if !self
             .store
@@ -730,7 +751,7 @@ impl Worker {
         {
             tracing::debug!(topic = %topic.name, partition,
                 "archiving waits for another worker's archiving of the partition to end");
-            return Ok(0);
+            return Ok(Archived::default());
         }
         let registration = Archiving {
             worker: self,
@@ -764,9 +785,9 @@ impl Worker {
         registration: &Archiving<'_>,
         lag: impl Fn(&[Segment]) -> i64,
         table: &SharedTable,
-    ) -> ketch_storage::Result<usize> {
+    ) -> ketch_storage::Result<Archived> {
         if !self.still_archives(topic).await? {
-            return Ok(0);
+            return Ok(Archived::default());
         }
         // Opened under this partition's registration, after the check
         // above (so never made again after a purge); another partition
@@ -778,12 +799,12 @@ impl Worker {
                     Ok(opened) => *slot = Some(opened),
                     Err(Error::Waiting(e)) => {
                         tracing::debug!(topic = %topic.name, error = %e, "archiving waits for the catalog");
-                        return Ok(0);
+                        return Ok(Archived::failed(0));
                     }
                     Err(e) => {
                         self.metrics.archive_failed();
                         tracing::warn!(topic = %topic.name, error = %e, "cannot open the topic's Iceberg table");
-                        return Ok(0);
+                        return Ok(Archived::failed(0));
                     }
                 }
             }
@@ -842,11 +863,11 @@ impl Worker {
             match previous {
                 Step::Next => {}
                 Step::Archived => archived_count += 1,
-                Step::Stop => {
+                Step::Stop | Step::Retry => {
                     if let Ok(fed) = fed {
                         fed.abandon().await;
                     }
-                    return Ok(archived_count);
+                    return Ok(Archived::after(archived_count, &previous));
                 }
                 Step::Failed(e) => {
                     if let Ok(fed) = fed {
@@ -869,7 +890,7 @@ impl Worker {
             };
             match step {
                 Step::Next | Step::Archived => {}
-                Step::Stop => return Ok(archived_count),
+                Step::Stop | Step::Retry => return Ok(Archived::after(archived_count, &step)),
                 Step::Failed(e) => return Err(e),
             }
         }
@@ -881,10 +902,14 @@ impl Worker {
                 Step::Next => {}
                 Step::Archived => archived_count += 1,
                 Step::Stop => {}
+                Step::Retry => return Ok(Archived::failed(archived_count)),
                 Step::Failed(e) => return Err(e),
             }
         }
-        Ok(archived_count)
+        Ok(Archived {
+            segments: archived_count,
+            failed: false,
+        })
     }
 
     /// Commits a segment [`Archiver::start`] is done with and records it
@@ -997,7 +1022,7 @@ impl Worker {
                 self.metrics.archive_failed();
                 tracing::warn!(topic = %topic.name, partition, base = segment.base, error = %e,
                     "archiving a segment failed; retrying next tick");
-                Step::Stop
+                Step::Retry
             }
         }
     }
@@ -1108,10 +1133,40 @@ enum Step {
     Next,
     /// On to the next segment: the last was archived.
     Archived,
-    /// No further this tick (an error logged, the registration lost).
+    /// No further this tick: the registration was lost.
     Stop,
+    /// No further this tick: archiving failed (an error logged; the
+    /// catalog or object store refused or did not answer).
+    Retry,
     /// No further: Redis failed recording it.
     Failed(StorageError),
+}
+
+/// What one pass over a partition's pending segments did.
+#[derive(Debug, Default)]
+struct Archived {
+    /// Segments archived.
+    segments: usize,
+    /// It stopped on a failure of the catalog or object store (retried
+    /// later), not on the end of what was pending.
+    failed: bool,
+}
+
+impl Archived {
+    fn failed(segments: usize) -> Self {
+        Self {
+            segments,
+            failed: true,
+        }
+    }
+
+    /// After `segments` were archived, stopped by `step`.
+    fn after(segments: usize, step: &Step) -> Self {
+        Self {
+            segments,
+            failed: matches!(step, Step::Retry),
+        }
+    }
 }
 
 /// A partition's archiving registration, held by this worker
