@@ -541,6 +541,9 @@ impl RedisHealth {
 
 /// Reads every Redis server's memory now and records it.
 pub async fn check_redis(ctx: &Context) -> RedisHealth {
+    // When the readings were asked for: checks run at once (the readiness
+    // probe, the upkeep, the admin API) and may end in any order.
+    let asked = Instant::now();
     let health = match ctx.storage.server_info().await {
         Ok(servers) => {
             let before = ctx.redis_health.read().expect("redis health").servers.clone();
@@ -571,7 +574,7 @@ pub async fn check_redis(ctx: &Context) -> RedisHealth {
                     .set(s.used_memory as f64);
                 metrics::gauge!("ketch_redis_maxmemory_bytes", "server" => label()).set(s.maxmemory as f64);
             }
-            count_redis_totals(&read);
+            count_redis_totals(&read, asked);
             RedisHealth {
                 servers,
                 checked: Some(Instant::now()),
@@ -629,14 +632,13 @@ static REDIS_TOTALS: std::sync::LazyLock<Mutex<RedisTotals>> = std::sync::LazyLo
 /// `CONFIG RESETSTAT`): then all of the new value is new. (Setting the
 /// counters to Redis's values, as before, kept them at their old peak
 /// until Redis passed it, and the rate showed nothing meanwhile.)
-fn count_redis_totals(servers: &[RedisMemory]) {
+fn count_redis_totals(servers: &[RedisMemory], asked: Instant) {
     let mut totals = REDIS_TOTALS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let now = Instant::now();
-    totals.forget_unseen(now);
+    totals.forget_unseen(Instant::now());
     for s in servers {
-        let (evicted, rejected) = totals.grown(s, now);
+        let (evicted, rejected) = totals.grown(s, asked);
         let label = || s.server.clone();
         metrics::counter!("ketch_redis_evicted_keys_total", "server" => label()).increment(evicted);
         metrics::counter!("ketch_redis_rejected_writes_total", "server" => label()).increment(rejected);
@@ -664,9 +666,15 @@ struct TotalsRead {
 const TOTALS_KEPT: Duration = Duration::from_secs(24 * 3600);
 
 impl RedisTotals {
-    /// What `server`'s totals grew by since last read (all of them when it
-    /// was never read, restarted, or reset its statistics).
-    fn grown(&mut self, server: &RedisMemory, now: Instant) -> (u64, u64) {
+    /// What `server`'s totals, asked for at `asked`, grew by since last
+    /// read (all of them when it was never read, restarted, or reset its
+    /// statistics; nothing when a reading asked for later was counted
+    /// already: it is older than what is known).
+    fn grown(&mut self, server: &RedisMemory, asked: Instant) -> (u64, u64) {
+        if self.0.get(&server.server).is_some_and(|known| known.at > asked) {
+            return (0, 0);
+        }
+        let now = asked;
         let read = TotalsRead {
             run_id: server.run_id.clone(),
             evicted: server.evicted_keys,
@@ -1038,8 +1046,20 @@ mod tests {
         assert_eq!(totals.grown(&read("a", "2", 4, 0), start), (4, 0));
         // CONFIG RESETSTAT: below the last reading.
         assert_eq!(totals.grown(&read("a", "2", 1, 0), start), (1, 0));
+        // A reading asked for before the one counted last (two checks at
+        // once, ending out of order): older, nothing counted, nothing kept.
+        let later = start + Duration::from_secs(10);
+        assert_eq!(totals.grown(&read("a", "2", 3, 0), later), (2, 0));
+        assert_eq!(
+            totals.grown(&read("a", "2", 2, 0), later - Duration::from_secs(1)),
+            (0, 0)
+        );
+        assert_eq!(
+            totals.grown(&read("a", "2", 3, 0), later + Duration::from_secs(1)),
+            (0, 0)
+        );
         // Gone for longer than a day: forgotten.
-        totals.forget_unseen(start + TOTALS_KEPT + Duration::from_secs(1));
+        totals.forget_unseen(later + TOTALS_KEPT + Duration::from_secs(1));
         assert!(totals.0.is_empty());
     }
 
