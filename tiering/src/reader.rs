@@ -343,8 +343,16 @@ impl RemoteReader {
             })
             .await
             .clone();
-        // The next reader after this load, failed or not, loads afresh.
-        self.loading.lock().expect("loading").remove(&window);
+        // The next reader after this load, failed or not, loads afresh
+        // (unless a newer load of the window has begun: it is left alone).
+        let mut loading = self.loading.lock().expect("loading");
+        if loading
+            .get(&window)
+            .is_some_and(|current| Arc::ptr_eq(current, &cell))
+        {
+            loading.remove(&window);
+        }
+        drop(loading);
         let slices = loaded.map_err(|e| match &*e {
             Error::Misplaced(why) => Error::Misplaced(why.clone()),
             other => Error::Io(other.to_string()),
