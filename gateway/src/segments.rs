@@ -177,18 +177,27 @@ async fn skip_archived(
     // every file missing (an S3 HEAD cannot tell a missing bucket from a
     // missing key). Another data file of the topic must be there.
     if !exists && !damaged {
-        let Some(other) = another_data_file(store, topic, partition, path).await? else {
+        let others = other_data_files(store, topic, partition, path).await?;
+        if others.is_empty() {
             bail!(
                 "cannot skip: {} has no other data file to confirm that this command reaches the gateways' object store (--damaged gives up on the segment anyway)",
                 topic.name
             );
-        };
-        let seen = ketch_tiering::reader::data_file_exists(&settings.tiering, &other)
-            .await
-            .with_context(|| format!("cannot tell whether the data file {other} exists"))?;
+        }
+        let mut seen = false;
+        for other in &others {
+            if ketch_tiering::reader::data_file_exists(&settings.tiering, other)
+                .await
+                .with_context(|| format!("cannot tell whether the data file {other} exists"))?
+            {
+                seen = true;
+                break;
+            }
+        }
         if !seen {
             bail!(
-                "cannot skip: the data file {other} of another segment is missing too: this command may not reach the gateways' object store (its tiering.* settings, or the warehouse's mount here); --damaged gives up on the segment anyway"
+                "cannot skip: the data files of other segments are missing too ({}): this command may not reach the gateways' object store (its tiering.* settings, or the warehouse's mount here); --damaged gives up on the segment anyway",
+                others.join(", ")
             );
         }
     }
@@ -205,28 +214,34 @@ async fn skip_archived(
     }
 }
 
-/// A data file of `topic` other than `path`: of `partition` first, then of
-/// the other partitions.
-async fn another_data_file(
+/// Data files of `topic` other than `path`, to tell whether this command
+/// reaches the gateways' object store: the newest of `partition` and of
+/// up to [`WITNESS_PARTITIONS`] other partitions (a lifecycle rule or a
+/// migration that lost files lost the oldest first).
+async fn other_data_files(
     store: &Store,
     topic: &Topic,
     partition: i32,
     path: &str,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<Vec<String>> {
     let partitions = std::iter::once(partition).chain((0..topic.partitions()).filter(|p| *p != partition));
-    for p in partitions {
-        let found = store
+    let mut found = Vec::new();
+    for p in partitions.take(1 + WITNESS_PARTITIONS) {
+        let newest = store
             .segments(topic, p)
             .await?
             .into_iter()
+            .rev()
             .filter_map(|s| s.path)
             .find(|other| !other.is_empty() && other != path);
-        if found.is_some() {
-            return Ok(found);
-        }
+        found.extend(newest);
     }
-    Ok(None)
+    Ok(found)
 }
+
+/// Other partitions whose newest data file may confirm that the object
+/// store is reached.
+const WITNESS_PARTITIONS: usize = 3;
 
 fn refusal(changed: SegmentChanged) -> &'static str {
     match changed {
