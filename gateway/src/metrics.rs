@@ -674,12 +674,11 @@ impl RedisTotals {
         if self.0.get(&server.server).is_some_and(|known| known.at > asked) {
             return (0, 0);
         }
-        let now = asked;
         let read = TotalsRead {
             run_id: server.run_id.clone(),
             evicted: server.evicted_keys,
             rejected: server.rejected_writes,
-            at: now,
+            at: asked,
         };
         let before = self
             .0

@@ -40,9 +40,9 @@ pub async fn handle(
     let committed = req.isolation_level == 1;
     // Lookups that may read the archive share one bound per request
     // (`tiering.remote_list_offsets_timeout`), as Kafka's delayed remote
-    // ListOffsets does: a request over many
-    // partitions of a store that stopped answering gets its answer after
-    // the bound, not after the bound once per wave of partitions.
+    // ListOffsets does: a request over many partitions of a store that
+    // stopped answering is answered after the bound, not after the bound
+    // once per wave of partitions.
     let deadline = tokio::time::Instant::now() + ctx.settings.tiering.remote_list_offsets_timeout.get();
     // A partition named twice is INVALID_REQUEST, each time (Kafka's
     // `duplicatePartitions`).
