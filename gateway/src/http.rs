@@ -652,7 +652,7 @@ async fn metrics(State(ctx): State<Arc<Context>>) -> ([(header::HeaderName, &'st
         .absolute(sasl.successes.load(std::sync::atomic::Ordering::Relaxed));
     metrics::counter!("ketch_authentication_failures_total")
         .absolute(sasl.failures.load(std::sync::atomic::Ordering::Relaxed));
-    let text = crate::metrics::render().unwrap_or_else(|| {
+    let text = crate::metrics::render(&ctx).unwrap_or_else(|| {
         "# no metrics recorder in this process (ketch_gateway::metrics::install)\n".to_owned()
     });
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)

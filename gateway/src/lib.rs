@@ -52,6 +52,8 @@ pub struct Context {
     pub requests: Arc<metrics::Requests>,
     /// Produced and fetched records and bytes per topic.
     pub topic_counters: metrics::TopicCounters,
+    /// The lag of the groups this gateway coordinates, as last computed.
+    pub group_lags: metrics::GroupLags,
     /// Redis memory as last checked (`/ready`, the admin API).
     pub redis_health: std::sync::RwLock<metrics::RedisHealth>,
     /// Decided transactions this gateway is finishing in the background.
@@ -196,6 +198,7 @@ impl Context {
             security,
             requests: Arc::default(),
             topic_counters: metrics::TopicCounters::default(),
+            group_lags: metrics::GroupLags::default(),
             redis_health: std::sync::RwLock::default(),
             finishing: transactions::Finishing::default(),
             verified_producers: transactions::VerifiedProducers::default(),

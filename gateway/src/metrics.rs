@@ -11,13 +11,16 @@
 //!
 //! Hot-path metrics hold their handles ([`Requests`], [`TopicCounters`]):
 //! recording is an atomic add, with no registry lookup. Gauges whose value
-//! lives elsewhere (connections, in-flight requests, Redis memory, group
-//! lag) are set by [`upkeep`] every few seconds and before each scrape;
-//! gauges no longer set (a group this gateway stopped coordinating) are
-//! dropped after [`GAUGE_IDLE`].
+//! lives elsewhere (connections, in-flight requests, Redis memory) are set
+//! by [`upkeep`] every few seconds and before each scrape; gauges no longer
+//! set (a Redis server gone) are dropped after [`GAUGE_IDLE`]. Series that
+//! must go as soon as what they describe goes (a deleted topic's counters,
+//! the lag of a group this gateway stopped coordinating) are kept and
+//! rendered here ([`TopicCounters`], [`GroupLags`]): the registry cannot
+//! drop a series.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -63,8 +66,11 @@ pub fn install() -> anyhow::Result<()> {
 }
 
 /// The Prometheus text exposition, or `None` without a recorder.
-pub fn render() -> Option<String> {
-    HANDLE.get().map(PrometheusHandle::render)
+pub fn render(ctx: &Context) -> Option<String> {
+    let mut text = HANDLE.get()?.render();
+    ctx.topic_counters.render(&mut text);
+    ctx.group_lags.render(&mut text);
+    Some(text)
 }
 
 fn describe() {
@@ -78,19 +84,6 @@ fn describe() {
     describe_counter!(
         "ketch_request_errors_total",
         "Error codes in responses, by API and Kafka error name (one per partition, group or resource that failed)."
-    );
-    describe_counter!("ketch_produced_records_total", "Records appended, by topic.");
-    describe_counter!(
-        "ketch_produced_bytes_total",
-        "Record batch bytes appended, by topic."
-    );
-    describe_counter!(
-        "ketch_fetched_records_total",
-        "Records sent to fetching clients, by topic."
-    );
-    describe_counter!(
-        "ketch_fetched_bytes_total",
-        "Record batch bytes sent to fetching clients, by topic."
     );
     describe_gauge!("ketch_connections", "Open Kafka client connections.");
     describe_gauge!("ketch_inflight_requests", "Requests read and not yet answered.");
@@ -119,10 +112,6 @@ fn describe() {
         "Members of the groups this gateway coordinates."
     );
     describe_gauge!("ketch_groups", "Groups in this gateway's memory, by state.");
-    describe_gauge!(
-        "ketch_group_lag",
-        "Records between the high watermark and the committed offset, summed over a topic's partitions, by group and topic (groups this gateway coordinates)."
-    );
     describe_counter!(
         "ketch_authentications_total",
         "Successful SASL and HTTP authentications."
@@ -317,67 +306,205 @@ impl Drop for Open {
     }
 }
 
-/// One topic's record and byte counters of one direction.
-#[derive(Clone)]
-pub struct Flow {
-    records: Counter,
-    bytes: Counter,
+/// One topic's record and byte counters of one direction: an atomic add
+/// each, as a `metrics` counter handle is.
+#[derive(Clone, Default)]
+pub struct Flow(Arc<FlowCells>);
+
+#[derive(Default)]
+struct FlowCells {
+    records: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl Flow {
     pub fn add(&self, records: u64, bytes: u64) {
-        self.records.increment(records);
-        self.bytes.increment(bytes);
+        self.0.records.fetch_add(records, Ordering::Relaxed);
+        self.0.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
-/// Per-topic produced and fetched counters, their handles made once per
-/// topic name: every topic used since the gateway started, deleted ones
-/// included (docs/observability.md; not removed, as Kafka removes a deleted
-/// topic's metrics).
+/// A topic's counters and when they were made.
+struct Counted {
+    flow: Flow,
+    since: Instant,
+}
+
+/// Per-topic produced and fetched counters, made once per topic name and
+/// rendered by this module (not the `metrics` registry, which cannot drop a
+/// series): a deleted topic's series leave the exposition, as Kafka drops a
+/// deleted topic's metrics, at once on the gateway that deleted it and
+/// within [`UPKEEP_EVERY`] × 2 on the others ([`upkeep`]).
 #[derive(Default)]
 pub struct TopicCounters {
-    produced: RwLock<HashMap<String, Flow>>,
-    fetched: RwLock<HashMap<String, Flow>>,
+    produced: RwLock<HashMap<String, Counted>>,
+    fetched: RwLock<HashMap<String, Counted>>,
 }
+
+/// The names, help texts of the per-topic counters: records then bytes,
+/// produced then fetched.
+const TOPIC_SERIES: [(&str, &str); 4] = [
+    ("ketch_produced_records_total", "Records appended, by topic."),
+    (
+        "ketch_produced_bytes_total",
+        "Record batch bytes appended, by topic.",
+    ),
+    (
+        "ketch_fetched_records_total",
+        "Records sent to fetching clients, by topic.",
+    ),
+    (
+        "ketch_fetched_bytes_total",
+        "Record batch bytes sent to fetching clients, by topic.",
+    ),
+];
 
 impl TopicCounters {
     pub fn produced(&self, topic: &str) -> Flow {
-        flow(
-            &self.produced,
-            topic,
-            "ketch_produced_records_total",
-            "ketch_produced_bytes_total",
-        )
+        flow(&self.produced, topic)
     }
 
     pub fn fetched(&self, topic: &str) -> Flow {
-        flow(
-            &self.fetched,
-            topic,
-            "ketch_fetched_records_total",
-            "ketch_fetched_bytes_total",
-        )
+        flow(&self.fetched, topic)
+    }
+
+    /// Drops the series of `topic` (this gateway deleted it).
+    pub fn forget(&self, topic: &str) {
+        for map in [&self.produced, &self.fetched] {
+            map.write().expect("topic counters").remove(topic);
+        }
+    }
+
+    /// Drops the series of every topic `exists` denies, of a complete
+    /// listing of the topics begun at `listed_at`; series made since stay
+    /// (their topic may have been created after the listing).
+    pub fn retain_listed(&self, listed_at: Instant, exists: impl Fn(&str) -> bool) {
+        for map in [&self.produced, &self.fetched] {
+            map.write()
+                .expect("topic counters")
+                .retain(|topic, counted| counted.since > listed_at || exists(topic));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        [&self.produced, &self.fetched]
+            .iter()
+            .all(|map| map.read().expect("topic counters").is_empty())
+    }
+
+    /// Appends the four families in the Prometheus text format.
+    fn render(&self, out: &mut String) {
+        for (map, series) in [
+            (&self.produced, &TOPIC_SERIES[..2]),
+            (&self.fetched, &TOPIC_SERIES[2..]),
+        ] {
+            let map = map.read().expect("topic counters");
+            if map.is_empty() {
+                continue;
+            }
+            let mut topics: Vec<(&String, &Counted)> = map.iter().collect();
+            topics.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (i, (name, help)) in series.iter().enumerate() {
+                family(out, name, help, "counter");
+                for (topic, counted) in &topics {
+                    let cell = if i == 0 {
+                        &counted.flow.0.records
+                    } else {
+                        &counted.flow.0.bytes
+                    };
+                    sample(
+                        out,
+                        name,
+                        &[("topic", topic)],
+                        cell.load(Ordering::Relaxed) as f64,
+                    );
+                }
+                out.push('\n');
+            }
+        }
     }
 }
 
-fn flow(
-    map: &RwLock<HashMap<String, Flow>>,
-    topic: &str,
-    records: &'static str,
-    bytes: &'static str,
-) -> Flow {
-    if let Some(flow) = map.read().expect("topic counters").get(topic) {
-        return flow.clone();
+fn flow(map: &RwLock<HashMap<String, Counted>>, topic: &str) -> Flow {
+    if let Some(counted) = map.read().expect("topic counters").get(topic) {
+        return counted.flow.clone();
     }
     map.write()
         .expect("topic counters")
         .entry(topic.to_owned())
-        .or_insert_with(|| Flow {
-            records: metrics::counter!(records, "topic" => topic.to_owned()),
-            bytes: metrics::counter!(bytes, "topic" => topic.to_owned()),
+        .or_insert_with(|| Counted {
+            flow: Flow::default(),
+            since: Instant::now(),
         })
+        .flow
         .clone()
+}
+
+/// Writes a family's HELP and TYPE lines.
+fn family(out: &mut String, name: &str, help: &str, kind: &str) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Writes one sample, its label values escaped as the text format wants
+/// (a group id may hold any character).
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    use std::fmt::Write;
+    out.push_str(name);
+    out.push('{');
+    for (i, (label, value)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(label);
+        out.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    let _ = writeln!(out, "}} {value}");
+}
+
+/// The lag of the groups this gateway coordinates, per topic, as the last
+/// [`upkeep`] computed it; rendered by this module so that a group this
+/// gateway stops coordinating, and a topic a group no longer has offsets
+/// of, leave the exposition at the next computation.
+#[derive(Default)]
+pub struct GroupLags(Mutex<HashMap<String, (Instant, TopicLags)>>);
+
+/// One group's lag per topic.
+type TopicLags = BTreeMap<String, i64>;
+
+impl GroupLags {
+    fn render(&self, out: &mut String) {
+        let lags = self.0.lock().expect("group lags");
+        if lags.values().all(|(_, topics)| topics.is_empty()) {
+            return;
+        }
+        let name = "ketch_group_lag";
+        family(
+            out,
+            name,
+            "Records between the high watermark and the committed offset, summed over a topic's partitions, \
+             by group and topic (groups this gateway coordinates).",
+            "gauge",
+        );
+        let mut groups: Vec<_> = lags.iter().collect();
+        groups.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (group, (_, topics)) in groups {
+            for (topic, lag) in topics {
+                sample(out, name, &[("group", group), ("topic", topic)], *lag as f64);
+            }
+        }
+        out.push('\n');
+    }
 }
 
 /// Record count and bytes of the record batches in `data` (batches laid
@@ -781,34 +908,47 @@ pub async fn group_lag(ctx: &Context, group: &str) -> ketch_storage::Result<Vec<
 /// gateways count it once).
 async fn record_group_lag(ctx: &Context) -> ketch_storage::Result<()> {
     use futures::StreamExt;
-    let groups: Vec<String> = (ctx.storage.groups_with_offsets().await?)
+    // A group whose lag could not be computed for this long goes.
+    ctx.group_lags
+        .0
+        .lock()
+        .expect("group lags")
+        .retain(|_, (at, _)| at.elapsed() < GAUGE_IDLE);
+    let groups: HashSet<String> = (ctx.storage.groups_with_offsets().await?)
         .into_iter()
         .filter(|group| ctx.membership.coordinates(group))
         .collect();
     // A few groups at a time; one that cannot be read now keeps its last
-    // gauges and holds up no other.
-    futures::stream::iter(groups)
-        .for_each_concurrent(LAG_GROUPS, |group| async move {
+    // lags and holds up no other.
+    let computed: Vec<(String, TopicLags)> = futures::stream::iter(groups.iter().cloned())
+        .map(|group| async move {
             let lags = match group_lag(ctx, &group).await {
                 Ok(lags) => lags,
                 Err(e) => {
                     tracing::debug!(%group, error = %e, "group lag not computed");
-                    return;
+                    return None;
                 }
             };
-            let mut per_topic: HashMap<String, i64> = HashMap::new();
+            let mut per_topic = TopicLags::new();
             for p in lags {
                 if let Some(lag) = p.lag {
                     let sum = per_topic.entry(p.topic).or_default();
                     *sum = sum.saturating_add(lag);
                 }
             }
-            for (topic, lag) in per_topic {
-                metrics::gauge!("ketch_group_lag", "group" => group.clone(), "topic" => topic)
-                    .set(lag as f64);
-            }
+            Some((group, per_topic))
         })
+        .buffer_unordered(LAG_GROUPS)
+        .filter_map(std::future::ready)
+        .collect()
         .await;
+    let now = Instant::now();
+    let mut lags = ctx.group_lags.0.lock().expect("group lags");
+    // Groups this gateway no longer coordinates, or that have no offsets.
+    lags.retain(|group, _| groups.contains(group));
+    for (group, per_topic) in computed {
+        lags.insert(group, (now, per_topic));
+    }
     Ok(())
 }
 
@@ -860,8 +1000,25 @@ pub async fn upkeep(ctx: Arc<Context>) {
             if let Err(e) = record_group_lag(&ctx).await {
                 tracing::debug!(error = %e, "group lag not computed");
             }
+            forget_deleted_topics(&ctx).await;
         }
         n += 1;
+    }
+}
+
+/// Drops the per-topic series of topics deleted (by any gateway).
+async fn forget_deleted_topics(ctx: &Context) {
+    if ctx.topic_counters.is_empty() {
+        return;
+    }
+    let listed_at = Instant::now();
+    match ctx.storage.all_topics().await {
+        Ok(topics) => {
+            let names: HashSet<&str> = topics.iter().map(|t| t.name.as_str()).collect();
+            ctx.topic_counters
+                .retain_listed(listed_at, |topic| names.contains(topic));
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot list the topics; deleted topics' metrics stay for now"),
     }
 }
 
@@ -1019,6 +1176,57 @@ pub fn error_codes(response: &ResponseKind, f: &mut dyn FnMut(i16)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deleted_topics_and_moved_groups_leave_the_exposition() {
+        let counters = TopicCounters::default();
+        counters.produced("kept").add(3, 300);
+        counters.fetched("kept").add(2, 200);
+        counters.produced("deleted").add(1, 10);
+        counters.produced("gone-here").add(1, 10);
+        let listed_at = Instant::now();
+        counters.produced("made-after-the-listing").add(1, 10);
+        counters.forget("gone-here");
+        counters.retain_listed(listed_at, |topic| topic == "kept");
+        let mut text = String::new();
+        counters.render(&mut text);
+        assert!(
+            text.contains("ketch_produced_records_total{topic=\"kept\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ketch_produced_bytes_total{topic=\"kept\"} 300\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ketch_fetched_bytes_total{topic=\"kept\"} 200\n"),
+            "{text}"
+        );
+        assert!(text.contains("{topic=\"made-after-the-listing\"} 1\n"), "{text}");
+        assert!(!text.contains("deleted") && !text.contains("gone-here"), "{text}");
+        assert_eq!(
+            text.matches("# TYPE ketch_produced_records_total counter")
+                .count(),
+            1
+        );
+
+        let lags = GroupLags::default();
+        let topics = BTreeMap::from([("t".to_owned(), 7)]);
+        lags.0
+            .lock()
+            .unwrap()
+            .insert("a \"quoted\\ group\n".to_owned(), (Instant::now(), topics));
+        let mut text = String::new();
+        lags.render(&mut text);
+        assert!(
+            text.contains("ketch_group_lag{group=\"a \\\"quoted\\\\ group\\n\",topic=\"t\"} 7\n"),
+            "{text}"
+        );
+        lags.0.lock().unwrap().clear();
+        let mut text = String::new();
+        lags.render(&mut text);
+        assert!(text.is_empty(), "no family without a series");
+    }
 
     #[test]
     fn redis_totals_count_what_grew_across_restarts_and_failbacks() {

@@ -660,6 +660,134 @@ fn every_gateway_lists_and_describes_the_groups_of_all() {
     assert_eq!(status, 404, "{error}");
 }
 
+/// The values `label` takes in the samples of `name`.
+fn label_values(text: &str, name: &str, label: &str) -> BTreeSet<String> {
+    let prefix = format!("{name}{{");
+    let key = format!("{label}=\"");
+    text.lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .filter_map(|labels| {
+            let at = labels.find(&key)? + key.len();
+            let end = labels[at..].find('"')?;
+            Some(labels[at..at + end].to_owned())
+        })
+        .collect()
+}
+
+/// Scrapes both gateways until `done` holds for their samples' values of
+/// `label` in `name`; panics with both after 40 s.
+fn await_on_both(
+    a: &Ketch,
+    b: &Ketch,
+    name: &str,
+    label: &str,
+    what: &str,
+    done: impl Fn(&BTreeSet<String>, &BTreeSet<String>) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let on_a = label_values(&a.http_get("/metrics").1, name, label);
+        let on_b = label_values(&b.http_get("/metrics").1, name, label);
+        if done(&on_a, &on_b) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: never so; {name} {label}s on the first gateway {on_a:?}, on the second {on_b:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_deleted_topics_series_leave_every_gateway() {
+    let redis = TestRedis::start();
+    let a = Ketch::start_node(&redis.url(), 1, "3s", WRITES);
+    let b = Ketch::start_node(&redis.url(), 2, "3s", WRITES);
+    let deleted = unique_topic("metered-then-deleted");
+    let kept = unique_topic("metered-and-kept");
+    for topic in [&deleted, &kept] {
+        create(&a, topic, 2);
+        produce(&a.producer(), topic, 0, 10);
+        produce(&b.producer(), topic, 1, 10);
+        let consumer = b.consumer_at(topic, &[0, 1], 0);
+        let mut fetched = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while fetched < 20 {
+            assert!(Instant::now() < deadline, "fetched only {fetched} of 20");
+            if let Some(message) = consumer.poll(Duration::from_millis(500)) {
+                message.expect("a record");
+                fetched += 1;
+            }
+        }
+    }
+    let both = |on_a: &BTreeSet<String>, on_b: &BTreeSet<String>, topic: &str| {
+        on_a.contains(topic) || on_b.contains(topic)
+    };
+    for name in ["ketch_produced_records_total", "ketch_fetched_records_total"] {
+        await_on_both(&a, &b, name, "topic", "both topics counted", |on_a, on_b| {
+            both(on_a, on_b, &deleted) && both(on_a, on_b, &kept)
+        });
+    }
+
+    let rt = runtime();
+    let deletion = rt.block_on(a.admin().delete_topics(&[&deleted], &AdminOptions::new()));
+    assert!(matches!(deletion.as_deref(), Ok([Ok(_)])), "{deletion:?}");
+    for name in [
+        "ketch_produced_records_total",
+        "ketch_produced_bytes_total",
+        "ketch_fetched_records_total",
+        "ketch_fetched_bytes_total",
+    ] {
+        await_on_both(
+            &a,
+            &b,
+            name,
+            "topic",
+            "the deleted topic's series gone",
+            |on_a, on_b| !both(on_a, on_b, &deleted) && both(on_a, on_b, &kept),
+        );
+    }
+}
+
+#[test]
+fn a_groups_lag_leaves_the_gateway_that_no_longer_coordinates_it() {
+    let redis = TestRedis::start();
+    let a = Ketch::start_node(&redis.url(), 1, "3s", WRITES);
+    let topic = unique_topic("lag-handed-over");
+    create(&a, &topic, 1);
+    produce(&a.producer(), &topic, 0, 5);
+    let groups: BTreeSet<String> = (0..12).map(|_| unique_topic("handed-over")).collect();
+    for group in &groups {
+        commit(&a, group, &topic, &[(0, 2)]);
+    }
+    let text = await_metric(
+        &a,
+        "ketch_group_lag",
+        &[("group", groups.last().expect("a group")), ("topic", &topic)],
+        |v| v == 3.0,
+    );
+    let on_a = label_values(&text, "ketch_group_lag", "group");
+    assert!(groups.is_subset(&on_a), "{on_a:?}");
+
+    // A second gateway joins and takes some of the groups over: each is
+    // reported by its coordinator alone (within the 10 s refresh), not
+    // also by the first for the gauges' idle time.
+    let b = Ketch::start_node(&redis.url(), 2, "3s", WRITES);
+    await_on_both(
+        &a,
+        &b,
+        "ketch_group_lag",
+        "group",
+        "each group on one gateway",
+        |on_a, on_b| {
+            let on_a: BTreeSet<_> = on_a.intersection(&groups).collect();
+            let on_b: BTreeSet<_> = on_b.intersection(&groups).collect();
+            !on_b.is_empty() && on_a.is_disjoint(&on_b) && on_a.len() + on_b.len() == groups.len()
+        },
+    );
+}
+
 /// A gateway with ACLs on (everyone allowed what no ACL names) and admin
 /// writes over HTTP.
 fn acl_gateway(redis: &TestRedis) -> Ketch {

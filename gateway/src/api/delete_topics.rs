@@ -200,6 +200,7 @@ async fn delete_named(
     match ctx.storage.delete_topic(&name, id).await {
         Ok(topic) => {
             tracing::info!(topic = name, "deleted topic");
+            ctx.topic_counters.forget(&name);
             Ok((TopicName(str_bytes(name)), topic.id))
         }
         Err(StorageError::UnknownTopicOrPartition) if by_id => Err(Failure {
