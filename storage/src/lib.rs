@@ -186,6 +186,7 @@ struct Scripts {
     seal: redis::Script,
     lease: redis::Script,
     segment_state: redis::Script,
+    archive_listing: redis::Script,
     change_acls: redis::Script,
     change_versioned_hash: redis::Script,
     txn: redis::Script,
@@ -309,6 +310,7 @@ impl Store {
                 seal: redis::Script::new(allow_oom!("scripts/producer_state.lua", "scripts/seal.lua")),
                 lease: redis::Script::new(allow_oom!("scripts/lease.lua")),
                 segment_state: redis::Script::new(allow_oom!("scripts/segment_state.lua")),
+                archive_listing: redis::Script::new(include_str!("scripts/archive_listing.lua")),
                 change_acls: redis::Script::new(with_prelude!(
                     "scripts/next_version.lua",
                     "scripts/change_acls.lua"

@@ -132,6 +132,18 @@ impl Segment {
     }
 }
 
+/// A partition's sealed segments as archiving reads them
+/// ([`Store::archive_listing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveListing {
+    pub log_start_offset: i64,
+    /// Every segment is listed; else those below the local start are left
+    /// out, none of which wants work.
+    pub complete: bool,
+    /// Oldest first.
+    pub segments: Vec<Segment>,
+}
+
 /// Where a sealed segment's batches are read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
@@ -660,6 +672,46 @@ impl Store {
             })
             .collect();
         Ok((batches, after))
+    }
+
+    /// What the storage worker's archiving reads of a partition's sealed
+    /// segments (`scripts/archive_listing.lua`): all of them when `all`,
+    /// else those from the one holding the local start on, unless a
+    /// segment below it may still want work. The segments of a partition
+    /// that does not exist are none.
+    pub async fn archive_listing(&self, topic: &Topic, partition: i32, all: bool) -> Result<ArchiveListing> {
+        let keys = self.partition_keys(topic, partition);
+        let reply: Vec<String> = self
+            .scripts
+            .archive_listing
+            .key(&keys.meta)
+            .key(&keys.segments)
+            .key(&keys.quarantine)
+            .arg(if all { "all" } else { "from_local" })
+            .invoke_async(&mut self.conn())
+            .await?;
+        let mut reply = reply.into_iter();
+        let (Some(log_start), Some(complete)) = (reply.next(), reply.next()) else {
+            return Ok(ArchiveListing {
+                log_start_offset: 0,
+                complete: true,
+                segments: Vec::new(),
+            });
+        };
+        let log_start_offset = log_start
+            .parse()
+            .map_err(|_| StorageError::Data(format!("archive listing replied log start {log_start:?}")))?;
+        let complete = complete == "1";
+        let segments = if complete {
+            self.segment_members(&keys.segments).await?.1
+        } else {
+            reply.map(|m| parse_segment(&m)).collect::<Result<_>>()?
+        };
+        Ok(ArchiveListing {
+            log_start_offset,
+            complete,
+            segments,
+        })
     }
 
     /// The sealed segments of a partition, oldest first.

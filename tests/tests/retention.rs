@@ -396,3 +396,191 @@ fn leases_pass_to_the_new_leader_without_waiting_for_them_to_expire() {
     });
     drop(a);
 }
+
+/// The storage worker's per-tick scripts over a partition with hundreds of
+/// segment records (a remote topic's archived segments pile up): they read
+/// the records a chunk at a time, as far as the call needs, and still
+/// apply retention.ms, retention.bytes and local retention across chunks,
+/// find an unsettled segment deep below the local start for the aborted
+/// index's trim bound, and archiving's listing leaves out the segments
+/// below the local start only while none of them can want work.
+#[test]
+fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome() {
+    use ketch_storage::segments::SegmentPolicy;
+    const SEGMENTS: i64 = 600;
+    let redis = TestRedis::start();
+    let config = ketch_tests::store_config(&redis.url());
+    let rt = runtime();
+    // The store's connections start tasks on the runtime.
+    let _entered = rt.enter();
+    let store = ketch_storage::Store::new(&config).expect("store");
+    let name = unique_topic("many-segments");
+    let topic = rt
+        .block_on(store.create_topic(&name, 4, Default::default()))
+        .expect("create");
+    let now = now_ms();
+    let old = now - 7_200_000;
+    // 600 archived segments of 10 offsets and 100 bytes each; `extra`
+    // rewrites one's fields.
+    let fill = |partition: usize,
+                local_start: i64,
+                expired_below: i64,
+                extra: &dyn Fn(i64, &mut serde_json::Value)| {
+        let mut conn = redis.connection();
+        let key = redis.partition_key(&name, partition, "segments");
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&key);
+        for i in 0..SEGMENTS {
+            let base = i * 10;
+            let ts = if i < expired_below { old } else { now };
+            let mut segment = serde_json::json!({
+                "base": base, "last": base + 9, "bytes": 100, "max_ts": ts, "sealed_ms": ts,
+                "path": format!("s3://warehouse/t/data/{base:020}.parquet"), "file_bytes": 50,
+            });
+            extra(i, &mut segment);
+            zadd.arg(base).arg(segment.to_string());
+        }
+        let () = zadd.query(&mut conn).expect("ZADD");
+        let end = (SEGMENTS * 10).to_string();
+        redis.set_meta(
+            &name,
+            partition,
+            &[
+                ("next_offset", end.as_str()),
+                ("log_start", "0"),
+                ("local_start", &local_start.to_string()),
+                ("seg_base", end.as_str()),
+                ("seg_bytes", "0"),
+            ],
+        );
+    };
+    let policy = SegmentPolicy {
+        segment_bytes: 1 << 30,
+        segment_ms: 604_800_000,
+        retention_ms: -1,
+        retention_bytes: -1,
+        remote: true,
+        no_archive: false,
+        local_retention_ms: -1,
+        local_retention_bytes: -1,
+        producer_expiration_ms: 604_800_000,
+    };
+    let seal = |partition: i32, policy: SegmentPolicy| {
+        rt.block_on(store.seal_and_retain(&topic, partition, policy))
+            .expect("seal")
+    };
+    let count = |partition: usize| redis.segments(&name, partition).len() as i64;
+
+    // retention.ms: the 400 oldest are past it, all below the local start.
+    fill(0, SEGMENTS * 10, 400, &|_, _| {});
+    let outcome = seal(
+        0,
+        SegmentPolicy {
+            retention_ms: 3_600_000,
+            ..policy
+        },
+    );
+    assert_eq!((outcome.deleted, outcome.log_start_offset), (400, 4000));
+    assert_eq!(count(0), SEGMENTS - 400);
+
+    // retention.bytes: the total of all 600 (60000 B) counts; the oldest go
+    // while the rest still holds 25000 B.
+    fill(1, SEGMENTS * 10, 0, &|_, _| {});
+    let outcome = seal(
+        1,
+        SegmentPolicy {
+            retention_bytes: 25_000,
+            ..policy
+        },
+    );
+    assert_eq!((outcome.deleted, outcome.log_start_offset), (350, 3500));
+    assert_eq!(count(1), 250);
+
+    // local.retention.bytes: all 600 in Redis (local start 0), trimmed
+    // until the rest holds 10000 B; nothing leaves the log.
+    fill(2, 0, 0, &|_, _| {});
+    let outcome = seal(
+        2,
+        SegmentPolicy {
+            local_retention_bytes: 10_000,
+            ..policy
+        },
+    );
+    assert_eq!((outcome.deleted, outcome.local_start_offset), (0, 5000));
+    assert_eq!(count(2), SEGMENTS);
+
+    // The aborted index's trim bound stops at the first segment below the
+    // local start that is not settled: a quarantined one at offset 5200.
+    // Skipped segments before it are settled, whatever their reasons say.
+    fill(3, SEGMENTS * 10, 0, &|i, segment| {
+        if i % 7 == 3 {
+            segment.as_object_mut().expect("object").remove("path");
+            segment["skipped"] = serde_json::json!({
+                "reason": "\"quarantine\": {} \"purge\": true", "at": 1, "error": "\"path\":",
+            });
+        }
+        if i == 520 {
+            segment["quarantine"] = serde_json::json!({"reason": "unreadable", "at": 1, "retry": false});
+        }
+    });
+    seal(3, policy);
+    assert_eq!(
+        redis.meta_field(&name, 3, "abt_to").as_deref(),
+        Some("5200"),
+        "proposed up to the quarantined segment"
+    );
+    // Once it is archived, the bound is the local start.
+    let mut conn = redis.connection();
+    let key = redis.partition_key(&name, 3, "segments");
+    let () = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(&key)
+        .arg(5200)
+        .arg(5200)
+        .query(&mut conn)
+        .expect("ZREMRANGEBYSCORE");
+    let archived = serde_json::json!({"base": 5200, "last": 5209, "bytes": 100, "max_ts": now,
+        "sealed_ms": now, "path": "s3://warehouse/t/data/5200.parquet", "file_bytes": 50});
+    let () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(5200)
+        .arg(archived.to_string())
+        .query(&mut conn)
+        .expect("ZADD");
+    redis::cmd("HDEL")
+        .arg(redis.partition_key(&name, 3, "meta"))
+        .arg("abt_at")
+        .query::<i64>(&mut conn)
+        .expect("HDEL");
+    seal(3, policy);
+    assert_eq!(redis.meta_field(&name, 3, "abt_to").as_deref(), Some("6000"));
+
+    // Archiving's listing: below the local start only when asked for all,
+    // or when the quarantine stream holds batches (a segment there may
+    // want work).
+    let listing = |partition: i32, all: bool| {
+        rt.block_on(store.archive_listing(&topic, partition, all))
+            .expect("listing")
+    };
+    redis.set_meta(&name, 2, &[("local_start", "5005")]);
+    let partial = listing(2, false);
+    assert!(!partial.complete);
+    assert_eq!(
+        partial.segments.iter().map(|s| s.base).collect::<Vec<_>>(),
+        (500..SEGMENTS).map(|i| i * 10).collect::<Vec<_>>(),
+        "from the segment holding the local start on"
+    );
+    let all = listing(2, true);
+    assert!(all.complete);
+    assert_eq!(all.segments.len() as i64, SEGMENTS);
+    let _: String = redis::cmd("XADD")
+        .arg(redis.partition_key(&name, 2, "quarantine"))
+        .arg("15-1")
+        .arg("b")
+        .arg("a quarantined batch")
+        .query(&mut conn)
+        .expect("XADD");
+    let with_quarantine = listing(2, false);
+    assert!(with_quarantine.complete);
+    assert_eq!(with_quarantine.segments.len() as i64, SEGMENTS);
+    assert_eq!(with_quarantine.log_start_offset, 0);
+}

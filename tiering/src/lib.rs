@@ -137,6 +137,10 @@ struct Worker {
     /// doubles with each failure in a row, from `tick_interval` to
     /// [`ARCHIVE_BACKOFF_MAX`] (or 64 ticks).
     archive_backoff: std::sync::Mutex<HashMap<String, (tokio::time::Instant, Duration)>>,
+    /// When each topic's archiving last listed every segment of its
+    /// partitions (once per [`FULL_LISTING_EVERY`]; the other runs list
+    /// those from the local start on: [`Store::archive_listing`]).
+    full_listings: std::sync::Mutex<HashMap<String, tokio::time::Instant>>,
     /// Distinct keys one compaction pass holds at most.
     compaction_max_keys: usize,
     /// `tiering.archive_partitions`: partitions of one topic archived at
@@ -177,6 +181,7 @@ impl StorageWorker {
                 archiving: std::sync::Mutex::new(std::collections::HashSet::new()),
                 compacting: std::sync::Mutex::new(std::collections::HashSet::new()),
                 archive_backoff: std::sync::Mutex::new(HashMap::new()),
+                full_listings: std::sync::Mutex::new(HashMap::new()),
                 compaction_max_keys: settings.compaction_max_keys,
                 archive_partitions: settings.archive_partitions.max(1),
                 leased: std::sync::Mutex::new(HashMap::new()),
@@ -418,6 +423,7 @@ impl Worker {
         let by_name: HashMap<&str, &Arc<Topic>> = topics.iter().map(|t| (t.name.as_str(), t)).collect();
         self.commits.retain(|name| by_name.contains_key(name));
         (self.archive_backoff.lock().expect("archive backoff")).retain(|name, _| leading.contains(name));
+        (self.full_listings.lock().expect("full listings")).retain(|name, _| leading.contains(name));
         // Lag is kept for the remote-storage partitions this gateway works.
         self.metrics.retain_lag(|name, partition| {
             by_name.get(name).is_some_and(|t| {
@@ -575,9 +581,10 @@ impl Worker {
                 let progressed = std::sync::atomic::AtomicBool::new(false);
                 let (this, topic, table) = (&this, &topic, &table);
                 let (failed_ref, progressed_ref) = (&failed, &progressed);
+                let all = this.full_listing_due(&topic.name);
                 futures::stream::iter(partitions)
                     .for_each_concurrent(this.archive_partitions, |partition| async move {
-                        let archived = this.archive_pending(topic, partition, table).await;
+                        let archived = this.archive_pending(topic, partition, table, all).await;
                         if let Ok(archived) = &archived {
                             if archived.failed {
                                 failed_ref.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -613,6 +620,23 @@ impl Worker {
                 this.archived_or_failed(&topic.name, failed.into_inner() && !progressed.into_inner());
             },
         );
+    }
+
+    /// Whether this run of the topic's archiving lists every segment of its
+    /// partitions: once per [`FULL_LISTING_EVERY`], which finds what the
+    /// other runs' listings would miss (a segment below the local start
+    /// whose quarantined copy was deleted by a gateway killed before it
+    /// could record so).
+    fn full_listing_due(&self, topic: &str) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut listed = self.full_listings.lock().expect("full listings");
+        match listed.get(topic) {
+            Some(at) if now.duration_since(*at) < FULL_LISTING_EVERY => false,
+            _ => {
+                listed.insert(topic.to_owned(), now);
+                true
+            }
+        }
     }
 
     /// After a topic's archiving: its next attempt waits longer after each
@@ -711,8 +735,10 @@ impl Worker {
         topic: &Topic,
         partition: i32,
         table: &SharedTable,
+        all: bool,
     ) -> ketch_storage::Result<Archived> {
-        let segments = self.store.segments(topic, partition).await?;
+        let listing = self.store.archive_listing(topic, partition, all).await?;
+        let segments = listing.segments;
         // A copy in the quarantine stream whose deletion was cut short (a
         // gateway killed after the segment was archived on retry, or
         // skipped): deleted now.
@@ -729,12 +755,9 @@ impl Worker {
         self.metrics
             .set_quarantined(&topic.name, partition, quarantined as u64);
         let mut pending: Vec<Segment> = segments.into_iter().filter(Segment::wants_archiving).collect();
-        if !pending.is_empty() {
-            // A segment wholly below the log start (DeleteRecords) is not
-            // archived: its batches are gone, and retention lets it go.
-            let log_start = self.store.offsets(topic, partition).await?.log_start_offset;
-            pending.retain(|s| s.last >= log_start);
-        }
+        // A segment wholly below the log start (DeleteRecords) is not
+        // archived: its batches are gone, and retention lets it go.
+        pending.retain(|s| s.last >= listing.log_start_offset);
         let lag = |segments: &[Segment]| {
             segments
                 .first()
@@ -1311,6 +1334,10 @@ const ARCHIVE_BACKOFF_MAX_TICKS: u32 = 64;
 /// Partitions a storage worker's tick seals and applies retention to at
 /// once.
 const TICK_CONCURRENCY: usize = 32;
+
+/// How often a topic's archiving lists every segment of its partitions
+/// (see [`Worker::full_listing_due`]).
+const FULL_LISTING_EVERY: Duration = Duration::from_secs(300);
 
 /// Partitions whose [`Hint`] [`Tiers`] keeps at most.
 const MAX_HINTS: usize = 65_536;

@@ -84,14 +84,45 @@ end
 local deleted = 0
 local retention_ms = tonumber(ARGV[3])
 local retention_bytes = tonumber(ARGV[4])
-local members = redis.call('ZRANGE', KEYS[2], 0, -1)
-local segments = {}
-local total = seg_bytes
-for i, s in ipairs(members) do
-  segments[i] = cjson.decode(s)
-  total = total + segments[i].bytes
+-- The sealed segments from score `from` on ('-inf', or a base offset), in
+-- order, decoded one at a time as the loop asks, and read in chunks that
+-- grow from 8 to SEGMENT_CHUNK: a remote topic keeps a record per archived
+-- segment (with retention.ms -1, for ever), and a call must not read them
+-- all when it needs the first. Chunks go by score after the last one
+-- given, so ZREMs of given members (and a member rewritten at its score)
+-- do not shift what comes next.
+local SEGMENT_CHUNK = 256
+local function segments_from(from)
+  local chunk, at, last, size = {}, 1, nil, 8
+  return function()
+    if at > #chunk then
+      local min = from
+      if last then
+        min = '(' .. last
+      end
+      chunk = redis.call('ZRANGE', KEYS[2], min, '+inf', 'BYSCORE', 'LIMIT', 0, size, 'WITHSCORES')
+      size = math.min(size * 2, SEGMENT_CHUNK)
+      at = 1
+      if #chunk == 0 then
+        return nil
+      end
+    end
+    local member, score = chunk[at], chunk[at + 1]
+    at = at + 2
+    last = score
+    return cjson.decode(member), member
+  end
 end
-local first_kept = #segments + 1
+-- retention.bytes needs the total of every segment (they are then as many
+-- as retention.bytes holds); without it, only the oldest are read.
+local total = seg_bytes
+if retention_bytes >= 0 then
+  for segment in segments_from('-inf') do
+    total = total + segment.bytes
+  end
+end
+-- The base of the first segment kept, nil when none is.
+local first_kept = nil
 local new_start = log_start
 -- When a segment's age counts from: its largest timestamp, or for one whose
 -- records carry none (-1) when it was sealed, as Kafka's counts from its
@@ -102,7 +133,7 @@ local function aged_from(segment)
   end
   return segment.sealed_ms or now
 end
-for i, segment in ipairs(segments) do
+for segment, member in segments_from('-inf') do
   local expired = retention_ms >= 0 and aged_from(segment) < now - retention_ms
   local oversize = retention_bytes >= 0 and total - segment.bytes >= retention_bytes
   -- Segments below the log start (DeleteRecords) go as well.
@@ -111,10 +142,10 @@ for i, segment in ipairs(segments) do
   -- archived first: Kafka never copies deleted records to remote storage.
   local settled = segment.path or segment.skipped or below
   if not (expired or oversize or below) or (remote and not settled) then
-    first_kept = i
+    first_kept = segment.base
     break
   end
-  redis.call('ZREM', KEYS[2], members[i])
+  redis.call('ZREM', KEYS[2], member)
   total = total - segment.bytes
   new_start = math.max(new_start, segment.last + 1)
   deleted = deleted + 1
@@ -131,14 +162,13 @@ redis.call('XTRIM', KEYS[7], 'MINID', string.format('%d', log_start))
 -- Remote storage turned off: the segments still in Redis forget their archive
 -- files and quarantine (their batches are in the log), and the quarantine
 -- copies go. Turned on again, they are archived anew.
-if no_archive then
+if no_archive and first_kept then
   local cleared = false
-  for i = first_kept, #segments do
-    local segment = segments[i]
+  for segment, member in segments_from(string.format('%d', first_kept)) do
     if segment.path or segment.quarantine or segment.skipped or segment.holes or segment.purge then
       segment.path, segment.file_bytes, segment.quarantine = nil, nil, nil
       segment.skipped, segment.holes, segment.purge = nil, nil, nil
-      redis.call('ZREM', KEYS[2], members[i])
+      redis.call('ZREM', KEYS[2], member)
       redis.call('ZADD', KEYS[2], segment.base, cjson.encode(segment))
       cleared = true
     end
@@ -153,27 +183,34 @@ end
 -- quarantined segment's batches are in the quarantine stream, and a skipped
 -- one's are given up, so the log is trimmed past them too.
 local new_local = math.max(local_start, log_start)
-if remote then
+if remote and first_kept then
+  -- The segments still in Redis: from the one holding the local start on
+  -- (those below it are in the archive, and need not be read).
+  local holding = redis.call('ZRANGE', KEYS[2], string.format('%d', new_local), '-inf', 'BYSCORE', 'REV',
+    'LIMIT', 0, 1, 'WITHSCORES')
+  local from = first_kept
+  if holding[2] then
+    from = math.max(from, tonumber(holding[2]))
+  end
+  local in_redis = {}
   local local_total = seg_bytes
-  for i = first_kept, #segments do
-    if segments[i].last >= new_local then
-      local_total = local_total + segments[i].bytes
+  for segment in segments_from(string.format('%d', from)) do
+    if segment.last >= new_local then
+      in_redis[#in_redis + 1] = segment
+      local_total = local_total + segment.bytes
     end
   end
   local local_ms = tonumber(ARGV[7])
   local local_bytes = tonumber(ARGV[8])
-  for i = first_kept, #segments do
-    local segment = segments[i]
-    if segment.last >= new_local then
-      local expired = local_ms >= 0 and aged_from(segment) < now - local_ms
-      local oversize = local_bytes >= 0 and local_total - segment.bytes >= local_bytes
-      local away = segment.path or segment.quarantine or segment.skipped
-      if not away or not (expired or oversize) then
-        break
-      end
-      local_total = local_total - segment.bytes
-      new_local = segment.last + 1
+  for _, segment in ipairs(in_redis) do
+    local expired = local_ms >= 0 and aged_from(segment) < now - local_ms
+    local oversize = local_bytes >= 0 and local_total - segment.bytes >= local_bytes
+    local away = segment.path or segment.quarantine or segment.skipped
+    if not away or not (expired or oversize) then
+      break
     end
+    local_total = local_total - segment.bytes
+    new_local = segment.last + 1
   end
 end
 if new_local > local_start then
@@ -201,28 +238,52 @@ end
 -- aborted records. Each call trims below the bound proposed at least ten
 -- minutes before (meta `abt_to`, `abt_at`), never past the bound now, and
 -- proposes the current one.
-local bound = log_start
-if remote and not no_archive then
-  bound = math.max(log_start, local_start)
-  for i = first_kept, #segments do
-    local segment = segments[i]
-    if segment.base >= bound then
-      break
-    end
-    if segment.quarantine or segment.purge or not (segment.path or segment.skipped) then
-      bound = math.max(log_start, segment.base)
-      break
-    end
-  end
-end
 local proposed = redis.call('HMGET', KEYS[1], 'abt_to', 'abt_at')
 local proposed_to, proposed_at = tonumber(proposed[1]), tonumber(proposed[2])
 local ABORTED_TRIM_LAG_MS = 600000
-if proposed_to and proposed_at and now - proposed_at >= ABORTED_TRIM_LAG_MS then
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', math.min(proposed_to, bound)))
-end
-if not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS then
-  redis.call('HSET', KEYS[1], 'abt_to', string.format('%d', bound), 'abt_at', string.format('%d', now))
+local trim_due = proposed_to and proposed_at and now - proposed_at >= ABORTED_TRIM_LAG_MS
+local propose_due = not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS
+-- The bound is worked out only when used (every ten minutes): with remote
+-- storage it reads the records of the archived segments below the local
+-- start, many for a topic that keeps its archive long. A record is only
+-- decoded when its text does not show it settled: cjson writes a field it
+-- has as `"name":` (a quote inside a string value is escaped), and one it
+-- lacks not at all.
+if trim_due or propose_due then
+  local bound = log_start
+  if remote and not no_archive then
+    bound = math.max(log_start, local_start)
+    local from, unsettled = '-inf', nil
+    while not unsettled do
+      local chunk = redis.call('ZRANGE', KEYS[2], from, '(' .. string.format('%d', bound), 'BYSCORE',
+        'LIMIT', 0, 1024, 'WITHSCORES')
+      if #chunk == 0 then
+        break
+      end
+      for j = 1, #chunk, 2 do
+        local member = chunk[j]
+        local plain = not (string.find(member, '"quarantine":', 1, true) or string.find(member, '"purge":', 1, true))
+          and (string.find(member, '"path":', 1, true) or string.find(member, '"skipped":', 1, true))
+        if not plain then
+          local segment = cjson.decode(member)
+          if segment.quarantine or segment.purge or not (segment.path or segment.skipped) then
+            unsettled = tonumber(chunk[j + 1])
+            break
+          end
+        end
+      end
+      from = '(' .. chunk[#chunk]
+    end
+    if unsettled then
+      bound = math.max(log_start, unsettled)
+    end
+  end
+  if trim_due then
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. string.format('%d', math.min(proposed_to, bound)))
+  end
+  if propose_due then
+    redis.call('HSET', KEYS[1], 'abt_to', string.format('%d', bound), 'abt_at', string.format('%d', now))
+  end
 end
 
 -- Producer state idle past producers.expiration is forgotten, as Kafka
