@@ -28,44 +28,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from servers import Conn, cpu_ticks, encode  # noqa: E402
+
 KEYS = [f"k:{{p}}:{name}" for name in ("meta", "times", "log", "staging", "producers", "txns", "aborted")]
-
-
-def encode(*args):
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        a = a.encode() if isinstance(a, str) else a
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
-
-
-class Conn:
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.file = self.sock.makefile("rb")
-
-    def call(self, *args):
-        self.sock.sendall(encode(*args))
-        return self.read()
-
-    def read(self):
-        line = self.file.readline()
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind in b"+:":
-            return rest
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self.file.read(n + 2)[:-2]
-        if kind == b"*":
-            return [self.read() for _ in range(int(rest))]
-        raise RuntimeError(f"unexpected reply {line!r}")
-
-
-def cpu_ticks(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def main():

@@ -23,6 +23,49 @@ def stop(process, grace=30):
         process.wait()
 
 
+def encode(*args):
+    """A command in RESP, its arguments str or bytes."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a.encode() if isinstance(a, str) else a
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Conn:
+    """A bare RESP connection to a Redis on loopback (no client library
+    needed): `call` sends a command and returns its reply (bytes, lists,
+    None; an error reply raises)."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.file = self.sock.makefile("rb")
+
+    def call(self, *args):
+        self.sock.sendall(encode(*args))
+        return self.read()
+
+    def read(self):
+        line = self.file.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind in b"+:":
+            return rest
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self.file.read(n + 2)[:-2]
+        if kind == b"*":
+            return [self.read() for _ in range(int(rest))]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def cpu_ticks(pid):
+    """User + system CPU of process `pid`, in clock ticks."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def redis_cli(port, *args):
     """redis-cli's answer, stripped (replies may hold binary data)."""
     out = subprocess.run(["redis-cli", "-p", str(port), *map(str, args)], check=True, capture_output=True)
