@@ -537,6 +537,30 @@ impl Store {
         Ok(())
     }
 
+    /// The last offset of the oldest batch in the partition's quarantine
+    /// stream, if it holds any.
+    pub async fn oldest_quarantined_offset(&self, topic: &Topic, partition: i32) -> Result<Option<i64>> {
+        let keys = self.partition_keys(topic, partition);
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(&keys.quarantine)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await?;
+        let Some(Value::BulkString(id)) = stream_ids(reply)?.into_iter().next() else {
+            return Ok(None);
+        };
+        // Entry ids are <last offset>-<record count>.
+        let id = String::from_utf8_lossy(&id);
+        id.split('-')
+            .next()
+            .and_then(|last| last.parse().ok())
+            .map(Some)
+            .ok_or_else(|| StorageError::Data(format!("quarantine stream entry id {id:?}")))
+    }
+
     /// Deletes a segment's batches from the quarantine stream (after it was
     /// archived or skipped), a chunk at a time, then clears its `purge`.
     pub async fn purge_quarantine(&self, topic: &Topic, partition: i32, segment: &Segment) -> Result<()> {

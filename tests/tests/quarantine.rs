@@ -124,6 +124,33 @@ fn tiered_gateway(redis: &RedisServer, data_dir: &Path) -> Ketch {
     )
 }
 
+/// A new one-partition remote topic (name from `prefix`) kept for ever and
+/// trimmed from Redis once archived (`local.retention.bytes` 0), with three
+/// sealed segments of PER_SEGMENT records; its name and the connection
+/// that produced them.
+fn three_segments(redis: &RedisServer, ketch: &Ketch, prefix: &str) -> (String, KafkaConn) {
+    let topic = unique_topic(prefix);
+    ketch.create_topic_with(
+        &runtime(),
+        &topic,
+        1,
+        &[
+            ("remote.storage.enable", "true"),
+            ("retention.ms", "-1"),
+            ("segment.bytes", "100"),
+            ("local.retention.bytes", "0"),
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for segment in 0..3 {
+        let first = segment * PER_SEGMENT;
+        let (error, base) = raw::produce(&mut conn, &topic, 0, batch::encode(&records(first, PER_SEGMENT)));
+        assert_eq!((error, base), (code::NONE, first));
+        wait_segments(redis, ketch, &topic, "sealing", |s| s.len() > segment as usize);
+    }
+    (topic, conn)
+}
+
 #[test]
 fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipped_by_an_operator() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -378,25 +405,7 @@ fn an_archived_segment_whose_data_file_was_lost_can_be_skipped() {
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let ketch = tiered_gateway(&redis, dir.path());
-    let topic = unique_topic("lost-file");
-    ketch.create_topic_with(
-        &runtime(),
-        &topic,
-        1,
-        &[
-            ("remote.storage.enable", "true"),
-            ("retention.ms", "-1"),
-            ("segment.bytes", "100"),
-            ("local.retention.bytes", "0"),
-        ],
-    );
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
-    for segment in 0..3 {
-        let first = segment * PER_SEGMENT;
-        let (error, base) = raw::produce(&mut conn, &topic, 0, batch::encode(&records(first, PER_SEGMENT)));
-        assert_eq!((error, base), (code::NONE, first));
-        wait_segments(&redis, &ketch, &topic, "sealing", |s| s.len() > segment as usize);
-    }
+    let (topic, mut conn) = three_segments(&redis, &ketch, "lost-file");
     let end = 3 * PER_SEGMENT;
     wait_segments(&redis, &ketch, &topic, "archiving", |s| {
         s.len() == 3 && s.iter().all(|s| s.get("path").is_some())
@@ -478,4 +487,44 @@ fn an_archived_segment_whose_data_file_was_lost_can_be_skipped() {
     }
     let expected: Vec<i64> = (0..PER_SEGMENT).chain(2 * PER_SEGMENT..end).collect();
     assert_eq!(offsets, expected);
+}
+
+/// A quarantined copy whose segment was never quarantined (a gateway
+/// stopped between copying the segment to the quarantine stream and
+/// recording its quarantine, the segment archived from the log since) is
+/// deleted by the storage worker: nothing else would, with retention.ms -1,
+/// and while the stream holds batches every tick lists all of the
+/// partition's segments.
+#[test]
+fn a_quarantined_copy_of_a_segment_never_quarantined_is_deleted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let ketch = tiered_gateway(&redis, dir.path());
+    let (topic, _conn) = three_segments(&redis, &ketch, "orphan-copy");
+    wait_segments(&redis, &ketch, &topic, "archiving", |s| {
+        s.len() == 3 && s.iter().all(|s| s.get("path").is_some())
+    });
+    // The second segment's copy, left behind; the segment is archived.
+    let tag = &redis.topic_tags(&topic)[0];
+    let _: String = redis::cmd("XADD")
+        .arg(format!("ketch:{{{tag}}}:quarantine"))
+        .arg(format!("{}-{PER_SEGMENT}", 2 * PER_SEGMENT - 1))
+        .arg("b")
+        .arg("left behind")
+        .query(&mut redis.connection())
+        .expect("XADD");
+    assert_eq!(quarantine_len(&redis, &topic), 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while quarantine_len(&redis, &topic) > 0 {
+        assert!(Instant::now() < deadline, "the orphaned copy stays");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        redis
+            .segments(&topic, 0)
+            .iter()
+            .all(|s| s.get("purge").is_none() && s.get("path").is_some()),
+        "{:?}",
+        redis.segments(&topic, 0)
+    );
 }

@@ -523,14 +523,26 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
             segment["quarantine"] = serde_json::json!({"reason": "unreadable", "at": 1, "retry": false});
         }
     });
+    // Its batches are in the quarantine stream, as a quarantined segment's
+    // are.
+    let mut conn = redis.connection();
+    let quarantine = redis.partition_key(&name, 3, "quarantine");
+    let _: String = redis::cmd("XADD")
+        .arg(&quarantine)
+        .arg("5209-10")
+        .arg("b")
+        .arg("the quarantined segment's batch")
+        .query(&mut conn)
+        .expect("XADD");
     seal(3, policy);
     assert_eq!(
         redis.meta_field(&name, 3, "abt_to").as_deref(),
         Some("5200"),
         "proposed up to the quarantined segment"
     );
-    // Once it is archived, the bound is the local start.
-    let mut conn = redis.connection();
+    // Once it is archived, the bound is the local start: found by reading
+    // the records while its copy is still in the quarantine stream, and at
+    // once when the stream is empty.
     let key = redis.partition_key(&name, 3, "segments");
     let () = redis::cmd("ZREMRANGEBYSCORE")
         .arg(&key)
@@ -550,6 +562,15 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
         .arg(redis.partition_key(&name, 3, "meta"))
         .arg("abt_at")
         .query::<i64>(&mut conn)
+        .expect("HDEL");
+    seal(3, policy);
+    assert_eq!(redis.meta_field(&name, 3, "abt_to").as_deref(), Some("6000"));
+    let _: i64 = redis::cmd("DEL").arg(&quarantine).query(&mut conn).expect("DEL");
+    redis.set_meta(&name, 3, &[("abt_to", "0")]);
+    let _: i64 = redis::cmd("HDEL")
+        .arg(redis.partition_key(&name, 3, "meta"))
+        .arg("abt_at")
+        .query(&mut conn)
         .expect("HDEL");
     seal(3, policy);
     assert_eq!(redis.meta_field(&name, 3, "abt_to").as_deref(), Some("6000"));

@@ -718,6 +718,38 @@ impl Worker {
         Ok(true)
     }
 
+    /// Deletes the quarantine stream's oldest copy when its segment is
+    /// settled (archived or skipped) and neither quarantined nor marked for
+    /// the copy's deletion: one left by a gateway killed between copying a
+    /// segment and recording its quarantine, the segment archived from the
+    /// log since. Nothing else deletes it (retention.ms -1 never trims the
+    /// stream), and while the stream holds batches every tick lists all of
+    /// the partition's segments ([`Store::archive_listing`]). One copy a
+    /// tick; a copy behind a quarantined segment's waits for it.
+    async fn drop_orphaned_quarantine_copy(&self, topic: &Topic, partition: i32, segments: &[Segment]) {
+        let oldest = match self.store.oldest_quarantined_offset(topic, partition).await {
+            Ok(Some(offset)) => offset,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(topic = %topic.name, partition, error = %e, "cannot read the quarantine stream");
+                return;
+            }
+        };
+        let Some(segment) = segments.iter().find(|s| s.base <= oldest && oldest <= s.last) else {
+            return;
+        };
+        let settled = segment.path.is_some() || segment.skipped.is_some();
+        if !settled || segment.quarantine.is_some() || segment.purge {
+            return;
+        }
+        match self.store.purge_quarantine(topic, partition, segment).await {
+            Ok(()) => tracing::info!(topic = %topic.name, partition, base = segment.base,
+                "deleted a quarantined copy of a segment that was never quarantined (a gateway stopped between the two)"),
+            Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
+                "cannot delete an orphaned quarantined copy yet"),
+        }
+    }
+
     /// Archives the partition's sealed segments that are not yet, oldest
     /// first, and quarantined segments an operator asked to retry. A segment
     /// whose records cannot be read is quarantined and archiving goes on
@@ -750,6 +782,10 @@ impl Worker {
                 Err(e) => tracing::debug!(topic = %topic.name, partition, error = %e,
                     "cannot delete a quarantined copy yet"),
             }
+        }
+        if listing.complete {
+            self.drop_orphaned_quarantine_copy(topic, partition, &segments)
+                .await;
         }
         let quarantined = segments.iter().filter(|s| s.quarantine.is_some()).count();
         self.metrics

@@ -243,18 +243,22 @@ local proposed_to, proposed_at = tonumber(proposed[1]), tonumber(proposed[2])
 local ABORTED_TRIM_LAG_MS = 600000
 local trim_due = proposed_to and proposed_at and now - proposed_at >= ABORTED_TRIM_LAG_MS
 local propose_due = not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS
--- The bound is worked out only when used (every ten minutes): with remote
--- storage it reads the records of the archived segments below the local
--- start, many for a topic that keeps its archive long. A record is only
--- decoded when its text does not show it settled: cjson writes a field it
--- has as `"name":` (a quote inside a string value is escaped), and one it
--- lacks not at all.
+-- The bound is worked out only when used (every ten minutes). With remote
+-- storage, every segment below the local start is archived, quarantined or
+-- skipped (local retention trims past no other), and a quarantined one, or
+-- one whose quarantined copy is still to be deleted, has batches in the
+-- quarantine stream: with that stream empty the bound is the local start.
+-- Else the records below the local start are read, many for a topic that
+-- keeps its archive long; a record is decoded only when its text does not
+-- show it settled: cjson writes a field it has as `"name":` (a quote
+-- inside a string value is escaped), and one it lacks not at all.
 if trim_due or propose_due then
   local bound = log_start
   if remote and not no_archive then
     bound = math.max(log_start, local_start)
     local from, unsettled = '-inf', nil
-    while not unsettled do
+    local scan = redis.call('XLEN', KEYS[5]) > 0
+    while scan and not unsettled do
       local chunk = redis.call('ZRANGE', KEYS[2], from, '(' .. string.format('%d', bound), 'BYSCORE',
         'LIMIT', 0, 1024, 'WITHSCORES')
       if #chunk == 0 then
