@@ -333,8 +333,10 @@ struct Counted {
 /// Per-topic produced and fetched counters, made once per topic name and
 /// rendered by this module (not the `metrics` registry, which cannot drop a
 /// series): a deleted topic's series leave the exposition, as Kafka drops a
-/// deleted topic's metrics, at once on the gateway that deleted it and
-/// within [`UPKEEP_EVERY`] × 2 on the others ([`upkeep`]).
+/// deleted topic's metrics, at once on the gateway that deleted it (bar
+/// requests under way then, whose counts make the series again) and within
+/// about [`UPKEEP_EVERY`] × 2 plus a storage worker tick on every gateway
+/// ([`upkeep`]).
 #[derive(Default)]
 pub struct TopicCounters {
     produced: RwLock<HashMap<String, Counted>>,
@@ -996,31 +998,46 @@ pub async fn upkeep(ctx: Arc<Context>) {
         }
         refresh(&ctx);
         if n.is_multiple_of(2) {
+            forget_deleted_topics(&ctx).await;
             check_redis(&ctx).await;
             if let Err(e) = record_group_lag(&ctx).await {
                 tracing::debug!(error = %e, "group lag not computed");
             }
-            forget_deleted_topics(&ctx).await;
         }
         n += 1;
     }
 }
 
-/// Drops the per-topic series of topics deleted (by any gateway).
+/// Drops the per-topic series of topics deleted (by any gateway), as the
+/// storage worker's last listing of the topics (every tick) found them, or
+/// a listing of its own when that one is older than [`LISTING_REUSE`].
 async fn forget_deleted_topics(ctx: &Context) {
     if ctx.topic_counters.is_empty() {
         return;
     }
-    let listed_at = Instant::now();
-    match ctx.storage.all_topics().await {
-        Ok(topics) => {
-            let names: HashSet<&str> = topics.iter().map(|t| t.name.as_str()).collect();
-            ctx.topic_counters
-                .retain_listed(listed_at, |topic| names.contains(topic));
+    let (listed_at, names) = match ctx
+        .storage
+        .listed_topic_names()
+        .filter(|(at, _)| at.elapsed() < LISTING_REUSE)
+    {
+        Some(listing) => listing,
+        None => {
+            let listed_at = Instant::now();
+            match ctx.storage.all_topics().await {
+                Ok(topics) => (listed_at, topics.iter().map(|t| t.name.clone()).collect()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot list the topics; deleted topics' metrics stay for now");
+                    return;
+                }
+            }
         }
-        Err(e) => tracing::debug!(error = %e, "cannot list the topics; deleted topics' metrics stay for now"),
-    }
+    };
+    ctx.topic_counters
+        .retain_listed(listed_at, |topic| names.contains(topic));
 }
+
+/// How old a listing of the topics [`forget_deleted_topics`] takes.
+const LISTING_REUSE: Duration = Duration::from_secs(30);
 
 /// Calls `f` with a Fetch response's error codes (the connection counts
 /// them before the response is encoded as chunks).

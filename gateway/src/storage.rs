@@ -34,6 +34,13 @@ pub trait Storage: Send + Sync {
     async fn topic_fresher_than(&self, name: &str, age: Duration) -> Result<Option<Arc<Topic>>>;
     async fn topic_by_id(&self, id: uuid::Uuid) -> Result<Option<Arc<Topic>>>;
     async fn all_topics(&self) -> Result<Vec<Arc<Topic>>>;
+    /// When the last complete listing of the topics began and the names it
+    /// found (and those read since), if one was made: see
+    /// [`ketch_storage::Store::listed_topic_names`]. `None` when the
+    /// storage keeps no listing.
+    fn listed_topic_names(&self) -> Option<(std::time::Instant, std::collections::HashSet<String>)> {
+        None
+    }
     async fn create_topic(
         &self,
         name: &str,
@@ -318,6 +325,10 @@ impl Storage for Tiered {
 
     async fn all_topics(&self) -> Result<Vec<Arc<Topic>>> {
         self.store.all_topics().await
+    }
+
+    fn listed_topic_names(&self) -> Option<(std::time::Instant, std::collections::HashSet<String>)> {
+        self.store.listed_topic_names()
     }
 
     async fn create_topic(

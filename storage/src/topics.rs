@@ -358,6 +358,20 @@ impl Store {
         Ok(topics)
     }
 
+    /// When the last complete listing ([`Store::all_topics`]) began, and
+    /// the names it found with those read since, from memory: the names of
+    /// every topic but those deleted since the listing; `None` before any
+    /// listing. The storage worker lists the topics on every tick, so
+    /// what else needs the names now and then need not read them again.
+    pub fn listed_topic_names(&self) -> Option<(Instant, std::collections::HashSet<String>)> {
+        let listed = (*self.topics.listed.read().expect("topic cache lock"))?;
+        let names = (self.topics.by_name.read().expect("topic cache lock"))
+            .keys()
+            .cloned()
+            .collect();
+        Some((listed, names))
+    }
+
     /// Forgets what this gateway keeps per partition (append slots, the
     /// batch sizes reads saw) of every partition not in `topics`, a
     /// complete listing ([`Store::all_topics`]): those of deleted topics,
