@@ -2001,3 +2001,95 @@ fn a_full_redis_is_emptied_by_archiving_and_appends_go_on() {
     }
     consume_and_check(&ketch.consumer(), &topic, &[RECORDS as i64]);
 }
+
+/// With no S3 keys in its settings, a gateway takes its credential from
+/// the environment: here a container credentials endpoint, as ECS gives
+/// (an instance role's IMDS is asked the same way). It asks once for all
+/// of its S3 operations while the credential is valid (archiving three
+/// segments into the table and reading them back from the archive), not
+/// once per operation.
+#[test]
+fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    // The credentials endpoint: the keys ketch-s3 takes, with an expiry.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!(
+        "http://127.0.0.1:{}/credentials",
+        listener.local_addr().expect("address").port()
+    );
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                line.clear();
+            }
+            counted.fetch_add(1, Ordering::SeqCst);
+            let body = serde_json::json!({
+                "AccessKeyId": S3_ACCESS_KEY,
+                "SecretAccessKey": S3_SECRET_KEY,
+                "Token": "session-token",
+                "Expiration": "2100-01-01T00:00:00Z",
+            })
+            .to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let data_dir = dir.path().join("data");
+    let mut args = Vec::new();
+    set(&mut args, "tiering.tick_interval=100ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    for setting in s3.ketch_settings("warehouse") {
+        if !setting.starts_with("tiering.s3_access_key_id")
+            && !setting.starts_with("tiering.s3_secret_access_key")
+        {
+            set(&mut args, setting);
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Only the endpoint: no keys, profile files or instance metadata.
+    let nowhere = dir.path().join("no-aws-files");
+    let env = [
+        format!("AWS_CONTAINER_CREDENTIALS_FULL_URI={endpoint}"),
+        "AWS_EC2_METADATA_DISABLED=true".to_owned(),
+        format!("AWS_CONFIG_FILE={}", nowhere.display()),
+        format!("AWS_SHARED_CREDENTIALS_FILE={}", nowhere.display()),
+    ];
+    let mut wrapper = vec!["env"];
+    for name in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ROLE_ARN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    ] {
+        wrapper.extend(["-u", name]);
+    }
+    wrapper.extend(env.iter().map(String::as_str));
+    let ketch = Ketch::start_wrapped(&wrapper, &redis.url(), &args);
+
+    let (topic, local_start, end) = archive_three_segments(&ketch, &redis, "role-credentials", 9000);
+    assert!(local_start > 0);
+    consume_and_check(&ketch.consumer(), &topic, &[end]);
+    assert!(metric(&ketch, "ketch_archive_segments_total") >= 3.0);
+    assert!(metric(&ketch, "ketch_remote_read_bytes_total") > 0.0);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "the credential endpoint asked once for every S3 operation"
+    );
+}

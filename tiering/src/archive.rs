@@ -42,7 +42,6 @@ use iceberg::writer::file_writer::location_generator::{
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
-use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use ketch_config::TieringSettings;
 use ketch_storage::segments::{Segment, Tier};
 use ketch_storage::{Store, Topic};
@@ -271,7 +270,7 @@ pub fn storage_props(settings: &TieringSettings) -> HashMap<String, String> {
 
 /// Opens the configured catalog.
 pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>> {
-    let factory = Arc::new(OpenDalResolvingStorageFactory::new());
+    let factory = crate::credentials::storage_factory(settings, settings.catalog != "rest");
     let mut props = storage_props(settings);
     match settings.catalog.as_str() {
         "rest" => {

@@ -13,6 +13,7 @@
 
 pub mod archive;
 mod bounded;
+pub mod credentials;
 pub mod maintenance;
 pub mod metrics;
 pub mod reader;

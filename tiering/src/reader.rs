@@ -20,7 +20,6 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::{FileIO, FileIOBuilder, FileMetadata};
-use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use ketch_config::TieringSettings;
 use ketch_storage::segments::Segment;
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
@@ -72,7 +71,7 @@ type WindowLoad = std::result::Result<Window, Arc<Error>>;
 
 /// The archive's files, read with the gateway's settings.
 fn file_io(settings: &TieringSettings) -> FileIO {
-    FileIOBuilder::new(Arc::new(OpenDalResolvingStorageFactory::new()))
+    FileIOBuilder::new(crate::credentials::storage_factory(settings, true))
         .with_props(crate::archive::storage_props(settings))
         .build()
 }
