@@ -22,14 +22,11 @@ script stores it without looking inside.
 """
 import argparse
 import os
-import socket
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from servers import Conn, cpu_ticks, encode  # noqa: E402
+from servers import bare_redis, cpu_ticks, encode  # noqa: E402
 
 KEYS = [f"k:{{p}}:{name}" for name in ("meta", "times", "log", "staging", "producers", "txns", "aborted")]
 
@@ -44,25 +41,7 @@ def main():
     ap.add_argument("--state", choices=("json", "compact"), default="compact")
     args = ap.parse_args()
 
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        conn = None
-        for _ in range(200):
-            try:
-                conn = Conn(port)
-                conn.call("PING")
-                break
-            except OSError:
-                time.sleep(0.05)
-        if conn is None:
-            sys.exit("redis-server did not start")
+    with bare_redis() as (redis, conn):
         codec = open(os.path.join(HERE, "..", "storage", "src", "scripts", "producer_state.lua")).read()
         sha = conn.call("SCRIPT", "LOAD", codec + open(args.script).read()).decode()
         conn.call("HSET", KEYS[0], "next_offset", "0", "log_start", "0")
@@ -97,9 +76,6 @@ def main():
         )
         print(f"calls {args.calls}  batch {args.bytes} B  idempotent {args.idempotent} ({args.state})  "
               f"script µs/call {per_call}  redis-server CPU µs/call {cpu_s * 1e6 / args.calls:.1f}")
-    finally:
-        redis.terminate()
-        redis.wait()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ one's) all lie below the local start, and times C calls of:
   default; give an older one with
   `git show REV:storage/src/scripts/seal.lua > /tmp/seal-REV.lua`): the
   usual call, and the call every ten minutes that works out the aborted
-  index's trim bound (its proposal deleted before each call);
+  index's trim bound (its proposal deleted before each call), with the
+  quarantine stream empty and holding a batch (then the records below the
+  local start are read);
 - the listing: `ZRANGE key 0 -1` (every segment: what archiving read each
   tick before `archive_listing.lua`, and still reads once per five minutes
   and while a segment is quarantined), and `archive_listing.lua` as a
@@ -29,13 +31,12 @@ segment records take.
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from servers import Conn, free_port  # noqa: E402
+from servers import bare_redis  # noqa: E402
 
 SCRIPTS = os.path.join(HERE, "..", "storage", "src", "scripts")
 NAMES = ("meta", "segments", "log", "producers", "quarantine", "aborted", "clean", "times")
@@ -71,22 +72,7 @@ def main():
     ap.add_argument("--listing", default=os.path.join(SCRIPTS, "archive_listing.lua"))
     args = ap.parse_args()
 
-    port = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        conn = None
-        for _ in range(200):
-            try:
-                conn = Conn(port)
-                conn.call("PING")
-                break
-            except OSError:
-                time.sleep(0.05)
-        if conn is None:
-            sys.exit("redis-server did not start")
+    with bare_redis() as (_, conn):
         prelude = open(os.path.join(SCRIPTS, "producer_state.lua")).read()
         seal = conn.call("SCRIPT", "LOAD", "#!lua flags=allow-oom\n" + prelude + open(args.seal).read()).decode()
         listing = conn.call("SCRIPT", "LOAD", open(args.listing).read()).decode()
@@ -114,6 +100,9 @@ def main():
                      "0", "604800000", "3600000", "-1", "0", "k:{p}:wake"]
         usual, _ = timed(conn, args.calls, *seal_args)
         bound, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
+        conn.call("XADD", KEYS["quarantine"], f"{end - 1}-1", "b", "a quarantined batch")
+        bound_read, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
+        conn.call("DEL", KEYS["quarantine"])
         zrange, zrange_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
         listing_keys = ["3", KEYS["meta"], KEYS["segments"], KEYS["quarantine"]]
         tick, tick_bytes = timed(conn, args.calls, "EVALSHA", listing, *listing_keys, "from_local")
@@ -125,11 +114,9 @@ def main():
               f"segment records {memory} B in Redis")
         print(f"  seal, usual call:             {usual:10.1f} µs")
         print(f"  seal, trim bound due:         {bound:10.1f} µs")
+        print(f"    ... a quarantined batch:    {bound_read:10.1f} µs")
         print(f"  ZRANGE 0 -1:                  {zrange:10.1f} µs  {zrange_bytes:>10} B")
         print(f"  archive_listing, tick:        {tick:10.1f} µs  {tick_bytes:>10} B")
-    finally:
-        redis.terminate()
-        redis.wait()
 
 
 if __name__ == "__main__":

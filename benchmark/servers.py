@@ -1,6 +1,7 @@
 """What the Python benchmarks share: a fresh redis-server and a ketch
 gateway on free loopback ports, redis-cli, and stopping them all."""
 
+import contextlib
 import pathlib
 import socket
 import subprocess
@@ -64,6 +65,32 @@ def cpu_ticks(pid):
     """User + system CPU of process `pid`, in clock ticks."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+@contextlib.contextmanager
+def bare_redis():
+    """A fresh redis-server on a free loopback port, without persistence, and
+    a `Conn` to it, as (process, conn); stopped when the block ends."""
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        conn = None
+        for _ in range(200):
+            try:
+                conn = Conn(port)
+                conn.call("PING")
+                break
+            except OSError:
+                time.sleep(0.05)
+        if conn is None:
+            raise RuntimeError("redis-server did not start")
+        yield process, conn
+    finally:
+        process.terminate()
+        process.wait()
 
 
 def redis_cli(port, *args):
