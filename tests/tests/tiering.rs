@@ -2076,6 +2076,8 @@ fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
         "AWS_ROLE_ARN",
         "AWS_WEB_IDENTITY_TOKEN_FILE",
         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
     ] {
         wrapper.extend(["-u", name]);
     }

@@ -12,7 +12,8 @@
 //! instead of the default chain, and keeps what the chain gave until two
 //! minutes before it expires (reqsign's own margin); one without an expiry
 //! (environment variables, a profile's keys) for [`NO_EXPIRY_REUSE`], so a
-//! rotated credentials file is still read again.
+//! rotated credentials file is still read again. A renewal that gets
+//! nothing keeps the old credential while it can still sign.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -46,20 +47,33 @@ pub fn storage_factory(
 /// asked again.
 pub const NO_EXPIRY_REUSE: Duration = Duration::from_secs(300);
 
-/// The default AWS credential chain, asked once for all operations while
-/// its credential is valid; concurrent operations wait for one answer.
+/// After the chain gave nothing, how long operations are answered without
+/// asking it again (each would wait for it in turn).
+const FAILED_ASK_REUSE: Duration = Duration::from_secs(1);
+
+/// The default AWS credential chain (or `P`), asked once for all
+/// operations while its credential is valid; concurrent operations wait
+/// for one answer. When a renewal gets nothing (the instance metadata
+/// service or container agent briefly not answering), the credential it
+/// was to replace is used while it is still valid for the request (10 s
+/// more), as the AWS SDKs do, rather than failing every operation at once.
 #[derive(Debug)]
-pub struct SharedCredential {
-    chain: DefaultCredentialProvider,
-    cached: tokio::sync::Mutex<Option<(Credential, Instant)>>,
+pub struct SharedCredential<P = DefaultCredentialProvider> {
+    chain: P,
+    state: tokio::sync::Mutex<Cached>,
+}
+
+#[derive(Debug, Default)]
+struct Cached {
+    /// The last credential the chain gave, and when.
+    credential: Option<(Credential, Instant)>,
+    /// When the chain last gave nothing.
+    failed: Option<Instant>,
 }
 
 impl SharedCredential {
     pub fn new() -> Self {
-        Self {
-            chain: DefaultCredentialProvider::new(),
-            cached: tokio::sync::Mutex::new(None),
-        }
+        Self::over(DefaultCredentialProvider::new())
     }
 }
 
@@ -69,29 +83,73 @@ impl Default for SharedCredential {
     }
 }
 
-/// Whether a credential the chain gave at `at` may still be used.
+impl<P> SharedCredential<P> {
+    /// Caches what `chain` gives.
+    pub fn over(chain: P) -> Self {
+        Self {
+            chain,
+            state: tokio::sync::Mutex::new(Cached::default()),
+        }
+    }
+}
+
+impl Cached {
+    /// The last credential, if it can still sign a request (reqsign's
+    /// signer wants 10 s left).
+    fn kept(&self) -> Option<Credential> {
+        let soon = reqsign_core::time::Timestamp::now() + Duration::from_secs(10);
+        (self.credential.as_ref())
+            .map(|(credential, _)| credential)
+            .filter(|credential| credential.is_valid_at(soon))
+            .cloned()
+    }
+}
+
+/// Whether a credential the chain gave at `at` may still be used without
+/// asking for a new one.
 fn reusable(credential: &Credential, at: Instant) -> bool {
     credential.is_valid() && (credential.expires_in.is_some() || at.elapsed() < NO_EXPIRY_REUSE)
 }
 
-impl ProvideCredential for SharedCredential {
+impl<P: ProvideCredential<Credential = Credential>> ProvideCredential for SharedCredential<P> {
     type Credential = Credential;
 
     async fn provide_credential(&self, ctx: &Context) -> reqsign_core::Result<Option<Credential>> {
-        let mut cached = self.cached.lock().await;
-        if let Some((credential, at)) = cached.as_ref()
+        let mut state = self.state.lock().await;
+        if let Some((credential, at)) = state.credential.as_ref()
             && reusable(credential, *at)
         {
             return Ok(Some(credential.clone()));
         }
-        let fresh = self.chain.provide_credential(ctx).await?;
-        *cached = fresh.clone().map(|credential| (credential, Instant::now()));
-        Ok(fresh)
+        if state.failed.is_some_and(|at| at.elapsed() < FAILED_ASK_REUSE) {
+            return Ok(state.kept());
+        }
+        // reqsign's chain logs a source's error and answers None.
+        let fresh = self.chain.provide_credential(ctx).await;
+        match fresh {
+            Ok(Some(credential)) => {
+                *state = Cached {
+                    credential: Some((credential.clone(), Instant::now())),
+                    failed: None,
+                };
+                Ok(Some(credential))
+            }
+            Ok(None) | Err(_) if state.kept().is_some() => {
+                state.failed = Some(Instant::now());
+                Ok(state.kept())
+            }
+            other => {
+                state.failed = Some(Instant::now());
+                other
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
 
     fn credential(expires_in: Option<Duration>) -> Credential {
@@ -115,5 +173,54 @@ mod tests {
         };
         assert!(!reusable(&credential(None), long_ago));
         assert!(reusable(&credential(Some(Duration::from_secs(3600))), long_ago));
+    }
+
+    /// Answers its queue's credentials in turn, counting the asks.
+    #[derive(Debug, Default)]
+    struct Queue(Mutex<(Vec<Option<Credential>>, usize)>);
+
+    impl ProvideCredential for Queue {
+        type Credential = Credential;
+
+        async fn provide_credential(&self, _: &Context) -> reqsign_core::Result<Option<Credential>> {
+            let mut queue = self.0.lock().unwrap();
+            queue.1 += 1;
+            Ok(if queue.0.is_empty() {
+                None
+            } else {
+                queue.0.remove(0)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_gets_nothing_keeps_the_credential_while_it_still_signs() {
+        let ctx = Context::new();
+        let asks = |shared: &SharedCredential<Queue>| shared.chain.0.lock().unwrap().1;
+        // Due for renewal (a minute left), and the renewal gets nothing.
+        let expiring = credential(Some(Duration::from_secs(60)));
+        let shared = SharedCredential::over(Queue(Mutex::new((vec![Some(expiring.clone()), None], 0))));
+        let first = shared.provide_credential(&ctx).await.unwrap();
+        assert_eq!(first.map(|c| c.expires_in), Some(expiring.expires_in));
+        let second = shared.provide_credential(&ctx).await.unwrap();
+        assert_eq!(second.map(|c| c.expires_in), Some(expiring.expires_in), "kept");
+        assert_eq!(asks(&shared), 2);
+        // Asked again only after a second.
+        shared.provide_credential(&ctx).await.unwrap().expect("kept");
+        assert_eq!(asks(&shared), 2);
+
+        // One that no longer signs is not kept: nothing, as the chain said.
+        let spent = credential(Some(Duration::from_secs(5)));
+        let shared = SharedCredential::over(Queue(Mutex::new((vec![Some(spent), None], 0))));
+        shared.provide_credential(&ctx).await.unwrap().expect("given");
+        assert!(shared.provide_credential(&ctx).await.unwrap().is_none());
+
+        // A long-lived credential is asked for once.
+        let lasting = credential(Some(Duration::from_secs(3600)));
+        let shared = SharedCredential::over(Queue(Mutex::new((vec![Some(lasting)], 0))));
+        for _ in 0..5 {
+            shared.provide_credential(&ctx).await.unwrap().expect("given");
+        }
+        assert_eq!(asks(&shared), 1);
     }
 }
