@@ -353,16 +353,22 @@ impl Store {
             topics.push(topic);
         }
         self.topics.forget_unlisted(listed_at);
-        *self.topics.listed.write().expect("topic cache lock") = Some(listed_at);
+        // A listing that began before the last one recorded, and ended
+        // after it, does not move the time back.
+        let mut listed = self.topics.listed.write().expect("topic cache lock");
+        *listed = Some(listed.map_or(listed_at, |last| last.max(listed_at)));
         topics.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(topics)
     }
 
-    /// When the last complete listing ([`Store::all_topics`]) began, and
-    /// the names it found with those read since, from memory: the names of
-    /// every topic but those deleted since the listing; `None` before any
-    /// listing. The storage worker lists the topics on every tick, so
-    /// what else needs the names now and then need not read them again.
+    /// When the last complete listing ([`Store::all_topics`]) began, and,
+    /// from memory, the names it found with those read since, less those
+    /// found deleted since: every topic that existed when the listing read
+    /// the registry and was not deleted through this gateway since, and
+    /// perhaps a name another gateway deleted meanwhile (until the next
+    /// listing); `None` before any listing. The storage worker lists the
+    /// topics on every tick, so what needs the names now and then need
+    /// not read them again.
     pub fn listed_topic_names(&self) -> Option<(Instant, std::collections::HashSet<String>)> {
         let listed = (*self.topics.listed.read().expect("topic cache lock"))?;
         let names = (self.topics.by_name.read().expect("topic cache lock"))
