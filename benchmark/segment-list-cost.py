@@ -3,7 +3,7 @@
 cost Redis as a remote topic's archived segments pile up.
 
     benchmark/segment-list-cost.py [--segments N] [--calls C]
-                                   [--seal PATH] [--listing PATH]
+                                   [--seal PATH] [--listing PATH] [--zrange-first]
 
 A remote topic keeps a record per archived segment in `ketch:{TAG}:segments`
 (with retention.ms -1, one more per segment for ever). Each tick, for each
@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--seal", default=os.path.join(SCRIPTS, "seal.lua"))
     ap.add_argument("--listing", default=os.path.join(SCRIPTS, "archive_listing.lua"))
+    ap.add_argument("--zrange-first", action="store_true",
+                    help="time ZRANGE 0 -1 before any script call (the scripts' calls warm the caches)")
     args = ap.parse_args()
 
     with bare_redis() as (_, conn):
@@ -98,12 +100,15 @@ def main():
         # local.retention.bytes -1, archive kept, wake-up channel.
         seal_args = ["EVALSHA", seal, str(len(NAMES)), *KEYS.values(), "1073741824", "604800000", "-1", "-1",
                      "0", "604800000", "3600000", "-1", "0", "k:{p}:wake"]
+        if args.zrange_first:
+            zrange, zrange_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
         usual, _ = timed(conn, args.calls, *seal_args)
         bound, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
         conn.call("XADD", KEYS["quarantine"], f"{end - 1}-1", "b", "a quarantined batch")
         bound_read, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
         conn.call("DEL", KEYS["quarantine"])
-        zrange, zrange_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
+        if not args.zrange_first:
+            zrange, zrange_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
         listing_keys = ["3", KEYS["meta"], KEYS["segments"], KEYS["quarantine"]]
         tick, tick_bytes = timed(conn, args.calls, "EVALSHA", listing, *listing_keys, "from_local")
         memory = int(conn.call("MEMORY", "USAGE", KEYS["segments"], "SAMPLES", "0"))
