@@ -246,9 +246,10 @@ pub struct SegmentPolicy {
     /// The topic has `remote.storage.enable`: segments are archived before
     /// any retention deletes them, and `local.retention.*` trims Redis.
     pub remote: bool,
-    /// The topic's `remote.storage.enable` is off: what an archive held
-    /// is let go (the log start moves to the local start, segments forget
-    /// their archive files); nothing for a topic that never had one.
+    /// The topic's `remote.storage.enable` is off and its archive is being
+    /// deleted (`drop_archive`): what the archive held is let go (the log
+    /// start moves to the local start, segments forget their archive
+    /// files).
     pub no_archive: bool,
     /// -1: no limit (a topic's -2 is resolved to retention.ms first).
     pub local_retention_ms: i64,

@@ -1804,7 +1804,12 @@ pub fn policy(topic: &Topic, defaults: &Defaults, producer_expiration: Duration)
         retention_ms,
         retention_bytes,
         remote,
-        no_archive: !archive,
+        // Only while the archive is being deleted (turning remote storage
+        // off sets `drop_archive`, cleared once it is gone and no segment
+        // names a file): seal.lua then reads every kept segment's record
+        // to clear its archive state, which a topic that never had an
+        // archive, or whose archive is gone, need not pay on every tick.
+        no_archive: !archive && topic.drop_archive,
         local_retention_ms: local(number("local.retention.ms"), retention_ms),
         local_retention_bytes: local(number("local.retention.bytes"), retention_bytes),
         producer_expiration_ms: i64::try_from(producer_expiration.as_millis()).unwrap_or(i64::MAX),

@@ -22,10 +22,12 @@
 -- ARGV[5] 1 without remote storage, 0 with it (segments wait for the archive)
 -- ARGV[6] producers.expiration in ms: producer state idle longer is dropped
 -- ARGV[7] local.retention.ms (-1: none)   ARGV[8] local.retention.bytes (-1: none)
--- ARGV[9] 1 when remote.storage.enable is off: what an archive held is let go
---         (remote storage turned off with remote.log.delete.on.disable: the log
---         start moves to the local start, segments forget their archive state);
---         for a topic that never had remote storage this changes nothing
+-- ARGV[9] 1 while remote storage is off and the topic's archive is being
+--         deleted (turned off with remote.log.delete.on.disable: the topic's
+--         `drop_archive`): what the archive held is let go (the log start
+--         moves to the local start, segments forget their archive state); 0
+--         otherwise, also for a topic without remote storage, whose kept
+--         segments' records need not be read for it
 -- ARGV[10] the partition's wake-up channel: told '<next offset> <log start>'
 --          when the log start moved (gateways drop what they keep of the
 --          partition's tail below it: tail.rs)
