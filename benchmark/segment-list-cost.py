@@ -20,6 +20,10 @@ one's) all lie below the local start, and times C calls of:
   index's trim bound (its proposal deleted before each call), with the
   quarantine stream empty and holding a batch (then the records below the
   local start are read);
+- the seal script over the same records kept in Redis by a topic without
+  remote storage, as every such topic's call was made before (letting go
+  of an archive's state, which reads every kept record) and as it is made
+  now;
 - the listing: `ZRANGE key 0 -1` (every segment: what archiving read each
   tick before `archive_listing.lua`, and still reads once per five minutes
   and while a segment is quarantined), and `archive_listing.lua` as a
@@ -112,6 +116,20 @@ def main():
         listing_keys = ["3", KEYS["meta"], KEYS["segments"], KEYS["quarantine"]]
         tick, tick_bytes = timed(conn, args.calls, "EVALSHA", listing, *listing_keys, "from_local")
         memory = int(conn.call("MEMORY", "USAGE", KEYS["segments"], "SAMPLES", "0"))
+        # The same records as a topic without remote storage keeps them in
+        # Redis (local start = log start): the seal script's call letting go
+        # of an archive's state (ARGV[9] 1, how every such topic's call was
+        # made until the storage worker passed it only while an archive is
+        # being deleted), after one call that let go of it, and as it is
+        # called now (0).
+        conn.call("HSET", KEYS["meta"], "local_start", "0")
+        local_args = list(seal_args)
+        local_args[-6] = "1"  # no remote storage
+        local_args[-2] = "1"
+        conn.call(*local_args)
+        letting_go, _ = timed(conn, args.calls, *local_args)
+        local_args[-2] = "0"
+        without, _ = timed(conn, args.calls, *local_args)
         left = int(conn.call("ZCARD", KEYS["segments"]))
         if left != args.segments:
             sys.exit(f"the seal script deleted segments: {left} of {args.segments} left")
@@ -120,6 +138,8 @@ def main():
         print(f"  seal, usual call:             {usual:10.1f} µs")
         print(f"  seal, trim bound due:         {bound:10.1f} µs")
         print(f"    ... a quarantined batch:    {bound_read:10.1f} µs")
+        print(f"  seal, no remote storage, letting go of an archive (before): {letting_go:10.1f} µs")
+        print(f"  seal, no remote storage, as called now:                      {without:10.1f} µs")
         print(f"  ZRANGE 0 -1:                  {zrange:10.1f} µs  {zrange_bytes:>10} B")
         print(f"  archive_listing, tick:        {tick:10.1f} µs  {tick_bytes:>10} B")
 
