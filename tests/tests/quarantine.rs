@@ -124,11 +124,10 @@ fn tiered_gateway(redis: &RedisServer, data_dir: &Path) -> Ketch {
     )
 }
 
-/// A new one-partition remote topic (name from `prefix`) kept for ever and
-/// trimmed from Redis once archived (`local.retention.bytes` 0), with three
-/// sealed segments of PER_SEGMENT records; its name and the connection
-/// that produced them.
-fn three_segments(redis: &RedisServer, ketch: &Ketch, prefix: &str) -> (String, KafkaConn) {
+/// A new one-partition remote topic (name from `prefix`) kept for ever,
+/// each batch sealed into a segment of its own, trimmed from Redis once
+/// archived (`local.retention.bytes` 0).
+fn remote_topic(ketch: &Ketch, prefix: &str) -> String {
     let topic = unique_topic(prefix);
     ketch.create_topic_with(
         &runtime(),
@@ -141,6 +140,13 @@ fn three_segments(redis: &RedisServer, ketch: &Ketch, prefix: &str) -> (String, 
             ("local.retention.bytes", "0"),
         ],
     );
+    topic
+}
+
+/// A [`remote_topic`] with three sealed segments of PER_SEGMENT records;
+/// its name and the connection that produced them.
+fn three_segments(redis: &RedisServer, ketch: &Ketch, prefix: &str) -> (String, KafkaConn) {
+    let topic = remote_topic(ketch, prefix);
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     for segment in 0..3 {
         let first = segment * PER_SEGMENT;
@@ -156,18 +162,7 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
     let dir = tempfile::tempdir().expect("temp dir");
     let redis = RedisServer::start();
     let ketch = tiered_gateway(&redis, dir.path());
-    let topic = unique_topic("quarantine");
-    ketch.create_topic_with(
-        &runtime(),
-        &topic,
-        1,
-        &[
-            ("remote.storage.enable", "true"),
-            ("retention.ms", "-1"),
-            ("segment.bytes", "100"),
-            ("local.retention.bytes", "0"),
-        ],
-    );
+    let topic = remote_topic(&ketch, "quarantine");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     // Segment 0: good; segment 1: the poison batch; segments 2-4: good.
     let mut next = 0;
