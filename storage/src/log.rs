@@ -1669,7 +1669,7 @@ fn wire_entries(reply: Reply) -> Result<Vec<Entry>> {
 }
 
 /// A stream entry id `<last_offset>-<record_count>`.
-fn parse_entry_id(id: &[u8]) -> Option<(i64, i32)> {
+pub(crate) fn parse_entry_id(id: &[u8]) -> Option<(i64, i32)> {
     let (last, count) = std::str::from_utf8(id).ok()?.split_once('-')?;
     Some((last.parse().ok()?, count.parse().ok()?))
 }

@@ -553,13 +553,13 @@ impl Store {
         let Some(Value::BulkString(id)) = stream_ids(reply)?.into_iter().next() else {
             return Ok(None);
         };
-        // Entry ids are <last offset>-<record count>.
-        let id = String::from_utf8_lossy(&id);
-        id.split('-')
-            .next()
-            .and_then(|last| last.parse().ok())
-            .map(Some)
-            .ok_or_else(|| StorageError::Data(format!("quarantine stream entry id {id:?}")))
+        let (last, _) = crate::log::parse_entry_id(&id).ok_or_else(|| {
+            StorageError::Data(format!(
+                "quarantine stream entry id {:?}",
+                String::from_utf8_lossy(&id)
+            ))
+        })?;
+        Ok(Some(last))
     }
 
     /// Deletes a segment's batches from the quarantine stream (after it was
