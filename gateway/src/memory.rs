@@ -469,12 +469,13 @@ impl Storage for MemoryStorage {
         &self,
         group: &str,
         partitions: &[TopicPartition],
+        now_ms: i64,
         cutoff_ms: i64,
     ) -> Result<i64> {
         let mut expired = 0;
         if let Some(committed) = self.state().groups.get_mut(group) {
             for tp in partitions {
-                if committed.get(tp).is_some_and(|o| o.commit_ms <= cutoff_ms) {
+                if committed.get(tp).is_some_and(|o| o.expired(now_ms, cutoff_ms)) {
                     committed.remove(tp);
                     expired += 1;
                 }

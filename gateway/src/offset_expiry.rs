@@ -4,10 +4,12 @@
 //! goes `groups.offsets_retention` after its commit. That is every offset
 //! of a group no member ever joined (consumers that assign their own
 //! partitions), and those of the topics a stable consumer group's members
-//! do not subscribe to. A group that emptied is not looked at: all of its
-//! offsets expire together, a Redis TTL from when it emptied
-//! (docs/architecture.md §5). An offset an open transaction has staged a
-//! new offset for stays. Each gateway looks at the groups it coordinates,
+//! do not subscribe to. An offset whose commit set its own expiry time
+//! (OffsetCommit v2–v4's `retention_time_ms`, Kafka's per-offset
+//! `expireTimestamp`) expires then instead, in a group that emptied too;
+//! the other offsets of such a group expire together, a Redis TTL from
+//! when it emptied (docs/architecture.md §5). An offset an open
+//! transaction has staged a new offset for stays. Each gateway looks at the groups it coordinates,
 //! and writes again the retention of those it holds (kept while they have
 //! members, expiring once Empty), should a failover have lost one, and
 //! drops the offsets a finished transaction left staged.
@@ -72,8 +74,15 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
             tracing::debug!(%group, error = %e, "cannot look for offsets left staged");
         }
         // The topics whose offsets stay whatever their age; `None`: none.
+        // Without their own expiry time, offsets expire by their age, or
+        // (an emptied group) not here.
+        let mut by_age = true;
         let subscribed: Option<HashSet<String>> = match ctx.groups.expiring(&group).await {
             Ok(Expiring::All) => None,
+            Ok(Expiring::OwnTimeOnly) => {
+                by_age = false;
+                None
+            }
             Ok(Expiring::Unsubscribed(metadata)) => {
                 // A member's subscription that does not decode: as Kafka,
                 // whose group then has no known subscribed topics, nothing
@@ -89,7 +98,8 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
                 continue;
             }
         };
-        let cutoff = ketch_storage::now_ms().saturating_sub(retention);
+        let now = ketch_storage::now_ms();
+        let cutoff = if by_age { now.saturating_sub(retention) } else { i64::MIN };
         let offsets = match ctx.storage.all_committed_offsets(&group).await {
             Ok(offsets) => offsets,
             Err(e) => {
@@ -100,14 +110,14 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
         let due: Vec<TopicPartition> = offsets
             .into_iter()
             .filter(|((topic, _), offset)| {
-                offset.commit_ms <= cutoff && subscribed.as_ref().is_none_or(|s| !s.contains(topic))
+                offset.expired(now, cutoff) && subscribed.as_ref().is_none_or(|s| !s.contains(topic))
             })
             .map(|(partition, _)| partition)
             .collect();
         if due.is_empty() {
             continue;
         }
-        match ctx.storage.expire_offsets(&group, &due, cutoff).await {
+        match ctx.storage.expire_offsets(&group, &due, now, cutoff).await {
             Ok(gone) => {
                 tracing::debug!(%group, offsets = gone, "expired committed offsets");
                 expired += gone;

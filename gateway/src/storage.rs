@@ -97,10 +97,16 @@ pub trait Storage: Send + Sync {
     ) -> Result<Vec<Option<CommittedOffset>>>;
     async fn all_committed_offsets(&self, group: &str) -> Result<Vec<(TopicPartition, CommittedOffset)>>;
     async fn delete_offsets(&self, group: &str, partitions: &[TopicPartition]) -> Result<()>;
-    /// Deletes the offsets of `partitions` committed at or before
-    /// `cutoff_ms` (offset expiry); how many went.
-    async fn expire_offsets(&self, group: &str, partitions: &[TopicPartition], cutoff_ms: i64)
-    -> Result<i64>;
+    /// Deletes the offsets of `partitions` that expired at `now_ms` (by
+    /// their own expiry time, or committed at or before `cutoff_ms`:
+    /// [`CommittedOffset::expired`]); how many went.
+    async fn expire_offsets(
+        &self,
+        group: &str,
+        partitions: &[TopicPartition],
+        now_ms: i64,
+        cutoff_ms: i64,
+    ) -> Result<i64>;
     async fn delete_group_offsets(&self, group: &str) -> Result<bool>;
     async fn groups_with_offsets(&self) -> Result<Vec<String>>;
     /// Groups with a stored snapshot, offsets or not.
@@ -437,9 +443,10 @@ impl Storage for Tiered {
         &self,
         group: &str,
         partitions: &[TopicPartition],
+        now_ms: i64,
         cutoff_ms: i64,
     ) -> Result<i64> {
-        self.store.expire_offsets(group, partitions, cutoff_ms).await
+        self.store.expire_offsets(group, partitions, now_ms, cutoff_ms).await
     }
 
     async fn delete_group_offsets(&self, group: &str) -> Result<bool> {

@@ -9,7 +9,8 @@
 //! hash {generation, snapshot} with what a new coordinator needs to take the
 //! group over (the gateway encodes the snapshot; it is opaque here). Both of
 //! a group that became empty expire after `groups.offsets_retention` (a
-//! Redis TTL).
+//! Redis TTL), or later when an offset's commit asked to be kept longer
+//! (`ketch:group:{GROUP}:keep-until`, OffsetCommit v2–v4).
 
 use std::time::Duration;
 
@@ -33,6 +34,11 @@ pub struct CommittedOffset {
     /// created again under that name. `None` from older releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<uuid::Uuid>,
+    /// When it expires, if its commit said (OffsetCommit v2–v4's
+    /// `retention_time_ms`, Kafka's per-offset `expireTimestamp`): then
+    /// that, not `groups.offsets_retention`, decides its expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_ms: Option<i64>,
 }
 
 impl CommittedOffset {
@@ -44,6 +50,28 @@ impl CommittedOffset {
             metadata,
             commit_ms,
             topic_id: None,
+            expire_ms: None,
+        }
+    }
+
+    /// The offset, kept `retention_ms` from its commit whatever
+    /// `groups.offsets_retention` says (an OffsetCommit v2–v4 that set its
+    /// `retention_time_ms`); `None`: as the broker's retention says.
+    pub fn retained_for(mut self, retention_ms: Option<i64>) -> Self {
+        // At most some hundred million years: a TTL Redis can still add to
+        // its clock.
+        self.expire_ms = retention_ms.map(|ms| self.commit_ms.saturating_add(ms).min(i64::MAX / 2));
+        self
+    }
+
+    /// Whether it expired at `now_ms`: by its own expiry time when its
+    /// commit set one, else if it was committed at or before `cutoff_ms`
+    /// (`i64::MIN`: only those with their own expire), as Kafka's
+    /// `OffsetExpirationConditionImpl` decides.
+    pub fn expired(&self, now_ms: i64, cutoff_ms: i64) -> bool {
+        match self.expire_ms {
+            Some(expire_ms) => expire_ms <= now_ms,
+            None => self.commit_ms <= cutoff_ms,
         }
     }
 
@@ -99,6 +127,21 @@ impl Store {
 
     pub(crate) fn group_state_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:state", self.keys.namespace())
+    }
+
+    /// Until when some offset of the group must be kept (its commit's own
+    /// retention, OffsetCommit v2–v4): `scripts/keep_until.lua`.
+    pub(crate) fn group_keep_until_key(&self, group: &str) -> String {
+        format!("{}:group:{{{group}}}:keep-until", self.keys.namespace())
+    }
+
+    /// The keys that expire once the group has no members.
+    fn group_retained_keys(&self, group: &str) -> [String; 3] {
+        [
+            self.group_offsets_key(group),
+            self.group_state_key(group),
+            self.group_txn_offsets_key(group),
+        ]
     }
 
     /// Stores a group's snapshot unless Redis holds one of a newer
@@ -175,6 +218,21 @@ impl Store {
     ) -> Result<()> {
         if offsets.is_empty() {
             return Ok(());
+        }
+        // Noted before the offsets are written, so the group's keys never
+        // expire before an offset kept longer than the broker's retention
+        // (a commit that fails after this keeps them longer, no worse).
+        // In the offsets' slot: a replica that has them has this too.
+        // One that expired already needs nothing kept.
+        let until = offsets.iter().filter_map(|(_, o)| o.expire_ms).max();
+        if let Some(until) = until.filter(|until| *until > crate::now_ms()) {
+            let _: i64 = self
+                .scripts
+                .keep_until
+                .key(self.group_keep_until_key(group))
+                .arg(until)
+                .invoke_async(&mut self.conn())
+                .await?;
         }
         let items: Vec<(String, String)> = offsets
             .iter()
@@ -322,16 +380,17 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes the group's committed offsets of `partitions` that were
-    /// committed at or before `cutoff_ms` (offset expiry). Each commit
-    /// time is read again in the script (`expire_offsets.lua`), so an
-    /// offset committed again since the caller read it stays, and so does
-    /// one an open transaction staged a new offset for. How many were
-    /// deleted.
+    /// Deletes the group's committed offsets of `partitions` that expired
+    /// at `now_ms` ([`CommittedOffset::expired`]: by their own expiry
+    /// time, or committed at or before `cutoff_ms`). Each is read again in
+    /// the script (`expire_offsets.lua`), so an offset committed again
+    /// since the caller read it stays, and so does one an open
+    /// transaction staged a new offset for. How many were deleted.
     pub async fn expire_offsets(
         &self,
         group: &str,
         partitions: &[TopicPartition],
+        now_ms: i64,
         cutoff_ms: i64,
     ) -> Result<i64> {
         if partitions.is_empty() {
@@ -346,7 +405,7 @@ impl Store {
         if group_keys_share_a_slot(group) {
             invocation.key(self.group_txn_offsets_key(group));
         }
-        invocation.arg(cutoff_ms).arg(&fields);
+        invocation.arg(cutoff_ms).arg(now_ms).arg(&fields);
         Ok(invocation.invoke_async(&mut self.conn()).await?)
     }
 
@@ -363,6 +422,8 @@ impl Store {
             .del(self.group_offsets_key(group))
             .srem(self.groups_key(), group)
             .del(&txn_key)
+            .ignore()
+            .del(self.group_keep_until_key(group))
             .ignore()
             .query_async(&mut self.conn())
             .await?;
@@ -406,16 +467,10 @@ impl Store {
 
     /// The group has no members left: its offsets (and what it keeps
     /// beside them: its snapshot, the offsets transactions staged) expire
-    /// after `retention`.
+    /// after `retention`, or when the longest retention one of their
+    /// commits asked for ends, whichever is later.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
-        let ms = retention_ms(retention);
-        let _: (i64, i64, i64) = redis::pipe()
-            .pexpire(self.group_offsets_key(group), ms)
-            .pexpire(self.group_state_key(group), ms)
-            .pexpire(self.group_txn_offsets_key(group), ms)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(())
+        self.retain_group(group, retention, false).await
     }
 
     /// The group was found Empty (brought in from its snapshot): its keys
@@ -423,14 +478,37 @@ impl Store {
     /// that kept them while the group had members may have gone before it
     /// emptied, and nothing else would let them go.
     pub async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {
+        self.retain_group(group, retention, true).await
+    }
+
+    /// The group's keys expire after `retention` or when its keep-until
+    /// key does, whichever is later (`scripts/retain_group.lua`); with
+    /// `unless_expiring`, only those that do not expire already.
+    async fn retain_group(&self, group: &str, retention: Duration, unless_expiring: bool) -> Result<()> {
         let ms = retention_ms(retention);
+        let keep_until = self.group_keep_until_key(group);
+        let keys = self.group_retained_keys(group);
+        if group_keys_share_a_slot(group) {
+            let mut invocation = self.scripts.retain_group.key(&keep_until);
+            for key in &keys {
+                invocation.key(key);
+            }
+            invocation.arg(ms).arg(if unless_expiring { "1" } else { "0" });
+            let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
+            return Ok(());
+        }
+        // The keys are in different slots of a Redis Cluster: read, then
+        // set (a commit with a longer retention of its own in between sets
+        // them again after).
+        let kept: i64 = redis::cmd("PTTL").arg(&keep_until).query_async(&mut self.conn()).await?;
+        let ms = ms.max(kept);
         let mut pipe = redis::pipe();
-        for key in [
-            self.group_offsets_key(group),
-            self.group_state_key(group),
-            self.group_txn_offsets_key(group),
-        ] {
-            pipe.cmd("PEXPIRE").arg(key).arg(ms).arg("NX").ignore();
+        for key in keys {
+            let expire = pipe.cmd("PEXPIRE").arg(key).arg(ms);
+            if unless_expiring {
+                expire.arg("NX");
+            }
+            expire.ignore();
         }
         let () = pipe.query_async(&mut self.conn()).await?;
         Ok(())
@@ -530,5 +608,24 @@ mod tests {
         );
         assert_eq!(parse_field("nocolon"), None);
         assert_eq!(parse_field("t:x"), None);
+    }
+
+    #[test]
+    fn an_offsets_own_expiry_time_decides_and_is_read_back() {
+        let plain = CommittedOffset::new(5, 0, None);
+        let now = plain.commit_ms;
+        assert!(!serde_json::to_string(&plain).unwrap().contains("expire_ms"));
+        assert!(plain.expired(now, now) && !plain.expired(now, now - 1));
+        let own = plain.clone().retained_for(Some(1000));
+        assert_eq!(own.expire_ms, Some(now + 1000));
+        // Its own time, not its age.
+        assert!(!own.expired(now + 999, i64::MAX) && own.expired(now + 1000, i64::MIN));
+        let json = serde_json::to_string(&own).unwrap();
+        assert_eq!(serde_json::from_str::<CommittedOffset>(&json).unwrap(), own);
+        // As `commit_offsets.lua` leaves it, with an order number.
+        let ordered = format!("{},\"order\":3}}", &json[..json.len() - 1]);
+        assert_eq!(serde_json::from_str::<CommittedOffset>(&ordered).unwrap(), own);
+        // A retention no clock can add stays one Redis can.
+        assert_eq!(plain.retained_for(Some(i64::MAX)).expire_ms, Some(i64::MAX / 2));
     }
 }

@@ -202,6 +202,8 @@ struct Scripts {
     producer_id: redis::Script,
     delete_offsets: redis::Script,
     expire_offsets: redis::Script,
+    keep_until: redis::Script,
+    retain_group: redis::Script,
     mutation_tokens: redis::Script,
 }
 
@@ -341,6 +343,8 @@ impl Store {
                 producer_id: redis::Script::new(allow_oom!("scripts/producer_id.lua")),
                 delete_offsets: redis::Script::new(include_str!("scripts/delete_offsets.lua")),
                 expire_offsets: redis::Script::new(include_str!("scripts/expire_offsets.lua")),
+                keep_until: redis::Script::new(include_str!("scripts/keep_until.lua")),
+                retain_group: redis::Script::new(allow_oom!("scripts/retain_group.lua")),
                 mutation_tokens: redis::Script::new(include_str!("scripts/mutation_tokens.lua")),
             }),
             server: Arc::from(server),

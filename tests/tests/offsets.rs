@@ -917,3 +917,197 @@ fn offsets_no_member_consumes_expire_one_by_one() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// An OffsetCommit of `version` (2–4) that asks for `retention_ms` of its
+/// own (-1: the broker's): its error codes.
+#[allow(clippy::too_many_arguments)]
+fn commit_retained(
+    conn: &mut KafkaConn,
+    version: i16,
+    group: &str,
+    member_id: &str,
+    generation: i32,
+    topic: &str,
+    offsets: &[(i32, i64)],
+    retention_ms: i64,
+) -> Vec<i16> {
+    let request = OffsetCommitRequest::default()
+        .with_group_id(StrBytes::from_string(group.to_owned()).into())
+        .with_member_id(StrBytes::from_string(member_id.to_owned()))
+        .with_generation_id_or_member_epoch(generation)
+        .with_retention_time_ms(retention_ms)
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(raw::topic_name(topic))
+                .with_partitions(
+                    offsets
+                        .iter()
+                        .map(|(p, offset)| {
+                            OffsetCommitRequestPartition::default()
+                                .with_partition_index(*p)
+                                .with_committed_offset(*offset)
+                        })
+                        .collect(),
+                ),
+        ]);
+    let response = conn.request(version, &request);
+    response.topics[0]
+        .partitions
+        .iter()
+        .map(|p| p.error_code)
+        .collect()
+}
+
+/// A consumer group of one member subscribed to `topic`, Stable: its
+/// member id and generation.
+fn stable_group(conn: &mut KafkaConn, group: &str, topic: &str) -> (StrBytes, i32) {
+    let (member, generation, sync) = join_and_sync_request(conn, group, topic);
+    assert_eq!(conn.request(3, &sync).error_code, code::NONE);
+    (member, generation)
+}
+
+fn leave(conn: &mut KafkaConn, group: &str, member: &StrBytes) {
+    let leave = kafka_protocol::messages::LeaveGroupRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+        .with_member_id(member.clone());
+    assert_eq!(conn.request(1, &leave).error_code, code::NONE);
+}
+
+/// Polls until `done` holds (at most 20 s), saying what it saw last.
+fn until<T: std::fmt::Debug>(what: &str, mut look: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let seen = look();
+        if done(&seen) {
+            return seen;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {seen:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// OffsetCommit v2–v4's `retention_time_ms` is the offset's own retention,
+/// as in Kafka (`expireTimestamp`): shorter than the broker's, the offset
+/// expires then, in a group without members, in one that emptied, and in a
+/// stable group for a topic its members do not subscribe to; a subscribed
+/// topic's offset stays, as does a plain commit beside it.
+#[test]
+fn an_offsets_own_retention_shorter_than_the_brokers_expires_it_then() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.initial_rebalance_delay=0s",
+            "--set",
+            "groups.offsets_retention=1h",
+            "--set",
+            "groups.offsets_retention_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let (topic, other) = (unique_topic("own-short"), unique_topic("own-short-other"));
+    for t in [&topic, &other] {
+        assert_eq!(raw::create_topic(&mut conn, t, 2), code::NONE);
+    }
+    // Without members: partition 0 kept 300 ms, partition 1 as the broker
+    // keeps it.
+    let standalone = unique_topic("own-short-standalone");
+    assert_eq!(commit_retained(&mut conn, 2, &standalone, "", -1, &topic, &[(0, 3)], 300), vec![0]);
+    assert_eq!(commit_retained(&mut conn, 2, &standalone, "", -1, &topic, &[(1, 4)], -1), vec![0]);
+    // A consumer group that commits and then empties.
+    let emptied = unique_topic("own-short-emptied");
+    let (member, generation) = stable_group(&mut conn, &emptied, &topic);
+    assert_eq!(
+        commit_retained(&mut conn, 4, &emptied, &member, generation, &topic, &[(0, 5)], 300),
+        vec![0]
+    );
+    leave(&mut conn, &emptied, &member);
+    // A stable group subscribed to `topic`, committing both topics.
+    let stable = unique_topic("own-short-stable");
+    let (member, generation) = stable_group(&mut conn, &stable, &topic);
+    for t in [&topic, &other] {
+        assert_eq!(
+            commit_retained(&mut conn, 3, &stable, &member, generation, t, &[(0, 6)], 300),
+            vec![0]
+        );
+    }
+
+    until(
+        "offsets kept 300 ms of their own never expired",
+        || {
+            (
+                fetch(&mut conn, &standalone, &topic, &[0])[0].1,
+                fetch(&mut conn, &emptied, &topic, &[0])[0].1,
+                fetch(&mut conn, &stable, &other, &[0])[0].1,
+            )
+        },
+        |seen| *seen == (-1, -1, -1),
+    );
+    assert_eq!(fetch(&mut conn, &standalone, &topic, &[1])[0].1, 4, "a plain commit stays");
+    assert_eq!(
+        fetch(&mut conn, &stable, &topic, &[0])[0].1,
+        6,
+        "a subscribed topic's offset stays, whatever its own retention"
+    );
+}
+
+/// An offset kept longer of its own than the broker's retention outlives
+/// it: the expiry look keeps it though it is old, and a group that has no
+/// members keeps its keys until then, where a plain commit's group (and a
+/// plain commit beside it) goes after the broker's retention. The empty
+/// group id's keys are in different slots of a Redis Cluster.
+#[test]
+fn an_offsets_own_retention_longer_than_the_brokers_keeps_it() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.initial_rebalance_delay=0s",
+            "--set",
+            "groups.offsets_retention=2s",
+            "--set",
+            "groups.offsets_retention_check_interval=100ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("own-long");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
+    let hour = 3_600_000;
+    let standalone = unique_topic("own-long-standalone");
+    for group in [standalone.as_str(), ""] {
+        assert_eq!(commit_retained(&mut conn, 2, group, "", -1, &topic, &[(0, 3)], hour), vec![0]);
+        assert_eq!(commit_retained(&mut conn, 2, group, "", -1, &topic, &[(1, 4)], -1), vec![0]);
+    }
+    // Two consumer groups commit and empty: one kept an hour, one plainly.
+    let (kept, plain) = (unique_topic("own-long-kept"), unique_topic("own-long-plain"));
+    for (group, retention) in [(&kept, hour), (&plain, -1)] {
+        let (member, generation) = stable_group(&mut conn, group, &topic);
+        assert_eq!(
+            commit_retained(&mut conn, 2, group, &member, generation, &topic, &[(0, 5)], retention),
+            vec![0]
+        );
+        leave(&mut conn, group, &member);
+    }
+
+    until(
+        "the broker's retention never ran out",
+        || {
+            (
+                fetch(&mut conn, &standalone, &topic, &[1])[0].1,
+                fetch(&mut conn, "", &topic, &[1])[0].1,
+                fetch(&mut conn, &plain, &topic, &[0])[0].1,
+            )
+        },
+        |seen| *seen == (-1, -1, -1),
+    );
+    assert_eq!(fetch(&mut conn, &standalone, &topic, &[0])[0].1, 3);
+    assert_eq!(fetch(&mut conn, "", &topic, &[0])[0].1, 3);
+    assert_eq!(fetch(&mut conn, &kept, &topic, &[0])[0].1, 5);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("ketch:group:{{{kept}}}:offsets"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(ttl > hour - 600_000, "the emptied group's keys expire with the offset's own retention: {ttl}");
+}

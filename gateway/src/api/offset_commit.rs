@@ -8,6 +8,9 @@
 //! for an empty or unknown group), then every partition's offset is written
 //! in one HSET. Metadata longer than `groups.max_metadata_bytes` is
 //! OFFSET_METADATA_TOO_LARGE; the rest of the request is still committed.
+//! A v2–v4 request's `retention_time_ms` (other than -1) is each offset's
+//! own retention, as in Kafka: it expires that long after the commit,
+//! whatever `groups.offsets_retention` says (`crate::offset_expiry`).
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_commit_response::{
@@ -68,6 +71,11 @@ pub async fn handle(
         }
         other => other,
     };
+    // Versions 2–4 may ask for a retention of their own (Kafka's
+    // per-offset `expireTimestamp`, KIP-211 dropped it from v5); -1: the
+    // broker's.
+    let own_retention = (header.request_api_version <= 4 && request.retention_time_ms != -1)
+        .then_some(request.retention_time_ms);
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(request.topics.len());
     let mut accepted: Vec<(TopicPartition, CommittedOffset)> = Vec::new();
     let mut positions: Vec<Vec<(usize, usize)>> = Vec::new();
@@ -92,7 +100,8 @@ pub async fn handle(
                         partition.committed_leader_epoch,
                         partition.committed_metadata.as_ref().map(|m| m.to_string()),
                     )
-                    .of_topic(known.ok().map(|(_, id)| id)),
+                    .of_topic(known.ok().map(|(_, id)| id))
+                    .retained_for(own_retention),
                 ));
                 0
             });

@@ -45,9 +45,12 @@ pub const CONSUMER_PROTOCOL: &str = "consumer";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expiring {
     /// None: the group has members that are not a stable consumer group
-    /// (another protocol, a rebalance), or it emptied, when all of its
-    /// offsets expire together (a Redis TTL from when it emptied).
+    /// (another protocol, a rebalance).
     Nothing,
+    /// Only those whose commit set their own expiry time (OffsetCommit
+    /// v2–v4's `retention_time_ms`): the group emptied, and the others
+    /// expire together, a Redis TTL from when it emptied.
+    OwnTimeOnly,
     /// Every one: no member ever joined the group (consumers that assign
     /// their own partitions and commit, Kafka's standalone group).
     All,
@@ -560,6 +563,7 @@ impl Coordinator {
         let protocol_type = group.protocol_type();
         let expiring = match group.state() {
             State::Empty if protocol_type.is_empty() => Expiring::All,
+            State::Empty => Expiring::OwnTimeOnly,
             State::Stable if protocol_type.as_str() == CONSUMER_PROTOCOL => match group.subscriptions() {
                 Some((_, Some(metadata))) => Expiring::Unsubscribed(metadata),
                 _ => Expiring::Nothing,

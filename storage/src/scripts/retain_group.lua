@@ -1,0 +1,22 @@
+-- A group without members: its keys expire after the broker's retention,
+-- or when the longest retention one of its offsets' commits asked for
+-- ends (keep_until.lua's key, which expires then), whichever is later.
+--
+-- KEYS[1] ketch:group:{G}:keep-until
+-- KEYS[2..] the keys that expire (offsets, snapshot, staged offsets)
+-- ARGV[1] the broker's retention (ms, at least 1)
+-- ARGV[2] '1': only keys that do not expire already (PEXPIRE … NX)
+-- Returns the TTL given (ms).
+local ttl = tonumber(ARGV[1])
+local kept = redis.call('PTTL', KEYS[1])
+if kept > ttl then
+  ttl = kept
+end
+for i = 2, #KEYS do
+  if ARGV[2] == '1' then
+    redis.call('PEXPIRE', KEYS[i], ttl, 'NX')
+  else
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+return ttl
