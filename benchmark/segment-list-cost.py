@@ -19,7 +19,8 @@ one's) all lie below the local start, and times C calls of:
   usual call, and the call every ten minutes that works out the aborted
   index's trim bound (its proposal deleted before each call), with the
   quarantine stream empty and holding a batch (then the records below the
-  local start are read);
+  local start are read); and the usual call with retention.bytes set (more
+  than the segments hold), after one call (which sums every record);
 - the seal script over the same records kept in Redis by a topic without
   remote storage, as every such topic's call was made before (letting go
   of an archive's state, which reads every kept record) and as it is made
@@ -107,6 +108,10 @@ def main():
         if args.zrange_first:
             zrange, zrange_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
         usual, _ = timed(conn, args.calls, *seal_args)
+        by_bytes_args = list(seal_args)
+        by_bytes_args[-7] = str(1 << 62)  # retention.bytes
+        conn.call(*by_bytes_args)
+        by_bytes, _ = timed(conn, args.calls, *by_bytes_args)
         bound, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
         conn.call("XADD", KEYS["quarantine"], f"{end - 1}-1", "b", "a quarantined batch")
         bound_read, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
@@ -136,6 +141,7 @@ def main():
         print(f"segments {args.segments}  calls {args.calls}  seal script {os.path.relpath(args.seal)}  "
               f"segment records {memory} B in Redis")
         print(f"  seal, usual call:             {usual:10.1f} µs")
+        print(f"  seal, retention.bytes set:    {by_bytes:10.1f} µs")
         print(f"  seal, trim bound due:         {bound:10.1f} µs")
         print(f"    ... a quarantined batch:    {bound_read:10.1f} µs")
         print(f"  seal, no remote storage, letting go of an archive (before): {letting_go:10.1f} µs")

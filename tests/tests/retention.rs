@@ -605,3 +605,127 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
     assert_eq!(with_quarantine.segments.len() as i64, SEGMENTS);
     assert_eq!(with_quarantine.log_start_offset, 0);
 }
+
+/// retention.bytes needs the sealed segments' total: the worker keeps it
+/// in the partition's meta as it seals and deletes segments, and sums
+/// every record again only when the segments changed in a way it did not
+/// follow (a gateway of an older release sealed or deleted one), not on
+/// every call of a topic that keeps a record per archived segment.
+#[test]
+fn retention_bytes_keeps_the_sealed_total_instead_of_reading_every_record() {
+    use ketch_storage::segments::SegmentPolicy;
+    const SEGMENTS: i64 = 600;
+    let redis = TestRedis::start();
+    let config = ketch_tests::store_config(&redis.url());
+    let rt = runtime();
+    let _entered = rt.enter();
+    let store = ketch_storage::Store::new(&config).expect("store");
+    let name = unique_topic("sealed-total");
+    let topic = rt
+        .block_on(store.create_topic(&name, 1, Default::default()))
+        .expect("create");
+    let now = now_ms();
+    let mut conn = redis.connection();
+    let key = redis.partition_key(&name, 0, "segments");
+    let record = |base: i64, bytes: i64| {
+        serde_json::json!({
+            "base": base, "last": base + 9, "bytes": bytes, "max_ts": now, "sealed_ms": now,
+            "path": format!("s3://warehouse/t/data/{base:020}.parquet"), "file_bytes": 50,
+        })
+        .to_string()
+    };
+    // 600 archived segments of 10 offsets and 100 bytes each, all below
+    // the local start.
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg(&key);
+    for i in 0..SEGMENTS {
+        zadd.arg(i * 10).arg(record(i * 10, 100));
+    }
+    let () = zadd.query(&mut conn).expect("ZADD");
+    let end = (SEGMENTS * 10).to_string();
+    redis.set_meta(
+        &name,
+        0,
+        &[
+            ("next_offset", end.as_str()),
+            ("log_start", "0"),
+            ("local_start", end.as_str()),
+            ("seg_base", end.as_str()),
+            ("seg_bytes", "0"),
+        ],
+    );
+    let policy = SegmentPolicy {
+        segment_bytes: 1 << 30,
+        segment_ms: 604_800_000,
+        retention_ms: -1,
+        retention_bytes: 100_000,
+        remote: true,
+        no_archive: false,
+        local_retention_ms: -1,
+        local_retention_bytes: -1,
+        producer_expiration_ms: 604_800_000,
+    };
+    let seal = |policy: SegmentPolicy| rt.block_on(store.seal_and_retain(&topic, 0, policy)).expect("seal");
+    let total = || redis.meta_field(&name, 0, "sealed_bytes");
+
+    // The first call sums every record: 60000 B, under the limit.
+    assert_eq!(seal(policy).deleted, 0);
+    assert_eq!(total().as_deref(), Some("60000"));
+
+    // A record's size changed behind the worker's back (no writer does
+    // that; the archive's state changes leave sizes as they are): the
+    // worker does not read it, the kept total stands.
+    let rewrite = |base: i64, bytes: i64| {
+        let mut conn = redis.connection();
+        let () = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg(base)
+            .arg(base)
+            .query(&mut conn)
+            .expect("ZREMRANGEBYSCORE");
+        let () = redis::cmd("ZADD")
+            .arg(&key)
+            .arg(base)
+            .arg(record(base, bytes))
+            .query(&mut conn)
+            .expect("ZADD");
+    };
+    rewrite(3000, 1_000_000);
+    assert_eq!(seal(policy).deleted, 0, "every record was read again");
+    assert_eq!(total().as_deref(), Some("60000"));
+
+    // The worker seals the open segment (700 B): counted in.
+    redis.set_meta(&name, 0, &[("next_offset", "6010"), ("seg_bytes", "700")]);
+    let sealed = seal(SegmentPolicy {
+        segment_bytes: 500,
+        ..policy
+    });
+    assert_eq!((sealed.sealed, sealed.deleted), (1, 0));
+    assert_eq!(total().as_deref(), Some("60700"));
+
+    // Another writer seals one (100 B) as a gateway of an older release
+    // would: the last base moved, so every record is summed again (the
+    // rewritten one's 1000000 B with them), and the oldest go while the
+    // rest holds 100000 B: those below 3000 (30000 B), not the large one.
+    let () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(6010)
+        .arg(record(6010, 100))
+        .query(&mut conn)
+        .expect("ZADD");
+    redis.set_meta(&name, 0, &[("next_offset", "6020"), ("seg_base", "6020")]);
+    let outcome = seal(policy);
+    assert_eq!((outcome.deleted, outcome.log_start_offset), (300, 3000));
+    assert_eq!(total().as_deref(), Some("1030700"));
+
+    // And one deleted by such a gateway (the first): the first base moved.
+    let () = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(&key)
+        .arg(3000)
+        .arg(3000)
+        .query(&mut conn)
+        .expect("ZREMRANGEBYSCORE");
+    redis.set_meta(&name, 0, &[("log_start", "3010")]);
+    assert_eq!(seal(policy).deleted, 0);
+    assert_eq!(total().as_deref(), Some("30700"));
+}

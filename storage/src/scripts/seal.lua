@@ -2,7 +2,8 @@
 -- applies retention to the sealed ones.
 --
 -- KEYS[1] ketch:{TAG}:meta      partition metadata (seg_base, seg_bytes, seg_start_ms, seg_max_ts, seg_first_ts,
---                               abt_to and abt_at: the aborted index's trim bound, below)
+--                               abt_to and abt_at: the aborted index's trim bound, below; sealed_bytes and
+--                               sealed_shape: the sealed segments' total, for retention.bytes, below)
 -- KEYS[2] ketch:{TAG}:segments  sorted set: score = base offset, member = JSON
 --                               {base, last, bytes, max_ts, sealed_ms[, first_ts][, path, file_bytes]
 --                               [, quarantine][, skipped]}; `path` is set once the segment is
@@ -35,7 +36,7 @@
 -- Reply: {segments sealed, segments deleted, log start offset, producers
 -- expired, local start offset}, or {-1} when the partition does not exist.
 local meta = redis.call('HMGET', KEYS[1], 'next_offset', 'log_start', 'seg_base', 'seg_bytes',
-  'seg_start_ms', 'seg_max_ts', 'local_start', 'seg_first_ts', 'clean_end')
+  'seg_start_ms', 'seg_max_ts', 'local_start', 'seg_first_ts', 'clean_end', 'sealed_bytes', 'sealed_shape')
 if not meta[1] then
   return {-1}
 end
@@ -48,6 +49,31 @@ local seg_base = tonumber(meta[3] or '0')
 local seg_bytes = tonumber(meta[4] or '0')
 local remote = ARGV[5] == '0'
 local no_archive = ARGV[9] == '1'
+local retention_ms = tonumber(ARGV[3])
+local retention_bytes = tonumber(ARGV[4])
+
+-- retention.bytes needs the sealed segments' total. A remote topic keeps a
+-- record per archived segment (with retention.ms -1, for ever), so it is
+-- not summed from every record on every call: this script keeps it (meta
+-- `sealed_bytes`) as it seals and deletes segments, beside the shape the
+-- segments had then (`sealed_shape`: their count, first and last base, and
+-- the compacted stream's end). Every other writer of the records leaves
+-- the total as it was: the archive's state changes (segment_state.lua)
+-- and the lets-go of an archive below rewrite records without changing
+-- their bytes. A change the total does not follow shows in the shape (a
+-- gateway of an older release sealed or deleted a segment: a last or
+-- first base moved; a compaction pass rewrote sizes: the compacted
+-- stream's end moved), and the total is summed again from every record.
+local function segments_shape()
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2] or ''
+  local clean_end = redis.call('HGET', KEYS[1], 'clean_end') or ''
+  return redis.call('ZCARD', KEYS[2]) .. ' ' .. first .. ' ' .. last .. ' ' .. clean_end
+end
+local sealed_total = nil
+if retention_bytes >= 0 and meta[10] and meta[11] == segments_shape() then
+  sealed_total = tonumber(meta[10])
+end
 
 local sealed = 0
 -- An open segment whose newest record is past retention.ms is sealed too,
@@ -66,6 +92,9 @@ if seg_bytes > 0 and (seg_bytes >= tonumber(ARGV[1]) or now - tonumber(meta[5] o
   redis.call('HSET', KEYS[1], 'seg_base', string.format('%d', next_offset), 'seg_bytes', '0')
   redis.call('HDEL', KEYS[1], 'seg_start_ms', 'seg_max_ts', 'seg_first_ts')
   sealed = 1
+  if sealed_total then
+    sealed_total = sealed_total + seg_bytes
+  end
   seg_bytes = 0
 end
 
@@ -84,8 +113,6 @@ end
 -- rows stay. A quarantined segment waits for the operator. A segment
 -- DeleteRecords moved the log start past goes without either.
 local deleted = 0
-local retention_ms = tonumber(ARGV[3])
-local retention_bytes = tonumber(ARGV[4])
 -- The sealed segments from score `from` on ('-inf', or a base offset), in
 -- order, decoded one at a time as the loop asks, and read in chunks that
 -- grow from 8 to SEGMENT_CHUNK: a remote topic keeps a record per archived
@@ -115,13 +142,20 @@ local function segments_from(from)
     return cjson.decode(member), member
   end
 end
--- retention.bytes needs the total of every segment (they are then as many
--- as retention.bytes holds); without it, only the oldest are read.
+-- retention.bytes needs the sealed segments' total (kept above, or summed
+-- from every record when it cannot be trusted); without it, only the
+-- oldest are read.
 local total = seg_bytes
+local summed = false
 if retention_bytes >= 0 then
-  for segment in segments_from('-inf') do
-    total = total + segment.bytes
+  if not sealed_total then
+    sealed_total = 0
+    for segment in segments_from('-inf') do
+      sealed_total = sealed_total + segment.bytes
+    end
+    summed = true
   end
+  total = total + sealed_total
 end
 -- The base of the first segment kept, nil when none is.
 local first_kept = nil
@@ -149,8 +183,14 @@ for segment, member in segments_from('-inf') do
   end
   redis.call('ZREM', KEYS[2], member)
   total = total - segment.bytes
+  if sealed_total then
+    sealed_total = sealed_total - segment.bytes
+  end
   new_start = math.max(new_start, segment.last + 1)
   deleted = deleted + 1
+end
+if sealed_total and (summed or sealed > 0 or deleted > 0) then
+  redis.call('HSET', KEYS[1], 'sealed_bytes', string.format('%d', sealed_total), 'sealed_shape', segments_shape())
 end
 if new_start > log_start then
   log_start = new_start
