@@ -19,16 +19,19 @@ one's) all lie below the local start, and times C calls of:
   usual call, and the call every ten minutes that works out the aborted
   index's trim bound (its proposal deleted before each call), with the
   quarantine stream empty and holding a batch (then the records below the
-  local start are read); and the usual call with retention.bytes set (more
+  local start are read: from the segment holding the stream's oldest batch
+  on, here the last); and the usual call with retention.bytes set (more
   than the segments hold), after one call (which sums every record);
 - the seal script over the same records kept in Redis by a topic without
   remote storage, as every such topic's call was made before (letting go
   of an archive's state, which reads every kept record) and as it is made
   now;
 - the listing: `ZRANGE key 0 -1` (every segment: what archiving read each
-  tick before `archive_listing.lua`, and still reads once per five minutes
-  and while a segment is quarantined), and `archive_listing.lua` as a
-  tick calls it.
+  tick before `archive_listing.lua`, and still reads once per five minutes;
+  before this tree's `archive_listing.lua` also while a segment was
+  quarantined), and `archive_listing.lua` as a tick calls it, also with a
+  quarantined batch in the last segment (with the ZRANGE its reply asks
+  for: from that segment on; `--listing` takes an older script).
 
 Prints Redis's own microseconds per call (INFO commandstats) and the reply
 bytes (the gateway parses what the reply holds), and the Redis memory the
@@ -115,10 +118,19 @@ def main():
         bound, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
         conn.call("XADD", KEYS["quarantine"], f"{end - 1}-1", "b", "a quarantined batch")
         bound_read, _ = timed(conn, args.calls, *seal_args, before=("HDEL", KEYS["meta"], "abt_at"))
+        # Archiving's listing while the partition has a quarantined batch:
+        # the script, then the ZRANGE its reply asks for.
+        listing_keys = ["3", KEYS["meta"], KEYS["segments"], KEYS["quarantine"]]
+        reply = conn.call("EVALSHA", listing, *listing_keys, "from_local")
+        quarantined_tick, _ = timed(conn, args.calls, "EVALSHA", listing, *listing_keys, "from_local")
+        if len(reply) == 3:
+            quarantined_zrange, quarantined_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"],
+                                                          reply[2].decode(), "+inf", "BYSCORE")
+        else:  # an older archive_listing.lua: every segment
+            quarantined_zrange, quarantined_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
         conn.call("DEL", KEYS["quarantine"])
         if not args.zrange_first:
             zrange, zrange_bytes = timed(conn, args.calls, "ZRANGE", KEYS["segments"], "0", "-1")
-        listing_keys = ["3", KEYS["meta"], KEYS["segments"], KEYS["quarantine"]]
         tick, tick_bytes = timed(conn, args.calls, "EVALSHA", listing, *listing_keys, "from_local")
         memory = int(conn.call("MEMORY", "USAGE", KEYS["segments"], "SAMPLES", "0"))
         # The same records as a topic without remote storage keeps them in
@@ -148,6 +160,8 @@ def main():
         print(f"  seal, no remote storage, as called now:                      {without:10.1f} µs")
         print(f"  ZRANGE 0 -1:                  {zrange:10.1f} µs  {zrange_bytes:>10} B")
         print(f"  archive_listing, tick:        {tick:10.1f} µs  {tick_bytes:>10} B")
+        print(f"  archive_listing, tick, a quarantined batch: {quarantined_tick:10.1f} µs "
+              f"+ ZRANGE {quarantined_zrange:10.1f} µs  {quarantined_bytes:>10} B")
 
 
 if __name__ == "__main__":

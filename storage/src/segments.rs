@@ -137,8 +137,10 @@ impl Segment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArchiveListing {
     pub log_start_offset: i64,
-    /// Every segment is listed; else those below the local start are left
-    /// out, none of which wants work.
+    /// Every segment that may want work is listed, and the one holding
+    /// the quarantine stream's oldest batch (all of them when asked for
+    /// all); else those below the local start are left out, none of which
+    /// wants work, and the quarantine stream is empty.
     pub complete: bool,
     /// Oldest first.
     pub segments: Vec<Segment>,
@@ -701,8 +703,9 @@ impl Store {
 
     /// What the storage worker's archiving reads of a partition's sealed
     /// segments (`scripts/archive_listing.lua`): all of them when `all`,
-    /// else those from the one holding the local start on, unless a
-    /// segment below it may still want work. The segments of a partition
+    /// else those from the one holding the local start on, or from the one
+    /// holding the quarantine stream's oldest batch when that is lower (a
+    /// segment there may still want work). The segments of a partition
     /// that does not exist are none.
     pub async fn archive_listing(&self, topic: &Topic, partition: i32, all: bool) -> Result<ArchiveListing> {
         let keys = self.partition_keys(topic, partition);
@@ -728,7 +731,15 @@ impl Store {
             .map_err(|_| StorageError::Data(format!("archive listing replied log start {log_start:?}")))?;
         let complete = complete == "1";
         let segments = if complete {
-            self.segment_members(&keys.segments).await?.1
+            let from = reply.next().unwrap_or_else(|| "-inf".to_owned());
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&keys.segments)
+                .arg(&from)
+                .arg("+inf")
+                .arg("BYSCORE")
+                .query_async(&mut self.conn())
+                .await?;
+            members.iter().map(|m| parse_segment(m)).collect::<Result<_>>()?
         } else {
             reply.map(|m| parse_segment(&m)).collect::<Result<_>>()?
         };

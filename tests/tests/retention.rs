@@ -512,7 +512,14 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
     // The aborted index's trim bound stops at the first segment below the
     // local start that is not settled: a quarantined one at offset 5200.
     // Skipped segments before it are settled, whatever their reasons say.
+    // Records are read from the segment holding the quarantine stream's
+    // oldest batch on (none below has a copy there): the one at offset 10,
+    // which would stop the bound were it read (no segment below the local
+    // start is left unsettled without a copy), is not.
     fill(3, SEGMENTS * 10, 0, &|i, segment| {
+        if i == 1 {
+            segment.as_object_mut().expect("object").remove("path");
+        }
         if i % 7 == 3 {
             segment.as_object_mut().expect("object").remove("path");
             segment["skipped"] = serde_json::json!({
@@ -524,16 +531,18 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
         }
     });
     // Its batches are in the quarantine stream, as a quarantined segment's
-    // are.
+    // are, after a copy of the archived segment at 30 (left behind).
     let mut conn = redis.connection();
     let quarantine = redis.partition_key(&name, 3, "quarantine");
-    let _: String = redis::cmd("XADD")
-        .arg(&quarantine)
-        .arg("5209-10")
-        .arg("b")
-        .arg("the quarantined segment's batch")
-        .query(&mut conn)
-        .expect("XADD");
+    for id in ["35-1", "5209-10"] {
+        let _: String = redis::cmd("XADD")
+            .arg(&quarantine)
+            .arg(id)
+            .arg("b")
+            .arg("a quarantined batch")
+            .query(&mut conn)
+            .expect("XADD");
+    }
     seal(3, policy);
     assert_eq!(
         redis.meta_field(&name, 3, "abt_to").as_deref(),
@@ -576,8 +585,8 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
     assert_eq!(redis.meta_field(&name, 3, "abt_to").as_deref(), Some("6000"));
 
     // Archiving's listing: below the local start only when asked for all,
-    // or when the quarantine stream holds batches (a segment there may
-    // want work).
+    // or from the segment holding the quarantine stream's oldest batch
+    // when it holds batches (a segment from there on may want work).
     let listing = |partition: i32, all: bool| {
         rt.block_on(store.archive_listing(&topic, partition, all))
             .expect("listing")
@@ -595,14 +604,18 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
     assert_eq!(all.segments.len() as i64, SEGMENTS);
     let _: String = redis::cmd("XADD")
         .arg(redis.partition_key(&name, 2, "quarantine"))
-        .arg("15-1")
+        .arg("215-1")
         .arg("b")
         .arg("a quarantined batch")
         .query(&mut conn)
         .expect("XADD");
     let with_quarantine = listing(2, false);
     assert!(with_quarantine.complete);
-    assert_eq!(with_quarantine.segments.len() as i64, SEGMENTS);
+    assert_eq!(
+        with_quarantine.segments.iter().map(|s| s.base).collect::<Vec<_>>(),
+        (21..SEGMENTS).map(|i| i * 10).collect::<Vec<_>>(),
+        "from the segment holding the oldest quarantined batch on"
+    );
     assert_eq!(with_quarantine.log_start_offset, 0);
 }
 

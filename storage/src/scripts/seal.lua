@@ -290,16 +290,26 @@ local propose_due = not proposed_at or now - proposed_at >= ABORTED_TRIM_LAG_MS
 -- skipped (local retention trims past no other), and a quarantined one, or
 -- one whose quarantined copy is still to be deleted, has batches in the
 -- quarantine stream: with that stream empty the bound is the local start.
--- Else the records below the local start are read, many for a topic that
--- keeps its archive long; a record is decoded only when its text does not
--- show it settled: cjson writes a field it has as `"name":` (a quote
--- inside a string value is escaped), and one it lacks not at all.
+-- Else the records below the local start are read from the segment holding
+-- the stream's oldest batch on (its entry ids, `<last offset>-<count>`, go
+-- in offset order: no segment below it has a copy there), many for a topic
+-- that keeps its archive long when that is far below; a record is decoded
+-- only when its text does not show it settled: cjson writes a field it has
+-- as `"name":` (a quote inside a string value is escaped), and one it lacks
+-- not at all.
 if trim_due or propose_due then
   local bound = log_start
   if remote and not no_archive then
     bound = math.max(log_start, local_start)
     local from, unsettled = '-inf', nil
-    local scan = redis.call('XLEN', KEYS[5]) > 0
+    local oldest = redis.call('XRANGE', KEYS[5], '-', '+', 'COUNT', 1)[1]
+    local scan = oldest ~= nil
+    local oldest_last = oldest and tonumber(string.match(oldest[1], '^(%d+)-'))
+    if oldest_last then
+      local holding = redis.call('ZRANGE', KEYS[2], string.format('%d', oldest_last), '-inf', 'BYSCORE', 'REV',
+        'LIMIT', 0, 1, 'WITHSCORES')
+      from = holding[2] or '-inf'
+    end
     while scan and not unsettled do
       local chunk = redis.call('ZRANGE', KEYS[2], from, '(' .. string.format('%d', bound), 'BYSCORE',
         'LIMIT', 0, 1024, 'WITHSCORES')
