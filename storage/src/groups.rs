@@ -20,6 +20,10 @@ use serde::{Deserialize, Serialize};
 use crate::transactions::{APPLIED_FIELD, ORDER_FIELD};
 use crate::{Result, StorageError, Store};
 
+/// The latest expiry time an offset's own retention gets (2^53 ms, some
+/// 285,000 years): exact as a Lua number in Redis's scripts.
+pub const LATEST_EXPIRY_MS: i64 = 1 << 53;
+
 /// One committed offset.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommittedOffset {
@@ -58,9 +62,7 @@ impl CommittedOffset {
     /// `groups.offsets_retention` says (an OffsetCommit v2–v4 that set its
     /// `retention_time_ms`); `None`: as the broker's retention says.
     pub fn retained_for(mut self, retention_ms: Option<i64>) -> Self {
-        // At most some hundred million years: a TTL Redis can still add to
-        // its clock.
-        self.expire_ms = retention_ms.map(|ms| self.commit_ms.saturating_add(ms).min(i64::MAX / 2));
+        self.expire_ms = retention_ms.map(|ms| self.commit_ms.saturating_add(ms).min(LATEST_EXPIRY_MS));
         self
     }
 
@@ -222,7 +224,8 @@ impl Store {
         // Noted before the offsets are written, so the group's keys never
         // expire before an offset kept longer than the broker's retention
         // (a commit that fails after this keeps them longer, no worse).
-        // In the offsets' slot: a replica that has them has this too.
+        // In the offsets' slot (but for the empty group id and ids that
+        // start with `}`): a replica that has them has this too.
         // One that expired already needs nothing kept.
         let until = offsets.iter().filter_map(|(_, o)| o.expire_ms).max();
         if let Some(until) = until.filter(|until| *until > crate::now_ms()) {
@@ -625,7 +628,7 @@ mod tests {
         // As `commit_offsets.lua` leaves it, with an order number.
         let ordered = format!("{},\"order\":3}}", &json[..json.len() - 1]);
         assert_eq!(serde_json::from_str::<CommittedOffset>(&ordered).unwrap(), own);
-        // A retention no clock can add stays one Redis can.
-        assert_eq!(plain.retained_for(Some(i64::MAX)).expire_ms, Some(i64::MAX / 2));
+        // A retention no clock can add stays one Redis's scripts hold exactly.
+        assert_eq!(plain.retained_for(Some(i64::MAX)).expire_ms, Some(LATEST_EXPIRY_MS));
     }
 }

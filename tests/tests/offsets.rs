@@ -1110,4 +1110,15 @@ fn an_offsets_own_retention_longer_than_the_brokers_keeps_it() {
         .query(&mut redis.connection())
         .unwrap();
     assert!(ttl > hour - 600_000, "the emptied group's keys expire with the offset's own retention: {ttl}");
+
+    // A retention no clock can add (Kafka's would overflow): kept for as
+    // long as Redis can say, through plain commits after it too.
+    let forever = unique_topic("own-long-forever");
+    assert_eq!(commit_retained(&mut conn, 2, &forever, "", -1, &topic, &[(0, 3)], i64::MAX), vec![0]);
+    assert_eq!(commit_retained(&mut conn, 2, &forever, "", -1, &topic, &[(1, 4)], -1), vec![0]);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("ketch:group:{{{forever}}}:offsets"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(ttl > 1 << 52, "kept for ever: {ttl}");
 }

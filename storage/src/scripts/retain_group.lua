@@ -5,18 +5,25 @@
 -- KEYS[1] ketch:group:{G}:keep-until
 -- KEYS[2..] the keys that expire (offsets, snapshot, staged offsets)
 -- ARGV[1] the broker's retention (ms, at least 1)
--- ARGV[2] '1': only keys that do not expire already (PEXPIRE … NX)
+-- ARGV[2] '1': only keys that do not expire already (PEXPIRE … NX), and
+--         those that expire before the keep-until key (a longer expiry
+--         lost to a failover is written again)
 -- Returns the TTL given (ms).
 local ttl = tonumber(ARGV[1])
 local kept = redis.call('PTTL', KEYS[1])
 if kept > ttl then
   ttl = kept
 end
+-- As an integer: Redis 7.0 would pass a large Lua number as 4.6e+18.
+ttl = string.format('%d', ttl)
 for i = 2, #KEYS do
   if ARGV[2] == '1' then
     redis.call('PEXPIRE', KEYS[i], ttl, 'NX')
+    if kept > 0 then
+      redis.call('PEXPIRE', KEYS[i], string.format('%d', kept), 'GT')
+    end
   else
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end
-return ttl
+return tonumber(ttl)

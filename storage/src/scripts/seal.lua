@@ -56,22 +56,23 @@ local retention_bytes = tonumber(ARGV[4])
 -- record per archived segment (with retention.ms -1, for ever), so it is
 -- not summed from every record on every call: this script keeps it (meta
 -- `sealed_bytes`) as it seals and deletes segments, beside the shape the
--- segments had then (`sealed_shape`: their count, first and last base, and
--- the compacted stream's end). Every other writer of the records leaves
--- the total as it was: the archive's state changes (segment_state.lua)
--- and the lets-go of an archive below rewrite records without changing
--- their bytes. A change the total does not follow shows in the shape (a
--- gateway of an older release sealed or deleted a segment: a last or
--- first base moved; a compaction pass rewrote sizes: the compacted
--- stream's end moved), and the total is summed again from every record.
+-- segments had then (`sealed_shape`: their count, first and last base).
+-- Every other writer of the records leaves their sizes as they were: the
+-- archive's state changes (segment_state.lua) and the lets-go of an
+-- archive below rewrite records with the same bytes. A seal or deletion by
+-- a gateway of an older release moves a last or first base, and the total
+-- is summed again from every record. Compaction passes rewrite sizes, even
+-- passes that move nothing but tombstones (an older release's among them):
+-- a compacted partition (`clean_end`) keeps no total and sums its records
+-- each call; it has no remote storage, so they are only those in Redis.
 local function segments_shape()
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2] or ''
-  local clean_end = redis.call('HGET', KEYS[1], 'clean_end') or ''
-  return redis.call('ZCARD', KEYS[2]) .. ' ' .. first .. ' ' .. last .. ' ' .. clean_end
+  return string.format('%d', redis.call('ZCARD', KEYS[2])) .. ' ' .. first .. ' ' .. last
 end
+local keeps_total = retention_bytes >= 0 and not meta[9]
 local sealed_total = nil
-if retention_bytes >= 0 and meta[10] and meta[11] == segments_shape() then
+if keeps_total and meta[10] and meta[11] == segments_shape() then
   sealed_total = tonumber(meta[10])
 end
 
@@ -189,7 +190,7 @@ for segment, member in segments_from('-inf') do
   new_start = math.max(new_start, segment.last + 1)
   deleted = deleted + 1
 end
-if sealed_total and (summed or sealed > 0 or deleted > 0) then
+if keeps_total and sealed_total and (summed or sealed > 0 or deleted > 0) then
   redis.call('HSET', KEYS[1], 'sealed_bytes', string.format('%d', sealed_total), 'sealed_shape', segments_shape())
 end
 if new_start > log_start then
