@@ -17,13 +17,16 @@ Usage:
     python3 tests/python/rest_catalog.py --uri sqlite:////abs/catalog.db \\
         --warehouse file:///abs/warehouse --catalog-name ketch \\
         [--host 127.0.0.1] [--port 0] [--prefix P] [--prop KEY=VALUE ...]
+        [--vend KEY=VALUE ...]
 
 Once listening it prints exactly one line, `rest catalog listening on
 http://HOST:PORT`, to stdout (port 0 picks a free port) and serves until
 SIGTERM or SIGINT. `--prop` passes FileIO settings (s3.endpoint,
 s3.access-key-id, ...) to the SqlCatalog, which writes the table metadata
 files; `--prefix` makes GET /v1/config hand clients a path prefix, so that
-the catalog routes are served under /v1/{prefix}/. Requests are logged to
+the catalog routes are served under /v1/{prefix}/; `--vend` puts a property
+in every table response's "config", as a catalog that vends credentials
+hands clients keys for a table's files. Requests are logged to
 stderr only with --verbose (server errors always are).
 
 Endpoints (all under /v1, the catalog ones after the optional prefix):
@@ -63,8 +66,9 @@ reloading the table. The server also runs one catalog operation at a time
 commits from several clients serialize and the losers get that 409.
 
 Not implemented: views, multi-table transactions (POST /transactions/commit),
-credential vending (the X-Iceberg-Access-Delegation header is ignored and
-table responses carry an empty "config"), server-side scan planning, and
+credential vending beyond the fixed `--vend` properties (the
+X-Iceberg-Access-Delegation header is ignored, and no storage-credentials
+are sent), server-side scan planning, and
 authentication (any token is accepted, none is required).
 """
 
@@ -336,7 +340,7 @@ class RestCatalogBackend:
             location=location,
             properties=dict(request.properties),
         )
-        response = TableResponse(metadata_location=None, metadata=metadata, config={})
+        response = TableResponse(metadata_location=None, metadata=metadata, config=dict(VENDED))
         return response.model_dump_json(exclude={"storage_credentials"}).encode()
 
     def register_table(self, namespace: Identifier, body: Any) -> Reply:
@@ -413,10 +417,14 @@ class RestCatalogBackend:
         return HTTPStatus.NO_CONTENT, None
 
 
+# The `--vend` properties: every table response's "config".
+VENDED: dict[str, str] = {}
+
+
 def load_table_result(metadata_location: str, table: Table) -> bytes:
-    """A LoadTableResult: metadata-location, metadata and an empty config
-    (storage-credentials left out: none are vended)."""
-    response = TableResponse(metadata_location=metadata_location, metadata=table.metadata, config={})
+    """A LoadTableResult: metadata-location, metadata and the `--vend`
+    properties as its config (storage-credentials left out)."""
+    response = TableResponse(metadata_location=metadata_location, metadata=table.metadata, config=dict(VENDED))
     return response.model_dump_json(exclude={"storage_credentials"}).encode()
 
 
@@ -679,19 +687,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a property for the SqlCatalog and its FileIO (s3.endpoint, ...); repeatable",
     )
+    parser.add_argument(
+        "--vend",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a property for every table response's config (s3.access-key-id, ...); repeatable",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     args = parser.parse_args(argv)
     if args.prefix is not None and (not args.prefix or "/" in args.prefix):
         parser.error("--prefix must be one non-empty path segment")
-    for prop in args.prop:
-        if "=" not in prop:
-            parser.error(f"--prop {prop!r} is not KEY=VALUE")
+    for option, props in (("--prop", args.prop), ("--vend", args.vend)):
+        for prop in props:
+            if "=" not in prop:
+                parser.error(f"{option} {prop!r} is not KEY=VALUE")
     return args
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     properties = dict(prop.split("=", 1) for prop in args.prop)
+    VENDED.update(prop.split("=", 1) for prop in args.vend)
     properties.update({"uri": args.uri, "warehouse": args.warehouse})
     if args.uri.startswith("sqlite:///"):
         # sqlite:////abs/x.db: SQLite creates the file, not its directory.

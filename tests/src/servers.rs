@@ -265,12 +265,20 @@ impl RestCatalog {
     /// Serves tables from `sqlite_file` (catalog name `ketch`) with new
     /// tables under `warehouse` (a `file://` URL).
     pub fn start(sqlite_file: &Path, warehouse: &str) -> Self {
+        Self::start_with(sqlite_file, warehouse, &[])
+    }
+
+    /// [`RestCatalog::start`] with more of the fixture's options
+    /// (`--prop KEY=VALUE`: its own file IO's; `--vend KEY=VALUE`: every
+    /// table response's config).
+    pub fn start_with(sqlite_file: &Path, warehouse: &str, options: &[String]) -> Self {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/rest_catalog.py");
         let (child, log) = spawn_ready(
             Command::new("python3")
                 .arg(script)
                 .args(["--uri", &format!("sqlite:///{}", sqlite_file.display())])
-                .args(["--warehouse", warehouse, "--catalog-name", "ketch", "--port", "0"]),
+                .args(["--warehouse", warehouse, "--catalog-name", "ketch", "--port", "0"])
+                .args(options),
             "listening on",
             "rest catalog",
         )

@@ -2002,21 +2002,13 @@ fn a_full_redis_is_emptied_by_archiving_and_appends_go_on() {
     consume_and_check(&ketch.consumer(), &topic, &[RECORDS as i64]);
 }
 
-/// With no S3 keys in its settings, a gateway takes its credential from
-/// the environment: here a container credentials endpoint, as ECS gives
-/// (an instance role's IMDS is asked the same way). It asks once for all
-/// of its S3 operations while the credential is valid (archiving three
-/// segments into the table and reading them back from the archive), not
-/// once per operation.
-#[test]
-fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
+/// A container credentials endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI`,
+/// as ECS gives; an instance role's IMDS is asked the same way) serving
+/// `keys` with an expiry: its URL, and how many times it was asked.
+fn credentials_endpoint(keys: (&str, &str)) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{BufRead, BufReader, Write};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let dir = tempfile::tempdir().expect("temp dir");
-    let redis = TestRedis::start();
-    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
-    // The credentials endpoint: the keys ketch-s3 takes, with an expiry.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let endpoint = format!(
         "http://127.0.0.1:{}/credentials",
@@ -2024,6 +2016,13 @@ fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
     );
     let asked = Arc::new(AtomicUsize::new(0));
     let counted = asked.clone();
+    let body = serde_json::json!({
+        "AccessKeyId": keys.0,
+        "SecretAccessKey": keys.1,
+        "Token": "session-token",
+        "Expiration": "2100-01-01T00:00:00Z",
+    })
+    .to_string();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
@@ -2033,13 +2032,6 @@ fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
                 line.clear();
             }
             counted.fetch_add(1, Ordering::SeqCst);
-            let body = serde_json::json!({
-                "AccessKeyId": S3_ACCESS_KEY,
-                "SecretAccessKey": S3_SECRET_KEY,
-                "Token": "session-token",
-                "Expiration": "2100-01-01T00:00:00Z",
-            })
-            .to_string();
             let _ = write!(
                 stream,
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -2047,20 +2039,13 @@ fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
             );
         }
     });
-    let data_dir = dir.path().join("data");
-    let mut args = Vec::new();
-    set(&mut args, "tiering.tick_interval=100ms".to_owned());
-    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
-    for setting in s3.ketch_settings("warehouse") {
-        if !setting.starts_with("tiering.s3_access_key_id")
-            && !setting.starts_with("tiering.s3_secret_access_key")
-        {
-            set(&mut args, setting);
-        }
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    // Only the endpoint: no keys, profile files or instance metadata.
-    let nowhere = dir.path().join("no-aws-files");
+    (endpoint, asked)
+}
+
+/// A gateway (`args`) whose only AWS credential source is `endpoint`: no
+/// keys, profile files or instance metadata in its environment.
+fn gateway_with_credentials_from(endpoint: &str, dir: &Path, redis: &TestRedis, args: &[String]) -> Ketch {
+    let nowhere = dir.join("no-aws-files");
     let env = [
         format!("AWS_CONTAINER_CREDENTIALS_FULL_URI={endpoint}"),
         "AWS_EC2_METADATA_DISABLED=true".to_owned(),
@@ -2082,7 +2067,39 @@ fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
         wrapper.extend(["-u", name]);
     }
     wrapper.extend(env.iter().map(String::as_str));
-    let ketch = Ketch::start_wrapped(&wrapper, &redis.url(), &args);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Ketch::start_wrapped(&wrapper, &redis.url(), &args)
+}
+
+/// `s3`'s settings for a gateway, without its keys.
+fn s3_settings_without_keys(s3: &S3Server, warehouse: &str) -> Vec<String> {
+    s3.ketch_settings(warehouse)
+        .into_iter()
+        .filter(|s| !s.starts_with("tiering.s3_access_key_id") && !s.starts_with("tiering.s3_secret_access_key"))
+        .collect()
+}
+
+/// With no S3 keys in its settings, a gateway takes its credential from
+/// the environment: here a container credentials endpoint, as ECS gives
+/// (an instance role's IMDS is asked the same way). It asks once for all
+/// of its S3 operations while the credential is valid (archiving three
+/// segments into the table and reading them back from the archive), not
+/// once per operation.
+#[test]
+fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    let (endpoint, asked) = credentials_endpoint((S3_ACCESS_KEY, S3_SECRET_KEY));
+    let data_dir = dir.path().join("data");
+    let mut args = Vec::new();
+    set(&mut args, "tiering.tick_interval=100ms".to_owned());
+    set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+    for setting in s3_settings_without_keys(&s3, "warehouse") {
+        set(&mut args, setting);
+    }
+    let ketch = gateway_with_credentials_from(&endpoint, dir.path(), &redis, &args);
 
     let (topic, local_start, end) = archive_three_segments(&ketch, &redis, "role-credentials", 9000);
     assert!(local_start > 0);
@@ -2094,4 +2111,72 @@ fn a_credential_from_the_environment_is_asked_for_once_not_per_s3_operation() {
         1,
         "the credential endpoint asked once for every S3 operation"
     );
+}
+
+/// The same through a REST catalog, whose tables' files the gateway
+/// writes through the file IO the catalog's answer configures: a table
+/// the catalog vends no keys for takes the environment's credential, asked
+/// once for every operation; one it vends keys for is written with those
+/// keys, whatever the environment's credential (here one the object store
+/// refuses).
+#[test]
+fn a_rest_catalogs_tables_take_the_environments_credential_once_or_the_vended_keys() {
+    use std::sync::atomic::Ordering;
+    for vended in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let redis = TestRedis::start();
+        let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+        let environment_keys = if vended {
+            ("AKIDWRONGWRONGWRONG", "not-the-secret")
+        } else {
+            (S3_ACCESS_KEY, S3_SECRET_KEY)
+        };
+        let (endpoint, asked) = credentials_endpoint(environment_keys);
+        // The catalog writes tables' metadata with the object store's keys.
+        let mut options: Vec<String> = [
+            format!("s3.endpoint={}", s3.endpoint()),
+            "s3.region=us-east-1".to_owned(),
+            format!("s3.access-key-id={S3_ACCESS_KEY}"),
+            format!("s3.secret-access-key={S3_SECRET_KEY}"),
+        ]
+        .iter()
+        .flat_map(|prop| ["--prop".to_owned(), prop.clone()])
+        .collect();
+        if vended {
+            for prop in [
+                format!("s3.access-key-id={S3_ACCESS_KEY}"),
+                format!("s3.secret-access-key={S3_SECRET_KEY}"),
+            ] {
+                options.extend(["--vend".to_owned(), prop]);
+            }
+        }
+        let catalog = RestCatalog::start_with(&dir.path().join("rest/catalog.db"), "s3://lake/rest", &options);
+        let data_dir = dir.path().join("data");
+        let mut args = Vec::new();
+        set(&mut args, "tiering.tick_interval=100ms".to_owned());
+        set(&mut args, format!("tiering.data_dir={}", data_dir.display()));
+        set(&mut args, "tiering.catalog=rest".to_owned());
+        set(&mut args, format!("tiering.catalog_uri={}", catalog.url()));
+        for setting in s3_settings_without_keys(&s3, "rest") {
+            set(&mut args, setting);
+        }
+        let ketch = gateway_with_credentials_from(&endpoint, dir.path(), &redis, &args);
+
+        let prefix = if vended { "rest-vended" } else { "rest-role" };
+        let (topic, local_start, end) = archive_three_segments(&ketch, &redis, prefix, 9000);
+        assert!(local_start > 0);
+        assert!(metric(&ketch, "ketch_archive_segments_total") >= 3.0);
+        if vended {
+            // The gateway's own reads of the archive take its settings'
+            // credential, the environment's: refused here.
+            continue;
+        }
+        consume_and_check(&ketch.consumer(), &topic, &[end]);
+        assert!(metric(&ketch, "ketch_remote_read_bytes_total") > 0.0);
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "the credential endpoint asked once for every S3 operation"
+        );
+    }
 }

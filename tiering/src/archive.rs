@@ -270,7 +270,7 @@ pub fn storage_props(settings: &TieringSettings) -> HashMap<String, String> {
 
 /// Opens the configured catalog.
 pub async fn open_catalog(settings: &TieringSettings) -> Result<Arc<dyn Catalog>> {
-    let factory = crate::credentials::storage_factory(settings, settings.catalog != "rest");
+    let factory = crate::credentials::storage_factory();
     let mut props = storage_props(settings);
     match settings.catalog.as_str() {
         "rest" => {

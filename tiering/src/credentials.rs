@@ -1,7 +1,8 @@
-//! One AWS credential for all of a gateway's S3 operations, when
-//! `tiering.s3_access_key_id` is not set and the credential comes from the
-//! environment: an instance role (IMDS), a container role (ECS), web
-//! identity, SSO, a profile.
+//! One AWS credential for all of a gateway's S3 operations, when the
+//! files' properties name none (`tiering.s3_access_key_id` is not set, and
+//! a REST catalog vends no keys for the table) and the credential comes
+//! from the environment: an instance role (IMDS), a container role (ECS),
+//! web identity, SSO, a profile.
 //!
 //! iceberg-storage-opendal builds an opendal operator, and with it a new
 //! credential chain and signer, for every file operation; the signer's own
@@ -18,29 +19,66 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use iceberg::io::{Storage, StorageConfig, StorageFactory};
 use iceberg_storage_opendal::CustomAwsCredentialLoader;
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
-use ketch_config::TieringSettings;
 use reqsign_aws_v4::{Credential, DefaultCredentialProvider};
 use reqsign_core::{Context, ProvideCredential, SigningCredential};
+use serde::{Deserialize, Serialize};
 
-/// The storage factory of the archive's file IO: with
-/// [`SharedCredential`] when S3 keys are not set and the files' properties
-/// come from ketch's settings alone. A REST catalog may vend keys for a
-/// table's files in its properties, which a custom credential chain would
-/// override (opendal uses it instead of the keys): its tables keep
-/// opendal's own chain.
-pub fn storage_factory(
-    settings: &TieringSettings,
-    from_settings: bool,
-) -> Arc<OpenDalResolvingStorageFactory> {
+/// The storage factory of the archive's file IO (the reader's, and every
+/// table's a catalog loads): see [`ArchiveStorageFactory`].
+pub fn storage_factory() -> Arc<ArchiveStorageFactory> {
     static SHARED: OnceLock<CustomAwsCredentialLoader> = OnceLock::new();
-    let factory = OpenDalResolvingStorageFactory::new();
-    if !from_settings || !settings.s3_access_key_id.is_empty() {
-        return Arc::new(factory);
-    }
     let shared = SHARED.get_or_init(|| CustomAwsCredentialLoader::new(SharedCredential::new()));
-    Arc::new(factory.with_s3_credential_loader(shared.clone()))
+    Arc::new(ArchiveStorageFactory {
+        shared: Some(OpenDalResolvingStorageFactory::new().with_s3_credential_loader(shared.clone())),
+        own: OpenDalResolvingStorageFactory::new(),
+    })
+}
+
+/// File properties that say how S3 operations authenticate: with them,
+/// opendal's own handling (a custom credential chain would override them:
+/// opendal then uses it instead of the keys).
+const CREDENTIAL_PROPS: &[&str] = &[
+    iceberg::io::S3_ACCESS_KEY_ID,
+    iceberg::io::S3_SECRET_ACCESS_KEY,
+    iceberg::io::S3_SESSION_TOKEN,
+    iceberg::io::S3_ASSUME_ROLE_ARN,
+    iceberg::io::S3_ALLOW_ANONYMOUS,
+    iceberg::io::S3_DISABLE_EC2_METADATA,
+    iceberg::io::S3_DISABLE_CONFIG_LOAD,
+];
+
+/// Builds each file IO's storage with the process-wide
+/// [`SharedCredential`] when its properties name no credential of their
+/// own ([`CREDENTIAL_PROPS`]): ketch's settings without
+/// `tiering.s3_access_key_id`, and the tables of a REST catalog that vends
+/// no keys (catalog properties and a table's config together); else with
+/// opendal's handling of those properties (keys set, or vended by the
+/// catalog).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchiveStorageFactory {
+    #[serde(skip)]
+    shared: Option<OpenDalResolvingStorageFactory>,
+    own: OpenDalResolvingStorageFactory,
+}
+
+impl ArchiveStorageFactory {
+    /// Whether a file IO with these properties takes the shared credential.
+    fn shares(&self, props: &std::collections::HashMap<String, String>) -> bool {
+        self.shared.is_some() && !props.keys().any(|key| CREDENTIAL_PROPS.contains(&key.as_str()))
+    }
+}
+
+#[typetag::serde]
+impl StorageFactory for ArchiveStorageFactory {
+    fn build(&self, config: &StorageConfig) -> iceberg::Result<Arc<dyn Storage>> {
+        match &self.shared {
+            Some(shared) if self.shares(config.props()) => shared.build(config),
+            _ => self.own.build(config),
+        }
+    }
 }
 
 /// How long a credential without an expiry is used before the chain is
@@ -158,6 +196,26 @@ mod tests {
             secret_access_key: "secret".to_owned(),
             session_token: None,
             expires_in: expires_in.map(|d| reqsign_core::time::Timestamp::now() + d),
+        }
+    }
+
+    #[test]
+    fn file_ios_naming_a_credential_of_their_own_keep_it() {
+        let factory = storage_factory();
+        let props = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        assert!(factory.shares(&props(&[("s3.endpoint", "http://s3"), ("s3.region", "eu-west-1")])));
+        for own in [
+            "s3.access-key-id",
+            "s3.session-token",
+            "client.assume-role.arn",
+            "s3.allow-anonymous",
+        ] {
+            assert!(!factory.shares(&props(&[("s3.endpoint", "http://s3"), (own, "x")])), "{own}");
         }
     }
 

@@ -71,7 +71,7 @@ type WindowLoad = std::result::Result<Window, Arc<Error>>;
 
 /// The archive's files, read with the gateway's settings.
 fn file_io(settings: &TieringSettings) -> FileIO {
-    FileIOBuilder::new(crate::credentials::storage_factory(settings, true))
+    FileIOBuilder::new(crate::credentials::storage_factory())
         .with_props(crate::archive::storage_props(settings))
         .build()
 }
