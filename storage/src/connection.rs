@@ -687,7 +687,7 @@ fn one_slot(pipeline: &Pipeline) -> bool {
     }
 }
 
-fn parse_cluster_slots(reply: Value) -> Result<Vec<(u16, u16, String)>> {
+pub(crate) fn parse_cluster_slots(reply: Value) -> Result<Vec<(u16, u16, String)>> {
     let bad = || StorageError::Data("unexpected CLUSTER SLOTS reply".to_owned());
     let Value::Array(ranges) = reply else {
         return Err(bad());

@@ -1054,6 +1054,94 @@ impl Subscriber {
 /// it believes it holds (see [`ClusterSubscriber`]).
 const AUDIT_EVERY: Duration = Duration::from_secs(2);
 
+/// The most presence channels one `PUBSUB SHARDNUMSUB` of an audit names.
+const AUDIT_CHUNK: usize = 1000;
+
+/// Of `checks` (channel, presence channel, generation), the channels whose
+/// presence channel Redis does not hold, or whose master did not answer
+/// within `limit`, with their generations. The slot map is read first
+/// (`CLUSTER SLOTS`), and each master is asked about all of its channels
+/// together (`PUBSUB SHARDNUMSUB` takes channels of any slots and answers
+/// for the node asked: one a node does not serve is 0 there, and its
+/// subscription is made again where it is served); when the map cannot be
+/// read, each channel is asked of its own slot's master.
+async fn audited(
+    mut conn: redis::cluster_async::ClusterConnection,
+    checks: Vec<(String, String, u64)>,
+    limit: Duration,
+) -> Vec<(String, u64)> {
+    let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+    let read = tokio::time::timeout(limit, slots.query_async::<redis::Value>(&mut conn)).await;
+    let ranges = match read {
+        Ok(Ok(reply)) => crate::connection::parse_cluster_slots(reply).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let master = |presence: &str| {
+        let slot = crate::durable::slot_of(presence);
+        ranges
+            .iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|(_, _, master)| master.clone())
+    };
+    let mut groups: Vec<Vec<(String, String, u64)>> = Vec::new();
+    let mut by_master: HashMap<String, usize> = HashMap::new();
+    for check in checks {
+        match master(&check.1) {
+            Some(master) => match by_master.get(&master) {
+                Some(&at) if groups[at].len() < AUDIT_CHUNK => groups[at].push(check),
+                _ => {
+                    by_master.insert(master, groups.len());
+                    groups.push(vec![check]);
+                }
+            },
+            None => groups.push(vec![check]),
+        }
+    }
+    let asks = groups.into_iter().map(|group| {
+        let mut conn = conn.clone();
+        async move {
+            // Asked of the master the connection's map names for the first
+            // channel's slot, made current first: a stale map (a failover it
+            // has not seen) would ask the old master, now a replica, where
+            // the subscriptions may be held and appends never announced.
+            let first = group[0].1.clone();
+            at_the_master(&mut conn, &first).await;
+            let route = redis::cluster_routing::Route::new(
+                crate::durable::slot_of(&first),
+                redis::cluster_routing::SlotAddr::Master,
+            );
+            let mut cmd = redis::cmd("PUBSUB");
+            cmd.arg("SHARDNUMSUB");
+            for (_, presence, _) in &group {
+                cmd.arg(presence);
+            }
+            let asked = conn.route_command(
+                cmd,
+                redis::cluster_routing::RoutingInfo::SingleNode(
+                    redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(route),
+                ),
+            );
+            let held = match tokio::time::timeout(limit, asked).await {
+                Ok(Ok(value)) => subscriber_counts(value),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, channels = group.len(), "cannot check wake-up subscriptions");
+                    HashMap::new()
+                }
+                Err(_) => {
+                    tracing::debug!(channels = group.len(), "checking wake-up subscriptions timed out");
+                    HashMap::new()
+                }
+            };
+            group
+                .into_iter()
+                .filter(|(_, presence, _)| held.get(presence).is_none_or(|n| *n <= 0))
+                .map(|(channel, _, generation)| (channel, generation))
+                .collect::<Vec<_>>()
+        }
+    });
+    futures::future::join_all(asks).await.into_iter().flatten().collect()
+}
+
 /// Makes the cluster subscriber's connection (starting from the seeds and
 /// the nodes given), the receiver of its pushes and its slot map watch.
 /// Makes `conn`'s slot map name the current master of `channel`'s slot: a
@@ -1132,8 +1220,10 @@ enum Outcome {
 /// other node's messages.
 ///
 /// Every [`AUDIT_EVERY`] it asks each subscribed channel's master how many
-/// subscribers the channel's presence channel has (`PUBSUB SHARDNUMSUB`,
-/// one per channel, together). Only this gateway subscribes to its presence
+/// subscribers the channel's presence channel has (`PUBSUB SHARDNUMSUB`:
+/// it reads the slot map, then asks each master about all of its channels
+/// in one command, which takes channels of any slots and answers for the
+/// node asked; [`audited`]). Only this gateway subscribes to its presence
 /// channels, and only alongside the channel, so 0 means Redis no longer
 /// holds the subscription, though no push said so. That happens when
 /// redis-rs replaces a node's connection without a `Disconnection` push
@@ -1446,45 +1536,7 @@ impl ClusterSubscriber {
         self.auditing = true;
         let (conn, limit, epoch, outcomes) = self.for_task();
         tokio::spawn(async move {
-            let each = checks.into_iter().map(|(channel, presence, generation)| {
-                let mut conn = conn.clone();
-                async move {
-                    // Asked of the slot's master as this connection's map
-                    // has it: a stale map (a failover it has not seen) would
-                    // ask the old master, now a replica, where the
-                    // subscription may be held and appends never announced.
-                    at_the_master(&mut conn, &presence).await;
-                    let route = redis::cluster_routing::Route::new(
-                        crate::durable::slot_of(&presence),
-                        redis::cluster_routing::SlotAddr::Master,
-                    );
-                    let mut cmd = redis::cmd("PUBSUB");
-                    cmd.arg("SHARDNUMSUB").arg(&presence);
-                    let asked = conn.route_command(
-                        cmd,
-                        redis::cluster_routing::RoutingInfo::SingleNode(
-                            redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(route),
-                        ),
-                    );
-                    let held = match tokio::time::timeout(limit, asked).await {
-                        Ok(Ok(value)) => subscriber_count(&value).is_some_and(|n| n > 0),
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, channel, "cannot check a wake-up subscription");
-                            false
-                        }
-                        Err(_) => {
-                            tracing::debug!(channel, "checking a wake-up subscription timed out");
-                            false
-                        }
-                    };
-                    (!held).then_some((channel, generation))
-                }
-            });
-            let lost = futures::future::join_all(each)
-                .await
-                .into_iter()
-                .flatten()
-                .collect();
+            let lost = audited(conn, checks, limit).await;
             metrics::counter!("ketch_wake_subscription_audits_total").increment(1);
             let _ = outcomes.send(Outcome::Audited { epoch, lost });
         });
@@ -1683,18 +1735,29 @@ fn lost(how: &'static str) {
 
 /// The subscriber count in a `PUBSUB SHARDNUMSUB` answer for one channel:
 /// a map in RESP3, a flat array in RESP2.
-fn subscriber_count(value: &redis::Value) -> Option<i64> {
-    match value {
-        redis::Value::Map(pairs) => match pairs.first() {
-            Some((_, redis::Value::Int(n))) => Some(*n),
-            _ => None,
-        },
-        redis::Value::Array(items) => match items.get(1) {
-            Some(redis::Value::Int(n)) => Some(*n),
-            _ => None,
-        },
-        _ => None,
-    }
+fn subscriber_counts(value: redis::Value) -> HashMap<String, i64> {
+    let pairs: Vec<(redis::Value, redis::Value)> = match value {
+        redis::Value::Map(pairs) => pairs,
+        redis::Value::Array(items) => {
+            let mut items = items.into_iter();
+            std::iter::from_fn(|| Some((items.next()?, items.next()?))).collect()
+        }
+        _ => Vec::new(),
+    };
+    pairs
+        .into_iter()
+        .filter_map(|(name, count)| {
+            let name = match name {
+                redis::Value::BulkString(bytes) => String::from_utf8(bytes).ok()?,
+                redis::Value::SimpleString(name) => name,
+                _ => return None,
+            };
+            let redis::Value::Int(count) = count else {
+                return None;
+            };
+            Some((name, count))
+        })
+        .collect()
 }
 
 /// Aborts its task when dropped: a helper task that must not outlive
@@ -1945,17 +2008,31 @@ mod tests {
 
     #[test]
     fn reads_shardnumsub_answers() {
-        let n = |v: redis::Value| subscriber_count(&v);
-        let channel = || redis::Value::BulkString(b"c".to_vec());
+        let name = |n: &str| redis::Value::BulkString(n.as_bytes().to_vec());
+        let counts = |pairs: &[(&str, i64)]| {
+            pairs
+                .iter()
+                .map(|(n, c)| ((*n).to_owned(), *c))
+                .collect::<HashMap<_, _>>()
+        };
+        // RESP2: a flat array; RESP3: a map.
         assert_eq!(
-            n(redis::Value::Array(vec![channel(), redis::Value::Int(2)])),
-            Some(2)
+            subscriber_counts(redis::Value::Array(vec![
+                name("a"),
+                redis::Value::Int(2),
+                name("b"),
+                redis::Value::Int(0),
+            ])),
+            counts(&[("a", 2), ("b", 0)])
         );
         assert_eq!(
-            n(redis::Value::Map(vec![(channel(), redis::Value::Int(0))])),
-            Some(0)
+            subscriber_counts(redis::Value::Map(vec![
+                (name("a"), redis::Value::Int(1)),
+                (name("b"), redis::Value::Int(0)),
+            ])),
+            counts(&[("a", 1), ("b", 0)])
         );
-        assert_eq!(n(redis::Value::Nil), None);
+        assert!(subscriber_counts(redis::Value::Nil).is_empty());
     }
 
     #[tokio::test]

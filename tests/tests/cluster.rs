@@ -702,6 +702,78 @@ fn counter(ketch: &Ketch, series: &str) -> f64 {
         .sum()
 }
 
+/// An audit of the wake-up subscriptions asks each master once for all of
+/// its channels (one `PUBSUB SHARDNUMSUB` naming them), not once per
+/// channel: with 24 partitions long-polled through one gateway, it costs a
+/// master one such command, and takes no live subscription for lost.
+#[test]
+fn an_audit_asks_each_master_once_for_all_its_channels() {
+    const PARTITIONS: i32 = 24;
+    let cluster = RedisCluster::start(3, 0);
+    let b = gateway_with(&cluster, "2", &["--set", "fetch.subscription_linger=300s"]);
+    let topic = unique_topic("cluster-audit");
+    let mut conn = KafkaConn::connect(b.kafka_addr());
+    assert_eq!(raw::create_topic(&mut conn, &topic, PARTITIONS), code::NONE);
+    for partition in 0..PARTITIONS {
+        let response = conn.request(12, &raw::fetch_request(&topic, partition, 0, 100));
+        assert_eq!(raw::fetch_result(&response).0, code::NONE);
+    }
+    let masters: Vec<u16> = cluster.slot_ranges().into_iter().map(|(_, _, port)| port).collect();
+    assert_eq!(masters.len(), 3);
+    let asks = || -> u64 {
+        masters
+            .iter()
+            .map(|port| {
+                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .and_then(|c| c.get_connection())
+                    .expect("connect to a master");
+                let stats: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(&mut conn)
+                    .expect("INFO");
+                stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cmdstat_pubsub|shardnumsub:calls="))
+                    .and_then(|l| l.split(',').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    let audits = || counter(&b, "ketch_wake_subscription_audits_total") as u64;
+    let audits_past = |n: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while audits() < n {
+            assert!(Instant::now() < deadline, "no audit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Two audits after the subscriptions, so every channel is among those
+    // audited from then on.
+    audits_past(audits() + 2);
+    let (audits_before, asks_before) = (audits(), asks());
+    audits_past(audits_before + 4);
+    let (audits_after, asks_after) = (audits(), asks());
+    eprintln!(
+        "{} PUBSUB SHARDNUMSUB over {} audits",
+        asks_after - asks_before,
+        audits_after - audits_before
+    );
+    // One audit may be under way at either sample.
+    let most = (audits_after - audits_before + 1) * masters.len() as u64;
+    assert!(
+        asks_after - asks_before <= most,
+        "{} PUBSUB SHARDNUMSUB over {} audits of {PARTITIONS} channels on {} masters",
+        asks_after - asks_before,
+        audits_after - audits_before,
+        masters.len()
+    );
+    assert_eq!(
+        counter(&b, "ketch_wake_subscription_losses_total{how=\"audit\"}"),
+        0.0,
+        "an audit took a live subscription for lost"
+    );
+}
+
 /// A master serving slots, other than the one on `port`.
 fn another_master(cluster: &RedisCluster, port: u16) -> u16 {
     cluster
