@@ -2180,3 +2180,47 @@ fn a_rest_catalogs_tables_take_the_environments_credential_once_or_the_vended_ke
         );
     }
 }
+
+/// While the object store refuses its writes, a topic's archiving backs
+/// off: after each failure in a row its next attempt waits twice as long
+/// (from one tick, at most 64), instead of failing on every tick.
+#[test]
+fn archiving_backs_off_while_the_object_store_refuses_it() {
+    use ketch_tests::batch::{self, Record};
+    use ketch_tests::raw::{self, KafkaConn, code};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = TestRedis::start();
+    let s3 = S3Server::start(&dir.path().join("s3"), "lake");
+    let ketch = tiered_gateway(&redis, &dir.path().join("data"), &s3.ketch_settings("warehouse"));
+    let topic = unique_topic("backoff");
+    create_remote_topic(&ketch, &runtime(), &topic, 1, &[("segment.ms", "200")]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let produce = |conn: &mut KafkaConn, i: i64| {
+        let batch = batch::encode(&[Record::value(BASE_TIMESTAMP + i, b"v")]);
+        assert_eq!(raw::produce(conn, &topic, 0, batch).0, code::NONE);
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}\n{}", ketch.output());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // The table exists, a segment archived.
+    produce(&mut conn, 0);
+    until("nothing archived", &|| metric(&ketch, "ketch_archive_segments_total") >= 1.0);
+    // The bucket goes away (the store answers NoSuchBucket at once, where
+    // a store that is down is retried inside each attempt); segments keep
+    // sealing.
+    std::fs::rename(s3.root().join("lake"), s3.root().join("gone")).expect("move the bucket away");
+    produce(&mut conn, 1);
+    let failures = || metric(&ketch, "ketch_archive_failures_total");
+    until("archiving never failed", &|| failures() >= 3.0);
+    let third = Instant::now();
+    until("archiving stopped trying", &|| failures() >= 7.0);
+    // Failing every tick (100 ms), four more failures take 0.4 s; backing
+    // off, 0.4 + 0.8 + 1.6 + 3.2 s.
+    let took = third.elapsed();
+    assert!(took >= Duration::from_secs(3), "four failures in {took:?}: no backoff");
+    eprintln!("four failures in a row took {took:?}");
+}
