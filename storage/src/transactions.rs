@@ -848,6 +848,7 @@ impl Store {
         invocation
             .key(self.group_txn_offsets_key(group))
             .key(self.group_state_key(group))
+            .key(self.group_keep_until_key(group))
             .arg("apply")
             .arg(decided.producer_id)
             .arg(decided.number)

@@ -2214,3 +2214,54 @@ fn a_transactional_commit_naming_only_an_instance_id_is_fenced_by_the_group() {
     assert_eq!(member.topics[0].partitions[0].error_code, code::NONE);
     assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
 }
+
+/// Offsets a transaction commits to a group without members renew the
+/// group's retention, and never to less than an offset's own retention
+/// asked the group be kept (OffsetCommit v2–v4's `retention_time_ms`):
+/// the transaction's commit does not cut that short.
+#[test]
+fn a_transactions_offsets_keep_a_groups_longer_own_retention() {
+    use kafka_protocol::messages::OffsetCommitRequest;
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "groups.offsets_retention=1h"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-own-retention");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let group = unique_topic("txn-own-retention-group");
+    let day = 86_400_000;
+    let committed = conn.request(
+        2,
+        &OffsetCommitRequest::default()
+            .with_group_id(StrBytes::from_string(group.clone()).into())
+            .with_generation_id_or_member_epoch(-1)
+            .with_retention_time_ms(day)
+            .with_topics(vec![
+                OffsetCommitRequestTopic::default()
+                    .with_name(raw::topic_name(&topic))
+                    .with_partitions(vec![
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(3),
+                    ]),
+            ]),
+    );
+    assert_eq!(committed.topics[0].partitions[0].error_code, code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-own-retention-id", &topic);
+    stage_offset(&mut conn, &group, &(id.clone(), pid, epoch), &topic, 5);
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
+    let key = format!("ketch:group:{{{group}}}:offsets");
+    let field = format!("{topic}:0");
+    eventually("the transaction's offset applied", true, || {
+        let json: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(&field)
+            .query(&mut redis.connection())
+            .unwrap();
+        json.is_some_and(|j| j.contains("\"offset\":5"))
+    });
+    let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis.connection()).unwrap();
+    assert!(ttl > day - 600_000, "the group's keys expire after {ttl} ms, before the day asked for");
+}

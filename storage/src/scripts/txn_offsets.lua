@@ -15,6 +15,9 @@
 --         '<transaction number>:<length of the transactional id>:<transactional id><offset JSON>',
 --         and fields 'order' (the last stage's order number) and 'applied'
 -- KEYS[3] ketch:group:{GROUP}:state        the group's snapshot ('apply' only)
+-- KEYS[4] ketch:group:{GROUP}:keep-until   ('apply' only) until when an offset's own
+--         retention keeps the group's keys (keep_until.lua): a renewed TTL is
+--         no shorter
 -- ARGV[1] 'stage': ARGV[2] producer id, ARGV[3] transaction number,
 --         ARGV[4] transactional id, then '<topic>:<partition>', offset JSON
 --         pairs. Reply: the offsets staged.
@@ -105,8 +108,13 @@ if op == 'apply' then
   if applied > 0 then
     local ttl = redis.call('PTTL', KEYS[1])
     if ttl > 0 or (ttl == -1 and redis.call('EXISTS', KEYS[3]) == 0) then
+      local renewed = ARGV[5]
+      local kept = KEYS[4] and redis.call('PTTL', KEYS[4]) or -2
+      if kept > tonumber(renewed) then
+        renewed = string.format('%d', kept)
+      end
       for i = 1, 3 do
-        redis.call('PEXPIRE', KEYS[i], ARGV[5])
+        redis.call('PEXPIRE', KEYS[i], renewed)
       end
     end
   end
