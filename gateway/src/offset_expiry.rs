@@ -99,7 +99,11 @@ pub async fn expire_once(ctx: &Context) -> Result<i64, StorageError> {
             }
         };
         let now = ketch_storage::now_ms();
-        let cutoff = if by_age { now.saturating_sub(retention) } else { i64::MIN };
+        let cutoff = if by_age {
+            now.saturating_sub(retention)
+        } else {
+            i64::MIN
+        };
         let offsets = match ctx.storage.all_committed_offsets(&group).await {
             Ok(offsets) => offsets,
             Err(e) => {

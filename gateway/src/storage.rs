@@ -446,7 +446,9 @@ impl Storage for Tiered {
         now_ms: i64,
         cutoff_ms: i64,
     ) -> Result<i64> {
-        self.store.expire_offsets(group, partitions, now_ms, cutoff_ms).await
+        self.store
+            .expire_offsets(group, partitions, now_ms, cutoff_ms)
+            .await
     }
 
     async fn delete_group_offsets(&self, group: &str) -> Result<bool> {

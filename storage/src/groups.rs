@@ -503,7 +503,10 @@ impl Store {
         // The keys are in different slots of a Redis Cluster: read, then
         // set (a commit with a longer retention of its own in between sets
         // them again after).
-        let kept: i64 = redis::cmd("PTTL").arg(&keep_until).query_async(&mut self.conn()).await?;
+        let kept: i64 = redis::cmd("PTTL")
+            .arg(&keep_until)
+            .query_async(&mut self.conn())
+            .await?;
         let ms = ms.max(kept);
         let mut pipe = redis::pipe();
         for key in keys {
@@ -629,6 +632,9 @@ mod tests {
         let ordered = format!("{},\"order\":3}}", &json[..json.len() - 1]);
         assert_eq!(serde_json::from_str::<CommittedOffset>(&ordered).unwrap(), own);
         // A retention no clock can add stays one Redis's scripts hold exactly.
-        assert_eq!(plain.retained_for(Some(i64::MAX)).expire_ms, Some(LATEST_EXPIRY_MS));
+        assert_eq!(
+            plain.retained_for(Some(i64::MAX)).expire_ms,
+            Some(LATEST_EXPIRY_MS)
+        );
     }
 }

@@ -1139,7 +1139,11 @@ async fn audited(
                 .collect::<Vec<_>>()
         }
     });
-    futures::future::join_all(asks).await.into_iter().flatten().collect()
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Makes the cluster subscriber's connection (starting from the seeds and

@@ -718,7 +718,11 @@ fn an_audit_asks_each_master_once_for_all_its_channels() {
         let response = conn.request(12, &raw::fetch_request(&topic, partition, 0, 100));
         assert_eq!(raw::fetch_result(&response).0, code::NONE);
     }
-    let masters: Vec<u16> = cluster.slot_ranges().into_iter().map(|(_, _, port)| port).collect();
+    let masters: Vec<u16> = cluster
+        .slot_ranges()
+        .into_iter()
+        .map(|(_, _, port)| port)
+        .collect();
     assert_eq!(masters.len(), 3);
     let asks = || -> u64 {
         masters

@@ -1013,13 +1013,28 @@ fn an_offsets_own_retention_shorter_than_the_brokers_expires_it_then() {
     // Without members: partition 0 kept 300 ms, partition 1 as the broker
     // keeps it.
     let standalone = unique_topic("own-short-standalone");
-    assert_eq!(commit_retained(&mut conn, 2, &standalone, "", -1, &topic, &[(0, 3)], 300), vec![0]);
-    assert_eq!(commit_retained(&mut conn, 2, &standalone, "", -1, &topic, &[(1, 4)], -1), vec![0]);
+    assert_eq!(
+        commit_retained(&mut conn, 2, &standalone, "", -1, &topic, &[(0, 3)], 300),
+        vec![0]
+    );
+    assert_eq!(
+        commit_retained(&mut conn, 2, &standalone, "", -1, &topic, &[(1, 4)], -1),
+        vec![0]
+    );
     // A consumer group that commits and then empties.
     let emptied = unique_topic("own-short-emptied");
     let (member, generation) = stable_group(&mut conn, &emptied, &topic);
     assert_eq!(
-        commit_retained(&mut conn, 4, &emptied, &member, generation, &topic, &[(0, 5)], 300),
+        commit_retained(
+            &mut conn,
+            4,
+            &emptied,
+            &member,
+            generation,
+            &topic,
+            &[(0, 5)],
+            300
+        ),
         vec![0]
     );
     leave(&mut conn, &emptied, &member);
@@ -1044,7 +1059,11 @@ fn an_offsets_own_retention_shorter_than_the_brokers_expires_it_then() {
         },
         |seen| *seen == (-1, -1, -1),
     );
-    assert_eq!(fetch(&mut conn, &standalone, &topic, &[1])[0].1, 4, "a plain commit stays");
+    assert_eq!(
+        fetch(&mut conn, &standalone, &topic, &[1])[0].1,
+        4,
+        "a plain commit stays"
+    );
     assert_eq!(
         fetch(&mut conn, &stable, &topic, &[0])[0].1,
         6,
@@ -1077,15 +1096,30 @@ fn an_offsets_own_retention_longer_than_the_brokers_keeps_it() {
     let hour = 3_600_000;
     let standalone = unique_topic("own-long-standalone");
     for group in [standalone.as_str(), ""] {
-        assert_eq!(commit_retained(&mut conn, 2, group, "", -1, &topic, &[(0, 3)], hour), vec![0]);
-        assert_eq!(commit_retained(&mut conn, 2, group, "", -1, &topic, &[(1, 4)], -1), vec![0]);
+        assert_eq!(
+            commit_retained(&mut conn, 2, group, "", -1, &topic, &[(0, 3)], hour),
+            vec![0]
+        );
+        assert_eq!(
+            commit_retained(&mut conn, 2, group, "", -1, &topic, &[(1, 4)], -1),
+            vec![0]
+        );
     }
     // Two consumer groups commit and empty: one kept an hour, one plainly.
     let (kept, plain) = (unique_topic("own-long-kept"), unique_topic("own-long-plain"));
     for (group, retention) in [(&kept, hour), (&plain, -1)] {
         let (member, generation) = stable_group(&mut conn, group, &topic);
         assert_eq!(
-            commit_retained(&mut conn, 2, group, &member, generation, &topic, &[(0, 5)], retention),
+            commit_retained(
+                &mut conn,
+                2,
+                group,
+                &member,
+                generation,
+                &topic,
+                &[(0, 5)],
+                retention
+            ),
             vec![0]
         );
         leave(&mut conn, group, &member);
@@ -1109,13 +1143,22 @@ fn an_offsets_own_retention_longer_than_the_brokers_keeps_it() {
         .arg(format!("ketch:group:{{{kept}}}:offsets"))
         .query(&mut redis.connection())
         .unwrap();
-    assert!(ttl > hour - 600_000, "the emptied group's keys expire with the offset's own retention: {ttl}");
+    assert!(
+        ttl > hour - 600_000,
+        "the emptied group's keys expire with the offset's own retention: {ttl}"
+    );
 
     // A retention no clock can add (Kafka's would overflow): kept for as
     // long as Redis can say, through plain commits after it too.
     let forever = unique_topic("own-long-forever");
-    assert_eq!(commit_retained(&mut conn, 2, &forever, "", -1, &topic, &[(0, 3)], i64::MAX), vec![0]);
-    assert_eq!(commit_retained(&mut conn, 2, &forever, "", -1, &topic, &[(1, 4)], -1), vec![0]);
+    assert_eq!(
+        commit_retained(&mut conn, 2, &forever, "", -1, &topic, &[(0, 3)], i64::MAX),
+        vec![0]
+    );
+    assert_eq!(
+        commit_retained(&mut conn, 2, &forever, "", -1, &topic, &[(1, 4)], -1),
+        vec![0]
+    );
     let ttl: i64 = redis::cmd("PTTL")
         .arg(format!("ketch:group:{{{forever}}}:offsets"))
         .query(&mut redis.connection())

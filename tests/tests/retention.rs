@@ -612,7 +612,11 @@ fn the_worker_reads_many_segment_records_a_chunk_at_a_time_with_the_same_outcome
     let with_quarantine = listing(2, false);
     assert!(with_quarantine.complete);
     assert_eq!(
-        with_quarantine.segments.iter().map(|s| s.base).collect::<Vec<_>>(),
+        with_quarantine
+            .segments
+            .iter()
+            .map(|s| s.base)
+            .collect::<Vec<_>>(),
         (21..SEGMENTS).map(|i| i * 10).collect::<Vec<_>>(),
         "from the segment holding the oldest quarantined batch on"
     );
@@ -678,7 +682,10 @@ fn retention_bytes_keeps_the_sealed_total_instead_of_reading_every_record() {
         local_retention_bytes: -1,
         producer_expiration_ms: 604_800_000,
     };
-    let seal = |policy: SegmentPolicy| rt.block_on(store.seal_and_retain(&topic, 0, policy)).expect("seal");
+    let seal = |policy: SegmentPolicy| {
+        rt.block_on(store.seal_and_retain(&topic, 0, policy))
+            .expect("seal")
+    };
     let total = || redis.meta_field(&name, 0, "sealed_bytes");
 
     // The first call sums every record: 60000 B, under the limit.

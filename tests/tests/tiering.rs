@@ -2075,7 +2075,9 @@ fn gateway_with_credentials_from(endpoint: &str, dir: &Path, redis: &TestRedis, 
 fn s3_settings_without_keys(s3: &S3Server, warehouse: &str) -> Vec<String> {
     s3.ketch_settings(warehouse)
         .into_iter()
-        .filter(|s| !s.starts_with("tiering.s3_access_key_id") && !s.starts_with("tiering.s3_secret_access_key"))
+        .filter(|s| {
+            !s.starts_with("tiering.s3_access_key_id") && !s.starts_with("tiering.s3_secret_access_key")
+        })
         .collect()
 }
 
@@ -2150,7 +2152,8 @@ fn a_rest_catalogs_tables_take_the_environments_credential_once_or_the_vended_ke
                 options.extend(["--vend".to_owned(), prop]);
             }
         }
-        let catalog = RestCatalog::start_with(&dir.path().join("rest/catalog.db"), "s3://lake/rest", &options);
+        let catalog =
+            RestCatalog::start_with(&dir.path().join("rest/catalog.db"), "s3://lake/rest", &options);
         let data_dir = dir.path().join("data");
         let mut args = Vec::new();
         set(&mut args, "tiering.tick_interval=100ms".to_owned());
@@ -2208,7 +2211,9 @@ fn archiving_backs_off_while_the_object_store_refuses_it() {
     };
     // The table exists, a segment archived.
     produce(&mut conn, 0);
-    until("nothing archived", &|| metric(&ketch, "ketch_archive_segments_total") >= 1.0);
+    until("nothing archived", &|| {
+        metric(&ketch, "ketch_archive_segments_total") >= 1.0
+    });
     // The bucket goes away (the store answers NoSuchBucket at once, where
     // a store that is down is retried inside each attempt); segments keep
     // sealing.
@@ -2221,6 +2226,9 @@ fn archiving_backs_off_while_the_object_store_refuses_it() {
     // Failing every tick (100 ms), four more failures take 0.4 s; backing
     // off, 0.4 + 0.8 + 1.6 + 3.2 s.
     let took = third.elapsed();
-    assert!(took >= Duration::from_secs(3), "four failures in {took:?}: no backoff");
+    assert!(
+        took >= Duration::from_secs(3),
+        "four failures in {took:?}: no backoff"
+    );
     eprintln!("four failures in a row took {took:?}");
 }

@@ -2262,6 +2262,12 @@ fn a_transactions_offsets_keep_a_groups_longer_own_retention() {
             .unwrap();
         json.is_some_and(|j| j.contains("\"offset\":5"))
     });
-    let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut redis.connection()).unwrap();
-    assert!(ttl > day - 600_000, "the group's keys expire after {ttl} ms, before the day asked for");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        ttl > day - 600_000,
+        "the group's keys expire after {ttl} ms, before the day asked for"
+    );
 }

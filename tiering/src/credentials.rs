@@ -208,14 +208,20 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect::<std::collections::HashMap<_, _>>()
         };
-        assert!(factory.shares(&props(&[("s3.endpoint", "http://s3"), ("s3.region", "eu-west-1")])));
+        assert!(factory.shares(&props(&[
+            ("s3.endpoint", "http://s3"),
+            ("s3.region", "eu-west-1")
+        ])));
         for own in [
             "s3.access-key-id",
             "s3.session-token",
             "client.assume-role.arn",
             "s3.allow-anonymous",
         ] {
-            assert!(!factory.shares(&props(&[("s3.endpoint", "http://s3"), (own, "x")])), "{own}");
+            assert!(
+                !factory.shares(&props(&[("s3.endpoint", "http://s3"), (own, "x")])),
+                "{own}"
+            );
         }
     }
 
