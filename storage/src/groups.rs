@@ -94,9 +94,13 @@ impl CommittedOffset {
 /// A topic partition as committed offsets name it.
 pub type TopicPartition = (String, i32);
 
-/// A retention as a TTL in ms (at least 1: `PEXPIRE` with 0 deletes).
+/// A retention as a TTL in ms: at least 1 (`PEXPIRE` with 0 deletes),
+/// at most [`LATEST_EXPIRY_MS`] (the scripts hold it exactly, and Redis
+/// can add it to its clock).
 pub(crate) fn retention_ms(retention: Duration) -> i64 {
-    i64::try_from(retention.as_millis()).unwrap_or(i64::MAX).max(1)
+    i64::try_from(retention.as_millis())
+        .unwrap_or(i64::MAX)
+        .clamp(1, LATEST_EXPIRY_MS)
 }
 
 fn field(topic: &str, partition: i32) -> String {
@@ -510,11 +514,16 @@ impl Store {
         let ms = ms.max(kept);
         let mut pipe = redis::pipe();
         for key in keys {
-            let expire = pipe.cmd("PEXPIRE").arg(key).arg(ms);
-            if unless_expiring {
-                expire.arg("NX");
+            if !unless_expiring {
+                pipe.cmd("PEXPIRE").arg(&key).arg(ms).ignore();
+                continue;
             }
-            expire.ignore();
+            pipe.cmd("PEXPIRE").arg(&key).arg(ms).arg("NX").ignore();
+            // As retain_group.lua: one that expires before keep-until
+            // expires with it.
+            if kept > 0 {
+                pipe.cmd("PEXPIRE").arg(&key).arg(kept).arg("GT").ignore();
+            }
         }
         let () = pipe.query_async(&mut self.conn()).await?;
         Ok(())

@@ -1165,3 +1165,23 @@ fn an_offsets_own_retention_longer_than_the_brokers_keeps_it() {
         .unwrap();
     assert!(ttl > 1 << 52, "kept for ever: {ttl}");
 }
+
+/// A `groups.offsets_retention` longer than Redis can count ("for ever")
+/// keeps a group's offsets as long as Redis can say, not for no time.
+#[test]
+fn a_retention_longer_than_redis_counts_keeps_the_offsets() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "groups.offsets_retention=200000000000d"]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("forever");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    // A group without members: its keys get the retention at once.
+    let group = unique_topic("forever-group");
+    assert_eq!(commit(&mut conn, &group, &topic, &[(0, 7, "")], -1), vec![0]);
+    assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, 7);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("ketch:group:{{{group}}}:offsets"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(ttl > 1 << 52, "kept for ever: {ttl}");
+}
