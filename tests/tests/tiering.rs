@@ -2170,6 +2170,28 @@ fn a_rest_catalogs_tables_take_the_environments_credential_once_or_the_vended_ke
         assert!(local_start > 0);
         assert!(metric(&ketch, "ketch_archive_segments_total") >= 3.0);
         if vended {
+            // Three partitions archive in a tick, committing one after
+            // another to the topic's table: each commit, and the table's
+            // upkeep after it, keeps the vended keys (the catalog's answer
+            // to a commit carries a file IO without them).
+            let wide = unique_topic("rest-vended-wide");
+            let rt = runtime();
+            create_remote_topic(
+                &ketch,
+                &rt,
+                &wide,
+                3,
+                &[("segment.bytes", "65536"), ("local.retention.bytes", "0")],
+            );
+            let producer = ketch.producer_with(&[("linger.ms", "5")]);
+            produce(&producer, &rt, &wide, 3, 0..6000);
+            wait_archived(&redis, &ketch, &wide, 3, true, 65536);
+            assert_eq!(
+                metric(&ketch, "ketch_archive_failures_total"),
+                0.0,
+                "an archive attempt failed: the vended keys were not used\n{}",
+                ketch.output()
+            );
             // The gateway's own reads of the archive take its settings'
             // credential, the environment's: refused here.
             continue;

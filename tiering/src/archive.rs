@@ -916,7 +916,7 @@ impl Archiver {
         let catalog = self.catalog().await?;
         match transaction.commit(catalog.as_ref()).await {
             Ok(updated) => {
-                *table = updated;
+                *table = crate::maintenance::keeping_file_io(updated, table);
                 // The phases, in ms since the segment's first read: every
                 // row group decoded and handed to the writer task; the file
                 // closed (its last row groups encoded, its upload complete);

@@ -38,6 +38,33 @@ use iceberg::{
 
 use crate::{Error, Result};
 
+/// The table a catalog answered a commit with, read and written through
+/// `before`'s file IO: iceberg-catalog-rest builds the table it answers a
+/// commit with from the catalog's properties alone, without the config
+/// its LoadTable answer carried, which is where a catalog vends keys for
+/// the table's files; every write after the first commit would lack them.
+pub(crate) fn keeping_file_io(committed: Table, before: &Table) -> Table {
+    let Ok(runtime) = Runtime::try_current() else {
+        return committed;
+    };
+    let mut builder = Table::builder()
+        .metadata(committed.metadata_ref())
+        .identifier(committed.identifier().clone())
+        .file_io(before.file_io().clone())
+        .runtime(runtime);
+    if let Some(location) = committed.metadata_location() {
+        builder = builder.metadata_location(location);
+    }
+    match builder.build() {
+        Ok(table) => table,
+        Err(e) => {
+            tracing::warn!(table = %committed.identifier(), error = %e,
+                "cannot keep the table's file IO after a commit; using the catalog's");
+            committed
+        }
+    }
+}
+
 /// Snapshot summary key of a manifest rewrite: how many manifests it merged.
 pub const MANIFESTS_MERGED: &str = "ketch.manifests-merged";
 /// Manifests this big or bigger are left alone (Iceberg's default
@@ -77,7 +104,7 @@ pub async fn expire_snapshots(
         .expire_older_than_ms(cutoff)
         .retain_last(kept)
         .apply(transaction)?;
-    let after = transaction.commit(catalog).await?;
+    let after = keeping_file_io(transaction.commit(catalog).await?, table);
     let remaining: HashSet<i64> = after.metadata().snapshots().map(|s| s.snapshot_id()).collect();
     let lists: Vec<String> = table
         .metadata()
@@ -371,7 +398,7 @@ async fn commit_rewrite(
     // The fast append copied the list's entries into its own list, so the
     // staging list is never referenced, committed or not.
     delete_all(base, &[list_path]).await;
-    Ok(Some((committed?, manifests)))
+    Ok(Some((keeping_file_io(committed?, base), manifests)))
 }
 
 /// `table` with its current snapshot's manifest list replaced by `list`.
