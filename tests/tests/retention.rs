@@ -756,7 +756,19 @@ fn retention_bytes_keeps_the_sealed_total_instead_of_reading_every_record() {
     // 100 B ones before it go while the rest holds 100000 B.
     redis.set_meta(&name, 0, &[("clean_end", "3010")]);
     rewrite(5990, 200_000);
-    let outcome = seal(policy);
+    let compacted = SegmentPolicy {
+        remote: false,
+        ..policy
+    };
+    let outcome = seal(compacted);
     assert_eq!((outcome.deleted, outcome.log_start_offset), (298, 5990));
-    assert_eq!(total().as_deref(), Some("30700"), "left as it was");
+    assert_eq!(
+        redis.meta_field(&name, 0, "sealed_shape"),
+        None,
+        "the shape kept from before is dropped"
+    );
+    // Its topic turned to remote storage (compaction stops): a total is
+    // kept again, summed afresh: 200000 + 700 + 100 B.
+    assert_eq!(seal(policy).deleted, 0);
+    assert_eq!(total().as_deref(), Some("200800"));
 }

@@ -64,11 +64,16 @@ local forgotten = tonumber(ARGV[6])
 if forgotten > 0 then
   redis.call('ZREM', KEYS[6], unpack(ARGV, 7, 6 + forgotten))
 end
--- Segments retention removed meanwhile stay removed. (Their sizes change:
--- seal.lua keeps no total of a compacted partition's.)
+-- Segments retention removed meanwhile stay removed. Their sizes change:
+-- seal.lua's total of them (kept only without compaction, or with remote
+-- storage, which a pass under way when it was turned on may still meet)
+-- is summed again.
 for i = 7 + forgotten, #ARGV, 2 do
   if redis.call('ZREM', KEYS[5], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[5], cjson.decode(ARGV[i + 1]).base, ARGV[i + 1])
   end
+end
+if #ARGV >= 7 + forgotten then
+  redis.call('HDEL', KEYS[1], 'sealed_shape')
 end
 return 1

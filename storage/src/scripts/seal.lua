@@ -64,13 +64,20 @@ local retention_bytes = tonumber(ARGV[4])
 -- is summed again from every record. Compaction passes rewrite sizes, even
 -- passes that move nothing but tombstones (an older release's among them):
 -- a compacted partition (`clean_end`) keeps no total and sums its records
--- each call; it has no remote storage, so they are only those in Redis.
+-- each call (it has no remote storage, so they are only those in Redis),
+-- and drops a shape kept from before its first pass. One whose topic
+-- turned to remote storage since (compaction no longer runs) keeps one
+-- again, summed afresh.
 local function segments_shape()
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2] or ''
   return string.format('%d', redis.call('ZCARD', KEYS[2])) .. ' ' .. first .. ' ' .. last
 end
-local keeps_total = retention_bytes >= 0 and not meta[9]
+local keeps_total = retention_bytes >= 0 and (remote or not meta[9])
+if meta[9] and not remote and meta[11] then
+  redis.call('HDEL', KEYS[1], 'sealed_shape')
+  meta[11] = nil
+end
 local sealed_total = nil
 if keeps_total and meta[10] and meta[11] == segments_shape() then
   sealed_total = tonumber(meta[10])
