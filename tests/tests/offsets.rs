@@ -797,6 +797,22 @@ fn delete_groups_answers_each_name_once_and_errors_carry_no_operations() {
     assert_eq!(fetch(&mut conn, &group, &topic, &[0])[0].1, -1);
 }
 
+/// A gateway that expires offsets `retention` after their commit (or
+/// their group emptying), looking every 100 ms.
+fn expiring_gateway(redis: &TestRedis, retention: &str) -> Ketch {
+    Ketch::start(
+        &redis.url(),
+        &[
+            "--set",
+            "groups.initial_rebalance_delay=0s",
+            "--set",
+            &format!("groups.offsets_retention={retention}"),
+            "--set",
+            "groups.offsets_retention_check_interval=100ms",
+        ],
+    )
+}
+
 /// Offsets no member consumes expire one by one, `groups.offsets_retention`
 /// after their commit, as Kafka's coordinator expires them: every offset of
 /// a group no member ever joined (each on its own, however recently others
@@ -805,17 +821,7 @@ fn delete_groups_answers_each_name_once_and_errors_carry_no_operations() {
 #[test]
 fn offsets_no_member_consumes_expire_one_by_one() {
     let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "groups.initial_rebalance_delay=0s",
-            "--set",
-            "groups.offsets_retention=2s",
-            "--set",
-            "groups.offsets_retention_check_interval=100ms",
-        ],
-    );
+    let ketch = expiring_gateway(&redis, "2s");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let (consumed, other) = (unique_topic("consumed"), unique_topic("other"));
     for topic in [&consumed, &other] {
@@ -994,17 +1000,7 @@ fn until<T: std::fmt::Debug>(what: &str, mut look: impl FnMut() -> T, done: impl
 #[test]
 fn an_offsets_own_retention_shorter_than_the_brokers_expires_it_then() {
     let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "groups.initial_rebalance_delay=0s",
-            "--set",
-            "groups.offsets_retention=1h",
-            "--set",
-            "groups.offsets_retention_check_interval=100ms",
-        ],
-    );
+    let ketch = expiring_gateway(&redis, "1h");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let (topic, other) = (unique_topic("own-short"), unique_topic("own-short-other"));
     for t in [&topic, &other] {
@@ -1079,17 +1075,7 @@ fn an_offsets_own_retention_shorter_than_the_brokers_expires_it_then() {
 #[test]
 fn an_offsets_own_retention_longer_than_the_brokers_keeps_it() {
     let redis = TestRedis::start();
-    let ketch = Ketch::start(
-        &redis.url(),
-        &[
-            "--set",
-            "groups.initial_rebalance_delay=0s",
-            "--set",
-            "groups.offsets_retention=2s",
-            "--set",
-            "groups.offsets_retention_check_interval=100ms",
-        ],
-    );
+    let ketch = expiring_gateway(&redis, "2s");
     let mut conn = KafkaConn::connect(ketch.kafka_addr());
     let topic = unique_topic("own-long");
     assert_eq!(raw::create_topic(&mut conn, &topic, 2), code::NONE);
