@@ -178,8 +178,11 @@ pub async fn schedule_backstop(ctx: &Context, id: &str) {
     }
 }
 
+/// `transactions.id_expiration` as a TTL Redis takes (at most 2^53 ms: a
+/// longer one would not add to its clock, and every write of a finished
+/// transaction's state would fail).
 pub fn id_ttl_ms(ctx: &Context) -> i64 {
-    i64::try_from(ctx.settings.transactions.id_expiration.get().as_millis()).unwrap_or(i64::MAX)
+    ketch_storage::groups::retention_ms(ctx.settings.transactions.id_expiration.get())
 }
 
 /// How long what a transaction finishes is kept: the id's state

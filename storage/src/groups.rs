@@ -97,7 +97,7 @@ pub type TopicPartition = (String, i32);
 /// A retention as a TTL in ms: at least 1 (`PEXPIRE` with 0 deletes),
 /// at most [`LATEST_EXPIRY_MS`] (the scripts hold it exactly, and Redis
 /// can add it to its clock).
-pub(crate) fn retention_ms(retention: Duration) -> i64 {
+pub fn retention_ms(retention: Duration) -> i64 {
     i64::try_from(retention.as_millis())
         .unwrap_or(i64::MAX)
         .clamp(1, LATEST_EXPIRY_MS)

@@ -365,7 +365,7 @@ impl Store {
             .lease
             .key(lease)
             .arg(worker)
-            .arg(ttl.as_millis().max(1) as u64)
+            .arg(crate::groups::retention_ms(ttl))
             .arg(op)
             .invoke_async(&mut self.conn())
             .await?;

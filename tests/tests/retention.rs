@@ -771,4 +771,18 @@ fn retention_bytes_keeps_the_sealed_total_instead_of_reading_every_record() {
     // kept again, summed afresh: 200000 + 700 + 100 B.
     assert_eq!(seal(policy).deleted, 0);
     assert_eq!(total().as_deref(), Some("200800"));
+
+    // A compaction pass of an older release (one under way when remote
+    // storage was turned on, say) shrinks a segment and rewrites the
+    // compacted stream's size, but leaves the shape: the total is summed
+    // again (100000 + 700 + 100 B), and the shrunk segment, which the
+    // rest no longer holds retention.bytes without, stays.
+    rewrite(5990, 100_000);
+    redis.set_meta(&name, 0, &[("clean_bytes", "4242")]);
+    assert_eq!(
+        seal(policy).deleted,
+        0,
+        "deleted on a total kept from before the pass"
+    );
+    assert_eq!(total().as_deref(), Some("100800"));
 }

@@ -2271,3 +2271,32 @@ fn a_transactions_offsets_keep_a_groups_longer_own_retention() {
         "the group's keys expire after {ttl} ms, before the day asked for"
     );
 }
+
+/// A `transactions.id_expiration` longer than Redis counts ("for ever")
+/// keeps a finished transaction's id as long as Redis can say: every write
+/// of its state took a TTL Redis refused before.
+#[test]
+fn an_id_expiration_longer_than_redis_counts_keeps_the_id() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "transactions.id_expiration=200000000000d"],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-forever");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-forever-id", &topic);
+    let records = transactional(&[Record::value(batch::at(0), b"in")], pid, epoch, 0);
+    let request = raw::produce_request(&topic, 0, records)
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))));
+    assert_eq!(raw::produce_result(&conn.request(9, &request)).0, code::NONE);
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
+    let key = format!("ketch:txn:{{{id}}}");
+    eventually("the id's state kept for ever", true, || {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut redis.connection())
+            .unwrap();
+        ttl > 1 << 52
+    });
+}

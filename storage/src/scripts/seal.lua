@@ -56,7 +56,9 @@ local retention_bytes = tonumber(ARGV[4])
 -- record per archived segment (with retention.ms -1, for ever), so it is
 -- not summed from every record on every call: this script keeps it (meta
 -- `sealed_bytes`) as it seals and deletes segments, beside the shape the
--- segments had then (`sealed_shape`: their count, first and last base).
+-- segments had then (`sealed_shape`: their count, first and last base,
+-- and for a partition compacted before, the compacted stream's end and
+-- bytes, which every compaction pass rewrites).
 -- Every other writer of the records leaves their sizes as they were: the
 -- archive's state changes (segment_state.lua) and the lets-go of an
 -- archive below rewrite records with the same bytes. A seal or deletion by
@@ -71,7 +73,14 @@ local retention_bytes = tonumber(ARGV[4])
 local function segments_shape()
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or ''
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2] or ''
-  return string.format('%d', redis.call('ZCARD', KEYS[2])) .. ' ' .. first .. ' ' .. last
+  local shape = string.format('%d', redis.call('ZCARD', KEYS[2])) .. ' ' .. first .. ' ' .. last
+  -- A partition compacted before its topic turned to remote storage: every
+  -- compaction pass, of any release, rewrites these two.
+  local clean = redis.call('HMGET', KEYS[1], 'clean_end', 'clean_bytes')
+  if clean[1] then
+    shape = shape .. ' ' .. clean[1] .. ' ' .. (clean[2] or '')
+  end
+  return shape
 end
 local keeps_total = retention_bytes >= 0 and (remote or not meta[9])
 if meta[9] and not remote and meta[11] then
