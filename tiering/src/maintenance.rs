@@ -44,18 +44,7 @@ use crate::{Error, Result};
 /// its LoadTable answer carried, which is where a catalog vends keys for
 /// the table's files; every write after the first commit would lack them.
 pub(crate) fn keeping_file_io(committed: Table, before: &Table) -> Table {
-    let Ok(runtime) = Runtime::try_current() else {
-        return committed;
-    };
-    let mut builder = Table::builder()
-        .metadata(committed.metadata_ref())
-        .identifier(committed.identifier().clone())
-        .file_io(before.file_io().clone())
-        .runtime(runtime);
-    if let Some(location) = committed.metadata_location() {
-        builder = builder.metadata_location(location);
-    }
-    match builder.build() {
+    match rebuilt(&committed, committed.metadata_ref(), before.file_io()) {
         Ok(table) => table,
         Err(e) => {
             tracing::warn!(table = %committed.identifier(), error = %e,
@@ -416,10 +405,20 @@ fn view(table: &Table, list: &str) -> Result<Table> {
         }
     }
     let metadata: TableMetadata = serde_json::from_value(json).map_err(bad)?;
+    rebuilt(table, metadata, table.file_io())
+}
+
+/// `table` (its identifier and metadata location) with `metadata`, read
+/// and written through `file_io`.
+fn rebuilt(
+    table: &Table,
+    metadata: impl Into<iceberg::spec::TableMetadataRef>,
+    file_io: &iceberg::io::FileIO,
+) -> Result<Table> {
     let mut builder = Table::builder()
         .metadata(metadata)
         .identifier(table.identifier().clone())
-        .file_io(table.file_io().clone())
+        .file_io(file_io.clone())
         .runtime(Runtime::try_current()?);
     if let Some(location) = table.metadata_location() {
         builder = builder.metadata_location(location);

@@ -88,7 +88,7 @@ if meta[9] and not remote and meta[11] then
   meta[11] = nil
 end
 local sealed_total = nil
-if keeps_total and meta[10] and meta[11] == segments_shape() then
+if keeps_total and meta[10] and meta[11] and meta[11] == segments_shape() then
   sealed_total = tonumber(meta[10])
 end
 
