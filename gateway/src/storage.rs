@@ -117,6 +117,17 @@ pub trait Storage: Send + Sync {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
     }
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
+    /// As [`Storage::group_emptied`], after a commit to a group without
+    /// members: written now, and confirmed by the replicas acks=all waits
+    /// for once the answer is awaited (those offsets keep this retention).
+    async fn group_retained_after_commit(
+        &self,
+        group: &str,
+        retention: Duration,
+    ) -> Result<ketch_storage::Unconfirmed> {
+        self.group_emptied(group, retention).await?;
+        Ok(ketch_storage::Unconfirmed::default())
+    }
     /// As [`Storage::group_emptied`], unless its keys expire already.
     async fn group_idle(&self, group: &str, retention: Duration) -> Result<()>;
     async fn group_active(&self, group: &str) -> Result<()>;
@@ -469,6 +480,14 @@ impl Storage for Tiered {
 
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
         self.store.group_emptied(group, retention).await
+    }
+
+    async fn group_retained_after_commit(
+        &self,
+        group: &str,
+        retention: Duration,
+    ) -> Result<ketch_storage::Unconfirmed> {
+        self.store.group_retained_after_commit(group, retention).await
     }
 
     async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {

@@ -126,6 +126,42 @@ pub fn group_keys_share_a_slot(group: &str) -> bool {
     !group.is_empty() && !group.starts_with('}')
 }
 
+/// Writes made, whose replicas' (or the AOF's) confirmation is still to
+/// come: each waits on its own connection of the durable pool (a `WAIT`
+/// counts the writes of its own connection), begun at once. Dropped, the
+/// waits still end in their time and hand their connections back.
+#[must_use = "the writes are not confirmed until awaited"]
+#[derive(Default)]
+pub struct Unconfirmed(Vec<tokio::task::JoinHandle<Result<()>>>);
+
+impl Unconfirmed {
+    fn waiting(store: &Store, held: Vec<crate::durable::Durable>) -> Self {
+        Self(
+            held.into_iter()
+                .map(|durable| {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.confirm(durable).await })
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until every write was confirmed; the first refusal if one was
+    /// not (NOT_ENOUGH_REPLICAS_AFTER_APPEND, or Redis unavailable).
+    pub async fn confirmed(self) -> Result<()> {
+        let mut outcome = Ok(());
+        for wait in self.0 {
+            let confirmed = wait
+                .await
+                .unwrap_or_else(|e| Err(StorageError::Unavailable(format!("a replicas' wait ended: {e}"))));
+            if outcome.is_ok() {
+                outcome = confirmed;
+            }
+        }
+        outcome
+    }
+}
+
 impl Store {
     pub(crate) fn group_offsets_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
@@ -229,17 +265,20 @@ impl Store {
         // expire before an offset kept longer than the broker's retention
         // (a commit that fails after this keeps them longer, no worse).
         // In the offsets' slot (but for the empty group id and ids that
-        // start with `}`): a replica that has them has this too.
+        // start with `}`): a replica that has them has this too (the
+        // offsets' WAIT counts every earlier write of their master). Those
+        // others are waited for on their own, as durable as the offsets.
         // One that expired already needs nothing kept.
         let until = offsets.iter().filter_map(|(_, o)| o.expire_ms).max();
         if let Some(until) = until.filter(|until| *until > crate::now_ms()) {
-            let _: i64 = self
-                .scripts
-                .keep_until
-                .key(self.group_keep_until_key(group))
-                .arg(until)
-                .invoke_async(&mut self.conn())
-                .await?;
+            let key = self.group_keep_until_key(group);
+            let mut invocation = self.scripts.keep_until.key(&key);
+            invocation.arg(until);
+            if group_keys_share_a_slot(group) {
+                let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
+            } else {
+                let _: i64 = self.invoke_durably(&key, &invocation, |_| true).await?;
+            }
         }
         let items: Vec<(String, String)> = offsets
             .iter()
@@ -477,7 +516,21 @@ impl Store {
     /// after `retention`, or when the longest retention one of their
     /// commits asked for ends, whichever is later.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
-        self.retain_group(group, retention, false).await
+        // Not durable: nothing to confirm.
+        let _written = self.retain_group(group, retention, false, false).await?;
+        Ok(())
+    }
+
+    /// As [`Store::group_emptied`], for a commit to a group without
+    /// members, whose offsets keep the retention it sets: with acks=all
+    /// waiting for replicas (or fsync), as durable as those offsets. The
+    /// keys' expiry is written before this returns (in its order among the
+    /// group's changes); the replicas' confirmation is left to
+    /// [`Unconfirmed::confirmed`], so that the caller's other writes do not
+    /// wait behind it. Without it a failover could bring back an older,
+    /// shorter expiry, and the offsets would go before their time.
+    pub async fn group_retained_after_commit(&self, group: &str, retention: Duration) -> Result<Unconfirmed> {
+        self.retain_group(group, retention, false, true).await
     }
 
     /// The group was found Empty (brought in from its snapshot): its keys
@@ -485,13 +538,24 @@ impl Store {
     /// that kept them while the group had members may have gone before it
     /// emptied, and nothing else would let them go.
     pub async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {
-        self.retain_group(group, retention, true).await
+        // Not durable: nothing to confirm.
+        let _written = self.retain_group(group, retention, true, false).await?;
+        Ok(())
     }
 
     /// The group's keys expire after `retention` or when its keep-until
     /// key does, whichever is later (`scripts/retain_group.lua`); with
-    /// `unless_expiring`, only those that do not expire already.
-    async fn retain_group(&self, group: &str, retention: Duration, unless_expiring: bool) -> Result<()> {
+    /// `unless_expiring`, only those that do not expire already. With
+    /// `durably` (and acks=all waiting), written on connections of the
+    /// durable pool, whose WAITs the answer holds.
+    async fn retain_group(
+        &self,
+        group: &str,
+        retention: Duration,
+        unless_expiring: bool,
+        durably: bool,
+    ) -> Result<Unconfirmed> {
+        let durably = durably && self.durability.waits();
         let ms = retention_ms(retention);
         let keep_until = self.group_keep_until_key(group);
         let keys = self.group_retained_keys(group);
@@ -501,8 +565,12 @@ impl Store {
                 invocation.key(key);
             }
             invocation.arg(ms).arg(if unless_expiring { "1" } else { "0" });
+            if durably {
+                let (_, held) = self.invoke_held(&keep_until, &invocation).await?;
+                return Ok(Unconfirmed::waiting(self, vec![held]));
+            }
             let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
-            return Ok(());
+            return Ok(Unconfirmed::default());
         }
         // The keys are in different slots of a Redis Cluster: read, then
         // set (a commit with a longer retention of its own in between sets
@@ -512,21 +580,36 @@ impl Store {
             .query_async(&mut self.conn())
             .await?;
         let ms = ms.max(kept);
-        let mut pipe = redis::pipe();
-        for key in keys {
+        let expire = |pipe: &mut redis::Pipeline, key: &str| {
             if !unless_expiring {
-                pipe.cmd("PEXPIRE").arg(&key).arg(ms).ignore();
-                continue;
+                pipe.cmd("PEXPIRE").arg(key).arg(ms).ignore();
+                return;
             }
-            pipe.cmd("PEXPIRE").arg(&key).arg(ms).arg("NX").ignore();
+            pipe.cmd("PEXPIRE").arg(key).arg(ms).arg("NX").ignore();
             // As retain_group.lua: one that expires before keep-until
             // expires with it.
             if kept > 0 {
-                pipe.cmd("PEXPIRE").arg(&key).arg(kept).arg("GT").ignore();
+                pipe.cmd("PEXPIRE").arg(key).arg(kept).arg("GT").ignore();
             }
+        };
+        if durably {
+            // Each key on its master's durable connection (they may be on
+            // as many masters), all confirmed together.
+            let mut held = Vec::with_capacity(keys.len());
+            for key in &keys {
+                let mut pipe = redis::pipe();
+                expire(&mut pipe, key);
+                let ((), durable) = self.query_held(key, &pipe).await?;
+                held.push(durable);
+            }
+            return Ok(Unconfirmed::waiting(self, held));
+        }
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            expire(&mut pipe, key);
         }
         let () = pipe.query_async(&mut self.conn()).await?;
-        Ok(())
+        Ok(Unconfirmed::default())
     }
 
     /// The group has members again: its offsets are kept.

@@ -41,7 +41,7 @@ use crate::connection::Conn;
 pub use brokers::{BrokerRecord, ListenerRecord, Registration};
 pub use connection::Mode;
 pub use error::{Result, SequenceError, StorageError};
-pub use groups::{CommittedOffset, TopicPartition};
+pub use groups::{CommittedOffset, TopicPartition, Unconfirmed};
 pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};

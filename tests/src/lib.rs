@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod proxy;
 pub mod raw;
+pub mod replica;
 pub mod servers;
 
 use std::collections::BTreeMap;

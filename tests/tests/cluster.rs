@@ -297,6 +297,31 @@ fn acks_all_waits_on_the_master_that_took_the_write() {
         }
     }
 
+    // An offset kept longer than the broker's retention (OffsetCommit v4's
+    // `retention_time_ms`) first notes how long in the group's keep-until
+    // key. For ids whose hash tag is empty that key lies on its own slot:
+    // one on the frozen master, the offsets elsewhere, is waited for there
+    // before the offsets are written (no WAIT of theirs covers it), and
+    // the commit fails retriably, its offsets unwritten.
+    let group = (0..1000)
+        .map(|n| format!("}}{n}"))
+        .find(|group| {
+            cluster.master_of(&format!("ketch:group:{{{group}}}:keep-until")) == masters[victim]
+                && cluster.master_of(&format!("ketch:group:{{{group}}}:offsets")) != masters[victim]
+        })
+        .expect("a group id with its keep-until key on the frozen master");
+    let commit = raw::offset_commit_request(&group, "", -1, &topic, 0, 1).with_retention_time_ms(3_600_000);
+    assert_eq!(
+        conn.request(4, &commit).topics[0].partitions[0].error_code,
+        15,
+        "COORDINATOR_NOT_AVAILABLE: the keep-until write is not confirmed"
+    );
+    let offsets: i64 = redis::cmd("EXISTS")
+        .arg(format!("ketch:group:{{{group}}}:offsets"))
+        .query(&mut cluster.connection())
+        .unwrap();
+    assert_eq!(offsets, 0, "the offsets are written only after");
+
     // A new topic's partitions there are waited for too (a failover that
     // lost their metadata would leave them refusing appends), once per
     // master: 12 partitions put 4 on it, and one wait each would take 8 s.

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use kafka_protocol::messages::{InitProducerIdRequest, ProducerId};
 use ketch_tests::batch::{self, Record};
 use ketch_tests::raw::{self, KafkaConn, code};
-use ketch_tests::{Frozen, Ketch, unique_topic};
+use ketch_tests::replica::{self, ScriptedReplica};
+use ketch_tests::{Frozen, Ketch, RedisServer, unique_topic};
 
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
 
@@ -167,6 +168,62 @@ fn offset_commits_and_producer_ids_wait_for_the_replica_too() {
     replica.wait_for_replication("master_link_status:up");
     assert_eq!(commit(&mut conn, 7), code::NONE);
     assert_eq!(conn.request(4, &init).error_code, code::NONE);
+}
+
+/// A commit to a group without members also sets when its offsets expire
+/// (Kafka keeps a standalone group's offsets the retention from its latest
+/// commit). With acks=all that write is waited for as the offsets are: a
+/// failover that lost it would bring back an older, shorter expiry, and the
+/// offsets would go before their time. A replica the test plays lets the
+/// offsets through and holds back the expiry alone: the commit fails
+/// retriably, and stands once the replica has it. The empty group id takes
+/// the other path, whose keys lie in different slots of a cluster.
+#[test]
+fn a_standalone_commits_expiry_waits_for_the_replica_as_its_offsets_do() {
+    const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    let primary = RedisServer::start();
+    let replica = ScriptedReplica::start(primary.port(), None);
+    let ketch = Ketch::start(
+        &primary.url(),
+        &[
+            "--set",
+            "storage.acks_all_replicas=1",
+            "--set",
+            "storage.acks_all_timeout=300ms",
+        ],
+    );
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("standalone-expiry");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    for group in ["standalone", ""] {
+        let commit = |conn: &mut KafkaConn, offset: i64| {
+            let request = raw::offset_commit_request(group, "", -1, &topic, 0, offset);
+            conn.request(8, &request).topics[0].partitions[0].error_code
+        };
+        // The replica acknowledges everything: the commit stands.
+        assert_eq!(commit(&mut conn, 5), code::NONE, "group {group:?}");
+        let key = format!("ketch:group:{{{group}}}:offsets");
+        replica.hold_at(replica::writes("PEXPIRE", &key));
+        let started = Instant::now();
+        assert_eq!(
+            commit(&mut conn, 6),
+            COORDINATOR_NOT_AVAILABLE,
+            "group {group:?}: answered although the replica holds back the offsets' expiry"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "answered after {:?}, before the acks_all timeout",
+            started.elapsed()
+        );
+        assert!(replica.held() > 0, "the expiry was written");
+        replica.release();
+        assert_eq!(commit(&mut conn, 7), code::NONE, "group {group:?}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut primary.connection())
+            .unwrap();
+        assert!(ttl > 0, "group {group:?}: the offsets expire ({ttl})");
+    }
 }
 
 /// DeleteRecords is answered once the replica has the new log start, as

@@ -155,8 +155,8 @@ async fn commit(
         return Ok(());
     }
     ctx.storage.commit_offsets(group, offsets).await?;
-    if ctx.groups.retain_committed(group).await {
-        return Ok(());
+    if let Some(retained) = ctx.groups.retain_committed(group).await {
+        return retained;
     }
     let has_members = match ctx.groups.describe(group).await {
         Ok(group) => group.is_some_and(|g| !g.members.is_empty()),

@@ -30,7 +30,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use ketch_config::GroupsSettings;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use state::{Group, Reply, Timing, join_error, sync_error};
@@ -290,29 +290,41 @@ impl Coordinator {
     /// `groups.offsets_retention` from now, as Kafka keeps a standalone
     /// group's. The expiry is queued with the group's other changes, so a
     /// group that gains members meanwhile keeps them (its Active change
-    /// comes after it), and is waited for (at most [`STORE_WAIT`]). `false`
-    /// without a queue (a coordinator without storage: the caller sets it).
-    pub async fn retain_committed(&self, group_id: &str) -> bool {
-        let Some(writes) = &self.inner.writes else {
-            return false;
-        };
-        let wanted = {
+    /// comes after it). It is written within [`STORE_WAIT`] and, with
+    /// acks=all waiting for replicas, confirmed by them as the offsets
+    /// were, or the commit fails retriably (as Kafka appends the offsets'
+    /// expiry with them). `None` without a queue (a coordinator without
+    /// storage: the caller sets it).
+    pub async fn retain_committed(&self, group_id: &str) -> Option<ketch_storage::Result<()>> {
+        let writes = self.inner.writes.as_ref()?;
+        let (answer, answered) = oneshot::channel();
+        {
             let groups = self.inner.lock();
             let has_members = groups
                 .get(group_id.as_bytes())
                 .is_some_and(|slot| slot.group.state() != State::Empty);
             if has_members {
-                return true;
+                return Some(Ok(()));
             }
             let group = StrBytes::from_string(group_id.to_owned());
-            writes.send(&group, Change::Emptied, self.inner.owns.epoch())
-        };
-        let mut done = writes.done.subscribe();
-        let written = tokio::time::timeout(STORE_WAIT, done.wait_for(|done| *done >= wanted)).await;
-        if written.is_err() {
-            tracing::warn!(group = %group_id, "the retention of the group's offsets is not written yet");
+            writes.send(&group, Change::Committed(answer), self.inner.owns.epoch());
         }
-        true
+        let unavailable = |why: &str| Some(Err(ketch_storage::StorageError::Unavailable(why.to_owned())));
+        match tokio::time::timeout(STORE_WAIT, answered).await {
+            Err(_) => {
+                tracing::warn!(group = %group_id, "the retention of the group's offsets is not written yet");
+                unavailable("the retention of the group's offsets is not written yet")
+            }
+            // Dropped unwritten: the group was handed over meanwhile.
+            Ok(Err(_)) => {
+                unavailable("the group moved to another coordinator before its retention was written")
+            }
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(group = %group_id, error = %e, "cannot write the retention of the group's offsets");
+                Some(Err(e))
+            }
+            Ok(Ok(Ok(unconfirmed))) => Some(unconfirmed.confirmed().await),
+        }
     }
 
     /// Waits (at most [`STORE_WAIT`]) until the group's latest snapshot is
@@ -902,6 +914,10 @@ enum Change {
     Store(i32, Bytes, Arc<Notify>),
     /// It became Empty: its offsets and snapshot expire after the retention.
     Emptied,
+    /// Offsets were committed to it without members: as `Emptied`, and with
+    /// acks=all as durable as they are; the outcome (with the replicas'
+    /// confirmation still to come) goes to the commit.
+    Committed(oneshot::Sender<ketch_storage::Result<ketch_storage::Unconfirmed>>),
     /// It was found Empty: as `Emptied`, unless they expire already.
     Idle,
     /// It has members again: they stay.
@@ -980,6 +996,13 @@ impl Writes {
                 } else {
                     let applied = match change {
                         Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
+                        Change::Committed(answer) => {
+                            let retained = storage.group_retained_after_commit(&group_id, retention).await;
+                            let written = retained.is_ok();
+                            // The commit tells the client of a failure.
+                            let _ = answer.send(retained);
+                            Ok(written)
+                        }
                         Change::Idle => storage.group_idle(&group_id, retention).await.map(|()| true),
                         Change::Active => storage.group_active(&group_id).await.map(|()| true),
                         Change::Store(generation, bytes, copy) => {

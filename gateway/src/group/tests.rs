@@ -942,16 +942,24 @@ async fn a_commit_to_an_empty_group_expires_its_offsets_in_order_with_its_change
     let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let h = Harness::with_storage(storage, owning(&yes));
     // A standalone commit: the group has no members, its offsets expire.
-    assert!(h.groups.retain_committed("g").await);
+    assert!(matches!(h.groups.retain_committed("g").await, Some(Ok(()))));
     assert_eq!(memory.expiring("g"), Some(true));
     // Members join: the expiry, queued first, is undone after it.
     let (leader, _, _) = h.stable_pair().await;
     h.groups.stored(&s("g")).await;
     assert_eq!(memory.expiring("g"), Some(false));
     // A commit while it has members leaves its offsets kept.
-    assert!(h.groups.retain_committed("g").await);
+    assert!(matches!(h.groups.retain_committed("g").await, Some(Ok(()))));
     assert_eq!(memory.expiring("g"), Some(false));
     assert!(!leader.is_empty());
+    // Handed over before its expiry is written: the commit is not told
+    // it stands (the new coordinator writes it when the client retries).
+    yes.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(
+        h.groups.retain_committed("other").await,
+        Some(Err(ketch_storage::StorageError::Unavailable(_)))
+    ));
+    assert_eq!(memory.expiring("other"), None, "not written");
 }
 
 /// A SyncGroup whose generation is not written because the group was
