@@ -83,6 +83,10 @@ pub struct Archived {
 pub enum Fed {
     /// The table has it already.
     Found(Archived),
+    /// Its data file was written and uploaded by an earlier attempt whose
+    /// commit failed, from the same records: [`Archiver::finish`] commits it
+    /// as it is.
+    Unlanded(Box<Closed>),
     /// Every row handed to its data file's writer, which is closing the
     /// file: [`Archiver::finish`] commits it, [`Fed::abandon`] gives it up.
     Closing(Closing),
@@ -94,6 +98,7 @@ pub struct Closing {
     writing: Option<Writing>,
     records: u64,
     holes: Vec<(i64, i64)>,
+    made_from: MadeFrom,
     /// When the segment's first read began, and how long after it every
     /// row group had been handed over.
     started: Instant,
@@ -116,20 +121,49 @@ pub enum Closed {
     Written {
         files: Vec<iceberg::spec::DataFile>,
         archived: Archived,
+        made_from: MadeFrom,
         started: Instant,
         fed_in: Duration,
         written_in: Duration,
     },
 }
 
+/// What a segment's data file was made from: the segment's last offset and
+/// bytes as its record had them, the first offset read (the log start, if
+/// DeleteRecords moved it into the segment) and the records left out. Two
+/// attempts that agree on these write the same rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MadeFrom {
+    last: i64,
+    bytes: i64,
+    from: i64,
+    aborted: Vec<(i64, i64, i64)>,
+}
+
+/// A data file written and uploaded whose commit failed (the catalog
+/// refused it or could not be reached), kept for the segment's next
+/// attempt.
+struct Unlanded {
+    files: Vec<iceberg::spec::DataFile>,
+    archived: Archived,
+    made_from: MadeFrom,
+}
+
+/// At most this many unlanded files are kept (their data files' metadata
+/// and statistics, a few KiB each); past it one is forgotten for each new
+/// one (its segment's next attempt writes it again).
+const UNLANDED_KEPT: usize = 1024;
+
 impl Fed {
     /// Waits for the segment's data file to be closed.
     pub async fn closed(self) -> Result<Closed> {
         let mut closing = match self {
             Fed::Found(archived) => return Ok(Closed::Found(archived)),
+            Fed::Unlanded(closed) => return Ok(*closed),
             Fed::Closing(closing) => closing,
         };
         let (records, started, fed_in) = (closing.records, closing.started, closing.fed_in);
+        let made_from = closing.made_from.clone();
         let Some(writing) = closing.writing.take() else {
             return Err(Error::Io("the data file writer was already awaited".to_owned()));
         };
@@ -164,6 +198,7 @@ impl Fed {
         Ok(Closed::Written {
             files,
             archived,
+            made_from,
             started,
             fed_in,
             written_in: started.elapsed(),
@@ -516,6 +551,8 @@ pub struct Archiver {
     namespace: NamespaceIdent,
     /// Per table, the last old metadata file deleted.
     metadata_deleted: std::sync::Mutex<HashMap<String, String>>,
+    /// By path, data files whose commit failed (see [`Fed::Unlanded`]).
+    unlanded: std::sync::Mutex<HashMap<String, Unlanded>>,
 }
 
 #[derive(Default)]
@@ -533,6 +570,7 @@ impl Archiver {
             catalog: Mutex::new(CatalogSlot::default()),
             namespace,
             metadata_deleted: std::sync::Mutex::new(HashMap::new()),
+            unlanded: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -756,6 +794,15 @@ impl Archiver {
             }
             return Ok(Fed::Found(done));
         }
+        let made_from = MadeFrom {
+            last: segment.last,
+            bytes: segment.bytes,
+            from: chunks.first_offset(segment),
+            aborted: filter.aborted.clone(),
+        };
+        if let Some(unlanded) = self.unlanded(table, &path, &made_from).await {
+            return Ok(Fed::Unlanded(Box::new(unlanded)));
+        }
         let arrow_schema: SchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
 
         let properties = writer_properties(&self.settings)?;
@@ -836,6 +883,7 @@ impl Archiver {
                 writing: Some(writing),
                 records,
                 holes: holes.ranges,
+                made_from,
                 started,
                 fed_in,
             })),
@@ -877,15 +925,16 @@ impl Archiver {
         closed: Closed,
         fence: &impl Fence,
     ) -> Result<Archived> {
-        let (files, archived, started, fed_in, written_in) = match closed {
+        let (files, archived, made_from, started, fed_in, written_in) = match closed {
             Closed::Found(archived) => return Ok(archived),
             Closed::Written {
                 files,
                 archived,
+                made_from,
                 started,
                 fed_in,
                 written_in,
-            } => (files, archived, started, fed_in, written_in),
+            } => (files, archived, made_from, started, fed_in, written_in),
         };
         let records = archived.records;
         let summary = HashMap::from([
@@ -933,8 +982,36 @@ impl Archiver {
             Err(e) => {
                 // Someone may have committed it meanwhile (a worker that
                 // held the lease before): then it is archived.
-                *table = catalog.load_table(table.identifier()).await?;
-                committed(table, topic, partition, segment).ok_or(Error::Iceberg(e))
+                let error = match catalog.load_table(table.identifier()).await {
+                    Ok(fresh) => {
+                        *table = fresh;
+                        if let Some(done) = committed(table, topic, partition, segment) {
+                            return Ok(done);
+                        }
+                        Error::Iceberg(e)
+                    }
+                    Err(reload) => Error::Iceberg(reload),
+                };
+                // Not committed (or not known: the next attempt looks at the
+                // table before anything else): it commits this file rather
+                // than write and upload it again.
+                let mut unlanded = self.unlanded.lock().expect("unlanded");
+                if unlanded.len() >= UNLANDED_KEPT {
+                    // Make room: one another worker archived since, say.
+                    if let Some(path) = unlanded.keys().next().cloned() {
+                        unlanded.remove(&path);
+                    }
+                }
+                let path = archived.path.clone();
+                unlanded.insert(
+                    path,
+                    Unlanded {
+                        files,
+                        archived,
+                        made_from,
+                    },
+                );
+                Err(error)
             }
         }
     }
@@ -991,6 +1068,49 @@ fn iceberg_codec(compression: &str) -> &str {
 }
 
 impl Archiver {
+    /// The data file an earlier attempt at the segment wrote to `path` and
+    /// failed to commit, made from what this attempt would read: still
+    /// there whole (its size as written), it is committed as it is. Another
+    /// worker that held the segment's lease meanwhile and wrote its own
+    /// file there made it from the same records: the log start only moves
+    /// on, so one read later that agrees with this one's start read the
+    /// same. Taken off the list either way.
+    async fn unlanded(&self, table: &Table, path: &str, made_from: &MadeFrom) -> Option<Closed> {
+        let kept = self.unlanded.lock().expect("unlanded").remove(path)?;
+        if kept.made_from != *made_from {
+            return None;
+        }
+        let size = match table.file_io().new_input(path) {
+            Ok(input) => input.metadata().await.map(|m| m.size),
+            Err(e) => Err(e),
+        };
+        match size {
+            Ok(size) if size == kept.archived.file_bytes => {}
+            Ok(size) => {
+                tracing::debug!(
+                    path,
+                    size,
+                    written = kept.archived.file_bytes,
+                    "an unlanded data file changed; writing it again"
+                );
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(path, error = %e, "an unlanded data file cannot be looked at; writing it again");
+                return None;
+            }
+        }
+        tracing::debug!(path, "committing the data file a failed commit left");
+        Some(Closed::Written {
+            files: kept.files,
+            archived: kept.archived,
+            made_from: kept.made_from,
+            started: Instant::now(),
+            fed_in: Duration::ZERO,
+            written_in: Duration::ZERO,
+        })
+    }
+
     /// The segment's commit, if the table has it. The snapshot summaries
     /// tell at no cost while the commit's snapshot is kept
     /// (`tiering.snapshots_kept`, `tiering.snapshot_retention`). When the
@@ -1487,6 +1607,227 @@ mod tests {
         fn first_offset(&self, _: &Segment) -> i64 {
             self.0
         }
+    }
+
+    /// A catalog that refuses commits while `refusing` is set, and passes
+    /// every other call to the catalog it wraps.
+    #[derive(Debug)]
+    struct Refusing {
+        inner: Arc<dyn Catalog>,
+        refusing: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Catalog for Refusing {
+        async fn list_namespaces(
+            &self,
+            parent: Option<&NamespaceIdent>,
+        ) -> iceberg::Result<Vec<NamespaceIdent>> {
+            self.inner.list_namespaces(parent).await
+        }
+        async fn create_namespace(
+            &self,
+            namespace: &NamespaceIdent,
+            properties: HashMap<String, String>,
+        ) -> iceberg::Result<iceberg::Namespace> {
+            self.inner.create_namespace(namespace, properties).await
+        }
+        async fn get_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<iceberg::Namespace> {
+            self.inner.get_namespace(namespace).await
+        }
+        async fn namespace_exists(&self, namespace: &NamespaceIdent) -> iceberg::Result<bool> {
+            self.inner.namespace_exists(namespace).await
+        }
+        async fn update_namespace(
+            &self,
+            namespace: &NamespaceIdent,
+            properties: HashMap<String, String>,
+        ) -> iceberg::Result<()> {
+            self.inner.update_namespace(namespace, properties).await
+        }
+        async fn drop_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<()> {
+            self.inner.drop_namespace(namespace).await
+        }
+        async fn list_tables(&self, namespace: &NamespaceIdent) -> iceberg::Result<Vec<TableIdent>> {
+            self.inner.list_tables(namespace).await
+        }
+        async fn create_table(
+            &self,
+            namespace: &NamespaceIdent,
+            creation: TableCreation,
+        ) -> iceberg::Result<Table> {
+            self.inner.create_table(namespace, creation).await
+        }
+        async fn load_table(&self, table: &TableIdent) -> iceberg::Result<Table> {
+            self.inner.load_table(table).await
+        }
+        async fn drop_table(&self, table: &TableIdent) -> iceberg::Result<()> {
+            self.inner.drop_table(table).await
+        }
+        async fn purge_table(&self, table: &TableIdent) -> iceberg::Result<()> {
+            self.inner.purge_table(table).await
+        }
+        async fn table_exists(&self, table: &TableIdent) -> iceberg::Result<bool> {
+            self.inner.table_exists(table).await
+        }
+        async fn rename_table(&self, src: &TableIdent, dest: &TableIdent) -> iceberg::Result<()> {
+            self.inner.rename_table(src, dest).await
+        }
+        async fn register_table(&self, table: &TableIdent, location: String) -> iceberg::Result<Table> {
+            self.inner.register_table(table, location).await
+        }
+        async fn update_table(&self, commit: iceberg::TableCommit) -> iceberg::Result<Table> {
+            if self.refusing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(iceberg::Error::new(
+                    iceberg::ErrorKind::Unexpected,
+                    "the catalog's database is unreachable",
+                ));
+            }
+            self.inner.update_table(commit).await
+        }
+    }
+
+    /// Chunks that must not be read: the attempt has nothing to write.
+    struct Unread;
+
+    impl Chunks for Unread {
+        fn chunk(
+            &mut self,
+            next: i64,
+        ) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
+            panic!("chunk from {next} read: the data file is written again");
+            #[allow(unreachable_code)]
+            std::future::ready(Ok((Vec::new(), next)))
+        }
+    }
+
+    /// Archives `segment` of partition 0 from `chunks`, unfenced.
+    async fn archive(
+        lake: &crate::testing::Lake,
+        table: &mut Table,
+        segment: &Segment,
+        chunks: impl Chunks,
+    ) -> Result<Archived> {
+        lake.archiver
+            .archive_from(
+                table,
+                &lake.topic,
+                0,
+                segment,
+                chunks,
+                &Filter::default(),
+                &Unfenced,
+            )
+            .await
+    }
+
+    /// A data file whose commit failed (the catalog unreachable) is
+    /// committed as it is by the segment's next attempt, which neither reads
+    /// the segment again nor uploads it anew, while what the file was made
+    /// from is what that attempt would read. One whose log start moved
+    /// meanwhile (DeleteRecords), or that changed in the store, is written
+    /// again.
+    #[tokio::test]
+    async fn a_data_file_whose_commit_failed_is_committed_by_the_next_attempt_without_writing_it_again() {
+        let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
+        let mut table = lake.table().await;
+        let refusing = Arc::new(Refusing {
+            inner: lake.archiver.catalog().await.expect("the catalog"),
+            refusing: true.into(),
+        });
+        lake.archiver.catalog.lock().await.open = Some(refusing.clone());
+        let refused = archive_300(&lake, &mut table, &Unfenced)
+            .await
+            .expect_err("refused");
+        assert!(refused.to_string().contains("unreachable"), "{refused}");
+        let [file] = &lake.files(".parquet")[..] else {
+            panic!("one data file")
+        };
+        let written = std::fs::metadata(file).unwrap().modified().unwrap();
+        refusing
+            .refusing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let segment = crate::testing::segment(0, 300);
+        let archived = lake
+            .archiver
+            .archive_from(
+                &mut table,
+                &lake.topic,
+                0,
+                &segment,
+                Unread,
+                &Filter::default(),
+                &Unfenced,
+            )
+            .await
+            .expect("committed");
+        assert_eq!((archived.records, archived.written), (300, true));
+        assert_eq!(
+            std::fs::metadata(file).unwrap().modified().unwrap(),
+            written,
+            "not written again"
+        );
+        let rows = crate::testing::rows(&lake.table().await).await;
+        assert_eq!(rows, (0..300).map(|offset| (0, offset)).collect());
+
+        // The next segment's commit fails too; DeleteRecords then moves the
+        // log start into it: its next attempt reads from there.
+        refusing.refusing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let segment = crate::testing::segment(300, 300);
+        let chunks = |from| {
+            From(
+                from,
+                Chunked {
+                    per: 150,
+                    last: 599,
+                    fail_at: None,
+                },
+            )
+        };
+        archive(&lake, &mut table, &segment, chunks(300))
+            .await
+            .expect_err("refused");
+        refusing
+            .refusing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let archived = archive(&lake, &mut table, &segment, chunks(350))
+            .await
+            .expect("archived");
+        assert_eq!(archived.records, 250, "written again from the log start");
+        // A file whose commit failed and that then changed in the store
+        // (another worker wrote its own there) is written again too.
+        refusing.refusing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let segment = crate::testing::segment(600, 300);
+        let full = || Chunked {
+            per: 150,
+            last: 899,
+            fail_at: None,
+        };
+        archive(&lake, &mut table, &segment, full())
+            .await
+            .expect_err("refused");
+        refusing
+            .refusing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let file = lake
+            .files(".parquet")
+            .into_iter()
+            .find(|f| f.to_string_lossy().ends_with("00000000000000000600.parquet"))
+            .expect("the third segment's file");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let archived = archive(&lake, &mut table, &segment, full())
+            .await
+            .expect("archived");
+        assert_eq!(archived.records, 300);
+        let rows = crate::testing::rows(&lake.table().await).await;
+        let expected: std::collections::BTreeSet<_> =
+            (0..300).chain(350..900).map(|offset| (0, offset)).collect();
+        assert_eq!(rows, expected);
     }
 
     /// A commit Redis never heard of (a crash right after it), whose
