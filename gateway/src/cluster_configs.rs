@@ -20,13 +20,22 @@ pub struct ClusterDefaults {
     /// cluster-wide default set.
     base: Defaults,
     current: RwLock<(u64, Arc<Defaults>)>,
+    /// Held across a reload's read and its replace: two reloads at once
+    /// (an AlterConfigs's own and the announcement's) would otherwise let
+    /// the one that read first replace last, leaving the older version in
+    /// place until the next check.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl ClusterDefaults {
     pub fn new(settings: &ketch_config::TopicsSettings) -> Self {
         let base = Defaults::new(settings.max_message_bytes);
         let current = RwLock::new((0, Arc::new(base.clone())));
-        Self { base, current }
+        Self {
+            base,
+            current,
+            reloading: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// The defaults with no cluster-wide one set.
@@ -56,6 +65,7 @@ impl ClusterDefaults {
 
 /// Reads the defaults from storage into this gateway.
 pub async fn reload(ctx: &Context) -> ketch_storage::Result<()> {
+    let _one_at_a_time = ctx.topic_defaults.reloading.lock().await;
     let (version, stored) = ctx.storage.cluster_configs().await?;
     ctx.topic_defaults.replace(version, &stored);
     Ok(())
