@@ -117,16 +117,12 @@ pub trait Storage: Send + Sync {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
     }
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
-    /// As [`Storage::group_emptied`], after a commit to a group without
-    /// members: written now, and confirmed by the replicas acks=all waits
-    /// for once the answer is awaited (those offsets keep this retention).
-    async fn group_retained_after_commit(
-        &self,
-        group: &str,
-        retention: Duration,
-    ) -> Result<ketch_storage::Unconfirmed> {
-        self.group_emptied(group, retention).await?;
-        Ok(ketch_storage::Unconfirmed::default())
+    /// Waits until the replicas acks=all waits for have the group's
+    /// keys' expiry as it is now (after a commit to a group without
+    /// members, whose offsets keep the retention [`Storage::group_emptied`]
+    /// set). Nothing to wait for by default.
+    async fn confirm_group_retention(&self, _group: &str) -> Result<()> {
+        Ok(())
     }
     /// As [`Storage::group_emptied`], unless its keys expire already.
     async fn group_idle(&self, group: &str, retention: Duration) -> Result<()>;
@@ -482,12 +478,8 @@ impl Storage for Tiered {
         self.store.group_emptied(group, retention).await
     }
 
-    async fn group_retained_after_commit(
-        &self,
-        group: &str,
-        retention: Duration,
-    ) -> Result<ketch_storage::Unconfirmed> {
-        self.store.group_retained_after_commit(group, retention).await
+    async fn confirm_group_retention(&self, group: &str) -> Result<()> {
+        self.store.confirm_group_retention(group).await
     }
 
     async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {

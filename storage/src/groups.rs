@@ -126,42 +126,6 @@ pub fn group_keys_share_a_slot(group: &str) -> bool {
     !group.is_empty() && !group.starts_with('}')
 }
 
-/// Writes made, whose replicas' (or the AOF's) confirmation is still to
-/// come: each waits on its own connection of the durable pool (a `WAIT`
-/// counts the writes of its own connection), begun at once. Dropped, the
-/// waits still end in their time and hand their connections back.
-#[must_use = "the writes are not confirmed until awaited"]
-#[derive(Default)]
-pub struct Unconfirmed(Vec<tokio::task::JoinHandle<Result<()>>>);
-
-impl Unconfirmed {
-    fn waiting(store: &Store, held: Vec<crate::durable::Durable>) -> Self {
-        Self(
-            held.into_iter()
-                .map(|durable| {
-                    let store = store.clone();
-                    tokio::spawn(async move { store.confirm(durable).await })
-                })
-                .collect(),
-        )
-    }
-
-    /// Waits until every write was confirmed; the first refusal if one was
-    /// not (NOT_ENOUGH_REPLICAS_AFTER_APPEND, or Redis unavailable).
-    pub async fn confirmed(self) -> Result<()> {
-        let mut outcome = Ok(());
-        for wait in self.0 {
-            let confirmed = wait
-                .await
-                .unwrap_or_else(|e| Err(StorageError::Unavailable(format!("a replicas' wait ended: {e}"))));
-            if outcome.is_ok() {
-                outcome = confirmed;
-            }
-        }
-        outcome
-    }
-}
-
 impl Store {
     pub(crate) fn group_offsets_key(&self, group: &str) -> String {
         format!("{}:group:{{{group}}}:offsets", self.keys.namespace())
@@ -516,21 +480,39 @@ impl Store {
     /// after `retention`, or when the longest retention one of their
     /// commits asked for ends, whichever is later.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
-        // Not durable: nothing to confirm.
-        let _written = self.retain_group(group, retention, false, false).await?;
-        Ok(())
+        self.retain_group(group, retention, false).await
     }
 
-    /// As [`Store::group_emptied`], for a commit to a group without
-    /// members, whose offsets keep the retention it sets: with acks=all
-    /// waiting for replicas (or fsync), as durable as those offsets. The
-    /// keys' expiry is written before this returns (in its order among the
-    /// group's changes); the replicas' confirmation is left to
-    /// [`Unconfirmed::confirmed`], so that the caller's other writes do not
-    /// wait behind it. Without it a failover could bring back an older,
-    /// shorter expiry, and the offsets would go before their time.
-    pub async fn group_retained_after_commit(&self, group: &str, retention: Duration) -> Result<Unconfirmed> {
-        self.retain_group(group, retention, false, true).await
+    /// With acks=all waiting for replicas (or fsync), waits until they
+    /// have the expiry of the group's keys as it is now: after a commit to
+    /// a group without members, whose offsets keep the retention the
+    /// commit set ([`Store::group_emptied`]); a failover that lost it would
+    /// bring back an older, shorter expiry, and the offsets would go before
+    /// their time. That expiry is written on the shared connection (in
+    /// order with the group's other changes), which WAIT cannot be used on:
+    /// each key's expiry is written again, as it is, on a connection of the
+    /// durable pool (`scripts/reassert_expiry.lua`), and WAITed there; the
+    /// master's replication stream is in order, so that covers the first
+    /// write too. One connection at a time, so a small pool is never held
+    /// by this while it waits for another of its own.
+    pub async fn confirm_group_retention(&self, group: &str) -> Result<()> {
+        if !self.durability.waits() {
+            return Ok(());
+        }
+        let keys = self.group_retained_keys(group);
+        let slots: Vec<&[String]> = if group_keys_share_a_slot(group) {
+            vec![&keys[..]]
+        } else {
+            keys.chunks(1).collect()
+        };
+        for keys in slots {
+            let mut invocation = self.scripts.reassert_expiry.key(&keys[0]);
+            for key in &keys[1..] {
+                invocation.key(key);
+            }
+            let _: i64 = self.invoke_durably(&keys[0], &invocation, |_| true).await?;
+        }
+        Ok(())
     }
 
     /// The group was found Empty (brought in from its snapshot): its keys
@@ -538,24 +520,13 @@ impl Store {
     /// that kept them while the group had members may have gone before it
     /// emptied, and nothing else would let them go.
     pub async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {
-        // Not durable: nothing to confirm.
-        let _written = self.retain_group(group, retention, true, false).await?;
-        Ok(())
+        self.retain_group(group, retention, true).await
     }
 
     /// The group's keys expire after `retention` or when its keep-until
     /// key does, whichever is later (`scripts/retain_group.lua`); with
-    /// `unless_expiring`, only those that do not expire already. With
-    /// `durably` (and acks=all waiting), written on connections of the
-    /// durable pool, whose WAITs the answer holds.
-    async fn retain_group(
-        &self,
-        group: &str,
-        retention: Duration,
-        unless_expiring: bool,
-        durably: bool,
-    ) -> Result<Unconfirmed> {
-        let durably = durably && self.durability.waits();
+    /// `unless_expiring`, only those that do not expire already.
+    async fn retain_group(&self, group: &str, retention: Duration, unless_expiring: bool) -> Result<()> {
         let ms = retention_ms(retention);
         let keep_until = self.group_keep_until_key(group);
         let keys = self.group_retained_keys(group);
@@ -565,12 +536,8 @@ impl Store {
                 invocation.key(key);
             }
             invocation.arg(ms).arg(if unless_expiring { "1" } else { "0" });
-            if durably {
-                let (_, held) = self.invoke_held(&keep_until, &invocation).await?;
-                return Ok(Unconfirmed::waiting(self, vec![held]));
-            }
             let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
-            return Ok(Unconfirmed::default());
+            return Ok(());
         }
         // The keys are in different slots of a Redis Cluster: read, then
         // set (a commit with a longer retention of its own in between sets
@@ -580,36 +547,21 @@ impl Store {
             .query_async(&mut self.conn())
             .await?;
         let ms = ms.max(kept);
-        let expire = |pipe: &mut redis::Pipeline, key: &str| {
+        let mut pipe = redis::pipe();
+        for key in keys {
             if !unless_expiring {
-                pipe.cmd("PEXPIRE").arg(key).arg(ms).ignore();
-                return;
+                pipe.cmd("PEXPIRE").arg(&key).arg(ms).ignore();
+                continue;
             }
-            pipe.cmd("PEXPIRE").arg(key).arg(ms).arg("NX").ignore();
+            pipe.cmd("PEXPIRE").arg(&key).arg(ms).arg("NX").ignore();
             // As retain_group.lua: one that expires before keep-until
             // expires with it.
             if kept > 0 {
-                pipe.cmd("PEXPIRE").arg(key).arg(kept).arg("GT").ignore();
+                pipe.cmd("PEXPIRE").arg(&key).arg(kept).arg("GT").ignore();
             }
-        };
-        if durably {
-            // Each key on its master's durable connection (they may be on
-            // as many masters), all confirmed together.
-            let mut held = Vec::with_capacity(keys.len());
-            for key in &keys {
-                let mut pipe = redis::pipe();
-                expire(&mut pipe, key);
-                let ((), durable) = self.query_held(key, &pipe).await?;
-                held.push(durable);
-            }
-            return Ok(Unconfirmed::waiting(self, held));
-        }
-        let mut pipe = redis::pipe();
-        for key in &keys {
-            expire(&mut pipe, key);
         }
         let () = pipe.query_async(&mut self.conn()).await?;
-        Ok(Unconfirmed::default())
+        Ok(())
     }
 
     /// The group has members again: its offsets are kept.

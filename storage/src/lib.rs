@@ -41,7 +41,7 @@ use crate::connection::Conn;
 pub use brokers::{BrokerRecord, ListenerRecord, Registration};
 pub use connection::Mode;
 pub use error::{Result, SequenceError, StorageError};
-pub use groups::{CommittedOffset, TopicPartition, Unconfirmed};
+pub use groups::{CommittedOffset, TopicPartition};
 pub use keys::Keys;
 pub use layout::{LAYOUT_VERSION, LayoutCheck};
 pub use log::{AppendOutcome, PartitionOffsets, ReadPartition, ReadRequest};
@@ -204,6 +204,7 @@ struct Scripts {
     expire_offsets: redis::Script,
     keep_until: redis::Script,
     retain_group: redis::Script,
+    reassert_expiry: redis::Script,
     mutation_tokens: redis::Script,
 }
 
@@ -345,6 +346,7 @@ impl Store {
                 expire_offsets: redis::Script::new(include_str!("scripts/expire_offsets.lua")),
                 keep_until: redis::Script::new(include_str!("scripts/keep_until.lua")),
                 retain_group: redis::Script::new(allow_oom!("scripts/retain_group.lua")),
+                reassert_expiry: redis::Script::new(allow_oom!("scripts/reassert_expiry.lua")),
                 mutation_tokens: redis::Script::new(include_str!("scripts/mutation_tokens.lua")),
             }),
             server: Arc::from(server),

@@ -177,7 +177,8 @@ fn offset_commits_and_producer_ids_wait_for_the_replica_too() {
 /// offsets would go before their time. A replica the test plays lets the
 /// offsets through and holds back the expiry alone: the commit fails
 /// retriably, and stands once the replica has it. The empty group id takes
-/// the other path, whose keys lie in different slots of a cluster.
+/// the other path, whose keys lie in different slots of a cluster. One
+/// acks=all connection is enough: none is held while another is awaited.
 #[test]
 fn a_standalone_commits_expiry_waits_for_the_replica_as_its_offsets_do() {
     const COORDINATOR_NOT_AVAILABLE: i16 = 15;
@@ -190,6 +191,8 @@ fn a_standalone_commits_expiry_waits_for_the_replica_as_its_offsets_do() {
             "storage.acks_all_replicas=1",
             "--set",
             "storage.acks_all_timeout=300ms",
+            "--set",
+            "storage.acks_all_connections=1",
         ],
     );
     let mut conn = KafkaConn::connect(ketch.kafka_addr());

@@ -292,9 +292,10 @@ impl Coordinator {
     /// group that gains members meanwhile keeps them (its Active change
     /// comes after it). It is written within [`STORE_WAIT`] and, with
     /// acks=all waiting for replicas, confirmed by them as the offsets
-    /// were, or the commit fails retriably (as Kafka appends the offsets'
-    /// expiry with them). `None` without a queue (a coordinator without
-    /// storage: the caller sets it).
+    /// were (from this task: the queue does not wait for replicas), or the
+    /// commit fails retriably (as Kafka appends the offsets' expiry with
+    /// them). `None` without a queue (a coordinator without storage: the
+    /// caller sets it).
     pub async fn retain_committed(&self, group_id: &str) -> Option<ketch_storage::Result<()>> {
         let writes = self.inner.writes.as_ref()?;
         let (answer, answered) = oneshot::channel();
@@ -323,7 +324,7 @@ impl Coordinator {
                 tracing::warn!(group = %group_id, error = %e, "cannot write the retention of the group's offsets");
                 Some(Err(e))
             }
-            Ok(Ok(Ok(unconfirmed))) => Some(unconfirmed.confirmed().await),
+            Ok(Ok(Ok(()))) => Some(writes.storage.confirm_group_retention(group_id).await),
         }
     }
 
@@ -914,10 +915,10 @@ enum Change {
     Store(i32, Bytes, Arc<Notify>),
     /// It became Empty: its offsets and snapshot expire after the retention.
     Emptied,
-    /// Offsets were committed to it without members: as `Emptied`, and with
-    /// acks=all as durable as they are; the outcome (with the replicas'
-    /// confirmation still to come) goes to the commit.
-    Committed(oneshot::Sender<ketch_storage::Result<ketch_storage::Unconfirmed>>),
+    /// Offsets were committed to it without members: as `Emptied`; the
+    /// outcome goes to the commit, which has it confirmed by the replicas
+    /// acks=all waits for.
+    Committed(oneshot::Sender<ketch_storage::Result<()>>),
     /// It was found Empty: as `Emptied`, unless they expire already.
     Idle,
     /// It has members again: they stay.
@@ -997,7 +998,7 @@ impl Writes {
                     let applied = match change {
                         Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
                         Change::Committed(answer) => {
-                            let retained = storage.group_retained_after_commit(&group_id, retention).await;
+                            let retained = storage.group_emptied(&group_id, retention).await;
                             let written = retained.is_ok();
                             // The commit tells the client of a failure.
                             let _ = answer.send(retained);
