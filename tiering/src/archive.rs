@@ -128,16 +128,24 @@ pub enum Closed {
     },
 }
 
-/// What a segment's data file was made from: the segment's last offset and
-/// bytes as its record had them, the first offset read (the log start, if
-/// DeleteRecords moved it into the segment) and the records left out. Two
-/// attempts that agree on these write the same rows.
+/// What a segment's data file was made from: the segment's record as it
+/// was (its last offset, bytes, timestamps and when it was sealed: a
+/// segment sealed again after Redis lost the first seal, by a failover or
+/// a restart from its AOF, holds other records under the same offsets),
+/// the first offset read (the log start, if DeleteRecords moved it into
+/// the segment), the records left out, and the table's partition spec and
+/// schema. Two attempts that agree on these write the same rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MadeFrom {
     last: i64,
     bytes: i64,
+    max_ts: i64,
+    first_ts: Option<i64>,
+    sealed_ms: i64,
     from: i64,
     aborted: Vec<(i64, i64, i64)>,
+    spec_id: i32,
+    schema_id: i32,
 }
 
 /// A data file written and uploaded whose commit failed (the catalog
@@ -797,8 +805,13 @@ impl Archiver {
         let made_from = MadeFrom {
             last: segment.last,
             bytes: segment.bytes,
+            max_ts: segment.max_ts,
+            first_ts: segment.first_ts,
+            sealed_ms: segment.sealed_ms,
             from: chunks.first_offset(segment),
             aborted: filter.aborted.clone(),
+            spec_id: table.metadata().default_partition_spec_id(),
+            schema_id: table.metadata().current_schema_id(),
         };
         if let Some(unlanded) = self.unlanded(table, &path, &made_from).await {
             return Ok(Fed::Unlanded(Box::new(unlanded)));
@@ -982,6 +995,7 @@ impl Archiver {
             Err(e) => {
                 // Someone may have committed it meanwhile (a worker that
                 // held the lease before): then it is archived.
+                let invalid = e.kind() == iceberg::ErrorKind::DataInvalid;
                 let error = match catalog.load_table(table.identifier()).await {
                     Ok(fresh) => {
                         *table = fresh;
@@ -992,6 +1006,11 @@ impl Archiver {
                     }
                     Err(reload) => Error::Iceberg(reload),
                 };
+                if invalid {
+                    // Refused for the file itself (the table's partition
+                    // spec changed meanwhile, say): written again.
+                    return Err(error);
+                }
                 // Not committed (or not known: the next attempt looks at the
                 // table before anything else): it commits this file rather
                 // than write and upload it again.
@@ -1070,29 +1089,19 @@ fn iceberg_codec(compression: &str) -> &str {
 impl Archiver {
     /// The data file an earlier attempt at the segment wrote to `path` and
     /// failed to commit, made from what this attempt would read: still
-    /// there whole (its size as written), it is committed as it is. Another
-    /// worker that held the segment's lease meanwhile and wrote its own
-    /// file there made it from the same records: the log start only moves
-    /// on, so one read later that agrees with this one's start read the
-    /// same. Taken off the list either way.
+    /// there as written (its size, and its footer's row count and row
+    /// groups: another worker that held the segment's lease meanwhile may
+    /// have written its own there), it is committed as it is. Taken off
+    /// the list either way.
     async fn unlanded(&self, table: &Table, path: &str, made_from: &MadeFrom) -> Option<Closed> {
         let kept = self.unlanded.lock().expect("unlanded").remove(path)?;
         if kept.made_from != *made_from {
             return None;
         }
-        let size = match table.file_io().new_input(path) {
-            Ok(input) => input.metadata().await.map(|m| m.size),
-            Err(e) => Err(e),
-        };
-        match size {
-            Ok(size) if size == kept.archived.file_bytes => {}
-            Ok(size) => {
-                tracing::debug!(
-                    path,
-                    size,
-                    written = kept.archived.file_bytes,
-                    "an unlanded data file changed; writing it again"
-                );
+        match as_written(table.file_io(), path, &kept).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(path, "an unlanded data file changed; writing it again");
                 return None;
             }
             Err(e) => {
@@ -1214,6 +1223,33 @@ async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<A
         }
     }
     Ok(None)
+}
+
+/// Whether the file at `path` is the one `kept` describes: its size, row
+/// count and row groups' offsets as written (only its footer is read).
+async fn as_written(file_io: &FileIO, path: &str, kept: &Unlanded) -> Result<bool> {
+    let [file] = &kept.files[..] else {
+        return Ok(false);
+    };
+    let input = file_io.new_input(path)?;
+    let size = input.metadata().await?.size;
+    if size != kept.archived.file_bytes {
+        return Ok(false);
+    }
+    let reader = ArrowFileReader::new(FileMetadata { size }, input.reader().await?);
+    let footer = ParquetRecordBatchStreamBuilder::new(reader)
+        .await?
+        .metadata()
+        .clone();
+    let row_groups: Vec<i64> = footer
+        .row_groups()
+        .iter()
+        .filter_map(|g| g.file_offset())
+        .collect();
+    Ok(
+        u64::try_from(footer.file_metadata().num_rows()).ok() == Some(file.record_count())
+            && file.split_offsets() == Some(&row_groups[..]),
+    )
 }
 
 /// The offsets of `segment` the data file at `path` has no row for.
@@ -1609,12 +1645,12 @@ mod tests {
         }
     }
 
-    /// A catalog that refuses commits while `refusing` is set, and passes
+    /// A catalog that refuses commits with the error kind `refusing` holds,
     /// every other call to the catalog it wraps.
     #[derive(Debug)]
     struct Refusing {
         inner: Arc<dyn Catalog>,
-        refusing: std::sync::atomic::AtomicBool,
+        refusing: std::sync::Mutex<Option<iceberg::ErrorKind>>,
     }
 
     #[async_trait::async_trait]
@@ -1677,13 +1713,29 @@ mod tests {
             self.inner.register_table(table, location).await
         }
         async fn update_table(&self, commit: iceberg::TableCommit) -> iceberg::Result<Table> {
-            if self.refusing.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(iceberg::Error::new(
-                    iceberg::ErrorKind::Unexpected,
-                    "the catalog's database is unreachable",
-                ));
+            if let Some(kind) = *self.refusing.lock().unwrap() {
+                return Err(iceberg::Error::new(kind, "the catalog's database is unreachable"));
             }
             self.inner.update_table(commit).await
+        }
+    }
+
+    impl Refusing {
+        fn refuse(&self, kind: Option<iceberg::ErrorKind>) {
+            *self.refusing.lock().unwrap() = kind;
+        }
+    }
+
+    /// Chunks that note they were read.
+    struct Noting(Chunked, Arc<std::sync::atomic::AtomicBool>);
+
+    impl Chunks for Noting {
+        fn chunk(
+            &mut self,
+            next: i64,
+        ) -> impl Future<Output = ketch_storage::Result<(Vec<Bytes>, i64)>> + Send {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.0.chunk(next)
         }
     }
 
@@ -1725,15 +1777,15 @@ mod tests {
     /// committed as it is by the segment's next attempt, which neither reads
     /// the segment again nor uploads it anew, while what the file was made
     /// from is what that attempt would read. One whose log start moved
-    /// meanwhile (DeleteRecords), or that changed in the store, is written
-    /// again.
+    /// meanwhile (DeleteRecords), that was sealed again, that changed in
+    /// the store, or whose commit was refused as invalid is written again.
     #[tokio::test]
     async fn a_data_file_whose_commit_failed_is_committed_by_the_next_attempt_without_writing_it_again() {
         let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
         let mut table = lake.table().await;
         let refusing = Arc::new(Refusing {
             inner: lake.archiver.catalog().await.expect("the catalog"),
-            refusing: true.into(),
+            refusing: Some(iceberg::ErrorKind::Unexpected).into(),
         });
         lake.archiver.catalog.lock().await.open = Some(refusing.clone());
         let refused = archive_300(&lake, &mut table, &Unfenced)
@@ -1744,9 +1796,7 @@ mod tests {
             panic!("one data file")
         };
         let written = std::fs::metadata(file).unwrap().modified().unwrap();
-        refusing
-            .refusing
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        refusing.refuse(None);
         let segment = crate::testing::segment(0, 300);
         let archived = lake
             .archiver
@@ -1772,7 +1822,7 @@ mod tests {
 
         // The next segment's commit fails too; DeleteRecords then moves the
         // log start into it: its next attempt reads from there.
-        refusing.refusing.store(true, std::sync::atomic::Ordering::SeqCst);
+        refusing.refuse(Some(iceberg::ErrorKind::Unexpected));
         let segment = crate::testing::segment(300, 300);
         let chunks = |from| {
             From(
@@ -1787,16 +1837,14 @@ mod tests {
         archive(&lake, &mut table, &segment, chunks(300))
             .await
             .expect_err("refused");
-        refusing
-            .refusing
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        refusing.refuse(None);
         let archived = archive(&lake, &mut table, &segment, chunks(350))
             .await
             .expect("archived");
         assert_eq!(archived.records, 250, "written again from the log start");
         // A file whose commit failed and that then changed in the store
         // (another worker wrote its own there) is written again too.
-        refusing.refusing.store(true, std::sync::atomic::Ordering::SeqCst);
+        refusing.refuse(Some(iceberg::ErrorKind::Unexpected));
         let segment = crate::testing::segment(600, 300);
         let full = || Chunked {
             per: 150,
@@ -1806,9 +1854,7 @@ mod tests {
         archive(&lake, &mut table, &segment, full())
             .await
             .expect_err("refused");
-        refusing
-            .refusing
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        refusing.refuse(None);
         let file = lake
             .files(".parquet")
             .into_iter()
@@ -1824,9 +1870,51 @@ mod tests {
             .await
             .expect("archived");
         assert_eq!(archived.records, 300);
+
+        // A segment sealed again under the same offsets (Redis lost the
+        // first seal and its last records to a failover, and producers
+        // wrote those offsets again): its file is written again, from the
+        // records Redis holds now.
+        let read = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let chunks = |last| {
+            Noting(
+                Chunked {
+                    per: 150,
+                    last,
+                    fail_at: None,
+                },
+                read.clone(),
+            )
+        };
+        let mut segment = crate::testing::segment(900, 300);
+        refusing.refuse(Some(iceberg::ErrorKind::Unexpected));
+        archive(&lake, &mut table, &segment, chunks(1199))
+            .await
+            .expect_err("refused");
+        refusing.refuse(None);
+        segment.sealed_ms += 1;
+        read.store(false, std::sync::atomic::Ordering::SeqCst);
+        archive(&lake, &mut table, &segment, chunks(1199))
+            .await
+            .expect("archived");
+        assert!(read.load(std::sync::atomic::Ordering::SeqCst), "written again");
+        // A commit refused for the file itself (invalid for the table now):
+        // written again, not committed as it is again and again.
+        let segment = crate::testing::segment(1200, 300);
+        refusing.refuse(Some(iceberg::ErrorKind::DataInvalid));
+        archive(&lake, &mut table, &segment, chunks(1499))
+            .await
+            .expect_err("refused");
+        refusing.refuse(None);
+        read.store(false, std::sync::atomic::Ordering::SeqCst);
+        archive(&lake, &mut table, &segment, chunks(1499))
+            .await
+            .expect("archived");
+        assert!(read.load(std::sync::atomic::Ordering::SeqCst), "written again");
+
         let rows = crate::testing::rows(&lake.table().await).await;
         let expected: std::collections::BTreeSet<_> =
-            (0..300).chain(350..900).map(|offset| (0, offset)).collect();
+            (0..300).chain(350..1500).map(|offset| (0, offset)).collect();
         assert_eq!(rows, expected);
     }
 
