@@ -1043,13 +1043,30 @@ impl Store {
                     offsets,
                 });
             }
+            let later_round = out.offsets.is_some();
             clean_end = offsets.clean_end;
-            out.offsets = Some(offsets);
             if !from_clean && next < clean_end {
                 // The log below `clean_end` is compacted away (or being
                 // trimmed): read the compacted stream instead.
+                out.offsets = Some(offsets);
                 continue;
             }
+            if later_round
+                && !from_clean
+                && (next < offsets.local_start_offset
+                    || entries
+                        .first()
+                        .is_some_and(|e| e.last_offset - i64::from(e.record_count) + 1 > next))
+            {
+                // Local retention trimmed the log from `next` on since the
+                // last round (those records are archived now): this
+                // round's batches would follow the last round's with a
+                // gap, which consumers take for compaction and step over.
+                // What was read stands; a fetch from `next` is served from
+                // the archive.
+                return Ok(out);
+            }
+            out.offsets = Some(offsets);
             let got = entries.len();
             let (mut read, mut largest) = (0, 0);
             for entry in entries {

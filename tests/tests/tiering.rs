@@ -2254,3 +2254,82 @@ fn archiving_backs_off_while_the_object_store_refuses_it() {
     );
     eprintln!("four failures in a row took {took:?}");
 }
+
+/// A read that takes several Redis round trips is not left with a gap when
+/// local retention trims the log between two of them: the records trimmed
+/// are archived, and the read stops at what it has (the next fetch from
+/// there is served from the archive), where before it went on from the new
+/// local start, and consumers, which take a gap for compaction, stepped
+/// over the trimmed records. A proxy holds the read's second round back
+/// while the test trims, as the storage worker's local retention does.
+#[test]
+fn a_read_across_a_local_trim_stops_at_the_trim_instead_of_leaving_a_gap() {
+    use bytes::Bytes;
+    use ketch_storage::{ReadRequest, StorageError, Store};
+    use ketch_tests::batch::{self, Record};
+    use ketch_tests::proxy::DelayProxy;
+    let redis = TestRedis::Single(ketch_tests::RedisServer::start());
+    let TestRedis::Single(server) = &redis else {
+        unreachable!()
+    };
+    let proxy = DelayProxy::start(([127, 0, 0, 1], server.port()).into(), Duration::ZERO);
+    let config = ketch_tests::store_config(&proxy.redis_url());
+    let rt = runtime();
+    let _entered = rt.enter();
+    let store = Store::new(&config).expect("store");
+    let name = unique_topic("trimmed-mid-read");
+    let topic = rt
+        .block_on(store.create_topic(&name, 1, Default::default()))
+        .expect("create");
+    for offset in 0..50 {
+        let bytes = batch::encode(&[Record::value(batch::at(offset), b"record")]);
+        let header = ketch_storage::batch::header(&bytes).expect("header");
+        rt.block_on(store.append(&topic, 0, &Bytes::from(bytes), &header, false))
+            .expect("append");
+    }
+    let request = ReadRequest {
+        offset: 0,
+        max_bytes: 1 << 20,
+        max_batch_bytes: 1 << 20,
+        read_cap: 1 << 20,
+    };
+    // The first round reads a few batches of a partition it knows nothing
+    // of; the second is held.
+    proxy.hold_requests(b"XRANGE", 1);
+    let read = {
+        let (store, topic) = (store.clone(), topic.clone());
+        rt.spawn(async move { store.read(&topic, 0, &request).await })
+    };
+    assert!(proxy.await_held(Duration::from_secs(20)), "no second round");
+    // Local retention: the log below offset 20 is archived and trimmed.
+    redis.set_meta(&name, 0, &[("local_start", "20")]);
+    let log = redis.partition_key(&name, 0, "log");
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(&log)
+        .arg("MINID")
+        .arg("20")
+        .query(&mut redis.connection())
+        .expect("XTRIM");
+    proxy.release();
+    let read = rt.block_on(read).expect("the read's task").expect("read");
+    let mut expected = 0;
+    for batch in &read.batches {
+        let base = i64::from_be_bytes(batch[..8].try_into().unwrap());
+        assert_eq!(base, expected, "a gap in the batches read");
+        let header = ketch_storage::batch::header(batch).expect("header");
+        expected = base + i64::from(header.last_offset_delta) + 1;
+    }
+    assert!(
+        (1..20).contains(&expected),
+        "stopped at the trim, read up to {expected}"
+    );
+    // Where it stopped, the next read is told to go to the archive.
+    let next = ReadRequest {
+        offset: expected,
+        ..request
+    };
+    assert!(matches!(
+        rt.block_on(store.read(&topic, 0, &next)),
+        Err(StorageError::NotLocal { .. })
+    ));
+}
