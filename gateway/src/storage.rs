@@ -229,6 +229,14 @@ pub trait Storage: Send + Sync {
         let _ = id;
         Err(no_transactions())
     }
+    /// [`Storage::txn_describe`] of each of `ids`, in their order.
+    async fn txn_describe_many(&self, ids: &[String]) -> Result<Vec<Option<TxnState>>> {
+        let mut states = Vec::with_capacity(ids.len());
+        for id in ids {
+            states.push(self.txn_describe(id).await?);
+        }
+        Ok(states)
+    }
     async fn txn_due(&self, now_ms: i64, offset: usize, limit: usize) -> Result<Vec<(String, f64)>> {
         let _ = (now_ms, offset, limit);
         Ok(Vec::new())
@@ -627,6 +635,9 @@ impl Storage for Tiered {
     }
     async fn txn_describe(&self, id: &str) -> Result<Option<TxnState>> {
         self.store.txn_describe(id).await
+    }
+    async fn txn_describe_many(&self, ids: &[String]) -> Result<Vec<Option<TxnState>>> {
+        self.store.txn_describe_many(ids).await
     }
     async fn txn_due(&self, now_ms: i64, offset: usize, limit: usize) -> Result<Vec<(String, f64)>> {
         self.store.txn_due(now_ms, offset, limit).await

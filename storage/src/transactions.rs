@@ -562,6 +562,27 @@ impl Store {
         Ok((!fields.is_empty()).then(|| TxnState::parse(&fields)))
     }
 
+    /// [`Store::txn_describe`] of each of `ids`, in their order, read a few
+    /// hundred per round trip (ListTransactions names every id, and a
+    /// workload that takes a new id per checkpoint keeps a great many).
+    pub async fn txn_describe_many(&self, ids: &[String]) -> Result<Vec<Option<TxnState>>> {
+        const PER_ROUND_TRIP: usize = 500;
+        let mut states = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(PER_ROUND_TRIP) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.hgetall(self.txn_key(id));
+            }
+            let replies: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn()).await?;
+            states.extend(
+                replies
+                    .into_iter()
+                    .map(|fields| (!fields.is_empty()).then(|| TxnState::parse(&fields))),
+            );
+        }
+        Ok(states)
+    }
+
     /// Has a gateway look at `id` at `due_ms` at the latest (an earlier
     /// time already scheduled stays: ZADD LT only lowers a score). For an
     /// id a script just answered for (it has state).

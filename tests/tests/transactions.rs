@@ -2300,3 +2300,53 @@ fn an_id_expiration_longer_than_redis_counts_keeps_the_id() {
         ttl > 1 << 52
     });
 }
+
+/// ListTransactions reads the states of the ids it lists a few hundred per
+/// Redis round trip, not one id per round trip: a workload that takes a
+/// new transactional id per checkpoint keeps a great many, and admin
+/// clients gave up waiting (30 s) while the gateway read them one by one.
+#[test]
+fn list_transactions_reads_many_ids_a_few_hundred_per_round_trip() {
+    const IDS: usize = 1200;
+    let redis = ketch_tests::RedisServer::start();
+    let proxy = ketch_tests::proxy::DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), Duration::ZERO);
+    let ketch = Ketch::start(&proxy.redis_url(), &[]);
+    let mut conn = redis.connection();
+    let mut pipe = redis::pipe();
+    let far = 4_000_000_000_000i64;
+    for n in 0..IDS {
+        let id = format!("checkpoint-{n:05}");
+        pipe.cmd("ZADD")
+            .arg("ketch:transactions")
+            .arg(far)
+            .arg(&id)
+            .ignore();
+        pipe.cmd("HSET")
+            .arg(format!("ketch:txn:{{{id}}}"))
+            .arg("pid")
+            .arg(1000 + n)
+            .arg("epoch")
+            .arg(0)
+            .arg("state")
+            .arg("Empty")
+            .ignore();
+    }
+    let () = pipe.query(&mut conn).expect("seed the ids");
+    let mut client = KafkaConn::connect(ketch.kafka_addr());
+    proxy.count_requests(b"HGETALL");
+    let response: ListTransactionsResponse = client.request(0, &ListTransactionsRequest::default());
+    assert_eq!(response.error_code, code::NONE);
+    assert_eq!(response.transaction_states.len(), IDS, "every id listed");
+    assert!(
+        response
+            .transaction_states
+            .iter()
+            .all(|t| t.transaction_state.as_str() == "Empty" && t.producer_id.0 >= 1000),
+        "listed with their states"
+    );
+    let requests = proxy.counted();
+    assert!(
+        (1..=IDS / 100).contains(&requests),
+        "{requests} requests read the states of {IDS} ids"
+    );
+}

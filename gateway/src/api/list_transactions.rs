@@ -58,25 +58,27 @@ pub async fn handle(
         .map(|n| n.id)
         .collect();
     listed.insert(ctx.membership.my_id());
+    let ids: Vec<String> = ids
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| {
+            listed.contains(&ctx.membership.transaction_coordinator(id).id)
+                && authorized(
+                    ctx,
+                    client,
+                    Operation::Describe,
+                    ResourceType::TransactionalId,
+                    id,
+                )
+        })
+        .collect();
+    let described = match ctx.storage.txn_describe_many(&ids).await {
+        Ok(described) => described,
+        Err(e) => return response.with_error_code(listing_error(&e)),
+    };
     let mut states = Vec::new();
-    for (id, _) in ids {
-        if !listed.contains(&ctx.membership.transaction_coordinator(&id).id) {
-            continue;
-        }
-        if !authorized(
-            ctx,
-            client,
-            Operation::Describe,
-            ResourceType::TransactionalId,
-            &id,
-        ) {
-            continue;
-        }
-        let txn = match ctx.storage.txn_describe(&id).await {
-            Ok(Some(txn)) => txn,
-            Ok(None) => continue,
-            Err(e) => return response.with_error_code(listing_error(&e)),
-        };
+    for (id, txn) in ids.into_iter().zip(described) {
+        let Some(txn) = txn else { continue };
         let pid = txn.producer_id;
         if !request.state_filters.is_empty() && !request.state_filters.iter().any(|s| s.as_str() == txn.state)
         {
@@ -86,8 +88,11 @@ pub async fn handle(
         {
             continue;
         }
+        // Longer than the filter, as Kafka lists them (not one that has
+        // run exactly that long); only open transactions have run at all
+        // (Kafka also lists other states then, from their last start).
         if let Some(min) = longer_than
-            && (!txn.is_open() || txn.started_ms.is_none_or(|s| now - s < min))
+            && (!txn.is_open() || txn.started_ms.is_none_or(|s| now - s <= min))
         {
             continue;
         }
