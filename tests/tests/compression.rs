@@ -248,4 +248,19 @@ fn zstd_needs_produce_v7_and_fetch_v10() {
         response.responses[0].partitions[0].error_code,
         UNSUPPORTED_COMPRESSION_TYPE
     );
+    // Also when the fetch names a partition the topic does not have
+    // first: that one keeps its own error.
+    let response = conn.request(
+        9,
+        &raw::fetch_partitions_request(&configured, &[(99, 0), (0, 0)], 1 << 20),
+    );
+    let codes: Vec<i16> = response.responses[0]
+        .partitions
+        .iter()
+        .map(|p| p.error_code)
+        .collect();
+    assert_eq!(
+        codes,
+        [code::UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_COMPRESSION_TYPE]
+    );
 }

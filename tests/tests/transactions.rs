@@ -2350,3 +2350,58 @@ fn list_transactions_reads_many_ids_a_few_hundred_per_round_trip() {
         "{requests} requests read the states of {IDS} ids"
     );
 }
+
+/// A read_committed fetch waiting at an undecided transaction's first
+/// offset is woken by each of that transaction's appends. It then reads
+/// the partition's offsets alone, not the log from the fetch offset (up to
+/// its partition_max_bytes, none of which it may send), until the commit
+/// moves the last stable offset on, as Kafka's delayed fetch compares
+/// offsets and reads nothing meanwhile. Before, each append cost a read of
+/// everything the transaction had written so far.
+#[test]
+fn a_read_committed_fetch_held_by_an_open_transaction_reads_only_offsets_when_woken() {
+    const APPENDS: i32 = 40;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("txn-held-fetch");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "txn-held-fetch-id", &topic);
+    let value = vec![b'x'; 4096];
+    let first = transactional(&[Record::value(batch::at(1_000), &value)], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, first), (code::NONE, 0));
+    let before = redis.command_calls("xrange");
+    let fetcher = {
+        let (addr, topic) = (ketch.kafka_addr(), topic.clone());
+        std::thread::spawn(move || {
+            let mut conn = KafkaConn::connect(addr);
+            let fetch = raw::fetch_request(&topic, 0, 0, 20_000).with_isolation_level(1);
+            let response: kafka_protocol::messages::FetchResponse = conn.request(11, &fetch);
+            response
+        })
+    };
+    // The fetch read the partition and waits.
+    eventually("the fetch's first read", true, || {
+        redis.command_calls("xrange") > before
+    });
+    for sequence in 1..=APPENDS {
+        let batch = transactional(&[Record::value(batch::at(1_000), &value)], pid, epoch, sequence);
+        assert_eq!(
+            produce_in(&mut conn, Some(&id), &topic, batch),
+            (code::NONE, i64::from(sequence))
+        );
+    }
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, true), code::NONE);
+    let response = fetcher.join().expect("the fetch");
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.error_code, code::NONE);
+    assert!(
+        partition.records.as_ref().is_some_and(|r| !r.is_empty()),
+        "the committed records are sent"
+    );
+    let reads = redis.command_calls("xrange") - before;
+    assert!(
+        reads <= 8,
+        "{reads} reads of the log for a fetch woken by {APPENDS} appends of an open transaction"
+    );
+}

@@ -7,6 +7,7 @@
 //! sleeps until woken or the deadline. Fetch sessions (KIP-227) are not
 //! kept: session id 0 tells clients to send full requests.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -326,7 +327,7 @@ fn read_the_archive(topics: &[Vec<Target>], reads: &[Vec<Option<ReadResult>>]) -
 fn fetched(topics: &[Vec<Target>], records: &[Vec<Option<Vec<Bytes>>>]) -> Fetched {
     let mut fetched = Fetched::default();
     for (targets, partitions) in topics.iter().zip(records) {
-        let Some(Ok(topic)) = targets.first().map(|t| &t.topic) else {
+        let Some(topic) = targets.iter().find_map(|t| t.topic.as_ref().ok()) else {
             continue;
         };
         let (mut count, mut bytes) = (0, 0);
@@ -400,7 +401,9 @@ type ReadResult = Result<ReadPartition, StorageError>;
 /// did not use; once the budget is spent, partitions get only their
 /// offsets. A read may exceed its share by one batch (the caller drops
 /// what does not fit). A partition this gateway knows to be empty at the
-/// fetch offset is not read and takes no share.
+/// fetch offset is not read and takes no share; nor is one a
+/// read_committed fetch found held at the fetch offset by an undecided
+/// transaction, while its offsets say it still is ([`still_held`]).
 async fn read_all(
     ctx: &Context,
     topics: &[Vec<Target>],
@@ -409,6 +412,11 @@ async fn read_all(
     max_bytes: usize,
     read_committed: bool,
 ) -> Vec<Vec<Option<ReadResult>>> {
+    let mut held = if read_committed {
+        still_held(ctx, topics, fired, &previous).await
+    } else {
+        HashMap::new()
+    };
     let mut previous = previous.into_iter();
     let mut budget = max_bytes;
     let mut reads = Vec::with_capacity(topics.len());
@@ -433,6 +441,12 @@ async fn read_all(
                         budget = budget.saturating_sub(read_bytes(read));
                     }
                     results.push(Some(kept));
+                }
+                _ if let Some(offsets) = held.remove(&(t, p)) => {
+                    results.push(Some(Ok(ReadPartition {
+                        offsets: Some(offsets),
+                        batches: Vec::new(),
+                    })));
                 }
                 _ => match known_empty(ctx, target, wake, read_committed) {
                     Some(empty) => results.push(Some(Ok(empty))),
@@ -495,6 +509,57 @@ async fn read_all(
         pending = later;
     }
     reads
+}
+
+/// The partitions of a read_committed fetch whose last read found an
+/// undecided transaction at the fetch offset (its last stable offset at
+/// or below it: nothing to send) and whose wake-up channel fired, with
+/// their offsets read afresh, where those say it still is. Each append of
+/// that transaction wakes the fetch; a read of the partition would fetch
+/// up to its `partition_max_bytes` from the fetch offset and send none of
+/// it, so only its offsets are read (one command each, all at once), as
+/// Kafka's delayed fetch compares offsets and reads nothing until the
+/// last stable offset moves on.
+async fn still_held(
+    ctx: &Context,
+    topics: &[Vec<Target>],
+    fired: &Fired,
+    previous: &[Vec<Option<ReadResult>>],
+) -> HashMap<(usize, usize), PartitionOffsets> {
+    let mut checks = Vec::new();
+    for (t, targets) in topics.iter().enumerate() {
+        for (p, target) in targets.iter().enumerate() {
+            let Some(Some(Ok(read))) = previous.get(t).and_then(|reads| reads.get(p)) else {
+                continue;
+            };
+            let (Ok(topic), Some(offsets)) = (target.topic.as_ref(), read.offsets) else {
+                continue;
+            };
+            let woken = topic
+                .wake_channel(target.partition)
+                .is_some_and(|wake| fired.includes(wake));
+            if woken && read.batches.is_empty() && offsets.last_stable_offset <= target.offset {
+                checks.push(async move {
+                    let offsets = ctx.storage.offsets(topic, target.partition).await;
+                    ((t, p), offsets, target.offset)
+                });
+            }
+        }
+    }
+    futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .filter_map(|(place, offsets, offset)| {
+            // Anything else (the transaction decided, the offset out of
+            // range or below the local start) is read as usual.
+            let offsets = offsets.ok()?;
+            (offsets.last_stable_offset <= offset
+                && offsets.log_start_offset <= offset
+                && offsets.local_start_offset <= offset
+                && offset <= offsets.high_watermark)
+                .then_some((place, offsets))
+        })
+        .collect()
 }
 
 /// About the bytes a partition holds from the fetch offset, when this
@@ -616,16 +681,22 @@ fn refuse_zstd(
 ) {
     let defaults = ctx.topic_defaults.get();
     for ((topic, records), targets) in responses.iter_mut().zip(records.iter_mut()).zip(topics) {
+        // The topic of any partition named rightly (one named wrongly,
+        // first or not, keeps its own error).
         let configured = targets
-            .first()
-            .and_then(|t| t.topic.as_ref().ok())
+            .iter()
+            .find_map(|t| t.topic.as_ref().ok())
             .is_some_and(|t| {
                 ketch_config::topic::Configs::new(&t.configs, &defaults).get("compression.type") == "zstd"
             });
         if !configured {
             continue;
         }
-        for (partition, batches) in topic.partitions.iter_mut().zip(records.iter_mut()) {
+        for ((partition, batches), target) in topic.partitions.iter_mut().zip(records.iter_mut()).zip(targets)
+        {
+            if target.topic.is_err() {
+                continue;
+            }
             partition.error_code = ResponseError::UnsupportedCompressionType.code();
             partition.records = Some(Bytes::new());
             *batches = None;
