@@ -117,11 +117,16 @@ pub trait Storage: Send + Sync {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
     }
     async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
+    /// As [`Storage::group_emptied`]; when the group's offsets expire now,
+    /// if that is known.
+    async fn group_retained(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
+        self.group_emptied(group, retention).await.map(|()| None)
+    }
     /// Waits until the replicas acks=all waits for have the group's
-    /// keys' expiry as it is now (after a commit to a group without
-    /// members, whose offsets keep the retention [`Storage::group_emptied`]
-    /// set). Nothing to wait for by default.
-    async fn confirm_group_retention(&self, _group: &str) -> Result<()> {
+    /// keys' expiry, no earlier than `at` (after a commit to a group
+    /// without members, whose offsets keep the retention
+    /// [`Storage::group_retained`] set). Nothing to wait for by default.
+    async fn confirm_group_retention(&self, _group: &str, _at: Option<i64>) -> Result<()> {
         Ok(())
     }
     /// As [`Storage::group_emptied`], unless its keys expire already.
@@ -486,8 +491,12 @@ impl Storage for Tiered {
         self.store.group_emptied(group, retention).await
     }
 
-    async fn confirm_group_retention(&self, group: &str) -> Result<()> {
-        self.store.confirm_group_retention(group).await
+    async fn group_retained(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
+        self.store.group_retained(group, retention).await
+    }
+
+    async fn confirm_group_retention(&self, group: &str, at: Option<i64>) -> Result<()> {
+        self.store.confirm_group_retention(group, at).await
     }
 
     async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {

@@ -480,7 +480,15 @@ impl Store {
     /// after `retention`, or when the longest retention one of their
     /// commits asked for ends, whichever is later.
     pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
-        self.retain_group(group, retention, false).await
+        self.retain_group(group, retention, false).await.map(drop)
+    }
+
+    /// As [`Store::group_emptied`]; the time (ms since the Unix epoch) the
+    /// group's offsets expire at now, if they exist and expire (for
+    /// [`Store::confirm_group_retention`]).
+    pub async fn group_retained(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
+        let at = self.retain_group(group, retention, false).await?;
+        Ok((at > 0).then_some(at))
     }
 
     /// With acks=all waiting for replicas (or fsync), waits until they
@@ -494,8 +502,12 @@ impl Store {
     /// durable pool (`scripts/reassert_expiry.lua`), and WAITed there; the
     /// master's replication stream is in order, so that covers the first
     /// write too. One connection at a time, so a small pool is never held
-    /// by this while it waits for another of its own.
-    pub async fn confirm_group_retention(&self, group: &str) -> Result<()> {
+    /// by this while it waits for another of its own. An expiry earlier
+    /// than `at`, the one that write set (see [`Store::group_retained`]),
+    /// is one a failover brought back from before it: `at` is set again,
+    /// then confirmed. One that no longer expires (the group has members
+    /// again) or a key gone needs nothing.
+    pub async fn confirm_group_retention(&self, group: &str, at: Option<i64>) -> Result<()> {
         if !self.durability.waits() {
             return Ok(());
         }
@@ -510,6 +522,7 @@ impl Store {
             for key in &keys[1..] {
                 invocation.key(key);
             }
+            invocation.arg(at.unwrap_or(0));
             let _: i64 = self.invoke_durably(&keys[0], &invocation, |_| true).await?;
         }
         Ok(())
@@ -520,13 +533,15 @@ impl Store {
     /// that kept them while the group had members may have gone before it
     /// emptied, and nothing else would let them go.
     pub async fn group_idle(&self, group: &str, retention: Duration) -> Result<()> {
-        self.retain_group(group, retention, true).await
+        self.retain_group(group, retention, true).await.map(drop)
     }
 
     /// The group's keys expire after `retention` or when its keep-until
     /// key does, whichever is later (`scripts/retain_group.lua`); with
-    /// `unless_expiring`, only those that do not expire already.
-    async fn retain_group(&self, group: &str, retention: Duration, unless_expiring: bool) -> Result<()> {
+    /// `unless_expiring`, only those that do not expire already. The time
+    /// the offsets expire at then: -1 when they do not, -2 when there are
+    /// none.
+    async fn retain_group(&self, group: &str, retention: Duration, unless_expiring: bool) -> Result<i64> {
         let ms = retention_ms(retention);
         let keep_until = self.group_keep_until_key(group);
         let keys = self.group_retained_keys(group);
@@ -536,8 +551,7 @@ impl Store {
                 invocation.key(key);
             }
             invocation.arg(ms).arg(if unless_expiring { "1" } else { "0" });
-            let _: i64 = invocation.invoke_async(&mut self.conn()).await?;
-            return Ok(());
+            return Ok(invocation.invoke_async(&mut self.conn()).await?);
         }
         // The keys are in different slots of a Redis Cluster: read, then
         // set (a commit with a longer retention of its own in between sets
@@ -548,6 +562,7 @@ impl Store {
             .await?;
         let ms = ms.max(kept);
         let mut pipe = redis::pipe();
+        let offsets = keys[0].clone();
         for key in keys {
             if !unless_expiring {
                 pipe.cmd("PEXPIRE").arg(&key).arg(ms).ignore();
@@ -560,8 +575,9 @@ impl Store {
                 pipe.cmd("PEXPIRE").arg(&key).arg(kept).arg("GT").ignore();
             }
         }
-        let () = pipe.query_async(&mut self.conn()).await?;
-        Ok(())
+        pipe.cmd("PEXPIRETIME").arg(&offsets);
+        let (at,): (i64,) = pipe.query_async(&mut self.conn()).await?;
+        Ok(at)
     }
 
     /// The group has members again: its offsets are kept.

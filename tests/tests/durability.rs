@@ -229,6 +229,53 @@ fn a_standalone_commits_expiry_waits_for_the_replica_as_its_offsets_do() {
     }
 }
 
+/// The expiry a commit to a group without members set is confirmed no
+/// earlier than it was written: a failover that lost the write brings back
+/// the expiry the commit before it set, which may be hours away, and
+/// confirming that one would let the offsets go before their time. Here
+/// that older expiry is put back by hand between the write and its
+/// confirmation, as the promoted replica would hold it; for the empty
+/// group id too, whose keys lie in different slots of a cluster.
+#[test]
+fn an_expiry_a_failover_took_back_is_written_again_before_it_is_confirmed() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    replica.wait_for_replication("master_link_status:up");
+    let mut config = ketch_tests::store_config(&primary.url());
+    config.durability.replicas = 1;
+    config.durability.timeout = Duration::from_secs(5);
+    let rt = ketch_tests::runtime();
+    let _entered = rt.enter();
+    let store = ketch_storage::Store::new(&config).expect("store");
+    for group in ["standalone-failover", ""] {
+        let key = format!("ketch:group:{{{group}}}:offsets");
+        let _: i64 = redis::cmd("HSET")
+            .arg(&key)
+            .arg("topic:0")
+            .arg("{}")
+            .query(&mut primary.connection())
+            .expect("HSET");
+        let at = rt
+            .block_on(store.group_retained(group, Duration::from_secs(3600)))
+            .expect("retained")
+            .expect("the offsets expire");
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(60_000)
+            .query(&mut primary.connection())
+            .expect("PEXPIRE");
+        rt.block_on(store.confirm_group_retention(group, Some(at)))
+            .expect("confirmed");
+        for (server, which) in [(&primary, "primary"), (&replica, "replica")] {
+            let now: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query(&mut server.connection())
+                .expect("PEXPIRETIME");
+            assert_eq!(now, at, "group {group:?}: the {which}'s expiry");
+        }
+    }
+}
+
 /// DeleteRecords is answered once the replica has the new log start, as
 /// Kafka answers once every replica's moved: without it a failover brought
 /// the deleted records back after the deletion was acknowledged. When the

@@ -1082,11 +1082,18 @@ fn a_new_epoch_starts_its_sequences_at_zero_where_the_producer_is_known() {
 
 /// `ketch_transactions_total{outcome}` of a gateway (0 when absent).
 fn transactions_metric(ketch: &Ketch, outcome: &str) -> f64 {
+    metric(
+        ketch,
+        &format!("ketch_transactions_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
+/// The value of one of the gateway's metric series (0 when absent).
+fn metric(ketch: &Ketch, series: &str) -> f64 {
     let (status, body) = ketch.http_get("/metrics");
     assert_eq!(status, 200);
-    let series = format!("ketch_transactions_total{{outcome=\"{outcome}\"}}");
     body.lines()
-        .find_map(|l| l.strip_prefix(&series).and_then(|v| v.trim().parse().ok()))
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0.0)
 }
 /// Archiving a partition with transactions leaves out the markers and the
@@ -2403,5 +2410,69 @@ fn a_read_committed_fetch_held_by_an_open_transaction_reads_only_offsets_when_wo
     assert!(
         reads <= 8,
         "{reads} reads of the log for a fetch woken by {APPENDS} appends of an open transaction"
+    );
+}
+
+/// A read_committed fetch waiting on partitions with no transaction open
+/// is woken by each append through its gateway and reads them as before:
+/// none is taken for one held by an undecided transaction, whose offsets
+/// alone are read at a wake (one more Redis command per partition woken
+/// and fetch waiting).
+#[test]
+fn a_caught_up_read_committed_fetch_woken_by_plain_appends_reads_no_offsets() {
+    const PARTITIONS: i32 = 16;
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("plain-tail");
+    assert_eq!(raw::create_topic(&mut conn, &topic, PARTITIONS), code::NONE);
+    let plain = |n: i64| batch::encode(&[Record::value(batch::at(n), b"plain")]);
+    // What appends alone read of the offsets (HMGET), with no fetch waiting.
+    let appends_alone = redis.command_calls("hmget");
+    for partition in 0..PARTITIONS {
+        assert_eq!(
+            raw::produce(&mut conn, &topic, partition, plain(0)),
+            (code::NONE, 0)
+        );
+    }
+    let appends_alone = redis.command_calls("hmget") - appends_alone;
+    // Waits for far more than the appends bring.
+    let fetcher = {
+        let (addr, topic) = (ketch.kafka_addr(), topic.clone());
+        std::thread::spawn(move || {
+            let mut conn = KafkaConn::connect(addr);
+            let at_end: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, 1)).collect();
+            let fetch = raw::fetch_partitions_request(&topic, &at_end, 1 << 20)
+                .with_isolation_level(1)
+                .with_min_bytes(1 << 20)
+                .with_max_wait_ms(3_000);
+            let response: kafka_protocol::messages::FetchResponse = conn.request(11, &fetch);
+            response
+        })
+    };
+    // It waits: subscribed to every partition's wake-ups.
+    let channels: Vec<String> = (0..PARTITIONS as usize)
+        .map(|p| redis.partition_key(&topic, p, "wake"))
+        .collect();
+    eventually("the fetch's subscriptions", true, || {
+        let held = redis.shard_channels("*wake*");
+        channels.iter().all(|c| held.get(c).is_some_and(|n| *n > 0))
+    });
+    // A read of the log is an XRANGE and an HMGET of the offsets; a read
+    // of the offsets alone an HMGET.
+    let (offsets_reads, log_reads) = (redis.command_calls("hmget"), redis.command_calls("xrange"));
+    for partition in 0..PARTITIONS {
+        assert_eq!(
+            raw::produce(&mut conn, &topic, partition, plain(1)),
+            (code::NONE, 1)
+        );
+    }
+    let response = fetcher.join().expect("the fetch");
+    assert_eq!(response.responses[0].partitions[0].error_code, code::NONE);
+    let log_reads = redis.command_calls("xrange") - log_reads;
+    let alone = (redis.command_calls("hmget") - offsets_reads).saturating_sub(log_reads + appends_alone);
+    assert!(
+        alone <= 2,
+        "{alone} reads of the offsets alone (and {log_reads} of the log) for {PARTITIONS} partitions woken"
     );
 }

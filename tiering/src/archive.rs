@@ -995,7 +995,6 @@ impl Archiver {
             Err(e) => {
                 // Someone may have committed it meanwhile (a worker that
                 // held the lease before): then it is archived.
-                let invalid = e.kind() == iceberg::ErrorKind::DataInvalid;
                 let error = match catalog.load_table(table.identifier()).await {
                     Ok(fresh) => {
                         *table = fresh;
@@ -1006,11 +1005,6 @@ impl Archiver {
                     }
                     Err(reload) => Error::Iceberg(reload),
                 };
-                if invalid {
-                    // Refused for the file itself (the table's partition
-                    // spec changed meanwhile, say): written again.
-                    return Err(error);
-                }
                 // Not committed (or not known: the next attempt looks at the
                 // table before anything else): it commits this file rather
                 // than write and upload it again.
@@ -1778,7 +1772,8 @@ mod tests {
     /// the segment again nor uploads it anew, while what the file was made
     /// from is what that attempt would read. One whose log start moved
     /// meanwhile (DeleteRecords), that was sealed again, that changed in
-    /// the store, or whose commit was refused as invalid is written again.
+    /// the store, or that was written for another partition spec is written
+    /// again.
     #[tokio::test]
     async fn a_data_file_whose_commit_failed_is_committed_by_the_next_attempt_without_writing_it_again() {
         let lake = crate::testing::Lake::new(|s| s.row_group_rows = 100);
@@ -1898,14 +1893,18 @@ mod tests {
             .await
             .expect("archived");
         assert!(read.load(std::sync::atomic::Ordering::SeqCst), "written again");
-        // A commit refused for the file itself (invalid for the table now):
-        // written again, not committed as it is again and again.
+        // A file written for another partition spec than the table's now
+        // (another engine changed it; the failed commit read the table
+        // afresh): written again, not committed as it is again and again.
         let segment = crate::testing::segment(1200, 300);
-        refusing.refuse(Some(iceberg::ErrorKind::DataInvalid));
+        refusing.refuse(Some(iceberg::ErrorKind::Unexpected));
         archive(&lake, &mut table, &segment, chunks(1499))
             .await
             .expect_err("refused");
         refusing.refuse(None);
+        for kept in lake.archiver.unlanded.lock().unwrap().values_mut() {
+            kept.made_from.spec_id += 1;
+        }
         read.store(false, std::sync::atomic::Ordering::SeqCst);
         archive(&lake, &mut table, &segment, chunks(1499))
             .await

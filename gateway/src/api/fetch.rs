@@ -538,7 +538,11 @@ async fn still_held(
             let woken = topic
                 .wake_channel(target.partition)
                 .is_some_and(|wake| fired.includes(wake));
-            if woken && read.batches.is_empty() && offsets.last_stable_offset <= target.offset {
+            // An undecided transaction's batches are there: a caught-up
+            // partition (its last stable offset at the high watermark) is
+            // read as before, from this gateway's own appends if it can.
+            let undecided = offsets.last_stable_offset < offsets.high_watermark;
+            if woken && undecided && read.batches.is_empty() && offsets.last_stable_offset <= target.offset {
                 checks.push(async move {
                     let offsets = ctx.storage.offsets(topic, target.partition).await;
                     ((t, p), offsets, target.offset)

@@ -324,7 +324,9 @@ impl Coordinator {
                 tracing::warn!(group = %group_id, error = %e, "cannot write the retention of the group's offsets");
                 Some(Err(e))
             }
-            Ok(Ok(Ok(()))) => Some(writes.storage.confirm_group_retention(group_id).await),
+            // Confirmed no earlier than the expiry written: one a
+            // failover brought back from before is not taken for it.
+            Ok(Ok(Ok(at))) => Some(writes.storage.confirm_group_retention(group_id, at).await),
         }
     }
 
@@ -918,7 +920,7 @@ enum Change {
     /// Offsets were committed to it without members: as `Emptied`; the
     /// outcome goes to the commit, which has it confirmed by the replicas
     /// acks=all waits for.
-    Committed(oneshot::Sender<ketch_storage::Result<()>>),
+    Committed(oneshot::Sender<ketch_storage::Result<Option<i64>>>),
     /// It was found Empty: as `Emptied`, unless they expire already.
     Idle,
     /// It has members again: they stay.
@@ -998,7 +1000,7 @@ impl Writes {
                     let applied = match change {
                         Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
                         Change::Committed(answer) => {
-                            let retained = storage.group_emptied(&group_id, retention).await;
+                            let retained = storage.group_retained(&group_id, retention).await;
                             let written = retained.is_ok();
                             // The commit tells the client of a failure.
                             let _ = answer.send(retained);

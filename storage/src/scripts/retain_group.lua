@@ -8,7 +8,8 @@
 -- ARGV[2] '1': only keys that do not expire already (PEXPIRE … NX), and
 --         those that expire before the keep-until key (a longer expiry
 --         lost to a failover is written again)
--- Returns the TTL given (ms).
+-- Returns the time (ms since the Unix epoch) KEYS[2] expires at now: -1
+-- when it does not expire, -2 when it does not exist.
 local ttl = tonumber(ARGV[1])
 local kept = redis.call('PTTL', KEYS[1])
 if kept > ttl then
@@ -26,4 +27,4 @@ for i = 2, #KEYS do
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end
-return tonumber(ttl)
+return redis.call('PEXPIRETIME', KEYS[2])
