@@ -506,9 +506,10 @@ impl Storage for MemoryStorage {
         Ok(groups)
     }
 
-    async fn group_emptied(&self, group: &str, _retention: Duration) -> Result<()> {
+    async fn group_emptied(&self, group: &str, _retention: Duration) -> Result<Option<i64>> {
         self.state().expiring.insert(group.to_owned(), true);
-        Ok(())
+        // This store keeps no times.
+        Ok(None)
     }
 
     async fn group_idle(&self, group: &str, _retention: Duration) -> Result<()> {

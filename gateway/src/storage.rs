@@ -116,16 +116,14 @@ pub trait Storage: Send + Sync {
     async fn group_has_offsets(&self, group: &str) -> Result<bool> {
         Ok(self.groups_with_offsets().await?.iter().any(|g| g == group))
     }
-    async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()>;
-    /// As [`Storage::group_emptied`]; when the group's offsets expire now,
-    /// if that is known.
-    async fn group_retained(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
-        self.group_emptied(group, retention).await.map(|()| None)
-    }
+    /// The group has no members left: its offsets expire after
+    /// `retention` (or later: an offset's own retention); when they expire
+    /// now, if that is known.
+    async fn group_emptied(&self, group: &str, retention: Duration) -> Result<Option<i64>>;
     /// Waits until the replicas acks=all waits for have the group's
     /// keys' expiry, no earlier than `at` (after a commit to a group
     /// without members, whose offsets keep the retention
-    /// [`Storage::group_retained`] set). Nothing to wait for by default.
+    /// [`Storage::group_emptied`] set). Nothing to wait for by default.
     async fn confirm_group_retention(&self, _group: &str, _at: Option<i64>) -> Result<()> {
         Ok(())
     }
@@ -487,12 +485,8 @@ impl Storage for Tiered {
         self.store.groups_with_snapshots().await
     }
 
-    async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
+    async fn group_emptied(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
         self.store.group_emptied(group, retention).await
-    }
-
-    async fn group_retained(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
-        self.store.group_retained(group, retention).await
     }
 
     async fn confirm_group_retention(&self, group: &str, at: Option<i64>) -> Result<()> {

@@ -478,15 +478,10 @@ impl Store {
     /// The group has no members left: its offsets (and what it keeps
     /// beside them: its snapshot, the offsets transactions staged) expire
     /// after `retention`, or when the longest retention one of their
-    /// commits asked for ends, whichever is later.
-    pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<()> {
-        self.retain_group(group, retention, false).await.map(drop)
-    }
-
-    /// As [`Store::group_emptied`]; the time (ms since the Unix epoch) the
-    /// group's offsets expire at now, if they exist and expire (for
+    /// commits asked for ends, whichever is later. The time (ms since the
+    /// Unix epoch) the offsets expire at now, if they exist (for
     /// [`Store::confirm_group_retention`]).
-    pub async fn group_retained(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
+    pub async fn group_emptied(&self, group: &str, retention: Duration) -> Result<Option<i64>> {
         let at = self.retain_group(group, retention, false).await?;
         Ok((at > 0).then_some(at))
     }
@@ -503,7 +498,7 @@ impl Store {
     /// master's replication stream is in order, so that covers the first
     /// write too. One connection at a time, so a small pool is never held
     /// by this while it waits for another of its own. An expiry earlier
-    /// than `at`, the one that write set (see [`Store::group_retained`]),
+    /// than `at`, the one that write set (see [`Store::group_emptied`]),
     /// is one a failover brought back from before it: `at` is set again,
     /// then confirmed. One that no longer expires (the group has members
     /// again) or a key gone needs nothing.

@@ -282,29 +282,19 @@ impl Store {
         if !self.durability.waits() {
             return Ok((invocation.invoke_async(&mut self.conn()).await?, Ok(())));
         }
-        let (reply, durable) = self.invoke_held(key, invocation).await?;
-        let confirmed = if wrote(&reply) {
-            self.confirm(durable).await
-        } else {
-            Ok(())
-        };
-        Ok((reply, confirmed))
-    }
-
-    /// Runs the script on a connection of the durable pool, following a
-    /// moved slot as appends do, and hands the connection back unwaited:
-    /// its `WAIT` ([`Store::confirm`]) counts the script's writes.
-    pub(crate) async fn invoke_held(
-        &self,
-        key: &str,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<(Value, crate::durable::Durable)> {
         let mut attempt = 0;
         loop {
             let durable = self.durable.get(key).await?;
             let mut conn = durable.conn();
             match invocation.invoke_async::<Value>(&mut conn).await {
-                Ok(reply) => return Ok((reply, durable)),
+                Ok(reply) => {
+                    let confirmed = if wrote(&reply) {
+                        self.confirm(durable).await
+                    } else {
+                        Ok(())
+                    };
+                    return Ok((reply, confirmed));
+                }
                 Err(e) => {
                     drop(durable);
                     let e = StorageError::from(e);
@@ -319,7 +309,7 @@ impl Store {
     /// Waits until the replicas (or the AOF) confirmed what `durable`
     /// wrote; the slot map is read again when they did not answer (a
     /// failover may be under way).
-    pub(crate) async fn confirm(&self, durable: crate::durable::Durable) -> Result<()> {
+    async fn confirm(&self, durable: crate::durable::Durable) -> Result<()> {
         let confirmed = self.wait_durable_on(durable).await;
         if let Err(StorageError::Unavailable(_)) = &confirmed {
             self.refresh_slot_map().await;
@@ -352,23 +342,12 @@ impl Store {
         if !self.durability.waits() {
             return Ok((pipe.query_async(&mut self.conn()).await?, Ok(())));
         }
-        let (reply, durable) = self.query_held(key, pipe).await?;
-        Ok((reply, self.confirm(durable).await))
-    }
-
-    /// [`Store::invoke_held`] for a pipeline (commands on `key`'s slot
-    /// only).
-    pub(crate) async fn query_held<T: redis::FromRedisValue>(
-        &self,
-        key: &str,
-        pipe: &redis::Pipeline,
-    ) -> Result<(T, crate::durable::Durable)> {
         let mut attempt = 0;
         loop {
             let durable = self.durable.get(key).await?;
             let mut conn = durable.conn();
             match pipe.query_async::<T>(&mut conn).await {
-                Ok(reply) => return Ok((reply, durable)),
+                Ok(reply) => return Ok((reply, self.confirm(durable).await)),
                 Err(e) => {
                     drop(durable);
                     let e = StorageError::from(e);

@@ -256,7 +256,7 @@ fn an_expiry_a_failover_took_back_is_written_again_before_it_is_confirmed() {
             .query(&mut primary.connection())
             .expect("HSET");
         let at = rt
-            .block_on(store.group_retained(group, Duration::from_secs(3600)))
+            .block_on(store.group_emptied(group, Duration::from_secs(3600)))
             .expect("retained")
             .expect("the offsets expire");
         let _: i64 = redis::cmd("PEXPIRE")

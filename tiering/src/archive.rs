@@ -1219,22 +1219,29 @@ async fn listed(table: &Table, segment: &Segment, path: &str) -> Result<Option<A
     Ok(None)
 }
 
+/// The Parquet file at `path`: its size, and a reader of it with its
+/// footer read.
+async fn open_parquet(
+    file_io: &FileIO,
+    path: &str,
+) -> Result<(u64, ParquetRecordBatchStreamBuilder<ArrowFileReader>)> {
+    let input = file_io.new_input(path)?;
+    let size = input.metadata().await?.size;
+    let reader = ArrowFileReader::new(FileMetadata { size }, input.reader().await?);
+    Ok((size, ParquetRecordBatchStreamBuilder::new(reader).await?))
+}
+
 /// Whether the file at `path` is the one `kept` describes: its size, row
 /// count and row groups' offsets as written (only its footer is read).
 async fn as_written(file_io: &FileIO, path: &str, kept: &Unlanded) -> Result<bool> {
     let [file] = &kept.files[..] else {
         return Ok(false);
     };
-    let input = file_io.new_input(path)?;
-    let size = input.metadata().await?.size;
+    let (size, builder) = open_parquet(file_io, path).await?;
     if size != kept.archived.file_bytes {
         return Ok(false);
     }
-    let reader = ArrowFileReader::new(FileMetadata { size }, input.reader().await?);
-    let footer = ParquetRecordBatchStreamBuilder::new(reader)
-        .await?
-        .metadata()
-        .clone();
+    let footer = builder.metadata();
     let row_groups: Vec<i64> = footer
         .row_groups()
         .iter()
@@ -1252,10 +1259,7 @@ pub(crate) async fn holes_in_file(
     segment: &Segment,
     path: &str,
 ) -> Result<Vec<(i64, i64)>> {
-    let input = file_io.new_input(path)?;
-    let size = input.metadata().await?.size;
-    let reader = ArrowFileReader::new(FileMetadata { size }, input.reader().await?);
-    let builder = ParquetRecordBatchStreamBuilder::new(reader).await?;
+    let (_, builder) = open_parquet(file_io, path).await?;
     let offsets = ProjectionMask::columns(builder.parquet_schema(), ["offset"]);
     let mut rows = builder.with_projection(offsets).build()?;
     let mut holes = Holes::default();

@@ -998,9 +998,9 @@ impl Writes {
                     false
                 } else {
                     let applied = match change {
-                        Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|()| true),
+                        Change::Emptied => storage.group_emptied(&group_id, retention).await.map(|_| true),
                         Change::Committed(answer) => {
-                            let retained = storage.group_retained(&group_id, retention).await;
+                            let retained = storage.group_emptied(&group_id, retention).await;
                             let written = retained.is_ok();
                             // The commit tells the client of a failure.
                             let _ = answer.send(retained);
