@@ -755,6 +755,15 @@ impl TestRedis {
         }
     }
 
+    /// Bytes every server (each node of a cluster) has sent its clients
+    /// since it started.
+    pub fn sent_bytes(&self) -> u64 {
+        match self {
+            TestRedis::Single(server) => server.sent_bytes(),
+            TestRedis::Cluster(cluster) => cluster.nodes.iter().map(RedisServer::sent_bytes).sum(),
+        }
+    }
+
     /// `CONFIG SET name value` on every server (each node of a cluster).
     pub fn config_set(&self, name: &str, value: &str) {
         let servers: Vec<&RedisServer> = match self {

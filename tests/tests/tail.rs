@@ -185,3 +185,82 @@ fn a_tail_serves_nothing_below_the_log_start() {
     assert_eq!(partition.error_code, code::OFFSET_OUT_OF_RANGE);
     assert_eq!(partition.log_start_offset, high_watermark);
 }
+
+/// Polls `done` until it holds (10 s at most).
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The partitions `ketch` has read from Redis for fetches (its metrics,
+/// which cost Redis nothing to ask).
+fn redis_reads(ketch: &Ketch) -> f64 {
+    let (status, metrics) = ketch.http_get("/metrics");
+    assert_eq!(status, 200);
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("ketch_fetch_partition_reads_total{") && l.contains("source=\"redis\""))
+        .find_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// A fetch waiting for more bytes than one append brings (a large
+/// `fetch.min.bytes`) on a partition another gateway appends to is woken
+/// by each append, and reads only what it added: Redis sends about what
+/// the fetch returns, not everything gathered since the fetch offset again
+/// at every wake (about APPENDS²/2 batches).
+#[test]
+fn a_fetch_gathering_its_min_bytes_reads_each_append_once() {
+    const APPENDS: usize = 40;
+    let redis = TestRedis::start();
+    let appending = Ketch::start(&redis.url(), &[]);
+    let fetching = Ketch::start(&redis.url(), &[]);
+    let topic = start_topic(&appending);
+    let batch = batch::encode(&[Record::value(batch::at(0), &[b'v'; 4096])]);
+    let mut producer = KafkaConn::connect(appending.kafka_addr());
+    let mut consumer = KafkaConn::connect(fetching.kafka_addr());
+    // Every batch is larger than its value: the last append completes it.
+    let min_bytes = i32::try_from(APPENDS * 4096).expect("min bytes");
+    let request = raw::fetch_request(&topic, 0, 0, 30_000).with_min_bytes(min_bytes);
+    consumer.send(raw::FETCH_VERSION, &request);
+    let channel = redis.partition_key(&topic, 0, "wake");
+    until("the fetch's subscription", || {
+        redis
+            .shard_channels("*wake*")
+            .get(&channel)
+            .is_some_and(|n| *n > 0)
+    });
+    // From here on, the test asks Redis nothing until the fetch is answered.
+    let sent_before = redis.sent_bytes();
+    for n in 0..APPENDS {
+        let reads = redis_reads(&fetching);
+        assert_eq!(
+            raw::produce(&mut producer, &topic, 0, batch.clone()),
+            (code::NONE, n as i64)
+        );
+        // The fetch is woken and reads before the next append.
+        if n + 1 < APPENDS {
+            until("the woken fetch's read", || redis_reads(&fetching) > reads);
+        }
+    }
+    let response = consumer.receive::<FetchRequest>(raw::FETCH_VERSION);
+    let sent = redis.sent_bytes() - sent_before;
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.error_code, code::NONE);
+    let expected: Vec<Bytes> = (0..APPENDS)
+        .map(|n| as_fetched(batch.clone(), n as i64))
+        .collect();
+    assert_eq!(
+        raw::split_batches(partition.records.clone().unwrap_or_default()),
+        expected,
+        "every append, once, in order"
+    );
+    let fetched = (APPENDS * batch.len()) as u64;
+    assert!(
+        sent < 2 * fetched,
+        "Redis sent {sent} bytes for a fetch of {fetched}"
+    );
+}

@@ -404,6 +404,13 @@ type ReadResult = Result<ReadPartition, StorageError>;
 /// fetch offset is not read and takes no share; nor is one a
 /// read_committed fetch found held at the fetch offset by an undecided
 /// transaction, while its offsets say it still is ([`still_held`]).
+///
+/// A partition woken after batches were read from it (a fetch gathering
+/// its `min_bytes` while another gateway appends) keeps them and has only
+/// what follows them read, within what its `partition_max_bytes` has
+/// left: each wake reads what the appends added, not again everything
+/// gathered since the fetch offset. Kafka's delayed fetch reads the log
+/// once, when it completes; this reads each batch once.
 async fn read_all(
     ctx: &Context,
     topics: &[Vec<Target>],
@@ -442,6 +449,11 @@ async fn read_all(
                     }
                     results.push(Some(kept));
                 }
+                Some(Ok(gathered)) if !gathered.batches.is_empty() => {
+                    budget = budget.saturating_sub(read_bytes(&gathered));
+                    results.push(None);
+                    pending.push((t, p, topic, wake, Some(gathered)));
+                }
                 _ if let Some(offsets) = held.remove(&(t, p)) => {
                     results.push(Some(Ok(ReadPartition {
                         offsets: Some(offsets),
@@ -452,7 +464,7 @@ async fn read_all(
                     Some(empty) => results.push(Some(Ok(empty))),
                     None => {
                         results.push(None);
-                        pending.push((t, p, topic, wake));
+                        pending.push((t, p, topic, wake, None));
                     }
                 },
             }
@@ -463,18 +475,42 @@ async fn read_all(
         let mut left = budget;
         let mut round = Vec::with_capacity(pending.len());
         let mut later = Vec::new();
-        for (i, (t, p, topic, wake)) in pending.into_iter().enumerate() {
+        for (i, (t, p, topic, wake, gathered)) in pending.into_iter().enumerate() {
             let target = &topics[t][p];
-            // A partition_max_bytes of 0 still reads one batch (KIP-74).
-            let limit = budget.min(target.max_bytes.max(1));
+            // Where the read starts, what the partition may still take
+            // and what the read may: after what was gathered, or from the
+            // fetch offset, where a partition_max_bytes of 0 still reads
+            // one batch (KIP-74).
+            let (offset, room, limit) = match &gathered {
+                Some(gathered) => {
+                    let room = target.max_bytes.saturating_sub(read_bytes(gathered));
+                    let after = gathered
+                        .batches
+                        .last()
+                        .map_or(target.offset, |b| last_offset(b) + 1);
+                    (after, room, budget.min(room))
+                }
+                None => (
+                    target.offset,
+                    target.max_bytes,
+                    budget.min(target.max_bytes.max(1)),
+                ),
+            };
+            let gathered = match gathered {
+                // Full, or the response is: what was gathered is sent.
+                Some(gathered) if limit == 0 => {
+                    reads[t][p] = Some(Ok(gathered));
+                    continue;
+                }
+                gathered => gathered,
+            };
             // What this gateway appended last and still holds (a tailing
             // consumer's partition): no read of Redis.
-            if let Some(mut read) = ctx
-                .storage
-                .wake()
-                .read_tail(wake, target.offset, limit, read_committed)
-            {
+            if let Some(read) = ctx.storage.wake().read_tail(wake, offset, limit, read_committed) {
                 ctx.requests.fetch_read(true);
+                let Ok(mut read) = add_gathered(gathered, Ok(read)) else {
+                    unreachable!("a read from the tail adds to what was gathered");
+                };
                 keep_sendable(&mut read, read_committed);
                 let bytes = read_bytes(&read);
                 budget = budget.saturating_sub(bytes);
@@ -485,7 +521,7 @@ async fn read_all(
             // What the read takes of the budget: about what the partition
             // holds when this gateway knows (a tailing consumer's
             // partitions hold a few batches), else all it may read.
-            let (read_limit, takes) = match expected_bytes(ctx, topic, target, wake) {
+            let (read_limit, takes) = match expected_bytes(ctx, topic, target.partition, offset, wake) {
                 Some(expected) => (limit, expected.min(limit)),
                 None => (limit.min(left), limit.min(left)),
             };
@@ -493,13 +529,18 @@ async fn read_all(
             // partition; once it is spent, every partition gets its offsets.
             if (read_limit > 0 && takes <= left) || i == 0 || budget == 0 {
                 left -= takes.min(left);
-                round.push((t, p, read_partition(ctx, topic, target, wake, read_limit)));
+                let read = read_partition(ctx, topic, target, offset, room, wake, read_limit);
+                round.push((t, p, gathered, read));
             } else {
-                later.push((t, p, topic, wake));
+                later.push((t, p, topic, wake, gathered));
             }
         }
-        let (places, round): (Vec<_>, Vec<_>) = round.into_iter().map(|(t, p, read)| ((t, p), read)).unzip();
-        for ((t, p), mut result) in places.into_iter().zip(futures::future::join_all(round).await) {
+        let (places, round): (Vec<_>, Vec<_>) = round
+            .into_iter()
+            .map(|(t, p, gathered, read)| ((t, p, gathered), read))
+            .unzip();
+        for ((t, p, gathered), result) in places.into_iter().zip(futures::future::join_all(round).await) {
+            let mut result = add_gathered(gathered, result);
             if let Ok(read) = &mut result {
                 keep_sendable(read, read_committed);
                 budget = budget.saturating_sub(read_bytes(read));
@@ -566,13 +607,28 @@ async fn still_held(
         .collect()
 }
 
-/// About the bytes a partition holds from the fetch offset, when this
-/// gateway knows its next offset (see `ketch_storage::wake`) and the size
-/// of its batches.
-fn expected_bytes(ctx: &Context, topic: &Topic, target: &Target, wake: &str) -> Option<usize> {
+/// About the bytes a partition holds from `offset`, when this gateway
+/// knows its next offset (see `ketch_storage::wake`) and the size of its
+/// batches.
+fn expected_bytes(ctx: &Context, topic: &Topic, partition: i32, offset: i64, wake: &str) -> Option<usize> {
     let next = ctx.storage.wake().known_next(wake)?;
-    let records = next.checked_sub(target.offset).filter(|&r| r > 0)?;
-    ctx.storage.bytes_estimate(topic, target.partition, records)
+    let records = next.checked_sub(offset).filter(|&r| r > 0)?;
+    ctx.storage.bytes_estimate(topic, partition, records)
+}
+
+/// A read after batches already gathered from the partition: those
+/// batches with the read's after them, and the read's offsets (the
+/// partition as it is now). A read that fails leaves what was gathered,
+/// which is sent: it was in the log when read.
+fn add_gathered(gathered: Option<ReadPartition>, read: ReadResult) -> ReadResult {
+    let Some(mut gathered) = gathered else {
+        return read;
+    };
+    if let Ok(read) = read {
+        gathered.batches.extend(read.batches);
+        gathered.offsets = read.offsets.or(gathered.offsets);
+    }
+    Ok(gathered)
 }
 
 /// Whether a topic's error says the request named it wrongly (Kafka's
@@ -623,12 +679,15 @@ fn known_empty(ctx: &Context, target: &Target, wake: &str, read_committed: bool)
     })
 }
 
-/// Reads one partition with `budget` bytes of the response (its offsets
-/// only when that is 0); feeds what it reads back to the wake-up hub.
+/// Reads one partition from `offset`, up to `max_bytes` of it and
+/// `budget` bytes of the response (its offsets only when that is 0);
+/// feeds what it reads back to the wake-up hub.
 async fn read_partition(
     ctx: &Context,
     topic: &Topic,
     target: &Target,
+    offset: i64,
+    max_bytes: usize,
     wake: &str,
     budget: usize,
 ) -> ReadResult {
@@ -652,8 +711,8 @@ async fn read_partition(
     let generation = hub.generation(wake);
     let max_batch_bytes = super::max_message_bytes(ctx, topic);
     let request = ReadRequest {
-        offset: target.offset,
-        max_bytes: target.max_bytes.min(budget),
+        offset,
+        max_bytes: max_bytes.min(budget),
         max_batch_bytes,
         read_cap: budget,
     };
