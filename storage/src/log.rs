@@ -22,7 +22,7 @@ use crate::{Result, SequenceError, StorageError, Store};
 /// Kafka's `index.interval.bytes`: bytes between two time index entries.
 pub(crate) const TIME_INDEX_INTERVAL_BYTES: u64 = 4096;
 /// Stream entries read per XRANGE of a timestamp scan.
-const SCAN_READ_COUNT: usize = 8;
+pub(crate) const SCAN_READ_COUNT: usize = 8;
 /// Entries the first read of a partition asks for at most, before its
 /// batch sizes are known.
 const FIRST_READ_COUNT: usize = 8;
@@ -1561,15 +1561,15 @@ mod tests {
 }
 
 /// A timestamp scan's state, moved to the blocking pool and back.
-struct Scan<F, T> {
-    start: i64,
-    visit: F,
-    last: Option<T>,
+pub(crate) struct Scan<F, T> {
+    pub(crate) start: i64,
+    pub(crate) visit: F,
+    pub(crate) last: Option<T>,
 }
 
 impl<F: FnMut(i64) -> (bool, T), T> Scan<F, T> {
     /// The first record of `entries` from `start` on that `visit` accepts.
-    fn entries(&mut self, entries: &[Entry]) -> Result<Option<(i64, i64)>> {
+    pub(crate) fn entries(&mut self, entries: &[Entry]) -> Result<Option<(i64, i64)>> {
         for entry in entries {
             let base = entry.last_offset - i64::from(entry.record_count) + 1;
             let header = batch::header(&entry.batch)?;

@@ -624,6 +624,46 @@ impl Store {
         Ok(out)
     }
 
+    /// The first record of a quarantined segment from `from` on whose
+    /// timestamp satisfies `pred`, as (offset, timestamp), read from the
+    /// quarantine stream: a lookup by time below the local start searches
+    /// what Fetch serves there. Batches are decoded in place (a
+    /// quarantined segment is rare, and read a few entries at a time).
+    pub async fn find_quarantined(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        from: i64,
+        mut pred: impl FnMut(i64) -> bool,
+    ) -> Result<Option<(i64, i64)>> {
+        let keys = self.partition_keys(topic, partition);
+        let mut next = from.max(segment.base);
+        let mut scan = crate::log::Scan {
+            start: next,
+            visit: |ts| (pred(ts), ()),
+            last: None,
+        };
+        while next <= segment.last {
+            let mut xrange = redis::cmd("XRANGE");
+            xrange
+                .arg(&keys.quarantine)
+                .arg(next)
+                .arg(segment.last)
+                .arg("COUNT")
+                .arg(crate::log::SCAN_READ_COUNT);
+            let entries = self.read_entries(keys, xrange, 0).await?;
+            let Some(last) = entries.last() else {
+                break;
+            };
+            next = last.last_offset + 1;
+            if let Some(found) = scan.entries(&entries)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
     /// The sealed segment holding `offset`, if any.
     pub async fn segment_at(&self, topic: &Topic, partition: i32, offset: i64) -> Result<Option<Segment>> {
         let keys = self.partition_keys(topic, partition);

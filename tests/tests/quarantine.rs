@@ -20,6 +20,8 @@ use rdkafka::message::Message;
 const PER_SEGMENT: i64 = 20;
 /// The poison batch claims this many records and holds PER_SEGMENT.
 const CLAIMED: i64 = 25;
+/// How much later than the others the poison batch's records are stamped.
+const LATE: i64 = 1_000_000;
 
 fn value(offset: i64) -> Vec<u8> {
     format!("record {offset:06} {}", "x".repeat(90)).into_bytes()
@@ -168,10 +170,14 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
     let mut next = 0;
     for segment in 0..5 {
         if segment == 1 {
+            // Its records are the partition's latest by timestamp.
+            let late: Vec<Record> = (next..next + PER_SEGMENT)
+                .map(|o| Record::value(batch::at(LATE + o), &value(o)))
+                .collect();
             store_unvalidated(
                 &redis,
                 &topic,
-                batch::encode_compressed(&records(next, PER_SEGMENT), Codec::Lz4, CLAIMED as i32),
+                batch::encode_compressed(&late, Codec::Lz4, CLAIMED as i32),
             );
             next += CLAIMED;
         } else {
@@ -240,6 +246,19 @@ fn a_segment_the_archive_cannot_write_is_quarantined_served_from_redis_and_skipp
     let records = records.expect("records");
     assert_eq!(i64::from_be_bytes(records[0..8].try_into().unwrap()), poison_base);
     assert_eq!(raw::count_records(&records), CLAIMED);
+    // Lookups by time search it where Fetch reads it, below the local
+    // start: the first record at or after a timestamp inside it, and the
+    // largest timestamp (ListOffsets -3), are its records'.
+    let late = |offset: i64| batch::at(LATE + offset);
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, late(poison_base + 5)),
+        (code::NONE, poison_base + 5, late(poison_base + 5))
+    );
+    let last = poison_base + PER_SEGMENT - 1;
+    assert_eq!(
+        raw::list_offsets(&mut conn, &topic, 0, -3),
+        (code::NONE, last, late(last))
+    );
     // Archived segments on both sides of it read as produced.
     for offset in [0, poison_base + CLAIMED] {
         let consumer = ketch.consumer_at(&topic, &[0], offset);

@@ -1606,7 +1606,9 @@ impl Tiers {
         }
     }
 
-    /// The archived segments clients can still see, oldest first.
+    /// The segments below the local start clients can still see, oldest
+    /// first: archived ones, and quarantined ones (Fetch serves those from
+    /// the quarantine stream, so lookups by time search them too).
     async fn archived(
         &self,
         topic: &Topic,
@@ -1622,9 +1624,31 @@ impl Tiers {
             .await?
             .into_iter()
             .filter(|s| {
-                s.path.is_some() && s.last >= offsets.log_start_offset && s.base < offsets.local_start_offset
+                (s.path.is_some() || s.quarantine.is_some())
+                    && s.last >= offsets.log_start_offset
+                    && s.base < offsets.local_start_offset
             })
             .collect())
+    }
+
+    /// The first record of a segment below the local start (archived, or
+    /// quarantined) from `from` on whose timestamp satisfies `pred`, as
+    /// (offset, timestamp); read where Fetch reads it.
+    async fn find(
+        &self,
+        topic: &Topic,
+        partition: i32,
+        segment: &Segment,
+        from: i64,
+        pred: impl FnMut(i64) -> bool,
+    ) -> ketch_storage::Result<Option<(i64, i64)>> {
+        if segment.path.is_none() && segment.quarantine.is_some() {
+            return self
+                .store
+                .find_quarantined(topic, partition, segment, from, pred)
+                .await;
+        }
+        Ok(self.reader.find(segment, from, pred).await?)
     }
 
     /// [`Store::offset_for_timestamp`] over both tiers.
@@ -1674,7 +1698,10 @@ impl Tiers {
                 continue;
             }
             let from = segment.base.max(offsets.log_start_offset);
-            if let Some(found) = self.reader.find(&segment, from, |ts| ts >= timestamp).await? {
+            if let Some(found) = self
+                .find(topic, partition, &segment, from, |ts| ts >= timestamp)
+                .await?
+            {
                 return Ok(Some(found));
             }
         }
@@ -1747,8 +1774,7 @@ impl Tiers {
             // largest timestamp the segment still holds.
             let mut largest = None;
             let exact = self
-                .reader
-                .find(segment, from, |ts| {
+                .find(topic, partition, segment, from, |ts| {
                     largest = Some(largest.map_or(ts, |l: i64| l.max(ts)));
                     ts == wanted
                 })
@@ -1760,7 +1786,10 @@ impl Tiers {
                 return Ok(earlier.or(Some(found)));
             }
             let Some(largest) = largest else { continue };
-            let Some(found) = self.reader.find(segment, from, move |ts| ts == largest).await? else {
+            let Some(found) = self
+                .find(topic, partition, segment, from, move |ts| ts == largest)
+                .await?
+            else {
                 continue;
             };
             let earlier = |(offset, ts): (i64, i64)| found.1 > ts || (found.1 == ts && found.0 < offset);
