@@ -735,9 +735,13 @@ impl Inner {
         // A snapshot is what a new coordinator restores as Stable (or
         // Empty): taken only in those states, so a change in the middle of a
         // rebalance is written with the rebalance's outcome.
-        let snapshot = matches!(after, State::Stable | State::Empty)
-            .then(|| slot.group.take_snapshot())
-            .flatten();
+        // A static member replaced meanwhile is renamed in the last one,
+        // written again ([`Group::take_renamed`]).
+        let snapshot = if matches!(after, State::Stable | State::Empty) {
+            slot.group.take_snapshot()
+        } else {
+            slot.group.take_renamed()
+        };
         if after == State::Dead {
             groups.remove(group_id);
             tracing::info!(group = %group_id, "forgot empty group");

@@ -218,6 +218,12 @@ pub struct Group {
     /// What a new coordinator would load changed (a completed rebalance,
     /// the group emptied, a static member replaced): persist a [`Snapshot`].
     changed: bool,
+    /// The last snapshot taken (or restored): what a new coordinator would
+    /// load, once written.
+    stored: Option<Snapshot>,
+    /// A static member was replaced since: `stored` names it by its new
+    /// member id, and must be written again ([`Group::take_renamed`]).
+    renamed: bool,
 }
 
 /// What a new coordinator needs to take a group over without a rebalance
@@ -266,6 +272,8 @@ impl Group {
             sync_deadline: None,
             forget_at: now,
             changed: false,
+            stored: None,
+            renamed: false,
         }
     }
 
@@ -273,6 +281,7 @@ impl Group {
     /// assignments (their sessions start now), or Empty without members.
     pub fn restore(timing: Timing, snapshot: Snapshot, now: Instant) -> Self {
         let mut group = Self::new(timing, now);
+        group.stored = Some(snapshot.clone());
         group.generation = snapshot.generation;
         group.protocol_type = snapshot.protocol_type;
         group.protocol_name = snapshot.protocol_name;
@@ -317,6 +326,7 @@ impl Group {
         if !std::mem::take(&mut self.changed) {
             return None;
         }
+        self.renamed = false;
         let members = (self.members.values())
             .map(|m| SnapshotMember {
                 id: m.id.clone(),
@@ -329,13 +339,33 @@ impl Group {
                 assignment: m.assignment.clone(),
             })
             .collect();
-        Some(Snapshot {
+        let snapshot = Snapshot {
             generation: self.generation,
             protocol_type: self.protocol_type.clone(),
             protocol_name: self.protocol_name.clone(),
             leader: self.leader.clone(),
             members,
-        })
+        };
+        self.stored = Some(snapshot.clone());
+        Some(snapshot)
+    }
+
+    /// The last snapshot taken, again, if a static member was replaced
+    /// since, outside Stable (where [`Group::take_snapshot`] writes the
+    /// group as it is): the same generation, the member under its new id.
+    /// A rebalance is not written until it completes; should the group
+    /// change coordinator before, the next one loads this snapshot and
+    /// knows the new incarnation (its join answer's generation is then
+    /// ILLEGAL_GENERATION, and it joins again), where the one before
+    /// named the old member id, and fenced the new one: FENCED_INSTANCE_ID,
+    /// fatal to the Java consumer. Kafka persists nothing either during a
+    /// rebalance; here groups change coordinator whenever a gateway joins
+    /// or leaves.
+    pub fn take_renamed(&mut self) -> Option<Snapshot> {
+        if !std::mem::take(&mut self.renamed) {
+            return None;
+        }
+        self.stored.clone()
     }
 
     /// How many members the group has.
@@ -520,6 +550,15 @@ impl Group {
 
     fn replace_static_member(&mut self, old_id: &StrBytes, new_id: &StrBytes, now: Instant) {
         self.changed = true;
+        if let Some(stored) = &mut self.stored
+            && let Some(member) = stored.members.iter_mut().find(|m| m.id == *old_id)
+        {
+            member.id = new_id.clone();
+            if stored.leader.as_ref() == Some(old_id) {
+                stored.leader = Some(new_id.clone());
+            }
+            self.renamed = true;
+        }
         let mut member = self.members.remove(old_id).expect("static member");
         member.answer_join(join_error(old_id.clone(), ResponseError::FencedInstanceId));
         member.answer_sync(sync_error(ResponseError::FencedInstanceId));

@@ -803,6 +803,54 @@ async fn a_static_member_taking_over_is_answered_once_the_group_is_written() {
     assert_eq!(now(second.groups.heartbeat(&heartbeat)), 0);
 }
 
+/// A static member replaced in the middle of a rebalance (its process
+/// restarted) is known by its new member id to the next coordinator, should
+/// the group change coordinator before the rebalance's outcome is written:
+/// the last snapshot is written again with the member renamed. Before, the
+/// next coordinator restored the old member id and fenced the new one
+/// (FENCED_INSTANCE_ID, fatal to the Java consumer).
+#[tokio::test(start_paused = true)]
+async fn a_static_member_replaced_during_a_rebalance_is_not_fenced_by_the_next_coordinator() {
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let first = Harness::with_storage(storage.clone(), owning(&yes));
+    let (one, _, generation) = first.stable_static_pair().await;
+
+    // A dynamic member joins: a rebalance begins. Instance "two" restarts
+    // meanwhile, under a new member id; "one" rejoins.
+    let newcomer = first.member_id().await;
+    let joins = [
+        first.spawn_join(join_request(&newcomer, RANGE), 9),
+        first.spawn_join(static_join("", "two"), 9),
+        first.spawn_join(static_join(&one.member_id, "one"), 9),
+    ];
+    let mut answers = Vec::new();
+    for join in joins {
+        answers.push(join.await.unwrap());
+    }
+    let restarted = answers[1].clone();
+    assert_eq!(restarted.error_code, 0);
+    assert_eq!(restarted.generation_id, generation + 1);
+    assert_eq!(first.describe_state(), "CompletingRebalance");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    // Another gateway takes the group over before the rebalance completes:
+    // the new incarnation is refused as a member of an older generation
+    // would be, and joins again, not fenced.
+    let second = Harness::with_storage(storage.clone(), owning(&yes));
+    let sync = second
+        .sync(
+            sync_request(&restarted.member_id, restarted.generation_id, &[])
+                .with_group_instance_id(Some(s("two"))),
+        )
+        .await;
+    assert_eq!(sync.error_code, code(ResponseError::IllegalGeneration));
+    let rejoined = second.join(static_join(&restarted.member_id, "two")).await;
+    assert_eq!(rejoined.error_code, 0);
+    assert_eq!(rejoined.member_id, restarted.member_id);
+}
+
 /// A SyncGroup that reaches a coordinator which cannot load the group
 /// (Redis failing, after a hand-over) is REBALANCE_IN_PROGRESS, as from
 /// Kafka: the member joins again. COORDINATOR_LOAD_IN_PROGRESS, which the
