@@ -30,6 +30,10 @@ pub struct Membership {
     live: Arc<RwLock<Vec<Node>>>,
     /// A heartbeat of this gateway reached Redis.
     joined: Arc<AtomicBool>,
+    /// The live set was read since this process started: until then this
+    /// gateway knows only itself, and must not take itself for every
+    /// group's coordinator and every partition's leader.
+    live_known: Arc<AtomicBool>,
     /// See [`Membership::take_forget_all`].
     forget_all: Arc<AtomicBool>,
     /// Counts changes of the live set (and of this gateway's id).
@@ -93,6 +97,7 @@ impl Membership {
         Self {
             live: Arc::new(RwLock::new(vec![me.clone()])),
             joined: Arc::new(AtomicBool::new(false)),
+            live_known: Arc::new(AtomicBool::new(false)),
             forget_all: Arc::new(AtomicBool::new(false)),
             changes: watch::channel(0).0,
             instance: Arc::from(uuid::Uuid::new_v4().to_string()),
@@ -114,8 +119,14 @@ impl Membership {
         membership
     }
 
-    /// Whether this gateway has registered in Redis (part of `/ready`).
+    /// Whether this gateway has registered in Redis and read the live
+    /// set since (part of `/ready`).
     pub fn joined(&self) -> bool {
+        self.is_registered() && self.live_known.load(Ordering::Relaxed)
+    }
+
+    /// Whether this gateway has registered in Redis (and not left).
+    fn is_registered(&self) -> bool {
         self.joined.load(Ordering::Relaxed)
     }
 
@@ -318,6 +329,7 @@ impl Membership {
                 nodes.sort_by_key(|n| n.id);
             }
         }
+        self.live_known.store(true, Ordering::Relaxed);
         let mut live = self.live.write().expect("membership lock");
         if *live != nodes {
             tracing::info!(nodes = ?nodes.iter().map(|n| n.id).collect::<Vec<_>>(), "live gateways changed");
@@ -387,9 +399,11 @@ impl Membership {
                     }
                     self.me.write().expect("membership lock").id = node_id;
                     self.joined.store(true, Ordering::Relaxed);
+                    // Unread, the live set stays unknown (this gateway
+                    // coordinates nothing) until the next heartbeat's read.
                     match store.live_brokers(how.node_timeout).await {
                         Ok(brokers) => self.set_live(brokers.into_iter().map(node).collect()),
-                        Err(_) => self.set_live(Vec::new()),
+                        Err(e) => tracing::debug!(error = %e, "cannot read live gateways yet"),
                     }
                     self.changes.send_modify(|n| *n += 1);
                     tracing::info!(
@@ -453,7 +467,7 @@ impl Membership {
             // during the start must not leave the entry for node_timeout.
             return self.leave(&store).await;
         }
-        while !self.joined() {
+        while !self.is_registered() {
             match self.register(&store, &how).await {
                 Ok(_) => {}
                 Err(RegisterError::Unavailable(e)) => {
@@ -554,7 +568,7 @@ impl Membership {
     /// taken its groups over, then deregisters, which tells the others at
     /// once.
     async fn leave(&self, store: &Store) {
-        if !self.joined() {
+        if !self.is_registered() {
             return;
         }
         self.joined.store(false, Ordering::SeqCst);
@@ -846,6 +860,22 @@ mod tests {
                 assert_eq!(before, after, "partition {p} moved though its leader lives");
             }
         }
+    }
+
+    /// Registered, but with the live set not read yet (Redis failed right
+    /// after the registration): this gateway coordinates nothing and leads
+    /// nothing, rather than take itself for the only gateway.
+    #[test]
+    fn a_gateway_that_has_not_read_the_live_set_coordinates_nothing() {
+        let m = Membership::new(node(1));
+        m.joined.store(true, Ordering::Relaxed);
+        m.beat.lock().expect("membership lock").last = Some(Instant::now());
+        assert!(!m.can_coordinate());
+        assert!(!m.coordinates("g"));
+        assert!(m.brokers("").is_empty());
+        m.set_live(vec![node(1)]);
+        assert!(m.can_coordinate());
+        assert!(m.coordinates("g"));
     }
 
     #[test]

@@ -843,6 +843,21 @@ async fn run_timers(inner: Weak<Inner>, group_id: StrBytes, timers: Arc<Notify>)
         let Some(inner) = inner.upgrade() else {
             return;
         };
+        if !inner.owns.owns(&group_id) {
+            // No longer this gateway's (its heartbeats lapsed, or the group
+            // moved before the hand-over reached it): the copy is dropped,
+            // its parked requests answered NOT_COORDINATOR, rather than a
+            // timer completing a rebalance whose generation the group's
+            // coordinator never knows.
+            let mut groups = inner.lock();
+            if groups
+                .get(&group_id)
+                .is_some_and(|slot| Arc::ptr_eq(&slot.timers, &timers))
+            {
+                groups.remove(&group_id);
+            }
+            return;
+        }
         if inner.next_deadline(&group_id, &timers).is_some() {
             inner.update(&group_id, false, |group, now| group.expire(now));
         }
