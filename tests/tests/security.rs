@@ -1396,3 +1396,36 @@ fn a_lost_internal_secret_made_anew_is_taken_up_by_the_running_gateways() {
         .expect("GET");
     assert_eq!(held, [7u8; 32], "the operator's secret stays");
 }
+
+/// A Produce naming a transactional id but carrying no transactional
+/// records is not checked against that id, as Kafka checks it only for
+/// transactional records: WRITE on the topic is enough.
+#[test]
+fn a_produce_without_transactional_records_needs_no_acl_on_the_id_it_names() {
+    use kafka_protocol::messages::TransactionalId;
+    use ketch_tests::batch::{self, Record};
+    let (_redis, ketch, mut admin) = admin_and_alice();
+    let topic = unique_topic("plain-with-id");
+    assert_eq!(ketch_tests::raw::create_topic(&mut admin, &topic, 1), 0);
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![acl(TOPIC, &topic, "User:alice", WRITE)]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let request =
+        ketch_tests::raw::produce_request(&topic, 0, batch::encode(&[Record::value(batch::at(0), b"plain")]))
+            .with_transactional_id(Some(TransactionalId(s("not-alices"))));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (error, offset) = ketch_tests::raw::produce_result(&alice.request(9, &request));
+        if error == 0 {
+            assert_eq!(offset, 0);
+            break;
+        }
+        // TOPIC_AUTHORIZATION_FAILED until the ACL reaches the gateway.
+        assert_eq!(error, 29, "the request is refused");
+        assert!(Instant::now() < deadline, "the ACL never reached the gateway");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

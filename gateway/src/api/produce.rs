@@ -134,20 +134,19 @@ pub async fn handle(
     mut turns: Turns,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
-    // A transactional producer names its transactional id; writing for it
-    // takes WRITE on it (its batches are checked against its transaction
-    // by each partition). Transactional records without a transactional id
-    // fail the whole request, as in Kafka (it looks at each partition's
-    // first batch).
+    // A transactional producer names its transactional id; writing
+    // transactional records for it takes WRITE on it (its batches are
+    // checked against its transaction by each partition). Transactional
+    // records without a transactional id fail the whole request, as in
+    // Kafka (it looks at each partition's first batch); a request without
+    // any is not checked against the id it names (`KafkaApis`).
     let transactional = match request.transactional_id.as_deref() {
+        id if !has_transactional_records(&request) => Ok(id.is_some()),
         Some(id) if !authorized(ctx, client, Operation::Write, ResourceType::TransactionalId, id) => {
             Err(ResponseError::TransactionalIdAuthorizationFailed.code())
         }
-        None if has_transactional_records(&request) => {
-            Err(ResponseError::TransactionalIdAuthorizationFailed.code())
-        }
+        None => Err(ResponseError::TransactionalIdAuthorizationFailed.code()),
         Some(id) => transactional_producer(ctx, id, &request).await.map(|()| true),
-        None => Ok(false),
     };
     // One deadline for the whole request (0: none), however many of its
     // partitions wait for their turn to start.
