@@ -120,3 +120,41 @@ fn a_name_colliding_with_a_topic_through_dot_and_underscore_is_refused() {
         .unwrap();
     assert!(!exists, "nothing created");
 }
+
+/// `__cluster_metadata` is KRaft's metadata log, which Kafka never lets a
+/// client create: CreateTopics is INVALID_REQUEST with Kafka's message
+/// (validate_only too), auto-creation leaves it unknown, and nothing is
+/// created.
+#[test]
+fn the_cluster_metadata_topic_cannot_be_created() {
+    let redis = RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    for validate_only in [true, false] {
+        let request = raw::create_topic_request("__cluster_metadata", 1).with_validate_only(validate_only);
+        let response = conn.request(5, &request);
+        let refused = &response.topics[0];
+        assert_eq!(
+            refused.error_code,
+            code::INVALID_REQUEST,
+            "validate_only {validate_only}"
+        );
+        assert_eq!(
+            refused.error_message.as_deref(),
+            Some("Creation of internal topic __cluster_metadata is prohibited.")
+        );
+    }
+    let metadata = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(raw::topic_name("__cluster_metadata"))),
+        ]))
+        .with_allow_auto_topic_creation(true);
+    let response: kafka_protocol::messages::MetadataResponse = conn.request(9, &metadata);
+    assert_eq!(response.topics[0].error_code, code::UNKNOWN_TOPIC_OR_PARTITION);
+    let exists: bool = redis::cmd("HEXISTS")
+        .arg("ketch:topics")
+        .arg("__cluster_metadata")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(!exists, "nothing created");
+}

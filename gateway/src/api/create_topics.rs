@@ -99,6 +99,10 @@ pub(crate) fn unique_by<T, K: Eq + Hash + Clone>(
     out
 }
 
+/// The name of KRaft's metadata log, which Kafka never lets a client
+/// create as a topic.
+pub(crate) const CLUSTER_METADATA_TOPIC: &str = "__cluster_metadata";
+
 /// A topic that passed every check.
 struct Created {
     id: Uuid,
@@ -126,6 +130,12 @@ pub async fn handle(
     );
     let results = super::each(topics.into_iter().map(|(name, topic)| async move {
         let outcome = match topic {
+            // Kafka's controller refuses its own log's name, before it
+            // authorizes (`ControllerApis.createTopics`).
+            Some(topic) if topic.name.as_str() == CLUSTER_METADATA_TOPIC => Err(Failure::new(
+                ResponseError::InvalidRequest,
+                format!("Creation of internal topic {CLUSTER_METADATA_TOPIC} is prohibited."),
+            )),
             Some(topic)
                 if !on_cluster
                     && !authorized(ctx, client, Operation::Create, ResourceType::Topic, &topic.name) =>

@@ -525,6 +525,10 @@ pub async fn resolve_topic(ctx: &Context, name: &str, auto_create: bool) -> Resu
     if ketch_storage::validate_topic_name(name).is_err() {
         return Err(ResponseError::InvalidTopicException.code());
     }
+    if name == create_topics::CLUSTER_METADATA_TOPIC {
+        // CreateTopics refuses it (INVALID_REQUEST); it stays unknown.
+        return Err(ResponseError::UnknownTopicOrPartition.code());
+    }
     let partitions = ctx.settings.topics.default_partitions;
     match ctx
         .storage
