@@ -73,6 +73,11 @@ pub trait Storage: Send + Sync {
         acks_all: bool,
     ) -> Result<AppendOutcome>;
     async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets>;
+    /// Whether a partition was ever compacted, or a compaction pass is
+    /// under way on it.
+    async fn compacted_or_compacting(&self, topic: &Topic, partition: i32) -> Result<bool> {
+        Ok(self.offsets(topic, partition).await?.clean_end > 0)
+    }
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition>;
     /// About the bytes of the next `records` records of a partition, from
     /// the batch sizes this gateway's reads have seen (`None`: none seen).
@@ -405,6 +410,10 @@ impl Storage for Tiered {
 
     async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets> {
         self.store.offsets(topic, partition).await
+    }
+
+    async fn compacted_or_compacting(&self, topic: &Topic, partition: i32) -> Result<bool> {
+        self.store.compacted_or_compacting(topic, partition).await
     }
 
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {

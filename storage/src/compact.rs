@@ -95,7 +95,28 @@ struct Start {
     tomb_sealed: Option<i64>,
 }
 
+/// What `compact_swap.lua` takes for the pass's `clean_end` to give the
+/// pass up (no `clean_end` is ever this).
+const ABANDON: &str = "abandon";
+
 impl Store {
+    /// Whether a compaction pass is under way on a partition (begun, not
+    /// swapped in or given up yet), or one was ever swapped in (its
+    /// `clean_end` above 0).
+    pub async fn compacted_or_compacting(&self, topic: &Topic, partition: i32) -> Result<bool> {
+        if !topic.has_partition(partition) {
+            return Err(StorageError::UnknownTopicOrPartition);
+        }
+        let keys = self.partition_keys(topic, partition);
+        let (clean_end, pass): (Option<i64>, Option<String>) = redis::cmd("HMGET")
+            .arg(&keys.meta)
+            .arg("clean_end")
+            .arg("compacting_pass")
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(clean_end.unwrap_or(0) > 0 || pass.is_some())
+    }
+
     /// One compaction pass over a partition of a compacted topic, by the
     /// worker `worker` that holds its lease; `None` when there was nothing
     /// due (or another worker finished a pass first).
@@ -396,6 +417,18 @@ impl Store {
             changes.push(member.clone());
             changes.push(json.to_string());
         }
+        // Remote storage turned on while the pass ran (AlterConfigs
+        // refuses it for a partition compacted before or with a pass under
+        // way, but this pass may have begun after that check): the
+        // archiver reads the log the swap would trim, so the pass is given
+        // up and the log kept.
+        let remote = self.topic_fresh(&topic.name).await?.is_none_or(|now| {
+            now.id != topic.id
+                || now
+                    .configs
+                    .get("remote.storage.enable")
+                    .is_some_and(|v| v == "true")
+        });
         let swapped: i64 = self
             .scripts
             .compact_swap
@@ -406,7 +439,11 @@ impl Store {
             .key(&keys.segments)
             .key(&keys.aborted)
             .arg(format!("{worker} {pass}"))
-            .arg(start.clean_end.map_or(String::new(), |c| c.to_string()))
+            .arg(if remote {
+                ABANDON.to_owned()
+            } else {
+                start.clean_end.map_or(String::new(), |c| c.to_string())
+            })
             .arg(dirty_end)
             .arg(outcome.bytes_after)
             .arg(tomb_sealed.map_or(String::new(), |t| t.to_string()))

@@ -1103,3 +1103,140 @@ fn a_worker_without_the_lease_leaves_the_holders_pass_alone() {
     assert_eq!(left, 1, "the holder's pass was removed");
     assert_eq!(meta(&redis, &topic, "clean_end"), 0);
 }
+
+/// Remote storage turned on while a first compaction pass runs: the pass
+/// gives itself up instead of swapping in and trimming the log the
+/// archiver reads (archiving then failed on every tick, and retention
+/// waited for it for ever), and the segments are archived. Turning it on
+/// once the pass has begun in Redis is refused. The pass runs in-process
+/// through a proxy that holds it at a chosen step; the gateway, which
+/// answers AlterConfigs and archives, is kept off the partition by the
+/// pass's lease until the end.
+#[test]
+fn remote_storage_turned_on_during_a_first_compaction_pass_is_archived() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redis = RedisServer::start();
+    let data = format!("tiering.data_dir={}", dir.path().display());
+    let ketch = Ketch::start(
+        &redis.url(),
+        &["--set", "tiering.tick_interval=50ms", "--set", &data],
+    );
+    let proxy = DelayProxy::start(([127, 0, 0, 1], redis.port()).into(), Duration::ZERO);
+    let config = ketch_tests::store_config(&proxy.redis_url());
+    let rt = ketch_tests::runtime();
+    let store = {
+        let _entered = rt.enter();
+        std::sync::Arc::new(ketch_storage::Store::new(&config).expect("store"))
+    };
+    let policy = ketch_storage::compact::CompactPolicy {
+        min_dirty_ratio: 0.0,
+        min_lag_ms: 0,
+        max_lag_ms: i64::MAX,
+        delete_retention_ms: 86_400_000,
+        max_keys: 100_000,
+    };
+    let hget = |key: &str, field: &str| -> Option<String> {
+        redis::cmd("HGET")
+            .arg(key)
+            .arg(field)
+            .query(&mut redis.connection())
+            .expect("HGET")
+    };
+    // A pass by the worker "test-pass", which takes the partition's lease,
+    // held at its `held`-th write to the stream it builds (0: its start;
+    // the scripts loaded in Redis before, so each write is one request).
+    let pass = |topic: &str, held: usize| {
+        let tag = redis.topic_tags(topic)[0].clone();
+        let () = redis::cmd("SET")
+            .arg(format!("ketch:{{{tag}}}:lease"))
+            .arg("test-pass")
+            .arg("PX")
+            .arg(120_000)
+            .query(&mut redis.connection())
+            .expect("SET lease");
+        proxy.hold_requests(b"}:compacting", held);
+        let (store, name) = (store.clone(), topic.to_owned());
+        let handle = rt.handle().clone();
+        let running = std::thread::spawn(move || {
+            handle.block_on(async {
+                let topic = store.topic(&name).await.expect("topic").expect("exists");
+                store
+                    .compact(&topic, 0, "test-pass", &policy)
+                    .await
+                    .expect("compact")
+            })
+        });
+        if held != usize::MAX {
+            assert!(
+                proxy.await_held(Duration::from_secs(20)),
+                "the pass never got there"
+            );
+        }
+        (tag, running)
+    };
+    let sealed_topic = |prefix: &str| {
+        let topic = unique_topic(prefix);
+        // Never compacted by the gateway (a long compaction lag).
+        create_compacted(&ketch, &topic, &[("min.compaction.lag.ms", "3600000")]);
+        let mut conn = KafkaConn::connect(ketch.kafka_addr());
+        let mut latest = Latest::new();
+        let batches = [vec![keyed("a", Some("1"))], vec![keyed("a", Some("2"))]];
+        produce(&mut conn, &topic, &batches, None, &mut latest);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while redis.segments(&topic, 0).is_empty() {
+            assert!(Instant::now() < deadline, "no segment sealed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(alter(&ketch, &topic, "cleanup.policy", "delete"), code::NONE);
+        topic
+    };
+
+    // A first pass, unheld, loads the scripts.
+    let topic = sealed_topic("remote-warm-up");
+    let (_, running) = pass(&topic, usize::MAX);
+    assert!(running.join().expect("the pass").is_some(), "swapped in");
+
+    // Begun in Redis (its start written, `compacting_pass` set): refused.
+    let topic = sealed_topic("remote-mid-pass");
+    let (tag, running) = pass(&topic, 1);
+    assert!(hget(&format!("ketch:{{{tag}}}:meta"), "compacting_pass").is_some());
+    assert_eq!(
+        alter(&ketch, &topic, "remote.storage.enable", "true"),
+        code::INVALID_CONFIG
+    );
+    proxy.release();
+    assert!(running.join().expect("the pass").is_some(), "swapped in");
+
+    // Not begun in Redis yet when it is turned on: allowed, and the pass
+    // gives itself up at its end.
+    let topic = sealed_topic("remote-before-pass");
+    let (tag, running) = pass(&topic, 0);
+    let meta = format!("ketch:{{{tag}}}:meta");
+    assert_eq!(alter(&ketch, &topic, "remote.storage.enable", "true"), code::NONE);
+    proxy.release();
+    assert!(
+        running.join().expect("the pass").is_none(),
+        "the pass gave itself up"
+    );
+    assert_eq!(hget(&meta, "clean_end"), None, "nothing swapped in");
+    assert_eq!(hget(&meta, "compacting_pass"), None);
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(format!("ketch:{{{tag}}}:compacting"))
+        .query(&mut redis.connection())
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "the pass's stream is removed");
+    // The gateway archives the sealed segment once it gets the lease.
+    let () = redis::cmd("DEL")
+        .arg(format!("ketch:{{{tag}}}:lease"))
+        .query(&mut redis.connection())
+        .expect("DEL lease");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while redis.segments(&topic, 0)[0].get("path").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not archived: {:?}",
+            redis.segments(&topic, 0)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -260,20 +260,23 @@ fn turns_remote_storage_on(before: &BTreeMap<String, String>, after: &BTreeMap<S
 
 /// The archiver reads sealed segments from the log stream, and a topic
 /// compacted before keeps part of its records in its compacted stream
-/// (docs/architecture.md §7a): remote storage is refused for it.
+/// (docs/architecture.md §7a): remote storage is refused for it, and
+/// while a compaction pass is under way (its end would trim the log; a
+/// pass that begins after this check gives itself up once it sees remote
+/// storage on).
 async fn refuse_if_compacted(ctx: &Context, topic: &ketch_storage::Topic) -> Result<(), Failure> {
     for partition in 0..topic.partitions() {
-        let offsets = ctx
+        let compacted = ctx
             .storage
-            .offsets(topic, partition)
+            .compacted_or_compacting(topic, partition)
             .await
             .map_err(|e| (error_code(&e), e.to_string()))?;
-        if offsets.clean_end > 0 {
+        if compacted {
             return Err(failure(
                 ResponseError::InvalidConfig,
                 format!(
-                    "Topic {} was compacted (partition {partition}); ketch cannot archive a compacted \
-                     log, so remote storage cannot be turned on for it",
+                    "Topic {} was compacted, or is being compacted (partition {partition}); ketch \
+                     cannot archive a compacted log, so remote storage cannot be turned on for it",
                     topic.name
                 ),
             ));

@@ -12,7 +12,8 @@
 -- KEYS[5] ketch:{TAG}:segments
 -- KEYS[6] ketch:{TAG}:aborted      the aborted transactions index
 -- ARGV[1] the worker's id, a space, the pass's token (compact_add.lua)
--- ARGV[2] `clean_end` as the pass read it ('' when there was none)
+-- ARGV[2] `clean_end` as the pass read it ('' when there was none;
+--         'abandon' gives the pass up: remote storage was turned on)
 -- ARGV[3] the new `clean_end`   ARGV[4] the compacted stream's bytes
 -- ARGV[5] when the segment of the oldest tombstone kept was sealed ('' when none is kept)
 -- ARGV[6] how many aborted transactions the pass removed the markers of,
