@@ -136,6 +136,14 @@ pub struct BrokerSettings {
     /// listener named like a protocol needs no entry.
     #[serde(deserialize_with = "lenient::string")]
     pub listener_security_protocol_map: String,
+    /// Listeners whose every connection begins with a PROXY protocol header
+    /// (v1 or v2, as HAProxy's `send-proxy` and `send-proxy-v2` write it):
+    /// the client address it carries is the connection's, for ACL hosts,
+    /// per-address limits and quotas, and logs. Listener names (as
+    /// `listeners` names them; the single listener's is its protocol), or
+    /// `*` for every one.
+    #[serde(deserialize_with = "lenient::string_list")]
+    pub proxy_protocol_listeners: Vec<String>,
     /// Threads that run connections, requests and the storage worker
     /// (Kafka's `num.network.threads` and `num.io.threads` in one); 0: one
     /// per CPU core the process may use.
@@ -501,6 +509,7 @@ impl Default for BrokerSettings {
             listeners: None,
             advertised_listeners: None,
             listener_security_protocol_map: String::new(),
+            proxy_protocol_listeners: Vec::new(),
             worker_threads: 0,
         }
     }

@@ -68,6 +68,9 @@ pub struct Listener {
     /// The advertised address was configured and is not the listen address
     /// (a load balancer's or a NAT's in front of this gateway).
     pub advertises_elsewhere: bool,
+    /// Connections begin with a PROXY protocol header naming the client
+    /// (`broker.proxy_protocol_listeners`).
+    pub proxy_protocol: bool,
 }
 
 /// TLS for listeners whose protocol is SSL or SASL_SSL.
@@ -240,6 +243,25 @@ impl crate::Settings {
     /// The Kafka listeners, in the order configured; the first is the one
     /// other gateways' forwarded requests and load balancers are described by.
     pub fn listeners(&self) -> Result<Vec<Listener>, ConfigError> {
+        let mut listeners = self.listeners_as_named()?;
+        let named = &self.broker.proxy_protocol_listeners;
+        for name in named.iter().filter(|n| n.as_str() != "*") {
+            if !listeners.iter().any(|l| l.name.eq_ignore_ascii_case(name)) {
+                return Err(value_error(
+                    "broker.proxy_protocol_listeners",
+                    format!("names {name}, which is not a listener"),
+                ));
+            }
+        }
+        for listener in &mut listeners {
+            listener.proxy_protocol = named
+                .iter()
+                .any(|n| n == "*" || listener.name.eq_ignore_ascii_case(n));
+        }
+        Ok(listeners)
+    }
+
+    fn listeners_as_named(&self) -> Result<Vec<Listener>, ConfigError> {
         let broker = &self.broker;
         let Some(text) = broker.listeners.as_deref().filter(|t| !t.trim().is_empty()) else {
             let protocol = broker.security_protocol;
@@ -254,6 +276,7 @@ impl crate::Settings {
                 advertised_port: self.advertised_port(),
                 protocol,
                 advertises_elsewhere: host_elsewhere || self.advertised_port() != broker.listen.port(),
+                proxy_protocol: false,
             }]);
         };
         let listen = parse_endpoints("broker.listeners", text)?;
@@ -334,6 +357,7 @@ impl crate::Settings {
                 advertised_port,
                 protocol,
                 advertises_elsewhere,
+                proxy_protocol: false,
             });
         }
         if listeners.is_empty() {
@@ -447,6 +471,35 @@ mod tests {
             ("127.0.0.1", 9093)
         );
         assert!(!listeners[0].advertises_elsewhere);
+    }
+
+    #[test]
+    fn proxy_protocol_listeners_are_named_or_all() {
+        let load = |names: &str| {
+            Loader::new()
+                .set(
+                    "broker",
+                    "listeners",
+                    "EXTERNAL://0.0.0.0:9093,INTERNAL://10.0.0.5:9092",
+                )
+                .set(
+                    "broker",
+                    "listener_security_protocol_map",
+                    "EXTERNAL:PLAINTEXT,INTERNAL:PLAINTEXT",
+                )
+                .set("broker", "proxy_protocol_listeners", names)
+                .load()
+                .map_err(|e| e.to_string())?
+                .listeners()
+                .map_err(|e| e.to_string())
+        };
+        let flags =
+            |names: &str| -> Vec<bool> { load(names).unwrap().iter().map(|l| l.proxy_protocol).collect() };
+        assert_eq!(flags(""), [false, false]);
+        assert_eq!(flags("external"), [true, false]);
+        assert_eq!(flags("*"), [true, true]);
+        let refused = load("EXTERNAL,PUBLIC").unwrap_err();
+        assert!(refused.contains("PUBLIC, which is not a listener"), "{refused}");
     }
 
     #[test]

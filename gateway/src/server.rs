@@ -25,6 +25,7 @@ use crate::api;
 use crate::auth::sasl::{Outcome, SESSION_EXPIRED, Session};
 use crate::quotas::Kind;
 
+mod proxy_protocol;
 mod responses;
 
 use responses::{Drained, Place, Responses};
@@ -58,6 +59,9 @@ const PLAIN_READ_BUFFER: usize = 8 * 1024;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection to a PROXY protocol listener may take to send its
+/// header (a balancer writes it at once).
+const PROXY_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves every listener until `shutdown`, then waits for their
 /// connections' in-flight requests. `broker.max_connections` bounds the
@@ -189,51 +193,55 @@ async fn serve_one(
     let config = Arc::new(config);
     let mut connections = JoinSet::new();
     let for_connections = shutdown.clone();
-    let mut refused = Refusals::default();
+    let refused = Arc::new(std::sync::Mutex::new(Refusals::default()));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    // Over its address's connection_creation_rate: held
-                    // unread for the throttle time, then closed (Kafka's
-                    // throttled connection).
-                    let throttle = ctx.quotas.connection(peer.ip());
-                    if !throttle.is_zero() {
-                        crate::metrics::quota_throttled(Kind::Connection, throttle);
-                        tracing::debug!(%peer, throttle_ms = throttle.as_millis() as u64,
-                            "connection over its address's connection_creation_rate; closing it");
-                        let mut shutdown = for_connections.clone();
-                        connections.spawn(async move {
-                            tokio::select! {
-                                _ = tokio::time::sleep(throttle) => {}
-                                _ = shutdown.wait_for(|stop| *stop) => {}
+                    if !config.proxy_protocol {
+                        match admit(&ctx, &slots, &per_address, &refused, peer, None) {
+                            Admission::Refused => drop(socket),
+                            admission => {
+                                let (ctx, config) = (ctx.clone(), config.clone());
+                                let shutdown = for_connections.clone();
+                                connections.spawn(serve_admitted(socket, peer, admission, ctx, config, shutdown));
                             }
-                            drop(socket);
-                        });
+                        }
                         continue;
                     }
-                    let address_slot = match per_address.admit(peer.ip()) {
-                        Ok(slot) => slot,
-                        Err(limit) => {
-                            refused.refuse(peer, Refused::Address(limit));
-                            drop(socket);
-                            continue;
-                        }
-                    };
+                    // The client's address is in the header the balancer
+                    // writes first: read it, then admit the connection by
+                    // that address. Its place among `broker.max_connections`
+                    // is taken before, so connections that send no header
+                    // cannot pile up.
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        refused.refuse(peer, Refused::All(ctx.settings.broker.max_connections));
+                        refused
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .refuse(peer, Refused::All(ctx.settings.broker.max_connections));
                         drop(socket);
                         continue;
                     };
-                    let _ = socket.set_nodelay(true);
-                    let ctx = ctx.clone();
-                    let shutdown = for_connections.clone();
-                    let config = config.clone();
+                    let (ctx, config, shutdown) = (ctx.clone(), config.clone(), for_connections.clone());
+                    let (slots, per_address, refused) = (slots.clone(), per_address.clone(), refused.clone());
                     connections.spawn(async move {
-                        let _slots = (slot, address_slot);
-                        if let Err(e) = accept(socket, peer, ctx, config, shutdown).await {
-                            tracing::info!(%peer, error = %e, "closing connection");
-                        }
+                        let mut socket = socket;
+                        let header = tokio::time::timeout(
+                            PROXY_HEADER_TIMEOUT,
+                            proxy_protocol::read_header(&mut socket, peer),
+                        )
+                        .await
+                        .unwrap_or_else(|_| Err("no PROXY protocol header in time".to_owned()));
+                        let client = match header {
+                            Ok(client) => client,
+                            Err(e) => {
+                                tracing::info!(%peer, listener = config.name, error = %e,
+                                    "closing connection: this listener expects a PROXY protocol header");
+                                return;
+                            }
+                        };
+                        let admission = admit(&ctx, &slots, &per_address, &refused, client, Some(slot));
+                        serve_admitted(socket, client, admission, ctx, config, shutdown).await;
                     });
                 }
                 Err(e) => {
@@ -257,6 +265,80 @@ async fn serve_one(
         .is_err()
     {
         tracing::warn!("in-flight requests did not finish within broker.shutdown_timeout");
+    }
+}
+
+/// What becomes of a connection just accepted.
+enum Admission {
+    /// Over its address's `connection_creation_rate`: held unread for the
+    /// throttle time, then closed (Kafka's throttled connection).
+    Throttled(Duration),
+    /// Over `broker.max_connections`, or its address's share: closed.
+    Refused,
+    /// Served, holding its places.
+    Admitted(tokio::sync::OwnedSemaphorePermit, AddressSlot),
+}
+
+/// Admits a connection from `peer` (the client's address: the PROXY
+/// protocol header's, on listeners that read one), or not; `slot`: its
+/// place among `broker.max_connections`, taken already.
+fn admit(
+    ctx: &Context,
+    slots: &Arc<tokio::sync::Semaphore>,
+    per_address: &Arc<PerAddress>,
+    refused: &std::sync::Mutex<Refusals>,
+    peer: std::net::SocketAddr,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Admission {
+    let throttle = ctx.quotas.connection(peer.ip());
+    if !throttle.is_zero() {
+        crate::metrics::quota_throttled(Kind::Connection, throttle);
+        tracing::debug!(%peer, throttle_ms = throttle.as_millis() as u64,
+            "connection over its address's connection_creation_rate; closing it");
+        return Admission::Throttled(throttle);
+    }
+    let refuse = |why| {
+        refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .refuse(peer, why);
+        Admission::Refused
+    };
+    let address_slot = match per_address.admit(peer.ip()) {
+        Ok(slot) => slot,
+        Err(limit) => return refuse(Refused::Address(limit)),
+    };
+    let Some(slot) = slot.or_else(|| slots.clone().try_acquire_owned().ok()) else {
+        return refuse(Refused::All(ctx.settings.broker.max_connections));
+    };
+    Admission::Admitted(slot, address_slot)
+}
+
+/// Serves an admitted connection from `peer`; holds a throttled one
+/// unread for its throttle time, then closes it.
+async fn serve_admitted(
+    socket: TcpStream,
+    peer: std::net::SocketAddr,
+    admission: Admission,
+    ctx: Arc<Context>,
+    config: Arc<ketch_config::Listener>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let places = match admission {
+        Admission::Admitted(slot, address_slot) => (slot, address_slot),
+        Admission::Throttled(throttle) => {
+            tokio::select! {
+                _ = tokio::time::sleep(throttle) => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
+            }
+            return;
+        }
+        Admission::Refused => return,
+    };
+    let _places = places;
+    let _ = socket.set_nodelay(true);
+    if let Err(e) = accept(socket, peer, ctx, config, shutdown).await {
+        tracing::info!(%peer, error = %e, "closing connection");
     }
 }
 

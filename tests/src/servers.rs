@@ -321,6 +321,17 @@ impl Haproxy {
     /// Starts it on `port` (so gateways can advertise the port before it
     /// listens) in front of `backends`, and waits until it accepts.
     pub fn start(port: u16, backends: &[std::net::SocketAddr]) -> Self {
+        Self::start_with(port, backends, "")
+    }
+
+    /// As [`Haproxy::start`], writing a PROXY protocol v2 header first on
+    /// every connection to a backend, its health checks' included
+    /// (`send-proxy-v2 check-send-proxy`).
+    pub fn start_sending_proxy_headers(port: u16, backends: &[std::net::SocketAddr]) -> Self {
+        Self::start_with(port, backends, " send-proxy-v2 check-send-proxy")
+    }
+
+    fn start_with(port: u16, backends: &[std::net::SocketAddr], server_options: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = format!(
             "global\n    maxconn 4096\n\ndefaults\n    mode tcp\n    timeout connect 2s\n    \
@@ -330,7 +341,7 @@ impl Haproxy {
         for (i, backend) in backends.iter().enumerate() {
             // A dead gateway is skipped once its check fails (2 × 200 ms).
             config.push_str(&format!(
-                "    server g{i} {backend} check inter 200ms fall 2 rise 1\n"
+                "    server g{i} {backend} check inter 200ms fall 2 rise 1{server_options}\n"
             ));
         }
         let path = dir.path().join("haproxy.cfg");

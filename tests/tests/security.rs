@@ -85,7 +85,11 @@ const SECURE: &[&str] = &[
 
 /// A raw connection authenticated with SASL PLAIN.
 fn plain_conn(ketch: &Ketch, user: &str, password: &str) -> Result<KafkaConn, (i16, String)> {
-    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    plain_conn_over(KafkaConn::connect(ketch.kafka_addr()), user, password)
+}
+
+/// `conn`, authenticated with SASL PLAIN.
+fn plain_conn_over(mut conn: KafkaConn, user: &str, password: &str) -> Result<KafkaConn, (i16, String)> {
     let handshake = conn.request(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
     assert_eq!(handshake.error_code, 0, "{handshake:?}");
     let token = format!("\0{user}\0{password}");
@@ -1428,4 +1432,77 @@ fn a_produce_without_transactional_records_needs_no_acl_on_the_id_it_names() {
         assert!(Instant::now() < deadline, "the ACL never reached the gateway");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Behind a TCP load balancer that writes a PROXY protocol header first
+/// (HAProxy's `send-proxy-v2`, `broker.proxy_protocol_listeners`), ACL
+/// hosts are the clients' own addresses: a DENY for one client's address
+/// refuses that client and not another. Without the header every client
+/// came from the balancer's address, and the DENY matched no one. A
+/// connection that bypasses the balancer (no header) is closed.
+#[test]
+fn behind_a_proxy_protocol_balancer_acl_hosts_are_the_clients_addresses() {
+    use kafka_protocol::messages::MetadataResponse;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    const DESCRIBE: i8 = 8;
+    let redis = TestRedis::start();
+    for (user, password) in [("admin", "admin-pw"), ("alice", "alice-pw")] {
+        let (ok, out) = users(&redis.url(), &["set", user], &format!("{password}\n"));
+        assert!(ok, "{out}");
+    }
+    let mut args = SECURE.to_vec();
+    args.extend(["--set", "broker.proxy_protocol_listeners=*"]);
+    let ketch = Ketch::start(&redis.url(), &args);
+    let lb = ketch_tests::servers::Haproxy::start_sending_proxy_headers(free_port(), &[ketch.kafka_addr()]);
+    let through = |from: [u8; 4], user: &str, password: &str| {
+        let conn = KafkaConn::connect_from(std::net::IpAddr::from(from), lb.addr());
+        plain_conn_over(conn, user, password).expect("authenticated")
+    };
+    let topic = unique_topic("proxied");
+    let mut admin = through([127, 0, 0, 1], "admin", "admin-pw");
+    assert_eq!(ketch_tests::raw::create_topic(&mut admin, &topic, 1), 0);
+    let created = admin.request(
+        3,
+        &CreateAclsRequest::default().with_creations(vec![
+            acl(TOPIC, &topic, "User:alice", DESCRIBE),
+            acl(TOPIC, &topic, "User:alice", DESCRIBE)
+                .with_host(s("127.0.0.2"))
+                .with_permission_type(2),
+        ]),
+    );
+    assert!(created.results.iter().all(|r| r.error_code == 0), "{created:?}");
+    let described = |conn: &mut KafkaConn| -> i16 {
+        let request = MetadataRequest::default().with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(ketch_tests::raw::topic_name(&topic))),
+        ]));
+        let response: MetadataResponse = conn.request(12, &request);
+        response.topics[0].error_code
+    };
+    let mut elsewhere = through([127, 0, 0, 3], "alice", "alice-pw");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while described(&mut elsewhere) != 0 {
+        assert!(Instant::now() < deadline, "the ACLs never reached the gateway");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut denied = through([127, 0, 0, 2], "alice", "alice-pw");
+    assert_eq!(
+        described(&mut denied),
+        29,
+        "TOPIC_AUTHORIZATION_FAILED from the denied host"
+    );
+
+    // Around the balancer, without a header: closed before any answer.
+    let mut direct = std::net::TcpStream::connect(ketch.kafka_addr()).expect("connect");
+    direct
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("read timeout");
+    let frame = [0u8, 0, 0, 10, 0, 18, 0, 0, 0, 0, 0, 1, 255, 255];
+    let _ = direct.write_all(&frame);
+    let mut answer = Vec::new();
+    let read = direct.read_to_end(&mut answer);
+    assert!(
+        read.is_err() || answer.is_empty(),
+        "a connection without a PROXY header was answered: {answer:?}"
+    );
+    ketch.await_log("expects a PROXY protocol header", Duration::from_secs(10));
 }
