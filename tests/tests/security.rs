@@ -1506,3 +1506,60 @@ fn behind_a_proxy_protocol_balancer_acl_hosts_are_the_clients_addresses() {
     );
     ketch.await_log("expects a PROXY protocol header", Duration::from_secs(10));
 }
+
+/// (Incremental)AlterConfigs checks the request's own faults before
+/// authorization, as Kafka's `ConfigAdminManager.preprocess` does: a client
+/// without ALTER_CONFIGS sending duplicate keys or a null value is told
+/// INVALID_REQUEST, not TOPIC_AUTHORIZATION_FAILED. Broker loggers are
+/// authorized on the cluster (CLUSTER_AUTHORIZATION_FAILED), then refused.
+#[test]
+fn config_requests_are_checked_before_they_are_authorized() {
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse};
+    const BROKER_LOGGER: i8 = 8;
+    let (_redis, ketch, mut admin) = admin_and_alice();
+    let topic = unique_topic("config-order");
+    assert_eq!(ketch_tests::raw::create_topic(&mut admin, &topic, 1), 0);
+    let mut alice = plain_conn(&ketch, "alice", "alice-pw").expect("alice authenticates");
+    let alter = |resource_type: i8, name: &str, configs: Vec<AlterableConfig>| {
+        IncrementalAlterConfigsRequest::default().with_resources(vec![
+            AlterConfigsResource::default()
+                .with_resource_type(resource_type)
+                .with_resource_name(s(name))
+                .with_configs(configs),
+        ])
+    };
+    let set = |name: &str, value: Option<&str>| {
+        AlterableConfig::default()
+            .with_name(s(name))
+            .with_config_operation(0)
+            .with_value(value.map(s))
+    };
+    let answer = |conn: &mut KafkaConn, request: &IncrementalAlterConfigsRequest| -> i16 {
+        let response: IncrementalAlterConfigsResponse = conn.request(1, request);
+        response.responses[0].error_code
+    };
+    let duplicated = alter(
+        TOPIC,
+        &topic,
+        vec![set("retention.ms", Some("1")), set("retention.ms", Some("2"))],
+    );
+    assert_eq!(answer(&mut alice, &duplicated), 42, "INVALID_REQUEST");
+    let null = alter(TOPIC, &topic, vec![set("retention.ms", None)]);
+    assert_eq!(answer(&mut alice, &null), 42, "INVALID_REQUEST");
+    let valid = alter(TOPIC, &topic, vec![set("retention.ms", Some("3600000"))]);
+    assert_eq!(answer(&mut alice, &valid), 29, "TOPIC_AUTHORIZATION_FAILED");
+    let logger = alter(BROKER_LOGGER, "0", vec![set("kafka", Some("DEBUG"))]);
+    assert_eq!(answer(&mut alice, &logger), 31, "CLUSTER_AUTHORIZATION_FAILED");
+    assert_eq!(answer(&mut admin, &logger), 42, "INVALID_REQUEST once authorized");
+    let describe = DescribeConfigsRequest::default().with_resources(vec![
+        DescribeConfigsResource::default()
+            .with_resource_type(BROKER_LOGGER)
+            .with_resource_name(s("0")),
+    ]);
+    let described: DescribeConfigsResponse = alice.request(4, &describe);
+    assert_eq!(
+        described.results[0].error_code, 31,
+        "CLUSTER_AUTHORIZATION_FAILED"
+    );
+}

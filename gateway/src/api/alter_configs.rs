@@ -45,6 +45,7 @@ use crate::auth::acl::{Operation, ResourceType};
 
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+const RESOURCE_BROKER_LOGGER: i8 = 8;
 
 /// IncrementalAlterConfigs operation codes (`AlterConfigOp.OpType`).
 const OP_SET: i8 = 0;
@@ -441,23 +442,29 @@ async fn alter_one(
     alteration: Result<Alteration, Failure>,
     validate_only: bool,
 ) -> Result<(), Failure> {
+    // Kafka's order (`ConfigAdminManager.preprocess`, then `KafkaApis`):
+    // the request's own faults — duplicate keys, null values, another
+    // broker's id, a broker config that cannot change — come before
+    // authorization; a broker logger is authorized, then refused.
+    let refused = |error: ResponseError| Err(failure(error, "Authorization failed."));
     match resource_type {
         RESOURCE_TOPIC => {
+            let alteration = alteration?;
             if !authorized(ctx, client, Operation::AlterConfigs, ResourceType::Topic, name) {
-                return Err(failure(
-                    ResponseError::TopicAuthorizationFailed,
-                    "Authorization failed.",
-                ));
+                return refused(ResponseError::TopicAuthorizationFailed);
             }
-            alter_topic(ctx, client, api, name, &alteration?, validate_only).await
+            alter_topic(ctx, client, api, name, &alteration, validate_only).await
+        }
+        RESOURCE_BROKER_LOGGER if api == "IncrementalAlterConfigs" => {
+            if !cluster_authorized(ctx, client, Operation::AlterConfigs) {
+                return refused(ResponseError::ClusterAuthorizationFailed);
+            }
+            Err(failure(
+                ResponseError::InvalidRequest,
+                "ketch has no broker loggers to alter (its log filter is `log.level`, read at start)",
+            ))
         }
         RESOURCE_BROKER => {
-            if !cluster_authorized(ctx, client, Operation::AlterConfigs) {
-                return Err(failure(
-                    ResponseError::ClusterAuthorizationFailed,
-                    "Authorization failed.",
-                ));
-            }
             super::this_broker(ctx, &client.listener, name)
                 .map_err(|m| failure(ResponseError::InvalidRequest, m))?;
             let alteration = alteration?;
@@ -493,6 +500,9 @@ async fn alter_one(
                         names.join(", ")
                     ),
                 ));
+            }
+            if !cluster_authorized(ctx, client, Operation::AlterConfigs) {
+                return refused(ResponseError::ClusterAuthorizationFailed);
             }
             if name.is_empty() {
                 alter_cluster_defaults(ctx, client, api, &alteration, validate_only).await

@@ -20,6 +20,7 @@ use crate::auth::acl::{Operation, ResourceType};
 /// Kafka's `ConfigResource.Type` codes ketch answers for.
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+const RESOURCE_BROKER_LOGGER: i8 = 8;
 
 /// Kafka's `ConfigSource` codes.
 pub const DYNAMIC_TOPIC_CONFIG: i8 = 1;
@@ -336,7 +337,9 @@ async fn describe(
             ResourceType::Topic,
             resource.resource_name.as_str(),
         ),
-        RESOURCE_BROKER => cluster_authorized(ctx, client, Operation::DescribeConfigs),
+        RESOURCE_BROKER | RESOURCE_BROKER_LOGGER => {
+            cluster_authorized(ctx, client, Operation::DescribeConfigs)
+        }
         _ => true,
     };
     if !permitted {
