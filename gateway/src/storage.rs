@@ -73,10 +73,10 @@ pub trait Storage: Send + Sync {
         acks_all: bool,
     ) -> Result<AppendOutcome>;
     async fn offsets(&self, topic: &Topic, partition: i32) -> Result<PartitionOffsets>;
-    /// Whether a partition was ever compacted, or a compaction pass is
-    /// under way on it.
-    async fn compacted_or_compacting(&self, topic: &Topic, partition: i32) -> Result<bool> {
-        Ok(self.offsets(topic, partition).await?.clean_end > 0)
+    /// Readies a partition for remote storage: `false` when it was ever
+    /// compacted; else gives up any compaction pass on it (unless `check`).
+    async fn ready_for_archive(&self, topic: &Topic, partition: i32, _check: bool) -> Result<bool> {
+        Ok(self.offsets(topic, partition).await?.clean_end == 0)
     }
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition>;
     /// About the bytes of the next `records` records of a partition, from
@@ -412,8 +412,8 @@ impl Storage for Tiered {
         self.store.offsets(topic, partition).await
     }
 
-    async fn compacted_or_compacting(&self, topic: &Topic, partition: i32) -> Result<bool> {
-        self.store.compacted_or_compacting(topic, partition).await
+    async fn ready_for_archive(&self, topic: &Topic, partition: i32, check: bool) -> Result<bool> {
+        self.store.ready_for_archive(topic, partition, check).await
     }
 
     async fn read(&self, topic: &Topic, partition: i32, request: &ReadRequest) -> Result<ReadPartition> {

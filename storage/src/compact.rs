@@ -100,21 +100,25 @@ struct Start {
 const ABANDON: &str = "abandon";
 
 impl Store {
-    /// Whether a compaction pass is under way on a partition (begun, not
-    /// swapped in or given up yet), or one was ever swapped in (its
-    /// `clean_end` above 0).
-    pub async fn compacted_or_compacting(&self, topic: &Topic, partition: i32) -> Result<bool> {
+    /// Readies a partition for remote storage being turned on
+    /// (`archive_guard.lua`): `false` when it was ever compacted (refused);
+    /// else any compaction pass on it, under way or left by one cut short,
+    /// is given up (unless `check`: validate_only), so none swaps in and
+    /// trims the log the archiver reads.
+    pub async fn ready_for_archive(&self, topic: &Topic, partition: i32, check: bool) -> Result<bool> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
         }
         let keys = self.partition_keys(topic, partition);
-        let (clean_end, pass): (Option<i64>, Option<String>) = redis::cmd("HMGET")
-            .arg(&keys.meta)
-            .arg("clean_end")
-            .arg("compacting_pass")
-            .query_async(&mut self.conn())
+        let compacted: i64 = self
+            .scripts
+            .archive_guard
+            .key(&keys.meta)
+            .key(&keys.compacting)
+            .arg(if check { "check" } else { "stop" })
+            .invoke_async(&mut self.conn())
             .await?;
-        Ok(clean_end.unwrap_or(0) > 0 || pass.is_some())
+        Ok(compacted == 0)
     }
 
     /// One compaction pass over a partition of a compacted topic, by the
@@ -417,9 +421,9 @@ impl Store {
             changes.push(member.clone());
             changes.push(json.to_string());
         }
-        // Remote storage turned on while the pass ran (AlterConfigs
-        // refuses it for a partition compacted before or with a pass under
-        // way, but this pass may have begun after that check): the
+        // Remote storage turned on while the pass ran: AlterConfigs gives
+        // up the pass under way (`ready_for_archive`), but this one may
+        // have begun after that, before the config was written. The
         // archiver reads the log the swap would trim, so the pass is given
         // up and the log kept.
         let remote = self.topic_fresh(&topic.name).await?.is_none_or(|now| {
@@ -684,7 +688,12 @@ struct Kept {
 
 /// What remains of `entry`: the records no later one of their key
 /// supersedes, tombstones until they expire, no aborted transaction's
-/// records and no records without a key; control batches whole.
+/// records and no records without a key; control batches whole. The
+/// log's last batch keeps its last offset, as Kafka's cleaner keeps the
+/// last batch of a round (`RETAIN_EMPTY`): there, records without a key
+/// and tombstones stay, but a value a later record of its key supersedes
+/// goes as anywhere else (kept, it outlived its key's tombstone and came
+/// back once that expired).
 fn keep(
     entry: &Entry,
     latest: &HashMap<Bytes, i64>,
@@ -707,7 +716,8 @@ fn keep(
         batch: None,
     };
     let id = |last: i64| format!("{last}-{}", last - base + 1);
-    if header.is_control() || entry.last_offset >= tombstones.tail {
+    let tail = entry.last_offset >= tombstones.tail;
+    if header.is_control() {
         out.kept = out.read;
         out.batch = Some((id(entry.last_offset), entry.batch.clone()));
         return Ok(out);
@@ -720,11 +730,13 @@ fn keep(
     let mut all = true;
     while let Some(record) = records.next_record().map_err(corrupt)? {
         let offset = base + i64::from(record.offset_delta);
+        // In the log's last batch its last record always stays: without a
+        // key, a tombstone, or its key's latest.
         let stays = match &record.key {
-            None => false,
+            None => tail,
             Some(key) => {
                 latest.get(key).is_none_or(|newest| *newest <= offset)
-                    && (record.value.is_some() || !tombstones.expired(offset))
+                    && (record.value.is_some() || tail || !tombstones.expired(offset))
             }
         };
         if stays {
@@ -910,6 +922,54 @@ mod tests {
                 "codec {codec}"
             );
         }
+    }
+
+    /// The log's last batch keeps its last offset, its records without a
+    /// key and its tombstones, but not a value its own tombstone (or any
+    /// later record of its key) supersedes: kept, the value outlived the
+    /// tombstone and came back once that expired.
+    #[test]
+    fn the_last_batch_drops_what_is_superseded_and_keeps_its_end() {
+        let at_tail = Tombstones {
+            segments: vec![(0, 99, 1_000)],
+            until: 2_000,
+            tail: 3,
+        };
+        // k=v@0, (no key)@1, k=tombstone@2, j=v@3: "k" is deleted at 2.
+        let entry = stored(
+            0,
+            &[("k", Some("v")), ("", Some("x")), ("k", None), ("j", Some("w"))],
+            0,
+        );
+        let mut records = Vec::new();
+        let mut read = Records::of_batch(&entry.batch).unwrap();
+        while let Some(mut record) = read.next_record().unwrap() {
+            if record.offset_delta == 1 {
+                record.key = None;
+            }
+            records.push(record);
+        }
+        let keyless = Entry {
+            batch: batch::rebuild(&entry.batch, &records).expect("rebuilt"),
+            ..entry
+        };
+        let latest = HashMap::from([(Bytes::from("k"), 2), (Bytes::from("j"), 3)]);
+        let kept = keep(&keyless, &latest, &[], &at_tail).unwrap();
+        let (id, batch) = kept.batch.expect("the end stays");
+        assert_eq!(id, "3-4", "its last offset");
+        let kept: Vec<(i32, Option<Bytes>)> = records_of(&batch)
+            .into_iter()
+            .map(|(delta, _, key, ..)| (delta, key))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (1, None),
+                (2, Some(Bytes::from("k"))),
+                (3, Some(Bytes::from("j")))
+            ],
+            "the superseded value of k goes; the keyless record, the tombstone and the end stay"
+        );
     }
 
     #[test]

@@ -471,12 +471,24 @@ pub fn list_offsets_request(
 /// Sets one topic config with IncrementalAlterConfigs (SET), as an
 /// operator's tool would; the resource's error code.
 pub fn set_topic_config(conn: &mut KafkaConn, topic: &str, name: &str, value: &str) -> i16 {
+    use kafka_protocol::messages::IncrementalAlterConfigsResponse;
+    let request = set_topic_config_request(topic, name, value);
+    let response: IncrementalAlterConfigsResponse = conn.request(1, &request);
+    response.responses[0].error_code
+}
+
+/// The IncrementalAlterConfigs request [`set_topic_config`] sends.
+pub fn set_topic_config_request(
+    topic: &str,
+    name: &str,
+    value: &str,
+) -> kafka_protocol::messages::IncrementalAlterConfigsRequest {
+    use kafka_protocol::messages::IncrementalAlterConfigsRequest;
     use kafka_protocol::messages::incremental_alter_configs_request::{
         AlterConfigsResource, AlterableConfig,
     };
-    use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
     let text = |v: &str| StrBytes::from_string(v.to_owned());
-    let request = IncrementalAlterConfigsRequest::default().with_resources(vec![
+    IncrementalAlterConfigsRequest::default().with_resources(vec![
         AlterConfigsResource::default()
             .with_resource_type(2)
             .with_resource_name(text(topic))
@@ -486,9 +498,7 @@ pub fn set_topic_config(conn: &mut KafkaConn, topic: &str, name: &str, value: &s
                     .with_config_operation(0)
                     .with_value(Some(text(value))),
             ]),
-    ]);
-    let response: IncrementalAlterConfigsResponse = conn.request(1, &request);
-    response.responses[0].error_code
+    ])
 }
 
 /// DeleteRecords (v2) for one partition: (error code, low watermark).

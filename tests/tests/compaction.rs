@@ -1105,10 +1105,10 @@ fn a_worker_without_the_lease_leaves_the_holders_pass_alone() {
 }
 
 /// Remote storage turned on while a first compaction pass runs: the pass
-/// gives itself up instead of swapping in and trimming the log the
-/// archiver reads (archiving then failed on every tick, and retention
-/// waited for it for ever), and the segments are archived. Turning it on
-/// once the pass has begun in Redis is refused. The pass runs in-process
+/// is given up instead of swapping in and trimming the log the archiver
+/// reads (archiving then failed on every tick, and retention waited for
+/// it for ever), and the segments are archived; a pass cut short earlier
+/// does not stand in the way either. The pass runs in-process
 /// through a proxy that holds it at a chosen step; the gateway, which
 /// answers AlterConfigs and archives, is kept off the partition by the
 /// pass's lease until the end.
@@ -1196,46 +1196,100 @@ fn remote_storage_turned_on_during_a_first_compaction_pass_is_archived() {
     let (_, running) = pass(&topic, usize::MAX);
     assert!(running.join().expect("the pass").is_some(), "swapped in");
 
-    // Begun in Redis (its start written, `compacting_pass` set): refused.
+    // The pass changed nothing, left nothing behind, and the gateway
+    // archives the sealed segment once it gets the lease.
+    let given_up = |topic: &str, tag: &str, running: std::thread::JoinHandle<Option<_>>| {
+        let meta = format!("ketch:{{{tag}}}:meta");
+        assert!(running.join().expect("the pass").is_none(), "the pass gave up");
+        assert_eq!(hget(&meta, "clean_end"), None, "nothing swapped in");
+        assert_eq!(hget(&meta, "compacting_pass"), None);
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(format!("ketch:{{{tag}}}:compacting"))
+            .query(&mut redis.connection())
+            .expect("EXISTS");
+        assert_eq!(exists, 0, "the pass's stream is removed");
+        let () = redis::cmd("DEL")
+            .arg(format!("ketch:{{{tag}}}:lease"))
+            .query(&mut redis.connection())
+            .expect("DEL lease");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while redis.segments(topic, 0)[0].get("path").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "not archived: {:?}",
+                redis.segments(topic, 0)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    // Begun in Redis (its start written, `compacting_pass` set), or left
+    // by a pass cut short: turning remote storage on gives it up at once.
     let topic = sealed_topic("remote-mid-pass");
     let (tag, running) = pass(&topic, 1);
-    assert!(hget(&format!("ketch:{{{tag}}}:meta"), "compacting_pass").is_some());
-    assert_eq!(
-        alter(&ketch, &topic, "remote.storage.enable", "true"),
-        code::INVALID_CONFIG
+    let meta = format!("ketch:{{{tag}}}:meta");
+    assert!(hget(&meta, "compacting_pass").is_some());
+    // validate_only changes nothing.
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let check =
+        raw::set_topic_config_request(&topic, "remote.storage.enable", "true").with_validate_only(true);
+    let checked: kafka_protocol::messages::IncrementalAlterConfigsResponse = conn.request(1, &check);
+    assert_eq!(checked.responses[0].error_code, code::NONE);
+    assert!(
+        hget(&meta, "compacting_pass").is_some(),
+        "validate_only gave the pass up"
     );
+    assert_eq!(alter(&ketch, &topic, "remote.storage.enable", "true"), code::NONE);
+    assert_eq!(hget(&meta, "compacting_pass"), None, "the pass given up");
     proxy.release();
-    assert!(running.join().expect("the pass").is_some(), "swapped in");
+    given_up(&topic, &tag, running);
 
-    // Not begun in Redis yet when it is turned on: allowed, and the pass
-    // gives itself up at its end.
+    // Not begun in Redis yet when it is turned on: the pass gives itself
+    // up at its end.
     let topic = sealed_topic("remote-before-pass");
     let (tag, running) = pass(&topic, 0);
-    let meta = format!("ketch:{{{tag}}}:meta");
     assert_eq!(alter(&ketch, &topic, "remote.storage.enable", "true"), code::NONE);
     proxy.release();
-    assert!(
-        running.join().expect("the pass").is_none(),
-        "the pass gave itself up"
+    given_up(&topic, &tag, running);
+}
+
+/// A key put and deleted in the log's last batch (one producer batch
+/// `[k=v, k=null]`) stays deleted: the pass that reaches the end keeps that
+/// batch's last offset, but drops the value its tombstone supersedes, as
+/// Kafka's cleaner does. Kept, the value outlived the tombstone once that
+/// expired, and a consumer reading from the start saw the deleted key
+/// again.
+#[test]
+fn a_key_deleted_in_the_last_batch_stays_deleted_once_its_tombstone_expires() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("tail-delete");
+    create_compacted(&ketch, &topic, &[("delete.retention.ms", "1000")]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    produce(
+        &mut conn,
+        &topic,
+        &[vec![keyed("deleted", Some("value")), keyed("deleted", None)]],
+        None,
+        &mut latest,
     );
-    assert_eq!(hget(&meta, "clean_end"), None, "nothing swapped in");
-    assert_eq!(hget(&meta, "compacting_pass"), None);
-    let exists: i64 = redis::cmd("EXISTS")
-        .arg(format!("ketch:{{{tag}}}:compacting"))
-        .query(&mut redis.connection())
-        .expect("EXISTS");
-    assert_eq!(exists, 0, "the pass's stream is removed");
-    // The gateway archives the sealed segment once it gets the lease.
-    let () = redis::cmd("DEL")
-        .arg(format!("ketch:{{{tag}}}:lease"))
-        .query(&mut redis.connection())
-        .expect("DEL lease");
+    wait_compacted(&redis, &ketch, &topic, 2);
+    // The end moves on: the batch is compacted as any other from now.
+    produce(
+        &mut conn,
+        &topic,
+        &[vec![keyed("later", Some("value"))]],
+        None,
+        &mut latest,
+    );
+    wait_compacted(&redis, &ketch, &topic, 3);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while redis.segments(&topic, 0)[0].get("path").is_none() {
+    while read_all(&ketch, &topic) != expected(&latest, false) {
         assert!(
             Instant::now() < deadline,
-            "not archived: {:?}",
-            redis.segments(&topic, 0)
+            "after the tombstone expired: {:?}",
+            read_all(&ketch, &topic)
         );
         std::thread::sleep(Duration::from_millis(50));
     }

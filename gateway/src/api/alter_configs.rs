@@ -229,7 +229,7 @@ pub async fn alter_topic(
                     ),
                 ));
             }
-            refuse_if_compacted(ctx, &topic).await?;
+            refuse_if_compacted(ctx, &topic, validate_only).await?;
         }
         if validate_only {
             return Ok(());
@@ -261,23 +261,28 @@ fn turns_remote_storage_on(before: &BTreeMap<String, String>, after: &BTreeMap<S
 
 /// The archiver reads sealed segments from the log stream, and a topic
 /// compacted before keeps part of its records in its compacted stream
-/// (docs/architecture.md §7a): remote storage is refused for it, and
-/// while a compaction pass is under way (its end would trim the log; a
-/// pass that begins after this check gives itself up once it sees remote
-/// storage on).
-async fn refuse_if_compacted(ctx: &Context, topic: &ketch_storage::Topic) -> Result<(), Failure> {
+/// (docs/architecture.md §7a): remote storage is refused for it. Else any
+/// compaction pass on its partitions is given up (unless `validate_only`),
+/// so none swaps in after and trims the log the archiver reads; a pass
+/// begun after this, before the config is written, gives itself up once
+/// it sees remote storage on.
+async fn refuse_if_compacted(
+    ctx: &Context,
+    topic: &ketch_storage::Topic,
+    validate_only: bool,
+) -> Result<(), Failure> {
     for partition in 0..topic.partitions() {
-        let compacted = ctx
+        let ready = ctx
             .storage
-            .compacted_or_compacting(topic, partition)
+            .ready_for_archive(topic, partition, validate_only)
             .await
             .map_err(|e| (error_code(&e), e.to_string()))?;
-        if compacted {
+        if !ready {
             return Err(failure(
                 ResponseError::InvalidConfig,
                 format!(
-                    "Topic {} was compacted, or is being compacted (partition {partition}); ketch \
-                     cannot archive a compacted log, so remote storage cannot be turned on for it",
+                    "Topic {} was compacted (partition {partition}); ketch cannot archive a compacted \
+                     log, so remote storage cannot be turned on for it",
                     topic.name
                 ),
             ));
