@@ -528,6 +528,8 @@ where
     let mut sequencer = api::produce::Sequencer::default();
     let mut order = Order::default();
     let mute = Arc::new(Mute::default());
+    // How many requests were read (each one's place in that order).
+    let mut read_count: u64 = 0;
     // An ApiVersions was answered before SASL authentication: Kafka answers
     // one there, then only the handshake (a client that never
     // authenticates cannot hold the connection with ApiVersions).
@@ -569,9 +571,18 @@ where
         // A client a quota throttled is not served until its throttle time
         // has passed (Kafka mutes its channel; KIP-219). The frame may have
         // been read before the throttle was known: it waits here.
+        // Kafka closes a connection idle for connections.max.idle.ms,
+        // muted or not: a client gone while throttled (a throttle may last
+        // far longer) does not keep its places under max_connections and
+        // its address's limit until the throttle ends. The requests read
+        // before are answered at once (into the closing connection).
         if let Some(until) = mute.until() {
+            let idle_until = tokio::time::Instant::now() + idle;
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => {}
+                _ = tokio::time::sleep_until(idle_until), if idle_until < until => {
+                    break Err(ConnectionError::Idle(idle));
+                }
                 _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
             }
         }
@@ -734,6 +745,8 @@ where
             RequestKind::Produce(produce) => sequencer.turns(produce),
             _ => api::produce::Turns::default(),
         };
+        read_count += 1;
+        let seq = read_count;
         // A produce request counts against its client's quota as it is
         // read, in order: when it is over, the requests after it wait
         // (Kafka reads a connection's next request only once the last one
@@ -745,7 +758,7 @@ where
                 let throttle = ctx
                     .quotas
                     .record(Kind::Produce, &client.principal, client_id, size);
-                mute.throttle(throttle);
+                mute.throttle(seq, throttle);
                 throttle
             }
             _ => Duration::ZERO,
@@ -763,7 +776,11 @@ where
             client,
             request,
             turns,
-            asked: Asked { received, throttle },
+            asked: Asked {
+                received,
+                seq,
+                throttle,
+            },
             after,
             done,
             written,
@@ -786,6 +803,8 @@ where
     if peer_gone {
         let _ = client_gone.send(true);
     }
+    // Nothing is read any more: the requests read wait for no throttle.
+    mute.lift();
     // Answer everything already accepted, then close.
     responses.close();
     let _ = writer.await;
@@ -842,11 +861,14 @@ impl Admitted {
             _inflight,
         } = self;
         futures::future::join_all(after.into_iter().map(Done::wait)).await;
-        // An earlier request this one waited for may have been throttled
-        // since this one was read (produce requests were measured as they
-        // were read).
-        if let Some(until) = mute.until().filter(|_| !matches!(body, RequestKind::Produce(_))) {
-            tokio::time::sleep_until(until).await;
+        // A request read before this one may have been throttled since
+        // this one was read (the read waited only for the throttles known
+        // then): this one waits too, as Kafka would have read it only once
+        // that one was answered.
+        // (Boxed, and only when muted: the wait would make every request's
+        // task larger.)
+        if mute.until_for(asked.seq).is_some() {
+            Box::pin(mute.wait_for(asked.seq)).await;
         }
         // Boxed: the task holds a pointer, so tokio's copies of it as it
         // starts and finishes it stay small (see `a_request_task_stays_small`).
@@ -884,32 +906,81 @@ impl Admitted {
 }
 
 /// Until when a connection is not read: a quota throttled its client.
-#[derive(Debug, Default)]
-pub(crate) struct Mute(std::sync::Mutex<Option<tokio::time::Instant>>);
+/// Each throttle is kept with the request that earned it (its place in the
+/// order the connection read requests): requests read after that one wait
+/// for it, as Kafka reads them only once that one is answered; requests
+/// read before do not (they would have been handled before it in Kafka).
+#[derive(Debug)]
+pub(crate) struct Mute {
+    /// (request, until when) of the throttles not over yet.
+    throttles: std::sync::Mutex<Vec<(u64, tokio::time::Instant)>>,
+    /// Set when the connection closes: nothing waits any more.
+    lifted: watch::Sender<bool>,
+}
 
-impl Mute {
-    /// When reading may go on, if not now.
-    fn until(&self) -> Option<tokio::time::Instant> {
-        let until = *self.0.lock().expect("mute lock");
-        until.filter(|t| *t > tokio::time::Instant::now())
-    }
-
-    /// Mutes the connection for `throttle` from now (unless it already is
-    /// for longer).
-    fn throttle(&self, throttle: Duration) {
-        let until = tokio::time::Instant::now() + throttle;
-        let mut muted = self.0.lock().expect("mute lock");
-        if muted.is_none_or(|t| t < until) {
-            *muted = Some(until);
+impl Default for Mute {
+    fn default() -> Self {
+        Self {
+            throttles: std::sync::Mutex::default(),
+            lifted: watch::channel(false).0,
         }
     }
 }
 
-/// What a request was, besides its contents: when it was read, and the
-/// throttle time a produce quota gave it then.
+impl Mute {
+    /// When reading may go on, if not now: after every throttle.
+    fn until(&self) -> Option<tokio::time::Instant> {
+        self.until_for(u64::MAX)
+    }
+
+    /// When the request read `seq`-th may go on, if not now: after the
+    /// throttles of the requests read before it.
+    fn until_for(&self, seq: u64) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        let mut throttles = self.throttles.lock().expect("mute lock");
+        throttles.retain(|(_, until)| *until > now);
+        throttles
+            .iter()
+            .filter(|(by, _)| *by < seq)
+            .map(|(_, until)| *until)
+            .max()
+    }
+
+    /// Waits until the request read `seq`-th may go on, or the mute is
+    /// lifted.
+    async fn wait_for(&self, seq: u64) {
+        let mut lifted = self.lifted.subscribe();
+        while let Some(until) = self.until_for(seq) {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                _ = lifted.wait_for(|lifted| *lifted) => return,
+            }
+        }
+    }
+
+    /// Ends every wait, for good: the connection is closing.
+    fn lift(&self) {
+        self.lifted.send_replace(true);
+    }
+
+    /// Mutes the connection for `throttle` from now, for the requests
+    /// read after the `seq`-th.
+    fn throttle(&self, seq: u64, throttle: Duration) {
+        if throttle.is_zero() {
+            return;
+        }
+        let until = tokio::time::Instant::now() + throttle;
+        self.throttles.lock().expect("mute lock").push((seq, until));
+    }
+}
+
+/// What a request was, besides its contents: when it was read, its place
+/// in the order the connection read requests, and the throttle time a
+/// produce quota gave it then.
 #[derive(Debug, Clone, Copy)]
 struct Asked {
     received: std::time::Instant,
+    seq: u64,
     throttle: Duration,
 }
 
@@ -1052,7 +1123,8 @@ async fn respond(
         RequestKind::Fetch(mut fetch) => {
             // One response never takes more than the quota allows over its
             // window (as Kafka caps max_bytes).
-            if let Some(max) = ctx.quotas.max_in_window(Kind::Fetch, &principal, client_id) {
+            let window = ctx.quotas.max_in_window(Kind::Fetch, &principal, client_id);
+            if let Some(max) = window {
                 fetch.max_bytes = fetch.max_bytes.min(i32::try_from(max).unwrap_or(i32::MAX));
                 fetch.min_bytes = fetch.min_bytes.min(fetch.max_bytes);
             }
@@ -1068,7 +1140,24 @@ async fn respond(
                 ctx.requests.error(api_key, code)
             });
             let fetched = std::mem::take(&mut answer.fetched);
+            // Larger than the quota allows over its whole window: the first
+            // batch alone, which a fetch always returns (KIP-74). Taken
+            // back, as Kafka takes a response over the quota back, the same
+            // fetch would find the same batch next time, and the consumer
+            // would never move past it: it is sent, counted, and the
+            // client throttled for it.
+            let records: usize = (answer.records.iter().flatten().flatten().flatten())
+                .map(Bytes::len)
+                .sum();
+            let oversized = window.is_some_and(|max| records > max);
+            if oversized {
+                throttle = ctx.quotas.record(Kind::Fetch, &principal, client_id, records);
+                let throttle = throttle.max(request_throttle);
+                answer.response.throttle_time_ms = i32::try_from(throttle.as_millis()).unwrap_or(i32::MAX);
+                fetched.count(ctx);
+            }
             match api::fetch::encode(answer, version, correlation_id) {
+                Ok(chunks) if oversized => Ok(Some(chunks)),
                 Ok(chunks) => {
                     let bytes = chunks.iter().map(Bytes::len).sum();
                     throttle = ctx.quotas.record(Kind::Fetch, &principal, client_id, bytes);
@@ -1151,7 +1240,7 @@ async fn respond(
         // Answered at once whatever the version, the connection muted
         // (Kafka since KIP-219): a response held back could time out at a
         // client whose request was already done.
-        mute.throttle(throttle);
+        mute.throttle(asked.seq, throttle);
     }
     let elapsed = asked.received.elapsed();
     ctx.requests.answered(api_key, elapsed);
@@ -1202,6 +1291,7 @@ pub async fn answer_frame(ctx: &Context, frame: Bytes) -> Result<Option<Bytes>, 
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let asked = Asked {
         received: std::time::Instant::now(),
+        seq: 0,
         throttle: Duration::ZERO,
     };
     let reply = respond(
@@ -1663,6 +1753,7 @@ mod tests {
             turns: Default::default(),
             asked: Asked {
                 received: std::time::Instant::now(),
+                seq: 0,
                 throttle: Duration::ZERO,
             },
             after,
@@ -1675,6 +1766,54 @@ mod tests {
             gone: None,
             _inflight: ctx.requests.request(),
         }
+    }
+
+    /// A throttle holds the requests read after the one that earned it,
+    /// not those read before (Kafka handles those first): a Metadata read
+    /// before a throttled request is answered at once, one read after it
+    /// waits the throttle out. Before, every request waited for every
+    /// throttle, and an answer held back held the throttled request's own
+    /// behind it: its client then waited twice.
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_holds_only_the_requests_read_after_the_one_that_earned_it() {
+        let ctx = memory_context();
+        let responses = Responses::new(8, Duration::from_secs(3600), tokio::io::sink());
+        let mut order = Order::default();
+        let mute = Arc::new(Mute::default());
+        let mut metadata = async |seq: u64| {
+            let header = RequestHeader::default()
+                .with_request_api_key(ApiKey::Metadata as i16)
+                .with_request_api_version(12)
+                .with_correlation_id(i32::try_from(seq).expect("small"));
+            let body = RequestKind::Metadata(Default::default());
+            let mut request = admitted(&ctx, &mut order, &responses, header, body).await;
+            request.asked.seq = seq;
+            request.mute = mute.clone();
+            request
+        };
+        let (before, after) = (metadata(1).await, metadata(3).await);
+        // The request read second is throttled for a minute.
+        mute.throttle(2, Duration::from_secs(60));
+        let (before, after) = (tokio::spawn(before.serve()), tokio::spawn(after.serve()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            before.is_finished(),
+            "a request read before waited for the throttle"
+        );
+        assert!(!after.is_finished(), "a request read after did not wait");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(after.is_finished());
+        // Lifted (the connection closing), nothing waits.
+        mute.throttle(4, Duration::from_secs(60));
+        let waiting = tokio::spawn({
+            let mute = mute.clone();
+            async move { mute.wait_for(5).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished());
+        mute.lift();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(waiting.is_finished());
     }
 
     fn memory_context() -> Arc<Context> {

@@ -836,3 +836,105 @@ fn requests_over_the_request_percentage_are_throttled() {
         "{metrics}"
     );
 }
+
+/// A batch larger than the consumer's quota allows over its whole window
+/// (one response may carry quota × (samples − 1) × window) is sent anyway,
+/// with the throttle it earns: the first batch of a fetch always goes out
+/// (KIP-74), and taken back, as a response over the quota is, the next
+/// fetch found the same batch and the consumer never moved past it.
+#[test]
+fn a_batch_larger_than_the_quota_window_is_sent_throttled_not_withheld_for_ever() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), WINDOWS);
+    let topic = unique_topic("quota-large-batch");
+    let mut admin = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut admin, &topic, 1), code::NONE);
+    let batch = batch::encode(&[Record::value(batch::at(0), &[7; 50_000])]);
+    assert_eq!(
+        raw::produce(&mut admin, &topic, 0, batch.clone()),
+        (code::NONE, 0)
+    );
+    // 1 kB/s: far less than the batch over any window.
+    alter_ok(
+        &mut admin,
+        &[("user", None)],
+        vec![set("consumer_byte_rate", 1_000.0)],
+    );
+    let mut consumer = KafkaConn::connect_as(ketch.kafka_addr(), "reader");
+    let (response, _) = fetch(&mut consumer, &topic, 0);
+    let (error, _, records) = raw::fetch_result(&response);
+    assert_eq!(error, code::NONE);
+    let batches = raw::split_batches(records.unwrap_or_default());
+    assert_eq!(batches.len(), 1, "the batch is sent");
+    assert_eq!(batches[0].len(), batch.len());
+    // Throttled for what it took: 50 kB at 1 kB/s.
+    assert!(
+        response.throttle_time_ms >= 30_000,
+        "throttle {} ms",
+        response.throttle_time_ms
+    );
+}
+
+/// Whether a new connection from `from` is served (an ApiVersions v0
+/// answered), rather than closed as it is accepted.
+fn served_from(from: std::net::IpAddr, ketch: &Ketch) -> bool {
+    use std::io::{Read, Write};
+    let mut stream = ketch_tests::tcp_connect_from(from, ketch.kafka_addr());
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    let api_versions = [0u8, 0, 0, 10, 0, 18, 0, 0, 0, 0, 0, 1, 255, 255];
+    let mut size = [0u8; 4];
+    stream.write_all(&api_versions).is_ok() && stream.read_exact(&mut size).is_ok()
+}
+
+/// A connection muted by a throttle far longer than
+/// `broker.connections_max_idle` is closed once idle that long, as Kafka
+/// closes an idle connection muted or not: a client that went away while
+/// throttled held its places (here the address's only one) until the
+/// throttle ended.
+#[test]
+fn a_muted_connection_is_closed_once_idle_for_connections_max_idle() {
+    let redis = TestRedis::start();
+    let args = [
+        WINDOWS,
+        &[
+            "--set",
+            "broker.connections_max_idle=2s",
+            "--set",
+            "broker.max_connections_per_ip=1",
+        ],
+    ]
+    .concat();
+    let ketch = Ketch::start(&redis.url(), &args);
+    let topic = unique_topic("quota-muted");
+    let mut admin = KafkaConn::connect(ketch.kafka_addr());
+    assert_eq!(raw::create_topic(&mut admin, &topic, 1), code::NONE);
+    // 1 kB/s for every user's clients (the default user: here ANONYMOUS).
+    alter_ok(
+        &mut admin,
+        &[("user", None)],
+        vec![set("producer_byte_rate", 1_000.0)],
+    );
+    let client: std::net::IpAddr = [127, 0, 0, 5].into();
+    let mut slow = KafkaConn::connect_from(client, ketch.kafka_addr());
+    // 50 kB at 1 kB/s: muted for about 50 s.
+    let (error, throttle, _) = produce_timed(&mut slow, 9, &topic, 50_000);
+    assert_eq!(error, code::NONE);
+    assert!(throttle >= 30_000, "throttled {throttle} ms");
+    // A request read while muted waits; then the client goes away.
+    slow.send(3, &kafka_protocol::messages::ApiVersionsRequest::default());
+    drop(slow);
+    assert!(
+        !served_from(client, &ketch),
+        "the address's one place is still held"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !served_from(client, &ketch) {
+        assert!(
+            Instant::now() < deadline,
+            "the muted connection still holds its place"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
