@@ -112,6 +112,11 @@ fn describe() {
         "Members of the groups this gateway coordinates."
     );
     describe_gauge!("ketch_groups", "Groups in this gateway's memory, by state.");
+    describe_gauge!(
+        "ketch_shared_state_age_seconds",
+        "Seconds since this gateway last confirmed it holds the current version of a set kept in Redis \
+         (ACLs, client quotas, cluster-wide topic defaults), by set."
+    );
     describe_counter!(
         "ketch_authentications_total",
         "Successful SASL and HTTP authentications."

@@ -733,24 +733,56 @@ pub struct Kept {
 /// announces a change (sharded pub/sub), and checks the version every
 /// `kept.check_every` in case an announcement was missed (Redis restarted,
 /// the subscription was being established). Runs until shutdown.
+///
+/// How long ago this gateway last confirmed it holds the current version
+/// is `ketch_shared_state_age_seconds`; past `STALE_AFTER` checks without
+/// one (Redis, or the master holding the set, out of reach), a warning
+/// says so, once, and another when it is confirmed again: a DENY added
+/// through another gateway is not applied here meanwhile.
 pub async fn keep_current(ctx: Arc<crate::Context>, kept: Kept) {
+    const STALE_AFTER: u32 = 3;
     let watch = ctx.storage.wake().watch(vec![kept.channel.clone()]);
     let mut shutdown = ctx.shutdown.clone();
     let mut loaded = false;
+    let mut confirmed = std::time::Instant::now();
+    let mut warned = false;
+    let age = metrics::gauge!("ketch_shared_state_age_seconds", "state" => kept.what);
     loop {
-        match (kept.stored)(&ctx).await {
-            Ok(version) if loaded && version == (kept.held)(&ctx) => {}
+        let current = match (kept.stored)(&ctx).await {
+            Ok(version) if loaded && version == (kept.held)(&ctx) => true,
             Ok(_) => match (kept.load)(&ctx).await {
                 Ok(summary) => {
                     if !loaded {
                         tracing::info!(summary, "loaded the {}", kept.what);
                     }
                     loaded = true;
+                    true
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read the {}; retrying", kept.what),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the {}; retrying", kept.what);
+                    false
+                }
             },
-            Err(e) => tracing::debug!(error = %e, "cannot read the version of the {}; retrying", kept.what),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the version of the {}; retrying", kept.what);
+                false
+            }
+        };
+        if current {
+            confirmed = std::time::Instant::now();
+            if std::mem::take(&mut warned) {
+                tracing::warn!("the {} held here are current again", kept.what);
+            }
+        } else if loaded && !warned && confirmed.elapsed() >= kept.check_every * STALE_AFTER {
+            warned = true;
+            tracing::warn!(
+                unconfirmed_s = confirmed.elapsed().as_secs(),
+                "the {} held here may be stale: Redis has not answered for their version; changes made \
+                 through other gateways are not applied here until it does",
+                kept.what
+            );
         }
+        age.set(confirmed.elapsed().as_secs_f64());
         (kept.tick)(&ctx);
         let wait = if loaded {
             kept.check_every

@@ -1192,3 +1192,42 @@ fn a_hostile_committed_offset_has_no_lag() {
         assert_eq!(offset["lag"], Value::Null, "{described}");
     }
 }
+
+/// A gateway that cannot read the version of a set every gateway keeps
+/// from Redis (here the cluster-wide topic defaults, checked every second)
+/// says so: `ketch_shared_state_age_seconds` grows, and a warning is
+/// logged after three checks' time; once Redis answers, another line says
+/// the set is current again. Before, the failed reads were logged at debug
+/// only, and a DENY added through another gateway went unapplied here
+/// without a word.
+#[test]
+fn a_gateway_cut_off_from_a_shared_set_says_it_may_be_stale() {
+    let redis = ketch_tests::RedisServer::start();
+    let ketch = Ketch::start(&redis.url(), &["--set", "redis.command_timeout=1s"]);
+    let defaults = [("state", "cluster-wide topic defaults")];
+    let age = || {
+        let (_, text) = ketch.http_get("/metrics");
+        metric(&text, "ketch_shared_state_age_seconds", &defaults)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fresh = loop {
+        if let Some(age) = age() {
+            break age;
+        }
+        assert!(Instant::now() < deadline, "no ketch_shared_state_age_seconds");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(fresh < 3.0, "age {fresh} s before Redis was frozen");
+    let frozen = ketch_tests::Frozen::freeze(redis.pid());
+    ketch.await_log(
+        "cluster-wide topic defaults held here may be stale",
+        Duration::from_secs(30),
+    );
+    let stale = age().expect("the gauge");
+    assert!(stale >= 3.0, "age {stale} s with Redis frozen");
+    drop(frozen);
+    ketch.await_log(
+        "cluster-wide topic defaults held here are current again",
+        Duration::from_secs(30),
+    );
+}
