@@ -135,12 +135,27 @@ impl Store {
         let Some(start) = self.compact_start(&keys).await? else {
             return Ok(None);
         };
+        let now = crate::now_ms();
+        // Tombstones kept past their time are removed by a pass even when
+        // nothing new was written.
+        let tombstones_due = start
+            .tomb_sealed
+            .is_some_and(|sealed| sealed < now - policy.delete_retention_ms);
+        let clean_end = start.clean_end.unwrap_or(start.log_start).max(start.log_start);
+        // Nothing sealed (and decided) since the last pass, nothing left to
+        // trim, no tombstone due: an idle compacted partition costs its
+        // tick one HMGET, not a read of every segment record it has.
+        if clean_end >= start.stable_end
+            && start.log_trimmed.max(start.log_start) >= clean_end
+            && !tombstones_due
+        {
+            return Ok(None);
+        }
         // The segment records as read: parsed for the pass, and as they are
         // for the swap, which replaces each one it changes only if it is
         // still there (retention may remove some meanwhile; nothing else
         // changes a compacted topic's segments but its lease holder).
         let (members, segments) = self.segment_members(&keys.segments).await?;
-        let clean_end = start.clean_end.unwrap_or(start.log_start).max(start.log_start);
         // A pass that stopped before trimming (a crash) left the log below
         // `clean_end` in place: readers skip it, this trims it.
         self.trim_log(
@@ -151,7 +166,6 @@ impl Store {
         )
         .await?;
 
-        let now = crate::now_ms();
         let dirty: Vec<&Segment> = segments
             .iter()
             // A segment DeleteRecords cut into counts from the log start.
@@ -161,11 +175,6 @@ impl Store {
                     && (policy.min_lag_ms == 0 || now - aged_from(s) >= policy.min_lag_ms)
             })
             .collect();
-        // Tombstones kept past their time are removed by a pass even when
-        // nothing new was written.
-        let tombstones_due = start
-            .tomb_sealed
-            .is_some_and(|sealed| sealed < now - policy.delete_retention_ms);
         let dirty_bytes: i64 = dirty.iter().map(|s| s.bytes).sum();
         let ratio = dirty_bytes as f64 / (start.clean_bytes + dirty_bytes).max(1) as f64;
         // max.compaction.lag.ms counts from the oldest first batch of the

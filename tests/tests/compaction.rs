@@ -1294,3 +1294,39 @@ fn a_key_deleted_in_the_last_batch_stays_deleted_once_its_tombstone_expires() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A compacted partition with nothing new since its last pass costs the
+/// storage worker's tick one read of its meta: the segment records (one
+/// per segment ever sealed, never removed on a compact-only topic) are not
+/// read every tick to find nothing due. (The gateway reaches Redis through
+/// a proxy that counts the `ZRANGE` commands it sends; the sealing
+/// script's bounded one runs inside Redis.)
+#[test]
+fn an_idle_compacted_partition_does_not_read_its_segments_every_tick() {
+    let server = RedisServer::start();
+    let proxy = DelayProxy::start(([127, 0, 0, 1], server.port()).into(), Duration::ZERO);
+    let redis = TestRedis::Single(server);
+    let ketch = Ketch::start(&proxy.redis_url(), &["--set", "tiering.tick_interval=50ms"]);
+    let topic = unique_topic("compact-idle");
+    create_compacted(&ketch, &topic, &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    let batches = [vec![keyed("a", Some("1"))], vec![keyed("a", Some("2"))]];
+    produce(&mut conn, &topic, &batches, None, &mut latest);
+    let end = redis.next_offset(&topic, 0);
+    wait_compacted(&redis, &ketch, &topic, end);
+    proxy.count_requests(b"ZRANGE");
+    // Every tick runs the partition's sealing script: 40 of them is 20
+    // ticks or more (a tick runs at most two scripts for it).
+    let scripts = redis.command_calls("evalsha");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while redis.command_calls("evalsha") < scripts + 40 {
+        assert!(Instant::now() < deadline, "the storage worker does not tick");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reads = proxy.counted();
+    assert!(
+        reads <= 2,
+        "{reads} reads of the segment records in 20 ticks or more"
+    );
+}
