@@ -389,17 +389,11 @@ impl Coordinator {
             return Err(ResponseError::InvalidGroupId.code());
         }
         self.load(group_id).await.map_err(|e| e.code())?;
-        let unknown = |m: &MemberIdentity| {
-            MemberResponse::default()
-                .with_member_id(m.member_id.clone())
-                .with_group_instance_id(m.group_instance_id.clone())
-                .with_error_code(ResponseError::UnknownMemberId.code())
-        };
-        let unknown_group: Vec<MemberResponse> = leaving.iter().map(unknown).collect();
-        let left = self
-            .inner
-            .update(group_id, false, |group, now| group.leave(leaving, now));
-        Ok(left.unwrap_or(unknown_group))
+        // A group not known here is the whole request's UNKNOWN_MEMBER_ID,
+        // as Kafka's `classicGroupLeave` answers it ("Group … not found").
+        self.inner
+            .update(group_id, false, |group, now| group.leave(leaving, now))
+            .ok_or(ResponseError::UnknownMemberId.code())
     }
 
     /// The state and member count of every group in memory.

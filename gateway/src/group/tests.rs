@@ -444,6 +444,19 @@ async fn a_static_member_replaced_while_it_waits_for_a_rebalance_needs_no_heartb
     assert_eq!(leader_join.await.unwrap().error_code, 0);
 }
 
+/// Leaving a group the coordinator does not know is the request's
+/// UNKNOWN_MEMBER_ID, as Kafka answers it (`classicGroupLeave`: "Group …
+/// not found"), not an answer per member.
+#[tokio::test(start_paused = true)]
+async fn leaving_an_unknown_group_is_unknown_member_id() {
+    let h = Harness::new();
+    let leaving = vec![MemberIdentity::default().with_member_id(s("m-1"))];
+    assert_eq!(
+        now(h.groups.leave(&s("g"), leaving)),
+        Err(code(ResponseError::UnknownMemberId))
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn leaving_triggers_a_rebalance_and_answers_each_member() {
     let h = Harness::new();
