@@ -211,6 +211,10 @@ impl SizeClasses {
 struct ReadSizes {
     seen: Option<BatchSizes>,
     classes: Option<SizeClasses>,
+    /// The partition's `clean_end` as the last read saw it (it only grows):
+    /// a read below it goes to the compacted stream at once, not first to
+    /// the log (trimmed there) to learn it.
+    clean_end: i64,
 }
 
 /// Per-partition state of this gateway: append turns with the next offset
@@ -232,6 +236,31 @@ impl Appenders {
             let range = classes.and_then(|c| Some((c.bounds_from(offset)?, c.to)));
             (sizes.seen, range)
         })
+    }
+
+    /// The partition's `clean_end` as reads last saw it (0: none seen).
+    fn clean_end(&self, meta_key: &str) -> i64 {
+        let sizes = self.read_sizes.lock().expect("read sizes lock");
+        sizes.get(meta_key).map_or(0, |sizes| sizes.clean_end)
+    }
+
+    /// A read saw the partition's `clean_end`.
+    fn learn_clean_end(&self, meta_key: &str, clean_end: i64) {
+        if clean_end <= 0 {
+            return;
+        }
+        let mut sizes = self.read_sizes.lock().expect("read sizes lock");
+        if let Some(known) = sizes.get_mut(meta_key) {
+            known.clean_end = known.clean_end.max(clean_end);
+        } else {
+            sizes.insert(
+                meta_key.to_owned(),
+                ReadSizes {
+                    clean_end,
+                    ..ReadSizes::default()
+                },
+            );
+        }
     }
 
     /// The largest batch reads have seen on a partition lately.
@@ -971,8 +1000,9 @@ impl Store {
         let mut next = request.offset.max(0);
         let mut bytes = 0usize;
         // Compacted topics: offsets below `clean_end` (as the last round's
-        // meta said) are read from the compacted stream (§7a).
-        let mut clean_end = 0i64;
+        // meta said, or the last read) are read from the compacted stream
+        // (§7a).
+        let mut clean_end = self.appenders.clean_end(&keys.meta);
         loop {
             // Within the range the partition's size classes describe (as
             // the last read found them), the read asks for as many entries
@@ -1045,6 +1075,7 @@ impl Store {
             }
             let later_round = out.offsets.is_some();
             clean_end = offsets.clean_end;
+            self.appenders.learn_clean_end(&keys.meta, clean_end);
             if !from_clean && next < clean_end {
                 // The log below `clean_end` is compacted away (or being
                 // trimmed): read the compacted stream instead.

@@ -1330,3 +1330,34 @@ fn an_idle_compacted_partition_does_not_read_its_segments_every_tick() {
         "{reads} reads of the segment records in 20 ticks or more"
     );
 }
+
+/// A fetch below `clean_end` reads the compacted stream at once once its
+/// gateway has seen the partition's `clean_end`: it used to read the log
+/// first (trimmed below `clean_end`: nothing there, or batches above it
+/// thrown away) on every fetch to learn it, two reads where one does.
+#[test]
+fn fetches_below_clean_end_read_the_compacted_stream_at_once() {
+    const FETCHES: u64 = 10;
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("compact-reads");
+    create_compacted(&ketch, &topic, &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let mut latest = Latest::new();
+    let batches = [vec![keyed("a", Some("1"))], vec![keyed("b", Some("2"))]];
+    produce(&mut conn, &topic, &batches, None, &mut latest);
+    let end = redis.next_offset(&topic, 0);
+    wait_compacted(&redis, &ketch, &topic, end);
+    // The whole log is compacted: every fetch from 0 is the compacted
+    // stream's. The first one learns `clean_end`.
+    assert_eq!(read_all(&ketch, &topic), expected(&latest, true));
+    let before = redis.command_calls("xrange");
+    for _ in 0..FETCHES {
+        let response = conn.request(raw::FETCH_VERSION, &raw::fetch_request(&topic, 0, 0, 0));
+        let (error, _, records) = raw::fetch_result(&response);
+        assert_eq!(error, code::NONE);
+        assert_eq!(raw::split_batches(records.expect("records")).len(), 2);
+    }
+    let reads = redis.command_calls("xrange") - before;
+    assert!(reads <= FETCHES + 2, "{reads} reads for {FETCHES} fetches");
+}
