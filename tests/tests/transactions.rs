@@ -2476,3 +2476,56 @@ fn a_caught_up_read_committed_fetch_woken_by_plain_appends_reads_no_offsets() {
         "{alone} reads of the offsets alone (and {log_reads} of the log) for {PARTITIONS} partitions woken"
     );
 }
+
+/// A read_committed fetch that gathered an aborted transaction's batches
+/// (waiting for more than it found) and then took its gateway's own next
+/// append from the tail it keeps still names that aborted transaction: the
+/// tail knows no aborts, and the merged read took its offsets for the
+/// whole answer, so the client was handed the aborted records as
+/// committed.
+#[test]
+fn a_fetch_topped_up_from_the_tail_still_names_the_aborted_transactions_it_gathered() {
+    let redis = TestRedis::start();
+    let ketch = Ketch::start(&redis.url(), &[]);
+    let mut conn = KafkaConn::connect(ketch.kafka_addr());
+    let topic = unique_topic("tail-after-abort");
+    assert_eq!(raw::create_topic(&mut conn, &topic, 1), code::NONE);
+    let (id, pid, epoch) = open_transaction(&mut conn, "tail-after-abort-id", &topic);
+    let aborted = transactional(&[Record::value(batch::at(0), b"aborted")], pid, epoch, 0);
+    assert_eq!(produce_in(&mut conn, Some(&id), &topic, aborted), (code::NONE, 0));
+    assert_eq!(end_txn(&mut conn, &id, pid, epoch, false), code::NONE);
+    eventually("the abort's marker", (2, 2), || watermarks(&mut conn, &topic));
+    // Waits for far more than there is, a few seconds at most.
+    let before = redis.command_calls("xrange");
+    let mut reading = KafkaConn::connect(ketch.kafka_addr());
+    let fetch = raw::fetch_request(&topic, 0, 0, 3_000)
+        .with_isolation_level(1)
+        .with_min_bytes(1 << 20);
+    reading.send(11, &fetch);
+    // Its first read, from Redis, has the aborted batch and the marker.
+    eventually("the fetch's first read", true, || {
+        redis.command_calls("xrange") > before
+    });
+    // An append through the same gateway wakes it: read from the tail.
+    let plain = batch::encode(&[Record::value(batch::at(1), b"committed")]);
+    assert_eq!(raw::produce(&mut conn, &topic, 0, plain), (code::NONE, 2));
+    let response: kafka_protocol::messages::FetchResponse =
+        reading.receive::<kafka_protocol::messages::FetchRequest>(11);
+    let partition = &response.responses[0].partitions[0];
+    assert_eq!(partition.error_code, code::NONE);
+    let sent = partition.records.clone().unwrap_or_default();
+    assert_eq!(
+        raw::count_records(&sent),
+        3,
+        "the aborted record, its marker and the plain one"
+    );
+    let named = partition.aborted_transactions.clone().unwrap_or_default();
+    assert_eq!(
+        named
+            .iter()
+            .map(|a| (a.producer_id.0, a.first_offset))
+            .collect::<Vec<_>>(),
+        vec![(pid, 0)],
+        "the aborted transaction is named"
+    );
+}

@@ -508,11 +508,13 @@ async fn read_all(
             // consumer's partition): no read of Redis.
             if let Some(read) = ctx.storage.wake().read_tail(wake, offset, limit, read_committed) {
                 ctx.requests.fetch_read(true);
+                // What was gathered has taken its bytes of the budget.
+                let had = gathered.as_ref().map_or(0, read_bytes);
                 let Ok(mut read) = add_gathered(gathered, Ok(read)) else {
-                    unreachable!("a read from the tail adds to what was gathered");
+                    unreachable!("a read from the tail is no error");
                 };
                 keep_sendable(&mut read, read_committed);
-                let bytes = read_bytes(&read);
+                let bytes = read_bytes(&read).saturating_sub(had);
                 budget = budget.saturating_sub(bytes);
                 left = left.saturating_sub(bytes);
                 reads[t][p] = Some(Ok(read));
@@ -540,10 +542,11 @@ async fn read_all(
             .map(|(t, p, gathered, read)| ((t, p, gathered), read))
             .unzip();
         for ((t, p, gathered), result) in places.into_iter().zip(futures::future::join_all(round).await) {
+            let had = gathered.as_ref().map_or(0, read_bytes);
             let mut result = add_gathered(gathered, result);
             if let Ok(read) = &mut result {
                 keep_sendable(read, read_committed);
-                budget = budget.saturating_sub(read_bytes(read));
+                budget = budget.saturating_sub(read_bytes(read).saturating_sub(had));
             }
             reads[t][p] = Some(result);
         }
@@ -618,16 +621,25 @@ fn expected_bytes(ctx: &Context, topic: &Topic, partition: i32, offset: i64, wak
 
 /// A read after batches already gathered from the partition: those
 /// batches with the read's after them, and the read's offsets (the
-/// partition as it is now). A read that fails leaves what was gathered,
-/// which is sent: it was in the log when read.
+/// partition as it is now), but the aborted transactions as far back as
+/// either read knew them: a read from this gateway's tail knows none,
+/// and the gathered batches may hold an aborted transaction's, which a
+/// read_committed client must be told of. A read that fails is the
+/// partition's answer, as a read from the fetch offset would have been.
 fn add_gathered(gathered: Option<ReadPartition>, read: ReadResult) -> ReadResult {
     let Some(mut gathered) = gathered else {
         return read;
     };
-    if let Ok(read) = read {
-        gathered.batches.extend(read.batches);
-        gathered.offsets = read.offsets.or(gathered.offsets);
-    }
+    let read = read?;
+    gathered.batches.extend(read.batches);
+    gathered.offsets = match (gathered.offsets, read.offsets) {
+        (Some(before), Some(now)) => Some(PartitionOffsets {
+            last_abort: now.last_abort.max(before.last_abort),
+            aborted_span: now.aborted_span.max(before.aborted_span),
+            ..now
+        }),
+        (before, now) => now.or(before),
+    };
     Ok(gathered)
 }
 
