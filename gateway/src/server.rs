@@ -581,6 +581,9 @@ where
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => {}
                 _ = tokio::time::sleep_until(idle_until), if idle_until < until => {
+                    // Given up as a client gone: its parked group requests
+                    // too, or they would hold the connection's places.
+                    peer_gone = true;
                     break Err(ConnectionError::Idle(idle));
                 }
                 _ = shutdown.wait_for(|stop| *stop) => break Ok(()),

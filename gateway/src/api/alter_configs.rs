@@ -461,6 +461,7 @@ async fn alter_one(
             alter_topic(ctx, client, api, name, &alteration, validate_only).await
         }
         RESOURCE_BROKER_LOGGER if api == "IncrementalAlterConfigs" => {
+            alteration?;
             if !cluster_authorized(ctx, client, Operation::AlterConfigs) {
                 return refused(ResponseError::ClusterAuthorizationFailed);
             }
