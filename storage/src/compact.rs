@@ -99,12 +99,17 @@ struct Start {
 /// pass up (no `clean_end` is ever this).
 const ABANDON: &str = "abandon";
 
+/// How long after [`Store::ready_for_archive`] no pass starts or swaps in
+/// on the partition: the config turning remote storage on is written
+/// meanwhile (milliseconds after), and a pass begun in between saw it off.
+const NO_COMPACTION_AFTER_GUARD: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Store {
     /// Readies a partition for remote storage being turned on
     /// (`archive_guard.lua`): `false` when it was ever compacted (refused);
     /// else any compaction pass on it, under way or left by one cut short,
-    /// is given up (unless `check`: validate_only), so none swaps in and
-    /// trims the log the archiver reads.
+    /// is given up, and none starts or swaps in for a minute (unless
+    /// `check`: validate_only), so none trims the log the archiver reads.
     pub async fn ready_for_archive(&self, topic: &Topic, partition: i32, check: bool) -> Result<bool> {
         if !topic.has_partition(partition) {
             return Err(StorageError::UnknownTopicOrPartition);
@@ -116,6 +121,7 @@ impl Store {
             .key(&keys.meta)
             .key(&keys.compacting)
             .arg(if check { "check" } else { "stop" })
+            .arg(NO_COMPACTION_AFTER_GUARD.as_millis() as u64)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(compacted == 0)

@@ -1361,3 +1361,91 @@ fn fetches_below_clean_end_read_the_compacted_stream_at_once() {
     let reads = redis.command_calls("xrange") - before;
     assert!(reads <= FETCHES + 2, "{reads} reads for {FETCHES} fetches");
 }
+
+/// Once turning remote storage on has checked a partition
+/// (`archive_guard.lua`), no compaction pass starts or swaps in there for
+/// the time it names: the config is written meanwhile, and a pass begun
+/// between the check and that write saw remote storage off and swapped in,
+/// trimming the log the archiver reads. The scripts, run as the gateways
+/// run them.
+#[test]
+fn no_pass_starts_or_swaps_in_right_after_the_archive_guard() {
+    let redis = TestRedis::start();
+    let mut r = redis.connection();
+    let (lease, compacting, meta, clean, segments, aborted) = (
+        "ketch:{g}:lease",
+        "ketch:{g}:compacting",
+        "ketch:{g}:meta",
+        "ketch:{g}:clean",
+        "ketch:{g}:segments",
+        "ketch:{g}:aborted",
+    );
+    let script = |text: &'static str| redis::Script::new(text);
+    let add = script(include_str!("../../storage/src/scripts/compact_add.lua"));
+    let swap = script(include_str!("../../storage/src/scripts/compact_swap.lua"));
+    let guard = script(include_str!("../../storage/src/scripts/archive_guard.lua"));
+    let start = |r: &mut ketch_tests::TestConnection, pass: &str| -> i64 {
+        add.key(lease)
+            .key(compacting)
+            .key(meta)
+            .arg("A")
+            .arg(pass)
+            .invoke(r)
+            .expect("compact_add")
+    };
+    let swapped = |r: &mut ketch_tests::TestConnection, pass: &str| -> i64 {
+        swap.key(meta)
+            .key(lease)
+            .key(compacting)
+            .key(clean)
+            .key(segments)
+            .key(aborted)
+            .arg(format!("A {pass}"))
+            .arg("")
+            .arg(10)
+            .arg(100)
+            .arg("")
+            .arg(0)
+            .invoke(r)
+            .expect("compact_swap")
+    };
+    let hset = |r: &mut ketch_tests::TestConnection, field: &str, value: i64| {
+        let () = redis::cmd("HSET")
+            .arg(meta)
+            .arg(field)
+            .arg(value)
+            .query(r)
+            .expect("HSET");
+    };
+    let () = redis::cmd("SET").arg(lease).arg("A").query(&mut r).expect("SET");
+    hset(&mut r, "next_offset", 10);
+    hset(&mut r, "log_start", 0);
+
+    // A pass under way is given up by the guard.
+    assert_eq!(start(&mut r, "p1"), 1);
+    let ready: i64 = guard
+        .key(meta)
+        .key(compacting)
+        .arg("stop")
+        .arg(60_000)
+        .invoke(&mut r)
+        .expect("archive_guard");
+    assert_eq!(ready, 0);
+    assert_eq!(swapped(&mut r, "p1"), 0, "the pass the guard gave up swapped in");
+    // Within the minute, none starts.
+    assert_eq!(start(&mut r, "p2"), 0, "a pass started after the guard");
+    // Nor does one swap in that started before the time was set.
+    hset(&mut r, "no_compaction_until", 0);
+    assert_eq!(start(&mut r, "p3"), 1);
+    hset(&mut r, "no_compaction_until", i64::MAX / 2);
+    assert_eq!(swapped(&mut r, "p3"), 0, "a pass swapped in within the guard's time");
+    // After it, passes go on as before.
+    hset(&mut r, "no_compaction_until", 1);
+    assert_eq!(start(&mut r, "p4"), 1);
+    assert_eq!(swapped(&mut r, "p4"), 1);
+    assert_eq!(meta_field(&mut r, meta, "clean_end"), Some(10));
+}
+
+fn meta_field(r: &mut ketch_tests::TestConnection, meta: &str, field: &str) -> Option<i64> {
+    redis::cmd("HGET").arg(meta).arg(field).query(r).expect("HGET")
+}

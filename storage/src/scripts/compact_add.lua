@@ -22,6 +22,14 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 if #ARGV == 2 then
+  -- Remote storage is being turned on (archive_guard.lua): no pass starts.
+  local until_ms = tonumber(redis.call('HGET', KEYS[3], 'no_compaction_until') or '0')
+  if until_ms > 0 then
+    local now = redis.call('TIME')
+    if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) < until_ms then
+      return 0
+    end
+  end
   redis.call('UNLINK', KEYS[2])
   redis.call('HSET', KEYS[3], 'compacting_pass', ARGV[2])
   return 1

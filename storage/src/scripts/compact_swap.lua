@@ -48,6 +48,14 @@ end
 if (meta[3] or '') ~= ARGV[2] then
   return abandon(0)
 end
+-- Remote storage is being turned on (archive_guard.lua): no pass swaps in.
+local until_ms = tonumber(redis.call('HGET', KEYS[1], 'no_compaction_until') or '0')
+if until_ms > 0 then
+  local now = redis.call('TIME')
+  if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) < until_ms then
+    return abandon(0)
+  end
+end
 redis.call('HDEL', KEYS[1], 'compacting_pass')
 -- DeleteRecords or retention may have moved the log start meanwhile.
 redis.call('XTRIM', KEYS[3], 'MINID', meta[2])
