@@ -491,6 +491,7 @@ impl Store {
                 "log_trimmed",
                 "txn_first",
                 "tomb_sealed",
+                "no_compaction_until",
             ])
             .query_async(&mut self.conn())
             .await?;
@@ -503,10 +504,16 @@ impl Store {
             log_trimmed,
             txn_first,
             tomb_sealed,
+            no_compaction_until,
         ] = fields[..]
         else {
             return Ok(None);
         };
+        // Remote storage is being turned on (`archive_guard.lua`): no pass
+        // starts (compact_add.lua refuses it anyway, on Redis's clock).
+        if no_compaction_until.is_some_and(|until| crate::now_ms() < until) {
+            return Ok(None);
+        }
         Ok(Some(Start {
             log_start,
             clean_end,

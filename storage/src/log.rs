@@ -211,7 +211,7 @@ impl SizeClasses {
 struct ReadSizes {
     seen: Option<BatchSizes>,
     classes: Option<SizeClasses>,
-    /// The partition's `clean_end` as the last read saw it (it only grows):
+    /// The partition's `clean_end` as the last read saw it:
     /// a read below it goes to the compacted stream at once, not first to
     /// the log (trimmed there) to learn it.
     clean_end: i64,
@@ -244,15 +244,13 @@ impl Appenders {
         sizes.get(meta_key).map_or(0, |sizes| sizes.clean_end)
     }
 
-    /// A read saw the partition's `clean_end`.
+    /// A read saw the partition's `clean_end`: the last seen is kept (it
+    /// only grows in Redis; one a failover took back is learnt again).
     fn learn_clean_end(&self, meta_key: &str, clean_end: i64) {
-        if clean_end <= 0 {
-            return;
-        }
         let mut sizes = self.read_sizes.lock().expect("read sizes lock");
         if let Some(known) = sizes.get_mut(meta_key) {
-            known.clean_end = known.clean_end.max(clean_end);
-        } else {
+            known.clean_end = clean_end;
+        } else if clean_end > 0 {
             sizes.insert(
                 meta_key.to_owned(),
                 ReadSizes {

@@ -1438,7 +1438,11 @@ fn no_pass_starts_or_swaps_in_right_after_the_archive_guard() {
     hset(&mut r, "no_compaction_until", 0);
     assert_eq!(start(&mut r, "p3"), 1);
     hset(&mut r, "no_compaction_until", i64::MAX / 2);
-    assert_eq!(swapped(&mut r, "p3"), 0, "a pass swapped in within the guard's time");
+    assert_eq!(
+        swapped(&mut r, "p3"),
+        0,
+        "a pass swapped in within the guard's time"
+    );
     // After it, passes go on as before.
     hset(&mut r, "no_compaction_until", 1);
     assert_eq!(start(&mut r, "p4"), 1);
@@ -1448,4 +1452,58 @@ fn no_pass_starts_or_swaps_in_right_after_the_archive_guard() {
 
 fn meta_field(r: &mut ketch_tests::TestConnection, meta: &str, field: &str) -> Option<i64> {
     redis::cmd("HGET").arg(meta).arg(field).query(r).expect("HGET")
+}
+
+/// Turning remote storage on checks every partition before it gives up a
+/// pass on any: a request refused because one partition was compacted
+/// leaves the passes on the others, and their compaction, alone. Accepted,
+/// it gives them up and pauses compaction there. (The partitions' fields
+/// are set by hand on a `delete` topic, which no pass touches.)
+#[test]
+fn a_refused_remote_storage_change_gives_up_no_compaction_pass() {
+    let redis = TestRedis::start();
+    let ketch = gateway(&redis);
+    let topic = unique_topic("guard-all-first");
+    ketch.create_topic_with(
+        &ketch_tests::runtime(),
+        &topic,
+        2,
+        &[("cleanup.policy", "delete")],
+    );
+    let tags = redis.topic_tags(&topic);
+    let meta = |p: usize| format!("ketch:{{{}}}:meta", tags[p]);
+    let mut r = redis.connection();
+    let hset = |r: &mut ketch_tests::TestConnection, key: &str, field: &str, value: &str| {
+        let () = redis::cmd("HSET")
+            .arg(key)
+            .arg(field)
+            .arg(value)
+            .query(r)
+            .expect("HSET");
+    };
+    let hget = |r: &mut ketch_tests::TestConnection, key: &str, field: &str| -> Option<String> {
+        redis::cmd("HGET").arg(key).arg(field).query(r).expect("HGET")
+    };
+    // Partition 0 has a pass under way; partition 1 was compacted.
+    hset(&mut r, &meta(0), "compacting_pass", "under-way");
+    hset(&mut r, &meta(1), "clean_end", "5");
+    assert_eq!(
+        alter(&ketch, &topic, "remote.storage.enable", "true"),
+        code::INVALID_CONFIG
+    );
+    assert_eq!(
+        hget(&mut r, &meta(0), "compacting_pass").as_deref(),
+        Some("under-way"),
+        "the refused request gave a pass up"
+    );
+    assert_eq!(hget(&mut r, &meta(0), "no_compaction_until"), None);
+    // Accepted, it gives the pass up and pauses compaction there.
+    let () = redis::cmd("HDEL")
+        .arg(meta(1))
+        .arg("clean_end")
+        .query(&mut r)
+        .expect("HDEL");
+    assert_eq!(alter(&ketch, &topic, "remote.storage.enable", "true"), code::NONE);
+    assert_eq!(hget(&mut r, &meta(0), "compacting_pass"), None);
+    assert!(hget(&mut r, &meta(0), "no_compaction_until").is_some());
 }

@@ -271,21 +271,26 @@ async fn refuse_if_compacted(
     topic: &ketch_storage::Topic,
     validate_only: bool,
 ) -> Result<(), Failure> {
-    for partition in 0..topic.partitions() {
-        let ready = ctx
-            .storage
-            .ready_for_archive(topic, partition, validate_only)
-            .await
-            .map_err(|e| (error_code(&e), e.to_string()))?;
-        if !ready {
-            return Err(failure(
-                ResponseError::InvalidConfig,
-                format!(
-                    "Topic {} was compacted (partition {partition}); ketch cannot archive a compacted \
-                     log, so remote storage cannot be turned on for it",
-                    topic.name
-                ),
-            ));
+    // Every partition checked before any pass is given up: a refused
+    // request changes nothing.
+    let modes: &[bool] = if validate_only { &[true] } else { &[true, false] };
+    for &check in modes {
+        for partition in 0..topic.partitions() {
+            let ready = ctx
+                .storage
+                .ready_for_archive(topic, partition, check)
+                .await
+                .map_err(|e| (error_code(&e), e.to_string()))?;
+            if !ready {
+                return Err(failure(
+                    ResponseError::InvalidConfig,
+                    format!(
+                        "Topic {} was compacted (partition {partition}); ketch cannot archive a \
+                         compacted log, so remote storage cannot be turned on for it",
+                        topic.name
+                    ),
+                ));
+            }
         }
     }
     Ok(())

@@ -543,6 +543,19 @@ async fn read_all(
             .unzip();
         for ((t, p, gathered), result) in places.into_iter().zip(futures::future::join_all(round).await) {
             let had = gathered.as_ref().map_or(0, read_bytes);
+            if had > 0 && matches!(result, Err(StorageError::OffsetOutOfRange { .. })) {
+                // The log no longer reaches what was gathered (a failover
+                // lost appends never replicated): the partition is read
+                // again from the fetch offset, which may still be in range.
+                budget += had;
+                let target = &topics[t][p];
+                if let Ok(topic) = target.topic.as_ref()
+                    && let Some(wake) = topic.wake_channel(target.partition)
+                {
+                    later.push((t, p, topic, wake, None));
+                    continue;
+                }
+            }
             let mut result = add_gathered(gathered, result);
             if let Ok(read) = &mut result {
                 keep_sendable(read, read_committed);

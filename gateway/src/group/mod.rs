@@ -389,11 +389,36 @@ impl Coordinator {
             return Err(ResponseError::InvalidGroupId.code());
         }
         self.load(group_id).await.map_err(|e| e.code())?;
-        // A group not known here is the whole request's UNKNOWN_MEMBER_ID,
-        // as Kafka's `classicGroupLeave` answers it ("Group … not found").
-        self.inner
+        let unknown = |m: &MemberIdentity| {
+            MemberResponse::default()
+                .with_member_id(m.member_id.clone())
+                .with_group_instance_id(m.group_instance_id.clone())
+                .with_error_code(ResponseError::UnknownMemberId.code())
+        };
+        let unknown_members: Vec<MemberResponse> = leaving.iter().map(unknown).collect();
+        if let Some(left) = self
+            .inner
             .update(group_id, false, |group, now| group.leave(leaving, now))
-            .ok_or(ResponseError::UnknownMemberId.code())
+        {
+            return Ok(left);
+        }
+        // A group known only by its committed offsets is an Empty group
+        // (Kafka makes one of a simple commit): each member is unknown in
+        // it. A group not known at all is the whole request's
+        // UNKNOWN_MEMBER_ID, as Kafka's `classicGroupLeave` answers it.
+        let has_offsets = match &self.inner.writes {
+            Some(writes) => writes
+                .storage
+                .group_has_offsets(group_id)
+                .await
+                .map_err(|_| ResponseError::CoordinatorNotAvailable.code())?,
+            None => false,
+        };
+        if has_offsets {
+            Ok(unknown_members)
+        } else {
+            Err(ResponseError::UnknownMemberId.code())
+        }
     }
 
     /// The state and member count of every group in memory.

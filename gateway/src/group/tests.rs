@@ -446,15 +446,27 @@ async fn a_static_member_replaced_while_it_waits_for_a_rebalance_needs_no_heartb
 
 /// Leaving a group the coordinator does not know is the request's
 /// UNKNOWN_MEMBER_ID, as Kafka answers it (`classicGroupLeave`: "Group …
-/// not found"), not an answer per member.
+/// not found"), not an answer per member; a group known only by its
+/// committed offsets is an Empty group, whose members are each unknown.
 #[tokio::test(start_paused = true)]
 async fn leaving_an_unknown_group_is_unknown_member_id() {
-    let h = Harness::new();
-    let leaving = vec![MemberIdentity::default().with_member_id(s("m-1"))];
+    let memory = Arc::new(crate::memory::MemoryStorage::default());
+    let storage: Arc<dyn Storage> = memory.clone();
+    let yes = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let h = Harness::with_storage(storage.clone(), owning(&yes));
+    let leaving = || vec![MemberIdentity::default().with_member_id(s("m-1"))];
     assert_eq!(
-        now(h.groups.leave(&s("g"), leaving)),
+        h.groups.leave(&s("g"), leaving()).await,
         Err(code(ResponseError::UnknownMemberId))
     );
+    let offset = ketch_storage::CommittedOffset::new(5, -1, None);
+    storage
+        .commit_offsets("g", &[(("t".to_owned(), 0), offset)])
+        .await
+        .expect("committed");
+    let answered = h.groups.leave(&s("g"), leaving()).await.expect("per member");
+    assert_eq!(answered.len(), 1);
+    assert_eq!(answered[0].error_code, code(ResponseError::UnknownMemberId));
 }
 
 #[tokio::test(start_paused = true)]
