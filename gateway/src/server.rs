@@ -1149,9 +1149,12 @@ async fn respond(
             // fetch would find the same batch next time, and the consumer
             // would never move past it: it is sent, counted, and the
             // client throttled for it.
-            let records: usize = (answer.records.iter().flatten().flatten().flatten())
-                .map(Bytes::len)
-                .sum();
+            let records = || -> usize {
+                (answer.records.iter().flatten().flatten().flatten())
+                    .map(Bytes::len)
+                    .sum()
+            };
+            let records = window.map_or(0, |_| records());
             let oversized = window.is_some_and(|max| records > max);
             if oversized {
                 throttle = ctx.quotas.record(Kind::Fetch, &principal, client_id, records);

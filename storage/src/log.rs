@@ -228,20 +228,19 @@ pub(crate) struct Appenders {
 impl Appenders {
     /// The batch sizes seen on a partition; when its size classes describe
     /// `offset`, what the batches from `offset` on may be and the end of the
-    /// range they describe.
-    fn read_sizes(&self, meta_key: &str, offset: i64) -> (Option<BatchSizes>, Option<(SizeBounds, i64)>) {
+    /// range they describe; and its `clean_end` as reads last saw it (0:
+    /// none seen).
+    fn read_sizes(
+        &self,
+        meta_key: &str,
+        offset: i64,
+    ) -> (Option<BatchSizes>, Option<(SizeBounds, i64)>, i64) {
         let sizes = self.read_sizes.lock().expect("read sizes lock");
-        sizes.get(meta_key).map_or((None, None), |sizes| {
+        sizes.get(meta_key).map_or((None, None, 0), |sizes| {
             let classes = sizes.classes.as_ref();
             let range = classes.and_then(|c| Some((c.bounds_from(offset)?, c.to)));
-            (sizes.seen, range)
+            (sizes.seen, range, sizes.clean_end)
         })
-    }
-
-    /// The partition's `clean_end` as reads last saw it (0: none seen).
-    fn clean_end(&self, meta_key: &str) -> i64 {
-        let sizes = self.read_sizes.lock().expect("read sizes lock");
-        sizes.get(meta_key).map_or(0, |sizes| sizes.clean_end)
     }
 
     /// A read saw the partition's `clean_end`: the last seen is kept (it
@@ -998,16 +997,19 @@ impl Store {
         let mut next = request.offset.max(0);
         let mut bytes = 0usize;
         // Compacted topics: offsets below `clean_end` (as the last round's
-        // meta said, or the last read) are read from the compacted stream
-        // (§7a).
-        let mut clean_end = self.appenders.clean_end(&keys.meta);
+        // meta said, or the last read: -1 until the first round learns it)
+        // are read from the compacted stream (§7a).
+        let mut clean_end = -1i64;
         loop {
             // Within the range the partition's size classes describe (as
             // the last read found them), the read asks for as many entries
             // as the budget holds at the largest size present there, and
             // stops at the range's end; past it, sizes are unknown until
             // this round's classes say: as if max.message.bytes.
-            let (seen, range) = self.appenders.read_sizes(&keys.meta, next);
+            let (seen, range, remembered) = self.appenders.read_sizes(&keys.meta, next);
+            if clean_end < 0 {
+                clean_end = remembered;
+            }
             let (end, bounds) = match range {
                 Some((bounds, to)) => ((to - 1).to_string(), bounds),
                 None => ("+".to_owned(), SizeBounds::at_most(request.max_batch_bytes)),
@@ -1072,8 +1074,10 @@ impl Store {
                 });
             }
             let later_round = out.offsets.is_some();
+            if offsets.clean_end != clean_end {
+                self.appenders.learn_clean_end(&keys.meta, offsets.clean_end);
+            }
             clean_end = offsets.clean_end;
-            self.appenders.learn_clean_end(&keys.meta, clean_end);
             if !from_clean && next < clean_end {
                 // The log below `clean_end` is compacted away (or being
                 // trimmed): read the compacted stream instead.
